@@ -1,0 +1,115 @@
+"""Pages, protected pages and budgeted page selection (DESIGN.md section 2).
+
+Page `j` holds tokens `[j*P, min((j+1)*P, n))`; the last page may be partial.
+Worked example, `n = 10, P = 4`: pages `[0, 1, 2]` hold tokens `[0..3]`, `[4..7]`,
+`[8, 9]`; `page_sizes(10, 4) == [4, 4, 2]`. With `n_sink = 1, window = 2`, pages
+0 (sink) and 2 (window) are protected: 6 tokens. A budget `k = 9` then leaves
+room for no more pages (6 + 4 > 9) and the plan keeps 6 tokens; `k = 10` keeps all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class BudgetError(ValueError):
+    """The protected pages alone need more tokens than the budget allows.
+
+    `min_budget` is the smallest budget fraction that is feasible for this prompt
+    (`protected_tokens / n`), `protected_tokens` what the protected pages hold.
+    """
+
+    def __init__(self, message: str, min_budget: float, protected_tokens: int):
+        super().__init__(message)
+        self.min_budget = min_budget
+        self.protected_tokens = protected_tokens
+
+
+def num_pages(n: int, page_size: int) -> int:
+    return -(-n // page_size)
+
+
+def page_sizes(n: int, page_size: int, device=None) -> torch.Tensor:
+    """Tokens per page, `[n_pages]` int64 (the last page may be partial)."""
+    starts = torch.arange(0, n, page_size, device=device)
+    return (torch.clamp(starts + page_size, max=n) - starts).to(torch.int64)
+
+
+def page_of_token(n: int, page_size: int, device=None) -> torch.Tensor:
+    """`[n]` int64: the page each token lives in."""
+    return torch.arange(n, device=device) // page_size
+
+
+def page_reduce(scores: torch.Tensor, page_size: int, reduction: str = "max") -> torch.Tensor:
+    """Page scores from token scores: `[..., n]` -> `[..., n_pages]` (max or sum)."""
+    n = scores.shape[-1]
+    pages = num_pages(n, page_size)
+    pad = pages * page_size - n
+    if reduction == "max":
+        x = torch.nn.functional.pad(scores, (0, pad), value=float("-inf"))
+        return x.view(*scores.shape[:-1], pages, page_size).amax(-1)
+    if reduction == "sum":
+        x = torch.nn.functional.pad(scores, (0, pad), value=0.0)
+        return x.view(*scores.shape[:-1], pages, page_size).sum(-1)
+    raise ValueError(f"page reduction must be 'max' or 'sum'; got {reduction!r}")
+
+
+def protected_pages(n: int, page_size: int, n_sink: int, window: int, device=None) -> torch.Tensor:
+    """Bool `[n_pages]`: pages holding a sink token (`t < n_sink`) or a window token
+    (`t >= n - window`). These are always kept and count inside the budget."""
+    tok = torch.zeros(n, dtype=torch.bool, device=device)
+    tok[: min(n_sink, n)] = True
+    tok[max(n - window, 0) :] = True
+    return page_reduce(tok.float(), page_size, "max") > 0
+
+
+def min_feasible_budget(n: int, page_size: int, n_sink: int, window: int) -> float:
+    """The smallest budget fraction whose `floor(beta * n)` holds all protected pages."""
+    prot = protected_pages(n, page_size, n_sink, window)
+    return int(page_sizes(n, page_size)[prot].sum()) / n
+
+
+def select_pages(
+    page_scores: torch.Tensor, protected: torch.Tensor, sizes: torch.Tensor, budget_tokens: int
+) -> torch.Tensor:
+    """Keep the protected pages, then the best pages while the kept count stays `<= k`.
+
+    Args:
+        page_scores: `[..., n_pages]` float, higher = keep; no NaN.
+        protected: `[n_pages]` bool.
+        sizes: `[n_pages]` int64 tokens per page.
+        budget_tokens: `k`.
+
+    Returns:
+        Bool `[..., n_pages]`. Ties break toward the lower page index (a stable
+        descending sort), so the result is deterministic. Only the last page can be
+        partial and it is always protected (the window covers the last token), so
+        every row keeps the same number of tokens.
+
+    Raises:
+        BudgetError: when the protected pages alone hold more than `k` tokens.
+    """
+    n = int(sizes.sum())
+    prot_tokens = int(sizes[protected].sum())
+    if prot_tokens > budget_tokens:
+        min_budget = prot_tokens / n
+        raise BudgetError(
+            f"budget of {budget_tokens} tokens is below the {prot_tokens} tokens the "
+            f"protected pages (sinks and window) hold; the smallest feasible budget for "
+            f"this {n}-token prompt is {math.ceil(min_budget * 1000) / 1000:.3f} "
+            f"({prot_tokens} tokens); raise the budget or lower n_sink, window or page size",
+            min_budget=min_budget,
+            protected_tokens=prot_tokens,
+        )
+    key = torch.where(protected, torch.full_like(page_scores, float("inf")), page_scores)
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices  # [..., n_pages]
+    cum = torch.cumsum(sizes[order], dim=-1)  # [..., n_pages]
+    keep_sorted = cum <= budget_tokens
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+def expand_pages(page_keep: torch.Tensor, n: int, page_size: int) -> torch.Tensor:
+    """Page mask `[..., n_pages]` -> token mask `[..., n]`."""
+    return page_keep[..., page_of_token(n, page_size, page_keep.device)]

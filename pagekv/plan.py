@@ -1,0 +1,196 @@
+"""`plan`: from attention profiles to the pages each (layer, group) keeps.
+
+The whole selection is batched over layers, heads and pages; nothing loops over
+tokens. See DESIGN.md section 2 and docs/method.md for the definitions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import EvictionConfig
+from .entropy import entropy_head_weights, sink_mass
+from .metrics import GroupOverlap, group_overlap, needle_retention
+from .paging import expand_pages, page_reduce, page_sizes, protected_pages, select_pages
+from .pooling import max_pool, uniform_weights, weighted_pool
+from .profiles import smooth_scores
+
+#: Rows of a profile must sum to 1 within this (float32 accumulation over 128k terms).
+ROW_SUM_TOL = 1e-3
+
+
+@dataclass
+class Plan:
+    """What `plan` decided, with the data the metrics and plots need.
+
+    Shapes: `L` layers, `H` query heads, `G` groups (`r = H / G`), `n` prompt
+    tokens, `n_pages = ceil(n / P)`.
+    """
+
+    config: EvictionConfig
+    n: int
+    n_groups: int
+    budget_tokens: int  # k = floor(beta * n) (n for `full`)
+    window: int  # effective window, min(config.window, n)
+    page_sizes: torch.Tensor  # int64 [n_pages]
+    protected: torch.Tensor  # bool [n_pages]
+    keep: torch.Tensor  # bool [L, G, n]
+    page_keep: torch.Tensor  # bool [L, G, n_pages]
+    kept_tokens: torch.Tensor  # int64 [L, G]
+    head_weights: torch.Tensor  # float32 [L, H] weights used (1/r where none are)
+    page_scores: torch.Tensor  # float32 [L, G, n_pages]
+    uor: torch.Tensor  # float64 [L, G] (1.0 for pooled policies)
+    head_keep: torch.Tensor | None  # bool [L, H, n] (head_independent only)
+    head_page_keep: torch.Tensor | None  # bool [L, H, n_pages] (head_independent only)
+    overlap: GroupOverlap | None  # disagreement and bounds (head_independent only)
+    sink_mass: torch.Tensor  # float32 [L, H]
+    sink_heads: torch.Tensor  # bool [L, H]
+    weights_isolated: torch.Tensor  # float32 [L, H] Page-EntroKV's weights
+    weights_nosink: torch.Tensor  # float32 [L, H] the same without sink isolation
+
+    @property
+    def n_pages(self) -> int:
+        return int(self.page_sizes.numel())
+
+    @property
+    def dense(self) -> bool:
+        """True when every (layer, group) keeps the same number of tokens."""
+        return bool((self.kept_tokens == self.kept_tokens.flatten()[0]).all())
+
+    def kept_indices(self) -> torch.Tensor:
+        """Sorted kept token indices `[L, G, k']` (int64), for a dense plan.
+
+        Raises ValueError for a head-independent plan whose unions differ in size
+        (its groups cannot share one dense tensor: that is the overspend UOR measures).
+        """
+        if not self.dense:
+            raise ValueError(
+                "kept sets differ in size across (layer, group); no dense index tensor"
+            )
+        L, G, n = self.keep.shape
+        k = int(self.kept_tokens.flatten()[0])
+        idx = torch.arange(n, device=self.keep.device).expand(L, G, n)
+        return idx[self.keep].view(L, G, k)
+
+    def needle_retention(self, needle_positions) -> torch.Tensor:
+        """Fraction of the needle tokens kept per (layer, group), float64 `[L, G]`."""
+        return needle_retention(self.keep, needle_positions)
+
+
+def plan(profiles: torch.Tensor, n_groups: int, config: EvictionConfig) -> Plan:
+    """Select the pages each (layer, group) keeps under `config`.
+
+    Args:
+        profiles: `[L, H, n]` float attention profiles (rows sum to 1), from
+            `attention_profiles` or a kernel.
+        n_groups: `G`, the number of KV heads; `H % G == 0`.
+        config: the policy, budget and page geometry.
+
+    Returns:
+        A `Plan`. For every pooled policy each (layer, group) keeps exactly the same
+        number of tokens, `<= floor(budget * n)`, equal to the summed sizes of its
+        kept pages.
+
+    Raises:
+        ValueError: malformed profiles. BudgetError (a ValueError): the protected
+            pages alone exceed the budget; its message names the smallest feasible one.
+    """
+    _check_profiles(profiles, n_groups)
+    cfg = config
+    L, H, n = profiles.shape
+    G = n_groups
+    P = cfg.page_size
+    dev = profiles.device
+    p32 = profiles.float()
+    window = min(cfg.window, n)
+    k = cfg.budget_tokens(n)
+    sizes = page_sizes(n, P, dev)
+    prot = protected_pages(n, P, cfg.n_sink, window, dev)
+
+    m = sink_mass(p32, cfg.n_sink)
+    w_iso = entropy_head_weights(p32, G, cfg.n_sink, cfg.tau, isolate=True)
+    w_raw = entropy_head_weights(p32, G, cfg.n_sink, cfg.tau, isolate=False)
+    w_uni = uniform_weights(L, H, G, dev)
+    scores = smooth_scores(p32, cfg.smoothing, cfg.smoothing_kind)  # [L, H, n]
+
+    def pooled_pages(weights):
+        return page_reduce(weighted_pool(scores, weights, G), P, cfg.page_reduction)
+
+    head_keep = head_page_keep = overlap = None
+    policy = cfg.policy
+    weights = w_uni
+    if policy in ("entropy", "entropy_nosink", "mean"):
+        weights = {"entropy": w_iso, "entropy_nosink": w_raw, "mean": w_uni}[policy]
+        page_scores = pooled_pages(weights)
+    elif policy == "max":
+        page_scores = page_reduce(max_pool(scores, G), P, cfg.page_reduction)
+    elif policy == "streaming":
+        # Recency is the score: later pages rank higher, so the kept set is the sinks
+        # plus the most recent pages that fit.
+        rank = torch.arange(sizes.numel(), device=dev, dtype=torch.float32)
+        page_scores = rank.expand(L, G, -1).clone()
+    elif policy == "full":
+        page_scores = pooled_pages(w_uni)  # informational: every page is kept
+    elif policy == "head_independent":
+        head_pages = page_reduce(scores, P, cfg.page_reduction)  # [L, H, n_pages]
+        head_page_keep = select_pages(head_pages, prot, sizes, k)
+        head_keep = expand_pages(head_page_keep, n, P)
+        overlap = group_overlap(head_keep, G)
+        page_scores = head_pages.view(L, G, H // G, -1).amax(2)
+    else:  # EvictionConfig validates the policy; this guards future additions.
+        raise AssertionError(policy)
+
+    if head_page_keep is not None:
+        page_keep = head_page_keep.view(L, G, H // G, -1).any(2)
+        uor = overlap.uor
+    else:
+        page_keep = select_pages(page_scores, prot, sizes, k)
+        uor = torch.ones(L, G, dtype=torch.float64, device=dev)
+    keep = expand_pages(page_keep, n, P)
+    kept_tokens = (page_keep.to(torch.int64) * sizes).sum(-1)
+    return Plan(
+        config=cfg,
+        n=n,
+        n_groups=G,
+        budget_tokens=k,
+        window=window,
+        page_sizes=sizes,
+        protected=prot,
+        keep=keep,
+        page_keep=page_keep,
+        kept_tokens=kept_tokens,
+        head_weights=weights,
+        page_scores=page_scores,
+        uor=uor,
+        head_keep=head_keep,
+        head_page_keep=head_page_keep,
+        overlap=overlap,
+        sink_mass=m,
+        sink_heads=m >= cfg.sink_threshold,
+        weights_isolated=w_iso,
+        weights_nosink=w_raw,
+    )
+
+
+def _check_profiles(profiles: torch.Tensor, n_groups: int) -> None:
+    if not isinstance(profiles, torch.Tensor) or profiles.dim() != 3:
+        shape = tuple(profiles.shape) if isinstance(profiles, torch.Tensor) else type(profiles)
+        raise ValueError(f"profiles must be a [L, H, n] tensor; got {shape}")
+    if not profiles.is_floating_point():
+        raise ValueError(f"profiles must be floating point; got {profiles.dtype}")
+    L, H, n = profiles.shape
+    if L == 0 or H == 0 or n == 0:
+        raise ValueError(f"profiles must be non-empty; got shape {tuple(profiles.shape)}")
+    if isinstance(n_groups, bool) or not isinstance(n_groups, int) or n_groups < 1:
+        raise ValueError(f"n_groups must be a positive integer; got {n_groups!r}")
+    if H % n_groups:
+        raise ValueError(f"H={H} query heads are not a multiple of n_groups={n_groups}")
+    p = profiles.float()
+    if not bool(torch.isfinite(p).all()) or bool((p < 0).any()):
+        raise ValueError("profiles must be finite and non-negative")
+    sums = p.sum(-1)
+    if not bool(((sums - 1).abs() <= ROW_SUM_TOL).all()):
+        worst = float((sums - 1).abs().max())
+        raise ValueError(f"profile rows must sum to 1 (worst row is off by {worst:.3g})")

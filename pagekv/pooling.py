@@ -1,0 +1,30 @@
+"""Pooling the heads of each GQA group into one token score per (layer, group).
+
+`s_g(t)` for the pooled policies (DESIGN.md section 2):
+  - entropy / entropy_nosink / mean: `sum_h w_h s_h(t)` with the given weights;
+  - max: `max_h s_h(t)`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def weighted_pool(scores: torch.Tensor, weights: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """`sum_{h in g} w_h s_h(t)`: scores `[L, H, n]`, weights `[L, H]` -> `[L, G, n]`."""
+    L, H, n = scores.shape
+    r = H // n_groups
+    s = scores.float().view(L, n_groups, r, n)
+    w = weights.float().view(L, n_groups, r, 1)
+    return (s * w).sum(dim=2)
+
+
+def max_pool(scores: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """`max_{h in g} s_h(t)`: `[L, H, n]` -> `[L, G, n]`."""
+    L, H, n = scores.shape
+    return scores.float().view(L, n_groups, H // n_groups, n).amax(dim=2)
+
+
+def uniform_weights(L: int, H: int, n_groups: int, device=None) -> torch.Tensor:
+    """Mean pooling's weights: `1/r` for every head, `[L, H]`."""
+    return torch.full((L, H), n_groups / H, dtype=torch.float32, device=device)
