@@ -78,9 +78,7 @@ class EvictionConfig:
                 f"page_reduction must be one of {', '.join(PAGE_REDUCTIONS)}; "
                 f"got {self.page_reduction!r}"
             )
-        _check_real(
-            "sink_threshold", self.sink_threshold, "in (0, 1]", lambda v: 0.0 < v <= 1.0
-        )
+        _check_real("sink_threshold", self.sink_threshold, "in (0, 1]", lambda v: 0.0 < v <= 1.0)
 
     @property
     def pooled(self) -> bool:
@@ -97,7 +95,7 @@ class EvictionConfig:
             return n
         return int(math.floor(self.budget * n + 1e-9))
 
-    def replace(self, **changes) -> "EvictionConfig":
+    def replace(self, **changes) -> EvictionConfig:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 

@@ -103,11 +103,44 @@ def select_pages(
             min_budget=min_budget,
             protected_tokens=prot_tokens,
         )
+    free_sizes = sizes[~protected]
+    if free_sizes.numel() and bool((free_sizes == free_sizes[0]).all()):
+        return _select_uniform(
+            page_scores, protected, int(free_sizes[0]), budget_tokens - prot_tokens
+        )
+    # General page sizes: protected first, then a stable descending sort of the scores.
     key = torch.where(protected, torch.full_like(page_scores, float("inf")), page_scores)
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices  # [..., n_pages]
     cum = torch.cumsum(sizes[order], dim=-1)  # [..., n_pages]
     keep_sorted = cum <= budget_tokens
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+def _select_uniform(
+    page_scores: torch.Tensor, protected: torch.Tensor, page_size: int, room: int
+) -> torch.Tensor:
+    """`select_pages` when every unprotected page holds `page_size` tokens (always the
+    case: only the last page can be partial, and it is protected).
+
+    The best `m = room // page_size` free pages without a full sort: `v`, the m-th
+    largest free score (from an unsorted top-k), splits them into those above `v`
+    (all kept) and those equal to `v`, of which the lowest-indexed fill the rest.
+    This is the stable sort's tie rule, at the cost of a top-k and a cumsum.
+    """
+    n_free = int((~protected).sum())
+    m = min(room // page_size, n_free)
+    shape = page_scores.shape
+    if m == 0:
+        return protected.expand(shape).clone()
+    if m == n_free:
+        return torch.ones(shape, dtype=torch.bool, device=page_scores.device)
+    key = torch.where(protected, torch.full_like(page_scores, float("-inf")), page_scores)
+    v = torch.topk(key, m, dim=-1, sorted=False).values.amin(-1, keepdim=True)  # [..., 1]
+    above = key > v
+    tied = key == v
+    need = m - above.sum(-1, keepdim=True)  # >= 1: v itself is among the best m
+    keep_tied = tied & (torch.cumsum(tied, dim=-1) <= need)
+    return above | keep_tied | protected
 
 
 def expand_pages(page_keep: torch.Tensor, n: int, page_size: int) -> torch.Tensor:

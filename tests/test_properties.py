@@ -1,0 +1,199 @@
+"""Property tests (hypothesis): the identities, bounds and accounting of DESIGN.md section 2."""
+
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from pagekv import POOLED_POLICIES, EvictionConfig, min_feasible_budget, plan
+from pagekv.paging import page_sizes, protected_pages, select_pages
+from tests.strategies import geometry, random_profiles
+
+SETTINGS = settings(max_examples=120, deadline=None)
+
+
+def feasible_budget(n, P, n_sink, window, u):
+    lo = min_feasible_budget(n, P, n_sink, window)
+    return min(1.0, lo + u * (1.0 - lo))
+
+
+def build(geo, u, policy, **extra):
+    seed, L, G, r, n, P, n_sink, window = geo
+    prof = random_profiles(seed, L, G * r, n)
+    beta = feasible_budget(n, P, n_sink, min(window, n), u)
+    cfg = EvictionConfig(
+        policy=policy, budget=beta, page_size=P, n_sink=n_sink, window=window, **extra
+    )
+    return prof, plan(prof, G, cfg)
+
+
+@SETTINGS
+@given(geo=geometry(r_values=(2,)), u=st.floats(0, 1))
+def test_identity_r2_uor_is_one_plus_disagreement(geo, u):
+    _, p = build(geo, u, "head_independent")
+    ov = p.overlap
+    k = ov.per_head_tokens
+    inter = ov.intersections[..., 0, 1]
+    # Inclusion-exclusion in integers: |S_a u S_b| = 2k' - |S_a n S_b|, exactly.
+    assert torch.equal(ov.union_tokens, 2 * k - inter)
+    d = ov.disagreement[..., 0, 1]
+    assert torch.allclose(p.uor, 1.0 + d, rtol=0, atol=1e-12)
+    assert torch.allclose(ov.mean_disagreement, d, rtol=0, atol=0)
+
+
+@SETTINGS
+@given(geo=geometry(r_values=(2, 3, 4, 5, 6, 7, 8)), u=st.floats(0, 1))
+def test_uor_bounds_hold_for_any_r(geo, u):
+    _, p = build(geo, u, "head_independent")
+    r = geo[3]
+    ov = p.overlap
+    eps = 1e-12
+    assert bool((ov.lower <= p.uor + eps).all()), (ov.lower - p.uor).max()
+    assert bool((p.uor <= ov.upper + eps).all()), (p.uor - ov.upper).max()
+    assert bool((p.uor >= 1 - eps).all()) and bool((p.uor <= r + eps).all())
+    # The union is what the group keeps.
+    assert torch.equal(p.kept_tokens, ov.union_tokens)
+
+
+@SETTINGS
+@given(
+    geo=geometry(),
+    u=st.floats(0, 1),
+    policy=st.sampled_from(POOLED_POLICIES),
+    reduction=st.sampled_from(["max", "sum"]),
+    smoothing=st.sampled_from([1, 3, 5]),
+)
+def test_pooled_policies_are_dense_exact_and_within_budget(geo, u, policy, reduction, smoothing):
+    _, p = build(geo, u, policy, page_reduction=reduction, smoothing=smoothing)
+    n, P = p.n, geo[5]
+    sizes = page_sizes(n, P)
+    assert torch.equal(p.uor, torch.ones_like(p.uor))
+    k0 = int(p.kept_tokens.flatten()[0])
+    assert bool((p.kept_tokens == k0).all()), "every (layer, group) keeps the same count"
+    # Exact page accounting: kept count = summed sizes of kept pages = kept token mask.
+    assert torch.equal(p.kept_tokens, (p.page_keep.long() * sizes).sum(-1))
+    assert torch.equal(p.kept_tokens, p.keep.sum(-1))
+    assert k0 <= p.budget_tokens
+    # Maximality: no further whole page fits in the budget (pooled, budgeted policies).
+    free = ~p.page_keep & ~p.protected
+    if policy != "full" and bool(free.any()):
+        assert k0 + P > p.budget_tokens
+    assert p.kept_indices().shape == (*p.kept_tokens.shape, k0)
+
+
+@SETTINGS
+@given(
+    geo=geometry(),
+    u=st.floats(0, 1),
+    policy=st.sampled_from(POOLED_POLICIES + ("head_independent",)),
+)
+def test_protected_pages_are_always_kept(geo, u, policy):
+    _, p = build(geo, u, policy)
+    prot = protected_pages(p.n, geo[5], geo[6], min(geo[7], p.n))
+    assert bool(p.page_keep[..., prot].all())
+    if p.head_page_keep is not None:
+        assert bool(p.head_page_keep[..., prot].all())
+    n_sink = min(geo[6], p.n)
+    assert bool(p.keep[..., :n_sink].all()) and bool(p.keep[..., p.n - p.window :].all())
+
+
+def reference_select(scores, protected, sizes, k):
+    """Obvious Python: protected first, then (-score, index) order while it fits."""
+    order = sorted(range(len(scores)), key=lambda j: (not protected[j], -scores[j], j))
+    keep, used = [False] * len(scores), 0
+    for j in order:
+        if used + sizes[j] > k:
+            break
+        keep[j], used = True, used + sizes[j]
+    return keep
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 120),
+    P=st.integers(1, 16),
+    n_sink=st.integers(0, 5),
+    window=st.integers(1, 20),
+    levels=st.integers(1, 4),
+    seed=st.integers(0, 10**6),
+    u=st.floats(0, 1),
+)
+def test_selection_matches_reference_with_ties(n, P, n_sink, window, levels, seed, u):
+    sizes = page_sizes(n, P)
+    prot = protected_pages(n, P, n_sink, min(window, n))
+    k = int(sizes[prot].sum()) + int(u * (n - int(sizes[prot].sum())))
+    g = torch.Generator().manual_seed(seed)
+    # Few distinct values: many exact ties.
+    scores = torch.randint(0, levels, (3, sizes.numel()), generator=g).float()
+    got = select_pages(scores, prot, sizes, k)
+    for row in range(3):
+        want = reference_select(scores[row].tolist(), prot.tolist(), sizes.tolist(), k)
+        assert got[row].tolist() == want
+
+
+@SETTINGS
+@given(geo=geometry(r_values=(2, 3, 4, 8)), u=st.floats(0, 1), data=st.data())
+def test_head_order_within_group_does_not_matter(geo, u, data):
+    seed, L, G, r, n, P, n_sink, window = geo
+    prof = random_profiles(seed, L, G * r, n)
+    # Quantise to multiples of 2^-10 (then renormalise exactly) so pooled sums are exact.
+    q = torch.floor(prof * 1024)
+    q[..., -1] += 1024 - q.sum(-1)
+    prof = q / 1024
+    perm = data.draw(st.permutations(list(range(r))))
+    idx = torch.tensor([g * r + j for g in range(G) for j in perm])
+    beta = feasible_budget(n, P, n_sink, min(window, n), u)
+    policies = ["max", "head_independent"] + (["mean"] if r in (2, 4, 8) else [])
+    for policy in policies:
+        cfg = EvictionConfig(policy=policy, budget=beta, page_size=P, n_sink=n_sink, window=window)
+        a, b = plan(prof, G, cfg), plan(prof[:, idx], G, cfg)
+        assert torch.equal(a.keep, b.keep), policy
+
+
+@SETTINGS
+@given(geo=geometry(r_values=(2, 3, 4, 6)), u=st.floats(0.0, 0.6), data=st.data())
+def test_retention_bound_sufficient_condition(geo, u, data):
+    """If w_h* s* exceeds the score of the page that would otherwise be the last kept,
+    entropy pooling keeps the needle's page (DESIGN.md section 2, first half)."""
+    seed, L, G, r, n, P, n_sink, window = geo
+    prof, p = build(geo, u, "entropy")
+    free_pages = (~p.protected).nonzero().flatten().tolist()
+    assume(len(free_pages) >= 2)
+    m = (p.budget_tokens - int(p.page_sizes[p.protected].sum())) // P  # free pages kept
+    assume(1 <= m < len(free_pages))
+    needle_page = data.draw(st.sampled_from(free_pages))
+    others = [j for j in free_pages if j != needle_page]
+    for layer in range(L):
+        for g in range(G):
+            ps = p.page_scores[layer, g]
+            # The m-th best other page: the last kept if the needle page were absent.
+            ranked = sorted(others, key=lambda j: (-float(ps[j]), j))
+            c = float(ps[ranked[m - 1]])
+            tokens = range(needle_page * P, min((needle_page + 1) * P, n))
+            lhs = max(
+                float(p.head_weights[layer, h]) * float(prof[layer, h, t])
+                for h in range(g * r, (g + 1) * r)
+                for t in tokens
+            )
+            if lhs > c * (1 + 1e-6):
+                assert bool(p.page_keep[layer, g, needle_page])
+
+
+@SETTINGS
+@given(
+    sizes=st.lists(st.integers(1, 5), min_size=1, max_size=30),
+    levels=st.integers(1, 4),
+    seed=st.integers(0, 10**6),
+    u=st.floats(0, 1),
+    data=st.data(),
+)
+def test_general_page_sizes_match_reference(sizes, levels, seed, u, data):
+    """The sort path (pages of unequal sizes) obeys the same rule as the fast path."""
+    prot = data.draw(st.lists(st.booleans(), min_size=len(sizes), max_size=len(sizes)))
+    sz, pr = torch.tensor(sizes), torch.tensor(prot)
+    base = int(sz[pr].sum())
+    k = base + int(u * (int(sz.sum()) - base))
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, levels, (2, len(sizes)), generator=g).float()
+    got = select_pages(scores, pr, sz, k)
+    for row in range(2):
+        assert got[row].tolist() == reference_select(scores[row].tolist(), prot, sizes, k)
