@@ -1,0 +1,43 @@
+"""Evaluation tasks: needle-in-a-haystack, curated QA and code, custom; and scoring.
+
+from pagekv.tasks import make_needle_task, score
+task = make_needle_task(tokenizer, context_tokens=2000, depth=0.5, seed=0)
+ids = task.build_prompt_ids(tokenizer)        # input_ids, needle_token_positions
+score("PELICAN-42", task)["correct"]
+"""
+
+from .base import ANSWER_INSTRUCTION, QUESTION_POSITIONS, TASK_KINDS, Task, TaskError
+from .curated import get_task, load_tasks, task_names
+from .haystack import load_haystack, load_haystack_file
+from .needle import (
+    BUILTIN_NEEDLES,
+    CODEWORD_NEEDLES,
+    Needle,
+    make_custom_task,
+    make_multi_needle_task,
+    make_needle_task,
+)
+from .scoring import contains, exact_match, normalize, score
+
+__all__ = [
+    "ANSWER_INSTRUCTION",
+    "BUILTIN_NEEDLES",
+    "CODEWORD_NEEDLES",
+    "QUESTION_POSITIONS",
+    "TASK_KINDS",
+    "Needle",
+    "Task",
+    "TaskError",
+    "contains",
+    "exact_match",
+    "get_task",
+    "load_haystack",
+    "load_haystack_file",
+    "load_tasks",
+    "make_custom_task",
+    "make_multi_needle_task",
+    "make_needle_task",
+    "normalize",
+    "score",
+    "task_names",
+]

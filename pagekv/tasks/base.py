@@ -1,0 +1,269 @@
+"""The `Task` record and how a task becomes token ids.
+
+A task is a long context with a short answer hidden in it (the "needle"), and
+a question about it. `Task.build_prompt_ids` renders the prompt with the
+tokenizer's chat template and finds, through the tokenizer's offset mapping
+(never by searching ids), which prompt tokens spell the answer inside the
+context: those are the needle tokens `N` whose retention the eviction metrics
+measure (DESIGN.md section 2, "Needle retention").
+
+Prompt layout (one user turn)::
+
+    <context>            (code tasks: inside a ```python fence)
+
+    Question: <question>
+    Answer with only the answer, as briefly as possible.
+
+Question-after mode: `build_prompt_ids(tok, mode="after")` splits that same
+token sequence in two: `context_ids` (template prefix + context), which is
+prefilled and compressed, then `question_ids` (the question, the end of the
+user turn and the assistant prefix), decoded after compression. The split is
+made on the tokens of the whole prompt, so `context_ids + question_ids ==
+input_ids` always holds exactly. Where a token straddles the end of the
+context (some pre-tokenizers glue punctuation to the newline after it) that
+token goes to `context_ids` and `split_exact` is False; with the bundled
+SmolLM2 tokenizer the split is exact (tests check it).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+TASK_KINDS = ("needle", "qa", "code", "custom")
+QUESTION_POSITIONS = ("inside", "after")
+ANSWER_INSTRUCTION = "Answer with only the answer, as briefly as possible."
+
+
+class TaskError(ValueError):
+    """A task cannot be built or rendered (bad input, needle not in context, ...)."""
+
+
+@dataclass
+class Task:
+    """One evaluation item.
+
+    Fields:
+        name: a stable identifier (``"needle-d0.50-s0"``, ``"qa_brennholt_founding"``).
+        kind: one of ``TASK_KINDS``.
+        context: the long text the model reads (haystack with needle, document, code).
+        question: the question asked after the context.
+        answer: the expected answer string (short: a number, a name, a code word).
+        aliases: other acceptable answers (scored like ``answer``).
+        needle_text: the exact substring of ``context`` that holds the answer
+            (the needle sentence, the evidence sentence or code line), or None.
+        meta: free-form details: depth, seed, token counts, difficulty, ...
+    """
+
+    name: str
+    kind: str
+    context: str
+    question: str
+    answer: str
+    aliases: list[str] = field(default_factory=list)
+    needle_text: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in TASK_KINDS:
+            raise TaskError(f"task kind {self.kind!r} is not one of {TASK_KINDS}")
+        for attr in ("context", "question", "answer"):
+            value = getattr(self, attr)
+            if not isinstance(value, str) or not value.strip():
+                raise TaskError(f"task {self.name!r}: {attr} must be a non-empty string")
+        self.aliases = [a for a in (self.aliases or []) if isinstance(a, str) and a.strip()]
+        if self.needle_text is not None and self.needle_text not in self.context:
+            raise TaskError(
+                f"task {self.name!r}: the needle text {_short(self.needle_text)!r} "
+                "does not occur in the context"
+            )
+
+    # ----------------------------------------------------------------- answers
+    @property
+    def answers(self) -> list[str]:
+        """``answer`` followed by the aliases, duplicates removed."""
+        out: list[str] = []
+        for a in [self.answer, *self.aliases]:
+            if a not in out:
+                out.append(a)
+        return out
+
+    def needle_span(self) -> tuple[int, int] | None:
+        """Character span ``[start, end)`` of ``needle_text`` in ``context`` (first match)."""
+        if self.needle_text is None:
+            return None
+        start = self.context.find(self.needle_text)
+        if start < 0:  # __post_init__ checks this, but fields are mutable
+            raise TaskError(f"task {self.name!r}: the needle text does not occur in the context")
+        return start, start + len(self.needle_text)
+
+    def answer_span(self) -> tuple[int, int] | None:
+        """Character span of the answer inside the needle, as an offset into ``context``.
+
+        Searches ``answer`` then each alias inside ``needle_text``, first exactly
+        and then case-insensitively. None when there is no needle text or no
+        answer string occurs inside it (the needle then stands for itself).
+        """
+        span = self.needle_span()
+        if span is None:
+            return None
+        needle = self.needle_text or ""
+        for fold in (False, True):
+            hay = needle.casefold() if fold else needle
+            for a in self.answers:
+                i = hay.find(a.casefold() if fold else a)
+                if i >= 0 and len(a) > 0:
+                    return span[0] + i, span[0] + i + len(a)
+        return None
+
+    # ----------------------------------------------------------------- prompt
+    def _context_block(self) -> tuple[str, int]:
+        """The context as shown in the prompt, and the context's offset inside it."""
+        if self.kind == "code":
+            head = "```python\n"
+            tail = "```" if self.context.endswith("\n") else "\n```"
+            return f"{head}{self.context}{tail}", len(head)
+        return self.context, 0
+
+    def user_content(self) -> str:
+        """The single user message: context, then question and instruction."""
+        block, _ = self._context_block()
+        return f"{block}\n\nQuestion: {self.question}\n{ANSWER_INSTRUCTION}"
+
+    def plain_prompt(self) -> str:
+        """Fallback prompt for tokenizers without a chat template."""
+        block, _ = self._context_block()
+        return f"Context:\n{block}\n\nQuestion: {self.question}\nAnswer:"
+
+    def prompt_messages(self, question_position: str = "inside") -> list[dict[str, str]]:
+        """Chat messages for ``tokenizer.apply_chat_template``.
+
+        The text is the same for both positions: "after" differs only in where
+        the caller cuts the tokens (see ``build_prompt_ids(mode="after")``).
+        """
+        _check_position(question_position)
+        return [{"role": "user", "content": self.user_content()}]
+
+    def render_prompt(self, tokenizer: Any) -> tuple[str, int, bool]:
+        """Prompt text, the character offset of ``context`` in it, and whether it is templated.
+
+        With a chat template the text ends with the assistant generation prefix
+        (``add_generation_prompt=True``); without one it is ``plain_prompt()``.
+        """
+        block, ctx_in_block = self._context_block()
+        if getattr(tokenizer, "chat_template", None):
+            content = self.user_content()
+            text = tokenizer.apply_chat_template(
+                self.prompt_messages(), tokenize=False, add_generation_prompt=True
+            )
+            if not isinstance(text, str):
+                raise TaskError("apply_chat_template(tokenize=False) did not return a string")
+            where = text.find(content)
+            if where < 0:
+                raise TaskError(
+                    "the chat template altered the user message, so the context "
+                    "cannot be located in the prompt"
+                )
+            return text, where + ctx_in_block, True
+        prefix = "Context:\n"
+        return self.plain_prompt(), len(prefix) + ctx_in_block, False
+
+    def build_prompt_ids(self, tokenizer: Any, mode: str | None = None) -> dict[str, Any]:
+        """Tokenize the prompt and locate the needle's answer tokens.
+
+        Args:
+            tokenizer: a fast Hugging Face tokenizer (offset mapping needed).
+            mode: "inside" or "after"; None takes ``meta["question_position"]``
+                (default "inside").
+
+        Returns a dict with
+            input_ids: list[int], the whole prompt, ending with the assistant prefix;
+            needle_token_positions: list[int], indices into input_ids of the tokens
+                that overlap the answer string inside the context (the whole needle
+                text when the answer is not inside it, see ``needle_positions_of``;
+                empty when the task has no needle text);
+            needle_text_positions: list[int], tokens overlapping the whole needle text;
+            needle_positions_of: "answer", "needle" or None;
+            context_token_range: (first, end) token indices covering the context;
+            text: the prompt string; templated: bool; mode: str;
+        and, for mode "after",
+            context_ids: input_ids[:k] (template prefix + context),
+            question_ids: input_ids[k:] (question, end of turn, assistant prefix),
+            split_exact: whether no token straddles the end of the context.
+        """
+        mode = mode or self.meta.get("question_position", "inside")
+        _check_position(mode)
+        text, ctx_start, templated = self.render_prompt(tokenizer)
+        ctx_end = ctx_start + len(self.context)
+        try:
+            enc = tokenizer(
+                text,
+                add_special_tokens=not templated,  # a template already holds BOS etc.
+                return_offsets_mapping=True,
+            )
+        except NotImplementedError as exc:  # slow (Python) tokenizers have no offsets
+            raise TaskError("a fast tokenizer is needed to locate the needle tokens") from exc
+        ids = list(enc["input_ids"])
+        offsets = [tuple(o) for o in enc["offset_mapping"]]
+
+        def overlapping(lo: int, hi: int) -> list[int]:
+            # (0, 0) offsets are special tokens; they never overlap a span
+            return [i for i, (s, e) in enumerate(offsets) if e > s and s < hi and e > lo]
+
+        out: dict[str, Any] = {"input_ids": ids, "text": text, "templated": templated}
+        out["mode"] = mode
+        ctx_tokens = overlapping(ctx_start, ctx_end)
+        out["context_token_range"] = (ctx_tokens[0], ctx_tokens[-1] + 1) if ctx_tokens else (0, 0)
+
+        needle_span = self.needle_span()
+        answer_span = self.answer_span()
+        if needle_span is None:
+            out["needle_text_positions"] = []
+            out["needle_token_positions"] = []
+            out["needle_positions_of"] = None
+        else:
+            n_lo, n_hi = needle_span
+            out["needle_text_positions"] = overlapping(ctx_start + n_lo, ctx_start + n_hi)
+            if answer_span is not None:
+                a_lo, a_hi = answer_span
+                out["needle_token_positions"] = overlapping(ctx_start + a_lo, ctx_start + a_hi)
+                out["needle_positions_of"] = "answer"
+            else:
+                out["needle_token_positions"] = list(out["needle_text_positions"])
+                out["needle_positions_of"] = "needle"
+
+        if mode == "after":
+            # k = one past the last token that touches the context; a token that
+            # straddles the context's end stays on the context side.
+            k = out["context_token_range"][1]
+            split_exact = k == 0 or offsets[k - 1][1] <= ctx_end
+            out["context_ids"] = ids[:k]
+            out["question_ids"] = ids[k:]
+            out["split_exact"] = split_exact
+            assert out["context_ids"] + out["question_ids"] == ids
+            if not out["question_ids"]:
+                raise TaskError("the question part of the prompt is empty")
+        return out
+
+    # -------------------------------------------------------------- plumbing
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy (for exports)."""
+        return copy.deepcopy(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Task:
+        keys = ("name", "kind", "context", "question", "answer", "aliases", "needle_text", "meta")
+        missing = [k for k in ("name", "kind", "context", "question", "answer") if k not in data]
+        if missing:
+            raise TaskError(f"task record is missing {missing}")
+        return cls(**{k: copy.deepcopy(data[k]) for k in keys if k in data})
+
+
+def _check_position(position: str) -> None:
+    if position not in QUESTION_POSITIONS:
+        raise TaskError(f"question position {position!r} is not one of {QUESTION_POSITIONS}")
+
+
+def _short(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
