@@ -1,0 +1,548 @@
+"""The live backend: prefill a prompt once, then evict and decode under many configurations.
+
+DESIGN.md section 3: one prefill captures the cache and the observation window's
+queries (`pagekv.capture`); every `EvictionConfig` then plans
+(`pagekv.plan`), compacts a *copy* of the cache (`pagekv.compact`) and decodes
+greedily, without a new prefill::
+
+    runner = Runner(model, tokenizer)
+    pre = runner.prefill(input_ids, window_max=128)
+    res = runner.evaluate(pre, EvictionConfig(policy="entropy", budget=0.2))
+    res.answer, res.kept_tokens, res.timings
+
+Positions. A compacted cache holds `k' < n` tokens but they keep their original
+RoPE phases, so the decode continues at position `n` (not `k'`): every forward
+passes explicit `position_ids`. In transformers 5.x the causal mask is sized from the
+cache (`q_offset` = cache length, `kv_length` = cache length + new tokens), not from
+the positions, so no `attention_mask` is passed: the new tokens see every cached
+token and each other causally. `generate` cannot be used: it would place the next
+token at position `k'`.
+
+Modes. Question inside the prompt ("inside"): the first answer token is the argmax
+of the prefill's last logits, which saw the whole prompt before eviction
+(`first_token_from_full_prefill=True` in the result). Question after the context
+("after"): the prefill holds the context only; the question is prefilled into the
+compacted cache at positions `n..n+q-1`, so every answer token sees the evicted cache.
+
+Head-independent plans are not dense (each group keeps a union of its own size). To
+decode them honestly anyway, each layer stores every group's union padded up to the
+layer's largest union with that group's next-best pages (by `Plan.page_scores`, ties
+toward the lower page); `union_tokens` reports the real unions, `kept_tokens` what is
+stored. Layers then differ in length, which transformers' mask (sized from layer 0)
+cannot describe, so such a "ragged" cache is decoded one token at a time with a
+broadcastable all-zero mask (a single new token may see its whole cache).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from .backend import compact, resolve_backend, score_layers
+from .capture import WindowQueryCapture
+from .config import EvictionConfig
+from .metrics import needle_retention
+from .paging import expand_pages
+from .plan import Plan, plan
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class Prefill:
+    """One prompt, prefilled once; reusable for any number of `Runner.evaluate` calls.
+
+    `cache` is never mutated after the prefill: every evaluation works on a copy.
+    """
+
+    ids: list[int]  # the prefilled ids (the context only in question-after mode)
+    n: int  # len(ids)
+    cache: object  # transformers DynamicCache, layers' keys/values [1, G, n, d]
+    q_win: torch.Tensor  # float32 [L, H, w', d], w' = min(window_max, n), after RoPE
+    first_logits: torch.Tensor  # float32 [V], the prefill's last-position logits
+    question_ids: list[int] | None  # question-after mode: prefilled after compaction
+    timings: dict  # {"prefill_s": ...}
+    n_layers: int  # L
+    n_heads: int  # H
+    n_groups: int  # G (KV heads)
+    head_dim: int  # d
+    scale: float  # softmax scale of the attention (module.scaling)
+    scales: list[float] = field(repr=False, default_factory=list)  # per layer
+    backend: str = "torch"  # resolved backend of the runner that made it
+    _profiles: dict = field(default_factory=dict, repr=False)  # window -> [L, H, n]
+
+    @property
+    def window_max(self) -> int:
+        """w', the number of window queries captured per layer."""
+        return int(self.q_win.shape[2])
+
+    @property
+    def mode(self) -> str:
+        return "after" if self.question_ids else "inside"
+
+    def profiles(self, window: int) -> torch.Tensor:
+        """Attention profiles `[L, H, n]` float32 of the last `min(window, n)` queries.
+
+        Computed once per effective window and memoised. Raises ValueError if the
+        window is longer than what the prefill captured (`window_max`).
+        """
+        w = min(int(window), self.n)
+        if w < 1:
+            raise ValueError(f"window must be >= 1; got {window}")
+        if w > self.window_max:
+            raise ValueError(
+                f"window {w} exceeds the {self.window_max} window queries captured at "
+                f"prefill; prefill again with window_max >= {w}"
+            )
+        if w not in self._profiles:
+            out = torch.empty(self.n_layers, self.n_heads, self.n, dtype=torch.float32)
+            for i, layer in enumerate(self.cache.layers):  # one layer at a time: bounded memory
+                keys = layer.keys[0]  # [G, n, d]
+                q = self.q_win[i, :, -w:].to(keys.device).contiguous()  # [H, w, d]
+                scale = self.scales[i] if self.scales else self.scale
+                # The sink and collision masses it also returns are recomputed by `plan`.
+                prof, *_ = score_layers(
+                    q[None], keys[None], min(4, self.n), scale=scale, backend=self.backend
+                )  # [1, H, n]
+                out[i] = prof[0].float().cpu()
+            self._profiles[w] = out
+        return self._profiles[w]
+
+
+@dataclass
+class RunResult:
+    """One configuration's eviction and greedy answer. `to_dict()` is JSON-ready.
+
+    Per-(layer, group) lists are `[L][G]`. `plan` (and `logits` if requested) are
+    left out of `to_dict()`.
+    """
+
+    answer: str
+    tokens: list[int]
+    policy: str
+    config: dict
+    mode: str  # "inside" or "after"
+    prompt_tokens: int  # n, plus the question's length in "after" mode
+    context_tokens: int  # n
+    budget_tokens: int  # k = floor(budget * n) (n for `full`)
+    kept_tokens: list  # [L][G] tokens stored per (layer, group)
+    union_tokens: list  # [L][G] tokens the policy keeps (the union for head_independent)
+    uor: dict  # {"mean", "max"} over (layer, group)
+    backend: str  # "torch" or "triton"
+    device: str
+    timings: dict  # prefill_s, profile_s, evict_s, decode_s (question prefill included)
+    cache_bytes_before: int  # the full prompt cache
+    cache_bytes_after: int  # the compacted prompt cache (before any decode)
+    first_token_from_full_prefill: bool
+    stop_reason: str  # "eos" or "max_new_tokens"
+    needle_retention: list | None = None  # [L][G] fractions of the needle stored
+    needle_kept_all: bool | None = None
+    needle_retention_union: list | None = None  # head_independent: over the unions
+    plan: Plan | None = field(default=None, repr=False)
+    logits: torch.Tensor | None = field(default=None, repr=False)  # [T, V] if asked
+
+    def to_dict(self) -> dict:
+        skip = ("plan", "logits")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+
+@dataclass
+class Evicted:
+    """A compacted copy of a prefill's cache, ready to decode from position `n`."""
+
+    cache: object  # a fresh DynamicCache
+    plan: Plan
+    kept_indices: list[torch.Tensor] | None  # per layer [G, k_l] int64 (None: full)
+    kept_tokens: list  # [L][G] stored
+    union_tokens: list  # [L][G] the policy's kept sets
+    ragged: bool  # layers hold different lengths (head_independent)
+    profile_s: float
+    evict_s: float
+
+
+# --------------------------------------------------------------------------- runner
+
+
+class Runner:
+    """Prefill once, evaluate many eviction configurations (see the module docstring).
+
+    Args:
+        model: a transformers causal LM of the Llama / Qwen2 / Mistral / Qwen3 family
+            (`model.model.layers[i].self_attn.q_proj`), in eval mode.
+        tokenizer: decodes answers; `None` (tests) makes the answer the token ids
+            joined by spaces.
+        backend: "auto" (Triton on CUDA when the kernels import, else torch), "torch"
+            or "triton", resolved by `pagekv.backend.resolve_backend` (a BackendError
+            where Triton cannot run). Scoring and compaction dispatch through
+            `pagekv.backend`; the choice is logged and reported in every result.
+    """
+
+    def __init__(self, model, tokenizer=None, backend: str = "auto"):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.backend = resolve_backend(backend, self.device)  # "torch" or "triton"
+        log.info("pagekv runner: %s backend on %s", self.backend, self.device)
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+        self.text_config = cfg if cfg is not None else model.config
+        WindowQueryCapture(model, 1)  # fails early on an unsupported architecture
+        self.eos_ids = _eos_ids(model, tokenizer)
+
+    # ---------------------------------------------------------------- prefill
+
+    def prefill(self, input_ids, window_max: int = 128, question_ids=None) -> Prefill:
+        """Run the prompt once, keep its cache and its last `window_max` queries.
+
+        Args:
+            input_ids: list[int] or LongTensor `[n]` (or `[1, n]`): the whole prompt, or
+                the context only when `question_ids` is given.
+            window_max: how many window queries to capture per layer; every later
+                `config.window` must be `<= window_max` (or cover the whole prompt).
+            question_ids: question-after mode: the question's ids, prefilled after
+                compaction at positions `n..`.
+        """
+        ids = _as_id_list(input_ids, "input_ids")
+        q_ids = None if question_ids is None else _as_id_list(question_ids, "question_ids")
+        if isinstance(window_max, bool) or not isinstance(window_max, int) or window_max < 1:
+            raise ValueError(f"window_max must be an integer >= 1; got {window_max!r}")
+        n = len(ids)
+        self._check_length(n + (len(q_ids) if q_ids else 0))
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, n]
+        cache = _new_cache()
+        cap = WindowQueryCapture(self.model, window_max)
+        with torch.inference_mode(), cap:
+            t0 = _now(self.device)
+            out = self.model(
+                input_ids=x,
+                position_ids=torch.arange(n, device=self.device)[None],
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            prefill_s = _now(self.device) - t0
+        q_win = cap.stacked()  # [L, H, w', d]
+        scales = cap.scales
+        G = int(cache.layers[0].keys.shape[1])
+        return Prefill(
+            ids=ids,
+            n=n,
+            cache=cache,
+            q_win=q_win,
+            first_logits=out.logits[0, -1].float(),
+            question_ids=q_ids,
+            timings={"prefill_s": prefill_s},
+            n_layers=len(cache.layers),
+            n_heads=int(q_win.shape[1]),
+            n_groups=G,
+            head_dim=int(q_win.shape[3]),
+            scale=scales[0],
+            scales=scales,
+            backend=self.backend,
+        )
+
+    # ---------------------------------------------------------------- evict
+
+    def evict(self, pre: Prefill, config: EvictionConfig) -> Evicted:
+        """Plan under `config` and build a compacted copy of `pre.cache`.
+
+        Raises BudgetError (a ValueError naming the smallest feasible budget) when
+        the protected pages alone exceed the budget.
+        """
+        if not isinstance(config, EvictionConfig):
+            raise TypeError(f"config must be an EvictionConfig; got {type(config).__name__}")
+        t0 = _now(self.device)
+        profiles = pre.profiles(config.window)  # memoised per window
+        t1 = _now(self.device)
+        p = plan(profiles, pre.n_groups, config)
+        L, G = pre.n_layers, pre.n_groups
+        union = p.kept_tokens.tolist()
+        ragged = False
+        if config.policy == "full":
+            kept_idx = None
+            layers = [(lay.keys.clone(), lay.values.clone()) for lay in pre.cache.layers]
+        else:
+            kept_idx = p.kept_indices() if p.dense else padded_kept_indices(p)
+            if isinstance(kept_idx, torch.Tensor):
+                kept_idx = list(kept_idx.unbind(0))
+            layers = [
+                compact(lay.keys, lay.values, kept_idx[i], backend=self.backend)[:2]
+                for i, lay in enumerate(pre.cache.layers)
+            ]
+            ragged = len({int(k.shape[1]) for k in kept_idx}) > 1
+        cache = _new_cache(layers)
+        stored = [[int(layers[i][0].shape[2])] * G for i in range(L)]
+        t2 = _now(self.device)
+        return Evicted(
+            cache=cache,
+            plan=p,
+            kept_indices=kept_idx,
+            kept_tokens=stored,
+            union_tokens=union,
+            ragged=ragged,
+            profile_s=t1 - t0,
+            evict_s=t2 - t1,
+        )
+
+    # ---------------------------------------------------------------- evaluate
+
+    def evaluate(
+        self,
+        pre: Prefill,
+        config: EvictionConfig,
+        max_new_tokens: int = 24,
+        needle_positions=None,
+        stop_at_eos: bool = True,
+        return_logits: bool = False,
+    ) -> RunResult:
+        """Evict under `config` (on a copy of the cache) and decode greedily.
+
+        Args:
+            pre: from `prefill`; left untouched.
+            config: the eviction configuration.
+            max_new_tokens: at most this many answer tokens (an EOS token, when
+                generated, is included in `tokens` and ends the answer).
+            needle_positions: prompt token indices of the needle's answer; fills
+                `needle_retention` and `needle_kept_all`.
+            stop_at_eos: stop at the tokenizer's or generation config's EOS ids.
+            return_logits: keep every step's float32 logits in `RunResult.logits`.
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise ValueError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens}")
+        q_len = len(pre.question_ids) if pre.question_ids else 0
+        self._check_length(pre.n + q_len + max_new_tokens)
+        ev = self.evict(pre, config)
+        bytes_before = _cache_bytes(pre.cache)
+        bytes_after = _cache_bytes(ev.cache)
+        with torch.inference_mode():
+            t0 = _now(self.device)
+            tokens, logits, stop = self._decode(pre, ev, max_new_tokens, stop_at_eos, return_logits)
+            decode_s = _now(self.device) - t0
+        del ev.cache  # the copy is private to this evaluation
+
+        p = ev.plan
+        uor = p.uor.to(torch.float64)
+        res = RunResult(
+            answer=self._detok(tokens),
+            tokens=tokens,
+            policy=config.policy,
+            config=config.to_dict(),
+            mode=pre.mode,
+            prompt_tokens=pre.n + q_len,
+            context_tokens=pre.n,
+            budget_tokens=int(p.budget_tokens),
+            kept_tokens=ev.kept_tokens,
+            union_tokens=ev.union_tokens,
+            uor={"mean": float(uor.mean()), "max": float(uor.max())},
+            backend=self.backend,
+            device=str(self.device),
+            timings={
+                "prefill_s": float(pre.timings.get("prefill_s", 0.0)),
+                "profile_s": ev.profile_s,
+                "evict_s": ev.evict_s,
+                "decode_s": decode_s,
+            },
+            cache_bytes_before=bytes_before,
+            cache_bytes_after=bytes_after,
+            first_token_from_full_prefill=pre.mode == "inside" and bool(tokens),
+            stop_reason=stop,
+            plan=p,
+            logits=logits,
+        )
+        if needle_positions is not None:
+            stored = _stored_keep(p, ev.kept_indices)  # bool [L, G, n]
+            ret = needle_retention(stored, needle_positions)
+            res.needle_retention = ret.tolist()
+            res.needle_kept_all = bool((ret == 1).all())
+            if config.policy == "head_independent":
+                res.needle_retention_union = p.needle_retention(needle_positions).tolist()
+        return res
+
+    def evaluate_many(self, pre: Prefill, configs, **kwargs) -> list[RunResult]:
+        """`evaluate` for each configuration in turn (same prefill, no leak between them)."""
+        return [self.evaluate(pre, c, **kwargs) for c in configs]
+
+    # ---------------------------------------------------------------- internals
+
+    def _decode(self, pre, ev, max_new, stop_at_eos, keep_logits):
+        """Greedy decode on `ev.cache`; positions continue at `n` (see module docstring)."""
+        cache, pos = ev.cache, pre.n
+        tokens: list[int] = []
+        kept: list[torch.Tensor] = []
+        if max_new == 0:
+            return tokens, (torch.empty(0) if keep_logits else None), "max_new_tokens"
+        if pre.question_ids:
+            logits = self._forward(pre.question_ids, pos, cache, ev.ragged)
+            pos += len(pre.question_ids)
+        else:
+            logits = pre.first_logits  # the prefill saw the whole prompt
+        stop = "max_new_tokens"
+        while True:
+            if keep_logits:
+                kept.append(logits.float().cpu())
+            tok = int(torch.argmax(logits))
+            tokens.append(tok)
+            if stop_at_eos and tok in self.eos_ids:
+                stop = "eos"
+                break
+            if len(tokens) >= max_new:
+                break
+            logits = self._forward([tok], pos, cache, ev.ragged)
+            pos += 1
+        return tokens, (torch.stack(kept) if keep_logits else None), stop
+
+    def _forward(self, ids: list[int], pos: int, cache, ragged: bool) -> torch.Tensor:
+        """Append `ids` at positions `pos..` to `cache`; the last position's logits `[V]`."""
+        if ragged and len(ids) > 1:  # one token at a time: see the module docstring
+            for i, t in enumerate(ids):
+                logits = self._forward([t], pos + i, cache, ragged)
+            return logits
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        positions = torch.arange(pos, pos + len(ids), device=self.device)[None]
+        kwargs = {}
+        if ragged:
+            dtype = self.model.get_input_embeddings().weight.dtype
+            kwargs["attention_mask"] = torch.zeros(1, 1, 1, 1, dtype=dtype, device=self.device)
+        out = self.model(
+            input_ids=x,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **kwargs,
+        )
+        return out.logits[0, -1]
+
+    def _detok(self, tokens: list[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(str(t) for t in tokens)
+        return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+    def _check_length(self, total: int) -> None:
+        """Sliding-window layers index the window by cache slot, which eviction breaks;
+        refuse sequences longer than the window rather than decode them wrongly."""
+        cfg = self.text_config
+        sw = getattr(cfg, "sliding_window", None)
+        types = getattr(cfg, "layer_types", None)
+        uses_sw = sw is not None and (types is None or "sliding_attention" in types)
+        if uses_sw and total > sw:
+            raise ValueError(
+                f"{total} tokens exceed the model's sliding window of {sw}; sliding-window "
+                "attention after eviction is not supported"
+            )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
+    """Dense per-layer kept indices for a plan whose groups keep different amounts.
+
+    Per layer `l`, every group keeps its own kept pages (for head_independent, the
+    union of its heads' pages) and is padded up to the layer's largest kept count with
+    its next-best pages by `p.page_scores[l, g]` (stable descending: ties go to the
+    lower page). Only the last page can be partial and it is always protected, so
+    the deficits are whole pages and the padding is exact.
+
+    Example: `P = 2`, group 0 keeps pages {0, 3} (4 tokens), group 1 keeps
+    {0, 1, 3} (6 tokens); group 0 gains its best remaining page, say 2, and both
+    groups store 6 tokens: `[[0, 1, 4, 5, 6, 7], [0, 1, 2, 3, 6, 7]]`.
+
+    Returns: per layer an int64 `[G, k_l]` tensor of sorted token indices.
+    """
+    L, G, n = p.keep.shape
+    P = p.config.page_size
+    sizes = p.page_sizes
+    out = []
+    for layer in range(L):
+        page_keep = p.page_keep[layer].clone()  # [G, n_pages]
+        counts = p.kept_tokens[layer]  # [G]
+        target = int(counts.max())
+        for g in range(G):
+            deficit = target - int(counts[g])
+            if deficit == 0:
+                continue
+            scores = p.page_scores[layer, g].masked_fill(page_keep[g], float("-inf"))
+            order = torch.sort(scores, descending=True, stable=True).indices
+            order = order[~page_keep[g][order]]  # candidates, best first
+            cum = torch.cumsum(sizes[order], 0)
+            take = order[cum <= deficit]
+            if int(sizes[take].sum()) != deficit:
+                raise AssertionError(
+                    f"cannot pad layer {layer} group {g} by exactly {deficit} tokens"
+                )
+            page_keep[g, take] = True
+        keep = expand_pages(page_keep, n, P)  # [G, n]
+        idx = torch.arange(n, device=keep.device).expand(G, n)[keep].view(G, target)
+        out.append(idx)
+    return out
+
+
+def _stored_keep(p: Plan, kept_idx) -> torch.Tensor:
+    """Bool `[L, G, n]`: the tokens the compacted cache actually stores."""
+    if kept_idx is None:
+        return torch.ones_like(p.keep)
+    keep = torch.zeros_like(p.keep)
+    for i, idx in enumerate(kept_idx):
+        keep[i].scatter_(1, idx.to(keep.device), True)
+    return keep
+
+
+def _new_cache(layers=None):
+    """A fresh DynamicCache of plain (full-attention) layers, optionally holding the given
+    `(keys, values)` pairs `[1, G, k, d]`, which must be tensors no one else holds."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache()
+    for k, v in layers or ():
+        layer = DynamicLayer()
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v  # later `update`s concatenate into new tensors
+        cache.layers.append(layer)
+    return cache
+
+
+def _cache_bytes(cache) -> int:
+    return int(sum(lay.keys.nbytes + lay.values.nbytes for lay in cache.layers))
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    sources = [getattr(tokenizer, "eos_token_id", None)]
+    gen = getattr(model, "generation_config", None)
+    sources.append(getattr(gen, "eos_token_id", None))
+    for s in sources:
+        if s is None:
+            continue
+        ids.update(int(x) for x in (s if isinstance(s, (list, tuple)) else [s]))
+    return ids
+
+
+def _as_id_list(ids, name: str) -> list[int]:
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() != 1 or ids.is_floating_point():
+            raise ValueError(f"{name} must be a 1-D integer tensor; got {tuple(ids.shape)}")
+        ids = ids.tolist()
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise ValueError(f"{name} is empty")
+    if min(ids) < 0:
+        raise ValueError(f"{name} holds negative token ids")
+    return ids
+
+
+def _now(device: torch.device) -> float:
+    """Wall time, after the device's queued work (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
