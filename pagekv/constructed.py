@@ -79,7 +79,7 @@ def mechanism_profiles(
         place(h, [(0, sink_strength)])
         roles.append("sink")
         h += 1
-    for h in range(h, heads):
-        place(h, [])
+    for diffuse in range(h, heads):
+        place(diffuse, [])
         roles.append("diffuse")
     return Mechanism(prof.float()[None], tuple(roles), needle, (dist, dist + 1))
