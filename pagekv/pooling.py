@@ -16,7 +16,14 @@ def weighted_pool(scores: torch.Tensor, weights: torch.Tensor, n_groups: int) ->
     r = H // n_groups
     s = scores.float().view(L, n_groups, r, n)
     w = weights.float().view(L, n_groups, r, 1)
-    return (s * w).sum(dim=2)
+    # Heads summed in index order, one fp32 add at a time: torch's reduction order
+    # over a dim is unspecified (r >= 5 differs by an ulp on CPU), and the Triton
+    # kernel (kernels/pool_pages.py) adds in this order, so the two are bit-identical
+    # and a near-tie between pages cannot flip between backends.
+    acc = w[:, :, 0] * s[:, :, 0]
+    for i in range(1, r):
+        acc = acc + w[:, :, i] * s[:, :, i]
+    return acc
 
 
 def max_pool(scores: torch.Tensor, n_groups: int) -> torch.Tensor:

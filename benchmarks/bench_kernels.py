@@ -1,0 +1,358 @@
+"""Benchmark the eviction kernels against their torch twins.
+
+On a GPU (one command)::
+
+    python benchmarks/bench_kernels.py --out docs/perf_kernels.json
+
+times, for the pilot model's shapes (Qwen2.5-1.5B: 28 layers, 12 query heads, 2 KV
+groups, head dim 128, window 32, bfloat16) and prompts of 4k to 128k tokens:
+
+- each kernel (score, pool+pages, dense compaction, paged write) with
+  `triton.testing.do_bench` (CUDA events, median), its twin in eager torch and under
+  `torch.compile`;
+- the whole eviction step (score + pool + select + compact, all layers) per backend;
+- achieved GB/s against the byte model below, and its ratio to the GPU's memory
+  bandwidth (`--peak-tbps`, 4.8 for an H200);
+- a parity check per size (profile error, kept pages equal, compacted cache equal).
+
+Byte model: the bytes a kernel must move between HBM and the chip (e = 2 bytes
+for bf16, k' = kept tokens per (layer, group), n_pages = ceil(n / P)):
+
+- score: pass 1 reads K (`L G n d e`), pass 2 reads K again and writes the
+  float32 profiles (`L H n 4`); the window queries (`2 L H w d e`) are counted, the
+  per-tile partials (`L H n/BLOCK_N 16`) and split stats are not (< 1%).
+- pool+pages: reads the profiles (`L H n 4`), writes the pooled scores (`L G n 4`) and
+  the page scores (`L G n_pages 4`).
+- compact: reads and writes the kept rows of K and V (`2 * 2 L G k' d e`) and reads
+  the indices (`L G k' 8`).
+- paged: the same rows as compact (a kept page's tokens), plus the tables.
+- eviction step: the sum of score, pool+pages and compact.
+
+The twins are timed with the same byte model, so their GB/s is an effective rate
+(they move more bytes: the `[w, n]` logits per head, for one).
+
+Without CUDA the script says so and runs a tiny CPU smoke version (the torch
+twins, and the Triton interpreter on tiny shapes) so that it can be tested; those
+numbers say nothing about GPU performance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
+
+
+def byte_model(L, H, G, n, d, w, e, P, k_kept):
+    n_pages = math.ceil(n / P)
+    score = 2 * L * G * n * d * e + L * H * n * 4 + 2 * L * H * w * d * e
+    pool = L * H * n * 4 + L * G * n * 4 + L * G * n_pages * 4
+    compact = 2 * 2 * L * G * k_kept * d * e + L * G * k_kept * 8
+    paged = 2 * 2 * L * G * k_kept * d * e + 2 * L * G * n_pages * 4
+    return {
+        "score": score,
+        "pool_pages": pool,
+        "compact": compact,
+        "paged": paged,
+        "eviction_step": score + pool + compact,
+    }
+
+
+def make_inputs(L, H, G, n, d, w, dtype, device, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(L, H, w, d, generator=gen).to(device, dtype)
+    keys = torch.randn(L, 1, G, n, d, generator=gen).to(device, dtype)  # [L, B=1, G, n, d]
+    values = torch.randn(L, 1, G, n, d, generator=gen).to(device, dtype)
+    return q, keys, values
+
+
+def make_step(cfg, G, n, backend):
+    """score + pool + select + compact for all layers on one backend."""
+    from pagekv import backend as be
+    from pagekv.entropy import head_weights_from_entropy
+    from pagekv.paging import expand_pages, page_sizes, select_pages
+
+    window = min(cfg.window, n)
+    k = cfg.budget_tokens(n)
+
+    def step(q, keys, values):
+        prof, _, iso, _, _ = be.score_layers(q, keys[:, 0], cfg.n_sink, backend=backend)
+        weights = head_weights_from_entropy(-torch.log(iso), G, cfg.tau)
+        _, pages, prot, _ = be.page_scores(
+            prof, weights, G, cfg.page_size, cfg.n_sink, window, backend=backend
+        )
+        sizes = page_sizes(n, cfg.page_size, q.device)
+        page_keep = select_pages(pages, prot, sizes, k)
+        keep = expand_pages(page_keep, n, cfg.page_size)  # [L, G, n]
+        L = keep.shape[0]
+        k_kept = int(keep[0, 0].sum())
+        idx = torch.arange(n, device=q.device).expand(L, G, n)[keep].view(L, G, k_kept)
+        k_new, v_new, _ = be.compact(keys, values, idx, backend=backend)
+        return prof, page_keep, idx, k_new, v_new
+
+    return step
+
+
+def _twin_score(q, keys, n_sink):
+    from pagekv.entropy import collision_mass, isolated_collision_mass, sink_mass
+    from pagekv.profiles import attention_profiles
+
+    prof = attention_profiles(q, keys)
+    return (
+        prof,
+        sink_mass(prof, n_sink),
+        isolated_collision_mass(prof, n_sink),
+        collision_mass(prof),
+    )
+
+
+def _twin_pool(prof, weights, G, P, n_sink, window):
+    from pagekv.paging import page_reduce, protected_pages
+    from pagekv.pooling import weighted_pool
+
+    pooled = weighted_pool(prof, weights, G)
+    n = prof.shape[-1]
+    return pooled, page_reduce(pooled, P, "max"), protected_pages(n, P, n_sink, window, prof.device)
+
+
+def _twin_compact(keys, values, idx):
+    from pagekv.compact import compact_layer
+
+    pairs = [compact_layer(keys[i], values[i], idx[i]) for i in range(keys.shape[0])]
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+
+def timer(cuda: bool, warmup: int, rep: int):
+    if cuda:
+        import triton.testing
+
+        def bench(fn):
+            return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+        return bench
+
+    def bench_cpu(fn):
+        fn()  # warm-up
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    return bench_cpu
+
+
+def measure(results: dict, name: str, fn, bench, nbytes: int, peak_tbps: float | None) -> None:
+    """Time `fn` into `results[name]`; a failure is recorded, not raised."""
+    try:
+        ms = bench(fn)
+    except Exception as e:  # one bad case must not lose the whole (one-shot) GPU run
+        results[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        print(f"  {name:<28} FAILED: {results[name]['error']}", flush=True)
+        return
+    gbps = nbytes / (ms * 1e-3) / 1e9
+    entry = {"ms": ms, "bytes": nbytes, "GB/s": gbps}
+    if peak_tbps:
+        entry["frac_of_peak"] = gbps / (peak_tbps * 1e3)
+    results[name] = entry
+    frac = f"  {100 * entry['frac_of_peak']:5.1f}% of peak" if peak_tbps else ""
+    print(f"  {name:<28} {ms:10.3f} ms  {gbps:9.1f} GB/s{frac}", flush=True)
+
+
+def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
+    from kernels.compact import compact as k_compact
+    from kernels.compact import write_paged
+    from kernels.pool_pages import pool_pages
+    from kernels.score import score_layers as k_score
+    from pagekv import EvictionConfig
+    from pagekv.entropy import head_weights_from_entropy
+    from pagekv.paged import empty_paged
+    from pagekv.paging import expand_pages, page_sizes, select_pages
+
+    L, H, G, d, w = args.layers, args.heads, args.groups, args.head_dim, args.window
+    dtype = getattr(torch, args.dtype)
+    e = torch.empty(0, dtype=dtype).element_size()
+    cfg = EvictionConfig(policy="entropy", budget=args.budget, page_size=args.page_size,
+                         n_sink=args.n_sink, window=w)  # fmt: skip
+    P = cfg.page_size
+    window = min(w, n)
+    q, keys, values = make_inputs(L, H, G, n, d, w, dtype, device)
+    k4 = keys[:, 0]
+    print(f"n = {n}", flush=True)
+    res: dict = {"n": n}
+
+    # Reference plan from the kernels (used to size the compaction inputs).
+    prof, _, iso, _ = k_score(q, k4, cfg.n_sink)
+    weights = head_weights_from_entropy(-torch.log(iso), G, cfg.tau)
+    _, pages, prot = pool_pages(prof, weights, G, P, cfg.n_sink, window)
+    sizes = page_sizes(n, P, device)
+    page_keep = select_pages(pages, prot, sizes, cfg.budget_tokens(n))
+    keep = expand_pages(page_keep, n, P)
+    k_kept = int(keep[0, 0].sum())
+    idx = torch.arange(n, device=device).expand(L, G, n)[keep].view(L, G, k_kept)
+    res["kept_tokens"] = k_kept
+    nbytes = byte_model(L, H, G, n, d, w, e, P, k_kept)
+    res["bytes"] = nbytes
+
+    # Parity at this size (one call each).
+    try:
+        t_prof, *_ = _twin_score(q, k4, cfg.n_sink)
+        _, t_pages, t_prot = _twin_pool(t_prof, weights, G, P, cfg.n_sink, window)
+        _, k_pages, _ = pool_pages(t_prof, weights, G, P, cfg.n_sink, window)
+        kk, vv = k_compact(keys, values, idx)
+        tk, tv = _twin_compact(keys, values, idx)
+        res["parity"] = {
+            "profiles_max_abs_err": float((prof - t_prof).abs().max()),
+            "protected_equal": bool(torch.equal(prot, t_prot)),
+            "kept_pages_equal": bool(
+                torch.equal(
+                    select_pages(k_pages, t_prot, sizes, cfg.budget_tokens(n)),
+                    select_pages(t_pages, t_prot, sizes, cfg.budget_tokens(n)),
+                )
+            ),
+            "compact_equal": bool(torch.equal(kk, tk) and torch.equal(vv, tv)),
+        }
+        del t_prof, kk, vv, tk, tv
+    except Exception as ex:
+        res["parity"] = {"error": f"{type(ex).__name__}: {ex}"[:500]}
+    print(f"  parity: {res['parity']}", flush=True)
+
+    peak = args.peak_tbps if cuda else None
+    m = res.setdefault("times", {})
+    measure(m, "score/triton", lambda: k_score(q, k4, cfg.n_sink), bench, nbytes["score"], peak)
+    measure(m, "score/torch", lambda: _twin_score(q, k4, cfg.n_sink), bench, nbytes["score"], peak)
+    pool_fn = lambda: pool_pages(prof, weights, G, P, cfg.n_sink, window)  # noqa: E731
+    measure(m, "pool_pages/triton", pool_fn, bench, nbytes["pool_pages"], peak)
+    measure(m, "pool_pages/torch", lambda: _twin_pool(prof, weights, G, P, cfg.n_sink, window),
+            bench, nbytes["pool_pages"], peak)  # fmt: skip
+    measure(m, "compact/triton", lambda: k_compact(keys, values, idx), bench, nbytes["compact"],
+            peak)  # fmt: skip
+    measure(m, "compact/torch", lambda: _twin_compact(keys, values, idx), bench,
+            nbytes["compact"], peak)  # fmt: skip
+    paged = empty_paged(page_keep, n, P, d, dtype, device)
+
+    def paged_fn():
+        write_paged(k4, values[:, 0], paged.src_pages, paged.block_table, paged.k_pool,
+                    paged.v_pool, P)  # fmt: skip
+
+    measure(m, "paged/triton", paged_fn, bench, nbytes["paged"], peak)
+    for backend in ("triton", "torch"):
+        step = make_step(cfg, G, n, backend)
+        measure(m, f"eviction_step/{backend}", lambda s=step: s(q, keys, values), bench,
+                nbytes["eviction_step"], peak)  # fmt: skip
+    if compiled:
+        c_score, c_pool, c_compact = compiled
+        measure(m, "score/torch.compile", lambda: c_score(q, k4, cfg.n_sink), bench,
+                nbytes["score"], peak)  # fmt: skip
+        measure(m, "pool_pages/torch.compile",
+                lambda: c_pool(prof, weights, G, P, cfg.n_sink, window), bench,
+                nbytes["pool_pages"], peak)  # fmt: skip
+        measure(m, "compact/torch.compile", lambda: c_compact(keys, values, idx), bench,
+                nbytes["compact"], peak)  # fmt: skip
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    sizes = [4096, 8192, 16384, 32768, 65536, 131072]
+    ap.add_argument("--sizes", type=int, nargs="+", default=sizes, help="prompt lengths n")
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--groups", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--window", type=int, default=32)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--budget", type=float, default=0.2)
+    ap.add_argument("--n-sink", type=int, default=4)
+    ap.add_argument("--peak-tbps", type=float, default=4.8,
+                    help="GPU memory bandwidth in TB/s for the ratio (H200: ~4.8)")  # fmt: skip
+    ap.add_argument("--no-compile", dest="compile", action="store_false",
+                    help="skip the torch.compile twins (they compile once per size)")  # fmt: skip
+    ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up (ms)")
+    ap.add_argument("--rep", type=int, default=100, help="do_bench repetition time (ms)")
+    args = ap.parse_args(argv)
+
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        # Must precede the first import of `kernels`: Triton reads it at definition.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        print(
+            "No CUDA device: running a tiny CPU smoke version (torch twins and the Triton "
+            "interpreter on tiny shapes). These timings say nothing about GPU performance; "
+            "run this script on a GPU for the real benchmark.",
+            flush=True,
+        )
+        args.layers, args.head_dim = 2, 32
+        args.sizes = [n for n in args.sizes if n <= 512] or [256, 512]
+        args.compile = False
+    device = torch.device("cuda" if cuda else "cpu")
+    meta = {
+        "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})",
+        "smoke": not cuda,
+        "torch": torch.__version__,
+        "shapes": {
+            k: getattr(args, k)
+            for k in (
+                "layers",
+                "heads",
+                "groups",
+                "head_dim",
+                "window",
+                "dtype",
+                "page_size",
+                "budget",
+                "n_sink",
+            )
+        },  # fmt: skip
+        "peak_tbps": args.peak_tbps if cuda else None,
+        "timer": "triton.testing.do_bench (median, ms)" if cuda else "time.perf_counter (median)",
+    }
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        print("triton does not import: nothing to benchmark", file=sys.stderr)
+        return 1
+    print(json.dumps(meta), flush=True)
+    bench = timer(cuda, args.warmup, args.rep)
+    compiled = None
+    if args.compile and cuda:
+        # Compiled once with dynamic shapes, so the sizes share one compilation where
+        # they can; the first call of each size still pays any recompilation, outside
+        # the timed region (do_bench calls the function before it starts timing).
+        compiled = tuple(
+            torch.compile(f, dynamic=True) for f in (_twin_score, _twin_pool, _twin_compact)
+        )
+    results = []
+    for n in args.sizes:
+        try:
+            results.append(run_size(args, n, device, cuda, bench, compiled))
+        except Exception as e:  # e.g. out of memory at the largest size
+            print(f"n = {n}: FAILED {type(e).__name__}: {e}", flush=True)
+            results.append({"n": n, "error": f"{type(e).__name__}: {e}"[:500]})
+        if cuda:
+            torch.cuda.empty_cache()  # the inputs of the last size are gone with run_size
+        if args.out:  # write as we go: a timeout keeps what was measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""Compaction kernels: gather the kept K/V tokens, dense or into a page pool.
+
+Dense (`compact`): twin `pagekv.compact.compact_layer`. keys/values
+`[B, G, n, d]` of one layer and sorted kept indices `[G, k']` give `[B, G, k', d]`;
+or all layers at once, `[L, B, G, n, d]` with `[L, G, k']`, in one launch.
+One program copies `BLOCK_T` kept rows of K and of V for one (layer, batch, group).
+
+Paged (`write_paged`): twin `pagekv.paged.to_paged`. Each program copies one
+kept page of one (layer, group) into its block of the pool (`pagekv.paged`
+documents the layout: pools `[num_blocks, P, d]`, block table `[L, G, max_pages]`).
+Tokens past `n` in a partial last page are not written (the pool starts zeroed).
+
+Both kernels move bits: they read the tensors as same-width integers, so the copy
+is exact for float32, float16 and bfloat16 alike. Memory traffic: read and write
+the kept rows once, `2 (K and V) * 2 (read + write) * rows * d * e` bytes, plus the
+indices.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import bits_view, check_same_device, is_interpreted, next_pow2
+
+
+@triton.jit
+def _gather_kernel(k_ptr, v_ptr, idx_ptr, ko_ptr, vo_ptr, B, G, k_out, d,
+                   s_l, s_b, s_g, s_n, si_l, si_g, so_l, so_b, so_g, so_n,
+                   BLOCK_T: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
+    i_lbg = tl.program_id(0)
+    i_tb = tl.program_id(1)
+    i_l = i_lbg // (B * G)
+    i_b = (i_lbg // G) % B
+    i_g = i_lbg % G
+    o_t = i_tb * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT] slots of the output
+    o_d = tl.arange(0, D_PAD)
+    m_t = o_t < k_out
+    m_td = m_t[:, None] & (o_d < d)[None, :]
+    b_idx = tl.load(idx_ptr + i_l * si_l + i_g * si_g + o_t, mask=m_t, other=0)  # [BT]
+    src = (
+        i_l.to(tl.int64) * s_l
+        + i_b.to(tl.int64) * s_b
+        + i_g.to(tl.int64) * s_g
+        + b_idx[:, None].to(tl.int64) * s_n
+        + o_d[None, :]
+    )  # [BT, D]
+    dst = (
+        i_l.to(tl.int64) * so_l
+        + i_b.to(tl.int64) * so_b
+        + i_g.to(tl.int64) * so_g
+        + o_t[:, None].to(tl.int64) * so_n
+        + o_d[None, :]
+    )
+    tl.store(ko_ptr + dst, tl.load(k_ptr + src, mask=m_td), mask=m_td)
+    tl.store(vo_ptr + dst, tl.load(v_ptr + src, mask=m_td), mask=m_td)
+
+
+def compact(
+    keys: torch.Tensor, values: torch.Tensor, kept_idx: torch.Tensor, block_t: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather kept tokens in one launch.
+
+    Shapes: keys/values `[B, G, n, d]` with kept_idx `[G, k']` -> `[B, G, k', d]`
+    (one layer, like `compact_layer`), or `[L, B, G, n, d]` with `[L, G, k']` ->
+    `[L, B, G, k', d]` (all layers). Indices must lie in `[0, n)`.
+    """
+    if keys.shape != values.shape or keys.dtype != values.dtype:
+        raise ValueError(
+            f"keys and values must match; got {tuple(keys.shape)} {keys.dtype} and "
+            f"{tuple(values.shape)} {values.dtype}"
+        )
+    one_layer = keys.dim() == 4
+    if one_layer:
+        keys, values, kept_idx = keys[None], values[None], kept_idx[None]
+    if keys.dim() != 5 or kept_idx.dim() != 3:
+        raise ValueError(
+            "expected keys [B, G, n, d] with kept_idx [G, k'], or [L, B, G, n, d] with "
+            f"[L, G, k']; got {tuple(keys.shape)} and {tuple(kept_idx.shape)}"
+        )
+    L, B, G, n, d = keys.shape
+    if kept_idx.shape[:2] != (L, G):
+        raise ValueError(f"kept_idx must be [L={L}, G={G}, k']; got {tuple(kept_idx.shape)}")
+    device = check_same_device(keys=keys, values=values)
+    kept_idx = kept_idx.to(device=device, dtype=torch.int64).contiguous()
+    if kept_idx.numel() and (int(kept_idx.min()) < 0 or int(kept_idx.max()) >= n):
+        raise ValueError(f"kept_idx must lie in [0, n={n})")
+    k_out = kept_idx.shape[2]
+    if keys.stride() != values.stride() or keys.stride(-1) != 1:
+        keys, values = keys.contiguous(), values.contiguous()  # one set of strides for both
+    k_new = torch.empty(L, B, G, k_out, d, dtype=keys.dtype, device=device)
+    v_new = torch.empty_like(k_new)
+    if k_out:
+        interpreted = is_interpreted(_gather_kernel)
+        BLOCK_T = block_t or (256 if interpreted else 64)
+        D_PAD = next_pow2(d)
+        kb, vb, kob, vob = (bits_view(t) for t in (keys, values, k_new, v_new))
+        extra = {} if interpreted else {"num_warps": 4}
+        _gather_kernel[(L * B * G, triton.cdiv(k_out, BLOCK_T))](
+            kb, vb, kept_idx, kob, vob, B, G, k_out, d,
+            *keys.stride()[:4], kept_idx.stride(0), kept_idx.stride(1), *k_new.stride()[:4],
+            BLOCK_T=BLOCK_T, D_PAD=D_PAD, **extra,
+        )  # fmt: skip
+    if one_layer:
+        return k_new[0], v_new[0]
+    return k_new, v_new
+
+
+@triton.jit
+def _paged_kernel(k_ptr, v_ptr, page_ptr, table_ptr, kp_ptr, vp_ptr, n, d, P, G, max_pages,
+                  s_l, s_g, s_n, sp_b, sp_s,
+                  P_PAD: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
+    i_lg = tl.program_id(0)
+    i_s = tl.program_id(1)  # slot in the (layer, group)'s block table
+    i_l = i_lg // G
+    i_g = i_lg % G
+    i_page = tl.load(page_ptr + i_lg * max_pages + i_s)  # source page, -1 = padding
+    i_blk = tl.load(table_ptr + i_lg * max_pages + i_s)  # destination block
+    o_p = tl.arange(0, P_PAD)
+    o_d = tl.arange(0, D_PAD)
+    o_t = i_page * P + o_p  # [PP] tokens of the page
+    # Padding slots (page -1) give o_t < 0; a partial last page stops at n.
+    m_p = (o_p < P) & (o_t >= 0) & (o_t < n)
+    m = m_p[:, None] & (o_d < d)[None, :]
+    src = (
+        i_l.to(tl.int64) * s_l
+        + i_g.to(tl.int64) * s_g
+        + o_t[:, None].to(tl.int64) * s_n
+        + o_d[None, :]
+    )  # [PP, D]
+    dst = i_blk.to(tl.int64) * sp_b + o_p[:, None].to(tl.int64) * sp_s + o_d[None, :]
+    tl.store(kp_ptr + dst, tl.load(k_ptr + src, mask=m), mask=m)
+    tl.store(vp_ptr + dst, tl.load(v_ptr + src, mask=m), mask=m)
+
+
+def write_paged(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    src_pages: torch.Tensor,
+    block_table: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    page_size: int,
+) -> None:
+    """Copy the kept pages of `keys`/`values` `[L, G, n, d]` into the pools, in place.
+
+    `src_pages[l, g, s]` is the prompt page and `block_table[l, g, s]` the pool block
+    of slot `s` (both int32 `[L, G, max_pages]`, -1 past the kept pages); the pools are
+    `[num_blocks, P, d]`. One launch for all layers.
+    """
+    if keys.dim() != 4 or keys.shape != values.shape or keys.dtype != values.dtype:
+        raise ValueError(
+            f"keys and values must both be [L, G, n, d] of one dtype; got "
+            f"{tuple(keys.shape)} {keys.dtype} and {tuple(values.shape)} {values.dtype}"
+        )
+    L, G, n, d = keys.shape
+    if src_pages.shape != block_table.shape or tuple(src_pages.shape[:2]) != (L, G):
+        raise ValueError(
+            f"src_pages and block_table must both be [L={L}, G={G}, max_pages]; got "
+            f"{tuple(src_pages.shape)} and {tuple(block_table.shape)}"
+        )
+    if k_pool.shape != v_pool.shape or k_pool.dim() != 3 or k_pool.shape[1:] != (page_size, d):
+        raise ValueError(
+            f"pools must be [num_blocks, P={page_size}, d={d}]; got {tuple(k_pool.shape)} "
+            f"and {tuple(v_pool.shape)}"
+        )
+    if k_pool.dtype != keys.dtype or v_pool.dtype != keys.dtype:
+        raise ValueError(f"pools must have the cache's dtype {keys.dtype}")
+    device = check_same_device(keys=keys, values=values, k_pool=k_pool, v_pool=v_pool)
+    if not (k_pool.is_contiguous() and v_pool.is_contiguous()):
+        raise ValueError("the pools must be contiguous")
+    keys, values = keys.contiguous(), values.contiguous()
+    src_pages = src_pages.to(device=device, dtype=torch.int32).contiguous()
+    block_table = block_table.to(device=device, dtype=torch.int32).contiguous()
+    max_pages = src_pages.shape[2]
+    if max_pages == 0:
+        return
+    interpreted = is_interpreted(_paged_kernel)
+    extra = {} if interpreted else {"num_warps": 4}
+    kb, vb, kpb, vpb = (bits_view(t) for t in (keys, values, k_pool, v_pool))
+    _paged_kernel[(L * G, max_pages)](
+        kb, vb, src_pages, block_table, kpb, vpb, n, d, page_size, G, max_pages,
+        keys.stride(0), keys.stride(1), keys.stride(2), k_pool.stride(0), k_pool.stride(1),
+        P_PAD=next_pow2(page_size), D_PAD=next_pow2(d), **extra,
+    )  # fmt: skip

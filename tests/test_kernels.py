@@ -1,0 +1,426 @@
+"""Triton kernels against their torch twins (kernels/, pagekv.backend, pagekv.paged).
+
+On a machine without CUDA the kernels run in the Triton interpreter: the `kern`
+fixture sets `TRITON_INTERPRET=1` before it first imports `kernels` (Triton reads
+it when a kernel is defined). With CUDA the same tests run compiled on the GPU.
+Shapes are small and blocks large: the interpreter pays per program.
+
+Float results must lie within a small multiple of what the same torch maths
+loses in the input precision, plus a floor; kept page sets, protected pages,
+block tables and compacted tensors must match exactly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pagekv import EvictionConfig, plan
+from pagekv import backend as be
+from pagekv.compact import compact_layer
+from pagekv.entropy import (
+    SINK_EPS,
+    collision_mass,
+    entropy_head_weights,
+    isolated_collision_mass,
+    sink_mass,
+)
+from pagekv.paged import block_table, to_paged
+from pagekv.paging import page_reduce, page_sizes, protected_pages, select_pages
+from pagekv.pooling import max_pool, uniform_weights, weighted_pool
+from pagekv.profiles import attention_profiles
+
+ROOT = Path(__file__).resolve().parents[1]
+DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.float16, id="fp16"),
+    pytest.param(torch.bfloat16, id="bf16"),
+]
+
+
+@pytest.fixture(scope="module")
+def kern():
+    """The kernel modules, interpreted on CPU-only machines."""
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    mods = SimpleNamespace(
+        score=importlib.import_module("kernels.score"),
+        pool=importlib.import_module("kernels.pool_pages"),
+        compact=importlib.import_module("kernels.compact"),
+    )
+    from kernels._common import is_interpreted
+
+    if not cuda and not is_interpreted(mods.score._profile_kernel):
+        pytest.skip("kernels were imported before TRITON_INTERPRET=1; run this file alone")
+    return mods
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request, kern):
+    """CPU (interpreter) where there is no CUDA; CUDA (compiled) where there is."""
+    cuda = torch.cuda.is_available()
+    if request.param == "cuda" and not cuda:
+        pytest.skip("no CUDA device")
+    if request.param == "cpu" and cuda:
+        pytest.skip("CUDA present: the kernels are compiled, not interpreted")
+    return torch.device(request.param)
+
+
+def assert_close(name, got, ref, lowp=None, floor=1e-6, factor=2.0):
+    """`|got - ref| <= factor * |lowp - ref| + floor` (max over elements)."""
+    got, ref = got.double().cpu(), ref.double().cpu()
+    assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    assert bool(torch.isfinite(got).all()), f"{name}: non-finite values"
+    err = (got - ref).abs().max().item() if got.numel() else 0.0
+    base = (lowp.double().cpu() - ref).abs().max().item() if lowp is not None else 0.0
+    tol = factor * base + floor
+    assert err <= tol, f"{name}: max error {err:.3g} > {tol:.3g} (low-precision torch {base:.3g})"
+
+
+def assert_equal(name, got, ref):
+    got, ref = got.cpu(), ref.cpu()
+    assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    if not torch.equal(got, ref):
+        bad = (got != ref).nonzero()[:5].tolist()
+        raise AssertionError(f"{name}: not identical; first differing indices {bad}")
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def profiles_lowp(q, k, scale=None):
+    """`attention_profiles` done in the input dtype (the error budget of that dtype)."""
+    L, H, w, d = q.shape
+    G, n = k.shape[1], k.shape[2]
+    kk = k.repeat_interleave(H // G, dim=1)  # [L, H, n, d]
+    scale = d**-0.5 if scale is None else scale
+    logits = (q @ kk.transpose(-1, -2)) * scale  # [L, H, w, n] in q.dtype
+    future = (
+        torch.arange(n, device=q.device)[None, :] > torch.arange(n - w, n, device=q.device)[:, None]
+    )
+    logits = logits.masked_fill(future, float("-inf"))
+    return torch.softmax(logits, -1).mean(2)  # [L, H, n]
+
+
+SCORE_SHAPES = [
+    # (L, H, G, w, n, d, n_sink, tiles_per_split)
+    (1, 2, 2, 4, 63, 16, 4, None),  # r = 1, awkward n
+    (2, 3, 1, 8, 130, 48, 4, 1),  # r = 3, three tiles, one tile per split, d not 2^k
+    (1, 6, 1, 32, 200, 64, 4, None),  # r = 6, the default window
+    (1, 3, 1, 5, 5, 16, 4, None),  # n < config window: w clipped to n
+    (1, 2, 1, 3, 3, 16, 4, None),  # n <= n_sink: plain collision mass
+    (1, 6, 2, 1, 40, 16, 0, None),  # w = 1, no sinks
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape",
+    SCORE_SHAPES,
+    ids=[("L{}-H{}-G{}-w{}-n{}-d{}-s{}-t{}".format(*s)) for s in SCORE_SHAPES],
+)
+def test_score_matches_twin(kern, device, shape, dtype):
+    L, H, G, w, n, d, n_sink, tps = shape
+    gen = torch.Generator().manual_seed(n * 31 + H)
+    q = (torch.randn(L, H, w, d, generator=gen) * 2).to(device, dtype)
+    k = torch.randn(L, G, n, d, generator=gen).to(device, dtype)
+    prof, sink, iso, coll = kern.score.score_layers(q, k, n_sink, block_n=64, tiles_per_split=tps)
+    ref = attention_profiles(q, k)  # upcasts: the fp32 reference of these inputs
+    low = profiles_lowp(q, k).float()
+    assert_close("profiles", prof, ref, low, floor=1e-6)
+    assert_close("profile row sums", prof.sum(-1), torch.ones(L, H), floor=1e-5)
+    assert_close("sink_mass", sink, sink_mass(ref, n_sink), sink_mass(low, n_sink), floor=1e-6)
+    assert_close(
+        "iso_collision",
+        iso,
+        isolated_collision_mass(ref, n_sink),
+        isolated_collision_mass(low, n_sink),
+        floor=2e-6,
+    )
+    assert_close("collision", coll, collision_mass(ref), collision_mass(low), floor=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_score_degenerate_sink_head(kern, device, dtype):
+    """A head with all its attention on the sinks takes the SINK_EPS guard: 1/(n - n_sink)."""
+    L, H, G, w, n, d, n_sink = 1, 3, 1, 4, 50, 16, 4
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(L, H, w, d, generator=gen) * 0.1
+    k = torch.randn(L, G, n, d, generator=gen) * 0.1
+    q[0, 0, :, 0] = 30.0  # head 0 ...
+    k[0, 0, 1, 0] = 10.0  # ... puts a logit of 300 on sink token 1: non-sink mass ~ e^-300
+    q, k = q.to(device, dtype), k.to(device, dtype)
+    prof, sink, iso, coll = kern.score.score_layers(q, k, n_sink, scale=1.0, block_n=64)
+    ref = attention_profiles(q, k, scale=1.0)
+    assert float(ref[0, 0, n_sink:].sum()) < SINK_EPS
+    assert_close("sink_mass", sink, sink_mass(ref, n_sink), floor=1e-5)
+    assert iso[0, 0].item() == pytest.approx(1.0 / (n - n_sink), rel=1e-6), "iso_collision[0, 0]"
+    assert_close("iso_collision", iso, isolated_collision_mass(ref, n_sink), floor=1e-5)
+    assert_close("collision", coll, collision_mass(ref), floor=1e-5)
+
+
+def test_score_rejects_bad_input(kern):
+    q = torch.zeros(1, 3, 4, 16)
+    with pytest.raises(ValueError, match="multiple of KV groups"):
+        kern.score.score_layers(q, torch.zeros(1, 2, 8, 16), 4)
+    with pytest.raises(ValueError, match="window"):
+        kern.score.score_layers(q, torch.zeros(1, 1, 3, 16), 4)
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        kern.score.score_layers(q.long(), torch.zeros(1, 1, 8, 16), 4)
+
+
+def test_score_mixed_dtypes(kern, device):
+    """fp32 queries over a bf16 cache: the fp32 maths of the twin."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 8, 32, generator=gen).to(device)
+    k = torch.randn(1, 2, 70, 32, generator=gen).to(device, torch.bfloat16)
+    prof, *_ = kern.score.score_layers(q, k, 4, block_n=64)
+    assert_close("profiles", prof, attention_profiles(q, k), floor=1e-6)
+
+
+# ---------------------------------------------------------------- pooling and pages
+
+
+def pool_in_order(scores, weights, G):
+    """`weighted_pool` summed in head index order, products rounded: the kernel's order."""
+    L, H, n = scores.shape
+    r = H // G
+    s = scores.float().view(L, G, r, n)
+    w = weights.float().view(L, G, r, 1)
+    acc = torch.zeros(L, G, n, device=scores.device)
+    for i in range(r):
+        acc = acc + w[:, :, i] * s[:, :, i]
+    return acc
+
+
+POOL_SHAPES = [
+    # (L, H, G, n, P, n_sink, window)
+    (2, 2, 2, 37, 4, 4, 8),  # r = 1, partial last page
+    (1, 3, 1, 50, 1, 4, 8),  # P = 1 (token level)
+    (2, 6, 1, 64, 64, 4, 32),  # a single page
+    (1, 6, 2, 70, 16, 4, 32),  # r = 3, partial last page
+    (1, 12, 2, 33, 8, 0, 33),  # r = 6, window = n (everything protected)
+]
+
+
+@pytest.mark.parametrize("reduction", ["max", "sum"])
+@pytest.mark.parametrize("pooling", ["weighted", "max"])
+@pytest.mark.parametrize(
+    "shape", POOL_SHAPES, ids=["L{}-H{}-G{}-n{}-P{}-s{}-w{}".format(*s) for s in POOL_SHAPES]
+)
+def test_pool_pages_matches_twin(kern, device, shape, pooling, reduction):
+    L, H, G, n, P, n_sink, window = shape
+    gen = torch.Generator().manual_seed(n + H)
+    prof = torch.softmax(torch.randn(L, H, n, generator=gen) * 3, -1).to(device)
+    weights = entropy_head_weights(prof, G, n_sink) if pooling == "weighted" else None
+    pooled, pages, prot = kern.pool.pool_pages(
+        prof, weights, G, P, n_sink, window, pooling, reduction
+    )
+    twin = weighted_pool(prof, weights, G) if pooling == "weighted" else max_pool(prof, G)
+    twin_pages = page_reduce(twin, P, reduction)
+    assert_equal("protected", prot, protected_pages(n, P, n_sink, window, device))
+    if pooling == "weighted":
+        ordered = pool_in_order(prof, weights, G)
+        assert_equal("pooled (index order)", pooled, ordered)
+        assert_close("pooled vs twin", pooled, twin, floor=1e-6)
+        if reduction == "max":
+            assert_equal("page_scores (index order)", pages, page_reduce(ordered, P, "max"))
+    else:
+        assert_equal("pooled", pooled, twin)
+        if reduction == "max":
+            assert_equal("page_scores", pages, twin_pages)
+    assert_close("page_scores vs twin", pages, twin_pages, floor=1e-6)
+    sizes = page_sizes(n, P, device)
+    k_min = int(sizes[prot].sum())
+    for k in sorted({k_min, (k_min + n) // 2, n}):
+        assert_equal(
+            f"kept pages (k={k})",
+            select_pages(pages, prot, sizes, k),
+            select_pages(twin_pages, prot, sizes, k),
+        )
+
+
+@pytest.mark.parametrize("r", [2, 4])
+def test_pool_pages_exact_ties(kern, device, r):
+    """Many exact ties (multiples of 1/8, weights 1/r): kept sets follow the tie rule."""
+    L, G, n, P = 2, 2, 96, 4
+    H = G * r
+    gen = torch.Generator().manual_seed(r)
+    scores = (torch.randint(0, 3, (L, H, n), generator=gen) / 8.0).to(device)
+    weights = uniform_weights(L, H, G, device)
+    _, pages, prot = kern.pool.pool_pages(scores, weights, G, P, 4, 8, "weighted", "max")
+    twin = page_reduce(weighted_pool(scores, weights, G), P, "max")
+    assert_equal("page_scores", pages, twin)
+    sizes = page_sizes(n, P, device)
+    for k in (16, 40, 64):
+        assert_equal(f"kept pages (k={k})", select_pages(pages, prot, sizes, k),
+                     select_pages(twin, prot, sizes, k))  # fmt: skip
+
+
+# ---------------------------------------------------------------- compaction
+
+
+COMPACT_SHAPES = [
+    # (L, B, G, n, d, P, budget)
+    (2, 1, 2, 37, 16, 4, 0.6),  # partial last page
+    (1, 2, 3, 50, 24, 1, 0.5),  # P = 1, batch 2, d not 2^k
+    (2, 1, 1, 16, 32, 16, 1.0),  # a single page
+    (1, 1, 2, 70, 64, 16, 0.7),
+]
+COMPACT_IDS = ["L{}-B{}-G{}-n{}-d{}-P{}-b{}".format(*s) for s in COMPACT_SHAPES]
+
+
+def _plan_for(L, G, n, P, budget, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    prof = torch.softmax(torch.randn(L, 2 * G, n, generator=gen) * 3, -1)
+    cfg = EvictionConfig(policy="entropy", budget=budget, page_size=P, n_sink=2, window=4)
+    return plan(prof.to(device), G, cfg)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", COMPACT_SHAPES, ids=COMPACT_IDS)
+def test_compact_matches_twin(kern, device, shape, dtype):
+    L, B, G, n, d, P, budget = shape
+    p = _plan_for(L, G, n, P, budget, device, seed=n)
+    idx = p.kept_indices()  # [L, G, k']
+    gen = torch.Generator().manual_seed(d)
+    keys = torch.randn(L, B, G, n, d, generator=gen).to(device, dtype)
+    values = torch.randn(L, B, G, n, d, generator=gen).to(device, dtype)
+    k_all, v_all = kern.compact.compact(keys, values, idx)  # all layers, one launch
+    for i in range(L):
+        k_ref, v_ref = compact_layer(keys[i], values[i], idx[i])
+        k_one, v_one = kern.compact.compact(keys[i], values[i], idx[i])  # one layer
+        assert_equal(f"keys layer {i}", k_one, k_ref)
+        assert_equal(f"values layer {i}", v_one, v_ref)
+        assert_equal(f"keys layer {i} (all layers)", k_all[i], k_ref)
+        assert_equal(f"values layer {i} (all layers)", v_all[i], v_ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", COMPACT_SHAPES, ids=COMPACT_IDS)
+def test_paged_matches_twin(kern, device, shape, dtype):
+    L, _, G, n, d, P, budget = shape
+    p = _plan_for(L, G, n, P, budget, device, seed=n + 1)
+    gen = torch.Generator().manual_seed(d + 1)
+    keys = torch.randn(L, G, n, d, generator=gen).to(device, dtype)
+    values = torch.randn(L, G, n, d, generator=gen).to(device, dtype)
+    ref = to_paged(keys, values, p.page_keep, P)
+    got, used = be.to_paged(keys, values, p.page_keep, P, backend="triton")
+    per_layer, _ = be.to_paged(list(keys), list(values), p.page_keep, P, backend="triton")
+    assert used == "triton"
+    for name in ("block_table", "src_pages", "kept_pages", "kept_tokens", "k_pool", "v_pool"):
+        assert_equal(name, getattr(got, name), getattr(ref, name))
+        assert_equal(f"{name} (per layer)", getattr(per_layer, name), getattr(ref, name))
+    assert_equal("kept_tokens vs plan", got.kept_tokens, p.kept_tokens)
+    k_dense, v_dense = got.to_dense()
+    idx = p.kept_indices()
+    for i in range(L):
+        k_ref, v_ref = compact_layer(keys[i][None], values[i][None], idx[i])
+        assert_equal(f"paged keys read back, layer {i}", k_dense[i], k_ref[0])
+        assert_equal(f"paged values read back, layer {i}", v_dense[i], v_ref[0])
+
+
+def test_block_table_worked_example():
+    """The example of pagekv/paged.py's docstring, partial last page included."""
+    L, G, P, n, d = 1, 2, 4, 22, 2
+    keep = torch.zeros(L, G, 6, dtype=torch.bool)
+    keep[0, 0, [1, 3, 5]] = True
+    keep[0, 1, [0, 2, 5]] = True
+    blocks, src, kept = block_table(keep)
+    assert blocks.tolist() == [[[0, 1, 2], [3, 4, 5]]]
+    assert src.tolist() == [[[1, 3, 5], [0, 2, 5]]]
+    assert kept.tolist() == [[3, 3]]
+    keys = torch.arange(L * G * n * d, dtype=torch.float32).view(L, G, n, d)
+    paged = to_paged(keys, -keys, keep, P)
+    assert paged.kept_tokens.tolist() == [[10, 10]]
+    k, v = paged.read(0, 1)
+    tokens = [0, 1, 2, 3, 8, 9, 10, 11, 20, 21]
+    assert_equal("read(0, 1) keys", k, keys[0, 1, tokens])
+    assert_equal("read(0, 1) values", v, -keys[0, 1, tokens])
+    assert_equal("unused slots of block 5", paged.k_pool[5, 2:], torch.zeros(2, d))
+
+
+def test_block_table_uneven_rows():
+    keep = torch.tensor([[[True, False, True], [True, False, False]]])
+    blocks, src, kept = block_table(keep)
+    assert blocks.tolist() == [[[0, 1], [2, -1]]]
+    assert src.tolist() == [[[0, 2], [0, -1]]]
+    assert kept.tolist() == [[2, 1]]
+
+
+# ---------------------------------------------------------------- backend
+
+
+def test_backend_dispatch_parity(kern, device, caplog):
+    L, H, G, w, n, d = 2, 6, 2, 8, 45, 16
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(L, H, w, d, generator=gen).to(device)
+    k = torch.randn(L, G, n, d, generator=gen).to(device)
+    with caplog.at_level("INFO", logger="pagekv"):
+        out_t = be.score_layers(q, k, 4, backend="torch")
+        out_k = be.score_layers(q, k, 4, backend="triton")
+    assert (out_t[-1], out_k[-1]) == ("torch", "triton")
+    assert "score_layers ran on the triton backend" in caplog.text
+    for name, a, b in zip(
+        ("profiles", "sink", "iso", "collision"), out_k[:4], out_t[:4], strict=True
+    ):
+        assert_close(name, a, b, floor=2e-6)
+    weights = entropy_head_weights(out_t[0], G, 4)
+    _, pages_t, prot_t, _ = be.page_scores(out_t[0], weights, G, 4, 4, w, backend="torch")
+    _, pages_k, prot_k, _ = be.page_scores(out_t[0], weights, G, 4, 4, w, backend="triton")
+    assert_equal("protected", prot_k, prot_t)
+    sizes = page_sizes(n, 4, device)
+    assert_equal("kept pages", select_pages(pages_k, prot_k, sizes, 24),
+                 select_pages(pages_t, prot_t, sizes, 24))  # fmt: skip
+    idx = torch.arange(0, n, 2, device=device).expand(G, -1)
+    kv = torch.randn(1, G, n, d, generator=gen).to(device)
+    k_t, v_t, _ = be.compact(kv, -kv, idx, backend="torch")
+    k_k, v_k, used = be.compact(kv, -kv, idx, backend="triton")
+    assert used == "triton"
+    assert_equal("compact keys", k_k, k_t)
+    assert_equal("compact values", v_k, v_t)
+
+
+def test_resolve_backend(kern):
+    cpu = torch.zeros(1)
+    assert be.resolve_backend("torch", cpu) == "torch"
+    assert be.resolve_backend("auto", cpu) == "torch"
+    assert be.resolve_backend("auto", "cpu") == "torch"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        be.resolve_backend("cuda", cpu)
+    if not torch.cuda.is_available():
+        assert be.resolve_backend("triton", cpu) == "triton"  # the interpreter
+    else:
+        assert be.resolve_backend("auto", torch.zeros(1, device="cuda")) == "triton"
+
+
+def test_pagekv_imports_without_triton_and_refuses_uninterpreted_cpu():
+    """`import pagekv.backend` pulls in neither Triton nor the kernels; asking for
+    Triton on CPU without TRITON_INTERPRET=1 raises a clear BackendError."""
+    code = (
+        "import sys\n"
+        "import torch\n"
+        "import pagekv, pagekv.backend as be, pagekv.paged\n"
+        "assert 'triton' not in sys.modules and 'kernels' not in sys.modules\n"
+        "assert be.resolve_backend('auto', torch.zeros(1)) == 'torch'\n"
+        "try:\n"
+        "    be.resolve_backend('triton', torch.zeros(1))\n"
+        "except be.BackendError as e:\n"
+        "    assert 'TRITON_INTERPRET=1' in str(e) or 'unavailable' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('no error')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
