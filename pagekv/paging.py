@@ -99,7 +99,8 @@ def select_pages(
             f"budget of {budget_tokens} tokens is below the {prot_tokens} tokens the "
             f"protected pages (sinks and window) hold; the smallest feasible budget for "
             f"this {n}-token prompt is {math.ceil(min_budget * 1000) / 1000:.3f} "
-            f"({prot_tokens} tokens); raise the budget or lower n_sink, window or page size",
+            f"({math.ceil(min_budget * 1000) / 10:.1f}% of the prompt, {prot_tokens} tokens); "
+            "raise the budget or lower n_sink, window or page size",
             min_budget=min_budget,
             protected_tokens=prot_tokens,
         )

@@ -1,0 +1,554 @@
+"""Page-EntroKV: mean pooling and Page-EntroKV side by side on live decoding.
+
+    python app.py [--host 127.0.0.1] [--port 7860] [--model bundled]
+
+The app stays thin: `build_demo()` lays out the page, and each handler calls
+`pagekv` (prefill, plan, compaction and decoding in `pagekv.study` and
+`pagekv.compare`; figures in `pagekv.figures`). Bad input never raises out of a
+handler: it becomes a message on the page, and the next request works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+
+from pagekv import POLICIES, EvictionConfig, plan  # noqa: E402
+from pagekv.constructed import mechanism_profiles  # noqa: E402
+
+log = logging.getLogger("pagekv.app")
+ROOT = Path(__file__).resolve().parent
+CSS_PATH = ROOT / "assets" / "app.css"
+PAGE_SIZES = [1, 4, 8, 16, 32, 64]
+POLICY_CHOICES = list(POLICIES)
+MAX_CONTEXT = 8000
+
+try:  # ZeroGPU on Hugging Face Spaces: run the GPU work inside spaces.GPU.
+    import spaces
+
+    gpu = spaces.GPU
+except Exception:  # not on a Space: a no-op decorator
+
+    def gpu(fn=None, **_kw):
+        return fn if fn is not None else (lambda f: f)
+
+
+# ----------------------------------------------------------------- presets
+
+BUILTIN_PRESETS = [
+    {
+        "title": "Needle, question after compression, 10% budget",
+        "task": "needle", "context_tokens": 1500, "depth": 0.5, "seed": 0, "n_needles": 1,
+        "mode": "after", "budget": 0.1, "page_size": 16, "n_sink": 4, "window": 32, "tau": 1.0,
+        "policy_a": "mean", "policy_b": "entropy",
+    },
+    {
+        "title": "Needle, question inside the prompt, 20% budget",
+        "task": "needle", "context_tokens": 1500, "depth": 0.3, "seed": 1, "n_needles": 1,
+        "mode": "inside", "budget": 0.2, "page_size": 16, "n_sink": 4, "window": 32, "tau": 1.0,
+        "policy_a": "mean", "policy_b": "entropy",
+    },
+    {
+        "title": "Three needles, 5% budget, page size 8",
+        "task": "needle", "context_tokens": 2000, "depth": 0.5, "seed": 2, "n_needles": 3,
+        "mode": "after", "budget": 0.05, "page_size": 8, "n_sink": 4, "window": 16, "tau": 1.0,
+        "policy_a": "mean", "policy_b": "entropy",
+    },
+    {
+        "title": "Sink isolation on and off",
+        "task": "needle", "context_tokens": 1500, "depth": 0.6, "seed": 3, "n_needles": 1,
+        "mode": "after", "budget": 0.1, "page_size": 16, "n_sink": 4, "window": 32, "tau": 1.0,
+        "policy_a": "entropy_nosink", "policy_b": "entropy",
+    },
+    {
+        "title": "Code question at 20%",
+        "task": "code", "context_tokens": 1500, "depth": 0.5, "seed": 0, "n_needles": 1,
+        "mode": "after", "budget": 0.2, "page_size": 16, "n_sink": 4, "window": 32, "tau": 1.0,
+        "policy_a": "mean", "policy_b": "entropy",
+    },
+]  # fmt: skip
+
+
+def load_presets() -> list[dict]:
+    """Presets measured by the replay harness (assets/presets.json), else the built-ins."""
+    path = ROOT / "assets" / "presets.json"
+    try:
+        found = json.loads(path.read_text())
+        keys = set(BUILTIN_PRESETS[0])
+        found = [p for p in found if isinstance(p, dict) and keys <= set(p)]
+        if found:
+            return found
+    except (OSError, ValueError):
+        pass
+    return BUILTIN_PRESETS
+
+
+PRESETS = load_presets()
+PRESET_FIELDS = [k for k in BUILTIN_PRESETS[0] if k != "title"]
+
+# ----------------------------------------------------------------- model state
+
+_studies: dict = {}
+_lock = threading.Lock()
+
+
+def get_study(model_name: str):
+    """The Study for `model_name` (one loaded model at a time; falls back to bundled)."""
+    from pagekv.study import Study
+
+    name = (model_name or "bundled").strip() or "bundled"
+    with _lock:
+        if name not in _studies:
+            _studies.clear()  # free the previous model's memory first
+            _studies[name] = Study.load(name, allow_fallback=True)
+        return _studies[name]
+
+
+def known_models() -> list[str]:
+    from pagekv.models import KNOWN_MODELS
+
+    return list(KNOWN_MODELS)
+
+
+# ----------------------------------------------------------------- handlers
+
+
+def _message(kind: str, text: str) -> str:
+    icon = {"error": "⚠️", "info": "ℹ️", "ok": "✅"}[kind]
+    return f"{icon} {text}"
+
+
+def _answers_table(comp) -> list[list]:
+    rows = []
+    for key, label in (("full", "full cache"), ("A", "policy A"), ("B", "policy B")):
+        rec = comp.records[key]
+        kept = rec["kept_tokens"][0] if rec["kept_tokens"] else 0
+        from pagekv.compare import retained_fraction
+
+        ret = retained_fraction(rec)
+        rows.append(
+            [
+                f"{label}: {rec['policy']}",
+                "✓ right" if rec["correct"] else "✗ wrong",
+                rec["answer"],
+                kept,
+                "-" if ret != ret else f"{ret:.2f}",
+                f"{rec['uor']['max']:.2f}",
+                f"{rec['timings']['evict_s'] * 1000:.0f} ms",
+            ]
+        )
+    return rows
+
+
+def _spec(task, context, depth, seed, needles, mode, curated, haystack, needle, question, answer):
+    from pagekv.study import PromptSpec
+
+    kw = dict(
+        task=task,
+        context_tokens=int(context),
+        depth=float(depth),
+        seed=int(seed),
+        n_needles=int(needles),
+        mode=mode,
+    )
+    if task in ("qa", "code"):
+        kw["name"] = curated or None
+    if task == "custom":
+        if not (haystack or "").strip():
+            raise ValueError("the custom prompt is empty: paste a haystack text")
+        kw.update(haystack=haystack, needle=needle, question=question, answer=answer)
+        if needle and needle.strip() and needle in haystack:
+            kw["depth"] = None  # already in the text: keep it where the user put it
+    return PromptSpec(**kw)
+
+
+def _config(policy, budget_pct, page_size, n_sink, window, tau):
+    return EvictionConfig(
+        policy=policy,
+        budget=float(budget_pct) / 100.0,
+        page_size=int(page_size),
+        n_sink=int(n_sink),
+        window=int(window),
+        tau=float(tau),
+    )
+
+
+EMPTY = None
+
+
+@gpu
+def run_comparison(
+    model,
+    task,
+    context,
+    depth,
+    seed,
+    needles,
+    mode,
+    curated,
+    haystack,
+    needle,
+    question,
+    answer,
+    budget_pct,
+    page_size,
+    n_sink,
+    window,
+    tau,
+    policy_a,
+    policy_b,
+    layer,
+    progress=gr.Progress(),  # noqa: B008 (gradio injects progress through this default)
+):
+    """Prefill (memoised), run full / A / B, and build every view. Never raises."""
+    from pagekv.compare import compare, comparison_figures, export
+
+    n_out = 13
+    try:
+        spec = _spec(
+            task, context, depth, seed, needles, mode, curated, haystack, needle, question, answer
+        )
+        cfg_a = _config(policy_a, budget_pct, page_size, n_sink, window, tau)
+        cfg_b = _config(policy_b, budget_pct, page_size, n_sink, window, tau)
+        progress(0.0, desc="loading the model")
+        study = get_study(model)
+        comp = compare(study, spec, cfg_a, cfg_b, progress=progress)
+        figs = comparison_figures(comp, layer=int(layer))
+        folder = tempfile.mkdtemp(prefix="pagekv_")
+        files = export(comp, figs, folder)
+    except Exception as e:  # bad input or an unexpected failure: say it on the page
+        log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
+        msg = " ".join(str(e).split()) or type(e).__name__
+        return (_message("error", msg),) + (EMPTY,) * (n_out - 2) + (None,)
+    loaded = study.loaded
+    rec_b = comp.records["B"]
+    status = [
+        _message(
+            "ok",
+            f"**{loaded.name}** on {rec_b['device']} ({rec_b['backend']} backend): "
+            f"{comp.prep.n} prompt tokens, budget {cfg_b.budget_tokens(comp.prep.n)} tokens "
+            f"per (layer, group), page size {cfg_b.page_size}. "
+            f"Question: *{comp.prep.task.question}* Expected: **{comp.prep.task.answer}**",
+        )
+    ]
+    if loaded.fell_back:
+        status.append(_message("info", loaded.note))
+    status += [_message("info", n) for n in comp.notes]
+    t = rec_b["timings"]
+    status.append(
+        f"<small>prefill {t['prefill_s']:.2f}s (once per prompt), "
+        f"eviction {t['evict_s'] * 1000:.0f} ms, decode {t['decode_s']:.2f}s</small>"
+    )
+    return (
+        "\n\n".join(status),
+        _answers_table(comp),
+        figs["frame"],
+        figs.get("retention"),
+        figs["weights"],
+        figs["weights_overview"],
+        figs["sink_mass"],
+        figs["sink_advantage"],
+        figs["uor"],
+        figs["memory"],
+        files,
+        {"layer_max": int(comp.plan_of("B").keep.shape[0]) - 1},
+        comp,
+    )
+
+
+def update_layer(comp, layer):
+    """Redraw the per-layer head weights from the last comparison (no model work)."""
+    from pagekv import figures
+
+    if comp is None:
+        return None
+    p = comp.plan_of("B")
+    layer = max(0, min(int(layer), p.keep.shape[0] - 1))
+    return figures.head_weights_bars(p, layer)
+
+
+def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head, n, budget_pct):
+    """The constructed instance of the retention bound (no model involved)."""
+    from pagekv import figures
+
+    try:
+        mech = mechanism_profiles(
+            n=int(n),
+            heads=int(heads),
+            retrieval_strength=float(retrieval),
+            distractor_heads=int(distractors),
+            distractor_strength=float(distractor_strength),
+            sink_head=bool(sink_head),
+        )
+        base = EvictionConfig(
+            budget=float(budget_pct) / 100, page_size=4, n_sink=4, window=4, policy="entropy"
+        )
+        plans = {
+            pol: plan(mech.profiles, 1, base.replace(policy=pol))
+            for pol in ("entropy", "entropy_nosink", "mean", "max")
+        }
+    except ValueError as e:
+        return _message("error", " ".join(str(e).split())), None, None
+    rows = []
+    needle_page = mech.needle_token // 4
+    for pol, p in plans.items():
+        w = p.head_weights[0].tolist()
+        rows.append(
+            [
+                pol,
+                "kept" if bool(p.page_keep[0, 0, needle_page]) else "evicted",
+                ", ".join(f"{mech.roles[h]} {w[h]:.2f}" for h in range(len(w)))
+                if pol.startswith("entropy") or pol == "mean"
+                else "max over heads",
+            ]
+        )
+    ent = plans["entropy"]
+    s_star = float(mech.profiles[0, 0, mech.needle_token])
+    w_star = float(ent.weights_isolated[0, 0])
+    text = _message(
+        "info",
+        f"Constructed profiles, not a model. The retrieval head puts s* = {s_star:.3f} on the "
+        f"needle; its entropy weight is w* = {w_star:.3f} (mean pooling: 1/r = "
+        f"{1 / int(heads):.3f}). The needle page is kept whenever w* s* = {w_star * s_star:.3f} "
+        "beats the page that would otherwise be kept last.",
+    )
+    return text, rows, figures.mechanism_figure(mech, plans)
+
+
+def apply_preset(title):
+    """Fill the controls from a preset (the Run that follows uses them)."""
+    for p in PRESETS:
+        if p["title"] == title:
+            return [
+                p["task"],
+                p["context_tokens"],
+                p["depth"],
+                p["seed"],
+                p["n_needles"],
+                p["mode"],
+                round(100 * p["budget"], 1),
+                p["page_size"],
+                p["n_sink"],
+                p["window"],
+                p["tau"],
+                p["policy_a"],
+                p["policy_b"],
+            ]
+    return [gr.update()] * 13
+
+
+def curated_choices(task):
+    from pagekv.tasks import task_names
+
+    if task in ("qa", "code"):
+        names = task_names(task)
+        return gr.update(choices=names, value=names[0], visible=True)
+    return gr.update(visible=False)
+
+
+# ----------------------------------------------------------------- layout
+
+INTRO = """
+# Page-EntroKV: which KV pages should a GQA group keep?
+Under grouped-query attention, the *r* query heads of a group share one KV cache.
+**Mean pooling** averages their attention and can drown the one head that found the
+needle; **Page-EntroKV** weights each head by how *focused* it is (collision entropy,
+after removing the attention-sink tokens) and keeps whole pages per (layer, group).
+Pick a preset, then move the budget: only eviction and decoding re-run.
+"""
+
+CAPTIONS = {
+    "frame": "Each row is one (layer, group), each column one page of the prompt. "
+    "**Look for** the outlined needle page: blue (kept) under one policy, grey (evicted) "
+    "under the other.",
+    "retention": "The fraction of the needle's answer tokens each (layer, group) kept. "
+    "**Look for** layers where one policy holds the needle and the other lost it.",
+    "answers": "The model's real greedy answers from the full and the evicted caches. "
+    "**Look for** whether the needle survives eviction in the answer, not only in the cache.",
+    "weights": "Head weights within each group for the chosen layer, with and without sink "
+    "isolation; the dotted line is mean pooling's 1/r. **Look for** sink heads that gain "
+    "weight when isolation is off.",
+    "overview": "Page-EntroKV's weights for every layer and head (groups separated by white "
+    "lines). **Look for** groups dominated by a single head: there pooling matters most.",
+    "sink": "Attention mass on the first n_sink tokens per head, and the sink heads' weight "
+    "relative to the others. **Look for** the masquerade: a ratio far above 1 without "
+    "isolation that drops with it.",
+    "uor": "Head-independent selection must store the union of its heads' picks: UOR = union "
+    "/ budget. **Look for** how far above 1 it climbs at small budgets; pooled policies stay "
+    "at exactly 1.",
+    "mechanism": "Edit a constructed group of heads. **Look for** the retrieval head's weight "
+    "w*: when w* s* beats the distractor page, entropy pooling keeps the needle while mean "
+    "pooling (1/r) may not. This is a construction, shown beside the live model's results.",
+}
+
+
+def build_demo(default_model: str = "bundled") -> gr.Blocks:
+    first = PRESETS[0]
+    with gr.Blocks(title="Page-EntroKV") as demo:
+        gr.Markdown(INTRO)
+        last = gr.State(None)
+        meta = gr.State({})
+        with gr.Row():
+            with gr.Column(scale=1, min_width=320):
+                preset = gr.Dropdown(
+                    [p["title"] for p in PRESETS], value=first["title"], label="Preset"
+                )
+                run_btn = gr.Button("Run", variant="primary")
+                with gr.Accordion("Prompt", open=True):
+                    model = gr.Dropdown(
+                        known_models(),
+                        value=default_model,
+                        allow_custom_value=True,
+                        label="Model",
+                        info="bundled runs anywhere; hub models need a reachable hub",
+                    )
+                    task = gr.Radio(
+                        ["needle", "qa", "code", "custom"], value=first["task"], label="Task"
+                    )
+                    curated = gr.Dropdown([], label="Curated task", visible=False)
+                    context = gr.Slider(
+                        200, MAX_CONTEXT, value=first["context_tokens"], step=100,
+                        label="Context length (tokens)",
+                    )  # fmt: skip
+                    depth = gr.Slider(0, 1, value=first["depth"], step=0.05, label="Needle depth")
+                    needles = gr.Slider(1, 4, value=first["n_needles"], step=1, label="Needles")
+                    seed = gr.Number(value=first["seed"], precision=0, label="Seed")
+                    mode = gr.Radio(
+                        ["inside", "after"],
+                        value=first["mode"],
+                        label="Question position",
+                        info="after = asked after compression (the strict test)",
+                    )
+                    with gr.Accordion("Custom text", open=False):
+                        haystack = gr.Textbox(lines=5, label="Haystack text")
+                        needle = gr.Textbox(label="Needle sentence")
+                        question = gr.Textbox(label="Question")
+                        answer = gr.Textbox(label="Expected answer")
+                with gr.Accordion("Eviction", open=True):
+                    budget = gr.Slider(
+                        1, 60, value=100 * first["budget"], step=1,
+                        label="Budget (% of the prompt kept per layer and group)",
+                    )  # fmt: skip
+                    page_size = gr.Dropdown(PAGE_SIZES, value=first["page_size"], label="Page size")
+                    policy_a = gr.Dropdown(
+                        POLICY_CHOICES, value=first["policy_a"], label="Policy A"
+                    )
+                    policy_b = gr.Dropdown(
+                        POLICY_CHOICES, value=first["policy_b"], label="Policy B"
+                    )
+                    with gr.Row():
+                        n_sink = gr.Slider(0, 16, value=first["n_sink"], step=1, label="n_sink")
+                        window = gr.Slider(1, 128, value=first["window"], step=1, label="Window")
+                    tau = gr.Slider(0.1, 4.0, value=first["tau"], step=0.1, label="tau")
+            with gr.Column(scale=3):
+                status = gr.Markdown(_message("info", "Loading the first preset..."))
+                gr.Markdown(CAPTIONS["answers"])
+                answers = gr.Dataframe(
+                    headers=["run", "verdict", "answer", "kept tokens", "needle kept", "UOR max",
+                             "eviction"],
+                    interactive=False,
+                    wrap=True,
+                )  # fmt: skip
+                with gr.Tabs():
+                    with gr.Tab("Page frame"):
+                        gr.Markdown(CAPTIONS["frame"])
+                        frame = gr.Plot(elem_id="page-frame")
+                    with gr.Tab("Needle retention"):
+                        gr.Markdown(CAPTIONS["retention"])
+                        retention = gr.Plot()
+                    with gr.Tab("Head weights"):
+                        gr.Markdown(CAPTIONS["overview"])
+                        overview = gr.Plot()
+                        gr.Markdown(CAPTIONS["weights"])
+                        layer = gr.Slider(0, 29, value=0, step=1, label="Layer")
+                        weights = gr.Plot()
+                    with gr.Tab("Sinks"):
+                        gr.Markdown(CAPTIONS["sink"])
+                        sink_mass = gr.Plot()
+                        sink_adv = gr.Plot()
+                    with gr.Tab("UOR and memory"):
+                        gr.Markdown(CAPTIONS["uor"])
+                        uor = gr.Plot()
+                        memory = gr.Plot()
+                    with gr.Tab("Mechanism (constructed)"):
+                        gr.Markdown(CAPTIONS["mechanism"])
+                        with gr.Row():
+                            m_heads = gr.Slider(2, 8, value=3, step=1, label="Heads per group")
+                            m_retr = gr.Slider(0, 1, value=0.9, step=0.05, label="Retrieval s*")
+                            m_dist = gr.Slider(0, 6, value=2, step=1, label="Distractor heads")
+                        with gr.Row():
+                            m_dstr = gr.Slider(0, 0.5, value=0.48, step=0.01, label="Distractor")
+                            m_sink = gr.Checkbox(value=False, label="Add a sink head")
+                            m_n = gr.Slider(32, 1024, value=64, step=32, label="Tokens")
+                            m_budget = gr.Slider(5, 60, value=19, step=1, label="Budget %")
+                        m_text = gr.Markdown()
+                        m_table = gr.Dataframe(
+                            headers=["policy", "needle page", "weights"], interactive=False
+                        )
+                        m_plot = gr.Plot()
+                    with gr.Tab("Export"):
+                        gr.Markdown("The run's numbers (JSON, CSV) and every figure (HTML).")
+                        files = gr.File(label="Downloads", file_count="multiple")
+
+        run_inputs = [
+            model, task, context, depth, seed, needles, mode, curated, haystack, needle,
+            question, answer, budget, page_size, n_sink, window, tau, policy_a, policy_b, layer,
+        ]  # fmt: skip
+        run_outputs = [
+            status, answers, frame, retention, weights, overview, sink_mass, sink_adv, uor,
+            memory, files, meta, last,
+        ]  # fmt: skip
+        preset_targets = [
+            task, context, depth, seed, needles, mode, budget, page_size, n_sink, window, tau,
+            policy_a, policy_b,
+        ]  # fmt: skip
+        run_kw = dict(fn=run_comparison, inputs=run_inputs, outputs=run_outputs)
+        quiet = dict(api_visibility="undocumented")  # the same handler under another trigger
+        run_btn.click(api_name="run", **run_kw)
+        budget.release(api_name="budget", **run_kw)
+        for control in (page_size, policy_a, policy_b):
+            control.input(**run_kw, **quiet)
+        for control in (tau, window, n_sink):
+            control.release(**run_kw, **quiet)
+        preset.input(apply_preset, preset, preset_targets, api_name="preset").then(
+            **run_kw, **quiet
+        )
+        task.change(curated_choices, task, curated, **quiet)
+        layer.release(update_layer, [last, layer], weights, api_name="layer")
+        mech_io = dict(
+            fn=run_mechanism,
+            inputs=[m_heads, m_retr, m_dist, m_dstr, m_sink, m_n, m_budget],
+            outputs=[m_text, m_table, m_plot],
+        )
+        m_retr.release(api_name="mechanism", **mech_io)
+        for control in (m_heads, m_dist, m_dstr, m_n, m_budget):
+            control.release(**mech_io, **quiet)
+        m_sink.input(**mech_io, **quiet)
+        demo.load(**run_kw, **quiet).then(**mech_io, **quiet)
+    return demo
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Page-EntroKV app")
+    ap.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
+    ap.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
+    ap.add_argument("--model", default="bundled", help="model loaded first (default: bundled)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    demo = build_demo(default_model=args.model)
+    demo.queue(default_concurrency_limit=1, max_size=32)
+    css = CSS_PATH.read_text() if CSS_PATH.exists() else None
+    demo.launch(server_name=args.host, server_port=args.port, css=css, show_error=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""`python -m pagekv`: run eviction on a real model from the command line.
+
+    python -m pagekv run --model bundled --task needle --context 2000 --depth 0.5 \
+        --budget 0.2 --page-size 16 --policy entropy --seed 0 --json
+    python -m pagekv run --policy all                     # every policy, one prefill
+    python -m pagekv run --haystack-file essay.txt --needle "..." --question "..." --answer "..."
+    python -m pagekv replay --model bundled --out runs/replay --quick
+
+Bad arguments print one line on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+
+from .config import POLICIES, EvictionConfig
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A bad argument or input: one line on stderr, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="python -m pagekv", description="Page-EntroKV on a real model.")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="prefill one prompt, evict, decode, score")
+    run.add_argument("--model", default="bundled", help="'bundled' (default) or a hub name")
+    run.add_argument(
+        "--task", default="needle", choices=["needle", "qa", "code", "custom"], help="prompt kind"
+    )
+    run.add_argument("--name", default=None, help="curated qa/code task name (default: first)")
+    run.add_argument("--context", type=int, default=2000, help="needle context length, tokens")
+    run.add_argument("--depth", type=float, default=0.5, help="needle depth in [0, 1]")
+    run.add_argument("--needles", type=int, default=1, help="needles in the haystack (1-4)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--haystack-file", default=None, help="custom haystack text file")
+    run.add_argument("--needle", default=None, help="custom needle sentence")
+    run.add_argument("--question", default=None, help="custom question")
+    run.add_argument("--answer", default=None, help="custom expected answer")
+    run.add_argument("--question-after", action="store_true", help="ask after compression")
+    run.add_argument("--policy", default="entropy", choices=[*POLICIES, "all"])
+    run.add_argument("--budget", type=float, default=0.2, help="fraction of the prompt kept")
+    run.add_argument("--page-size", type=int, default=16)
+    run.add_argument("--n-sink", type=int, default=4)
+    run.add_argument("--window", type=int, default=32)
+    run.add_argument("--tau", type=float, default=1.0)
+    run.add_argument("--smoothing", type=int, default=1, help="odd pooling width (1 = off)")
+    run.add_argument("--page-reduction", default="max", choices=["max", "sum"])
+    run.add_argument("--max-new-tokens", type=int, default=24)
+    run.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    run.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.add_argument("-v", "--verbose", action="store_true")
+
+    rep = sub.add_parser("replay", help="measure the paper's claims (tables T1-T7)")
+    rep.add_argument("--model", default="bundled")
+    rep.add_argument("--out", required=True, help="output folder (results.json, CSVs, figures)")
+    rep.add_argument("--quick", action="store_true", help="a small grid (minutes)")
+    rep.add_argument("--no-peer", action="store_true", help="skip the kvpress peer")
+    rep.add_argument("--device", default=None)
+    rep.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    rep.add_argument("-v", "--verbose", action="store_true")
+    return ap
+
+
+def _config_from(args, policy: str) -> EvictionConfig:
+    return EvictionConfig(
+        policy=policy,
+        budget=args.budget,
+        page_size=args.page_size,
+        n_sink=args.n_sink,
+        window=args.window,
+        tau=args.tau,
+        smoothing=args.smoothing,
+        page_reduction=args.page_reduction,
+    )
+
+
+def _spec_from(args):
+    from .study import PromptSpec
+    from .tasks import load_haystack_file
+
+    haystack = None
+    task = args.task
+    custom = [args.needle, args.question, args.answer]
+    if args.haystack_file:
+        haystack = load_haystack_file(args.haystack_file)
+        if task == "needle" and not any(custom):
+            raise UsageError("--haystack-file needs --needle, --question and --answer")
+        task = "custom" if task in ("needle", "custom") else task
+    if any(custom) and not all(custom):
+        raise UsageError("a custom needle needs all of --needle, --question and --answer")
+    depth = args.depth
+    if task == "custom" and haystack is not None and args.needle and args.needle in haystack:
+        depth = None  # the needle is already in the user's text
+    return PromptSpec(
+        task=task,
+        context_tokens=args.context,
+        depth=depth,
+        seed=args.seed,
+        n_needles=args.needles,
+        name=args.name,
+        haystack=haystack,
+        needle=args.needle,
+        question=args.question,
+        answer=args.answer,
+        mode="after" if args.question_after else "inside",
+    )
+
+
+def cmd_run(args) -> int:
+    policies = list(POLICIES) if args.policy == "all" else [args.policy]
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
+    if not (isinstance(args.budget, float) and math.isfinite(args.budget)):
+        raise UsageError(f"--budget must be a number in (0, 1]; got {args.budget}")
+    configs = [_config_from(args, p) for p in policies]  # validates before loading a model
+    spec = _spec_from(args)
+
+    from .models import load_model
+    from .study import Study
+
+    loaded = load_model(args.model, device=args.device)
+    study = Study(loaded, backend=args.backend)
+    prep = study.prepare(spec)
+    runs = []
+    for cfg in configs:
+        rec = study.run(prep, cfg, max_new_tokens=args.max_new_tokens)
+        rec.pop("plan", None)
+        runs.append(rec)
+    if args.json:
+        if len(runs) == 1:
+            print(json.dumps(runs[0]))
+        else:
+            common = {k: runs[0][k] for k in ("model", "task", "expected", "prompt_tokens")}
+            print(json.dumps({**common, "policy": "all", "runs": runs}))
+    else:
+        print(format_table(runs))
+    return 0
+
+
+def format_table(runs: list[dict]) -> str:
+    """A readable table of runs on one prompt."""
+    r0 = runs[0]
+    t = r0["timings"]
+    head = (
+        f"model {r0['model']} ({r0['device']}, {r0['backend']} backend), task {r0['task']}, "
+        f"{r0['prompt_tokens']} prompt tokens, mode {r0['mode']}; expected {r0['expected']!r}\n"
+        f"load {t['load_s']:.1f}s, prefill {t['prefill_s']:.2f}s\n"
+    )
+    cols = f"{'policy':<17}{'kept':>7}{'budget':>8}{'UOR max':>9}{'needle':>8}{'evict s':>9}"
+    cols += f"{'decode s':>10}  {'ok':<4}answer"
+    lines = [head + cols, "-" * len(cols)]
+    for r in runs:
+        kept = r["kept_tokens"][0] if r["kept_tokens"] else 0
+        needle = _mean_retention(r)
+        ans = r["answer"].replace("\n", " ")
+        ans = ans if len(ans) <= 60 else ans[:57] + "..."
+        lines.append(
+            f"{r['policy']:<17}{kept:>7}{r['budget_tokens']:>8}{r['uor']['max']:>9.3f}"
+            f"{needle:>8}{r['timings']['evict_s']:>9.3f}{r['timings']['decode_s']:>10.2f}  "
+            f"{'yes' if r['correct'] else 'no':<4}{ans}"
+        )
+    if r0["mode"] == "inside":
+        lines.append(
+            "note: question inside the prompt: the first answer token comes from the prefill, "
+            "which saw the whole prompt"
+        )
+    return "\n".join(lines)
+
+
+def _mean_retention(run: dict) -> str:
+    """The needle fraction kept, averaged over (layer, group); '-' without a needle."""
+    ret = run.get("needle_retention")
+    if not ret:
+        return "-"
+    vals = [v for row in ret for v in row]
+    return f"{sum(vals) / len(vals):.2f}"
+
+
+def cmd_replay(args) -> int:
+    from .replay import run_replay
+
+    run_replay(
+        model=args.model,
+        out=args.out,
+        quick=args.quick,
+        peer=not args.no_peer,
+        device=args.device,
+        backend=args.backend,
+    )
+    return 0
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        print(f"pagekv: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+        format="%(name)s: %(message)s",
+    )
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        return cmd_replay(args)
+    except (UsageError, ValueError, OSError) as e:  # BudgetError, TaskError, ModelLoadError
+        msg = " ".join(str(e).split())
+        print(f"pagekv: error: {msg}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Two policies side by side on one prefilled prompt: the data behind the app's views.
+
+    comp = compare(study, spec, EvictionConfig(policy="mean"), EvictionConfig(policy="entropy"))
+    comp.records["A"]["answer"], comp.records["B"]["correct"], comp.records["full"]["answer"]
+    figs = comparison_figures(comp, layer=0)
+    paths = export(comp, figs, folder)
+
+Only the prefill is expensive; a new budget, page size or tau re-runs plan,
+compaction and decoding (`Study.prepare` memoises the prefill, and the full-cache
+answer is memoised per prompt).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from . import figures
+from .config import POLICIES, EvictionConfig
+from .metrics import sink_advantage, summarize_sink_advantage
+from .paging import BudgetError
+from .plan import Plan, plan
+from .study import Prepared, PromptSpec, Study
+
+#: Budgets of the UOR-across-budgets view.
+CURVE_BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+
+
+@dataclass
+class Comparison:
+    prep: Prepared
+    configs: dict  # "A", "B" -> EvictionConfig
+    records: dict  # "full", "A", "B" -> result_record dicts (with "plan")
+    curve: list  # UOR of head_independent across budgets
+    memory: list  # cache kept per policy
+    notes: list = field(default_factory=list)
+
+    @property
+    def n_groups(self) -> int:
+        return self.prep.prefill.n_groups
+
+    def plan_of(self, key: str) -> Plan:
+        return self.records[key]["plan"]
+
+
+def _full_record(study: Study, prep: Prepared, max_new_tokens: int) -> dict:
+    memo = getattr(study, "_full_memo", None)
+    if memo is None:
+        memo = study._full_memo = {}
+    key = (prep.spec, max_new_tokens)
+    if key not in memo:
+        if len(memo) > 8:
+            memo.clear()
+        memo[key] = study.run(prep, EvictionConfig(policy="full"), max_new_tokens=max_new_tokens)
+    return memo[key]
+
+
+def compare(
+    study: Study,
+    spec: PromptSpec,
+    config_a: EvictionConfig,
+    config_b: EvictionConfig,
+    max_new_tokens: int = 24,
+    progress=None,
+) -> Comparison:
+    """Prefill `spec` (memoised), then run the full cache, policy A and policy B."""
+
+    def tick(frac, desc):
+        if progress is not None:
+            progress(frac, desc=desc)
+
+    tick(0.05, "prefilling the prompt (once per prompt)")
+    prep = study.prepare(spec)
+    tick(0.45, "full cache")
+    records = {"full": _full_record(study, prep, max_new_tokens)}
+    tick(0.6, f"policy A: {config_a.policy}")
+    records["A"] = study.run(prep, config_a, max_new_tokens=max_new_tokens)
+    tick(0.8, f"policy B: {config_b.policy}")
+    records["B"] = study.run(prep, config_b, max_new_tokens=max_new_tokens)
+    tick(0.95, "metrics")
+    comp = Comparison(
+        prep=prep,
+        configs={"A": config_a, "B": config_b},
+        records=records,
+        curve=uor_curve(prep, config_b),
+        memory=memory_rows(prep, config_b),
+    )
+    if spec.mode == "inside":
+        comp.notes.append(
+            "Question inside the prompt: the first answer token comes from the prefill, "
+            "which saw the whole prompt; choose 'after' for the strict test."
+        )
+    return comp
+
+
+def uor_curve(prep: Prepared, base: EvictionConfig) -> list[dict]:
+    """Head-independent UOR at `CURVE_BUDGETS` (plan only: no decoding)."""
+    profiles = prep.prefill.profiles(base.window)
+    rows = []
+    for b in CURVE_BUDGETS:
+        cfg = base.replace(policy="head_independent", budget=b)
+        try:
+            p = plan(profiles, prep.prefill.n_groups, cfg)
+        except BudgetError:
+            rows.append({"budget": b, "feasible": False, "uor_mean": None, "uor_max": None})
+            continue
+        rows.append(
+            {
+                "budget": b,
+                "feasible": True,
+                "uor_mean": float(p.uor.mean()),
+                "uor_max": float(p.uor.max()),
+            }
+        )
+    return rows
+
+
+def memory_rows(prep: Prepared, base: EvictionConfig) -> list[dict]:
+    """KV tokens and bytes each policy keeps at `base`'s budget (plan only).
+
+    Bytes = kept (layer, group) tokens x head_dim x 2 (K and V) x the cache's element
+    size. Head-independent counts its unions: what a server must hold.
+    """
+    pre = prep.prefill
+    elem = pre.cache.layers[0].keys.element_size()
+    per_token = pre.head_dim * 2 * elem
+    profiles = pre.profiles(base.window)
+    rows = []
+    for policy in POLICIES:
+        try:
+            p = plan(profiles, pre.n_groups, base.replace(policy=policy))
+        except BudgetError:
+            continue
+        tokens = int(p.kept_tokens.sum())
+        rows.append(
+            {
+                "policy": policy,
+                "tokens": int(p.kept_tokens.float().mean().round()),
+                "bytes": tokens * per_token,
+            }
+        )
+    return rows
+
+
+def comparison_figures(comp: Comparison, layer: int = 0) -> dict:
+    """Every view of the app, as plotly figures keyed by name."""
+    pa, pb = comp.plan_of("A"), comp.plan_of("B")
+    la, lb = comp.configs["A"].policy, comp.configs["B"].policy
+    label_a, label_b = f"A: {la}", f"B: {lb}"
+    G = comp.n_groups
+    needle = comp.prep.needle_positions or None
+    layer = max(0, min(int(layer), pa.keep.shape[0] - 1))
+    figs = {
+        "frame": figures.page_frame({label_a: pa, label_b: pb}, needle),
+        "weights": figures.head_weights_bars(pb, layer),
+        "weights_overview": figures.layer_head_heatmap(
+            pb.weights_isolated, G, "Page-EntroKV head weights, every layer x head", zmax=1.0
+        ),
+        "sink_mass": figures.layer_head_heatmap(
+            pb.sink_mass, G, "Sink mass per layer x head (first n_sink tokens)", zmax=1.0
+        ),
+        "sink_advantage": figures.sink_advantage_lines(
+            sink_advantage(pb.weights_isolated, pb.sink_heads, G),
+            sink_advantage(pb.weights_nosink, pb.sink_heads, G),
+        ),
+        "uor": figures.uor_curve(
+            [r["budget"] for r in comp.curve if r["feasible"]],
+            [r["uor_mean"] for r in comp.curve if r["feasible"]],
+            [r["uor_max"] for r in comp.curve if r["feasible"]],
+            r=pb.head_weights.shape[1] // G,
+        ),
+        "memory": figures.memory_bars(comp.memory),
+    }
+    if needle:
+        figs["retention"] = figures.needle_retention_heatmap(
+            {
+                label_a: comp.records["A"]["needle_retention"],
+                label_b: comp.records["B"]["needle_retention"],
+            },
+            G,
+        )
+    return figs
+
+
+def summary(comp: Comparison) -> dict:
+    """The run's numbers, JSON-ready (what the Export button writes)."""
+    out = {
+        "spec": comp.records["full"]["spec"],
+        "task": comp.prep.task.name,
+        "question": comp.prep.task.question,
+        "expected": comp.prep.task.answer,
+        "prompt_tokens": comp.prep.n,
+        "needle_positions": comp.prep.needle_positions,
+        "notes": comp.notes,
+        "runs": {},
+        "uor_curve": comp.curve,
+        "memory": comp.memory,
+    }
+    for key, rec in comp.records.items():
+        out["runs"][key] = {k: v for k, v in rec.items() if k != "plan"}
+    pb = comp.plan_of("B")
+    G = comp.n_groups
+    out["sink_advantage"] = {
+        "isolated": summarize_sink_advantage(sink_advantage(pb.weights_isolated, pb.sink_heads, G)),
+        "no_isolation": summarize_sink_advantage(
+            sink_advantage(pb.weights_nosink, pb.sink_heads, G)
+        ),
+    }
+    out["head_weights"] = {
+        "isolated": pb.weights_isolated.tolist(),
+        "no_isolation": pb.weights_nosink.tolist(),
+        "sink_mass": pb.sink_mass.tolist(),
+    }
+    return out
+
+
+def export(comp: Comparison, figs: dict, folder: str) -> list[str]:
+    """Write `run.json`, `run.csv` (one row per policy x layer x group) and `figures.html`."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    js = os.path.join(folder, "pagekv_run.json")
+    with open(js, "w") as f:
+        json.dump(summary(comp), f, indent=1)
+    paths.append(js)
+    cs = os.path.join(folder, "pagekv_run.csv")
+    with open(cs, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "policy", "layer", "group", "kept_tokens", "uor", "needle_retention"])
+        for key, rec in comp.records.items():
+            p: Plan = rec["plan"]
+            ret = rec.get("needle_retention")
+            for layer in range(p.keep.shape[0]):
+                for g in range(p.keep.shape[1]):
+                    w.writerow(
+                        [
+                            key,
+                            rec["policy"],
+                            layer,
+                            g,
+                            rec["kept_tokens_per_group"][layer][g],
+                            float(p.uor[layer, g]),
+                            "" if ret is None else ret[layer][g],
+                        ]
+                    )
+    paths.append(cs)
+    html = os.path.join(folder, "pagekv_figures.html")
+    with open(html, "w") as f:
+        f.write("<html><head><meta charset='utf-8'><title>Page-EntroKV run</title></head><body>")
+        for i, (name, fig) in enumerate(figs.items()):
+            f.write(f"<h2>{name}</h2>")
+            f.write(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
+        f.write("</body></html>")
+    paths.append(html)
+    return paths
+
+
+def retained_fraction(rec: dict) -> float:
+    """Mean needle fraction kept over (layer, group), NaN without a needle."""
+    ret = rec.get("needle_retention")
+    if not ret:
+        return float("nan")
+    return float(torch.tensor(ret, dtype=torch.float64).mean())
