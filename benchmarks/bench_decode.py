@@ -1,0 +1,111 @@
+"""Prefill, eviction and decode on the bundled model for 1k, 2k and 4k-token prompts.
+
+Usage: python benchmarks/bench_decode.py [--sizes 1000 2000 4000] [--policy entropy]
+       [--budget 0.2] [--page-size 16] [--new-tokens 24] [--model bundled] [--json PATH]
+
+Per prompt size: prefill seconds; eviction (plan + compaction, profiles included)
+in ms and as a fraction of the prefill; decode tokens/s with the full cache and
+with the evicted cache (same process, same prompt); cache bytes before and after;
+and the whole needle run (prefill + every policy + decoding) in seconds. Also the
+model's load time (from the converted cache after the first run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from pagekv import POLICIES, EvictionConfig  # noqa: E402
+from pagekv.models import load_model  # noqa: E402
+from pagekv.study import PromptSpec, Study  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="bundled")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 2000, 4000])
+    ap.add_argument("--policy", default="entropy")
+    ap.add_argument("--budget", type=float, default=0.2)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    args = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    loaded = load_model(args.model)
+    load_s = time.perf_counter() - t0
+    study = Study(loaded)
+    print(
+        f"model {loaded.name} ({loaded.source}) on {loaded.device}, {loaded.dtype}; "
+        f"load {load_s:.2f}s; torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"backend {study.runner.backend}"
+    )
+    cfg = EvictionConfig(policy=args.policy, budget=args.budget, page_size=args.page_size)
+    full = cfg.replace(policy="full")
+    rows = []
+    hdr = (
+        f"{'tokens':>7}{'prefill s':>11}{'evict ms':>10}{'evict/prefill':>15}"
+        f"{'full tok/s':>12}{'evicted tok/s':>15}{'MiB before':>12}{'MiB after':>11}"
+        f"{'all policies s':>16}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for size in args.sizes:
+        spec = PromptSpec(task="needle", context_tokens=size, depth=0.5, seed=0)
+        t_all = time.perf_counter()
+        prep = study.prepare(spec)
+        runs = {p: study.run(prep, cfg.replace(policy=p), args.new_tokens) for p in POLICIES}
+        all_s = time.perf_counter() - t_all
+        # Timed again on the warm prefill: the policy under test and the full cache.
+        ev = study.run(prep, cfg, args.new_tokens)
+        fu = study.run(prep, full, args.new_tokens)
+        prefill_s = prep.prefill.timings["prefill_s"]
+        evict_s = ev["timings"]["profile_s"] + ev["timings"]["evict_s"]
+        row = {
+            "prompt_tokens": prep.n,
+            "prefill_s": prefill_s,
+            "evict_ms": 1000 * evict_s,
+            "evict_over_prefill": evict_s / prefill_s,
+            "decode_tok_s_full": _tok_s(fu),
+            "decode_tok_s_evicted": _tok_s(ev),
+            "cache_bytes_before": ev["cache_bytes_before"],
+            "cache_bytes_after": ev["cache_bytes_after"],
+            "needle_run_all_policies_s": all_s,
+            "answers": {p: (r["answer"], r["correct"]) for p, r in runs.items()},
+        }
+        rows.append(row)
+        print(
+            f"{row['prompt_tokens']:>7}{prefill_s:>11.2f}{row['evict_ms']:>10.1f}"
+            f"{100 * row['evict_over_prefill']:>14.2f}%{row['decode_tok_s_full']:>12.1f}"
+            f"{row['decode_tok_s_evicted']:>15.1f}{row['cache_bytes_before'] / 2**20:>12.1f}"
+            f"{row['cache_bytes_after'] / 2**20:>11.1f}{all_s:>16.1f}"
+        )
+    print(
+        f"policy {args.policy}, budget {args.budget}, page size {args.page_size}, "
+        f"{args.new_tokens} new tokens; 'all policies' = prefill + {len(POLICIES)} policies "
+        "decoded on one prefill"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"load_s": load_s, "device": loaded.device, "rows": rows}, f, indent=1)
+    return rows
+
+
+def _tok_s(rec: dict) -> float:
+    """Decode forwards per second. With the question inside the prompt the first
+    answer token comes from the prefill's logits, so n tokens cost n - 1 forwards."""
+    forwards = len(rec["tokens"]) - (1 if rec["mode"] == "inside" else 0)
+    dt = rec["timings"]["decode_s"]
+    return forwards / dt if dt > 0 and forwards > 0 else float("nan")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""`python -m pagekv run`: one JSON object, a readable table, one-line errors with exit 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pagekv.cli import main
+
+REQUIRED = {
+    "answer", "expected", "correct", "policy", "prompt_tokens", "budget_tokens", "kept_tokens",
+    "uor", "backend", "device", "timings",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["run", "--policy", "snapkv"], "invalid choice"),
+        (["run", "--budget", "0"], "budget must be in (0, 1]"),
+        (["run", "--budget", "abc"], "invalid float value"),
+        (["run", "--page-size", "0"], "page_size must be an integer >= 1"),
+        (["run", "--smoothing", "2"], "smoothing must be an odd integer"),
+        (["run", "--needle", "x"], "needs all of --needle, --question and --answer"),
+        (["run", "--haystack-file", "/nonexistent/file.txt", "--needle", "a", "--question", "b",
+          "--answer", "c"], "nonexistent"),
+        (["run", "--model", "no-such-org/no-such-model"], "bundled"),
+        (["run", "--max-new-tokens", "0"], "max-new-tokens"),
+        ([], "command"),
+    ],
+    ids=["policy", "budget0", "budget-text", "page", "smoothing", "partial-needle", "haystack",
+         "model", "max-new", "no-command"],
+)  # fmt: skip
+def test_bad_arguments_one_line_exit_2(argv, fragment, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagekv: error:") and err.count("\n") == 1, err
+    assert fragment in err
+
+
+def test_subprocess_exit_code_and_single_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "pagekv", "run", "--budget", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "budget" in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.slow
+def test_json_run_on_bundled_model(capsys):
+    argv = ["run", "--model", "bundled", "--task", "needle", "--context", "600", "--depth", "0.5",
+            "--budget", "0.2", "--page-size", "16", "--policy", "entropy", "--seed", "0",
+            "--max-new-tokens", "12", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert REQUIRED <= set(out)
+    assert out["policy"] == "entropy" and out["backend"] == "torch" and out["device"] == "cpu"
+    n = out["prompt_tokens"]
+    assert out["budget_tokens"] == int(0.2 * n)
+    assert len(out["kept_tokens"]) == 30  # one entry per layer of SmolLM2
+    assert all(k == out["kept_tokens"][0] <= out["budget_tokens"] for k in out["kept_tokens"])
+    assert set(out["timings"]) >= {"load_s", "prefill_s", "evict_s", "decode_s"}
+    assert out["uor"]["max"] == 1.0
+    assert isinstance(out["correct"], bool) and out["expected"]
+
+
+@pytest.mark.slow
+def test_policy_all_table_and_json(capsys):
+    base = ["run", "--context", "400", "--budget", "0.3", "--page-size", "8", "--policy", "all",
+            "--max-new-tokens", "6", "--question-after"]  # fmt: skip
+    assert main([*base, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    runs = {r["policy"]: r for r in out["runs"]}
+    assert set(runs) == {"entropy", "entropy_nosink", "mean", "max", "head_independent",
+                         "streaming", "full"}  # fmt: skip
+    assert all(REQUIRED <= set(r) for r in runs.values())
+    # Question after compression: the cache holds the context; full keeps all of it.
+    assert runs["full"]["mode"] == "after"
+    assert runs["full"]["kept_tokens"][0] == runs["full"]["context_tokens"]
+    assert runs["full"]["prompt_tokens"] > runs["full"]["context_tokens"]
+    assert runs["head_independent"]["uor"]["max"] >= 1.0
+    assert len({r["prompt_tokens"] for r in runs.values()}) == 1  # one prefill, one prompt
+    assert main(base) == 0
+    table = capsys.readouterr().out
+    assert "policy" in table and "head_independent" in table and "expected" in table
