@@ -6,8 +6,12 @@ The public core::
     cfg = EvictionConfig(policy="entropy", budget=0.2, page_size=16)
     p = plan(profiles, n_groups=G, config=cfg)  # profiles [L, H, n]
     p.keep  # bool [L, G, n]
+
+Real decoding lives in `pagekv.runner` / `pagekv.study` (they import transformers,
+so they are not imported here).
 """
 
+from .backend import BACKENDS, BackendError, resolve_backend
 from .config import POLICIES, POOLED_POLICIES, EvictionConfig
 from .entropy import (
     collision_entropy,
@@ -19,11 +23,18 @@ from .entropy import (
     sink_mass,
 )
 from .metrics import GroupOverlap, group_overlap, needle_retention, sink_advantage
+from .paged import PagedKV, block_table, to_paged
 from .paging import BudgetError, min_feasible_budget, page_sizes, protected_pages
 from .plan import Plan, plan
 from .profiles import attention_profiles, smooth_scores
 
 __all__ = [
+    "BACKENDS",
+    "BackendError",
+    "PagedKV",
+    "block_table",
+    "resolve_backend",
+    "to_paged",
     "POLICIES",
     "POOLED_POLICIES",
     "BudgetError",
