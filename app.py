@@ -457,6 +457,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                              "eviction"],
                     interactive=False,
                     wrap=True,
+                    column_widths=["17%", "9%", "38%", "9%", "9%", "8%", "10%"],
                 )  # fmt: skip
                 with gr.Tabs():
                     with gr.Tab("Page frame"):

@@ -1,0 +1,58 @@
+"""Launch the Gradio app in this process on a free local port (for the app and browser tests).
+
+    with launched_app() as (demo, url):
+        Client(url).predict(..., api_name="/run")
+
+The app runs in-process so that tests can look at server-side state (`app._studies`,
+the prefill memo) next to what the HTTP API returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # app.py lives at the repository root, outside any package
+    sys.path.insert(0, str(ROOT))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def launched_app(cold: bool = False):
+    """Yield `(demo, url)` of a launched app, closed on exit.
+
+    cold: forget any model an earlier test loaded (`app._studies`), so the first request
+    pays the model load as a fresh `python app.py` would.
+    """
+    import app
+
+    if cold:
+        with app._lock:
+            app._studies.clear()
+    demo = app.build_demo()
+    demo.queue(default_concurrency_limit=1)
+    css = app.CSS_PATH.read_text() if app.CSS_PATH.exists() else None
+    _, url, _ = demo.launch(
+        prevent_thread_lock=True,
+        server_name="127.0.0.1",
+        server_port=free_port(),
+        css=css,
+        show_error=False,
+        quiet=True,
+    )
+    try:
+        yield demo, url.rstrip("/")
+    finally:
+        demo.close()

@@ -1,0 +1,497 @@
+"""The Gradio app through its public HTTP API (gradio_client against a launched app).
+
+Every endpoint (`/run`, `/budget`, `/preset`, `/layer`, `/mechanism`) is called with good
+and bad input, and the returned data is checked: the numbers in the answers table, the
+traces of the plotly figures, the exported files. Bad input must come back as a message
+in the status (never a stack trace), and the next request must still work.
+
+Model-using tests are `slow` (CI runs them): the real bundled model, on short prompts.
+Tests share one server and one client session and run in file order (the `/budget` and
+`/layer` tests reuse the first `/run`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from .app_server import launched_app
+
+pytest.importorskip("gradio_client")
+from gradio_client import Client  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+#: gradio's own use of pandas (not ours) warns on every Dataframe output.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*no_silent_downcasting"),
+    pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
+]
+
+#: SmolLM2-135M (the bundled model): 30 layers, 3 KV groups of 3 query heads.
+LAYERS, GROUPS, HEADS = 30, 3, 9
+N_OUT = 11  # status, answers, 8 plots, files (the two gr.State outputs stay server-side)
+PLOTS = ["frame", "retention", "weights", "overview", "sink_mass", "sink_adv", "uor", "memory"]
+
+#: A short needle prompt, question asked after compression.
+GOOD = dict(
+    model="bundled",
+    task="needle",
+    context=300,
+    depth=0.5,
+    seed=0,
+    needles=1,
+    mode="after",
+    curated=None,
+    haystack="",
+    needle="",
+    question="",
+    answer="",
+    budget_pct=30,
+    page_size=16,
+    n_sink=4,
+    window=32,
+    tau=1.0,
+    policy_a="mean",
+    policy_b="entropy",
+    layer=0,
+)
+HAY = "The river ran past the old mill. Farmers brought their grain in autumn. "
+NEEDLE = "The vault code is 4417."
+QUESTION = "What is the vault code?"
+
+
+@pytest.fixture(scope="session")
+def server():
+    with launched_app() as (demo, url):
+        yield demo, url
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    return Client(server[1], verbose=False)
+
+
+@pytest.fixture
+def fresh_client(server):
+    """A client with its own session (no earlier /run in its state)."""
+    return Client(server[1], verbose=False)
+
+
+def run(client, api_name="/run", **changes):
+    out = client.predict(**(GOOD | changes), api_name=api_name)
+    assert len(out) == N_OUT
+    return out
+
+
+def plotly(value) -> dict:
+    """The figure JSON of a gr.Plot output."""
+    assert value is not None and value["type"] == "plotly", value
+    return json.loads(value["plot"])
+
+
+def assert_error(out, *phrases):
+    """A failed run: a message (no traceback) in the status, every other output empty."""
+    status = out[0]
+    assert status.startswith("⚠️"), status
+    assert "Traceback" not in status and 'File "' not in status, status
+    for phrase in phrases:
+        assert phrase.lower() in status.lower(), (phrase, status)
+    assert out[1]["data"] == []
+    assert all(v is None for v in out[2:]), out[2:]
+
+
+def prompt_tokens(status: str) -> int:
+    m = re.search(r"(\d+) prompt tokens", status)
+    assert m, status
+    return int(m.group(1))
+
+
+def prefill_seconds(status: str) -> str:
+    m = re.search(r"prefill ([\d.]+)s", status)
+    assert m, status
+    return m.group(1)
+
+
+def page_sizes(n: int, page: int) -> list[int]:
+    return [min(page, n - s) for s in range(0, n, page)]
+
+
+def protected_tokens(n: int, page: int, n_sink: int, window: int) -> int:
+    """Tokens on the pages that hold a sink token (t < n_sink) or a window token."""
+    pages = {t // page for t in range(min(n_sink, n))}
+    pages |= {t // page for t in range(max(n - window, 0), n)}
+    sizes = page_sizes(n, page)
+    return sum(sizes[j] for j in pages)
+
+
+def expected_kept(n: int, budget: float, page: int, n_sink: int, window: int) -> int:
+    """Protected pages plus as many whole pages as fit in floor(budget * n)."""
+    prot = protected_tokens(n, page, n_sink, window)
+    k = math.floor(budget * n + 1e-9)
+    assert prot <= k, "the test's spec must be feasible"
+    return prot + (k - prot) // page * page
+
+
+def server_prep(server, context: int):
+    """The memoised prefill of the GOOD spec with `context` tokens (server side)."""
+    import app
+
+    study = app._studies["bundled"]
+    memo = study._memo.items()
+    found = [p for s, p in memo if s.task == "needle" and s.context_tokens == context]
+    assert len(found) == 1, list(study._memo)
+    return found[0]
+
+
+# ---------------------------------------------------------------- /run
+
+
+@pytest.fixture(scope="session")
+def first_run(client):
+    t0 = time.perf_counter()
+    out = run(client)
+    wall = time.perf_counter() - t0
+    print(f"\nfirst /run ({GOOD['context']} tokens, model load + prefill): {wall:.1f}s")
+    return out, wall
+
+
+@pytest.mark.slow
+def test_run_status_names_prompt_and_answer(server, first_run):
+    out, _ = first_run
+    status = out[0]
+    assert status.startswith("✅"), status
+    prep = server_prep(server, GOOD["context"])
+    n = prompt_tokens(status)
+    assert n == prep.n and GOOD["context"] - 20 <= n <= GOOD["context"] + 40
+    assert f"Expected: **{prep.task.answer}**" in status
+    assert prep.task.question in status
+    assert f"budget {math.floor(0.3 * n)} tokens" in status
+    assert "page size 16" in status
+
+
+@pytest.mark.slow
+def test_run_answers_table(server, first_run):
+    out, _ = first_run
+    n = prompt_tokens(out[0])
+    expected = server_prep(server, GOOD["context"]).task.answer
+    table = out[1]
+    assert table["headers"][:4] == ["run", "verdict", "answer", "kept tokens"]
+    rows = table["data"]
+    assert [r[0] for r in rows] == ["full cache: full", "policy A: mean", "policy B: entropy"]
+    kept = expected_kept(n, 0.3, 16, 4, 32)
+    assert kept <= math.floor(0.3 * n)
+    assert [r[3] for r in rows] == [n, kept, kept]
+    for r in rows:
+        right = expected.casefold() in r[2].casefold()
+        assert r[1] == ("✓ right" if right else "✗ wrong"), r
+        assert 0.0 <= float(r[4]) <= 1.0  # needle fraction kept
+        assert float(r[5]) == 1.0  # pooled policies store exactly their budget: UOR 1
+        assert r[6].endswith(" ms")
+    assert rows[0][1] == "✓ right", "the full cache should find a 300-token needle"
+    assert rows[0][4] == "1.00"
+
+
+@pytest.mark.slow
+def test_run_page_frame(first_run):
+    out, _ = first_run
+    n = prompt_tokens(out[0])
+    fig = plotly(out[2])
+    heat = [t for t in fig["data"] if t["type"] == "heatmap"]
+    assert len(heat) == 2  # policy A and policy B side by side
+    sizes = page_sizes(n, 16)
+    kept = out[1]["data"][1][3]
+    for t in heat:
+        assert len(t["y"]) == LAYERS * GROUPS == 90
+        assert t["y"][:4] == ["L0 g0", "L0 g1", "L0 g2", "L1 g0"]
+        assert all(len(row) == len(sizes) for row in t["z"])
+        # Every (layer, group) keeps the same number of tokens as the table reports.
+        for row in t["z"]:
+            assert set(row) <= {0, 1, 2}
+            assert sum(s for s, v in zip(sizes, row, strict=True) if v) == kept
+            assert row[0] == 2 and row[-1] == 2  # sink and window pages are protected
+    titles = [a["text"] for a in fig["layout"]["annotations"]]
+    assert "A: mean" in titles and "B: entropy" in titles
+    assert any(s["type"] == "rect" for s in fig["layout"].get("shapes", []))  # needle outline
+    legend = {t.get("name") for t in fig["data"] if t["type"] == "scatter"}
+    assert {"evicted", "kept", "protected"} <= legend
+
+
+@pytest.mark.slow
+def test_run_other_plots(first_run):
+    out, _ = first_run
+    figs = dict(zip(PLOTS, out[2:10], strict=True))
+    for name, value in figs.items():
+        assert plotly(value)["data"], name
+    ret = [t for t in plotly(figs["retention"])["data"] if t["type"] == "heatmap"]
+    assert len(ret) == 2 and all(len(t["y"]) == LAYERS and len(t["x"]) == GROUPS for t in ret)
+    bars = plotly(figs["weights"])["data"]
+    assert [t["type"] for t in bars] == ["bar", "bar"]
+    assert all(len(t["x"]) == HEADS for t in bars)
+    for t in bars:  # weights within each group of 3 heads sum to 1
+        for g in range(GROUPS):
+            assert sum(t["y"][3 * g : 3 * g + 3]) == pytest.approx(1.0, abs=1e-4)
+    assert "layer 0" in plotly(figs["weights"])["layout"]["title"]["text"]
+    over = plotly(figs["overview"])["data"][0]
+    assert over["type"] == "heatmap" and len(over["z"]) == LAYERS and len(over["z"][0]) == HEADS
+    mem = plotly(figs["memory"])["data"][0]
+    assert mem["type"] == "bar" and "entropy" in mem["x"] and "full" in mem["x"]
+
+
+@pytest.mark.slow
+def test_run_exports(first_run):
+    out, _ = first_run
+    n = prompt_tokens(out[0])
+    paths = {Path(p).name: Path(p) for p in out[10]}
+    assert set(paths) == {"pagekv_run.json", "pagekv_run.csv", "pagekv_figures.html"}
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths.values())
+    data = json.loads(paths["pagekv_run.json"].read_text())
+    assert set(data["runs"]) == {"full", "A", "B"}
+    assert data["runs"]["A"]["policy"] == "mean" and data["runs"]["B"]["policy"] == "entropy"
+    assert data["prompt_tokens"] == n
+    assert data["runs"]["full"]["answer"] == out[1]["data"][0][2]
+    assert data["runs"]["B"]["kept_tokens"][0] == out[1]["data"][2][3]
+    with paths["pagekv_run.csv"].open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 * LAYERS * GROUPS
+    assert {r["run"] for r in rows} == {"full", "A", "B"}
+    assert "plotly" in paths["pagekv_figures.html"].read_text()[:200_000].lower()
+
+
+# ---------------------------------------------------------------- /budget and /layer
+
+
+@pytest.mark.slow
+def test_budget_reuses_the_prefill(server, client, first_run):
+    out1, wall1 = first_run
+    prep = server_prep(server, GOOD["context"])
+    t0 = time.perf_counter()
+    out = run(client, api_name="/budget", budget_pct=40)
+    wall = time.perf_counter() - t0
+    print(f"\n/budget after /run: {wall:.1f}s (first /run {wall1:.1f}s)")
+    assert out[0].startswith("✅"), out[0]
+    assert server_prep(server, GOOD["context"]) is prep  # the same Prepared: no new prefill
+    assert prefill_seconds(out[0]) == prefill_seconds(out1[0])
+    n = prompt_tokens(out[0])
+    rows = out[1]["data"]
+    assert [r[3] for r in rows] == [n] + [expected_kept(n, 0.4, 16, 4, 32)] * 2
+    assert rows[0][2] == out1[1]["data"][0][2]  # the full cache's answer is memoised
+
+
+@pytest.mark.slow
+def test_layer_redraws_from_the_last_run(client, first_run):
+    fig = plotly(client.predict(7, api_name="/layer"))
+    assert "layer 7" in fig["layout"]["title"]["text"]
+    assert [len(t["x"]) for t in fig["data"]] == [HEADS, HEADS]
+    fig = plotly(client.predict(LAYERS - 1, api_name="/layer"))
+    assert f"layer {LAYERS - 1}" in fig["layout"]["title"]["text"]
+
+
+def test_layer_without_a_run_is_empty(fresh_client):
+    assert fresh_client.predict(3, api_name="/layer") is None
+
+
+def test_layer_out_of_range_is_refused(fresh_client):
+    with pytest.raises(AppError, match="maximum"):
+        fresh_client.predict(99, api_name="/layer")
+    assert fresh_client.predict(0, api_name="/layer") is None  # and the next call works
+
+
+# ---------------------------------------------------------------- /run with bad input
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "changes, phrases",
+    [
+        pytest.param(dict(task="custom", haystack="   "), ["custom prompt is empty"], id="empty"),
+        pytest.param(
+            dict(task="custom", haystack=HAY, needle="", question=QUESTION, answer="4417"),
+            ["needs needle"],
+            id="no-needle",
+        ),
+        pytest.param(
+            dict(task="custom", haystack=HAY, needle=NEEDLE, question=QUESTION, answer=""),
+            ["needs answer"],
+            id="no-answer",
+        ),
+        pytest.param(
+            dict(
+                task="custom",
+                haystack="The quick brown fox jumps over the lazy dog by the river. " * 800,
+                needle=NEEDLE,
+                question=QUESTION,
+                answer="4417",
+            ),
+            ["more than the model's context of 8192", "shorten it"],
+            id="too-long",
+        ),
+        pytest.param(
+            dict(budget_pct=5),
+            ["below the", "smallest feasible budget for this", "raise the budget"],
+            id="budget-below-protected",
+        ),
+        pytest.param(
+            dict(
+                task="custom",
+                haystack=HAY,
+                needle=NEEDLE,
+                question=QUESTION,
+                answer="4417",
+                page_size=64,
+                budget_pct=60,
+            ),
+            ["smallest feasible budget", "100.0% of the prompt", "page size"],
+            id="page-larger-than-prompt",
+        ),
+    ],
+)
+def test_run_bad_input_gives_a_message(client, first_run, changes, phrases):
+    assert_error(run(client, **changes), *phrases)
+
+
+@pytest.mark.slow
+def test_budget_message_names_the_smallest_feasible_budget(client, first_run):
+    out = run(client, budget_pct=5)
+    n = prompt_tokens(first_run[0][0])
+    prot = protected_tokens(n, 16, 4, 32)
+    m = re.search(r"smallest feasible budget for this (\d+)-token prompt is ([\d.]+) \(", out[0])
+    assert m and int(m.group(1)) == n, out[0]
+    named = float(m.group(2))  # rounded up, so that the named budget itself is feasible
+    assert prot / n <= named < prot / n + 0.001 and math.floor(named * n) >= prot
+    assert f"of the prompt, {prot} tokens)" in out[0], out[0]
+
+
+@pytest.mark.slow
+def test_needle_already_in_the_haystack_stays_where_it_is(client, server):
+    """The app passes depth=None when the needle is in the text: no second copy is added."""
+    hay = HAY * 2 + NEEDLE + " " + HAY * 2
+    out = run(
+        client,
+        task="custom",
+        haystack=hay,
+        needle=NEEDLE,
+        question=QUESTION,
+        answer="4417",
+        budget_pct=60,
+        window=16,
+    )
+    assert out[0].startswith("✅"), out[0]
+    assert "Expected: **4417**" in out[0]
+    import app
+
+    study = app._studies["bundled"]
+    (prep,) = [p for s, p in study._memo.items() if s.task == "custom" and s.haystack == hay]
+    assert prep.spec.depth is None
+    assert prep.task.context.count(NEEDLE) == 1
+    assert prep.needle_positions  # the needle's answer tokens are tracked
+
+
+@pytest.mark.slow
+def test_next_run_after_errors_works(client, first_run):
+    assert_error(run(client, task="custom", haystack=""), "empty")
+    out = run(client, budget_pct=30)
+    assert out[0].startswith("✅"), out[0]
+    # The same configuration as the first run: the same answers and kept tokens.
+    assert [r[:6] for r in out[1]["data"]] == [r[:6] for r in first_run[0][1]["data"]]
+
+
+@pytest.mark.slow
+def test_unknown_model_falls_back_to_bundled(client, first_run):
+    out = run(client, model="no-such-org/no-such-model")
+    status = out[0]
+    assert status.startswith("✅"), status
+    assert "**bundled**" in status
+    assert "no-such-org/no-such-model" in status and "fell back to the bundled" in status
+    assert len(out[1]["data"]) == 3
+    out = run(client)  # and the bundled model again
+    assert out[0].startswith("✅") and "fell back" not in out[0]
+
+
+# ---------------------------------------------------------------- /preset
+
+
+def test_preset_fills_the_controls(client):
+    import app
+
+    for p in app.PRESETS:
+        out = client.predict(p["title"], api_name="/preset")
+        assert list(out) == [
+            p["task"],
+            p["context_tokens"],
+            p["depth"],
+            p["seed"],
+            p["n_needles"],
+            p["mode"],
+            round(100 * p["budget"], 1),
+            p["page_size"],
+            p["n_sink"],
+            p["window"],
+            p["tau"],
+            p["policy_a"],
+            p["policy_b"],
+        ]
+
+
+def test_unknown_preset_is_refused_and_the_next_works(client):
+    import app
+
+    with pytest.raises(AppError, match="not in the list of choices"):
+        client.predict("no such preset", api_name="/preset")
+    assert client.predict(app.PRESETS[0]["title"], api_name="/preset")[0] == "needle"
+
+
+# ---------------------------------------------------------------- /mechanism
+
+MECH = dict(heads=3, retrieval=0.9, distractors=2, distractor_strength=0.48, sink_head=False)
+
+
+def mechanism(client, **changes):
+    kw = MECH | dict(n=64, budget_pct=19) | changes
+    return client.predict(*kw.values(), api_name="/mechanism")
+
+
+def test_mechanism_defaults(client):
+    text, table, plot = mechanism(client)
+    assert text.startswith("ℹ️") and "w* = " in text and "1/r = 0.333" in text
+    rows = {r[0]: r for r in table["data"]}
+    assert set(rows) == {"entropy", "entropy_nosink", "mean", "max"}
+    # The construction: entropy pooling keeps the needle page, mean pooling loses it.
+    assert rows["entropy"][1] == "kept" and rows["mean"][1] == "evicted"
+    assert rows["mean"][2] == "retrieval 0.33, distractor 0.33, distractor 0.33"
+    w = [float(x.split()[-1]) for x in rows["entropy"][2].split(", ")]
+    assert sum(w) == pytest.approx(1.0, abs=0.02) and w[0] > 1 / 3
+    assert plotly(plot)["data"]
+
+
+def test_mechanism_with_a_sink_head(client):
+    text, table, _ = mechanism(client, heads=4, sink_head=True)
+    assert text.startswith("ℹ️")
+    roles = table["data"][0][2]
+    assert "sink" in roles and roles.count(", ") == 3
+
+
+@pytest.mark.parametrize(
+    "changes, phrase",
+    [
+        pytest.param(dict(heads=2, distractors=6), "2 heads cannot hold", id="too-many-heads"),
+        pytest.param(dict(heads=3, distractors=2, sink_head=True), "cannot hold", id="no-room"),
+        pytest.param(dict(budget_pct=5), "smallest feasible budget", id="budget"),
+    ],
+)
+def test_mechanism_impossible_values_give_a_message(client, changes, phrase):
+    text, table, plot = mechanism(client, **changes)
+    assert text.startswith("⚠️") and phrase in text, text
+    assert table["data"] == [] and plot is None
+    assert mechanism(client)[0].startswith("ℹ️")  # the next request works
+
+
+def test_mechanism_out_of_range_is_refused(client):
+    with pytest.raises(AppError, match="maximum"):
+        mechanism(client, retrieval=1.9)
+    assert mechanism(client)[0].startswith("ℹ️")
