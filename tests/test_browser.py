@@ -3,7 +3,8 @@
 Loads the page of a freshly launched app (no model in memory), waits for the first
 preset's results (the app runs it on page load), checks the page-frame heatmap and the
 answers table, moves the budget, checks the answers follow, and saves a full-page
-screenshot to docs/screenshot.png (the README shows it).
+screenshot. With PAGEKV_UPDATE_SCREENSHOT=1 it writes docs/screenshot.png (the README
+shows it); otherwise a temporary file, so a test run leaves the tree clean.
 
 It prints the time to the first result from a cold start and after a budget change (the
 figures the issue asks for: under 20 s and under 5 s); timings are not asserted, since
@@ -16,6 +17,7 @@ Needs `playwright` (the Python package only: no `playwright install`) and
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import tempfile
@@ -34,7 +36,11 @@ pytestmark = [
 ]
 
 CHROMIUM = "/usr/bin/chromium"
-SCREENSHOT = ROOT / "docs" / "screenshot.png"
+SCREENSHOT = (
+    ROOT / "docs" / "screenshot.png"
+    if os.environ.get("PAGEKV_UPDATE_SCREENSHOT") == "1"
+    else Path(tempfile.gettempdir()) / "pagekv-screenshot.png"
+)
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
