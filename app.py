@@ -123,8 +123,9 @@ def known_models() -> list[str]:
 
 
 def _message(kind: str, text: str) -> str:
-    icon = {"error": "⚠️", "info": "ℹ️", "ok": "✅"}[kind]
-    return f"{icon} {text}"
+    # Words, not emoji: emoji depend on the viewer's fonts.
+    label = {"error": "**Error:**", "info": "**Note:**", "ok": "**Done:**"}[kind]
+    return f"{label} {text}"
 
 
 def _answers_table(comp) -> list[list]:

@@ -22,7 +22,7 @@ import torch
 from . import figures
 from .config import POLICIES, EvictionConfig
 from .metrics import sink_advantage, summarize_sink_advantage
-from .paging import BudgetError
+from .paging import BudgetError, check_budget, page_sizes, protected_pages
 from .plan import Plan, plan
 from .study import Prepared, PromptSpec, Study
 
@@ -75,6 +75,10 @@ def compare(
 
     tick(0.05, "prefilling the prompt (once per prompt)")
     prep = study.prepare(spec)
+    for cfg in (config_a, config_b):  # fail fast, before any decoding
+        n, P = prep.n, cfg.page_size
+        prot = protected_pages(n, P, cfg.n_sink, min(cfg.window, n))
+        check_budget(page_sizes(n, P), prot, cfg.budget_tokens(n))
     tick(0.45, "full cache")
     records = {"full": _full_record(study, prep, max_new_tokens)}
     tick(0.6, f"policy A: {config_a.policy}")

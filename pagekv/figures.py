@@ -44,12 +44,17 @@ def _go():
     return go
 
 
-def _layout(fig, title, height=None):
+def _layout(fig, title, height=None, legend_below=False):
+    legend = dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0)
+    margin = dict(l=60, r=20, t=60, b=45)
+    if legend_below:  # figures with subplot titles: keep the legend off them
+        legend = dict(orientation="h", yanchor="top", y=-0.06, xanchor="left", x=0.0)
+        margin["b"] = 90
     fig.update_layout(
         title=dict(text=title, x=0.01, font=dict(size=15)),
         template="plotly_white",
-        margin=dict(l=60, r=20, t=50, b=45),
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
+        margin=margin,
+        legend=legend,
     )
     if height:
         fig.update_layout(height=height)
@@ -139,7 +144,9 @@ def page_frame(plans: dict, needle_positions: Sequence[int] | None = None, title
             )
         )
     L, G = plans[labels[0]].keep.shape[:2]
-    return _layout(fig, title or "Page frame: what each (layer, group) keeps", 160 + 9 * L * G)
+    return _layout(
+        fig, title or "Page frame: what each (layer, group) keeps", 200 + 9 * L * G, True
+    )
 
 
 def head_weights_bars(p, layer: int, title=None):
@@ -228,8 +235,23 @@ def sink_advantage_lines(adv_iso: torch.Tensor, adv_raw: torch.Tensor, title=Non
     )
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
     fig.update_layout(
-        xaxis_title="layer", yaxis_title="sink / non-sink mean weight", yaxis_type="log"
+        xaxis_title="layer",
+        yaxis_title="sink / non-sink mean weight",
+        yaxis_type="log",
+        yaxis_dtick=1,  # one label per decade
     )
+    if any(v is None for v in per_layer(adv_raw)):
+        fig.add_annotation(
+            text="gaps: no group of that layer mixes sink and non-sink heads",
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=1.0,
+            showarrow=False,
+            xanchor="left",
+            yanchor="bottom",
+            font=dict(size=11, color="grey"),
+        )
     return _layout(fig, title or "Sink advantage (the masquerade)", 340)
 
 
@@ -317,10 +339,12 @@ def memory_bars(rows: Sequence[dict], title=None):
             marker_color=[POLICY_COLOURS.get(r["policy"], BLACK) for r in rows],
             text=[f"{r['tokens']} tok" for r in rows],
             textposition="outside",
+            cliponaxis=False,
             hovertemplate="%{x}: %{y:.2f} MiB<extra></extra>",
         )
     )
-    fig.update_layout(yaxis_title="KV cache kept (MiB)")
+    top = max((r["bytes"] for r in rows), default=1) / 2**20
+    fig.update_layout(yaxis_title="KV cache kept (MiB)", yaxis_range=[0, 1.15 * top])
     return _layout(fig, title or "Cache memory kept", 320)
 
 
@@ -371,7 +395,15 @@ def mechanism_figure(mech, plans: dict, title=None):
     for t, colour, name in [(mech.needle_token, VERMILLION, "needle")] + [
         (mech.distractor_tokens[0], ORANGE, "distractor")
     ]:
-        fig.add_vline(x=t, line_dash="dot", line_color=colour, annotation_text=name)
+        fig.add_vline(
+            x=t,
+            line_dash="dot",
+            line_color=colour,
+            annotation_text=name,
+            annotation_position="top right",
+            row=1,
+            col=1,
+        )
     fig.update_xaxes(title_text="token", row=2, col=1)
     fig.update_yaxes(title_text="attention", row=1, col=1)
-    return _layout(fig, title or "Mechanism (constructed profiles, not a model)", 460)
+    return _layout(fig, title or "Mechanism (constructed profiles, not a model)", 500, True)

@@ -71,6 +71,24 @@ def min_feasible_budget(n: int, page_size: int, n_sink: int, window: int) -> flo
     return int(page_sizes(n, page_size)[prot].sum()) / n
 
 
+def check_budget(sizes: torch.Tensor, protected: torch.Tensor, budget_tokens: int) -> int:
+    """The protected token count; BudgetError when it exceeds `budget_tokens`."""
+    n = int(sizes.sum())
+    prot_tokens = int(sizes[protected].sum())
+    if prot_tokens > budget_tokens:
+        min_budget = prot_tokens / n
+        raise BudgetError(
+            f"budget of {budget_tokens} tokens is below the {prot_tokens} tokens the "
+            f"protected pages (sinks and window) hold; the smallest feasible budget for "
+            f"this {n}-token prompt is {math.ceil(min_budget * 1000) / 1000:.3f} "
+            f"({math.ceil(min_budget * 1000) / 10:.1f}% of the prompt, {prot_tokens} tokens); "
+            "raise the budget or lower n_sink, window or page size",
+            min_budget=min_budget,
+            protected_tokens=prot_tokens,
+        )
+    return prot_tokens
+
+
 def select_pages(
     page_scores: torch.Tensor, protected: torch.Tensor, sizes: torch.Tensor, budget_tokens: int
 ) -> torch.Tensor:
@@ -91,19 +109,7 @@ def select_pages(
     Raises:
         BudgetError: when the protected pages alone hold more than `k` tokens.
     """
-    n = int(sizes.sum())
-    prot_tokens = int(sizes[protected].sum())
-    if prot_tokens > budget_tokens:
-        min_budget = prot_tokens / n
-        raise BudgetError(
-            f"budget of {budget_tokens} tokens is below the {prot_tokens} tokens the "
-            f"protected pages (sinks and window) hold; the smallest feasible budget for "
-            f"this {n}-token prompt is {math.ceil(min_budget * 1000) / 1000:.3f} "
-            f"({math.ceil(min_budget * 1000) / 10:.1f}% of the prompt, {prot_tokens} tokens); "
-            "raise the budget or lower n_sink, window or page size",
-            min_budget=min_budget,
-            protected_tokens=prot_tokens,
-        )
+    prot_tokens = check_budget(sizes, protected, budget_tokens)
     free_sizes = sizes[~protected]
     if free_sizes.numel() and bool((free_sizes == free_sizes[0]).all()):
         return _select_uniform(

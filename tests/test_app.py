@@ -98,7 +98,7 @@ def plotly(value) -> dict:
 def assert_error(out, *phrases):
     """A failed run: a message (no traceback) in the status, every other output empty."""
     status = out[0]
-    assert status.startswith("⚠️"), status
+    assert status.startswith("**Error:**"), status
     assert "Traceback" not in status and 'File "' not in status, status
     for phrase in phrases:
         assert phrase.lower() in status.lower(), (phrase, status)
@@ -165,7 +165,7 @@ def first_run(client):
 def test_run_status_names_prompt_and_answer(server, first_run):
     out, _ = first_run
     status = out[0]
-    assert status.startswith("✅"), status
+    assert status.startswith("**Done:**"), status
     prep = server_prep(server, GOOD["context"])
     n = prompt_tokens(status)
     assert n == prep.n and GOOD["context"] - 20 <= n <= GOOD["context"] + 40
@@ -274,7 +274,7 @@ def test_budget_reuses_the_prefill(server, client, first_run):
     out = run(client, api_name="/budget", budget_pct=40)
     wall = time.perf_counter() - t0
     print(f"\n/budget after /run: {wall:.1f}s (first /run {wall1:.1f}s)")
-    assert out[0].startswith("✅"), out[0]
+    assert out[0].startswith("**Done:**"), out[0]
     assert server_prep(server, GOOD["context"]) is prep  # the same Prepared: no new prefill
     assert prefill_seconds(out[0]) == prefill_seconds(out1[0])
     n = prompt_tokens(out[0])
@@ -381,7 +381,7 @@ def test_needle_already_in_the_haystack_stays_where_it_is(client, server):
         budget_pct=60,
         window=16,
     )
-    assert out[0].startswith("✅"), out[0]
+    assert out[0].startswith("**Done:**"), out[0]
     assert "Expected: **4417**" in out[0]
     import app
 
@@ -396,7 +396,7 @@ def test_needle_already_in_the_haystack_stays_where_it_is(client, server):
 def test_next_run_after_errors_works(client, first_run):
     assert_error(run(client, task="custom", haystack=""), "empty")
     out = run(client, budget_pct=30)
-    assert out[0].startswith("✅"), out[0]
+    assert out[0].startswith("**Done:**"), out[0]
     # The same configuration as the first run: the same answers and kept tokens.
     assert [r[:6] for r in out[1]["data"]] == [r[:6] for r in first_run[0][1]["data"]]
 
@@ -405,12 +405,12 @@ def test_next_run_after_errors_works(client, first_run):
 def test_unknown_model_falls_back_to_bundled(client, first_run):
     out = run(client, model="no-such-org/no-such-model")
     status = out[0]
-    assert status.startswith("✅"), status
+    assert status.startswith("**Done:**"), status
     assert "**bundled**" in status
     assert "no-such-org/no-such-model" in status and "fell back to the bundled" in status
     assert len(out[1]["data"]) == 3
     out = run(client)  # and the bundled model again
-    assert out[0].startswith("✅") and "fell back" not in out[0]
+    assert out[0].startswith("**Done:**") and "fell back" not in out[0]
 
 
 # ---------------------------------------------------------------- /preset
@@ -458,7 +458,7 @@ def mechanism(client, **changes):
 
 def test_mechanism_defaults(client):
     text, table, plot = mechanism(client)
-    assert text.startswith("ℹ️") and "w* = " in text and "1/r = 0.333" in text
+    assert text.startswith("**Note:**") and "w* = " in text and "1/r = 0.333" in text
     rows = {r[0]: r for r in table["data"]}
     assert set(rows) == {"entropy", "entropy_nosink", "mean", "max"}
     # The construction: entropy pooling keeps the needle page, mean pooling loses it.
@@ -471,7 +471,7 @@ def test_mechanism_defaults(client):
 
 def test_mechanism_with_a_sink_head(client):
     text, table, _ = mechanism(client, heads=4, sink_head=True)
-    assert text.startswith("ℹ️")
+    assert text.startswith("**Note:**")
     roles = table["data"][0][2]
     assert "sink" in roles and roles.count(", ") == 3
 
@@ -486,12 +486,12 @@ def test_mechanism_with_a_sink_head(client):
 )
 def test_mechanism_impossible_values_give_a_message(client, changes, phrase):
     text, table, plot = mechanism(client, **changes)
-    assert text.startswith("⚠️") and phrase in text, text
+    assert text.startswith("**Error:**") and phrase in text, text
     assert table["data"] == [] and plot is None
-    assert mechanism(client)[0].startswith("ℹ️")  # the next request works
+    assert mechanism(client)[0].startswith("**Note:**")  # the next request works
 
 
 def test_mechanism_out_of_range_is_refused(client):
     with pytest.raises(AppError, match="maximum"):
         mechanism(client, retrieval=1.9)
-    assert mechanism(client)[0].startswith("ℹ️")
+    assert mechanism(client)[0].startswith("**Note:**")

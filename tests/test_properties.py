@@ -150,32 +150,44 @@ def test_head_order_within_group_does_not_matter(geo, u, data):
 
 
 @SETTINGS
-@given(geo=geometry(r_values=(2, 3, 4, 6)), u=st.floats(0.0, 0.6), data=st.data())
-def test_retention_bound_sufficient_condition(geo, u, data):
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    r=st.sampled_from([2, 3, 4, 6]),
+    G=st.integers(1, 2),
+    P=st.integers(1, 8),
+    n=st.integers(48, 200),
+    n_sink=st.integers(0, 6),
+    window=st.integers(1, 16),
+    data=st.data(),
+)
+def test_retention_bound_sufficient_condition(seed, r, G, P, n, n_sink, window, data):
     """If w_h* s* exceeds the score of the page that would otherwise be the last kept,
     entropy pooling keeps the needle's page (DESIGN.md section 2, first half)."""
-    seed, L, G, r, n, P, n_sink, window = geo
-    prof, p = build(geo, u, "entropy")
-    free_pages = (~p.protected).nonzero().flatten().tolist()
+    prot = protected_pages(n, P, n_sink, window)
+    free_pages = (~prot).nonzero().flatten().tolist()
     assume(len(free_pages) >= 2)
-    m = (p.budget_tokens - int(p.page_sizes[p.protected].sum())) // P  # free pages kept
-    assume(1 <= m < len(free_pages))
+    m = data.draw(st.integers(1, len(free_pages) - 1))  # free pages the budget admits
+    k = int(page_sizes(n, P)[prot].sum()) + m * P
+    prof = random_profiles(seed, 1, G * r, n)
+    cfg = EvictionConfig(policy="entropy", budget=k / n, page_size=P, n_sink=n_sink,
+                         window=window)  # fmt: skip
+    p = plan(prof, G, cfg)
+    assert p.budget_tokens == k
     needle_page = data.draw(st.sampled_from(free_pages))
     others = [j for j in free_pages if j != needle_page]
-    for layer in range(L):
-        for g in range(G):
-            ps = p.page_scores[layer, g]
-            # The m-th best other page: the last kept if the needle page were absent.
-            ranked = sorted(others, key=lambda j: (-float(ps[j]), j))
-            c = float(ps[ranked[m - 1]])
-            tokens = range(needle_page * P, min((needle_page + 1) * P, n))
-            lhs = max(
-                float(p.head_weights[layer, h]) * float(prof[layer, h, t])
-                for h in range(g * r, (g + 1) * r)
-                for t in tokens
-            )
-            if lhs > c * (1 + 1e-6):
-                assert bool(p.page_keep[layer, g, needle_page])
+    tokens = range(needle_page * P, min((needle_page + 1) * P, n))
+    for g in range(G):
+        ps = p.page_scores[0, g]
+        # The m-th best other page: the last kept if the needle page were absent.
+        ranked = sorted(others, key=lambda j: (-float(ps[j]), j))
+        c = float(ps[ranked[m - 1]])
+        lhs = max(
+            float(p.head_weights[0, h]) * float(prof[0, h, t])
+            for h in range(g * r, (g + 1) * r)
+            for t in tokens
+        )
+        if lhs > c * (1 + 1e-6):
+            assert bool(p.page_keep[0, g, needle_page])
 
 
 @SETTINGS
