@@ -11,7 +11,6 @@ handler: it becomes a message on the page, and the next request works.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import tempfile
@@ -22,8 +21,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from pagekv import POLICIES, EvictionConfig, plan  # noqa: E402
-from pagekv.constructed import mechanism_profiles  # noqa: E402
+from pagekv import POLICIES, EvictionConfig  # noqa: E402
+from pagekv.presets import load_presets  # noqa: E402
 
 log = logging.getLogger("pagekv.app")
 ROOT = Path(__file__).resolve().parent
@@ -42,58 +41,8 @@ except Exception:  # not on a Space: a no-op decorator
         return fn if fn is not None else (lambda f: f)
 
 
-# ----------------------------------------------------------------- presets
-
-BUILTIN_PRESETS = [
-    {
-        "title": "Needle, question after compression, 10% budget",
-        "task": "needle", "context_tokens": 1500, "depth": 0.5, "seed": 0, "n_needles": 1,
-        "mode": "after", "budget": 0.1, "page_size": 16, "n_sink": 4, "window": 32, "tau": 1.0,
-        "policy_a": "mean", "policy_b": "entropy",
-    },
-    {
-        "title": "Needle, question inside the prompt, 20% budget",
-        "task": "needle", "context_tokens": 1500, "depth": 0.3, "seed": 1, "n_needles": 1,
-        "mode": "inside", "budget": 0.2, "page_size": 16, "n_sink": 4, "window": 32, "tau": 1.0,
-        "policy_a": "mean", "policy_b": "entropy",
-    },
-    {
-        "title": "Three needles, 5% budget, page size 8",
-        "task": "needle", "context_tokens": 2000, "depth": 0.5, "seed": 2, "n_needles": 3,
-        "mode": "after", "budget": 0.05, "page_size": 8, "n_sink": 4, "window": 16, "tau": 1.0,
-        "policy_a": "mean", "policy_b": "entropy",
-    },
-    {
-        "title": "Sink isolation on and off",
-        "task": "needle", "context_tokens": 1500, "depth": 0.6, "seed": 3, "n_needles": 1,
-        "mode": "after", "budget": 0.1, "page_size": 16, "n_sink": 4, "window": 32, "tau": 1.0,
-        "policy_a": "entropy_nosink", "policy_b": "entropy",
-    },
-    {
-        "title": "Code question at 20%",
-        "task": "code", "context_tokens": 1500, "depth": 0.5, "seed": 0, "n_needles": 1,
-        "mode": "after", "budget": 0.2, "page_size": 16, "n_sink": 4, "window": 32, "tau": 1.0,
-        "policy_a": "mean", "policy_b": "entropy",
-    },
-]  # fmt: skip
-
-
-def load_presets() -> list[dict]:
-    """Presets measured by the replay harness (assets/presets.json), else the built-ins."""
-    path = ROOT / "assets" / "presets.json"
-    try:
-        found = json.loads(path.read_text())
-        keys = set(BUILTIN_PRESETS[0])
-        found = [p for p in found if isinstance(p, dict) and keys <= set(p)]
-        if found:
-            return found
-    except (OSError, ValueError):
-        pass
-    return BUILTIN_PRESETS
-
-
 PRESETS = load_presets()
-PRESET_FIELDS = [k for k in BUILTIN_PRESETS[0] if k != "title"]
+
 
 # ----------------------------------------------------------------- model state
 
@@ -280,49 +229,29 @@ def update_layer(comp, layer):
 def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head, n, budget_pct):
     """The constructed instance of the retention bound (no model involved)."""
     from pagekv import figures
+    from pagekv.compare import mechanism_view
 
     try:
-        mech = mechanism_profiles(
-            n=int(n),
+        view = mechanism_view(
             heads=int(heads),
-            retrieval_strength=float(retrieval),
-            distractor_heads=int(distractors),
+            retrieval=float(retrieval),
+            distractors=int(distractors),
             distractor_strength=float(distractor_strength),
             sink_head=bool(sink_head),
+            n=int(n),
+            budget=float(budget_pct) / 100,
         )
-        base = EvictionConfig(
-            budget=float(budget_pct) / 100, page_size=4, n_sink=4, window=4, policy="entropy"
-        )
-        plans = {
-            pol: plan(mech.profiles, 1, base.replace(policy=pol))
-            for pol in ("entropy", "entropy_nosink", "mean", "max")
-        }
     except ValueError as e:
         return _message("error", " ".join(str(e).split())), None, None
-    rows = []
-    needle_page = mech.needle_token // 4
-    for pol, p in plans.items():
-        w = p.head_weights[0].tolist()
-        rows.append(
-            [
-                pol,
-                "kept" if bool(p.page_keep[0, 0, needle_page]) else "evicted",
-                ", ".join(f"{mech.roles[h]} {w[h]:.2f}" for h in range(len(w)))
-                if pol.startswith("entropy") or pol == "mean"
-                else "max over heads",
-            ]
-        )
-    ent = plans["entropy"]
-    s_star = float(mech.profiles[0, 0, mech.needle_token])
-    w_star = float(ent.weights_isolated[0, 0])
+    s, w = view.s_star, view.w_star
     text = _message(
         "info",
-        f"Constructed profiles, not a model. The retrieval head puts s* = {s_star:.3f} on the "
-        f"needle; its entropy weight is w* = {w_star:.3f} (mean pooling: 1/r = "
-        f"{1 / int(heads):.3f}). The needle page is kept whenever w* s* = {w_star * s_star:.3f} "
+        f"Constructed profiles, not a model. The retrieval head puts s* = {s:.3f} on the "
+        f"needle; its entropy weight is w* = {w:.3f} (mean pooling: 1/r = "
+        f"{1 / int(heads):.3f}). The needle page is kept whenever w* s* = {w * s:.3f} "
         "beats the page that would otherwise be kept last.",
     )
-    return text, rows, figures.mechanism_figure(mech, plans)
+    return text, view.rows, figures.mechanism_figure(view.mech, view.plans)
 
 
 def apply_preset(title):
@@ -331,6 +260,7 @@ def apply_preset(title):
         if p["title"] == title:
             return [
                 p["task"],
+                curated_choices(p["task"], p["name"]),
                 p["context_tokens"],
                 p["depth"],
                 p["seed"],
@@ -344,15 +274,16 @@ def apply_preset(title):
                 p["policy_a"],
                 p["policy_b"],
             ]
-    return [gr.update()] * 13
+    return [gr.update()] * 14
 
 
-def curated_choices(task):
+def curated_choices(task, name=None):
+    """The curated-task picker: visible with that kind's tasks for qa/code."""
     from pagekv.tasks import task_names
 
     if task in ("qa", "code"):
         names = task_names(task)
-        return gr.update(choices=names, value=names[0], visible=True)
+        return gr.update(choices=names, value=name if name in names else names[0], visible=True)
     return gr.update(visible=False)
 
 
@@ -416,6 +347,12 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         ["needle", "qa", "code", "custom"], value=first["task"], label="Task"
                     )
                     curated = gr.Dropdown([], label="Curated task", visible=False)
+                    demo.load(
+                        lambda: curated_choices(first["task"], first["name"]),
+                        None,
+                        curated,
+                        api_visibility="undocumented",
+                    )
                     context = gr.Slider(
                         200, MAX_CONTEXT, value=first["context_tokens"], step=100,
                         label="Context length (tokens)",
@@ -436,7 +373,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         answer = gr.Textbox(label="Expected answer")
                 with gr.Accordion("Eviction", open=True):
                     budget = gr.Slider(
-                        1, 60, value=100 * first["budget"], step=1,
+                        1, 60, value=100 * first["budget"], step=0.5,
                         label="Budget (% of the prompt kept per layer and group)",
                     )  # fmt: skip
                     page_size = gr.Dropdown(PAGE_SIZES, value=first["page_size"], label="Page size")
@@ -510,8 +447,8 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
             memory, files, meta, last,
         ]  # fmt: skip
         preset_targets = [
-            task, context, depth, seed, needles, mode, budget, page_size, n_sink, window, tau,
-            policy_a, policy_b,
+            task, curated, context, depth, seed, needles, mode, budget, page_size, n_sink,
+            window, tau, policy_a, policy_b,
         ]  # fmt: skip
         run_kw = dict(fn=run_comparison, inputs=run_inputs, outputs=run_outputs)
         quiet = dict(api_visibility="undocumented")  # the same handler under another trigger
@@ -524,7 +461,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         preset.input(apply_preset, preset, preset_targets, api_name="preset").then(
             **run_kw, **quiet
         )
-        task.change(curated_choices, task, curated, **quiet)
+        task.input(curated_choices, task, curated, **quiet)
         layer.release(update_layer, [last, layer], weights, api_name="layer")
         mech_io = dict(
             fn=run_mechanism,

@@ -21,6 +21,7 @@ import torch
 
 from . import figures
 from .config import POLICIES, EvictionConfig
+from .constructed import Mechanism, mechanism_profiles
 from .metrics import sink_advantage, summarize_sink_advantage
 from .paging import BudgetError, check_budget, page_sizes, protected_pages
 from .plan import Plan, plan
@@ -268,3 +269,61 @@ def retained_fraction(rec: dict) -> float:
     if not ret:
         return float("nan")
     return float(torch.tensor(ret, dtype=torch.float64).mean())
+
+
+#: Policies shown in the mechanism view.
+MECHANISM_POLICIES = ("entropy", "entropy_nosink", "mean", "max")
+
+
+@dataclass
+class MechanismView:
+    mech: Mechanism
+    plans: dict  # policy -> Plan
+    rows: list  # [policy, "kept"/"evicted", weights text]
+    s_star: float  # the retrieval head's score on the needle
+    w_star: float  # its entropy weight
+
+
+def mechanism_view(
+    heads: int = 3,
+    retrieval: float = 0.9,
+    distractors: int = 2,
+    distractor_strength: float = 0.48,
+    sink_head: bool = False,
+    n: int = 64,
+    budget: float = 0.19,
+    page_size: int = 4,
+) -> MechanismView:
+    """Plans of the constructed group (pagekv.constructed) under each pooling policy.
+
+    Sinks and window are one page each (`n_sink = window = page_size`); raises
+    ValueError (BudgetError included) on impossible settings.
+    """
+    mech = mechanism_profiles(
+        n=n,
+        heads=heads,
+        retrieval_strength=retrieval,
+        distractor_heads=distractors,
+        distractor_strength=distractor_strength,
+        sink_head=sink_head,
+    )
+    base = EvictionConfig(budget=budget, page_size=page_size, n_sink=page_size, window=page_size)
+    plans = {pol: plan(mech.profiles, 1, base.replace(policy=pol)) for pol in MECHANISM_POLICIES}
+    needle_page = mech.needle_token // page_size
+    rows = []
+    for pol, p in plans.items():
+        w = p.head_weights[0].tolist()
+        weights = (
+            "max over heads"
+            if pol == "max"
+            else ", ".join(f"{mech.roles[h]} {w[h]:.2f}" for h in range(len(w)))
+        )
+        kept = "kept" if bool(p.page_keep[0, 0, needle_page]) else "evicted"
+        rows.append([pol, kept, weights])
+    return MechanismView(
+        mech=mech,
+        plans=plans,
+        rows=rows,
+        s_star=float(mech.profiles[0, 0, mech.needle_token]),
+        w_star=float(plans["entropy"].weights_isolated[0, 0]),
+    )

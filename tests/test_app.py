@@ -418,11 +418,14 @@ def test_unknown_model_falls_back_to_bundled(client, first_run):
 
 def test_preset_fills_the_controls(client):
     import app
+    from pagekv.tasks import task_names
 
     for p in app.PRESETS:
         out = client.predict(p["title"], api_name="/preset")
-        assert list(out) == [
-            p["task"],
+        assert out[0] == p["task"]
+        if p["task"] in ("qa", "code"):  # the curated picker follows the preset
+            assert out[1] == (p["name"] or task_names(p["task"])[0])
+        assert list(out[2:]) == [
             p["context_tokens"],
             p["depth"],
             p["seed"],

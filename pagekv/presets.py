@@ -1,0 +1,64 @@
+"""The app's presets: settings that show something on first load.
+
+`assets/presets.json` is written by the replay harness (`python -m pagekv replay`,
+table T7: where `entropy` and `mean` differ most on the bundled model); each entry
+is flat (PromptSpec fields, EvictionConfig fields with `policy`, the compared
+`compare_policy`, a `title`, what was observed). Without that file the built-in
+presets below are used. `load_presets` returns both kinds in one shape:
+the app's control values (`policy_a`, `policy_b`, `budget` as a fraction, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PRESETS_PATH = Path(__file__).resolve().parents[1] / "assets" / "presets.json"
+
+#: Keys of a normalised preset (what the app's controls take).
+FIELDS = (
+    "title", "task", "name", "context_tokens", "depth", "seed", "n_needles", "mode",
+    "budget", "page_size", "n_sink", "window", "tau", "policy_a", "policy_b",
+)  # fmt: skip
+
+_DEFAULTS = dict(
+    task="needle", name=None, context_tokens=1500, depth=0.5, seed=0, n_needles=1, mode="after",
+    budget=0.1, page_size=16, n_sink=4, window=32, tau=1.0, policy_a="mean", policy_b="entropy",
+)  # fmt: skip
+
+BUILTIN = [
+    {"title": "Needle, question after compression, 10% budget"},
+    {"title": "Needle, question inside the prompt, 20% budget", "mode": "inside",
+     "budget": 0.2, "depth": 0.3, "seed": 1},
+    {"title": "Three needles, 5% budget, page size 8", "n_needles": 3, "context_tokens": 2000,
+     "budget": 0.05, "page_size": 8, "window": 16, "seed": 2},
+    {"title": "Sink isolation on and off", "policy_a": "entropy_nosink", "depth": 0.6,
+     "seed": 3},
+    {"title": "Code question at 20%", "task": "code", "budget": 0.2},
+]  # fmt: skip
+
+
+def normalize(entry: dict) -> dict:
+    """One preset in the app's shape; accepts the built-in and the replay's format."""
+    p = dict(_DEFAULTS)
+    p.update({k: v for k, v in entry.items() if k in FIELDS and v is not None})
+    if "policy" in entry:  # the replay's format: policy (B) against compare_policy (A)
+        p["policy_b"] = entry["policy"]
+        p["policy_a"] = entry.get("compare_policy", "mean")
+    if p.get("depth") is None:
+        p["depth"] = _DEFAULTS["depth"]
+    p["title"] = str(entry.get("title") or f"{p['task']} at {100 * p['budget']:.0f}%")
+    return {k: p[k] for k in FIELDS}
+
+
+def load_presets(path: Path | str | None = None) -> list[dict]:
+    """The replay's presets when the file exists and holds valid ones, else the built-ins."""
+    src = Path(path) if path is not None else PRESETS_PATH
+    try:
+        raw = json.loads(src.read_text(encoding="utf-8"))
+        found = [normalize(e) for e in raw if isinstance(e, dict) and "task" in e]
+        if found:
+            return found
+    except (OSError, ValueError, TypeError):
+        pass
+    return [normalize(e) for e in BUILTIN]
