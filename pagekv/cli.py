@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--model", default="bundled")
     rep.add_argument("--out", required=True, help="output folder (results.json, CSVs, figures)")
     rep.add_argument("--quick", action="store_true", help="a small grid (minutes)")
+    rep.add_argument(
+        "--grid",
+        choices=["quick", "shared-cpu", "extended", "full"],
+        default=None,
+        help="the grid (default: full, or quick with --quick); see pagekv/replay/grid.py",
+    )
     rep.add_argument("--no-peer", action="store_true", help="skip the kvpress peer")
     rep.add_argument("--device", default=None)
     rep.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
@@ -192,8 +198,10 @@ def _mean_retention(run: dict) -> str:
 
 def cmd_replay(args) -> int:
     from .replay import run_replay
+    from .replay.grid import GRIDS
 
     run_replay(
+        grid=GRIDS[args.grid] if args.grid else None,
         model=args.model,
         out=args.out,
         quick=args.quick,
