@@ -47,18 +47,44 @@ def normalize(entry: dict) -> dict:
         p["policy_a"] = entry.get("compare_policy", "mean")
     if p.get("depth") is None:
         p["depth"] = _DEFAULTS["depth"]
-    p["title"] = str(entry.get("title") or f"{p['task']} at {100 * p['budget']:.0f}%")
+    title = entry.get("title")
+    if "observed" in entry:
+        title = _measured_title(p, entry)
+    p["title"] = str(title or f"{p['task']} at {100 * p['budget']:.0f}%")
     return {k: p[k] for k in FIELDS}
 
 
+def _measured_title(p: dict, entry: dict) -> str:
+    """A readable title for a replay preset, with what the replay observed."""
+    what = "needle" if p["task"] == "needle" else p["task"]
+    if p["task"] == "needle" and p["n_needles"] > 1:
+        what = f"{p['n_needles']} needles"
+    head = (
+        f"Measured: {what}, {p['context_tokens']} tokens, depth {p['depth']:g}, question "
+        f"{p['mode']}, {100 * p['budget']:g}%, page {p['page_size']}"
+    )
+    obs = entry.get("observed") or {}
+    a, b = obs.get(p["policy_a"]), obs.get(p["policy_b"])
+    if a and b and a.get("needle_retention") is not None and b.get("needle_retention") is not None:
+        head += (
+            f" ({p['policy_b']} keeps {b['needle_retention']:.2f} of the needle, "
+            f"{p['policy_a']} {a['needle_retention']:.2f})"
+        )
+    return head
+
+
 def load_presets(path: Path | str | None = None) -> list[dict]:
-    """The replay's presets when the file exists and holds valid ones, else the built-ins."""
+    """The replay's measured presets (when the file holds valid ones), then the built-ins."""
     src = Path(path) if path is not None else PRESETS_PATH
+    measured = []
     try:
         raw = json.loads(src.read_text(encoding="utf-8"))
-        found = [normalize(e) for e in raw if isinstance(e, dict) and "task" in e]
-        if found:
-            return found
+        measured = [normalize(e) for e in raw if isinstance(e, dict) and "task" in e]
     except (OSError, ValueError, TypeError):
         pass
-    return [normalize(e) for e in BUILTIN]
+    out, seen = [], set()
+    for p in measured + [normalize(e) for e in BUILTIN]:
+        if p["title"] not in seen:  # titles key the app's dropdown
+            seen.add(p["title"])
+            out.append(p)
+    return out

@@ -23,9 +23,16 @@ def test_replay_format_is_mapped(tmp_path):
     }  # fmt: skip
     path = tmp_path / "presets.json"
     path.write_text(json.dumps([entry, {"junk": 1}]))
-    (p,) = load_presets(path)
+    p, *rest = load_presets(path)
     assert (p["policy_a"], p["policy_b"], p["budget"], p["window"]) == ("mean", "entropy", 0.05, 16)
-    assert p["n_needles"] == 2 and p["depth"] == 0.25 and p["title"] == "x"
+    assert p["n_needles"] == 2 and p["depth"] == 0.25
+    assert p["title"] == (
+        "Measured: 2 needles, 2000 tokens, depth 0.25, question after, 5%, page 8"
+    )
+    assert [r["title"] for r in rest] == [b["title"] for b in BUILTIN]  # built-ins follow
+    entry["observed"] = {"entropy": {"needle_retention": 0.5}, "mean": {"needle_retention": 0.25}}
+    path.write_text(json.dumps([entry]))
+    assert load_presets(path)[0]["title"].endswith("(entropy keeps 0.50 of the needle, mean 0.25)")
 
 
 def test_missing_or_broken_file_falls_back(tmp_path):
