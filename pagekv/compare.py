@@ -48,18 +48,6 @@ class Comparison:
         return self.records[key]["plan"]
 
 
-def _full_record(study: Study, prep: Prepared, max_new_tokens: int) -> dict:
-    memo = getattr(study, "_full_memo", None)
-    if memo is None:
-        memo = study._full_memo = {}
-    key = (prep.spec, max_new_tokens)
-    if key not in memo:
-        if len(memo) > 8:
-            memo.clear()
-        memo[key] = study.run(prep, EvictionConfig(policy="full"), max_new_tokens=max_new_tokens)
-    return memo[key]
-
-
 def compare(
     study: Study,
     spec: PromptSpec,
@@ -81,7 +69,7 @@ def compare(
         prot = protected_pages(n, P, cfg.n_sink, min(cfg.window, n))
         check_budget(page_sizes(n, P), prot, cfg.budget_tokens(n))
     tick(0.45, "full cache")
-    records = {"full": _full_record(study, prep, max_new_tokens)}
+    records = {"full": study.run_full(prep, max_new_tokens)}
     tick(0.6, f"policy A: {config_a.policy}")
     records["A"] = study.run(prep, config_a, max_new_tokens=max_new_tokens)
     tick(0.8, f"policy B: {config_b.policy}")

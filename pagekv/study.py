@@ -98,6 +98,7 @@ class Study:
         self.loaded = loaded
         self.runner = Runner(loaded.model, loaded.tokenizer, backend=backend)
         self._memo: OrderedDict[PromptSpec, Prepared] = OrderedDict()
+        self._full: OrderedDict[tuple, dict] = OrderedDict()
         self.memo_size = memo_size
 
     @classmethod
@@ -209,6 +210,15 @@ class Study:
             needle_positions=prep.needle_positions or None,
         )
         return result_record(res, prep, self.loaded)
+
+    def run_full(self, prep: Prepared, max_new_tokens: int = 24) -> dict:
+        """`run` with the full cache, memoised per prompt (it ignores every budget knob)."""
+        key = (prep.spec, max_new_tokens)
+        if key not in self._full:
+            self._full[key] = self.run(prep, EvictionConfig(policy="full"), max_new_tokens)
+            while len(self._full) > 2 * self.memo_size:
+                self._full.popitem(last=False)
+        return self._full[key]
 
 
 def result_record(res: RunResult, prep: Prepared, loaded: LoadedModel) -> dict:
