@@ -40,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagekv.profiles import check_window_shapes
+
 from ._common import FLOAT_DTYPES, MAX, SUM, check_same_device, is_interpreted, next_pow2
 
 LOG2E = 1.4426950408889634
@@ -201,19 +203,7 @@ def score_layers(
     """
     if q_win.dim() == 3 and keys.dim() == 3:
         q_win, keys = q_win[None], keys[None]
-    if q_win.dim() != 4 or keys.dim() != 4:
-        raise ValueError(
-            f"q_win must be [L, H, w, d] and keys [L, G, n, d]; got {tuple(q_win.shape)} "
-            f"and {tuple(keys.shape)}"
-        )
-    L, H, w, d = q_win.shape
-    Lk, G, n, dk = keys.shape
-    if Lk != L or dk != d:
-        raise ValueError(f"q_win {tuple(q_win.shape)} and keys {tuple(keys.shape)} disagree")
-    if G == 0 or H % G != 0:
-        raise ValueError(f"query heads H={H} must be a multiple of KV groups G={G}")
-    if not 1 <= w <= n:
-        raise ValueError(f"window w={w} must be in [1, n={n}]")
+    L, H, w, d, G, n = check_window_shapes(q_win, keys)
     if q_win.dtype not in FLOAT_DTYPES or keys.dtype not in FLOAT_DTYPES:
         raise ValueError(
             f"q_win and keys must be float32, float16 or bfloat16; got {q_win.dtype}, {keys.dtype}"

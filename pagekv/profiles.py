@@ -13,6 +13,27 @@ import torch
 import torch.nn.functional as F
 
 
+def check_window_shapes(q_win: torch.Tensor, keys: torch.Tensor) -> tuple[int, ...]:
+    """Validate `q_win [L, H, w, d]` against `keys [L, G, n, d]`; returns `(L, H, w, d, G, n)`.
+
+    Shared by the torch twin and the Triton launcher (kernels/score.py).
+    """
+    if q_win.dim() != 4 or keys.dim() != 4:
+        raise ValueError(
+            f"q_win must be [L, H, w, d] and keys [L, G, n, d]; got {tuple(q_win.shape)} "
+            f"and {tuple(keys.shape)}"
+        )
+    L, H, w, d = q_win.shape
+    Lk, G, n, dk = keys.shape
+    if Lk != L or dk != d:
+        raise ValueError(f"q_win {tuple(q_win.shape)} and keys {tuple(keys.shape)} disagree")
+    if G == 0 or H % G != 0:
+        raise ValueError(f"query heads H={H} must be a multiple of KV groups G={G}")
+    if not 1 <= w <= n:
+        raise ValueError(f"window w={w} must be in [1, n={n}]")
+    return L, H, w, d, G, n
+
+
 def attention_profiles(
     q_win: torch.Tensor, keys: torch.Tensor, scale: float | None = None
 ) -> torch.Tensor:
@@ -30,19 +51,7 @@ def attention_profiles(
     Example (one head, two keys, zero logits): the last query sees both keys, so
     `attention_profiles(zeros(1,1,1,4), zeros(1,1,2,4))` is `[[[0.5, 0.5]]]`.
     """
-    if q_win.dim() != 4 or keys.dim() != 4:
-        raise ValueError(
-            f"q_win must be [L, H, w, d] and keys [L, G, n, d]; got {tuple(q_win.shape)} "
-            f"and {tuple(keys.shape)}"
-        )
-    L, H, w, d = q_win.shape
-    Lk, G, n, dk = keys.shape
-    if Lk != L or dk != d:
-        raise ValueError(f"q_win {tuple(q_win.shape)} and keys {tuple(keys.shape)} disagree")
-    if G == 0 or H % G != 0:
-        raise ValueError(f"query heads H={H} must be a multiple of KV groups G={G}")
-    if not 1 <= w <= n:
-        raise ValueError(f"window w={w} must be in [1, n={n}]")
+    L, H, w, d, G, n = check_window_shapes(q_win, keys)
     r = H // G
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     # Causal mask of the window: query i (position n - w + i) sees t <= n - w + i.
