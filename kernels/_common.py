@@ -39,6 +39,28 @@ def check_same_device(**tensors: torch.Tensor) -> torch.device:
     return next(iter(devices.values()))
 
 
+def check_window_shapes(q_win: torch.Tensor, keys: torch.Tensor) -> tuple[int, ...]:
+    """Validate `q_win [L, H, w, d]` against `keys [L, G, n, d]`; `(L, H, w, d, G, n)`.
+
+    The launcher's own check (the kernels import nothing from `pagekv`); the torch
+    twin checks the same in `pagekv.profiles.check_window_shapes`.
+    """
+    if q_win.dim() != 4 or keys.dim() != 4:
+        raise ValueError(
+            f"q_win must be [L, H, w, d] and keys [L, G, n, d]; got {tuple(q_win.shape)} "
+            f"and {tuple(keys.shape)}"
+        )
+    L, H, w, d = q_win.shape
+    Lk, G, n, dk = keys.shape
+    if Lk != L or dk != d:
+        raise ValueError(f"q_win {tuple(q_win.shape)} and keys {tuple(keys.shape)} disagree")
+    if G == 0 or H % G != 0:
+        raise ValueError(f"query heads H={H} must be a multiple of KV groups G={G}")
+    if not 1 <= w <= n:
+        raise ValueError(f"window w={w} must be in [1, n={n}]")
+    return L, H, w, d, G, n
+
+
 def bits_view(t: torch.Tensor) -> torch.Tensor:
     """The same memory as an integer tensor of the same width.
 

@@ -1,7 +1,9 @@
 """Scoring kernel: attention profiles, sink mass and collision masses in two passes.
 
 Torch twin: `pagekv.profiles.attention_profiles` followed by
-`pagekv.entropy.sink_mass`, `isolated_collision_mass` and `collision_mass`.
+`pagekv.entropy.mass_sums` (this module imports nothing from `pagekv`; the
+conversion of the sums into head weights, with its guard, lives in the core:
+`pagekv.entropy.HeadMasses.from_sums`).
 
 For every layer `l`, group `g` and query head `h` of the group (GQA: head `h`
 reads KV group `h // r`), with window query `i` at position `n - w + i` seeing the
@@ -21,8 +23,8 @@ logits of one key tile, turns them into probabilities `exp(s - lse)` (each <= 1,
 exact normalisation, no division), averages over the window's queries and writes
 the profile tile `[heads, BLOCK_N]`. In the same program it writes four partial
 sums of the tile per head: sink mass, non-sink mass, non-sink squares and all
-squares; the host adds the tiles (a `[L, H, tiles, 4]` buffer) and applies the
-`SINK_EPS` guard of `pagekv.entropy`. No program holds more than one key tile.
+squares; the host adds the tiles (a `[L, H, tiles, 4]` buffer) into `[L, H, 4]`.
+No program holds more than one key tile.
 
 Memory traffic (bytes a perfect implementation must move, element size `e`):
 pass 1 reads K once (`L G n d e`), pass 2 reads K again and writes the profiles
@@ -40,9 +42,15 @@ import torch
 import triton
 import triton.language as tl
 
-from pagekv.profiles import check_window_shapes
-
-from ._common import FLOAT_DTYPES, MAX, SUM, check_same_device, is_interpreted, next_pow2
+from ._common import (
+    FLOAT_DTYPES,
+    MAX,
+    SUM,
+    check_same_device,
+    check_window_shapes,
+    is_interpreted,
+    next_pow2,
+)
 
 LOG2E = 1.4426950408889634
 #: Finite stand-in for -inf as the initial running max, so that a row whose keys in a
@@ -184,8 +192,8 @@ def score_layers(
     scale: float | None = None,
     block_n: int | None = None,
     tiles_per_split: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Profiles and per-head masses of every layer in two launches.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Profiles and per-head mass sums of every layer in two launches.
 
     Args:
         q_win: `[L, H, w, d]` (or `[H, w, d]` for one layer) window queries after RoPE.
@@ -198,8 +206,9 @@ def score_layers(
         tiles_per_split: key tiles per pass-1 program; default fills the GPU.
 
     Returns:
-        `(profiles [L, H, n], sink_mass [L, H], iso_collision [L, H], collision [L, H])`,
-        float32, as the torch twin defines them (3-D inputs give `L = 1`).
+        `(profiles [L, H, n], sums [L, H, 4])`, float32; the columns of `sums` are the
+        sink mass, non-sink mass, non-sink squares and all squares of each head's
+        profile (`pagekv.entropy.MASS_SUMS`; 3-D inputs give `L = 1`).
     """
     if q_win.dim() == 3 and keys.dim() == 3:
         q_win, keys = q_win[None], keys[None]
@@ -269,24 +278,4 @@ def score_layers(
         keys.stride(0), keys.stride(1), keys.stride(2),
         **common,
     )  # fmt: skip
-    sums = part.sum(2)  # [L, H, 4]
-    sink, rest, sq_rest, sq_all = sums.unbind(-1)
-    iso = isolated_from_sums(rest, sq_rest, sq_all, n, n_sink)
-    return profiles, sink, iso, sq_all
-
-
-def isolated_from_sums(
-    rest: torch.Tensor, sq_rest: torch.Tensor, sq_all: torch.Tensor, n: int, n_sink: int
-) -> torch.Tensor:
-    """`pagekv.entropy.isolated_collision_mass` from the kernel's sums (same guard).
-
-    `sum_{t >= n_sink} a^2 / (sum_{t >= n_sink} a)^2`; a head whose non-sink mass is
-    below `SINK_EPS` gets `1 / (n - n_sink)` (the uniform non-sink profile); with
-    `n_sink == 0` or `n <= n_sink` there is nothing to isolate: the plain collision mass.
-    """
-    from pagekv.entropy import SINK_EPS
-
-    if n_sink <= 0 or n <= n_sink:
-        return sq_all
-    iso = sq_rest / rest.clamp_min(SINK_EPS).square()
-    return torch.where(rest < SINK_EPS, torch.full_like(iso, 1.0 / (n - n_sink)), iso)
+    return profiles, part.sum(2)  # [L, H, 4]

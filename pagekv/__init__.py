@@ -14,6 +14,7 @@ so they are not imported here).
 from .backend import BACKENDS, BackendError, resolve_backend
 from .config import POLICIES, POOLED_POLICIES, EvictionConfig
 from .entropy import (
+    HeadMasses,
     collision_entropy,
     collision_mass,
     entropy_head_weights,
@@ -26,6 +27,7 @@ from .metrics import GroupOverlap, group_overlap, needle_retention, sink_advanta
 from .paged import PagedKV, block_table, to_paged
 from .paging import BudgetError, min_feasible_budget, page_sizes, protected_pages
 from .plan import Plan, plan
+from .policies import Policy, get_policy
 from .profiles import attention_profiles, smooth_scores
 
 __all__ = [
@@ -40,6 +42,9 @@ __all__ = [
     "BudgetError",
     "EvictionConfig",
     "GroupOverlap",
+    "HeadMasses",
+    "Policy",
+    "get_policy",
     "Plan",
     "attention_profiles",
     "collision_entropy",

@@ -14,7 +14,7 @@ results can record it.
 
 Dispatch functions (the runner's entry points):
 
-- `score_layers(q_win, keys, n_sink)`: profiles and per-head masses.
+- `score_layers(q_win, keys, n_sink)`: profiles and per-head masses (`HeadMasses`).
 - `page_scores(scores, weights, n_groups, page_size, n_sink, window)`: pooled and
   page scores plus the protected pages; `select_pages` (torch) then decides.
 - `compact(keys, values, kept_idx)`: the dense compacted cache.
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from .compact import compact_layer
-from .entropy import collision_mass, isolated_collision_mass, sink_mass
+from .entropy import HeadMasses, mass_sums
 from .paged import PagedKV, _layers, empty_paged
 from .paged import to_paged as _to_paged_torch
 from .paging import page_reduce, protected_pages
@@ -107,7 +107,7 @@ def resolve_backend(name: str, tensor_or_device) -> str:
 
 
 def _ran(op: str, backend: str, device) -> None:
-    log.info("pagekv: %s ran on the %s backend (%s)", op, backend, device)
+    log.debug("%s ran on the %s backend (%s)", op, backend, device)
 
 
 def score_layers(
@@ -116,8 +116,8 @@ def score_layers(
     n_sink: int,
     scale: float | None = None,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, str]:
-    """Profiles and per-head masses of all layers.
+) -> tuple[torch.Tensor, HeadMasses, str]:
+    """Profiles and per-head masses of all layers (one launch pair on Triton).
 
     Args:
         q_win: `[L, H, w, d]` window queries after RoPE (or `[H, w, d]` for one layer).
@@ -125,24 +125,23 @@ def score_layers(
         n_sink: sink tokens; scale: softmax scale (default `1/sqrt(d)`).
 
     Returns:
-        `(profiles [L, H, n], sink_mass [L, H], iso_collision [L, H],
-        collision [L, H], backend_used)`, float32; the masses are
-        `pagekv.entropy.sink_mass / isolated_collision_mass / collision_mass`.
+        `(profiles [L, H, n] float32, masses, backend_used)`: `masses` is a
+        `pagekv.entropy.HeadMasses` built from the per-head sums (the kernel's, or
+        `mass_sums` of the twin's profiles) by the one conversion in the core.
     """
     used = resolve_backend(backend, keys)
+    if q_win.dim() == 3 and keys.dim() == 3:
+        q_win, keys = q_win[None], keys[None]
     if used == "triton":
         from kernels.score import score_layers as kernel
 
-        prof, sink, iso, coll = kernel(q_win, keys, n_sink, scale=scale)
+        prof, sums = kernel(q_win, keys, n_sink, scale=scale)
     else:
-        if q_win.dim() == 3 and keys.dim() == 3:
-            q_win, keys = q_win[None], keys[None]
         prof = attention_profiles(q_win, keys, scale)
-        sink = sink_mass(prof, n_sink)
-        iso = isolated_collision_mass(prof, n_sink)
-        coll = collision_mass(prof)
+        sums = mass_sums(prof, n_sink)
+    masses = HeadMasses.from_sums(sums, prof.shape[-1], n_sink)
     _ran("score_layers", used, keys.device)
-    return prof, sink, iso, coll, used
+    return prof, masses, used
 
 
 def page_scores(
@@ -155,7 +154,8 @@ def page_scores(
     pooling: str = "weighted",
     reduction: str = "max",
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+    return_pooled: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, str]:
     """Pool the heads of each group, then score pages.
 
     Args:
@@ -164,9 +164,11 @@ def page_scores(
         n_groups: `G`; page_size: `P`; n_sink, window: the protected tokens (pass the
             effective window, `min(window, n)`).
         reduction: "max" or "sum" over a page's tokens.
+        return_pooled: also return the pooled token scores (else None; the kernel
+            then skips writing them).
 
     Returns:
-        `(pooled [L, G, n], page_scores [L, G, n_pages], protected [n_pages] bool,
+        `(pooled [L, G, n] or None, page_scores [L, G, n_pages], protected [n_pages] bool,
         backend_used)`. Feed `page_scores` and `protected` to
         `pagekv.paging.select_pages`: both backends give bit-identical max-reduced
         scores when the twin sums heads in index order (see `kernels/pool_pages.py`).
@@ -177,8 +179,9 @@ def page_scores(
         from kernels.pool_pages import pool_pages
 
         pooled, pages, prot = pool_pages(
-            scores, weights, n_groups, page_size, n_sink, window, pooling, reduction
-        )
+            scores, weights, n_groups, page_size, n_sink, window, pooling, reduction,
+            return_pooled=return_pooled,
+        )  # fmt: skip
     else:
         if pooling == "weighted":
             pooled = weighted_pool(scores, weights, n_groups)
@@ -188,6 +191,7 @@ def page_scores(
             raise ValueError(f"pooling must be 'weighted' or 'max'; got {pooling!r}")
         pages = page_reduce(pooled, page_size, reduction)
         prot = protected_pages(n, page_size, n_sink, window, scores.device)
+        pooled = pooled if return_pooled else None
     _ran("page_scores", used, scores.device)
     return pooled, pages, prot, used
 

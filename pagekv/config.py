@@ -5,19 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-#: Every policy `plan` understands. Pooled policies keep one page set per
-#: (layer, group); `head_independent` lets every head choose and keeps the union.
-POLICIES = (
-    "entropy",
-    "entropy_nosink",
-    "mean",
-    "max",
-    "head_independent",
-    "streaming",
-    "full",
-)
-#: Policies whose kept set is the same dense size in every (layer, group).
-POOLED_POLICIES = ("entropy", "entropy_nosink", "mean", "max", "streaming", "full")
+from .policies import POLICIES, POOLED_POLICIES, get_policy
+
+__all__ = ["POLICIES", "POOLED_POLICIES", "EvictionConfig"]
+
 SMOOTHING_KINDS = ("max", "avg")
 PAGE_REDUCTIONS = ("max", "sum")
 
@@ -31,7 +22,7 @@ class EvictionConfig:
         200
 
     Fields:
-        policy: one of `POLICIES`.
+        policy: one of `POLICIES` (the registry in `pagekv.policies`).
         budget: fraction `beta` of the prompt kept per (layer, group), in (0, 1];
             `k = floor(beta * n)` tokens. Ignored by `full`.
         page_size: tokens per page `P` (1 = token-level eviction).
@@ -58,8 +49,7 @@ class EvictionConfig:
     sink_threshold: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
+        get_policy(self.policy)  # ValueError naming the choices
         _check_real("budget", self.budget, "in (0, 1]", lambda v: 0.0 < v <= 1.0)
         _check_int("page_size", self.page_size, "an integer >= 1", lambda v: v >= 1)
         _check_int("n_sink", self.n_sink, "an integer >= 0", lambda v: v >= 0)
@@ -83,7 +73,7 @@ class EvictionConfig:
     @property
     def pooled(self) -> bool:
         """True when every (layer, group) keeps one dense page set of the same size."""
-        return self.policy in POOLED_POLICIES
+        return get_policy(self.policy).pooled
 
     def budget_tokens(self, n: int) -> int:
         """`k = floor(beta * n)`, the token budget per (layer, group) for a prompt of `n`.
@@ -91,7 +81,7 @@ class EvictionConfig:
         A tiny epsilon absorbs binary rounding (0.29 * 100 is 28.999999999999996 in
         floating point, and a user who asks for 29% of 100 tokens means 29).
         """
-        if self.policy == "full":
+        if get_policy(self.policy).keeps_all:
             return n
         return int(math.floor(self.budget * n + 1e-9))
 

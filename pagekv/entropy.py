@@ -6,6 +6,8 @@ layers and heads; none loops over tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 #: A head whose non-sink mass is below this (relative to its total) has no usable
@@ -81,21 +83,79 @@ def head_weights_from_entropy(entropy: torch.Tensor, n_groups: int, tau: float) 
     return torch.softmax(logits, dim=-1).view(L, H)
 
 
+#: Columns of the per-head sums the scoring kernel returns (`[L, H, 4]`), in order:
+#: sink mass, non-sink mass, non-sink squares, all squares.
+MASS_SUMS = ("sink", "rest", "sq_rest", "sq_all")
+
+
+@dataclass(frozen=True)
+class HeadMasses:
+    """Per-head masses of one set of profiles: what the head weights are made of.
+
+    Shapes `[L, H]`, float32. `n_sink` is the sink count they were taken with.
+    Built from profiles (`from_profiles`, the torch path) or from the scoring
+    kernel's partial sums (`from_sums`, the Triton path); the conversion to
+    isolated collision masses, with its `SINK_EPS` guard, is written once, in
+    `isolated_mass_from_sums`.
+    """
+
+    sink: torch.Tensor  # m_h = sum_{t < n_sink} a_h(t)
+    isolated: torch.Tensor  # sum_t a~_h(t)^2 (sink-isolated collision mass)
+    collision: torch.Tensor  # sum_t a_h(t)^2
+    n_sink: int
+
+    @classmethod
+    def from_sums(cls, sums: torch.Tensor, n: int, n_sink: int) -> HeadMasses:
+        """From `[L, H, 4]` sums in the order of `MASS_SUMS` (prompt of `n` tokens)."""
+        sink, rest, sq_rest, sq_all = sums.float().unbind(-1)
+        return cls(sink, isolated_mass_from_sums(rest, sq_rest, sq_all, n, n_sink), sq_all, n_sink)
+
+    @classmethod
+    def from_profiles(cls, profiles: torch.Tensor, n_sink: int) -> HeadMasses:
+        """From profiles `[L, H, n]`: the sums of `MASS_SUMS`, then `from_sums`."""
+        return cls.from_sums(mass_sums(profiles, n_sink), profiles.shape[-1], n_sink)
+
+
+def mass_sums(profiles: torch.Tensor, n_sink: int) -> torch.Tensor:
+    """`[L, H, n]` -> `[L, H, 4]` float32: the per-head sums of `MASS_SUMS` (the torch
+    twin of what the scoring kernel accumulates tile by tile)."""
+    p = profiles.float()
+    s = min(max(n_sink, 0), p.shape[-1])
+    rest = p[..., s:]
+    sink = p[..., :s].sum(-1)
+    return torch.stack([sink, rest.sum(-1), (rest * rest).sum(-1), (p * p).sum(-1)], dim=-1)
+
+
+def isolated_mass_from_sums(
+    rest: torch.Tensor, sq_rest: torch.Tensor, sq_all: torch.Tensor, n: int, n_sink: int
+) -> torch.Tensor:
+    """`sum_t a~_h(t)^2` from the non-sink mass and squares: `sq_rest / rest^2`.
+
+    The divisor is the measured non-sink mass (equal to `1 - m_h` in exact
+    arithmetic, and free of cancellation when `m_h` is near 1). Heads whose non-sink
+    mass is below `SINK_EPS` get `1 / (n - n_sink)`, the uniform non-sink profile's
+    value (see `SINK_EPS`); with `n_sink <= 0` or `n <= n_sink` there is nothing to
+    isolate and this is the plain collision mass `sq_all`.
+    """
+    if n_sink <= 0 or n <= n_sink:
+        return sq_all.float()
+    iso = sq_rest.float() / rest.float().clamp_min(SINK_EPS).square()
+    return torch.where(rest < SINK_EPS, torch.full_like(iso, 1.0 / (n - n_sink)), iso)
+
+
 def isolated_collision_mass(profiles: torch.Tensor, n_sink: int) -> torch.Tensor:
     """`sum_t a~_h(t)^2` without forming `a~`: `[L, H, n]` -> `[L, H]` float32.
 
-    Equals `collision_mass(isolate_sinks(profiles, n_sink))`: the non-sink squares
-    divided by the squared non-sink mass, and `1 / (n - n_sink)` (the uniform
-    profile's value) for the degenerate heads of `SINK_EPS`.
+    Equals `collision_mass(isolate_sinks(profiles, n_sink))` (tests/test_entropy.py
+    checks it against that plain reference).
     """
-    n = profiles.shape[-1]
-    if n_sink <= 0 or n <= n_sink:
-        return collision_mass(profiles)
-    rest = profiles[..., n_sink:].float()
-    rest_mass = rest.sum(-1)
-    sq = (rest * rest).sum(-1)
-    iso = sq / rest_mass.clamp_min(SINK_EPS).square()
-    return torch.where(rest_mass < SINK_EPS, torch.full_like(iso, 1.0 / (n - n_sink)), iso)
+    return HeadMasses.from_profiles(profiles, n_sink).isolated
+
+
+def weights_from_mass(mass: torch.Tensor, n_groups: int, tau: float) -> torch.Tensor:
+    """Head weights `[L, H]` from collision masses `[L, H]`: `H2 = -log(mass)`, then
+    `head_weights_from_entropy`. The one place masses become weights."""
+    return head_weights_from_entropy(-torch.log(mass.float()), n_groups, tau)
 
 
 def entropy_head_weights(
@@ -103,4 +163,4 @@ def entropy_head_weights(
 ) -> torch.Tensor:
     """Page-EntroKV's head weights `[L, H]` (sink-isolated unless `isolate=False`)."""
     mass = isolated_collision_mass(profiles, n_sink) if isolate else collision_mass(profiles)
-    return head_weights_from_entropy(-torch.log(mass), n_groups, tau)
+    return weights_from_mass(mass, n_groups, tau)

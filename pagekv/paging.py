@@ -95,10 +95,14 @@ def select_pages(
     """Keep the protected pages, then the best pages while the kept count stays `<= k`.
 
     Args:
-        page_scores: `[..., n_pages]` float, higher = keep; no NaN.
+        page_scores: `[..., n_pages]` float, higher = keep; no NaN; on any device.
         protected: `[n_pages]` bool.
         sizes: `[n_pages]` int64 tokens per page.
         budget_tokens: `k`.
+
+    Pass `protected` and `sizes` on the CPU (they are tiny and depend only on `n`
+    and `P`): the counts selection needs are then read without waiting on the
+    device, and the selection itself runs where `page_scores` lives.
 
     Returns:
         Bool `[..., n_pages]`. Ties break toward the lower page index (a stable
@@ -109,12 +113,16 @@ def select_pages(
     Raises:
         BudgetError: when the protected pages alone hold more than `k` tokens.
     """
-    prot_tokens = check_budget(sizes, protected, budget_tokens)
-    free_sizes = sizes[~protected]
+    sizes_h, prot_h = sizes.cpu(), protected.cpu()
+    prot_tokens = check_budget(sizes_h, prot_h, budget_tokens)
+    free_sizes = sizes_h[~prot_h]
+    dev = page_scores.device
+    protected, sizes = protected.to(dev), sizes.to(dev)
     if free_sizes.numel() and bool((free_sizes == free_sizes[0]).all()):
         return _select_uniform(
-            page_scores, protected, int(free_sizes[0]), budget_tokens - prot_tokens
-        )
+            page_scores, protected, int(free_sizes[0]), budget_tokens - prot_tokens,
+            n_free=int(free_sizes.numel()),
+        )  # fmt: skip
     # General page sizes: protected first, then a stable descending sort of the scores.
     key = torch.where(protected, torch.full_like(page_scores, float("inf")), page_scores)
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices  # [..., n_pages]
@@ -124,7 +132,7 @@ def select_pages(
 
 
 def _select_uniform(
-    page_scores: torch.Tensor, protected: torch.Tensor, page_size: int, room: int
+    page_scores: torch.Tensor, protected: torch.Tensor, page_size: int, room: int, n_free: int
 ) -> torch.Tensor:
     """`select_pages` when every unprotected page holds `page_size` tokens (always the
     case: only the last page can be partial, and it is protected).
@@ -134,7 +142,6 @@ def _select_uniform(
     (all kept) and those equal to `v`, of which the lowest-indexed fill the rest.
     This is the stable sort's tie rule, at the cost of a top-k and a cumsum.
     """
-    n_free = int((~protected).sum())
     m = min(room // page_size, n_free)
     shape = page_scores.shape
     if m == 0:

@@ -1,20 +1,25 @@
 """`plan`: from attention profiles to the pages each (layer, group) keeps.
 
 The whole selection is batched over layers, heads and pages; nothing loops over
-tokens. See DESIGN.md section 2 and docs/method.md for the definitions.
+tokens. See DESIGN.md section 2 and docs/method.md for the definitions. What a
+policy does is in its own file under `pagekv/policies/`; this module applies the
+one selection rule (`pagekv.paging.select_pages`) to whatever page scores the
+policy gives, so it has no branch per policy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from .backend import page_scores as page_scores_on
 from .config import EvictionConfig
-from .entropy import entropy_head_weights, sink_mass
+from .entropy import HeadMasses, weights_from_mass
 from .metrics import GroupOverlap, group_overlap, needle_retention
-from .paging import expand_pages, page_reduce, page_sizes, protected_pages, select_pages
-from .pooling import max_pool, uniform_weights, weighted_pool
+from .paging import check_budget, expand_pages, page_sizes, protected_pages, select_pages
+from .policies import ScoreInputs, get_policy
+from .pooling import uniform_weights
 from .profiles import smooth_scores
 
 #: Rows of a profile must sum to 1 within this (float32 accumulation over 128k terms).
@@ -49,6 +54,7 @@ class Plan:
     sink_heads: torch.Tensor  # bool [L, H]
     weights_isolated: torch.Tensor  # float32 [L, H] Page-EntroKV's weights
     weights_nosink: torch.Tensor  # float32 [L, H] the same without sink isolation
+    backends: dict = field(default_factory=dict)  # step -> "torch" / "triton", "device"
 
     @property
     def n_pages(self) -> int:
@@ -79,14 +85,31 @@ class Plan:
         return needle_retention(self.keep, needle_positions)
 
 
-def plan(profiles: torch.Tensor, n_groups: int, config: EvictionConfig) -> Plan:
+def plan(
+    profiles: torch.Tensor,
+    n_groups: int,
+    config: EvictionConfig,
+    *,
+    masses: HeadMasses | None = None,
+    backend: str = "auto",
+) -> Plan:
     """Select the pages each (layer, group) keeps under `config`.
+
+    Every step runs on the profiles' device: on CUDA with `backend="auto"` or
+    `"triton"`, pooling and page scores are the Triton kernel's and the weights,
+    protected pages and selection are torch operations on the GPU (no copy to the
+    host); `Plan.backends` names what ran each step.
 
     Args:
         profiles: `[L, H, n]` float attention profiles (rows sum to 1), from
-            `attention_profiles` or a kernel.
+            `attention_profiles` or the scoring kernel.
         n_groups: `G`, the number of KV heads; `H % G == 0`.
         config: the policy, budget and page geometry.
+        masses: the per-head masses of these profiles (from the scoring kernel, so
+            they are not recomputed); taken from the profiles when None. Their
+            `n_sink` must be the configuration's.
+        backend: "auto", "torch" or "triton" for the pooling step
+            (`pagekv.backend.resolve_backend`).
 
     Returns:
         A `Plan`. For every pooled policy each (layer, group) keeps exactly the same
@@ -94,11 +117,13 @@ def plan(profiles: torch.Tensor, n_groups: int, config: EvictionConfig) -> Plan:
         kept pages.
 
     Raises:
-        ValueError: malformed profiles. BudgetError (a ValueError): the protected
-            pages alone exceed the budget; its message names the smallest feasible one.
+        ValueError: malformed profiles or masses. BudgetError (a ValueError): the
+            protected pages alone exceed the budget; its message names the smallest
+            feasible one.
     """
     _check_profiles(profiles, n_groups)
     cfg = config
+    policy = get_policy(cfg.policy)
     L, H, n = profiles.shape
     G = n_groups
     P = cfg.page_size
@@ -106,58 +131,74 @@ def plan(profiles: torch.Tensor, n_groups: int, config: EvictionConfig) -> Plan:
     p32 = profiles.float()
     window = min(cfg.window, n)
     k = cfg.budget_tokens(n)
-    sizes = page_sizes(n, P, dev)
-    prot = protected_pages(n, P, cfg.n_sink, window, dev)
-
-    m = sink_mass(p32, cfg.n_sink)
-    w_iso = entropy_head_weights(p32, G, cfg.n_sink, cfg.tau, isolate=True)
-    w_raw = entropy_head_weights(p32, G, cfg.n_sink, cfg.tau, isolate=False)
-    w_uni = uniform_weights(L, H, G, dev)
+    # Page geometry is host arithmetic on n and P: the scalars selection needs never
+    # wait on the device.
+    sizes = page_sizes(n, P)
+    prot = protected_pages(n, P, cfg.n_sink, window)
+    check_budget(sizes, prot, k)  # before any work on the device
+    if masses is None:
+        masses = HeadMasses.from_profiles(p32, cfg.n_sink)
+    elif masses.n_sink != cfg.n_sink or tuple(masses.sink.shape) != (L, H):
+        raise ValueError(
+            f"masses were taken with n_sink={masses.n_sink} for shape "
+            f"{tuple(masses.sink.shape)}; this plan needs n_sink={cfg.n_sink}, [{L}, {H}]"
+        )
+    w_iso = weights_from_mass(masses.isolated, G, cfg.tau)
+    w_raw = weights_from_mass(masses.collision, G, cfg.tau)
     scores = smooth_scores(p32, cfg.smoothing, cfg.smoothing_kind)  # [L, H, n]
+    pooled_on: list[str] = []
 
-    def pooled_pages(weights):
-        return page_reduce(weighted_pool(scores, weights, G), P, cfg.page_reduction)
+    def pool(weights, groups):
+        pooling = "max" if weights is None else "weighted"
+        _, pages, _, used = page_scores_on(
+            scores,
+            weights,
+            groups,
+            P,
+            cfg.n_sink,
+            window,
+            pooling=pooling,
+            reduction=cfg.page_reduction,
+            backend=backend,
+            return_pooled=False,
+        )
+        pooled_on.append(used)
+        return pages
 
+    inputs = ScoreInputs(
+        scores=scores,
+        n_groups=G,
+        config=cfg,
+        weights_isolated=w_iso,
+        weights_nosink=w_raw,
+        weights_uniform=uniform_weights(L, H, G, dev),
+        pool=pool,
+    )
+    weights = policy.head_weights(inputs)
+    scored = policy.page_scores(inputs)
+    sizes_d, prot_d = sizes.to(dev), prot.to(dev)
     head_keep = head_page_keep = overlap = None
-    policy = cfg.policy
-    weights = w_uni
-    if policy in ("entropy", "entropy_nosink", "mean"):
-        weights = {"entropy": w_iso, "entropy_nosink": w_raw, "mean": w_uni}[policy]
-        page_scores = pooled_pages(weights)
-    elif policy == "max":
-        page_scores = page_reduce(max_pool(scores, G), P, cfg.page_reduction)
-    elif policy == "streaming":
-        # Recency is the score: later pages rank higher, so the kept set is the sinks
-        # plus the most recent pages that fit.
-        rank = torch.arange(sizes.numel(), device=dev, dtype=torch.float32)
-        page_scores = rank.expand(L, G, -1).clone()
-    elif policy == "full":
-        page_scores = pooled_pages(w_uni)  # informational: every page is kept
-    elif policy == "head_independent":
-        head_pages = page_reduce(scores, P, cfg.page_reduction)  # [L, H, n_pages]
-        head_page_keep = select_pages(head_pages, prot, sizes, k)
+    if policy.per_head:
+        head_page_keep = select_pages(scored, prot, sizes, k)  # [L, H, n_pages]
         head_keep = expand_pages(head_page_keep, n, P)
         overlap = group_overlap(head_keep, G)
-        page_scores = head_pages.view(L, G, H // G, -1).amax(2)
-    else:  # EvictionConfig validates the policy; this guards future additions.
-        raise AssertionError(policy)
-
-    if head_page_keep is not None:
+        page_scores = scored.view(L, G, H // G, -1).amax(2)
         page_keep = head_page_keep.view(L, G, H // G, -1).any(2)
         uor = overlap.uor
     else:
+        page_scores = scored
         page_keep = select_pages(page_scores, prot, sizes, k)
         uor = torch.ones(L, G, dtype=torch.float64, device=dev)
     keep = expand_pages(page_keep, n, P)
-    kept_tokens = (page_keep.to(torch.int64) * sizes).sum(-1)
+    kept_tokens = (page_keep.to(torch.int64) * sizes_d).sum(-1)
     return Plan(
         config=cfg,
         n=n,
         n_groups=G,
         budget_tokens=k,
         window=window,
-        page_sizes=sizes,
-        protected=prot,
+        page_sizes=sizes_d,
+        protected=prot_d,
         keep=keep,
         page_keep=page_keep,
         kept_tokens=kept_tokens,
@@ -167,10 +208,16 @@ def plan(profiles: torch.Tensor, n_groups: int, config: EvictionConfig) -> Plan:
         head_keep=head_keep,
         head_page_keep=head_page_keep,
         overlap=overlap,
-        sink_mass=m,
-        sink_heads=m >= cfg.sink_threshold,
+        sink_mass=masses.sink,
+        sink_heads=masses.sink >= cfg.sink_threshold,
         weights_isolated=w_iso,
         weights_nosink=w_raw,
+        backends={
+            "weights": "torch",
+            "pool": pooled_on[0] if pooled_on else "none",
+            "select": "torch",
+            "device": str(dev),
+        },
     )
 
 

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 def check_window_shapes(q_win: torch.Tensor, keys: torch.Tensor) -> tuple[int, ...]:
     """Validate `q_win [L, H, w, d]` against `keys [L, G, n, d]`; returns `(L, H, w, d, G, n)`.
 
-    Shared by the torch twin and the Triton launcher (kernels/score.py).
+    The Triton launcher (kernels/score.py) checks the same with its own copy in
+    `kernels._common`, since the kernels import nothing from `pagekv`.
     """
     if q_win.dim() != 4 or keys.dim() != 4:
         raise ValueError(
