@@ -68,7 +68,7 @@ def main(argv=None):
         ev = study.run(prep, cfg, args.new_tokens)
         fu = study.run(prep, full, args.new_tokens)
         prefill_s = prep.prefill.timings["prefill_s"]
-        evict_s = ev["timings"]["profile_s"] + ev["timings"]["evict_s"]
+        evict_s = ev["timings"]["score_s"] + ev["timings"]["evict_s"]
         row = {
             "prompt_tokens": prep.n,
             "prefill_s": prefill_s,

@@ -144,6 +144,39 @@ def score_layers(
     return prof, masses, used
 
 
+def score_cache(
+    q_win: Sequence[torch.Tensor],
+    keys: Sequence[torch.Tensor],
+    n_sink: int,
+    scales: Sequence[float],
+    backend: str = "auto",
+) -> tuple[torch.Tensor, HeadMasses, str]:
+    """`score_layers` over a model's cache, one layer at a time (layers may differ in
+    softmax scale, and no stacked copy of the keys is made).
+
+    Args:
+        q_win: per layer `[H, w, d]` window queries after RoPE.
+        keys: per layer `[G, n, d]` cached keys.
+        n_sink: sink tokens; scales: per layer softmax scale.
+
+    Returns:
+        `(profiles [L, H, n] float32, masses [L, H], backend_used)`, on the keys'
+        device: the profiles are written into one device tensor and never leave it.
+    """
+    L = len(keys)
+    G, n, _ = keys[0].shape
+    H = q_win[0].shape[0]
+    dev = keys[0].device
+    used = resolve_backend(backend, keys[0])
+    profiles = torch.empty(L, H, n, dtype=torch.float32, device=dev)
+    sink, iso, coll = (torch.empty(L, H, dtype=torch.float32, device=dev) for _ in range(3))
+    for i in range(L):
+        q = q_win[i].to(dev)
+        prof, m, _ = score_layers(q[None], keys[i][None], n_sink, scale=scales[i], backend=used)
+        profiles[i], sink[i], iso[i], coll[i] = prof[0], m.sink[0], m.isolated[0], m.collision[0]
+    return profiles, HeadMasses(sink, iso, coll, n_sink), used
+
+
 def page_scores(
     scores: torch.Tensor,
     weights: torch.Tensor | None,

@@ -222,7 +222,20 @@ def export(comp: Comparison, figs: dict, folder: str) -> list[str]:
     cs = os.path.join(folder, "pagekv_run.csv")
     with open(cs, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["run", "policy", "layer", "group", "kept_tokens", "uor", "needle_retention"])
+        w.writerow(
+            [
+                "run",
+                "policy",
+                "layer",
+                "group",
+                "budget_tokens",
+                "union_tokens",
+                "stored_tokens",
+                "padding_tokens",
+                "uor",
+                "needle_retention",
+            ]
+        )
         for key, rec in comp.records.items():
             p: Plan = rec["plan"]
             ret = rec.get("needle_retention")
@@ -234,8 +247,11 @@ def export(comp: Comparison, figs: dict, folder: str) -> list[str]:
                             rec["policy"],
                             layer,
                             g,
-                            rec["kept_tokens_per_group"][layer][g],
-                            float(p.uor[layer, g]),
+                            rec["budget_tokens"],
+                            rec["union_tokens"][layer][g],
+                            rec["stored_tokens"][layer][g],
+                            rec["padding_tokens"][layer][g],
+                            rec["uor_per_group"][layer][g],
                             "" if ret is None else ret[layer][g],
                         ]
                     )

@@ -8,7 +8,7 @@ greedily, without a new prefill::
     runner = Runner(model, tokenizer)
     pre = runner.prefill(input_ids, window_max=128)
     res = runner.evaluate(pre, EvictionConfig(policy="entropy", budget=0.2))
-    res.answer, res.kept_tokens, res.timings
+    res.answer, res.stored_tokens, res.timings  # a pagekv.result.RunResult
 
 Positions. A compacted cache holds `k' < n` tokens but they keep their original
 RoPE phases, so the decode continues at position `n` (not `k'`): every forward
@@ -27,26 +27,30 @@ compacted cache at positions `n..n+q-1`, so every answer token sees the evicted 
 Head-independent plans are not dense (each group keeps a union of its own size). To
 decode them honestly anyway, each layer stores every group's union padded up to the
 layer's largest union with that group's next-best pages (by `Plan.page_scores`, ties
-toward the lower page); `union_tokens` reports the real unions, `kept_tokens` what is
-stored. Layers then differ in length, which transformers' mask (sized from layer 0)
-cannot describe, so such a "ragged" cache is decoded one token at a time with a
-broadcastable all-zero mask (a single new token may see its whole cache).
+toward the lower page); `union_tokens` reports the real unions, `stored_tokens` what
+is stored, `padding_tokens` the difference. Layers then differ in length, which
+transformers' mask (sized from layer 0) cannot describe, so such a "ragged" cache is
+decoded one token at a time with a broadcastable all-zero mask (a single new token
+may see its whole cache).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
-from .backend import compact, resolve_backend, score_layers
+from .backend import compact, resolve_backend, score_cache
 from .capture import WindowQueryCapture
 from .config import EvictionConfig
+from .entropy import HeadMasses
 from .metrics import needle_retention
 from .paging import expand_pages
 from .plan import Plan, plan
+from .policies import get_policy
+from .result import RunResult
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +79,7 @@ class Prefill:
     scale: float  # softmax scale of the attention (module.scaling)
     scales: list[float] = field(repr=False, default_factory=list)  # per layer
     backend: str = "torch"  # resolved backend of the runner that made it
-    _profiles: dict = field(default_factory=dict, repr=False)  # window -> [L, H, n]
+    _scores: dict = field(default_factory=dict, repr=False)  # (w, n_sink) -> scores()
 
     @property
     def window_max(self) -> int:
@@ -86,12 +90,43 @@ class Prefill:
     def mode(self) -> str:
         return "after" if self.question_ids else "inside"
 
-    def profiles(self, window: int) -> torch.Tensor:
-        """Attention profiles `[L, H, n]` float32 of the last `min(window, n)` queries.
+    def scores(self, window: int, n_sink: int) -> tuple[torch.Tensor, HeadMasses, str]:
+        """Profiles `[L, H, n]` float32 of the last `min(window, n)` queries and their
+        per-head masses for `n_sink` sinks, on the cache's device; and the backend that
+        scored them.
 
-        Computed once per effective window and memoised. Raises ValueError if the
-        window is longer than what the prefill captured (`window_max`).
+        Memoised per (effective window, n_sink). On the Triton backend every layer's
+        scoring kernel writes the profiles and the mass sums in place on the device;
+        on the torch backend the twin computes the profiles once per window and the
+        masses from them (`HeadMasses.from_profiles`, what the twin defines). Raises
+        ValueError if the window is longer than what the prefill captured.
         """
+        w = self._effective_window(window)
+        key = (w, int(n_sink))
+        if key not in self._scores:
+            cached = next((v for (kw, _), v in self._scores.items() if kw == w), None)
+            if cached is not None and self.backend == "torch":
+                prof = cached[0]
+                self._scores[key] = (prof, HeadMasses.from_profiles(prof, n_sink), "torch")
+            else:
+                q_win = [self.q_win[i, :, -w:] for i in range(self.n_layers)]
+                keys = [layer.keys[0] for layer in self.cache.layers]
+                self._scores[key] = score_cache(
+                    q_win, keys, n_sink, self.scales or [self.scale] * self.n_layers,
+                    backend=self.backend,
+                )  # fmt: skip
+        return self._scores[key]
+
+    def profiles(self, window: int) -> torch.Tensor:
+        """The attention profiles `[L, H, n]` of `scores(window, n_sink)` (profiles do
+        not depend on the sinks; an existing entry of any n_sink is reused)."""
+        w = self._effective_window(window)
+        for (kw, _), v in self._scores.items():
+            if kw == w:
+                return v[0]
+        return self.scores(w, EvictionConfig().n_sink)[0]
+
+    def _effective_window(self, window: int) -> int:
         w = min(int(window), self.n)
         if w < 1:
             raise ValueError(f"window must be >= 1; got {window}")
@@ -100,56 +135,7 @@ class Prefill:
                 f"window {w} exceeds the {self.window_max} window queries captured at "
                 f"prefill; prefill again with window_max >= {w}"
             )
-        if w not in self._profiles:
-            out = torch.empty(self.n_layers, self.n_heads, self.n, dtype=torch.float32)
-            for i, layer in enumerate(self.cache.layers):  # one layer at a time: bounded memory
-                keys = layer.keys[0]  # [G, n, d]
-                q = self.q_win[i, :, -w:].to(keys.device).contiguous()  # [H, w, d]
-                scale = self.scales[i] if self.scales else self.scale
-                # The sink and collision masses it also returns are recomputed by `plan`.
-                prof, *_ = score_layers(
-                    q[None], keys[None], min(4, self.n), scale=scale, backend=self.backend
-                )  # [1, H, n]
-                out[i] = prof[0].float().cpu()
-            self._profiles[w] = out
-        return self._profiles[w]
-
-
-@dataclass
-class RunResult:
-    """One configuration's eviction and greedy answer. `to_dict()` is JSON-ready.
-
-    Per-(layer, group) lists are `[L][G]`. `plan` (and `logits` if requested) are
-    left out of `to_dict()`.
-    """
-
-    answer: str
-    tokens: list[int]
-    policy: str
-    config: dict
-    mode: str  # "inside" or "after"
-    prompt_tokens: int  # n, plus the question's length in "after" mode
-    context_tokens: int  # n
-    budget_tokens: int  # k = floor(budget * n) (n for `full`)
-    kept_tokens: list  # [L][G] tokens stored per (layer, group)
-    union_tokens: list  # [L][G] tokens the policy keeps (the union for head_independent)
-    uor: dict  # {"mean", "max"} over (layer, group)
-    backend: str  # "torch" or "triton"
-    device: str
-    timings: dict  # prefill_s, profile_s, evict_s, decode_s (question prefill included)
-    cache_bytes_before: int  # the full prompt cache
-    cache_bytes_after: int  # the compacted prompt cache (before any decode)
-    first_token_from_full_prefill: bool
-    stop_reason: str  # "eos" or "max_new_tokens"
-    needle_retention: list | None = None  # [L][G] fractions of the needle stored
-    needle_kept_all: bool | None = None
-    needle_retention_union: list | None = None  # head_independent: over the unions
-    plan: Plan | None = field(default=None, repr=False)
-    logits: torch.Tensor | None = field(default=None, repr=False)  # [T, V] if asked
-
-    def to_dict(self) -> dict:
-        skip = ("plan", "logits")
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        return w
 
 
 @dataclass
@@ -158,12 +144,13 @@ class Evicted:
 
     cache: object  # a fresh DynamicCache
     plan: Plan
+    backends: dict  # step -> "triton" / "torch" ("none": the step did not run), "device"
     kept_indices: list[torch.Tensor] | None  # per layer [G, k_l] int64 (None: full)
-    kept_tokens: list  # [L][G] stored
-    union_tokens: list  # [L][G] the policy's kept sets
+    stored_tokens: list  # [L][G] what the compacted cache stores
+    union_tokens: list  # [L][G] the policy's kept sets (Plan.kept_tokens)
     ragged: bool  # layers hold different lengths (head_independent)
-    profile_s: float
-    evict_s: float
+    score_s: float | None  # profiles and masses (memoised: ~0 after the first time)
+    evict_s: float | None  # plan and compaction (None for `full`: nothing is evicted)
 
 
 # --------------------------------------------------------------------------- runner
@@ -257,36 +244,45 @@ class Runner:
         if not isinstance(config, EvictionConfig):
             raise TypeError(f"config must be an EvictionConfig; got {type(config).__name__}")
         t0 = _now(self.device)
-        profiles = pre.profiles(config.window)  # memoised per window
+        profiles, masses, scored_on = pre.scores(config.window, config.n_sink)  # memoised
         t1 = _now(self.device)
-        p = plan(profiles, pre.n_groups, config)
+        p = plan(profiles, pre.n_groups, config, masses=masses, backend=self.backend)
         L, G = pre.n_layers, pre.n_groups
         union = p.kept_tokens.tolist()
         ragged = False
-        if config.policy == "full":
+        compacted_on = "none"
+        if get_policy(config.policy).keeps_all:
             kept_idx = None
             layers = [(lay.keys.clone(), lay.values.clone()) for lay in pre.cache.layers]
         else:
             kept_idx = p.kept_indices() if p.dense else padded_kept_indices(p)
             if isinstance(kept_idx, torch.Tensor):
                 kept_idx = list(kept_idx.unbind(0))
-            layers = [
-                compact(lay.keys, lay.values, kept_idx[i], backend=self.backend)[:2]
-                for i, lay in enumerate(pre.cache.layers)
-            ]
+            layers = []
+            for i, lay in enumerate(pre.cache.layers):
+                k, v, compacted_on = compact(lay.keys, lay.values, kept_idx[i], self.backend)
+                layers.append((k, v))
             ragged = len({int(k.shape[1]) for k in kept_idx}) > 1
         cache = _new_cache(layers)
-        stored = [[int(layers[i][0].shape[2])] * G for i in range(L)]
+        stored = [[int(layers[i][0].shape[2])] * G for i in range(L)]  # tensor lengths
         t2 = _now(self.device)
+        keeps_all = get_policy(config.policy).keeps_all
+        backends = {
+            "score": scored_on,
+            **{k: v for k, v in p.backends.items() if k != "device"},
+            "compact": compacted_on,
+            "device": str(self.device),
+        }
         return Evicted(
             cache=cache,
             plan=p,
+            backends=backends,
             kept_indices=kept_idx,
-            kept_tokens=stored,
+            stored_tokens=stored,
             union_tokens=union,
             ragged=ragged,
-            profile_s=t1 - t0,
-            evict_s=t2 - t1,
+            score_s=None if keeps_all else t1 - t0,
+            evict_s=None if keeps_all else t2 - t1,
         )
 
     # ---------------------------------------------------------------- evaluate
@@ -329,6 +325,7 @@ class Runner:
 
         p = ev.plan
         uor = p.uor.to(torch.float64)
+        stored, union = ev.stored_tokens, ev.union_tokens
         res = RunResult(
             answer=self._detok(tokens),
             tokens=tokens,
@@ -338,14 +335,21 @@ class Runner:
             prompt_tokens=pre.n + q_len,
             context_tokens=pre.n,
             budget_tokens=int(p.budget_tokens),
-            kept_tokens=ev.kept_tokens,
-            union_tokens=ev.union_tokens,
+            union_tokens=union,
+            stored_tokens=stored,
+            padding_tokens=[
+                [s - u for s, u in zip(sr, ur, strict=True)]
+                for sr, ur in zip(stored, union, strict=True)
+            ],
+            head_tokens=None if p.overlap is None else int(p.overlap.per_head_tokens),
             uor={"mean": float(uor.mean()), "max": float(uor.max())},
+            uor_per_group=uor.tolist(),
             backend=self.backend,
+            backends=ev.backends,
             device=str(self.device),
             timings={
                 "prefill_s": float(pre.timings.get("prefill_s", 0.0)),
-                "profile_s": ev.profile_s,
+                "score_s": ev.score_s,
                 "evict_s": ev.evict_s,
                 "decode_s": decode_s,
             },
@@ -357,11 +361,12 @@ class Runner:
             logits=logits,
         )
         if needle_positions is not None:
-            stored = _stored_keep(p, ev.kept_indices)  # bool [L, G, n]
-            ret = needle_retention(stored, needle_positions)
+            res.needle_positions = [int(t) for t in needle_positions]
+            stored_keep = _stored_keep(p, ev.kept_indices)  # bool [L, G, n]
+            ret = needle_retention(stored_keep, needle_positions)
             res.needle_retention = ret.tolist()
             res.needle_kept_all = bool((ret == 1).all())
-            if config.policy == "head_independent":
+            if get_policy(config.policy).per_head:
                 res.needle_retention_union = p.needle_retention(needle_positions).tolist()
         return res
 

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, replace
 
 from .config import EvictionConfig
 from .models import LoadedModel, load_model
-from .runner import Prefill, Runner, RunResult
+from .result import RunResult
+from .runner import Prefill, Runner
 from .tasks import (
     Task,
     TaskError,
@@ -222,25 +223,20 @@ class Study:
 
 
 def result_record(res: RunResult, prep: Prepared, loaded: LoadedModel) -> dict:
-    """The CLI's JSON object for one run (the Plan stays under the key `plan`)."""
+    """Complete `res` with the task and its score, and return its JSON object
+    (`RunResult.to_dict()`, the schema of docs/schema.md) with the `Plan` under the
+    key `plan` for the views."""
     s = score(res.answer, prep.task)
+    res.model = loaded.name
+    res.task = prep.task.name
+    res.task_kind = prep.task.kind
+    res.question = prep.task.question
+    res.expected = prep.task.answer
+    res.correct = bool(s["correct"])
+    res.score = s
+    res.needle_positions = list(prep.needle_positions)
+    res.spec = asdict(prep.spec) | {"haystack": None}
+    res.timings = dict(res.timings, load_s=float(loaded.load_s))
     d = res.to_dict()
-    per_layer = [row[0] for row in res.kept_tokens]  # stored tokens per group, per layer
-    d.update(
-        {
-            "model": loaded.name,
-            "task": prep.task.name,
-            "task_kind": prep.task.kind,
-            "question": prep.task.question,
-            "expected": prep.task.answer,
-            "correct": bool(s["correct"]),
-            "score": s,
-            "kept_tokens": per_layer,
-            "kept_tokens_per_group": res.kept_tokens,
-            "needle_positions": prep.needle_positions,
-            "spec": asdict(prep.spec) | {"haystack": None},
-        }
-    )
-    d["timings"] = dict(d.get("timings", {}), load_s=float(loaded.load_s))
     d["plan"] = res.plan
     return d

@@ -1,0 +1,134 @@
+"""The Triton path end to end: prefill, the whole eviction step on the kernels, decode.
+
+On this CPU machine the kernels run in the Triton interpreter (tests/conftest.py sets
+`TRITON_INTERPRET=1` before anything imports `kernels`); on CUDA they are compiled.
+A runner with `backend="triton"` must give the same kept pages, the same compacted
+cache and the same answer tokens as one with `backend="torch"`, name the backend of
+every step, and never call a torch twin in a kernel step (checked by making the
+twins raise).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagekv import EvictionConfig, get_policy
+from pagekv import backend as be
+from pagekv.runner import Runner
+from tests.test_runner import prompt, tiny_model
+
+KERNEL_STEPS = ("score", "pool", "compact")
+POLICIES = ("entropy", "mean", "max", "head_independent", "streaming")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama", layers=3)
+
+
+def _evict_both(model, ids, cfg, question=None, tokenizer=None, window_max=32):
+    """Prefill and evict on each backend; `(evicted, result)` per backend."""
+    out = {}
+    for name in ("torch", "triton"):
+        runner = Runner(model, tokenizer, backend=name)
+        pre = runner.prefill(ids, window_max=window_max, question_ids=question)
+        ev = runner.evict(pre, cfg)
+        res = runner.evaluate(pre, cfg, max_new_tokens=6, stop_at_eos=False)
+        out[name] = (pre, ev, res)
+    return out
+
+
+def _assert_same(out, label):
+    (pre_t, ev_t, res_t), (pre_k, ev_k, res_k) = out["torch"], out["triton"]
+    cfg = res_t.config
+    prof_t, m_t, _ = pre_t.scores(cfg["window"], cfg["n_sink"])
+    prof_k, m_k, _ = pre_k.scores(cfg["window"], cfg["n_sink"])
+    torch.testing.assert_close(prof_k, prof_t, rtol=1e-5, atol=1e-6, msg=f"{label}: profiles")
+    torch.testing.assert_close(m_k.isolated, m_t.isolated, rtol=1e-4, atol=1e-7)
+    assert torch.equal(ev_k.plan.page_keep, ev_t.plan.page_keep), f"{label}: kept pages"
+    for i, (lk, lt) in enumerate(zip(ev_k.cache.layers, ev_t.cache.layers, strict=True)):
+        # Compaction is a gather: bit-identical on both backends.
+        assert torch.equal(lk.keys, lt.keys), f"{label}: compacted keys of layer {i}"
+        assert torch.equal(lk.values, lt.values), f"{label}: compacted values of layer {i}"
+    assert res_k.tokens == res_t.tokens, f"{label}: answer tokens"
+    assert res_k.stored_tokens == res_t.stored_tokens, f"{label}: stored tokens"
+
+
+@pytest.mark.parametrize("mode", ["inside", "after"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_triton_runner_equals_torch_runner(llama, policy, mode):
+    ids = prompt(150, seed=3)
+    question = prompt(9, seed=4) if mode == "after" else None
+    cfg = EvictionConfig(policy=policy, budget=0.4, page_size=8, window=16)
+    out = _evict_both(llama, ids, cfg, question)
+    _assert_same(out, f"{policy}/{mode}")
+    for name, got in (("triton", out["triton"][2].backends), ("torch", out["torch"][2].backends)):
+        want = dict.fromkeys(KERNEL_STEPS, name)
+        if not get_policy(policy).uses_attention:
+            want["pool"] = "none"  # recency needs no pooling
+        assert {s: got[s] for s in KERNEL_STEPS} == want, got
+        assert got["device"] == "cpu" and got["select"] == got["weights"] == "torch"
+
+
+def test_triton_runner_never_calls_a_torch_twin(llama, monkeypatch):
+    """Every kernel step of the Triton path runs its kernel: with the twins made to
+    raise, the run still succeeds (a silent fallback would hit them)."""
+
+    def twin_called(*args, **kwargs):
+        raise AssertionError("a torch twin ran on the triton path")
+
+    runner = Runner(llama, None, backend="triton")
+    pre = runner.prefill(prompt(120, seed=5), window_max=16)
+    for name in ("attention_profiles", "mass_sums", "weighted_pool", "max_pool", "compact_layer"):
+        monkeypatch.setattr(be, name, twin_called)
+    for policy in ("entropy", "max", "head_independent"):
+        res = runner.evaluate(
+            pre, EvictionConfig(policy=policy, budget=0.5, page_size=8, window=16)
+        )
+        assert {s: res.backends[s] for s in KERNEL_STEPS} == dict.fromkeys(KERNEL_STEPS, "triton")
+    # And the check itself bites: the torch runner does call them.
+    torch_runner = Runner(llama, None, backend="torch")
+    pre_t = torch_runner.prefill(prompt(120, seed=5), window_max=16)
+    with pytest.raises(AssertionError, match="torch twin"):
+        torch_runner.evaluate(pre_t, EvictionConfig(budget=0.5, page_size=8, window=16))
+
+
+def test_masses_follow_the_configured_sinks(llama):
+    """n_sink comes from the configuration on both paths (not a fixed 4)."""
+    runner = Runner(llama, None, backend="triton")
+    pre = runner.prefill(prompt(100, seed=6), window_max=16)
+    _, m8, _ = pre.scores(16, 8)
+    _, m0, _ = pre.scores(16, 0)
+    prof = pre.profiles(16)
+    torch.testing.assert_close(m8.sink, prof[..., :8].sum(-1), rtol=1e-5, atol=1e-6)
+    assert m0.n_sink == 0 and bool((m0.sink == 0).all())
+    p = runner.evict(pre, EvictionConfig(policy="entropy", budget=0.5, n_sink=8, window=16)).plan
+    torch.testing.assert_close(p.sink_mass, m8.sink)
+
+
+@pytest.mark.slow
+def test_bundled_model_triton_path_equals_torch(bundled):
+    """The bundled SmolLM2 at a short needle prompt: same pages, cache and answer."""
+    from pagekv.tasks import make_needle_task
+
+    task = make_needle_task(bundled.tokenizer, context_tokens=300, depth=0.5, seed=0)
+    built = task.build_prompt_ids(bundled.tokenizer, mode="after")
+    cfg = EvictionConfig(policy="entropy", budget=0.3, page_size=16)
+    out = _evict_both(
+        bundled.model,
+        built["context_ids"],
+        cfg,
+        question=built["question_ids"],
+        tokenizer=bundled.tokenizer,
+        window_max=32,
+    )
+    _assert_same(out, "bundled/entropy/after")
+    assert out["triton"][2].backends["score"] == "triton"
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    from pagekv.models import load_model
+
+    return load_model("bundled", allow_fallback=False)
