@@ -15,18 +15,16 @@ import logging
 import os
 import tempfile
 import threading
-from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
 from pagekv import POLICIES, EvictionConfig  # noqa: E402
+from pagekv.paths import CSS_PATH  # noqa: E402
 from pagekv.presets import load_presets  # noqa: E402
 
 log = logging.getLogger("pagekv.app")
-ROOT = Path(__file__).resolve().parent
-CSS_PATH = ROOT / "assets" / "app.css"
 PAGE_SIZES = [1, 4, 8, 16, 32, 64]
 POLICY_CHOICES = list(POLICIES)
 MAX_CONTEXT = 8000
@@ -77,11 +75,16 @@ def _message(kind: str, text: str) -> str:
     return f"{label} {text}"
 
 
+def _ms(seconds) -> str:
+    """Milliseconds, or "-" for a step that did not run (the full cache evicts nothing)."""
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
 def _answers_table(comp) -> list[list]:
     rows = []
     for key, label in (("full", "full cache"), ("A", "policy A"), ("B", "policy B")):
         rec = comp.records[key]
-        kept = rec["kept_tokens"][0] if rec["kept_tokens"] else 0
+        stored = max(rec["kept_tokens"], default=0)  # tokens stored per (layer, group)
         from pagekv.compare import retained_fraction
 
         ret = retained_fraction(rec)
@@ -90,10 +93,10 @@ def _answers_table(comp) -> list[list]:
                 f"{label}: {rec['policy']}",
                 "✓ right" if rec["correct"] else "✗ wrong",
                 rec["answer"],
-                kept,
+                stored,
                 "-" if ret != ret else f"{ret:.2f}",
                 f"{rec['uor']['max']:.2f}",
-                f"{rec['timings']['evict_s'] * 1000:.0f} ms",
+                _ms(rec["timings"]["evict_s"]),
             ]
         )
     return rows
@@ -101,6 +104,7 @@ def _answers_table(comp) -> list[list]:
 
 def _spec(task, context, depth, seed, needles, mode, curated, haystack, needle, question, answer):
     from pagekv.study import PromptSpec
+    from pagekv.tasks import needle_depth
 
     kw = dict(
         task=task,
@@ -113,11 +117,8 @@ def _spec(task, context, depth, seed, needles, mode, curated, haystack, needle, 
     if task in ("qa", "code"):
         kw["name"] = curated or None
     if task == "custom":
-        if not (haystack or "").strip():
-            raise ValueError("the custom prompt is empty: paste a haystack text")
         kw.update(haystack=haystack, needle=needle, question=question, answer=answer)
-        if needle and needle.strip() and needle in haystack:
-            kw["depth"] = None  # already in the text: keep it where the user put it
+        kw["depth"] = needle_depth(haystack, needle, kw["depth"])
     return PromptSpec(**kw)
 
 
@@ -162,7 +163,6 @@ def run_comparison(
     """Prefill (memoised), run full / A / B, and build every view. Never raises."""
     from pagekv.compare import compare, comparison_figures, export
 
-    n_out = 13
     try:
         spec = _spec(
             task, context, depth, seed, needles, mode, curated, haystack, needle, question, answer
@@ -178,7 +178,7 @@ def run_comparison(
     except Exception as e:  # bad input or an unexpected failure: say it on the page
         log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
         msg = " ".join(str(e).split()) or type(e).__name__
-        return (_message("error", msg),) + (EMPTY,) * (n_out - 2) + (None,)
+        return _views(status=_message("error", msg))
     loaded = study.loaded
     rec_b = comp.records["B"]
     status = [
@@ -196,23 +196,42 @@ def run_comparison(
     t = rec_b["timings"]
     status.append(
         f"<small>prefill {t['prefill_s']:.2f}s (once per prompt), "
-        f"eviction {t['evict_s'] * 1000:.0f} ms, decode {t['decode_s']:.2f}s</small>"
+        f"eviction {_ms(t['evict_s'])}, decode {t['decode_s']:.2f}s</small>"
     )
-    return (
-        "\n\n".join(status),
-        _answers_table(comp),
-        figs["frame"],
-        figs.get("retention"),
-        figs["weights"],
-        figs["weights_overview"],
-        figs["sink_mass"],
-        figs["sink_advantage"],
-        figs["uor"],
-        figs["memory"],
-        files,
-        {"layer_max": int(comp.plan_of("B").keep.shape[0]) - 1},
-        comp,
+    n_layers = int(comp.plan_of("B").keep.shape[0])  # read from the model that ran
+    return _views(
+        status="\n\n".join(status),
+        answers=_answers_table(comp),
+        frame=figs["frame"],
+        retention=figs.get("retention"),
+        weights=figs["weights"],
+        overview=figs["weights_overview"],
+        sink_mass=figs["sink_mass"],
+        sink_adv=figs["sink_advantage"],
+        uor=figs["uor"],
+        memory=figs["memory"],
+        files=files,
+        layer=gr.update(maximum=n_layers - 1, value=min(int(layer), n_layers - 1)),
+        last=comp,
     )
+
+
+#: What a run fills, in the order of the run's outputs (`build_demo` wires the
+#: components of the same names); `_views` turns keyword values into that tuple.
+RUN_VIEWS = (
+    "status", "answers", "frame", "retention", "weights", "overview", "sink_mass", "sink_adv",
+    "uor", "memory", "files", "layer", "last",
+)  # fmt: skip
+
+
+def _views(**values):
+    """The run's outputs in `RUN_VIEWS` order; views not given are cleared (the layer
+    slider is left as it is)."""
+    unknown = set(values) - set(RUN_VIEWS)
+    if unknown:
+        raise KeyError(f"not a run view: {sorted(unknown)}")
+    default = {"layer": gr.update()}
+    return tuple(values.get(name, default.get(name, EMPTY)) for name in RUN_VIEWS)
 
 
 def update_layer(comp, layer):
@@ -254,27 +273,35 @@ def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head,
     return text, view.rows, figures.mechanism_figure(view.mech, view.plans)
 
 
+#: The controls a preset sets, in the order of `apply_preset`'s outputs.
+PRESET_CONTROLS = (
+    "task", "curated", "context", "depth", "seed", "needles", "mode", "budget", "page_size",
+    "n_sink", "window", "tau", "policy_a", "policy_b",
+)  # fmt: skip
+
+
 def apply_preset(title):
     """Fill the controls from a preset (the Run that follows uses them)."""
     for p in PRESETS:
         if p["title"] == title:
-            return [
-                p["task"],
-                curated_choices(p["task"], p["name"]),
-                p["context_tokens"],
-                p["depth"],
-                p["seed"],
-                p["n_needles"],
-                p["mode"],
-                round(100 * p["budget"], 1),
-                p["page_size"],
-                p["n_sink"],
-                p["window"],
-                p["tau"],
-                p["policy_a"],
-                p["policy_b"],
-            ]
-    return [gr.update()] * 14
+            values = {
+                "task": p["task"],
+                "curated": curated_choices(p["task"], p["name"]),
+                "context": p["context_tokens"],
+                "depth": p["depth"],
+                "seed": p["seed"],
+                "needles": p["n_needles"],
+                "mode": p["mode"],
+                "budget": round(100 * p["budget"], 1),
+                "page_size": p["page_size"],
+                "n_sink": p["n_sink"],
+                "window": p["window"],
+                "tau": p["tau"],
+                "policy_a": p["policy_a"],
+                "policy_b": p["policy_b"],
+            }
+            return [values[name] for name in PRESET_CONTROLS]
+    return [gr.update()] * len(PRESET_CONTROLS)
 
 
 def curated_choices(task, name=None):
@@ -321,8 +348,8 @@ CAPTIONS = {
     "relative to the others. **Look for** the masquerade: a ratio far above 1 without "
     "isolation that drops with it.",
     "uor": "Head-independent selection must store the union of its heads' picks: UOR = union "
-    "/ budget. **Look for** how far above 1 it climbs at small budgets; pooled policies stay "
-    "at exactly 1.",
+    "/ the tokens each head keeps. **Look for** how far above 1 it climbs at small budgets; "
+    "pooled policies stay at exactly 1.",
     "mechanism": "Edit a constructed group of heads. **Look for** the retrieval head's weight "
     "w*: when w* s* beats the distractor page, entropy pooling keeps the needle while mean "
     "pooling (1/r) may not. This is a construction, shown beside the live model's results.",
@@ -334,7 +361,6 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
     with gr.Blocks(title="Page-EntroKV") as demo:
         gr.Markdown(INTRO)
         last = gr.State(None)
-        meta = gr.State({})
         with gr.Row():
             with gr.Column(scale=1, min_width=320):
                 preset = gr.Dropdown(
@@ -397,7 +423,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                 status = gr.Markdown(_message("info", "Loading the first preset..."))
                 gr.Markdown(CAPTIONS["answers"])
                 answers = gr.Dataframe(
-                    headers=["run", "verdict", "answer", "kept tokens", "needle kept", "UOR max",
+                    headers=["run", "verdict", "answer", "stored tokens", "needle kept", "UOR max",
                              "eviction"],
                     interactive=False,
                     wrap=True,
@@ -414,7 +440,8 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         gr.Markdown(CAPTIONS["overview"])
                         overview = gr.Plot()
                         gr.Markdown(CAPTIONS["weights"])
-                        layer = gr.Slider(0, 29, value=0, step=1, label="Layer")
+                        # Its range comes from the model of each run (RUN_VIEWS "layer").
+                        layer = gr.Slider(0, 1, value=0, step=1, label="Layer")
                         weights = gr.Plot()
                     with gr.Tab("Sinks"):
                         gr.Markdown(CAPTIONS["sink"])
@@ -448,14 +475,9 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
             model, task, context, depth, seed, needles, mode, curated, haystack, needle,
             question, answer, budget, page_size, n_sink, window, tau, policy_a, policy_b, layer,
         ]  # fmt: skip
-        run_outputs = [
-            status, answers, frame, retention, weights, overview, sink_mass, sink_adv, uor,
-            memory, files, meta, last,
-        ]  # fmt: skip
-        preset_targets = [
-            task, curated, context, depth, seed, needles, mode, budget, page_size, n_sink,
-            window, tau, policy_a, policy_b,
-        ]  # fmt: skip
+        components = locals()
+        run_outputs = [components[name] for name in RUN_VIEWS]
+        preset_targets = [components[name] for name in PRESET_CONTROLS]
         run_kw = dict(fn=run_comparison, inputs=run_inputs, outputs=run_outputs)
         quiet = dict(api_visibility="undocumented")  # the same handler under another trigger
         run_btn.click(api_name="run", **run_kw)

@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the grid (default: full, or quick with --quick); see pagekv/replay/grid.py",
     )
     rep.add_argument("--no-peer", action="store_true", help="skip the kvpress peer")
+    rep.add_argument(
+        "--update-presets",
+        action="store_true",
+        help="also copy the measured presets over the app's assets/presets.json",
+    )
     rep.add_argument("--device", default=None)
     rep.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     rep.add_argument("-v", "--verbose", action="store_true")
@@ -96,7 +101,7 @@ def _config_from(args, policy: str) -> EvictionConfig:
 
 def _spec_from(args):
     from .study import PromptSpec
-    from .tasks import load_haystack_file
+    from .tasks import load_haystack_file, needle_depth
 
     haystack = None
     task = args.task
@@ -106,11 +111,7 @@ def _spec_from(args):
         if task == "needle" and not any(custom):
             raise UsageError("--haystack-file needs --needle, --question and --answer")
         task = "custom" if task in ("needle", "custom") else task
-    if any(custom) and not all(custom):
-        raise UsageError("a custom needle needs all of --needle, --question and --answer")
-    depth = args.depth
-    if task == "custom" and haystack is not None and args.needle and args.needle in haystack:
-        depth = None  # the needle is already in the user's text
+    depth = needle_depth(haystack, args.needle, args.depth) if task == "custom" else args.depth
     return PromptSpec(
         task=task,
         context_tokens=args.context,
@@ -208,6 +209,7 @@ def cmd_replay(args) -> int:
         peer=not args.no_peer,
         device=args.device,
         backend=args.backend,
+        update_presets=args.update_presets,
     )
     return 0
 

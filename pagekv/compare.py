@@ -25,6 +25,7 @@ from .constructed import Mechanism, mechanism_profiles
 from .metrics import sink_advantage, summarize_sink_advantage
 from .paging import BudgetError, check_budget, page_sizes, protected_pages
 from .plan import Plan, plan
+from .policies import POOLING_POLICIES
 from .study import Prepared, PromptSpec, Study
 
 #: Budgets of the UOR-across-budgets view.
@@ -276,7 +277,7 @@ def retained_fraction(rec: dict) -> float:
 
 
 #: Policies shown in the mechanism view.
-MECHANISM_POLICIES = ("entropy", "entropy_nosink", "mean", "max")
+MECHANISM_POLICIES = POOLING_POLICIES  # the pooling rules (entropy, ..., max)
 
 
 @dataclass

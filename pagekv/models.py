@@ -102,7 +102,7 @@ TOKENIZER_PROBE = (
 
 # Architectures whose attention module the runner knows how to hook: q/k/v/o
 # projections, RoPE applied to q and k inside ``self_attn``, GQA via num_key_value_heads.
-GQA_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
+GQA_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 
 KNOWN_MODELS: dict[str, str] = {
     BUNDLED: "SmolLM2-135M-Instruct, bundled GGUF: 30 layers, 9 heads / 3 KV heads (r=3); CPU ok",
@@ -697,7 +697,9 @@ def _finish(
     note: str = "",
 ) -> LoadedModel:
     n_layers, n_heads, n_kv, head_dim = check_gqa(model)
-    eos = _eos_ids(model, tok)
+    from .runner import eos_token_ids
+
+    eos = eos_token_ids(model, tok)
     gen = getattr(model, "generation_config", None)
     if gen is not None and gen.pad_token_id is None and tok.pad_token_id is not None:
         gen.pad_token_id = tok.pad_token_id
@@ -724,17 +726,6 @@ def _finish(
         cache_path=str(cache_path) if cache_path else None,
         eos_token_ids=eos,
     )
-
-
-def _eos_ids(model: Any, tok: Any) -> tuple[int, ...]:
-    """Every id that ends a decode: generation config's eos (int or list) + tokenizer's."""
-    ids: list[int] = []
-    gen = getattr(model, "generation_config", None)
-    for src in (getattr(gen, "eos_token_id", None), getattr(tok, "eos_token_id", None)):
-        for i in src if isinstance(src, (list, tuple)) else [src]:
-            if i is not None and int(i) not in ids:
-                ids.append(int(i))
-    return tuple(ids)
 
 
 def _one_line(e: BaseException) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-PRESETS_PATH = Path(__file__).resolve().parents[1] / "assets" / "presets.json"
+from .paths import PRESETS_PATH  # noqa: E402
 
 #: Keys of a normalised preset (what the app's controls take).
 FIELDS = (

@@ -179,7 +179,7 @@ class Runner:
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
         self.text_config = cfg if cfg is not None else model.config
         WindowQueryCapture(model, 1)  # fails early on an unsupported architecture
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = set(eos_token_ids(model, tokenizer))
 
     # ---------------------------------------------------------------- prefill
 
@@ -519,16 +519,17 @@ def _cache_bytes(cache) -> int:
     return int(sum(lay.keys.nbytes + lay.values.nbytes for lay in cache.layers))
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    sources = [getattr(tokenizer, "eos_token_id", None)]
+def eos_token_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every id that ends a greedy decode, in order: the generation config's EOS (an
+    int or a list: instruct models often end a turn with a token of their own) and
+    the tokenizer's. The one definition, used by the runner and `pagekv.models`."""
+    ids: list[int] = []
     gen = getattr(model, "generation_config", None)
-    sources.append(getattr(gen, "eos_token_id", None))
-    for s in sources:
-        if s is None:
-            continue
-        ids.update(int(x) for x in (s if isinstance(s, (list, tuple)) else [s]))
-    return ids
+    for src in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        for i in src if isinstance(src, (list, tuple)) else [src]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return tuple(ids)
 
 
 def _as_id_list(ids, name: str) -> list[int]:

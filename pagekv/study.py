@@ -23,6 +23,7 @@ from .runner import Prefill, Runner
 from .tasks import (
     Task,
     TaskError,
+    check_custom_prompt,
     get_task,
     make_custom_task,
     make_multi_needle_task,
@@ -71,6 +72,9 @@ class PromptSpec:
                 raise ValueError(f"depth must be in [0, 1]; got {self.depth}")
             if not 1 <= self.n_needles <= 4:
                 raise ValueError(f"needles must be 1 to 4; got {self.n_needles}")
+            check_custom_prompt(None, self.needle, self.question, self.answer, need_haystack=False)
+        if self.task == "custom":
+            check_custom_prompt(self.haystack, self.needle, self.question, self.answer)
 
     def replace(self, **kw) -> PromptSpec:
         return replace(self, **kw)
@@ -127,9 +131,6 @@ class Study:
                     seed=spec.seed,
                     question_position=spec.mode,
                 )
-            custom = [spec.needle, spec.question, spec.answer]
-            if any(custom) and not all(custom):
-                raise TaskError("a custom needle needs all three of needle, question and answer")
             return make_needle_task(
                 tok,
                 context_tokens=spec.context_tokens,
@@ -152,15 +153,6 @@ class Study:
             task = get_task(name)
             task.meta["question_position"] = spec.mode
             return task
-        fields = {
-            "haystack": spec.haystack,
-            "needle": spec.needle,
-            "question": spec.question,
-            "answer": spec.answer,
-        }
-        missing = [k for k, v in fields.items() if not (v and v.strip())]
-        if missing:
-            raise TaskError(f"a custom task needs {', '.join(missing)}")
         task = make_custom_task(
             spec.haystack, spec.needle, spec.question, spec.answer, depth=spec.depth
         )

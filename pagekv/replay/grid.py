@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..policies import EVICTING_POOLED, POOLING_POLICIES
+
 #: (label, page_size, window) for the profile-only tables T1 / T2.
 GEOMETRIES = (("P16-w32", 16, 32), ("P4-w8", 4, 8), ("P1-w8", 1, 8))
 T1_BUDGETS = (0.02, 0.05, 0.10, 0.20, 0.50)
 #: The decoded policies of T4 / T6 (plus `full`, which has no budget).
-POLICIES = ("entropy", "entropy_nosink", "mean", "max", "streaming")
+POLICIES = EVICTING_POOLED  # every pooled policy that evicts (pagekv.policies)
 PAGE_SIZES_T5 = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -162,7 +164,7 @@ SHARED_CPU = Grid(
     t7_settings=tuple(T7_SETTINGS[i] for i in (0, 1, 4, 6, 7)),
     t5_prompts=2,
     t5_budgets=(0.2, 0.5),
-    policies=("entropy", "entropy_nosink", "mean", "max"),
+    policies=POOLING_POLICIES,
     peer_tables=("T4",),
 )
 

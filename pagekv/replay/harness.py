@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
+from ..paths import PRESETS_PATH
 from ..study import Study
 from . import report, tables
-from .grid import FULL, GRIDS, QUICK, Grid
+from .grid import FULL, QUICK, Grid
 from .jobs import Job, build_jobs
 from .measure import cardinality_unit, decode_unit, profile_unit
 from .peer import WANTED, PeerAdapter
@@ -69,15 +70,16 @@ def run_replay(
     device: str | None = None,
     backend: str = "auto",
     grid: Grid | None = None,
+    update_presets: bool = False,
 ) -> dict:
     """Run the replay grid (`QUICK` or `FULL`, or `grid`) and write everything to `out`.
 
-    Returns the results dict that is also written to `out/results.json`.
+    With `update_presets` the measured presets also replace the app's tracked
+    `assets/presets.json` (never otherwise). Returns the results dict that is also
+    written to `out/results.json`.
     """
     t_start = time.perf_counter()
     torch.manual_seed(SEED)
-    if grid is None and os.environ.get("PAGEKV_REPLAY_GRID"):
-        grid = GRIDS[os.environ["PAGEKV_REPLAY_GRID"]]  # e.g. "shared-cpu" (see grid.py)
     grid = grid or (QUICK if quick else FULL)
     out = Path(out)
     store = UnitStore(out)
@@ -134,7 +136,7 @@ def run_replay(
         peer_status=peer_adapter.status(),
     )
     results["meta"] = {
-        "command": _command(model, out, quick, peer, grid.name),
+        "command": _command(model, out, quick, peer, grid.name, update_presets),
         "model": model,
         "grid": grid.name,
         "grid_definition": _grid_dict(grid),
@@ -144,7 +146,7 @@ def run_replay(
         "prompt_errors": errors,
         **env,
     }
-    report.write_all(out, results, copy_presets=(not quick and model in ("bundled", None)))
+    report.write_all(out, results, update_presets=PRESETS_PATH if update_presets else None)
     _say(
         f"done in {wall:.0f}s: {store.computed} units computed, {store.reused} reused; "
         f"see {out / 'results.json'}"
@@ -307,7 +309,6 @@ def _environment(lazy: _Lazy, model: str) -> dict:
 
 
 def _cpu_count() -> int:
-    import os
 
     try:
         return len(os.sched_getaffinity(0))
@@ -321,7 +322,7 @@ def _grid_dict(grid: Grid) -> dict:
     return d
 
 
-def _command(model, out, quick, peer, grid_name=None) -> str:
+def _command(model, out, quick, peer, grid_name=None, update_presets=False) -> str:
     cmd = f"python -m pagekv replay --model {model} --out {out}"
     if quick:
         cmd += " --quick"
@@ -329,4 +330,6 @@ def _command(model, out, quick, peer, grid_name=None) -> str:
         cmd += f" --grid {grid_name}"
     if not peer:
         cmd += " --no-peer"
+    if update_presets:
+        cmd += " --update-presets"
     return cmd

@@ -15,10 +15,6 @@ from pathlib import Path
 
 from .store import clean
 
-#: Points per budget in the T2 scatter (deterministic thinning keeps files < 1 MB).
-SCATTER_POINTS = 1500
-ASSETS_PRESETS = Path(__file__).resolve().parents[2] / "assets" / "presets.json"
-
 
 def _fmt(v) -> str:
     if v is None:
@@ -56,15 +52,11 @@ def write_csv(path: Path, rows: list[dict]) -> None:
             )
 
 
-def _thin(xs, n):
-    step = max(1, len(xs) // n)
-    return xs[::step]
-
-
 def figures(out: Path, results: dict) -> dict:
-    """HTML figures (and PNG when kaleido is importable). Returns {name: files}."""
+    """HTML figures (and PNG when kaleido is importable), every one built by
+    `pagekv.figures`. Returns {name: files}."""
     try:
-        import plotly.graph_objects as go
+        import plotly  # noqa: F401
     except ImportError as e:
         return {"error": f"plotly not importable: {e}"}
     from .. import figures as F
@@ -96,40 +88,9 @@ def figures(out: Path, results: dict) -> dict:
             )
     scatter = results["_figures"]["scatter"]
     for g in geoms:
-        fig = go.Figure()
-        colours = [F.BLUE, F.ORANGE, F.GREEN, F.VERMILLION, F.PURPLE, F.SKY]
-        for i, ((_geom, b), (d, u)) in enumerate(x for x in scatter.items() if x[0][0] == g):
-            if not d:
-                continue
-            fig.add_trace(
-                go.Scattergl(
-                    x=[round(v, 4) for v in _thin(d, SCATTER_POINTS)],
-                    y=[round(v, 4) for v in _thin(u, SCATTER_POINTS)],
-                    mode="markers",
-                    marker=dict(size=4, opacity=0.5, color=colours[i % len(colours)]),
-                    name=f"budget {100 * b:g}%",
-                )
-            )
-        xs = [i / 100 for i in range(101)]
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=[min(r, 1 + (r - 1) * x) for x in xs],
-                name="upper envelope 1 + (r-1) D",
-                line=dict(color="grey", dash="dot"),
-            )
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=[max(1 + x, r - r * (r - 1) / 2 * (1 - x)) for x in xs],
-                name="lower envelope max(1 + D, r - C(r,2)(1 - D))",
-                line=dict(color="black", dash="dash"),
-            )
-        )
-        fig.update_layout(xaxis_title="mean pairwise disagreement D_g", yaxis_title="UOR")
-        figs[f"t2_scatter_{g}"] = F._layout(
-            fig, f"T2: disagreement against UOR, every (layer, group) measurement ({g})", 460
+        series = {b: du for (geom, b), du in scatter.items() if geom == g}
+        figs[f"t2_scatter_{g}"] = F.disagreement_scatter(
+            series, r, f"T2: disagreement against UOR, every (layer, group) measurement ({g})"
         )
     if results["_figures"].get("t3"):
         import torch
@@ -143,40 +104,10 @@ def figures(out: Path, results: dict) -> dict:
         )
     rec = [x for x in tabs["T4_recall"] if x["recall"] is not None]
     if rec:
-        fig = go.Figure()
-        for mode in sorted({x["mode"] for x in rec}):
-            for b in sorted({x["budget"] for x in rec if x["mode"] == mode}):
-                rows = [x for x in rec if x["mode"] == mode and x["budget"] == b]
-                fig.add_trace(
-                    go.Bar(
-                        x=[x["policy"] for x in rows],
-                        y=[x["recall"] for x in rows],
-                        name=f"{mode}, budget {100 * b:g}%",
-                    )
-                )
-        fig.update_layout(barmode="group", yaxis_title="needle recall", yaxis_range=[0, 1.05])
-        figs["t4_recall"] = F._layout(fig, "T4: needle recall by policy, budget and mode", 380)
-    ans = tabs["T7_answers"]
-    if ans:
-        fig = go.Figure()
-        labels = [f"{x['setting']} ({x['mode']})" for x in ans]
-        for key, colour in (
-            ("entropy_beats", F.BLUE),
-            ("ties", F.EVICTED),
-            ("entropy_loses", F.ORANGE),
-        ):
-            fig.add_trace(
-                go.Bar(
-                    y=labels,
-                    x=[x[key] for x in ans],
-                    name=key,
-                    orientation="h",
-                    marker_color=colour,
-                )
-            )
-        fig.update_layout(barmode="stack", xaxis_title="prompts")
-        figs["t7_answers"] = F._layout(
-            fig, "T7: entropy against mean pooling, decoded answers", 140 + 22 * len(ans)
+        figs["t4_recall"] = F.recall_bars(rec, "T4: needle recall by policy, budget and mode")
+    if tabs["T7_answers"]:
+        figs["t7_answers"] = F.answer_bars(
+            tabs["T7_answers"], "T7: entropy against mean pooling, decoded answers"
         )
     for name, fig in figs.items():
         files = []
@@ -202,7 +133,10 @@ def tables_markdown(results: dict) -> str:
     return "\n".join(parts)
 
 
-def write_all(out: Path, results: dict, copy_presets: bool = False) -> None:
+def write_all(out: Path, results: dict, update_presets: Path | None = None) -> None:
+    """Write results.json, one CSV per table, figures, tables.md and presets.json into
+    `out`; copy presets.json to `update_presets` only when asked (the app's tracked
+    `assets/presets.json` changes only by `python -m pagekv replay --update-presets`)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in results["tables"].items():
@@ -212,9 +146,10 @@ def write_all(out: Path, results: dict, copy_presets: bool = False) -> None:
     (out / "presets.json").write_text(
         json.dumps(clean(results["presets"]), indent=2) + "\n", encoding="utf-8"
     )
-    if copy_presets:
-        ASSETS_PRESETS.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out / "presets.json", ASSETS_PRESETS)
-        results["presets_copied_to"] = str(ASSETS_PRESETS)
+    if update_presets is not None:
+        update_presets = Path(update_presets)
+        update_presets.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "presets.json", update_presets)
+        results["presets_copied_to"] = str(update_presets)
     (out / "tables.md").write_text(tables_markdown(results), encoding="utf-8")
     (out / "results.json").write_text(json.dumps(clean(results), indent=1) + "\n", encoding="utf-8")

@@ -6,7 +6,15 @@ ids = task.build_prompt_ids(tokenizer)        # input_ids, needle_token_position
 score("PELICAN-42", task)["correct"]
 """
 
-from .base import ANSWER_INSTRUCTION, QUESTION_POSITIONS, TASK_KINDS, Task, TaskError
+from .base import (
+    ANSWER_INSTRUCTION,
+    QUESTION_POSITIONS,
+    TASK_KINDS,
+    Task,
+    TaskError,
+    check_custom_prompt,
+    needle_depth,
+)
 from .curated import get_task, load_tasks, task_names
 from .haystack import load_haystack, load_haystack_file
 from .needle import (
@@ -20,6 +28,8 @@ from .needle import (
 from .scoring import contains, exact_match, normalize, score
 
 __all__ = [
+    "check_custom_prompt",
+    "needle_depth",
     "ANSWER_INSTRUCTION",
     "BUILTIN_NEEDLES",
     "CODEWORD_NEEDLES",

@@ -36,6 +36,43 @@ QUESTION_POSITIONS = ("inside", "after")
 ANSWER_INSTRUCTION = "Answer with only the answer, as briefly as possible."
 
 
+def check_custom_prompt(
+    haystack: str | None,
+    needle: str | None,
+    question: str | None,
+    answer: str | None,
+    need_haystack: bool = True,
+) -> None:
+    """The one check of a user's own prompt (CLI flags, the app's fields, a
+    `PromptSpec`, `make_custom_task` all come here): the needle, question and answer
+    come all together or not at all, each non-empty; with `need_haystack` the
+    haystack text must be non-empty. Raises TaskError with a sentence a user can act on.
+    """
+    parts = {"needle": needle, "question": question, "answer": answer}
+    given = {k: v for k, v in parts.items() if v is not None and str(v) != ""}
+    if given and len(given) < 3:
+        missing = ", ".join(k for k in parts if k not in given)
+        raise TaskError(
+            f"a custom needle needs needle, question and answer together; add {missing}"
+        )
+    for label, value in given.items():
+        if not isinstance(value, str) or not value.strip():
+            raise TaskError(f"the {label} is empty")
+    if need_haystack:
+        if not given:
+            raise TaskError("a custom prompt needs a needle, a question and an answer")
+        if not isinstance(haystack, str) or not haystack.strip():
+            raise TaskError("the custom prompt is empty: paste a haystack text")
+
+
+def needle_depth(haystack: str | None, needle: str | None, depth: float | None) -> float | None:
+    """Where to put a custom needle: None (keep it where it is) when the haystack
+    already holds it verbatim, else `depth` (insert it there)."""
+    if haystack and needle and needle.strip() and needle.strip() in haystack:
+        return None
+    return depth
+
+
 class TaskError(ValueError):
     """A task cannot be built or rendered (bad input, needle not in context, ...)."""
 

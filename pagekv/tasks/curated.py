@@ -14,10 +14,9 @@ import json
 from functools import lru_cache
 from typing import Any
 
+from ..paths import ASSETS_DIR, TASKS_DIR
 from .base import Task, TaskError
-from .haystack import ASSETS_DIR
 
-TASKS_DIR = ASSETS_DIR / "tasks"
 CURATED_KINDS = ("qa", "code")
 DIFFICULTIES = ("easy", "medium", "hard")
 

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ..paths import HAYSTACK_DIR  # noqa: E402  (re-exported)
 from .base import TaskError
-
-ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
-HAYSTACK_DIR = ASSETS_DIR / "haystack"
 
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")
 # A sentence ends at . ! or ? (optionally followed by a closing quote or

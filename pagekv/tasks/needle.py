@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import QUESTION_POSITIONS, Task, TaskError
+from .base import QUESTION_POSITIONS, Task, TaskError, check_custom_prompt
 from .haystack import (
     Unit,
     insert_at_depth,
@@ -286,9 +286,8 @@ def make_needle_task(
         if depths is None:
             depths = [(i + 1) / (len(items) + 1) for i in range(len(items))]
     else:
+        check_custom_prompt(None, needle, question, answer, need_haystack=False)
         given = [needle is not None, question is not None, answer is not None]
-        if any(given) and not all(given):
-            raise TaskError("a custom needle needs needle, question and answer together")
         chosen = Needle(needle, question, answer) if all(given) else rng.choice(BUILTIN_NEEDLES)
         items, depths, target = [chosen], [depth], 0
     depths = [float(d) for d in depths]
@@ -410,11 +409,7 @@ def make_custom_task(
     else TaskError. The answer should occur inside the needle so that its
     tokens can be tracked; ``meta["answer_in_needle"]`` records whether it does.
     """
-    if not isinstance(haystack_text, str) or not haystack_text.strip():
-        raise TaskError("the haystack is empty")
-    for label, value in (("needle", needle), ("question", question), ("answer", answer)):
-        if not isinstance(value, str) or not value.strip():
-            raise TaskError(f"the {label} is empty")
+    check_custom_prompt(haystack_text, needle, question, answer)
     needle = needle.strip()
     if depth is None:
         pos = haystack_text.find(needle)

@@ -1,10 +1,6 @@
-"""Plotly figures of plans (the app's views and the replay's HTML figures).
-
-Pure functions from `Plan` objects and numbers to `plotly.graph_objects.Figure`s;
-plotly is imported lazily so the core library does not need it. Colours are the
-Okabe-Ito palette (colour-blind safe); evicted cells are a pale grey, so what was
-thrown away reads as absence.
-"""
+"""The app's views of plans: page frame, head weights, sinks, retention, UOR, memory,
+and the constructed mechanism. Pure functions from `Plan` objects and numbers to
+plotly figures (see `pagekv.figures`)."""
 
 from __future__ import annotations
 
@@ -12,53 +8,21 @@ from collections.abc import Sequence
 
 import torch
 
-#: Okabe-Ito colours.
-BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, YELLOW, BLACK = (
-    "#0072B2",
-    "#E69F00",
-    "#009E73",
-    "#D55E00",
-    "#56B4E9",
-    "#CC79A7",
-    "#F0E442",
-    "#000000",
+from .style import (
+    BLACK,
+    BLUE,
+    GREEN,
+    ORANGE,
+    POLICY_COLOURS,
+    PURPLE,
+    SKY,
+    STATE_COLOURS,
+    STATE_NAMES,
+    VERMILLION,
+    YELLOW,
+    _go,
+    layout,
 )
-EVICTED = "#EDEDED"
-POLICY_COLOURS = {
-    "entropy": BLUE,
-    "entropy_nosink": SKY,
-    "mean": ORANGE,
-    "max": PURPLE,
-    "head_independent": VERMILLION,
-    "streaming": GREEN,
-    "full": BLACK,
-}
-#: Page states in the page-frame heatmap: 0 evicted, 1 kept, 2 protected.
-STATE_COLOURS = [EVICTED, BLUE, ORANGE]
-STATE_NAMES = ["evicted", "kept", "protected"]
-
-
-def _go():
-    import plotly.graph_objects as go
-
-    return go
-
-
-def _layout(fig, title, height=None, legend_below=False):
-    legend = dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0)
-    margin = dict(l=60, r=20, t=60, b=45)
-    if legend_below:  # figures with subplot titles: keep the legend off them
-        legend = dict(orientation="h", yanchor="top", y=-0.06, xanchor="left", x=0.0)
-        margin["b"] = 90
-    fig.update_layout(
-        title=dict(text=title, x=0.01, font=dict(size=15)),
-        template="plotly_white",
-        margin=margin,
-        legend=legend,
-    )
-    if height:
-        fig.update_layout(height=height)
-    return fig
 
 
 def page_states(p) -> torch.Tensor:
@@ -144,9 +108,7 @@ def page_frame(plans: dict, needle_positions: Sequence[int] | None = None, title
             )
         )
     L, G = plans[labels[0]].keep.shape[:2]
-    return _layout(
-        fig, title or "Page frame: what each (layer, group) keeps", 200 + 9 * L * G, True
-    )
+    return layout(fig, title or "Page frame: what each (layer, group) keeps", 200 + 9 * L * G, True)
 
 
 def head_weights_bars(p, layer: int, title=None):
@@ -173,8 +135,8 @@ def head_weights_bars(p, layer: int, title=None):
         )
     )
     fig.add_hline(y=1 / r, line_dash="dot", line_color=ORANGE, annotation_text="mean pooling 1/r")
-    fig.update_layout(barmode="group", yaxis_title="weight within group", yaxis_range=[0, 1])
-    return _layout(fig, title or f"Head weights at layer {layer}", 360)
+    fig.updatelayout(barmode="group", yaxis_title="weight within group", yaxis_range=[0, 1])
+    return layout(fig, title or f"Head weights at layer {layer}", 360)
 
 
 def layer_head_heatmap(
@@ -199,7 +161,7 @@ def layer_head_heatmap(
     for g in range(1, n_groups):
         fig.add_vline(x=g * r - 0.5, line_color="white", line_width=3)
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, title, 120 + 14 * L)
+    return layout(fig, title, 120 + 14 * L)
 
 
 def sink_advantage_lines(adv_iso: torch.Tensor, adv_raw: torch.Tensor, title=None):
@@ -234,7 +196,7 @@ def sink_advantage_lines(adv_iso: torch.Tensor, adv_raw: torch.Tensor, title=Non
         )
     )
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
-    fig.update_layout(
+    fig.updatelayout(
         xaxis_title="layer",
         yaxis_title="sink / non-sink mean weight",
         yaxis_type="log",
@@ -252,7 +214,7 @@ def sink_advantage_lines(adv_iso: torch.Tensor, adv_raw: torch.Tensor, title=Non
             yanchor="bottom",
             font=dict(size=11, color="grey"),
         )
-    return _layout(fig, title or "Sink advantage (the masquerade)", 340)
+    return layout(fig, title or "Sink advantage (the masquerade)", 340)
 
 
 def needle_retention_heatmap(retentions: dict, n_groups: int, title=None):
@@ -283,7 +245,7 @@ def needle_retention_heatmap(retentions: dict, n_groups: int, title=None):
         )
     fig.update_yaxes(autorange="reversed")
     L = torch.as_tensor(retentions[labels[0]]).shape[0]
-    return _layout(fig, title or "Needle retention per (layer, group)", 140 + 12 * L)
+    return layout(fig, title or "Needle retention per (layer, group)", 140 + 12 * L)
 
 
 def uor_curve(
@@ -321,12 +283,12 @@ def uor_curve(
         )
     )
     fig.add_hline(y=r, line_dash="dot", line_color="grey", annotation_text=f"r = {r} (worst case)")
-    fig.update_layout(
+    fig.updatelayout(
         xaxis_title="budget (% of prompt)",
         yaxis_title="union overhead ratio",
         yaxis_range=[0.9, r + 0.2],
     )
-    return _layout(fig, title or "Union overhead of head-independent selection", 340)
+    return layout(fig, title or "Union overhead of head-independent selection", 340)
 
 
 def memory_bars(rows: Sequence[dict], title=None):
@@ -344,8 +306,8 @@ def memory_bars(rows: Sequence[dict], title=None):
         )
     )
     top = max((r["bytes"] for r in rows), default=1) / 2**20
-    fig.update_layout(yaxis_title="KV cache kept (MiB)", yaxis_range=[0, 1.15 * top])
-    return _layout(fig, title or "Cache memory kept", 320)
+    fig.updatelayout(yaxis_title="KV cache kept (MiB)", yaxis_range=[0, 1.15 * top])
+    return layout(fig, title or "Cache memory kept", 320)
 
 
 def mechanism_figure(mech, plans: dict, title=None):
@@ -406,4 +368,4 @@ def mechanism_figure(mech, plans: dict, title=None):
         )
     fig.update_xaxes(title_text="token", row=2, col=1)
     fig.update_yaxes(title_text="attention", row=1, col=1)
-    return _layout(fig, title or "Mechanism (constructed profiles, not a model)", 500, True)
+    return layout(fig, title or "Mechanism (constructed profiles, not a model)", 500, True)

@@ -1,0 +1,54 @@
+"""The look every figure shares: colours, page states and the layout.
+
+Colours are the Okabe-Ito palette (colour-blind safe); evicted cells are a pale grey,
+so what was thrown away reads as absence. Policy colours follow the registry's
+order (`pagekv.policies.POLICIES`), so a new policy gets the next colour.
+"""
+
+from __future__ import annotations
+
+from ..policies import POLICIES
+
+#: Okabe-Ito colours.
+BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, YELLOW, BLACK = (
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#D55E00",
+    "#56B4E9",
+    "#CC79A7",
+    "#F0E442",
+    "#000000",
+)
+EVICTED = "#EDEDED"
+#: One colour per policy, in registry order (entropy blue, mean orange, ...).
+_PALETTE = (BLUE, SKY, ORANGE, PURPLE, VERMILLION, GREEN, BLACK, YELLOW)
+POLICY_COLOURS = {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(POLICIES)}
+#: Page states in the page-frame heatmap: 0 evicted, 1 kept, 2 protected.
+STATE_COLOURS = [EVICTED, BLUE, ORANGE]
+STATE_NAMES = ["evicted", "kept", "protected"]
+
+
+def _go():
+    import plotly.graph_objects as go
+
+    return go
+
+
+def layout(fig, title, height=None, legend_below=False):
+    """Title, white template, margins and a horizontal legend (below the plot for
+    figures with subplot titles, so it never covers them). Returns `fig`."""
+    legend = dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0)
+    margin = dict(l=60, r=20, t=60, b=45)
+    if legend_below:
+        legend = dict(orientation="h", yanchor="top", y=-0.06, xanchor="left", x=0.0)
+        margin["b"] = 90
+    fig.update_layout(
+        title=dict(text=title, x=0.01, font=dict(size=15)),
+        template="plotly_white",
+        margin=margin,
+        legend=legend,
+    )
+    if height:
+        fig.update_layout(height=height)
+    return fig
