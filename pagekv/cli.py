@@ -167,17 +167,19 @@ def format_table(runs: list[dict]) -> str:
         f"{r0['prompt_tokens']} prompt tokens, mode {r0['mode']}; expected {r0['expected']!r}\n"
         f"load {t['load_s']:.1f}s, prefill {t['prefill_s']:.2f}s\n"
     )
-    cols = f"{'policy':<17}{'kept':>7}{'budget':>8}{'UOR max':>9}{'needle':>8}{'evict s':>9}"
+    cols = f"{'policy':<17}{'stored':>7}{'budget':>8}{'UOR max':>9}{'needle':>8}{'evict s':>9}"
     cols += f"{'decode s':>10}  {'ok':<4}answer"
     lines = [head + cols, "-" * len(cols)]
     for r in runs:
-        kept = r["kept_tokens"][0] if r["kept_tokens"] else 0
+        stored = max(r["kept_tokens"], default=0)  # stored tokens per (layer, group)
         needle = _mean_retention(r)
+        evict = r["timings"]["evict_s"]
+        evict = "-" if evict is None else f"{evict:.3f}"  # the full cache evicts nothing
         ans = r["answer"].replace("\n", " ")
         ans = ans if len(ans) <= 60 else ans[:57] + "..."
         lines.append(
-            f"{r['policy']:<17}{kept:>7}{r['budget_tokens']:>8}{r['uor']['max']:>9.3f}"
-            f"{needle:>8}{r['timings']['evict_s']:>9.3f}{r['timings']['decode_s']:>10.2f}  "
+            f"{r['policy']:<17}{stored:>7}{r['budget_tokens']:>8}{r['uor']['max']:>9.3f}"
+            f"{needle:>8}{evict:>9}{r['timings']['decode_s']:>10.2f}  "
             f"{'yes' if r['correct'] else 'no':<4}{ans}"
         )
     if r0["mode"] == "inside":

@@ -36,6 +36,7 @@ may see its whole cache).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -179,6 +180,10 @@ class Runner:
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
         self.text_config = cfg if cfg is not None else model.config
         WindowQueryCapture(model, 1)  # fails early on an unsupported architecture
+        # transformers 5.24 names the forward's cache argument `cache`; older 5.x releases
+        # (5.17 on the GPU machines) call it `past_key_values` and silently ignore `cache`.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.eos_ids = set(eos_token_ids(model, tokenizer))
 
     # ---------------------------------------------------------------- prefill
@@ -208,7 +213,7 @@ class Runner:
             out = self.model(
                 input_ids=x,
                 position_ids=torch.arange(n, device=self.device)[None],
-                cache=cache,
+                **{self._cache_kw: cache},
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -418,7 +423,7 @@ class Runner:
         out = self.model(
             input_ids=x,
             position_ids=positions,
-            cache=cache,
+            **{self._cache_kw: cache},
             use_cache=True,
             logits_to_keep=1,
             **kwargs,

@@ -27,6 +27,8 @@ pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
+import app  # noqa: E402  (RUN_VIEWS: the names of the run outputs)
+
 #: gradio's own use of pandas (not ours) warns on every Dataframe output.
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*no_silent_downcasting"),
@@ -35,7 +37,9 @@ pytestmark = [
 
 #: SmolLM2-135M (the bundled model): 30 layers, 3 KV groups of 3 query heads.
 LAYERS, GROUPS, HEADS = 30, 3, 9
-N_OUT = 11  # status, answers, 8 plots, files (the two gr.State outputs stay server-side)
+#: status, answers, 8 plots, files, the layer slider (its range follows the run's model);
+#: the gr.State output stays server-side. app.RUN_VIEWS names them in order.
+N_OUT = 12
 PLOTS = ["frame", "retention", "weights", "overview", "sink_mass", "sink_adv", "uor", "memory"]
 
 #: A short needle prompt, question asked after compression.
@@ -103,7 +107,8 @@ def assert_error(out, *phrases):
     for phrase in phrases:
         assert phrase.lower() in status.lower(), (phrase, status)
     assert out[1]["data"] == []
-    assert all(v is None for v in out[2:]), out[2:]
+    views = [v for name, v in zip(app.RUN_VIEWS, out, strict=False) if name != "layer"]
+    assert all(v is None for v in views[2:]), views[2:]
 
 
 def prompt_tokens(status: str) -> int:
@@ -181,7 +186,7 @@ def test_run_answers_table(server, first_run):
     n = prompt_tokens(out[0])
     expected = server_prep(server, GOOD["context"]).task.answer
     table = out[1]
-    assert table["headers"][:4] == ["run", "verdict", "answer", "kept tokens"]
+    assert table["headers"][:4] == ["run", "verdict", "answer", "stored tokens"]
     rows = table["data"]
     assert [r[0] for r in rows] == ["full cache: full", "policy A: mean", "policy B: entropy"]
     kept = expected_kept(n, 0.3, 16, 4, 32)
@@ -192,7 +197,8 @@ def test_run_answers_table(server, first_run):
         assert r[1] == ("✓ right" if right else "✗ wrong"), r
         assert 0.0 <= float(r[4]) <= 1.0  # needle fraction kept
         assert float(r[5]) == 1.0  # pooled policies store exactly their budget: UOR 1
-        assert r[6].endswith(" ms")
+    assert rows[0][6] == "-", "the full cache evicts nothing: no eviction time"
+    assert all(r[6].endswith(" ms") for r in rows[1:])
     assert rows[0][1] == "✓ right", "the full cache should find a 300-token needle"
     assert rows[0][4] == "1.00"
 
@@ -293,7 +299,8 @@ def test_layer_redraws_from_the_last_run(client, first_run):
 
 
 def test_layer_without_a_run_is_empty(fresh_client):
-    assert fresh_client.predict(3, api_name="/layer") is None
+    # Before any run the layer slider spans 0..1 (a run sets it to the model's layers).
+    assert fresh_client.predict(1, api_name="/layer") is None
 
 
 def test_layer_out_of_range_is_refused(fresh_client):

@@ -135,7 +135,7 @@ def head_weights_bars(p, layer: int, title=None):
         )
     )
     fig.add_hline(y=1 / r, line_dash="dot", line_color=ORANGE, annotation_text="mean pooling 1/r")
-    fig.updatelayout(barmode="group", yaxis_title="weight within group", yaxis_range=[0, 1])
+    fig.update_layout(barmode="group", yaxis_title="weight within group", yaxis_range=[0, 1])
     return layout(fig, title or f"Head weights at layer {layer}", 360)
 
 
@@ -196,7 +196,7 @@ def sink_advantage_lines(adv_iso: torch.Tensor, adv_raw: torch.Tensor, title=Non
         )
     )
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
-    fig.updatelayout(
+    fig.update_layout(
         xaxis_title="layer",
         yaxis_title="sink / non-sink mean weight",
         yaxis_type="log",
@@ -283,7 +283,7 @@ def uor_curve(
         )
     )
     fig.add_hline(y=r, line_dash="dot", line_color="grey", annotation_text=f"r = {r} (worst case)")
-    fig.updatelayout(
+    fig.update_layout(
         xaxis_title="budget (% of prompt)",
         yaxis_title="union overhead ratio",
         yaxis_range=[0.9, r + 0.2],
@@ -306,7 +306,7 @@ def memory_bars(rows: Sequence[dict], title=None):
         )
     )
     top = max((r["bytes"] for r in rows), default=1) / 2**20
-    fig.updatelayout(yaxis_title="KV cache kept (MiB)", yaxis_range=[0, 1.15 * top])
+    fig.update_layout(yaxis_title="KV cache kept (MiB)", yaxis_range=[0, 1.15 * top])
     return layout(fig, title or "Cache memory kept", 320)
 
 

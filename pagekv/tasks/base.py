@@ -48,21 +48,16 @@ def check_custom_prompt(
     come all together or not at all, each non-empty; with `need_haystack` the
     haystack text must be non-empty. Raises TaskError with a sentence a user can act on.
     """
+    if need_haystack and (not isinstance(haystack, str) or not haystack.strip()):
+        raise TaskError("the custom prompt is empty: paste a haystack text")
     parts = {"needle": needle, "question": question, "answer": answer}
-    given = {k: v for k, v in parts.items() if v is not None and str(v) != ""}
-    if given and len(given) < 3:
+    given = {k: v for k, v in parts.items() if isinstance(v, str) and v.strip()}
+    blank = [k for k, v in parts.items() if v is not None and k not in given]
+    if (given or blank or need_haystack) and len(given) < 3:
         missing = ", ".join(k for k in parts if k not in given)
         raise TaskError(
-            f"a custom needle needs needle, question and answer together; add {missing}"
+            f"a custom prompt needs {missing}: give the needle, question and answer together"
         )
-    for label, value in given.items():
-        if not isinstance(value, str) or not value.strip():
-            raise TaskError(f"the {label} is empty")
-    if need_haystack:
-        if not given:
-            raise TaskError("a custom prompt needs a needle, a question and an answer")
-        if not isinstance(haystack, str) or not haystack.strip():
-            raise TaskError("the custom prompt is empty: paste a haystack text")
 
 
 def needle_depth(haystack: str | None, needle: str | None, depth: float | None) -> float | None:
