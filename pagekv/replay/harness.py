@@ -166,7 +166,7 @@ def _job_keys(model: str, grid: Grid, job: Job) -> dict:
             spec=spec,
             geometries=grid.geometries,
             budgets=grid.t1_budgets,
-            v=1,
+            v=2,  # v2: pooled UOR measured on the compacted caches (not the plans)
         )
     }
     if job.cardinality:
@@ -184,7 +184,7 @@ def _compute_job(lazy: _Lazy, store: UnitStore, grid: Grid, job: Job, keys: dict
     study = lazy.study
     prep = study.prepare(job.spec)
     if keys["profile"] not in store:
-        store.put(keys["profile"], profile_unit(prep, grid))
+        store.put(keys["profile"], profile_unit(study.runner, prep, grid))
     if job.cardinality and keys["t5"] not in store:
         store.put(keys["t5"], cardinality_unit(study.runner, prep, grid))
     for tag, cfg, label in job.decodes:

@@ -1,8 +1,9 @@
-"""Per-prompt measurements: pure functions from a prefilled prompt to JSON-ready dicts.
+"""Per-prompt measurements: functions from a prefilled prompt to JSON-ready dicts.
 
-`profile_unit` (T1, T2, T3 and the cache-level sweeps of T4 / T7) needs only the
-attention profiles and plans: no decode. `cardinality_unit` (T5) compacts real caches
-with the runner. `decode_unit` (T4, T6, T7) evicts and decodes one configuration.
+`profile_unit` (T1, T2, T3 and the cache-level sweeps of T4 / T7) needs the attention
+profiles and plans, and the runner's compacted caches for the pooled policies' UOR (no
+decode). `cardinality_unit` (T5) compacts real caches with the runner. `decode_unit`
+(T4, T6, T7) evicts and decodes one configuration.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ..config import EvictionConfig
 from ..metrics import sink_advantage
 from ..paging import BudgetError
 from ..plan import plan
+from ..policies import EVICTING_POOLED
 from .grid import (
     T7_CACHE_BUDGETS,
     T7_CACHE_PAGES,
@@ -24,9 +26,11 @@ from .grid import (
 )
 
 #: Pooled policies whose UOR T1 checks beside head-independent selection.
-POOLED_CHECKED = ("entropy", "entropy_nosink", "mean", "max", "streaming")
+POOLED_CHECKED = EVICTING_POOLED
 #: Policies of the cache-level needle sweep.
-CACHE_POLICIES = ("entropy", "entropy_nosink", "mean", "max", "streaming")
+CACHE_POLICIES = EVICTING_POOLED
+#: T5 checks the stored counts of every pooled policy that evicts.
+CARDINALITY_POLICIES = EVICTING_POOLED
 ROUND = 6
 
 
@@ -34,14 +38,55 @@ def _r(x: torch.Tensor) -> list:
     return [round(float(v), ROUND) for v in x.flatten().tolist()]
 
 
-def overlap_measurements(profiles: torch.Tensor, n_groups: int, cfg: EvictionConfig) -> dict:
-    """T1 / T2 for one prompt, one geometry and one budget.
+def stored_pooled_uor(pre, ev) -> dict:
+    """The UOR of a pooled policy, measured on the compacted cache the runner built.
+
+    Every head of group g reads the same stored keys, so the union of what the group's
+    heads keep is what the cache stores for (layer, group): the length of the compacted
+    key / value tensors. Per (layer, group), `UOR = stored / k'`, with `k'` the tokens
+    the plan keeps for that group; a compaction that stored more (padding, a duplicate)
+    or fewer tokens than planned moves it off 1. `stored_eq_plan` also checks that
+    the stored rows are the plan's tokens: the stored indices are the plan's kept set,
+    in order, and the keys and values equal the prefill's at those tokens.
+
+    Args:
+        pre: the `Prefill` the cache was compacted from.
+        ev: `Runner.evict(pre, cfg)` for a pooled, budgeted policy.
+    """
+    p = ev.plan
+    want = p.kept_indices()  # [L, G, k'] the plan's kept tokens
+    L, G = p.kept_tokens.shape
+    stored = torch.empty(L, G, dtype=torch.int64)
+    same = True
+    for i, (full, comp) in enumerate(zip(pre.cache.layers, ev.cache.layers, strict=True)):
+        k_i, v_i = comp.keys[0], comp.values[0]  # [G, s, d]
+        if k_i.shape[0] != G or v_i.shape != k_i.shape:
+            raise ValueError(f"layer {i}: compacted keys {tuple(k_i.shape)} for {G} groups")
+        stored[i] = k_i.shape[1]
+        idx = ev.kept_indices[i].to(k_i.device)  # [G, s']
+        if not torch.equal(idx.cpu(), want[i].cpu()) or idx.shape[1] != k_i.shape[1]:
+            same = False
+            continue
+        rows = idx[:, :, None].expand(-1, -1, k_i.shape[-1])  # [G, s, d]
+        same &= torch.equal(k_i, full.keys[0].gather(1, rows))
+        same &= torch.equal(v_i, full.values[0].gather(1, rows))
+    uor = stored.to(torch.float64) / p.kept_tokens.cpu().to(torch.float64)
+    return {"uor": uor, "stored": stored, "stored_eq_plan": bool(same)}
+
+
+def overlap_measurements(runner, pre, cfg: EvictionConfig) -> dict:
+    """T1 / T2 for one prompt (`pre`, a `Prefill`), one geometry and one budget.
 
     Head-independent selection: every (layer, group) is one measurement of UOR, the
     mean disagreement `D_g` and the two bounds. The r = 2 identity is checked on every
-    pair of heads of a group: `|S_a | S_b| / k' == 1 + D_ab`. The pooled policies'
-    UOR is measured the same way (each group keeps one set, shared by its heads).
+    pair of heads of a group: `|S_a | S_b| / k' == 1 + D_ab`.
+
+    Pooled policies: `runner` compacts a real cache for each, and their UOR is measured
+    on it (`stored_pooled_uor`): tokens stored per (layer, group) over the tokens the
+    plan keeps. (The plan alone would give 1 by construction: a pooled group keeps one
+    set, shared by its heads.)
     """
+    profiles, n_groups = pre.profiles(cfg.window), pre.n_groups
     try:
         p = plan(profiles, n_groups, cfg.replace(policy="head_independent"))
     except BudgetError as e:
@@ -59,18 +104,18 @@ def overlap_measurements(profiles: torch.Tensor, n_groups: int, cfg: EvictionCon
     eps = 1e-12
     pooled = {}
     for pol in POOLED_CHECKED:
-        q = plan(profiles, n_groups, cfg.replace(policy=pol))
-        # The group's heads share its one set, so the union over heads is that set.
-        sets = q.keep  # [L, G, n]
-        union = sets.sum(-1).to(torch.float64)
-        uor = union / q.kept_tokens.to(torch.float64)
+        ev = runner.evict(pre, cfg.replace(policy=pol))
+        m = stored_pooled_uor(pre, ev)
+        stored = m["stored"]  # [L, G] tokens the compacted cache holds
         pooled[pol] = {
-            "uor_max": float(uor.max()),
-            "uor_min": float(uor.min()),
-            "dense": q.dense,
-            "kept": int(q.kept_tokens.max()),
-            "within_budget": bool((q.kept_tokens <= q.budget_tokens).all()),
+            "uor_max": float(m["uor"].max()),
+            "uor_min": float(m["uor"].min()),
+            "stored_eq_plan": m["stored_eq_plan"],
+            "dense": bool((stored == stored.flatten()[0]).all()),
+            "kept": int(stored.max()),
+            "within_budget": bool((stored <= ev.plan.budget_tokens).all()),
         }
+        del ev
     return {
         "feasible": True,
         "n": n,
@@ -140,17 +185,19 @@ def cache_sweep(prefill, needle_positions, base: EvictionConfig) -> list[dict]:
     return rows
 
 
-def profile_unit(prep, grid: Grid) -> dict:
-    """Everything a prompt gives without decoding (T1, T2, T3, cache-level T4 / T7)."""
+def profile_unit(runner, prep, grid: Grid) -> dict:
+    """Everything a prompt gives without decoding (T1, T2, T3, cache-level T4 / T7).
+
+    `runner` compacts the caches on which T1 measures the pooled policies' UOR.
+    """
     pre = prep.prefill
     G = pre.n_groups
     base = EvictionConfig()
     t1 = {}
     for label, P, w in grid.geometries:
-        profiles = pre.profiles(w)
         for b in grid.t1_budgets:
             cfg = base.replace(budget=b, page_size=P, window=w)
-            t1[f"{label}|{b}"] = overlap_measurements(profiles, G, cfg)
+            t1[f"{label}|{b}"] = overlap_measurements(runner, pre, cfg)
     out = {
         "n": pre.n,
         "n_layers": pre.n_layers,
@@ -165,7 +212,7 @@ def profile_unit(prep, grid: Grid) -> dict:
     return out
 
 
-def cardinality_unit(runner, prep, grid: Grid, policies=("entropy", "mean", "max", "streaming")):
+def cardinality_unit(runner, prep, grid: Grid, policies=CARDINALITY_POLICIES):
     """T5: stored tokens of the compacted caches against the plan, for every page size.
 
     Three counts must agree per (layer, group): the tokens the compacted cache stores
