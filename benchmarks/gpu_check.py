@@ -1,0 +1,827 @@
+"""The GPU check: every GPU figure the project reports, in one command, in one short lease.
+
+On a CUDA machine (an H200 with its own torch, triton and transformers; no model hub, no
+gradio, plotly, gguf or accelerate needed)::
+
+    python benchmarks/gpu_check.py --out docs/perf_gpu.json
+
+runs, each stage in its own subprocess with a time limit, under a global deadline
+(`--deadline`, 450 s by default, so the whole check ends within 8 minutes):
+
+1. `tests`: the kernel parity tests, `python -m pytest -q tests/test_kernels.py` (their
+   `[cuda]` copies run compiled on the GPU); pass/fail counts, overall and for `[cuda]`.
+2. `end_to_end`: a model with Qwen2.5-1.5B-Instruct's configuration and random weights
+   (built from the config below, nothing downloaded; bfloat16, SDPA prefill) through
+   `pagekv.runner.Runner(model, None, backend="triton")` at 4k, 16k and 32k random
+   prompt tokens: prefill, the eviction step (`policy="entropy"`, budget 0.2, pages of
+   16) and 32 decoded tokens, against `policy="full"`. Recorded: prefill seconds, the
+   eviction step in seconds and as a fraction of prefill, decode tokens/s full against
+   evicted, cache bytes before/after, the backend of each step, peak GPU memory. A
+   warm-up at the first size (untimed, its time recorded) pays the Triton compilation.
+3. `bench_kernels`: `benchmarks/bench_kernels.py` at 4k-128k tokens on the pilot
+   model's shapes (28 layers, 12 query heads, 2 KV heads, head dim 128, bfloat16),
+   eager torch twins only (`--bench-compile` adds the torch.compile twins), with the
+   time left; sizes that would not fit are skipped with the reason recorded.
+
+Everything goes to ONE JSON file (written after each stage, so a kill keeps what was
+measured): `meta` (versions, GPU, date, mode), `tests`, `end_to_end`, `bench_kernels`,
+`imports` and `elapsed_s`. Progress lines carry the elapsed time: `[  42.0s] ...`.
+
+`--dry-run` (chosen automatically without CUDA) is the same three stages as a CPU smoke
+test in under 3 minutes: the Triton interpreter (`TRITON_INTERPRET=1`, set before
+anything imports `kernels`), a tiny Qwen2 configuration in float32, prompts of 512 and
+1024 tokens, 4 decoded tokens, the benchmark at 256 tokens. It writes the same JSON
+structure to a temporary file (never over docs/perf_gpu.json unless `--out` says so).
+Its numbers say nothing about GPU performance; it proves the script.
+
+Compatibility: it runs with the GPU machine's older stack (transformers 5.17, triton
+3.6) as well as ours; the runner passes the cache under whichever name the installed
+transformers' `forward` takes (`cache` in 5.24, `past_key_values` in 5.17).
+`end_to_end.compat_shims` stays in the JSON, empty unless a future shim is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# The Triton interpreter is chosen when a kernel is defined (when `kernels.*` is first
+# imported), so a dry run must set it before anything below imports torch or pagekv.
+# Hence a plain look at argv here, before argparse (which is set not to abbreviate).
+_DRY_FLAG = "--dry-run" in sys.argv[1:]
+if _DRY_FLAG:
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a dry run on a GPU machine stays on the CPU
+else:
+    os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels where CUDA is present
+for _k, _v in (
+    ("HF_HUB_OFFLINE", "1"),
+    ("TRANSFORMERS_OFFLINE", "1"),
+    ("GRADIO_ANALYTICS_ENABLED", "False"),
+    ("TOKENIZERS_PARALLELISM", "false"),
+):
+    os.environ.setdefault(_k, _v)
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import gc  # noqa: E402
+import importlib.metadata  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+import xml.etree.ElementTree as ET  # noqa: E402
+from collections import deque  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from anywhere
+
+#: Packages the check must never import (the app's, and the GGUF loader's).
+FORBIDDEN = ("gradio", "plotly", "gguf", "accelerate")
+
+#: Qwen2.5-1.5B-Instruct's configuration (its config.json), weights left random.
+QWEN25_1_5B = dict(
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1e6,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    use_sliding_window=False,
+    hidden_act="silu",
+    bos_token_id=151643,
+    eos_token_id=151645,
+)
+#: The dry run's stand-in: the same family and GQA ratio class, tiny.
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=4096,
+    rope_theta=1e6,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    use_sliding_window=False,
+    hidden_act="silu",
+)
+
+#: Per mode: sizes, decode length, stage limits (s) and the deadline (s).
+PLANS = {
+    "gpu": dict(
+        e2e_sizes=[4096, 16384, 32768],
+        new_tokens=32,
+        evict_reps=5,
+        bench_sizes=[4096, 8192, 16384, 32768, 65536, 131072],
+        deadline=450.0,
+        tests_max=150.0,  # the kernel tests' own limit
+        e2e_reserve=120.0,  # kept back for the end-to-end stage while the tests run
+        bench_reserve=150.0,  # kept back for the benchmark while the end-to-end runs
+    ),
+    "dry-run": dict(
+        e2e_sizes=[512, 1024],
+        new_tokens=4,
+        evict_reps=2,
+        bench_sizes=[256],
+        deadline=170.0,
+        tests_max=100.0,
+        e2e_reserve=30.0,
+        bench_reserve=20.0,
+    ),
+}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class Clock:
+    """Elapsed time since the check started, and the progress lines that show it."""
+
+    def __init__(self, deadline: float):
+        self.t0 = time.perf_counter()
+        self.deadline = deadline
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.deadline - self.elapsed()
+
+    def say(self, msg: str) -> None:
+        print(f"[{self.elapsed():7.1f}s] {msg}", flush=True)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def _nvidia_smi() -> str | None:
+    """Driver, clocks and power limit, as nvidia-smi reports them (None without it)."""
+    query = "name,driver_version,clocks.max.sm,clocks.max.memory,power.limit,memory.total"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv"],
+                             capture_output=True, text=True, timeout=15)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def environment(mode: str, args) -> dict:
+    """Versions, device and date: what the figures were measured on."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    meta = {
+        "mode": mode,
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+        "deadline_s": args.deadline,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "pytest": _version("pytest"),
+        "git_commit": _git_commit(),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET"),
+        "cuda_available": cuda,
+    }
+    if cuda:
+        props = torch.cuda.get_device_properties(0)
+        meta["gpu"] = {
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "multiprocessors": props.multi_processor_count,
+            "count": torch.cuda.device_count(),
+            "nvidia_smi": _nvidia_smi(),
+        }
+    return meta
+
+
+def run_stage(cmd: list[str], timeout: float, clock: Clock, label: str, env=None,
+              lines: list[str] | None = None) -> dict:  # fmt: skip
+    """Run `cmd` from the repository root, echo its lines with the elapsed time, stop it at
+    `timeout` seconds (its whole process group). Returns rc, wall time and the tail;
+    every line is also appended to `lines` when given."""
+    tail: deque[str] = deque(maxlen=60)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True)  # fmt: skip
+
+    def pump():
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            if lines is not None:
+                lines.append(line)
+            clock.say(f"  {label} | {line}")
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        rc = proc.wait(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        clock.say(f"{label}: time limit of {timeout:.0f} s reached; stopping it")
+        try:
+            os.killpg(proc.pid, 9)  # the stage's own process group (start_new_session)
+        except ProcessLookupError:
+            pass
+        rc = proc.wait()
+    reader.join(timeout=5)
+    return {
+        "cmd": " ".join(cmd),
+        "rc": rc,
+        "timed_out": timed_out,
+        "limit_s": round(timeout, 1),
+        "wall_s": round(time.perf_counter() - t0, 2),
+        "output_tail": list(tail)[-25:],
+    }
+
+
+def stage_env(dry: bool) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    if dry:
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def write_json(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------- stage 1
+
+
+def junit_counts(xml_path: Path) -> dict:
+    """Outcome counts from pytest's junit XML, overall and for the `[cuda]` copies."""
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    cuda = dict(counts)
+    failed_names = []
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        tags = {child.tag for child in case}
+        outcome = (
+            "failed" if "failure" in tags
+            else "errors" if "error" in tags
+            else "skipped" if "skipped" in tags
+            else "passed"
+        )  # fmt: skip
+        name = case.get("name", "")
+        counts[outcome] += 1
+        if "[cuda" in name or "-cuda" in name or "cuda]" in name:
+            cuda[outcome] += 1
+        if outcome in ("failed", "errors"):
+            failed_names.append(f"{case.get('classname')}::{name}")
+    return {**counts, "cuda": cuda, "failed_tests": failed_names[:50]}
+
+
+def verbose_counts(lines: list[str]) -> dict:
+    """The same counts from `pytest -v` lines (`path::test[id] PASSED  [ 5%]`)."""
+    word = {"PASSED": "passed", "FAILED": "failed", "ERROR": "errors", "SKIPPED": "skipped"}
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    cuda = dict(counts)
+    failed_names = []
+    for line in lines:
+        m = re.match(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED)\b", line)
+        if not m:
+            continue
+        outcome = word[m.group(2)]
+        counts[outcome] += 1
+        if "[cuda" in m.group(1):
+            cuda[outcome] += 1
+        if outcome in ("failed", "errors"):
+            failed_names.append(m.group(1))
+    return {**counts, "cuda": cuda, "failed_tests": failed_names[:50]}
+
+
+def stage_tests(args, clock: Clock, dry: bool, limit: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        xml_path = Path(tmp) / "junit.xml"
+        # -v: one line per test, so a stage stopped at its limit still has its counts.
+        cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
+               f"--junitxml={xml_path}", "tests/test_kernels.py"]  # fmt: skip
+        if args.tests_k:
+            cmd += ["-k", args.tests_k]
+        lines: list[str] = []
+        out = run_stage(cmd, limit, clock, "tests", stage_env(dry), lines)
+        try:
+            out.update(junit_counts(xml_path))
+            out["counts_from"] = "junit xml"
+        except (OSError, ET.ParseError) as e:
+            out.update(verbose_counts(lines))
+            out["counts_from"] = f"pytest -v lines (no junit xml: {type(e).__name__})"
+    summary = [ln for ln in out["output_tail"] if re.search(r"\d+ (passed|failed|error)", ln)]
+    out["summary"] = summary[-1] if summary else None
+    out["ok"] = out["rc"] == 0 and not out["timed_out"]
+    return out
+
+
+# --------------------------------------------------------------------------- stage 2
+
+
+def build_model(config: dict, dtype, device):
+    """A Qwen2 causal LM with random weights from `config` (nothing downloaded)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(**config)
+    torch.manual_seed(0)
+    with torch.device(device):  # initialise on the device: seconds, not a minute, at 1.5B
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+        except TypeError:  # an older transformers that only knows `torch_dtype`
+            model = AutoModelForCausalLM.from_config(
+                cfg, torch_dtype=dtype, attn_implementation="sdpa"
+            )
+    return model.to(device).eval()
+
+
+def _sync(device) -> float:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+#: Where a `Prefill` memoises its scoring (the name has changed once; both are tried).
+MEMO_ATTRS = ("_scores", "_profiles")
+
+
+def _clear_profile_memo(pre) -> bool:
+    """Forget the prefill's memoised profiles, so that the next eviction scores again.
+    False when the prefill has no memo this function knows (then the repeats time the
+    eviction step without its scoring, and the JSON says so)."""
+    found = False
+    for name in MEMO_ATTRS:
+        memo = getattr(pre, name, None)
+        if isinstance(memo, dict):
+            memo.clear()
+            found = True
+    return found
+
+
+def _step_seconds(timings: dict) -> tuple[float, list[str]]:
+    """The eviction step: every timed part except the prefill and the decode."""
+    keys = [
+        k
+        for k, v in timings.items()
+        if k.endswith("_s") and k not in ("prefill_s", "decode_s") and v is not None
+    ]
+    return float(sum(float(timings[k]) for k in keys)), keys
+
+
+def _flat_ints(x) -> list[int]:
+    """The integers of a nested list (`[L][G]` per-group counts), however deep."""
+    if x is None:
+        return []
+    if isinstance(x, (list, tuple)):
+        return [i for item in x for i in _flat_ints(item)]
+    return [int(x)]
+
+
+def _result_summary(res) -> dict:
+    """The JSON-ready fields of a RunResult that the check reports (no [L][G] lists)."""
+    d = res.to_dict() if hasattr(res, "to_dict") else dict(vars(res))
+    out = {}
+    for k, v in d.items():
+        if k in ("answer", "kept_tokens", "union_tokens", "needle_retention",
+                 "needle_retention_union", "plan", "logits"):  # fmt: skip
+            continue
+        out[k] = v
+    flat = _flat_ints(d.get("kept_tokens"))
+    if flat:
+        out["kept_tokens_per_layer_group"] = {"min": min(flat), "max": max(flat)}
+    tokens = d.get("tokens") or []
+    decode_s = float(d.get("timings", {}).get("decode_s", 0.0))
+    # The first answer token is the prefill's argmax: len(tokens) - 1 decode forwards.
+    forwards = max(len(tokens) - 1, 0)
+    out["decode_forwards"] = forwards
+    out["decode_tok_s"] = forwards / decode_s if decode_s > 0 and forwards else None
+    step_s, step_keys = _step_seconds(d.get("timings", {}))
+    out["evict_step_s"] = step_s
+    out["evict_step_parts"] = step_keys
+    return out
+
+
+def _backend_parity(model, ids, cfg, triton_res, new_tokens) -> dict:
+    """The same prompt through the torch twins: same kept pages, same answer tokens?"""
+    from pagekv.runner import Runner
+
+    runner = Runner(model, None, backend="torch")
+    pre = runner.prefill(ids, window_max=cfg.window)
+    res = runner.evaluate(pre, cfg, max_new_tokens=new_tokens, stop_at_eos=False)
+    out = {"torch_backend": res.backend, "tokens_equal": res.tokens == triton_res.tokens}
+    try:
+        a, b = triton_res.plan.page_keep.cpu(), res.plan.page_keep.cpu()
+        out["kept_pages_equal"] = bool(a.shape == b.shape and bool((a == b).all()))
+        out["kept_pages_differ_frac"] = float((a != b).float().mean()) if a.shape == b.shape else 1
+    except AttributeError as e:
+        out["kept_pages_equal"] = f"not compared: {e}"
+    out["note"] = "random weights: near-uniform attention, so near-ties may break differently"
+    return out
+
+
+def stage_e2e(args) -> int:
+    """The end-to-end stage, run in its own process (`--stage e2e`)."""
+    import torch
+
+    dry = args.mode == "dry-run"
+    plan = PLANS[args.mode]
+    part_out = Path(args.part_out)
+    stop_at = time.time() + args.stage_limit  # this stage's own deadline
+    t0 = time.perf_counter()
+
+    def say(msg):
+        print(f"e2e {time.perf_counter() - t0:6.1f}s: {msg}", flush=True)
+
+    device = torch.device("cpu" if dry else "cuda")
+    dtype = torch.float32 if dry else torch.bfloat16
+    config = TINY if dry else QWEN25_1_5B
+    report: dict = {
+        "model": "tiny Qwen2 (dry run)" if dry else "Qwen2.5-1.5B-Instruct configuration",
+        "weights": "random (torch.manual_seed(0)), nothing downloaded",
+        "config": config,
+        "dtype": str(dtype).replace("torch.", ""),
+        "attn_implementation": "sdpa",
+        "device": str(device),
+        "runner_backend_requested": "triton",
+        "eviction": {"policy": "entropy", "budget": 0.2, "page_size": 16},
+        "new_tokens": plan["new_tokens"] if args.new_tokens is None else args.new_tokens,
+        "sizes": args.e2e_sizes,
+        "timer": "time.perf_counter after torch.cuda.synchronize (runner timings)",
+        "runs": [],
+        "skipped": [],
+    }
+
+    def save():
+        part_out.write_text(json.dumps(report, indent=1, default=str))
+
+    from pagekv import EvictionConfig
+    from pagekv.runner import Runner
+
+    t = time.perf_counter()
+    model = build_model(config, dtype, device)
+    report["build_s"] = time.perf_counter() - t
+    report["parameters"] = sum(p.numel() for p in model.parameters())
+    report["compat_shims"] = []  # the runner itself handles transformers 5.17 and 5.24
+    say(f"model built in {report['build_s']:.1f} s ({report['parameters'] / 1e6:.1f} M "
+        f"parameters, {report['dtype']}); shims: {report['compat_shims'] or 'none'}")  # fmt: skip
+    runner = Runner(model, None, backend="triton")
+    report["runner_backend"] = runner.backend
+    save()
+
+    cfg_e = EvictionConfig(policy="entropy", budget=0.2, page_size=16)
+    cfg_f = EvictionConfig(policy="full", budget=0.2, page_size=16)
+    new = report["new_tokens"]
+    gen = torch.Generator().manual_seed(1)
+    vocab = config["vocab_size"]
+
+    def ids_of(n):
+        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+    # Warm-up (untimed in the figures): compiles the Triton kernels and the SDPA path.
+    n0 = args.e2e_sizes[0]
+    t = _sync(device)
+    pre = runner.prefill(ids_of(n0), window_max=cfg_e.window)
+    runner.evaluate(pre, cfg_e, max_new_tokens=2, stop_at_eos=False)
+    runner.evaluate(pre, cfg_f, max_new_tokens=2, stop_at_eos=False)
+    what = "prefill + entropy and full evaluations, 2 tokens each"
+    report["warmup"] = {"n": n0, "s": _sync(device) - t, "what": what}
+    del pre
+    say(f"warm-up at n = {n0}: {report['warmup']['s']:.1f} s (includes Triton compilation)")
+    save()
+
+    last = None  # (n, seconds) of the previous size
+    for n in args.e2e_sizes:
+        left = stop_at - time.time()
+        need = 1.5 * last[1] * (n / last[0]) ** 1.5 if last else 0.0  # prefill ~ n^1.5 here
+        if left < 5 or need > left:
+            reason = f"time: {left:.0f} s left in the stage, about {need:.0f} s needed"
+            report["skipped"].append({"n": n, "reason": reason})
+            say(f"n = {n}: skipped ({reason})")
+            save()
+            continue
+        t_size = time.perf_counter()
+        run: dict = {"n": n}
+        try:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            ids = ids_of(n)
+            # Prefill twice: the first call at a new length pays one-off setup.
+            pre = runner.prefill(ids, window_max=cfg_e.window)
+            run["prefill_s_first"] = float(pre.timings["prefill_s"])
+            del pre
+            pre = runner.prefill(ids, window_max=cfg_e.window)
+            prefill_s = float(pre.timings["prefill_s"])
+            run["prefill_s"] = prefill_s
+            run["prefill_tok_s"] = n / prefill_s
+            res_e = runner.evaluate(pre, cfg_e, max_new_tokens=new, stop_at_eos=False)
+            res_f = runner.evaluate(pre, cfg_f, max_new_tokens=new, stop_at_eos=False)
+            run["entropy"] = _result_summary(res_e)
+            run["full"] = _result_summary(res_f)
+            # The eviction step again, scoring from scratch each time (memo cleared).
+            reps, cleared = [], True
+            for _ in range(args.evict_reps):
+                cleared = _clear_profile_memo(pre) and cleared
+                r = runner.evaluate(pre, cfg_e, max_new_tokens=0, stop_at_eos=False)
+                reps.append(_step_seconds(r.timings)[0])
+            run["evict_step_s_reps"] = reps
+            run["profile_memo_cleared"] = cleared
+            step = statistics.median(reps) if reps else run["entropy"]["evict_step_s"]
+            run["evict_step_s"] = step
+            run["evict_step_s_first"] = run["entropy"]["evict_step_s"]
+            run["evict_frac_of_prefill"] = step / prefill_s
+            run["decode_tok_s_full"] = run["full"]["decode_tok_s"]
+            run["decode_tok_s_evicted"] = run["entropy"]["decode_tok_s"]
+            run["cache_bytes_before"] = res_e.cache_bytes_before
+            run["cache_bytes_after"] = res_e.cache_bytes_after
+            run["cache_ratio"] = res_e.cache_bytes_after / res_e.cache_bytes_before
+            run["backend"] = res_e.backend
+            run["backends"] = {k: v for k, v in run["entropy"].items() if "backend" in k}
+            if device.type == "cuda":
+                run["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+            if n == args.e2e_sizes[0]:
+                run["backend_parity"] = _backend_parity(model, ids, cfg_e, res_e, new)
+            del pre, res_e, res_f
+        except Exception as e:  # one size failing (say, out of memory) keeps the others
+            run["error"] = f"{type(e).__name__}: {e}"[:800]
+            run["traceback"] = traceback.format_exc().splitlines()[-12:]
+            print("\n".join(run["traceback"]), flush=True)
+            pre = res_e = res_f = None  # noqa: F841 (free the tensors before the next size)
+        gc.collect()
+        run["wall_s"] = time.perf_counter() - t_size
+        last = (n, run["wall_s"])
+        report["runs"].append(run)
+        save()
+        if "error" in run:
+            say(f"n = {n}: FAILED {run['error']}")
+            continue
+        dec_f, dec_e = run["decode_tok_s_full"], run["decode_tok_s_evicted"]
+        say(
+            f"n = {n}: prefill {run['prefill_s']:.3f} s | eviction step "
+            f"{1e3 * run['evict_step_s']:.2f} ms = {100 * run['evict_frac_of_prefill']:.2f}% "
+            f"of prefill | decode {_fmt(dec_f)} tok/s full, {_fmt(dec_e)} tok/s evicted | "
+            f"cache {run['cache_bytes_before'] / 2**20:.1f} -> "
+            f"{run['cache_bytes_after'] / 2**20:.1f} MiB | backend {run['backend']}"
+        )
+    report["forbidden_imported"] = [m for m in FORBIDDEN if m in sys.modules]
+    save()
+    return 0
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+# --------------------------------------------------------------------------- stage 3
+
+
+def bench_summary(bench: dict) -> list[dict]:
+    """Per size: the scoring kernel against its eager twin, and the whole eviction step."""
+    rows = []
+    for r in bench.get("results", []):
+        t = r.get("times", {})
+
+        def ms(name, t=t):
+            return t.get(name, {}).get("ms")
+
+        row = {"n": r.get("n")}
+        for key in ("error", "skipped"):
+            if key in r:
+                row[key] = r[key]
+        s_tr, s_to = ms("score/triton"), ms("score/torch")
+        row["score_triton_ms"], row["score_torch_ms"] = s_tr, s_to
+        row["score_speedup"] = s_to / s_tr if s_tr and s_to else None
+        row["score_frac_of_peak"] = t.get("score/triton", {}).get("frac_of_peak")
+        row["eviction_step_triton_ms"] = ms("eviction_step/triton")
+        row["eviction_step_torch_ms"] = ms("eviction_step/torch")
+        row["parity"] = r.get("parity")
+        rows.append(row)
+    return rows
+
+
+def stage_bench(args, clock: Clock, dry: bool, limit: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = Path(tmp) / "bench.json"
+        cmd = [sys.executable, "benchmarks/bench_kernels.py", "--out", str(out_path),
+               "--sizes", *map(str, args.bench_sizes),
+               "--time-budget", f"{max(limit - 25.0, 1.0):.0f}"]  # fmt: skip
+        if not args.bench_compile:
+            cmd.append("--no-compile")
+        if not dry:
+            cmd.append("--rng-device")
+        out = run_stage(cmd, limit, clock, "bench", stage_env(dry))
+        try:
+            out["result"] = json.loads(out_path.read_text())
+        except (OSError, ValueError) as e:
+            out["result"] = None
+            out["result_error"] = f"{type(e).__name__}: {e}"
+    done = {r.get("n") for r in (out["result"] or {}).get("results", [])}
+    out["not_reached"] = [n for n in args.bench_sizes if n not in done]
+    out["summary"] = bench_summary(out["result"] or {})
+    out["ok"] = out["rc"] == 0 and not out["timed_out"]
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the JSON file (default: docs/perf_gpu.json on a GPU, a temporary "
+                    "file in a dry run)")  # fmt: skip
+    ap.add_argument("--dry-run", action="store_true",
+                    help="the CPU smoke version (automatic without CUDA)")  # fmt: skip
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds for the whole check (default 450 on a GPU, 170 dry)")  # fmt: skip
+    stages = ["tests", "e2e", "bench"]
+    ap.add_argument("--stages", nargs="+", default=stages, choices=stages,
+                    help="the stages to run, in order")  # fmt: skip
+    ap.add_argument("--e2e-sizes", type=int, nargs="+", default=None, help="prompt tokens")
+    ap.add_argument("--new-tokens", type=int, default=None, help="decoded tokens per run")
+    ap.add_argument("--evict-reps", type=int, default=None,
+                    help="repeats of the eviction step per size (median reported)")  # fmt: skip
+    ap.add_argument("--bench-sizes", type=int, nargs="+", default=None)
+    ap.add_argument("--bench-compile", action="store_true",
+                    help="also time the torch.compile twins (slow to compile)")  # fmt: skip
+    ap.add_argument("--tests-k", default=None, help="pytest -k expression for the kernel tests")
+    # Internal: the end-to-end stage runs in a child process of this script.
+    ap.add_argument("--stage", choices=["e2e"], help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=list(PLANS), help=argparse.SUPPRESS)
+    ap.add_argument("--part-out", help=argparse.SUPPRESS)
+    ap.add_argument("--stage-limit", type=float, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.stage == "e2e":
+        return stage_e2e(args)
+
+    import torch
+
+    mode = "dry-run" if args.dry_run or not torch.cuda.is_available() else "gpu"
+    if mode == "dry-run":
+        os.environ["TRITON_INTERPRET"] = "1"  # nothing has imported `kernels` yet
+    plan = PLANS[mode]
+    args.deadline = args.deadline or plan["deadline"]
+    args.e2e_sizes = args.e2e_sizes or plan["e2e_sizes"]
+    args.bench_sizes = args.bench_sizes or plan["bench_sizes"]
+    args.evict_reps = plan["evict_reps"] if args.evict_reps is None else args.evict_reps
+    if args.out is None:
+        if mode == "gpu":
+            args.out = ROOT / "docs" / "perf_gpu.json"
+        else:
+            args.out = Path(tempfile.gettempdir()) / "pagekv_gpu_check_dry_run.json"
+    clock = Clock(args.deadline)
+    dry = mode == "dry-run"
+    if dry and not args.dry_run:
+        clock.say("no CUDA device: running the CPU dry run (these numbers are not GPU figures)")
+    report: dict = {"meta": environment(mode, args)}
+    meta = report["meta"]
+    clock.say(
+        f"gpu_check ({mode}): torch {meta['torch']}, triton {meta['triton']}, transformers "
+        f"{meta['transformers']}, {meta.get('gpu', {}).get('name', 'no GPU')}; deadline "
+        f"{args.deadline:.0f} s; writing {args.out}"
+    )
+    for key in ("tests", "end_to_end", "bench_kernels"):
+        report[key] = {"status": "not run"}
+    write_json(args.out, report)
+
+    def reserve(after: str) -> float:
+        """Time kept back for the stages after `after` that will run."""
+        order = [s for s in ("tests", "e2e", "bench") if s in args.stages]
+        later = order[order.index(after) + 1 :]
+        return (plan["e2e_reserve"] if "e2e" in later else 0.0) + (
+            plan["bench_reserve"] if "bench" in later else 0.0
+        )
+
+    for stage in args.stages:
+        limit = clock.left() - reserve(stage) - 5.0
+        if stage == "tests":
+            limit = min(limit, plan["tests_max"])
+        key = {"tests": "tests", "e2e": "end_to_end", "bench": "bench_kernels"}[stage]
+        if limit < 10:
+            report[key] = {"status": "skipped", "reason": f"deadline: {clock.left():.0f} s left"}
+            clock.say(f"{stage}: skipped, {clock.left():.0f} s left")
+            write_json(args.out, report)
+            continue
+        clock.say(f"stage {stage}: limit {limit:.0f} s")
+        if stage == "tests":
+            out = stage_tests(args, clock, dry, limit)
+            clock.say(
+                f"tests: {out.get('passed')} passed, {out.get('failed')} failed, "
+                f"{out.get('errors')} errors, {out.get('skipped')} skipped "
+                f"([cuda]: {out.get('cuda')}) in {out['wall_s']:.0f} s"
+            )
+        elif stage == "e2e":
+            out = stage_e2e_run(args, clock, dry, mode, limit)
+        else:
+            out = stage_bench(args, clock, dry, limit)
+            for row in out["summary"]:
+                clock.say(f"bench n = {row['n']}: " + _bench_line(row))
+        out["status"] = "done"
+        report[key] = out
+        report["elapsed_s"] = round(clock.elapsed(), 1)
+        write_json(args.out, report)
+
+    report["imports"] = {
+        "forbidden": list(FORBIDDEN),
+        "imported_by_check": [m for m in FORBIDDEN if m in sys.modules],
+        "imported_by_end_to_end": report["end_to_end"].get("forbidden_imported"),
+        "note": "transformers imports accelerate itself wherever it is installed; "
+        "tests/test_gpu_check.py checks that nothing else does",
+    }
+    report["elapsed_s"] = round(clock.elapsed(), 1)
+    report["within_deadline"] = report["elapsed_s"] <= args.deadline
+    write_json(args.out, report)
+    clock.say(f"done in {report['elapsed_s']:.0f} s; wrote {args.out}")
+    return 0
+
+
+def stage_e2e_run(args, clock: Clock, dry: bool, mode: str, limit: float) -> dict:
+    """Run the end-to-end stage in a child process and read back what it wrote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        part = Path(tmp) / "e2e.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", "e2e", "--mode", mode,
+               "--part-out", str(part), "--stage-limit", f"{max(limit - 10.0, 5.0):.0f}",
+               "--evict-reps", str(args.evict_reps),
+               "--e2e-sizes", *map(str, args.e2e_sizes)]  # fmt: skip
+        if args.new_tokens is not None:
+            cmd += ["--new-tokens", str(args.new_tokens)]
+        if dry:
+            cmd.append("--dry-run")
+        run = run_stage(cmd, limit, clock, "e2e", stage_env(dry))
+        try:
+            out = json.loads(part.read_text())
+        except (OSError, ValueError) as e:
+            out = {"result_error": f"{type(e).__name__}: {e}"}
+    out["process"] = run
+    done = {r.get("n") for r in out.get("runs", [])} | {s["n"] for s in out.get("skipped", [])}
+    out["not_reached"] = [n for n in args.e2e_sizes if n not in done]
+    out["ok"] = (
+        run["rc"] == 0
+        and not run["timed_out"]
+        and not any("error" in r for r in out.get("runs", []))
+    )
+    return out
+
+
+def _bench_line(row: dict) -> str:
+    if "error" in row or "skipped" in row:
+        return str(row.get("error") or f"skipped: {row.get('skipped')}")
+
+    def f(x, unit="", scale=1.0, digits=3):
+        return "n/a" if x is None else f"{x * scale:.{digits}f}{unit}"
+
+    return (
+        f"score triton {f(row['score_triton_ms'], ' ms')} vs torch "
+        f"{f(row['score_torch_ms'], ' ms')} ({f(row['score_speedup'], 'x', digits=1)}, "
+        f"{f(row['score_frac_of_peak'], '% of peak', 100, 1)}); eviction step triton "
+        f"{f(row['eviction_step_triton_ms'], ' ms')}"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
