@@ -61,6 +61,10 @@ from pathlib import Path
 
 PRESSES = ("snapkv", "expected_attention", "knorm", "streaming_llm")
 """The kvpress presses the peer runs (``"none"`` is also accepted: no compression)."""
+PAGEKV_PRESSES = ("pagekv_entropy", "pagekv_mean")
+"""pagekv's own presses run through kvpress (``pagekv.integrations.kvpress_press``:
+``PageEntroKVPress`` and ``MeanPoolPagePress``); their results add a ``pagekv`` record
+with the pages each (layer, KV head) kept."""
 MODES = ("inside", "after")
 
 REQUIREMENTS_FILE = Path(__file__).with_name("requirements-kvpress.txt")
@@ -166,10 +170,13 @@ def make_request(
     :func:`ratio_for_budget` on the compressed length) or kvpress's ``compression_ratio``
     (fraction removed), not both. ``press="none"`` runs without compression.
     ``press_kwargs`` go to the press's constructor (e.g. ``{"window_size": 32}`` for
-    SnapKV, whose default window of 64 needs prompts longer than 64 tokens).
+    SnapKV, whose default window of 64 needs prompts longer than 64 tokens; ``{"page_size":
+    16}`` for the ``pagekv_*`` presses of :data:`PAGEKV_PRESSES`).
     """
-    if press not in PRESSES and press != "none":
-        raise ValueError(f"unknown press {press!r}; expected one of {PRESSES} or 'none'")
+    if press not in PRESSES and press not in PAGEKV_PRESSES and press != "none":
+        raise ValueError(
+            f"unknown press {press!r}; expected one of {PRESSES + PAGEKV_PRESSES} or 'none'"
+        )
     if (input_ids is None) == (context_ids is None):
         raise ValueError("give input_ids (question inside) or context_ids (question after)")
     req: dict = {"id": id, "press": press}

@@ -1,9 +1,10 @@
 """Run kvpress presses on given token ids; one JSON request in, one JSON response out.
 
 This script runs INSIDE the kvpress virtual environment (see ``requirements-kvpress.txt``
-and ``kvpress_peer.ensure_kvpress_env``). It imports only the standard library, torch,
-transformers and kvpress, never ``pagekv`` (which needs transformers 5.x, while kvpress
-0.5.5 needs transformers < 5.3).
+and ``kvpress_peer.ensure_kvpress_env``). It imports the standard library, torch,
+transformers and kvpress; ``pagekv`` only for the ``pagekv_*`` presses, and then only its
+torch-only core and ``pagekv.integrations.kvpress_press`` (the repository root that holds
+this file is put on ``sys.path``), never the runtime that needs transformers 5.24.
 
 Usage::
 
@@ -28,7 +29,13 @@ Request::
 
 ``compression_ratio`` is kvpress's: the fraction of the cache REMOVED (our budget
 ``beta`` is the fraction kept, so ``compression_ratio = 1 - beta``). ``press`` is one of
-``snapkv``, ``expected_attention``, ``knorm``, ``streaming_llm`` or ``none``.
+``snapkv``, ``expected_attention``, ``knorm``, ``streaming_llm`` or ``none``, or one of
+pagekv's presses run through kvpress, ``pagekv_entropy`` (``PageEntroKVPress``) and
+``pagekv_mean`` (``MeanPoolPagePress``); their ``press_kwargs`` are the press's fields
+(``page_size``, ``window``, ``n_sink``, ``tau``, ``backend``, or ``budget`` instead of the
+request's ratio), and their results add ``pagekv``: ``{"budget_tokens": [k per layer],
+"kept_pages": [[kept page indices per KV head] per layer], "n_pages": ...,
+"kvpress_base": true when the press is a kvpress BasePress, "backend": ...}``.
 
 Response::
 
@@ -88,6 +95,11 @@ PRESS_CLASSES = {
     "knorm": "KnormPress",
     "streaming_llm": "StreamingLLMPress",
 }
+#: pagekv's presses run inside kvpress (pagekv.integrations.kvpress_press).
+PAGEKV_PRESS_CLASSES = {
+    "pagekv_entropy": "PageEntroKVPress",
+    "pagekv_mean": "MeanPoolPagePress",
+}
 MODES = ("inside", "after")
 
 
@@ -108,15 +120,46 @@ def make_press(name: str, compression_ratio: float, press_kwargs: dict | None):
     """The kvpress press called ``name``, or ``None`` for no compression."""
     if name == "none":
         return None
-    if name not in PRESS_CLASSES:
-        raise ValueError(f"unknown press {name!r}; expected one of {sorted(PRESS_CLASSES)} or none")
-    import kvpress
-
+    if name not in PRESS_CLASSES and name not in PAGEKV_PRESS_CLASSES:
+        known = sorted(PRESS_CLASSES) + sorted(PAGEKV_PRESS_CLASSES)
+        raise ValueError(f"unknown press {name!r}; expected one of {known} or none")
     ratio = float(compression_ratio)
     if not 0.0 <= ratio < 1.0:
         raise ValueError(f"compression_ratio must be in [0, 1); got {ratio}")
+    if name in PAGEKV_PRESS_CLASSES:
+        return make_pagekv_press(name, ratio, press_kwargs)
+    import kvpress
+
     cls = getattr(kvpress, PRESS_CLASSES[name])
     return cls(compression_ratio=ratio, **(press_kwargs or {}))
+
+
+def make_pagekv_press(name: str, compression_ratio: float, press_kwargs: dict | None):
+    """pagekv's press ``name``, recording its plans; ``press_kwargs["budget"]`` (fraction
+    kept) replaces the request's ``compression_ratio`` when given."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from pagekv.integrations import kvpress_press
+
+    kwargs = dict(press_kwargs or {})
+    if "budget" not in kwargs:
+        kwargs["compression_ratio"] = compression_ratio
+    cls = getattr(kvpress_press, PAGEKV_PRESS_CLASSES[name])
+    return cls(record=True, **kwargs)
+
+
+def pagekv_report(press) -> dict:
+    """The pages a pagekv press kept in each layer (batch of one), for parity checks."""
+    layers = sorted(press.plans)
+    plans = [press.plans[i] for i in layers]
+    return {
+        "budget_tokens": [int(p.budget_tokens) for p in plans],
+        "kept_pages": [[row.nonzero().flatten().tolist() for row in p.page_keep[0]] for p in plans],
+        "n_pages": plans[0].n_pages if plans else None,
+        "kvpress_base": bool(getattr(sys.modules[type(press).__module__], "KVPRESS_BASE", False)),
+        "config": plans[0].config.to_dict() if plans else None,
+    }
 
 
 class Worker:
@@ -221,7 +264,8 @@ class Worker:
                 pos += 1
         seconds = time.perf_counter() - t0
         answer = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        return {
+        extra = {"pagekv": pagekv_report(press)} if hasattr(press, "plans") else {}
+        return extra | {
             "prompt_tokens": n + len(question),
             "compressed_tokens": n,
             "kept_tokens": kept,

@@ -5,6 +5,11 @@ on the converted bundled model, fed the very token ids the replay uses). This ad
 only imports it, asks whether it can run, sends one batch of requests and turns every
 failure (module missing, kvpress not installable, a request error) into a recorded
 reason: `{"available": False, "reason": ...}` in results.json.
+
+Besides kvpress's presses the replay runs pagekv's own presses through kvpress
+(`pagekv_entropy` = `PageEntroKVPress`, `pagekv_mean` = `MeanPoolPagePress`, from
+`pagekv.integrations.kvpress_press`) at the replay's default geometry (pages of 16,
+window 32), so T4 and T6 compare every method in one pipeline.
 """
 
 from __future__ import annotations
@@ -14,10 +19,16 @@ import logging
 
 log = logging.getLogger(__name__)
 
-#: The presses the replay asks for, in the bridge's `PRESSES` spelling.
-WANTED = ("snapkv", "expected_attention", "knorm", "streaming_llm")
-#: SnapKV's observation window set to ours (32); its default of 64 differs.
-PRESS_KWARGS = {"snapkv": {"window_size": 32}}
+#: kvpress's presses the replay asks for, in the bridge's `PRESSES` spelling.
+KVPRESS_WANTED = ("snapkv", "expected_attention", "knorm", "streaming_llm")
+#: pagekv's presses run inside kvpress (the bridge's `PAGEKV_PRESSES`).
+PAGEKV_WANTED = ("pagekv_entropy", "pagekv_mean")
+#: Every press the replay asks for.
+WANTED = KVPRESS_WANTED + PAGEKV_WANTED
+#: SnapKV's observation window set to ours (32); its default of 64 differs. pagekv's
+#: presses at the runner's default geometry (EvictionConfig: pages of 16, window 32).
+_GEOMETRY = {"page_size": 16, "window": 32, "n_sink": 4, "tau": 1.0}
+PRESS_KWARGS = {"snapkv": {"window_size": 32}} | {p: dict(_GEOMETRY) for p in PAGEKV_WANTED}
 
 
 class PeerAdapter:
@@ -60,7 +71,8 @@ class PeerAdapter:
         if not ok:
             self.reason = f"kvpress unavailable: {why}"
             return
-        names = [str(p) for p in getattr(self.module, "PRESSES", WANTED)]
+        names = [str(p) for p in getattr(self.module, "PRESSES", KVPRESS_WANTED)]
+        names += [str(p) for p in getattr(self.module, "PAGEKV_PRESSES", ())]
         self.presses = [p for p in WANTED if p in names] or names[: len(WANTED)]
         self.available = True
         self.reason = why or "ok"

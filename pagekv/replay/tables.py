@@ -10,6 +10,7 @@ import math
 from collections import defaultdict
 
 from ..config import EvictionConfig
+from ..policies import EVICTING_POOLED
 from ..study import PromptSpec
 from .grid import Grid
 
@@ -98,7 +99,7 @@ def t1_t2(grid: Grid, units: list[dict]):
                     "pooled_uor_min": min((p["uor_min"] for p in pooled), default=None),
                     "pooled_uor_max": max((p["uor_max"] for p in pooled), default=None),
                     "pooled_dense_and_within_budget": all(
-                        p["dense"] and p["within_budget"] for p in pooled
+                        p["dense"] and p["within_budget"] and p["stored_eq_plan"] for p in pooled
                     ),
                 }
             )
@@ -257,27 +258,51 @@ def t4(decode_units, profile_units, peer_units):
                 "kept_all": _mean([1.0 if r["kept_all"] else 0.0 for r in feas]),
             }
         )
-    peer = _peer_rows(peer_units, "T4")
+    peer = _peer_rows(peer_units, "T4", rows)
     return summary, detail, cache, peer
 
 
-def _peer_rows(peer_units, table):
+#: pagekv's presses run inside kvpress, and the runner policy each one reproduces.
+PAGEKV_PRESS_POLICY = {"pagekv_entropy": "entropy", "pagekv_mean": "mean"}
+
+
+def _peer_rows(peer_units, table, decode_rows=()):
+    """One row per (mode, budget, press) of the kvpress peer, every press run in kvpress's
+    pipeline on the same token ids. For pagekv's presses (`pagekv_entropy`, `pagekv_mean`)
+    `same_answer_as_runner` is the fraction of the prompts whose answer equals the
+    runner's own decode of that policy at the same budget and default geometry (page 16,
+    window 32, tau 1), out of `runner_matched` prompts that have one."""
+    runner = {}
+    for r in decode_rows:
+        c = r["config"]
+        if r.get("feasible") and (c["page_size"], c["window"], c["tau"]) == (16, 32, 1.0):
+            runner[(r["spec_id"], r["mode"], r["budget"], r["policy"])] = r.get("answer")
     rows = []
     recs = [
         p | {"mode": p["spec"].get("mode", "inside")} for p in peer_units if p["table"] == table
     ]
     for (mode, b, press), rs in sorted(_group(recs, ("mode", "budget", "press")).items()):
         ok = [r for r in rs if not r.get("error")]
+        policy = PAGEKV_PRESS_POLICY.get(press)
+        same = []
+        if policy is not None:
+            for r in ok:
+                key = (_spec_id(r["spec"]), mode, b, policy)
+                if key in runner:
+                    same.append(1.0 if r.get("answer") == runner[key] else 0.0)
         rows.append(
             {
                 "mode": mode,
                 "budget": b,
                 "press": press,
+                "method": f"pagekv {policy} (kvpress press)" if policy else "kvpress",
                 "compression_ratio": round(1 - b, 6),
                 "prompts": len(rs),
                 "answered": len(ok),
                 "recall": _mean([1.0 if r.get("correct") else 0.0 for r in ok]),
                 "kept_tokens": _mean([_kept(r.get("kept_tokens")) for r in ok]),
+                "same_answer_as_runner": _mean(same) if same else None,
+                "runner_matched": len(same) if policy else None,
                 "errors": sorted({r["error"] for r in rs if r.get("error")})[:3],
             }
         )
@@ -352,7 +377,7 @@ def t6(decode_units, peer_units):
         }
         for r in sorted(rows, key=lambda r: (r["mode"], r["task"], r["policy"]))
     ]
-    return summary, detail, _peer_rows(peer_units, "T6")
+    return summary, detail, _peer_rows(peer_units, "T6", rows)
 
 
 # --------------------------------------------------------------------------- T7
@@ -452,7 +477,7 @@ def t7(decode_units, profile_units, grid: Grid):
             f"ret_{p}": _mean(
                 [r["retention_mean"] for r in recs if r["policy"] == p and r["feasible"]]
             )
-            for p in ("entropy", "entropy_nosink", "mean", "max", "streaming")
+            for p in EVICTING_POOLED
         }
         cache_rows.append(
             dict(zip(keyset, key, strict=True))
