@@ -83,6 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--device", default=None)
     rep.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     rep.add_argument("-v", "--verbose", action="store_true")
+
+    les = sub.add_parser("lessons", help="the app's lessons, each checked on the model")
+    les.add_argument(
+        "--check",
+        action="store_true",
+        help="run every lesson and check its observation; exit 1 if one does not hold",
+    )
+    les.add_argument("--json", action="store_true", help="print one JSON object")
+    les.add_argument("--only", nargs="+", metavar="ID", help="these lessons only")
+    les.add_argument("--model", default="bundled")
+    les.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    les.add_argument("-v", "--verbose", action="store_true")
     return ap
 
 
@@ -216,6 +228,43 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def cmd_lessons(args) -> int:
+    """List the lessons, or (`--check`) run each and say whether its observation holds."""
+    from .lessons import LESSONS, get_lesson, run_lesson
+
+    lessons = [get_lesson(i) for i in args.only] if args.only else list(LESSONS)
+    if not args.check:
+        rows = [
+            {"id": x.id, "title": x.title, "kind": x.kind, "observation": x.observation.statement}
+            for x in lessons
+        ]
+        if args.json:
+            print(json.dumps({"lessons": rows}))
+        else:
+            for r in rows:
+                print(f"{r['id']:<22}{r['title']}\n{'':<22}observation: {r['observation']}")
+        return 0
+    study = None
+    if any(x.kind == "live" for x in lessons):
+        from .study import Study
+
+        study = Study.load(args.model, backend=args.backend, allow_fallback=False)
+    runs = [run_lesson(study, x) for x in lessons]
+    failed = [r.lesson.id for r in runs if not r.finding.holds]
+    if args.json:
+        print(json.dumps({"lessons": [r.to_dict() for r in runs], "failed": failed}))
+    else:
+        for r in runs:
+            mark = "holds" if r.finding.holds else "DOES NOT HOLD"
+            print(f"[{mark}] {r.lesson.id} ({r.lesson.kind}): {r.lesson.observation.statement}")
+            print(f"    measured: {r.finding.measured}")
+        print(
+            f"{len(runs) - len(failed)} of {len(runs)} lessons hold"
+            + (f"; failing: {', '.join(failed)}" if failed else "")
+        )
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -229,6 +278,8 @@ def main(argv=None) -> int:
     try:
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "lessons":
+            return cmd_lessons(args)
         return cmd_replay(args)
     except (UsageError, ValueError, OSError) as e:  # BudgetError, TaskError, ModelLoadError
         msg = " ".join(str(e).split())

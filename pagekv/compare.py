@@ -34,12 +34,29 @@ CURVE_BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 
 @dataclass
 class Comparison:
+    """Two eviction configurations (and the full cache) on one prompt.
+
+    Each side is a full configuration: its `EvictionConfig` and its question position
+    (`modes`); sides with the same position share one prefill. `prep` is side A's
+    prompt (the full cache runs on it); `preps["B"]` is side B's.
+    """
+
     prep: Prepared
     configs: dict  # "A", "B" -> EvictionConfig
     records: dict  # "full", "A", "B" -> result_record dicts (with "plan")
     curve: list  # UOR of head_independent across budgets
     memory: list  # cache kept per policy
     notes: list = field(default_factory=list)
+    preps: dict = field(default_factory=dict)  # "A", "B" -> Prepared
+    labels: dict = field(default_factory=dict)  # "A", "B" -> "A: entropy, page 16"
+
+    @property
+    def modes(self) -> dict:
+        return {k: p.spec.mode for k, p in self.preps.items()}
+
+    def needle_positions_of(self, key: str) -> list[int]:
+        prep = self.preps.get(key, self.prep) if key != "full" else self.prep
+        return list(prep.needle_positions)
 
     @property
     def n_groups(self) -> int:
@@ -49,6 +66,38 @@ class Comparison:
         return self.records[key]["plan"]
 
 
+#: What a side's label names when it differs between A and B (field, how to show it).
+SIDE_FIELDS = (
+    ("page_size", lambda c, m: f"page {c.page_size}"),
+    ("budget", lambda c, m: f"budget {100 * c.budget:g}%"),
+    ("mode", lambda c, m: f"question {m}"),
+    ("tau", lambda c, m: f"tau {c.tau:g}"),
+    ("n_sink", lambda c, m: f"n_sink {c.n_sink}"),
+    ("window", lambda c, m: f"window {c.window}"),
+    ("smoothing", lambda c, m: f"smoothing {c.smoothing}"),
+    ("page_reduction", lambda c, m: f"page {c.page_reduction}"),
+)
+
+
+def side_labels(config_a, config_b, mode_a: str = "inside", mode_b: str = "inside") -> dict:
+    """Column titles that say what differs: the policy always, then every setting in
+    which the two sides differ, e.g. `{"A": "A: entropy, page 16", "B": "B: entropy,
+    page 1"}`."""
+    out = {}
+    for key, cfg, mode, other, other_mode in (
+        ("A", config_a, mode_a, config_b, mode_b),
+        ("B", config_b, mode_b, config_a, mode_a),
+    ):
+        parts = [cfg.policy]
+        for name, show in SIDE_FIELDS:
+            mine = mode if name == "mode" else getattr(cfg, name)
+            theirs = other_mode if name == "mode" else getattr(other, name)
+            if mine != theirs:
+                parts.append(show(cfg, mode))
+        out[key] = f"{key}: " + ", ".join(parts)
+    return out
+
+
 def compare(
     study: Study,
     spec: PromptSpec,
@@ -56,34 +105,45 @@ def compare(
     config_b: EvictionConfig,
     max_new_tokens: int = 24,
     progress=None,
+    mode_a: str | None = None,
+    mode_b: str | None = None,
 ) -> Comparison:
-    """Prefill `spec` (memoised), then run the full cache, policy A and policy B."""
+    """Prefill the prompt (memoised), then run the full cache, side A and side B.
+
+    Each side is a full configuration: `config_a` / `config_b` and the question
+    position `mode_a` / `mode_b` (default: `spec.mode`). Sides asked the same way share
+    one prefill; the full cache runs on side A's prompt.
+    """
 
     def tick(frac, desc):
         if progress is not None:
             progress(frac, desc=desc)
 
+    modes = {"A": mode_a or spec.mode, "B": mode_b or spec.mode}
     tick(0.05, "prefilling the prompt (once per prompt)")
-    prep = study.prepare(spec)
-    for cfg in (config_a, config_b):  # fail fast, before any decoding
-        n, P = prep.n, cfg.page_size
+    preps = {k: study.prepare(spec.replace(mode=m)) for k, m in modes.items()}
+    for key, cfg in (("A", config_a), ("B", config_b)):  # fail fast, before any decoding
+        n, P = preps[key].n, cfg.page_size
         prot = protected_pages(n, P, cfg.n_sink, min(cfg.window, n))
         check_budget(page_sizes(n, P), prot, cfg.budget_tokens(n))
+    prep = preps["A"]
     tick(0.45, "full cache")
     records = {"full": study.run_full(prep, max_new_tokens)}
-    tick(0.6, f"policy A: {config_a.policy}")
+    tick(0.6, f"A: {config_a.policy}")
     records["A"] = study.run(prep, config_a, max_new_tokens=max_new_tokens)
-    tick(0.8, f"policy B: {config_b.policy}")
-    records["B"] = study.run(prep, config_b, max_new_tokens=max_new_tokens)
+    tick(0.8, f"B: {config_b.policy}")
+    records["B"] = study.run(preps["B"], config_b, max_new_tokens=max_new_tokens)
     tick(0.95, "metrics")
     comp = Comparison(
         prep=prep,
         configs={"A": config_a, "B": config_b},
         records=records,
-        curve=uor_curve(prep, config_b),
-        memory=memory_rows(prep, config_b),
+        curve=uor_curve(preps["B"], config_b),
+        memory=memory_rows(preps["B"], config_b),
+        preps=preps,
+        labels=side_labels(config_a, config_b, modes["A"], modes["B"]),
     )
-    if spec.mode == "inside":
+    if "inside" in modes.values():
         comp.notes.append(
             "Question inside the prompt: the first answer token comes from the prefill, "
             "which saw the whole prompt; choose 'after' for the strict test."
@@ -143,8 +203,8 @@ def memory_rows(prep: Prepared, base: EvictionConfig) -> list[dict]:
 def comparison_figures(comp: Comparison, layer: int = 0) -> dict:
     """Every view of the app, as plotly figures keyed by name."""
     pa, pb = comp.plan_of("A"), comp.plan_of("B")
-    la, lb = comp.configs["A"].policy, comp.configs["B"].policy
-    label_a, label_b = f"A: {la}", f"B: {lb}"
+    labels = comp.labels or side_labels(comp.configs["A"], comp.configs["B"])
+    label_a, label_b = labels["A"], labels["B"]
     G = comp.n_groups
     needle = comp.prep.needle_positions or None
     layer = max(0, min(int(layer), pa.keep.shape[0] - 1))

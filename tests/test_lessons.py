@@ -1,0 +1,159 @@
+"""Lessons: data that is well formed, observations that can fail, and every lesson
+checked on the bundled model (`python -m pagekv lessons --check`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pagekv import EvictionConfig, plan
+from pagekv.cli import main
+from pagekv.lessons import (
+    LESSONS,
+    VIEWS,
+    Evidence,
+    answers,
+    cite,
+    get_lesson,
+    load_replay,
+    replay_values,
+    sink_masquerade,
+    tie,
+    union_over_budget,
+)
+
+
+def _sentences(text: str) -> int:
+    return len([s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z])", text.strip()) if s])
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[x.id for x in LESSONS])
+def test_lesson_is_well_formed(lesson):
+    assert 3 <= _sentences(lesson.text) <= 7, (lesson.id, _sentences(lesson.text))
+    assert lesson.views and set(lesson.views) <= set(VIEWS)
+    assert lesson.title and lesson.observation.statement
+    if lesson.kind == "live":
+        lesson.a.config(), lesson.b.config()  # valid configurations
+        assert lesson.a != lesson.b, "the two sides must differ"
+    if lesson.kind == "replay":
+        assert lesson.cites and "docs/results.md" in lesson.cites
+
+
+def test_lesson_ids_unique_and_lookup():
+    ids = [x.id for x in LESSONS]
+    assert len(set(ids)) == len(ids) == 7
+    assert get_lesson("strict-test").b.mode == "after"
+    with pytest.raises(ValueError, match="no lesson"):
+        get_lesson("nope")
+
+
+# ------------------------------------------------------------------ observations can fail
+
+
+def _fake_comparison(correct: dict, answers_text: dict | None = None, plans=None, recs=None):
+    records = {
+        k: {"correct": v, "answer": (answers_text or {}).get(k, "x"), **(recs or {}).get(k, {})}
+        for k, v in correct.items()
+    }
+    plans = plans or {}
+    return SimpleNamespace(records=records, plan_of=lambda key: plans[key])
+
+
+def test_answers_observation_holds_and_fails():
+    ev = Evidence(comparison=_fake_comparison({"full": True, "A": True, "B": False}))
+    assert answers(full=True, a=True, b=False).check(ev).holds
+    assert not answers(full=True, a=False, b=True).check(ev).holds
+    assert not answers(full=False).check(ev).holds
+    assert answers(a=True).check(ev).holds  # None: not part of the claim
+
+
+def _profiles(L=2, H=6, n=64, seed=0, sharp=None):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(L, H, n, generator=gen)
+    if sharp is not None:  # head -> (token, weight): a focused head
+        for h, (t, w) in sharp.items():
+            x[:, h, t] += w
+    return x / x.sum(-1, keepdim=True)
+
+
+def test_union_over_budget_measures_the_union():
+    prof = _profiles(sharp={0: (10, 50.0), 1: (30, 50.0), 2: (50, 50.0)})
+    p = plan(prof, 2, EvictionConfig(policy="head_independent", budget=0.3, page_size=4, window=4))
+    rec = {"union_tokens": p.kept_tokens.tolist(), "budget_tokens": p.budget_tokens}
+    ev = Evidence(comparison=_fake_comparison({"A": True}, plans={"A": p}, recs={"A": rec}))
+    ratio = float(p.kept_tokens.max()) / p.budget_tokens
+    assert union_over_budget("A", ratio - 1e-6).check(ev).holds
+    assert not union_over_budget("A", ratio + 1e-3).check(ev).holds
+    assert ev_value(union_over_budget("A", 1.0), ev, "max_ratio") == pytest.approx(ratio)
+
+
+def ev_value(obs, ev, key):
+    return obs.check(ev).values[key]
+
+
+def test_tie_observation_can_fail():
+    prof = _profiles()
+    cfg = EvictionConfig(budget=0.4, page_size=4, window=4)
+    pa, pb = plan(prof, 2, cfg.replace(policy="mean")), plan(prof, 2, cfg)
+    same = _fake_comparison({"A": True, "B": True}, plans={"A": pa, "B": pb})
+    assert tie(0.5, 0.99).check(Evidence(comparison=same)).holds
+    assert not tie(1.01, 0.99).check(Evidence(comparison=same)).holds  # overlap cannot exceed 1
+    assert not tie(0.5, 1 / 3).check(Evidence(comparison=same)).holds  # max weight >= 1/r
+    differ = _fake_comparison(
+        {"A": True, "B": True}, answers_text={"A": "x", "B": "y"}, plans={"A": pa, "B": pb}
+    )
+    assert not tie(0.5, 0.99).check(Evidence(comparison=differ)).holds
+
+
+def test_sink_masquerade_reads_the_weights():
+    # Layer 0, group 0: head 0 is a sink head (mass on token 0), heads 1-2 spread theirs.
+    n = 64
+    prof = torch.full((1, 3, n), 1.0)
+    prof[0, 0, 0] = 400.0
+    prof = prof / prof.sum(-1, keepdim=True)
+    p = plan(prof, 1, EvictionConfig(policy="entropy", budget=0.5, page_size=4, window=4))
+    ev = Evidence(comparison=_fake_comparison({"B": True}, plans={"B": p}))
+    found = sink_masquerade(0, 2.0, 1.5).check(ev)
+    assert found.holds, found.measured
+    assert not sink_masquerade(0, found.values["raw"] + 1, 1.5).check(ev).holds
+    assert not sink_masquerade(0, 2.0, found.values["isolated"] - 1e-6).check(ev).holds
+
+
+def test_replay_values_match_and_mismatch():
+    replay = load_replay()
+    row = replay["tables"]["T4_recall"][0]
+    where = {k: row[k] for k in ("mode", "budget", "policy")}
+    ok = replay_values((cite("T4_recall", "recall", row["recall"], **where),))
+    assert ok.check(Evidence(replay=replay)).holds
+    off = replay_values((cite("T4_recall", "recall", row["recall"] + 0.01, **where),))
+    assert not off.check(Evidence(replay=replay)).holds
+    missing = replay_values((cite("T4_recall", "recall", 0.0, policy="nope"),))
+    assert not missing.check(Evidence(replay=replay)).holds
+
+
+def test_lessons_list_without_model(capsys):
+    assert main(["lessons", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [x["id"] for x in out["lessons"]] == [x.id for x in LESSONS]
+
+
+# ------------------------------------------------------------------ on the bundled model
+
+
+@pytest.mark.slow
+def test_every_lesson_holds_on_the_bundled_model(capsys):
+    """`python -m pagekv lessons --check --json` exits 0: every observation holds live."""
+    rc = main(["lessons", "--check", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["id"]: r for r in out["lessons"]}
+    assert set(rows) == {x.id for x in LESSONS}
+    for r in rows.values():
+        print(f"{r['id']}: {r['measured']}")
+    assert out["failed"] == [], {k: rows[k]["measured"] for k in out["failed"]}
+    assert rc == 0
+    assert rows["gqa-cost"]["values"]["max_ratio"] >= 2.0
+    assert rows["sink-masquerade"]["values"]["raw"] >= 2.0
