@@ -209,7 +209,10 @@ def comparison_figures(comp: Comparison, layer: int = 0) -> dict:
     needle = comp.prep.needle_positions or None
     layer = max(0, min(int(layer), pa.keep.shape[0] - 1))
     figs = {
-        "frame": figures.page_frame({label_a: pa, label_b: pb}, needle),
+        "frame": figures.page_frame(
+            {label_a: pa, label_b: pb},
+            {label_a: comp.needle_positions_of("A"), label_b: comp.needle_positions_of("B")},
+        ),
         "weights": figures.head_weights_bars(pb, layer),
         "weights_overview": figures.layer_head_heatmap(
             pb.weights_isolated, G, "Page-EntroKV head weights, every layer x head", zmax=1.0

@@ -4,8 +4,9 @@ Pure functions from plans and numbers to `plotly.graph_objects.Figure`s; plotly 
 imported lazily (inside each function), so importing this package needs only torch.
 
 - `style`: the palette (Okabe-Ito, colour-blind safe), page states, `layout`.
-- `plans`: the app's views of one prompt's plans (page frame, head weights, sinks,
-  needle retention, UOR across budgets, memory, the constructed mechanism).
+- `plans`: the app's views of one prompt's plans (page frame with its needle strip
+  and `needle_page_counts`, head weights, sinks, needle retention, UOR across
+  budgets, memory, the constructed mechanism).
 - `replay`: the replay harness's table figures (T2 scatter, T4 recall, T7 answers).
 """
 
@@ -14,10 +15,13 @@ from .plans import (
     layer_head_heatmap,
     mechanism_figure,
     memory_bars,
+    needle_page_counts,
+    needle_pages,
     needle_retention_heatmap,
     page_frame,
     page_states,
     sink_advantage_lines,
+    strip_pages,
     uor_curve,
 )
 from .replay import answer_bars, disagreement_scatter, recall_bars
@@ -26,6 +30,8 @@ from .style import (
     BLUE,
     EVICTED,
     GREEN,
+    NEEDLE,
+    NEEDLE_MARGIN,
     ORANGE,
     POLICY_COLOURS,
     PURPLE,
@@ -42,6 +48,8 @@ __all__ = [
     "BLUE",
     "EVICTED",
     "GREEN",
+    "NEEDLE",
+    "NEEDLE_MARGIN",
     "ORANGE",
     "POLICY_COLOURS",
     "PURPLE",
@@ -57,10 +65,13 @@ __all__ = [
     "layout",
     "mechanism_figure",
     "memory_bars",
+    "needle_page_counts",
+    "needle_pages",
     "needle_retention_heatmap",
     "page_frame",
     "page_states",
     "recall_bars",
     "sink_advantage_lines",
+    "strip_pages",
     "uor_curve",
 ]

@@ -12,6 +12,8 @@ from .style import (
     BLACK,
     BLUE,
     GREEN,
+    NEEDLE,
+    NEEDLE_MARGIN,
     ORANGE,
     POLICY_COLOURS,
     PURPLE,
@@ -31,60 +33,268 @@ def page_states(p) -> torch.Tensor:
     return torch.where(p.protected.expand_as(states), torch.full_like(states, 2), states)
 
 
-def page_frame(plans: dict, needle_positions: Sequence[int] | None = None, title=None):
-    """Pages x (layer, group) for one or more plans side by side.
+def needle_pages(p, needle_positions: Sequence[int]) -> list[int]:
+    """The sorted pages of `p` that hold a needle token.
 
-    Each cell is one (layer, group, page): kept, evicted or protected; the needle's
-    pages are outlined. `plans` maps a label (policy name) to a `Plan`.
+    Example (page size 16): tokens `[990, 991, 1000]` -> pages `[61, 62]`.
+    Raises ValueError when `needle_positions` is empty or leaves `[0, p.n)`.
+    """
+    pos = [int(t) for t in needle_positions]
+    if not pos:
+        raise ValueError("needle_positions is empty")
+    bad = [t for t in pos if not 0 <= t < p.n]
+    if bad:
+        raise ValueError(f"needle positions must lie in [0, {p.n}); got {bad}")
+    return sorted({t // p.config.page_size for t in pos})
+
+
+def needle_page_counts(p, needle_positions: Sequence[int]) -> tuple[int, int]:
+    """`(kept, total)`: how many of the `L x G` (layer, group)s keep every needle page.
+
+    `p` is a `Plan`; a (layer, group) counts as keeping the needle when each page that
+    holds a needle token is kept (for head-independent plans, kept in the group's
+    union: what the server stores). This is the count the page frame prints per side;
+    it equals the number of (layer, group)s whose `Plan.needle_retention` is 1.
+    """
+    pages = needle_pages(p, needle_positions)
+    L, G, _ = p.page_keep.shape
+    kept = p.page_keep[..., pages].all(-1)  # [L, G]
+    return int(kept.sum()), L * G
+
+
+def strip_pages(n_pages: int, pages: Sequence[int], margin: int = NEEDLE_MARGIN) -> list[int]:
+    """The pages of the needle strip: every page within `margin` of a needle page,
+    clipped to `[0, n_pages)`, sorted.
+
+    Example: `strip_pages(10, [0, 5], 2)` -> `[0, 1, 2, 3, 4, 5, 6, 7]`.
+    """
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0; got {margin}")
+    out = set()
+    for j in pages:
+        out.update(range(max(0, j - margin), min(n_pages, j + margin + 1)))
+    return sorted(out)
+
+
+def _needles_by_label(labels: list, needle_positions) -> dict:
+    """label -> list of needle positions (empty: no needle on that side)."""
+    if needle_positions is None:
+        return {label: [] for label in labels}
+    if isinstance(needle_positions, dict):
+        unknown = set(needle_positions) - set(labels)
+        if unknown:
+            raise ValueError(
+                f"needle_positions names plans {sorted(map(str, unknown))} that are not in "
+                f"plans ({', '.join(map(str, labels))})"
+            )
+        return {label: list(needle_positions.get(label) or []) for label in labels}
+    shared = list(needle_positions)
+    return {label: shared for label in labels}
+
+
+def _runs(xs: Sequence[int]) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive integers: `[1, 2, 3, 7]` -> `[(1, 3), (7, 7)]`."""
+    runs: list[tuple[int, int]] = []
+    for x in xs:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], x)
+        else:
+            runs.append((x, x))
+    return runs
+
+
+def page_frame(
+    plans: dict,
+    needle_positions: Sequence[int] | dict | None = None,
+    title=None,
+    margin: int = NEEDLE_MARGIN,
+):
+    """Pages x (layer, group) for one or more plans side by side, with a needle strip.
+
+    `plans` maps a label (e.g. "A: mean") to a `Plan`. Each side has an overview: one
+    cell per (layer, group, page), evicted, kept or protected. Where the side has a
+    needle, a strip beside its overview zooms on the needle's pages and `margin`
+    pages either side (`strip_pages`), with the same rows, so whether every
+    (layer, group) keeps the needle reads at a glance; the needle's pages are
+    outlined in `NEEDLE` and pointed at in both panels, and the strip's title and the
+    figure's subtitle give `needle_page_counts`. Without any needle the figure is the
+    overviews alone.
+
+    `needle_positions`: prompt token indices for every plan, or a dict label ->
+    indices (sides built from different prompts, e.g. question inside and after; a
+    label left out or mapped to nothing has no strip).
+
+    Traces carry `meta={"role": "overview" | "needle_strip", "label": ..., ...}`; a
+    strip's meta also holds its `pages`, `needle_pages`, `kept` and `total`.
     """
     go = _go()
     from plotly.subplots import make_subplots
 
     labels = list(plans)
-    fig = make_subplots(rows=1, cols=len(labels), subplot_titles=labels, shared_yaxes=True)
+    needles = _needles_by_label(labels, needle_positions)
+    # Per side: the states, and (with a needle) its pages, strip and count.
+    sides = []
+    for label in labels:
+        p = plans[label]
+        side = {"label": label, "plan": p, "states": page_states(p)}  # [L, G, n_pages]
+        if needles[label]:
+            side["needle"] = needle_pages(p, needles[label])
+            side["strip"] = strip_pages(p.n_pages, side["needle"], margin)
+            side["count"] = needle_page_counts(p, needles[label])
+        sides.append(side)
+
+    # Columns: overview, then its strip when it has one. A strip's width follows its
+    # page count (about a quarter to a half of its side), so cells stay wide enough
+    # to read at 1280 px.
+    widths, titles, cols = [], [], []
+    for side in sides:
+        has_strip = "strip" in side
+        frac = 0.0
+        if has_strip:
+            n_strip = len(side["strip"])
+            frac = min(0.5, max(0.25, n_strip / (n_strip + 20)))
+        widths.append(1.0 - frac)
+        titles.append(side["label"])
+        cols.append(("overview", side))
+        if has_strip:
+            kept, total = side["count"]
+            widths.append(frac)
+            units = "tokens" if side["plan"].config.page_size == 1 else "pages"
+            titles.append(f"needle ±{margin} {units}<br>{kept}/{total} keep it")
+            cols.append(("strip", side))
+    fig = make_subplots(
+        rows=1,
+        cols=len(cols),
+        subplot_titles=titles,
+        shared_yaxes=True,
+        column_widths=widths,
+        horizontal_spacing=0.03 if len(cols) > len(sides) else 0.04,
+    )
     colorscale = []
     for i, c in enumerate(STATE_COLOURS):
         colorscale += [[i / 3, c], [(i + 1) / 3, c]]
-    for col, label in enumerate(labels, start=1):
-        p = plans[label]
-        st = page_states(p)  # [L, G, n_pages]
-        L, G, n_pages = st.shape
-        z = st.reshape(L * G, n_pages).tolist()
-        rows = [f"L{layer} g{g}" for layer in range(L) for g in range(G)]
-        text = [[STATE_NAMES[v] for v in row] for row in z]
-        fig.add_trace(
-            go.Heatmap(
-                z=z,
-                x=list(range(n_pages)),
-                y=rows,
-                zmin=0,
-                zmax=3,
-                colorscale=colorscale,
-                showscale=False,
-                text=text,
-                hovertemplate="%{y} page %{x}: %{text}<extra>" + label + "</extra>",
-                xgap=0.5,
-                ygap=0.5,
-            ),
+    L, G, _ = sides[0]["states"].shape
+    rows = [f"L{layer} g{g}" for layer in range(L) for g in range(G)]
+
+    def heatmap(z, x, hover, meta, gap, label, where="%{y}"):
+        return go.Heatmap(
+            z=z,
+            x=x,
+            y=rows,
+            zmin=0,
+            zmax=3,
+            colorscale=colorscale,
+            showscale=False,
+            text=hover,
+            hovertemplate=where + " %{text}<extra>" + label + "</extra>",
+            xgap=gap,
+            ygap=1 if meta["role"] == "needle_strip" else 0.5,
+            name=label,
+            meta=meta,
+            showlegend=False,
+        )
+
+    def outline(col, x0, x1, width):
+        fig.add_shape(
+            type="rect",
+            x0=x0 - 0.5,
+            x1=x1 + 0.5,
+            y0=-0.5,
+            y1=L * G - 0.5,
+            line=dict(color=NEEDLE, width=width),
             row=1,
             col=col,
         )
-        if needle_positions:
-            P = p.config.page_size
-            for j in sorted({int(t) // P for t in needle_positions}):
-                fig.add_shape(
-                    type="rect",
-                    x0=j - 0.5,
-                    x1=j + 0.5,
-                    y0=-0.5,
-                    y1=L * G - 0.5,
-                    line=dict(color=VERMILLION, width=2),
-                    row=1,
-                    col=col,
-                )
-        fig.update_xaxes(title_text="page", row=1, col=col)
-    fig.update_yaxes(autorange="reversed")
-    # A legend of the three states (dummy scatter markers).
+
+    def pointer(col, x, text):
+        fig.add_annotation(
+            x=x,
+            y=1.0,
+            xref=f"x{'' if col == 1 else col}",
+            yref=f"y{'' if col == 1 else col} domain",
+            text=text,
+            showarrow=False,
+            yanchor="bottom",
+            font=dict(color=NEEDLE, size=11),
+        )
+
+    for col, (kind, side) in enumerate(cols, start=1):
+        p, label, st = side["plan"], side["label"], side["states"]
+        P = p.config.page_size
+        n_pages = st.shape[-1]
+        unit = "token" if P == 1 else "page"
+
+        def where(j, P=P, p=p, unit=unit):
+            if P == 1:
+                return f"token {j}"
+            return f"page {j} (tokens {j * P}-{min((j + 1) * P, p.n) - 1})"
+
+        if kind == "overview":
+            z = st.reshape(L * G, n_pages).tolist()
+            # Hover: the state's name only (the page is x), so that a page-size-1 frame
+            # of 2000 columns does not carry 180k long strings per side.
+            hover = [[STATE_NAMES[v] for v in r] for r in z]
+            # Gaps between columns only while a column is a few pixels wide.
+            gap = 0.5 if n_pages <= 256 else 0
+            meta = {"role": "overview", "label": label}
+            trace = heatmap(
+                z, list(range(n_pages)), hover, meta, gap, label, f"%{{y}} {unit} %{{x}}:"
+            )
+            fig.add_trace(trace, 1, col)
+            fig.update_xaxes(title_text=unit, row=1, col=col)
+            if "needle" in side:
+                # Where the strip comes from: its extent outlined, the needle pointed at.
+                for a, b in _runs(side["strip"]):
+                    outline(col, a, b, 1)
+                for i, (a, b) in enumerate(_runs(side["needle"])):
+                    pointer(col, (a + b) / 2, "▼" if i else "▼ needle")
+        else:
+            pages = side["strip"]
+            z = st[..., pages].reshape(L * G, len(pages)).tolist()
+            hover = [
+                [f"{where(j)}: {STATE_NAMES[v]}" for j, v in zip(pages, r, strict=True)] for r in z
+            ]
+            kept, total = side["count"]
+            meta = {
+                "role": "needle_strip",
+                "label": label,
+                "pages": pages,
+                "needle_pages": side["needle"],
+                "kept": kept,
+                "total": total,
+            }
+            x = list(range(len(pages)))  # positions; gaps between runs collapse
+            fig.add_trace(heatmap(z, x, hover, meta, 2, label), 1, col)
+            at = {j: i for i, j in enumerate(pages)}
+            # The needle's pages outlined and pointed at; labelled, with the strip's ends.
+            ticks = {pages[0], pages[-1]}
+            for a, b in _runs(side["needle"]):
+                outline(col, at[a], at[b], 2.5)
+                pointer(col, (at[a] + at[b]) / 2, "▼")
+                ticks.update((a, b))
+            ticks = sorted(ticks)
+            fig.update_xaxes(
+                tickvals=[at[j] for j in ticks],
+                ticktext=[str(j) for j in ticks],
+                tickfont=dict(size=10),
+                tickangle=0,
+                title_text=unit,
+                row=1,
+                col=col,
+            )
+    # Subplot titles sit above the needle pointers (plotly puts both at the top edge).
+    if len(cols) > len(sides):
+        for a in fig.layout.annotations[: len(titles)]:
+            a.yshift = 14
+    # One tick per layer (its first group); the rows in between are its other groups.
+    fig.update_yaxes(
+        autorange="reversed",
+        tickmode="array",
+        tickvals=rows[::G],
+        ticktext=[f"L{layer}" for layer in range(L)],
+        tickfont=dict(size=10),
+    )
+    # The legend: the three states (filled squares) and the needle (an outline).
     for name, colour in zip(STATE_NAMES, STATE_COLOURS, strict=True):
         fig.add_trace(
             go.Scatter(
@@ -95,20 +305,31 @@ def page_frame(plans: dict, needle_positions: Sequence[int] | None = None, title
                 name=name,
             )
         )
-    if needle_positions:
+    with_needle = [s for s in sides if "needle" in s]
+    if with_needle:
         fig.add_trace(
             go.Scatter(
                 x=[None],
                 y=[None],
                 mode="markers",
                 marker=dict(
-                    size=11, color="white", symbol="square", line=dict(color=VERMILLION, width=2)
+                    size=11, color="white", symbol="square", line=dict(color=NEEDLE, width=2.5)
                 ),
-                name="needle page",
+                name="needle page (outlined, ▼)",
             )
         )
-    L, G = plans[labels[0]].keep.shape[:2]
-    return layout(fig, title or "Page frame: what each (layer, group) keeps", 200 + 9 * L * G, True)
+    text = title or "Page frame: what each (layer, group) keeps"
+    if with_needle:
+        counts = " · ".join(
+            f"{s['label']}: needle page kept in {s['count'][0]} of {s['count'][1]} (layer, group)s"
+            for s in with_needle
+        )
+        text += f"<br><span style='font-size:12px'>{counts}</span>"
+    fig = layout(fig, text, 220 + 10 * L * G, True)
+    if with_needle:
+        # Room for the count line and the two-line strip titles under the title.
+        fig.update_layout(margin_t=125, title_y=1.0, title_yanchor="top", title_pad_t=14)
+    return fig
 
 
 def head_weights_bars(p, layer: int, title=None):

@@ -27,6 +27,12 @@ POLICY_COLOURS = {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(POL
 #: Page states in the page-frame heatmap: 0 evicted, 1 kept, 2 protected.
 STATE_COLOURS = [EVICTED, BLUE, ORANGE]
 STATE_NAMES = ["evicted", "kept", "protected"]
+#: The needle marker of the page frame: an outline and a pointer, never a fill, so it
+#: cannot be mistaken for a page state (orange already means "protected"). Black is the
+#: one Okabe-Ito colour that is apart from every state in hue and in lightness.
+NEEDLE = BLACK
+#: Pages shown on each side of the needle's pages in the page frame's needle strip.
+NEEDLE_MARGIN = 3
 
 
 def _go():
