@@ -21,6 +21,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from pagekv import POLICIES, EvictionConfig  # noqa: E402
+from pagekv.lessons import LESSONS  # noqa: E402
 from pagekv.paths import CSS_PATH  # noqa: E402
 from pagekv.presets import load_presets  # noqa: E402
 
@@ -75,26 +76,45 @@ def _message(kind: str, text: str) -> str:
     return f"{label} {text}"
 
 
+def _side_b_note(comp, cfg_a, cfg_b) -> str:
+    """What side B does differently, for the status line ("" when only the policy)."""
+    label = comp.labels["B"].split(", ", 1)
+    if len(label) == 1:
+        return ""
+    n_b = comp.preps["B"].n
+    return f" (B: {label[1]}; {n_b} prompt tokens, budget {cfg_b.budget_tokens(n_b)} tokens)"
+
+
 def _ms(seconds) -> str:
     """Milliseconds, or "-" for a step that did not run (the full cache evicts nothing)."""
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
 def _answers_table(comp) -> list[list]:
+    from pagekv.figures import needle_page_counts
+
     rows = []
-    for key, label in (("full", "full cache"), ("A", "policy A"), ("B", "policy B")):
+    labels = {"full": "full cache: full", "A": comp.labels["A"], "B": comp.labels["B"]}
+    for key in ("full", "A", "B"):
         rec = comp.records[key]
+        needle = comp.needle_positions_of(key)
+        if needle:
+            kept, total = needle_page_counts(comp.plan_of(key), needle)
+            pages = f"{kept} of {total}"
+        else:
+            pages = "-"
         stored = max(rec["kept_tokens"], default=0)  # tokens stored per (layer, group)
         from pagekv.compare import retained_fraction
 
         ret = retained_fraction(rec)
         rows.append(
             [
-                f"{label}: {rec['policy']}",
+                labels[key],
                 "✓ right" if rec["correct"] else "✗ wrong",
                 rec["answer"],
                 stored,
                 "-" if ret != ret else f"{ret:.2f}",
+                pages,
                 f"{rec['uor']['max']:.2f}",
                 _ms(rec["timings"]["evict_s"]),
             ]
@@ -157,10 +177,22 @@ def run_comparison(
     tau,
     policy_a,
     policy_b,
-    layer,
+    link_b=True,
+    mode_b="inside",
+    budget_b=20.0,
+    page_size_b=16,
+    n_sink_b=4,
+    window_b=32,
+    tau_b=1.0,
+    layer=0,
     progress=gr.Progress(),  # noqa: B008 (gradio injects progress through this default)
 ):
-    """Prefill (memoised), run full / A / B, and build every view. Never raises."""
+    """Prefill (memoised), run full / A / B, and build every view. Never raises.
+
+    Side A is the shared controls (question position, budget, page size, n_sink, window,
+    tau) with policy A; side B uses policy B and, with `link_b`, the same settings as A,
+    otherwise its own (`mode_b`, `budget_b`, ...): each side is a full configuration.
+    """
     from pagekv.compare import compare, comparison_figures, export
 
     try:
@@ -168,10 +200,13 @@ def run_comparison(
             task, context, depth, seed, needles, mode, curated, haystack, needle, question, answer
         )
         cfg_a = _config(policy_a, budget_pct, page_size, n_sink, window, tau)
-        cfg_b = _config(policy_b, budget_pct, page_size, n_sink, window, tau)
+        if link_b:
+            cfg_b, mode_b = cfg_a.replace(policy=policy_b), mode
+        else:
+            cfg_b = _config(policy_b, budget_b, page_size_b, n_sink_b, window_b, tau_b)
         progress(0.0, desc="loading the model")
         study = get_study(model)
-        comp = compare(study, spec, cfg_a, cfg_b, progress=progress)
+        comp = compare(study, spec, cfg_a, cfg_b, progress=progress, mode_a=mode, mode_b=mode_b)
         figs = comparison_figures(comp, layer=int(layer))
         folder = tempfile.mkdtemp(prefix="pagekv_")
         files = export(comp, figs, folder)
@@ -185,8 +220,10 @@ def run_comparison(
         _message(
             "ok",
             f"**{loaded.name}** on {rec_b['device']} ({rec_b['backend']} backend): "
-            f"{comp.prep.n} prompt tokens, budget {cfg_b.budget_tokens(comp.prep.n)} tokens "
-            f"per (layer, group), page size {cfg_b.page_size}. "
+            f"{comp.prep.n} prompt tokens, budget {cfg_a.budget_tokens(comp.prep.n)} tokens "
+            f"per (layer, group), page size {cfg_a.page_size}"
+            + _side_b_note(comp, cfg_a, cfg_b)
+            + ". "
             f"Question: *{comp.prep.task.question}* Expected: **{comp.prep.task.answer}**",
         )
     ]
@@ -209,6 +246,7 @@ def run_comparison(
         sink_mass=figs["sink_mass"],
         sink_adv=figs["sink_advantage"],
         uor=figs["uor"],
+        stored=figs["stored"],
         memory=figs["memory"],
         files=files,
         layer=gr.update(maximum=n_layers - 1, value=min(int(layer), n_layers - 1)),
@@ -220,7 +258,7 @@ def run_comparison(
 #: components of the same names); `_views` turns keyword values into that tuple.
 RUN_VIEWS = (
     "status", "answers", "frame", "retention", "weights", "overview", "sink_mass", "sink_adv",
-    "uor", "memory", "files", "layer", "last",
+    "uor", "stored", "memory", "files", "layer", "last",
 )  # fmt: skip
 
 
@@ -314,6 +352,171 @@ def curated_choices(task, name=None):
     return gr.update(visible=False)
 
 
+# ----------------------------------------------------------------- lessons
+
+LESSON_TITLES = [f"{i + 1}. {x.title}" for i, x in enumerate(LESSONS)]
+#: Tab ids of the views (`Lesson.views` names them).
+TABS = ("frame", "retention", "weights", "sinks", "uor", "mechanism", "export")
+#: The controls a lesson sets, in the order of `apply_lesson`'s outputs (then the
+#: tabs, the lesson text and the observation).
+LESSON_CONTROLS = (
+    "task", "curated", "context", "depth", "seed", "needles", "mode", "budget", "page_size",
+    "n_sink", "window", "tau", "policy_a", "policy_b", "link_b", "mode_b", "budget_b",
+    "page_size_b", "n_sink_b", "window_b", "tau_b", "layer", "m_heads", "m_retr", "m_dist",
+    "m_dstr", "m_sink", "m_n", "m_budget",
+)  # fmt: skip
+
+
+def _lesson_of(title):
+    for t, lesson in zip(LESSON_TITLES, LESSONS, strict=True):
+        if t == title:
+            return lesson
+    return None
+
+
+def lesson_markdown(lesson) -> str:
+    kind = {
+        "live": "Live on the model: both sides decode now.",
+        "constructed": "Constructed: no model; a group of heads built to show the mechanism.",
+        "replay": f"Measured earlier by the replay harness, not live here: {lesson.cites}.",
+    }[lesson.kind]
+    return f"### {lesson.title}\n{lesson.text}\n\n*{kind}*"
+
+
+def apply_lesson(title):
+    """Set every control to the lesson's settings and open its first view."""
+    lesson = _lesson_of(title)
+    keep = [gr.update()] * len(LESSON_CONTROLS)
+    if lesson is None:
+        return [*keep, gr.update(), gr.update(), gr.update()]
+    values = dict(zip(LESSON_CONTROLS, keep, strict=True))
+    if lesson.kind == "live":
+        p, a, b = lesson.prompt, lesson.a, lesson.b
+        values.update(
+            task=p.task,
+            curated=curated_choices(p.task, p.name),
+            context=p.context_tokens,
+            depth=p.depth,
+            seed=p.seed,
+            needles=p.n_needles,
+            mode=a.mode,
+            budget=round(100 * a.budget, 1),
+            page_size=a.page_size,
+            n_sink=a.n_sink,
+            window=a.window,
+            tau=a.tau,
+            policy_a=a.policy,
+            policy_b=b.policy,
+            link_b=False,
+            mode_b=b.mode,
+            budget_b=round(100 * b.budget, 1),
+            page_size_b=b.page_size,
+            n_sink_b=b.n_sink,
+            window_b=b.window,
+            tau_b=b.tau,
+            layer=gr.update(value=lesson.layer),
+        )
+    if lesson.mechanism is not None:
+        m = lesson.mechanism
+        values.update(
+            m_heads=m.heads,
+            m_retr=m.retrieval,
+            m_dist=m.distractors,
+            m_dstr=m.distractor_strength,
+            m_sink=m.sink_head,
+            m_n=m.n,
+            m_budget=round(100 * m.budget),
+        )
+    waiting = "**Observation:** " + lesson.observation.statement + " - *checking...*"
+    return [
+        *(values[name] for name in LESSON_CONTROLS),
+        gr.Tabs(selected=lesson.views[0]),
+        lesson_markdown(lesson),
+        waiting,
+    ]
+
+
+def lesson_step(title, step: int):
+    """The lesson `step` places after `title` (wrapping), for the previous / next buttons."""
+    i = LESSON_TITLES.index(title) if title in LESSON_TITLES else 0
+    return LESSON_TITLES[(i + step) % len(LESSON_TITLES)]
+
+
+def _settings_match(lesson, comp) -> bool:
+    """Whether the last comparison ran exactly the lesson's two sides."""
+    if comp is None:
+        return False
+    return (
+        comp.configs["A"] == lesson.a.config()
+        and comp.configs["B"] == lesson.b.config()
+        and comp.modes == {"A": lesson.a.mode, "B": lesson.b.mode}
+    )
+
+
+def check_lesson(title, comp):
+    """The lesson's observation, checked on what the app just ran (live lessons), on the
+    constructed group, or on the replay's committed tables."""
+    from pagekv.lessons import Evidence, run_lesson
+
+    lesson = _lesson_of(title)
+    if lesson is None:
+        return gr.update()
+    try:
+        if lesson.kind == "live":
+            if not _settings_match(lesson, comp):
+                return (
+                    "**Observation:** " + lesson.observation.statement + " - *not checked: "
+                    "the last run did not use this lesson's settings (pick the lesson again).*"
+                )
+            finding = lesson.observation.check(Evidence(comparison=comp))
+        else:
+            finding = run_lesson(None, lesson).finding
+    except Exception as e:  # never a traceback on the page
+        log.warning("lesson check failed: %s", e, exc_info=True)
+        return _message("error", f"the check could not run: {' '.join(str(e).split())}")
+    mark = "**holds**" if finding.holds else "**does not hold**"
+    where = {
+        "live": "this run",
+        "constructed": "the constructed group",
+        "replay": "the replay's committed tables",
+    }[lesson.kind]
+    return (
+        f"**Observation:** {lesson.observation.statement}: {mark}, checked now on {where}."
+        f"\n\nMeasured: {finding.measured}"
+    )
+
+
+def run_for_lesson(title, *inputs):
+    """Run the comparison for a live lesson. A replay lesson shows the replay's T4 recall
+    in the retention view (measured earlier, titled so); a constructed one leaves the
+    views as they are (its view is the mechanism tab)."""
+    lesson = _lesson_of(title)
+    if lesson is not None and lesson.kind == "live":
+        return run_comparison(*inputs)
+    keep = {name: gr.update() for name in RUN_VIEWS}
+    if lesson is not None and lesson.kind == "replay":
+        keep["retention"] = replay_recall_figure()
+    return tuple(keep[name] for name in RUN_VIEWS)
+
+
+def replay_recall_figure():
+    """Needle recall of our policies and kvpress's presses from the committed replay
+    (table T4), not a live run."""
+    from pagekv import figures
+    from pagekv.lessons import load_replay
+
+    tables = load_replay()["tables"]
+    rows = [r for r in tables["T4_recall"] if r["recall"] is not None]
+    rows += [
+        {**r, "policy": f"kvpress {r['press']}"}
+        for r in tables.get("T4_peer", [])
+        if r.get("recall") is not None and "press" in r
+    ]
+    return figures.recall_bars(
+        rows, "Replay, table T4 (measured earlier, not live): needle recall by policy"
+    )
+
+
 # ----------------------------------------------------------------- layout
 
 INTRO = """
@@ -322,13 +525,9 @@ Under grouped-query attention, the *r* query heads of a group share one KV cache
 **Mean pooling** averages their attention and can drown the one head that found the
 needle; **Page-EntroKV** weights each head by how *focused* it is (collision entropy,
 after removing the attention-sink tokens) and keeps whole pages per (layer, group).
-Pick a preset, then move the budget: only eviction and decoding re-run.
-
-*What to expect on the bundled SmolLM2-135M (r = 3):* its heads within a group are
-alike, so mean and entropy pooling keep 94-96 % of the same tokens and their answers
-rarely differ (measured in `docs/results.md` of the repository); the
-measured presets show where their caches differ most. The **Mechanism** tab shows, on
-constructed heads, when the difference decides the answer.
+**Start with the lessons**: each sets both sides, runs the real model, and checks its
+claim on what the model just did. Free exploration (presets and every control) is
+below them.
 """
 
 CAPTIONS = {
@@ -363,11 +562,15 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         last = gr.State(None)
         with gr.Row():
             with gr.Column(scale=1, min_width=320):
-                preset = gr.Dropdown(
-                    [p["title"] for p in PRESETS], value=first["title"], label="Preset"
-                )
+                with gr.Group():
+                    lesson = gr.Dropdown(LESSON_TITLES, value=LESSON_TITLES[0], label="Lesson")
+                    with gr.Row():
+                        prev_btn = gr.Button("Previous lesson", size="sm")
+                        next_btn = gr.Button("Next lesson", size="sm")
+                gr.Markdown("#### Free exploration")
+                preset = gr.Dropdown([p["title"] for p in PRESETS], value=None, label="Preset")
                 run_btn = gr.Button("Run", variant="primary")
-                with gr.Accordion("Prompt", open=True):
+                with gr.Accordion("Prompt", open=False):
                     model = gr.Dropdown(
                         known_models(),
                         value=default_model,
@@ -379,12 +582,6 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         ["needle", "qa", "code", "custom"], value=first["task"], label="Task"
                     )
                     curated = gr.Dropdown([], label="Curated task", visible=False)
-                    demo.load(
-                        lambda: curated_choices(first["task"], first["name"]),
-                        None,
-                        curated,
-                        api_visibility="undocumented",
-                    )
                     context = gr.Slider(
                         200, MAX_CONTEXT, value=first["context_tokens"], step=100,
                         label="Context length (tokens)",
@@ -392,66 +589,94 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                     depth = gr.Slider(0, 1, value=first["depth"], step=0.05, label="Needle depth")
                     needles = gr.Slider(1, 4, value=first["n_needles"], step=1, label="Needles")
                     seed = gr.Number(value=first["seed"], precision=0, label="Seed")
+                    with gr.Accordion("Custom text", open=False):
+                        haystack = gr.Textbox(lines=5, label="Haystack text")
+                        needle = gr.Textbox(label="Needle sentence")
+                        question = gr.Textbox(label="Question")
+                        answer = gr.Textbox(label="Expected answer")
+                with gr.Accordion("Side A", open=False):
+                    policy_a = gr.Dropdown(
+                        POLICY_CHOICES, value=first["policy_a"], label="Policy A"
+                    )
                     mode = gr.Radio(
                         ["inside", "after"],
                         value=first["mode"],
                         label="Question position",
                         info="after = asked after compression (the strict test)",
                     )
-                    with gr.Accordion("Custom text", open=False):
-                        haystack = gr.Textbox(lines=5, label="Haystack text")
-                        needle = gr.Textbox(label="Needle sentence")
-                        question = gr.Textbox(label="Question")
-                        answer = gr.Textbox(label="Expected answer")
-                with gr.Accordion("Eviction", open=True):
                     budget = gr.Slider(
                         1, 60, value=100 * first["budget"], step=0.5,
                         label="Budget (% of the prompt kept per layer and group)",
                     )  # fmt: skip
                     page_size = gr.Dropdown(PAGE_SIZES, value=first["page_size"], label="Page size")
-                    policy_a = gr.Dropdown(
-                        POLICY_CHOICES, value=first["policy_a"], label="Policy A"
-                    )
-                    policy_b = gr.Dropdown(
-                        POLICY_CHOICES, value=first["policy_b"], label="Policy B"
-                    )
                     with gr.Row():
                         n_sink = gr.Slider(0, 16, value=first["n_sink"], step=1, label="n_sink")
                         window = gr.Slider(1, 128, value=first["window"], step=1, label="Window")
                     tau = gr.Slider(0.1, 4.0, value=first["tau"], step=0.1, label="tau")
+                with gr.Accordion("Side B", open=False):
+                    policy_b = gr.Dropdown(
+                        POLICY_CHOICES, value=first["policy_b"], label="Policy B"
+                    )
+                    link_b = gr.Checkbox(
+                        value=True,
+                        label="Same settings as A (only the policy differs)",
+                        info="untick to give B its own question position, budget and pages",
+                    )
+                    mode_b = gr.Radio(
+                        ["inside", "after"], value=first["mode"], label="Question position B"
+                    )
+                    budget_b = gr.Slider(
+                        1, 60, value=100 * first["budget"], step=0.5, label="Budget B (%)"
+                    )
+                    page_size_b = gr.Dropdown(
+                        PAGE_SIZES, value=first["page_size"], label="Page size B"
+                    )
+                    with gr.Row():
+                        n_sink_b = gr.Slider(0, 16, value=first["n_sink"], step=1, label="n_sink B")
+                        window_b = gr.Slider(
+                            1, 128, value=first["window"], step=1, label="Window B"
+                        )
+                    tau_b = gr.Slider(0.1, 4.0, value=first["tau"], step=0.1, label="tau B")
             with gr.Column(scale=3):
-                status = gr.Markdown(_message("info", "Loading the first preset..."))
+                with gr.Row(equal_height=False):
+                    lesson_text = gr.Markdown(lesson_markdown(LESSONS[0]), elem_id="lesson-text")
+                    observation = gr.Markdown(
+                        "**Observation:** " + LESSONS[0].observation.statement,
+                        elem_id="lesson-observation",
+                    )
+                status = gr.Markdown(_message("info", "Loading the first lesson..."))
                 gr.Markdown(CAPTIONS["answers"])
                 answers = gr.Dataframe(
-                    headers=["run", "verdict", "answer", "stored tokens", "needle kept", "UOR max",
-                             "eviction"],
+                    headers=["run", "verdict", "answer", "stored tokens", "needle kept",
+                             "needle page kept", "UOR max", "eviction"],
                     interactive=False,
                     wrap=True,
-                    column_widths=["17%", "9%", "38%", "9%", "9%", "8%", "10%"],
+                    column_widths=["18%", "8%", "32%", "8%", "8%", "10%", "7%", "9%"],
                 )  # fmt: skip
-                with gr.Tabs():
-                    with gr.Tab("Page frame"):
+                with gr.Tabs() as tabs:
+                    with gr.Tab("Page frame", id="frame"):
                         gr.Markdown(CAPTIONS["frame"])
                         frame = gr.Plot(elem_id="page-frame")
-                    with gr.Tab("Needle retention"):
+                    with gr.Tab("Needle retention", id="retention"):
                         gr.Markdown(CAPTIONS["retention"])
                         retention = gr.Plot()
-                    with gr.Tab("Head weights"):
+                    with gr.Tab("Head weights", id="weights"):
                         gr.Markdown(CAPTIONS["overview"])
                         overview = gr.Plot()
                         gr.Markdown(CAPTIONS["weights"])
                         # Its range comes from the model of each run (RUN_VIEWS "layer").
                         layer = gr.Slider(0, 1, value=0, step=1, label="Layer")
                         weights = gr.Plot()
-                    with gr.Tab("Sinks"):
+                    with gr.Tab("Sinks", id="sinks"):
                         gr.Markdown(CAPTIONS["sink"])
                         sink_mass = gr.Plot()
                         sink_adv = gr.Plot()
-                    with gr.Tab("UOR and memory"):
+                    with gr.Tab("UOR and memory", id="uor"):
                         gr.Markdown(CAPTIONS["uor"])
                         uor = gr.Plot()
+                        stored = gr.Plot()
                         memory = gr.Plot()
-                    with gr.Tab("Mechanism (constructed)"):
+                    with gr.Tab("Mechanism (constructed)", id="mechanism"):
                         gr.Markdown(CAPTIONS["mechanism"])
                         with gr.Row():
                             m_heads = gr.Slider(2, 8, value=3, step=1, label="Heads per group")
@@ -467,28 +692,33 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                             headers=["policy", "needle page", "weights"], interactive=False
                         )
                         m_plot = gr.Plot()
-                    with gr.Tab("Export"):
+                    with gr.Tab("Export", id="export"):
                         gr.Markdown("The run's numbers (JSON, CSV) and every figure (HTML).")
                         files = gr.File(label="Downloads", file_count="multiple")
 
+        components = locals()
         run_inputs = [
             model, task, context, depth, seed, needles, mode, curated, haystack, needle,
-            question, answer, budget, page_size, n_sink, window, tau, policy_a, policy_b, layer,
+            question, answer, budget, page_size, n_sink, window, tau, policy_a, policy_b,
+            link_b, mode_b, budget_b, page_size_b, n_sink_b, window_b, tau_b, layer,
         ]  # fmt: skip
-        components = locals()
         run_outputs = [components[name] for name in RUN_VIEWS]
         preset_targets = [components[name] for name in PRESET_CONTROLS]
+        lesson_targets = [components[name] for name in LESSON_CONTROLS]
         run_kw = dict(fn=run_comparison, inputs=run_inputs, outputs=run_outputs)
         quiet = dict(api_visibility="undocumented")  # the same handler under another trigger
-        run_btn.click(api_name="run", **run_kw)
-        budget.release(api_name="budget", **run_kw)
-        for control in (page_size, policy_a, policy_b):
-            control.input(**run_kw, **quiet)
-        for control in (tau, window, n_sink):
-            control.release(**run_kw, **quiet)
+        # After a free-exploration run the lesson's verdict is re-read: it says "not
+        # checked" once the controls no longer hold the lesson's settings.
+        recheck = dict(fn=check_lesson, inputs=[lesson, last], outputs=observation, **quiet)
+        run_btn.click(api_name="run", **run_kw).then(**recheck)
+        budget.release(api_name="budget", **run_kw).then(**recheck)
+        for control in (page_size, policy_a, policy_b, page_size_b, link_b, mode_b):
+            control.input(**run_kw, **quiet).then(**recheck)
+        for control in (tau, window, n_sink, budget_b, tau_b, window_b, n_sink_b):
+            control.release(**run_kw, **quiet).then(**recheck)
         preset.input(apply_preset, preset, preset_targets, api_name="preset").then(
             **run_kw, **quiet
-        )
+        ).then(**recheck)
         task.input(curated_choices, task, curated, **quiet)
         layer.release(update_layer, [last, layer], weights, api_name="layer")
         mech_io = dict(
@@ -500,7 +730,27 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         for control in (m_heads, m_dist, m_dstr, m_n, m_budget):
             control.release(**mech_io, **quiet)
         m_sink.input(**mech_io, **quiet)
-        demo.load(**run_kw, **quiet).then(**mech_io, **quiet)
+
+        apply_io = dict(
+            fn=apply_lesson,
+            inputs=lesson,
+            outputs=[*lesson_targets, tabs, lesson_text, observation],
+        )
+
+        def then_run_and_check(event):
+            """After a lesson set the controls: run it (live lessons), redraw the
+            mechanism, check the observation."""
+            return (
+                event.then(run_for_lesson, [lesson, *run_inputs], run_outputs, **quiet)
+                .then(**mech_io, **quiet)
+                .then(check_lesson, [lesson, last], observation, **quiet)
+            )
+
+        then_run_and_check(lesson.input(api_name="lesson", **apply_io))
+        for button, step in ((prev_btn, -1), (next_btn, 1)):
+            picked = button.click(lambda t, s=step: lesson_step(t, s), lesson, lesson, **quiet)
+            then_run_and_check(picked.then(**apply_io, **quiet))
+        then_run_and_check(demo.load(**apply_io, **quiet))
     return demo
 
 

@@ -231,6 +231,17 @@ def comparison_figures(comp: Comparison, layer: int = 0) -> dict:
             r=pb.head_weights.shape[1] // G,
         ),
         "memory": figures.memory_bars(comp.memory),
+        "stored": figures.union_over_budget_heatmap(
+            {
+                label_a: comp.records["A"]["union_tokens"],
+                label_b: comp.records["B"]["union_tokens"],
+            },
+            {
+                label_a: comp.records["A"]["budget_tokens"],
+                label_b: comp.records["B"]["budget_tokens"],
+            },
+            r=pb.head_weights.shape[1] // G,
+        ),
     }
     if needle:
         figs["retention"] = figures.needle_retention_heatmap(

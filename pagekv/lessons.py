@@ -143,7 +143,7 @@ def answers(full: bool | None = True, a: bool | None = None, b: bool | None = No
         got = {k: bool(recs[k]["correct"]) for k in want}
         holds = all(v is None or got[k] == v for k, v in want.items())
         measured = "; ".join(
-            f"{k}: {'right' if got[k] else 'wrong'} ({recs[k]['answer'][:40]!r})" for k in want
+            f"{k}: {'right' if got[k] else 'wrong'} ({recs[k]['answer'][:120]!r})" for k in want
         )
         return Finding(holds, measured, {"correct": got})
 

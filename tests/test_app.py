@@ -37,10 +37,20 @@ pytestmark = [
 
 #: SmolLM2-135M (the bundled model): 30 layers, 3 KV groups of 3 query heads.
 LAYERS, GROUPS, HEADS = 30, 3, 9
-#: status, answers, 8 plots, files, the layer slider (its range follows the run's model);
+#: status, answers, 9 plots, files, the layer slider (its range follows the run's model);
 #: the gr.State output stays server-side. app.RUN_VIEWS names them in order.
-N_OUT = 12
-PLOTS = ["frame", "retention", "weights", "overview", "sink_mass", "sink_adv", "uor", "memory"]
+N_OUT = 13
+PLOTS = [
+    "frame",
+    "retention",
+    "weights",
+    "overview",
+    "sink_mass",
+    "sink_adv",
+    "uor",
+    "stored",
+    "memory",
+]
 
 #: A short needle prompt, question asked after compression.
 GOOD = dict(
@@ -188,7 +198,7 @@ def test_run_answers_table(server, first_run):
     table = out[1]
     assert table["headers"][:4] == ["run", "verdict", "answer", "stored tokens"]
     rows = table["data"]
-    assert [r[0] for r in rows] == ["full cache: full", "policy A: mean", "policy B: entropy"]
+    assert [r[0] for r in rows] == ["full cache: full", "A: mean", "B: entropy"]
     kept = expected_kept(n, 0.3, 16, 4, 32)
     assert kept <= math.floor(0.3 * n)
     assert [r[3] for r in rows] == [n, kept, kept]
@@ -196,9 +206,11 @@ def test_run_answers_table(server, first_run):
         right = expected.casefold() in r[2].casefold()
         assert r[1] == ("✓ right" if right else "✗ wrong"), r
         assert 0.0 <= float(r[4]) <= 1.0  # needle fraction kept
-        assert float(r[5]) == 1.0  # pooled policies store exactly their budget: UOR 1
-    assert rows[0][6] == "-", "the full cache evicts nothing: no eviction time"
-    assert all(r[6].endswith(" ms") for r in rows[1:])
+        assert re.fullmatch(r"\d+ of 90", r[5]), r  # needle page kept in X of L*G
+        assert float(r[6]) == 1.0  # pooled policies store exactly their budget: UOR 1
+    assert rows[0][5] == "90 of 90", "the full cache keeps the needle page everywhere"
+    assert rows[0][7] == "-", "the full cache evicts nothing: no eviction time"
+    assert all(r[7].endswith(" ms") for r in rows[1:])
     assert rows[0][1] == "✓ right", "the full cache should find a 300-token needle"
     assert rows[0][4] == "1.00"
 
@@ -208,8 +220,14 @@ def test_run_page_frame(first_run):
     out, _ = first_run
     n = prompt_tokens(out[0])
     fig = plotly(out[2])
-    heat = [t for t in fig["data"] if t["type"] == "heatmap"]
+    heat = [
+        t
+        for t in fig["data"]
+        if t["type"] == "heatmap" and t.get("meta", {}).get("role") == "overview"
+    ]
     assert len(heat) == 2  # policy A and policy B side by side
+    strips = [t for t in fig["data"] if t.get("meta", {}).get("role") == "needle_strip"]
+    assert len(strips) == 2, "a needle strip per side (a needle task)"
     sizes = page_sizes(n, 16)
     kept = out[1]["data"][1][3]
     for t in heat:
@@ -231,7 +249,7 @@ def test_run_page_frame(first_run):
 @pytest.mark.slow
 def test_run_other_plots(first_run):
     out, _ = first_run
-    figs = dict(zip(PLOTS, out[2:10], strict=True))
+    figs = dict(zip(PLOTS, out[2:11], strict=True))
     for name, value in figs.items():
         assert plotly(value)["data"], name
     ret = [t for t in plotly(figs["retention"])["data"] if t["type"] == "heatmap"]
@@ -245,6 +263,13 @@ def test_run_other_plots(first_run):
     assert "layer 0" in plotly(figs["weights"])["layout"]["title"]["text"]
     over = plotly(figs["overview"])["data"][0]
     assert over["type"] == "heatmap" and len(over["z"]) == LAYERS and len(over["z"][0]) == HEADS
+    stored = [t for t in plotly(figs["stored"])["data"] if t["type"] == "heatmap"]
+    assert len(stored) == 2 and all(len(t["z"]) == LAYERS for t in stored)
+    n = prompt_tokens(out[0])
+    kept, k = out[1]["data"][1][3], math.floor(0.3 * n)  # stored tokens of A, the budget
+    ratios = [v for t in stored for row in t["z"] for v in row]
+    assert len(ratios) == 2 * LAYERS * GROUPS
+    assert all(v == pytest.approx(kept / k) for v in ratios), "pooled: the same count everywhere"
     mem = plotly(figs["memory"])["data"][0]
     assert mem["type"] == "bar" and "entropy" in mem["x"] and "full" in mem["x"]
 
@@ -253,7 +278,7 @@ def test_run_other_plots(first_run):
 def test_run_exports(first_run):
     out, _ = first_run
     n = prompt_tokens(out[0])
-    paths = {Path(p).name: Path(p) for p in out[10]}
+    paths = {Path(p).name: Path(p) for p in out[11]}
     assert set(paths) == {"pagekv_run.json", "pagekv_run.csv", "pagekv_figures.html"}
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths.values())
     data = json.loads(paths["pagekv_run.json"].read_text())
@@ -506,3 +531,36 @@ def test_mechanism_out_of_range_is_refused(client):
     with pytest.raises(AppError, match="maximum"):
         mechanism(client, retrieval=1.9)
     assert mechanism(client)[0].startswith("**Note:**")
+
+
+# ---------------------------------------------------------------- sides and lessons
+
+
+@pytest.mark.slow
+def test_each_side_is_a_full_configuration(client, first_run):
+    """B with its own budget and page size (link_b off): both run on one prefill, the
+    table titles say what differs, and B stores exactly its own budget (pages of 1)."""
+    b = dict(mode_b="after", budget_b=60, page_size_b=1, n_sink_b=4, window_b=32, tau_b=1.0)
+    out = run(client, link_b=False, **b)
+    assert out[0].startswith("**Done:**"), out[0]
+    n = prompt_tokens(out[0])
+    rows = out[1]["data"]
+    assert [r[0] for r in rows[1:]] == [
+        "A: mean, page 16, budget 30%",
+        "B: entropy, page 1, budget 60%",
+    ]
+    assert rows[2][3] == math.floor(0.6 * n)  # token-level pages: exactly the budget
+    assert rows[1][3] == first_run[0][1]["data"][1][3]  # A as in the first run
+
+
+def test_lesson_sets_both_sides(client):
+    """/lesson fills every control from the lesson: here page size 16 against 1."""
+    i = [x.id for x in app.LESSONS].index("pages-vs-tokens")
+    out = client.predict(app.LESSON_TITLES[i], api_name="/lesson")
+    values = dict(zip(app.LESSON_CONTROLS, out, strict=False))
+    lesson = app.LESSONS[i]
+    assert values["page_size"] == lesson.a.page_size == 16
+    assert values["page_size_b"] == lesson.b.page_size == 1
+    assert values["link_b"] is False
+    assert values["policy_a"] == values["policy_b"] == "entropy"
+    assert lesson.title in out[len(app.LESSON_CONTROLS)]  # the text (the tabs stay client-side)

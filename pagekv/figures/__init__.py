@@ -22,6 +22,7 @@ from .plans import (
     page_states,
     sink_advantage_lines,
     strip_pages,
+    union_over_budget_heatmap,
     uor_curve,
 )
 from .replay import answer_bars, disagreement_scatter, recall_bars
@@ -73,5 +74,6 @@ __all__ = [
     "recall_bars",
     "sink_advantage_lines",
     "strip_pages",
+    "union_over_budget_heatmap",
     "uor_curve",
 ]

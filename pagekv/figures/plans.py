@@ -512,6 +512,48 @@ def uor_curve(
     return layout(fig, title or "Union overhead of head-independent selection", 340)
 
 
+def union_over_budget_heatmap(sides: dict, budget_tokens: dict, r: int, title=None):
+    """What each (layer, group) must store, as a multiple of the budget, per side.
+
+    Args:
+        sides: label -> `[L][G]` tokens the policy keeps (`union_tokens`: the union of
+            the heads' picks for head_independent).
+        budget_tokens: label -> `k`.
+        r: heads per group; `r x` the budget is the worst case a union can reach, and
+            the colour scale ends there.
+    """
+    go = _go()
+    from plotly.subplots import make_subplots
+
+    labels = list(sides)
+    fig = make_subplots(rows=1, cols=len(labels), subplot_titles=labels, shared_yaxes=True)
+    for i, label in enumerate(labels):
+        k = max(int(budget_tokens[label]), 1)
+        z = [[u / k for u in row] for row in sides[label]]  # [L][G]
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                x=[f"g{g}" for g in range(len(z[0]))],
+                y=list(range(len(z))),
+                zmin=0.0,
+                zmax=float(r),
+                colorscale="Cividis",
+                showscale=i == len(labels) - 1,
+                colorbar=dict(title="x budget", tickvals=list(range(r + 1))),
+                hovertemplate="layer %{y}, group %{x}: %{z:.2f}x the budget<extra></extra>",
+            ),
+            row=1,
+            col=i + 1,
+        )
+    fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
+    return layout(
+        fig,
+        title
+        or f"Tokens each (layer, group) stores, as a multiple of the budget (worst case r = {r})",
+        420,
+    )
+
+
 def memory_bars(rows: Sequence[dict], title=None):
     """Cache kept per policy: rows of {policy, tokens, bytes}."""
     go = _go()
