@@ -73,13 +73,25 @@ def _measured_title(p: dict, entry: dict) -> str:
     return head
 
 
+def _full_cache_right(entry: dict) -> bool:
+    """False when the replay observed the full cache answering this prompt wrongly."""
+    full = (entry.get("observed") or {}).get("full") or {}
+    return full.get("correct", True) is not False
+
+
 def load_presets(path: Path | str | None = None) -> list[dict]:
     """The replay's measured presets (when the file holds valid ones), then the built-ins."""
     src = Path(path) if path is not None else PRESETS_PATH
     measured = []
     try:
         raw = json.loads(src.read_text(encoding="utf-8"))
-        measured = [normalize(e) for e in raw if isinstance(e, dict) and "task" in e]
+        # A preset compares policies against the full cache, so a prompt the full cache
+        # answers wrongly (as the replay observed it) is no baseline: left out.
+        measured = [
+            normalize(e)
+            for e in raw
+            if isinstance(e, dict) and "task" in e and _full_cache_right(e)
+        ]
     except (OSError, ValueError, TypeError):
         pass
     out, seen = [], set()

@@ -40,3 +40,14 @@ def test_missing_or_broken_file_falls_back(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert load_presets(bad)[0]["title"] == BUILTIN[0]["title"]
+
+
+def test_a_prompt_the_full_cache_gets_wrong_is_no_preset(tmp_path):
+    """The replay observed the full cache answering wrongly: that prompt is left out."""
+    good = {"task": "needle", "seed": 1, "policy": "entropy", "title": "x",
+            "observed": {"full": {"correct": True}, "entropy": {}, "mean": {}}}  # fmt: skip
+    bad = dict(good, seed=2, observed={"full": {"correct": False}})
+    path = tmp_path / "presets.json"
+    path.write_text(json.dumps([good, bad]))
+    seeds = [p["seed"] for p in load_presets(path) if p["title"].startswith("Measured")]
+    assert seeds == [1]

@@ -389,7 +389,7 @@ def test_load_haystack_file(tmp_path):
 # ----------------------------------------------------------- curated tasks
 def test_curated_tasks_are_honest():
     qa, code = load_tasks("qa"), load_tasks("code")
-    assert len(qa) >= 8 and len(code) >= 6
+    assert len(qa) >= 4 and len(code) >= 3  # tests/test_baselines.py: each a fair baseline
     names = [t.name for t in qa + code]
     assert len(set(names)) == len(names)
     for task in qa + code:
@@ -471,10 +471,11 @@ def test_scoring_edge_cases(pred, answer, exact, has):
 
 
 def test_scoring_with_aliases_and_task():
-    task = get_task("code_shipping_heavy")
-    assert score("41", task) == {"correct": True, "exact": True, "contains": True, "hedged": False}
-    assert score("It returns 41.0 pounds.", task)["correct"]
-    assert not score("14.2", task)["correct"]
+    task = get_task("code_vat_rate")  # answer 0.2, aliases 20% ...
+    assert score("20%", task) == {"correct": True, "exact": True, "contains": True, "hedged": False}
+    assert score("The value of VAT_RATE is 0.2.", task)["correct"]
+    assert not score("0.25", task)["correct"]
+    assert not score("20", task)["correct"]  # 20% is an alias, a bare 20 is not
     assert normalize("  Hello,   WORLD!! ") == "hello world"
 
 

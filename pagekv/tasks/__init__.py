@@ -8,11 +8,13 @@ score("PELICAN-42", task)["correct"]
 
 from .base import (
     ANSWER_INSTRUCTION,
+    DEFAULT_MAX_NEW_TOKENS,
     QUESTION_POSITIONS,
     TASK_KINDS,
     Task,
     TaskError,
     check_custom_prompt,
+    default_max_new_tokens,
     needle_depth,
 )
 from .curated import get_task, load_tasks, task_names
@@ -29,6 +31,8 @@ from .scoring import contains, exact_match, normalize, score
 
 __all__ = [
     "check_custom_prompt",
+    "default_max_new_tokens",
+    "DEFAULT_MAX_NEW_TOKENS",
     "needle_depth",
     "ANSWER_INSTRUCTION",
     "BUILTIN_NEEDLES",

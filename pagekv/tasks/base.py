@@ -34,6 +34,8 @@ from typing import Any
 TASK_KINDS = ("needle", "qa", "code", "custom")
 QUESTION_POSITIONS = ("inside", "after")
 ANSWER_INSTRUCTION = "Answer with only the answer, as briefly as possible."
+#: Answer tokens decoded when a task names no ``max_new_tokens`` of its own.
+DEFAULT_MAX_NEW_TOKENS = 24
 
 
 def check_custom_prompt(
@@ -86,6 +88,10 @@ class Task:
         needle_text: the exact substring of ``context`` that holds the answer
             (the needle sentence, the evidence sentence or code line), or None.
         meta: free-form details: depth, seed, token counts, difficulty, ...
+        max_new_tokens: how many answer tokens to decode for this task, or None
+            for ``DEFAULT_MAX_NEW_TOKENS`` (see ``default_max_new_tokens``).
+            Curated tasks set it from what the bundled model's full-cache answer
+            needs (the model restates the question before the answer).
     """
 
     name: str
@@ -96,6 +102,7 @@ class Task:
     aliases: list[str] = field(default_factory=list)
     needle_text: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in TASK_KINDS:
@@ -105,6 +112,11 @@ class Task:
             if not isinstance(value, str) or not value.strip():
                 raise TaskError(f"task {self.name!r}: {attr} must be a non-empty string")
         self.aliases = [a for a in (self.aliases or []) if isinstance(a, str) and a.strip()]
+        m = self.max_new_tokens
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise TaskError(
+                f"task {self.name!r}: max_new_tokens must be an integer >= 1; got {m!r}"
+            )
         if self.needle_text is not None and self.needle_text not in self.context:
             raise TaskError(
                 f"task {self.name!r}: the needle text {_short(self.needle_text)!r} "
@@ -285,11 +297,28 @@ class Task:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Task:
-        keys = ("name", "kind", "context", "question", "answer", "aliases", "needle_text", "meta")
+        keys = (
+            "name", "kind", "context", "question", "answer", "aliases", "needle_text", "meta",
+            "max_new_tokens",
+        )  # fmt: skip
         missing = [k for k in ("name", "kind", "context", "question", "answer") if k not in data]
         if missing:
             raise TaskError(f"task record is missing {missing}")
         return cls(**{k: copy.deepcopy(data[k]) for k in keys if k in data})
+
+
+def default_max_new_tokens(task: Task | None, fallback: int = DEFAULT_MAX_NEW_TOKENS) -> int:
+    """The answer tokens to decode for `task` when the caller gives no number:
+    the task's own ``max_new_tokens`` (curated tasks carry one, sized for their
+    expected answer), else `fallback`.
+
+    >>> default_max_new_tokens(Task("t", "custom", "ctx", "q?", "a", max_new_tokens=30))
+    30
+    >>> default_max_new_tokens(None)
+    24
+    """
+    m = getattr(task, "max_new_tokens", None)
+    return int(m) if m is not None else int(fallback)
 
 
 def _check_position(position: str) -> None:

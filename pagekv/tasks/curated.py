@@ -6,6 +6,22 @@ Each record names a context file (original CC0 text or code under
 ``Task.needle_text``) and a ``difficulty`` guess for a ~100M-parameter model.
 Loading checks that the evidence occurs in the context and the answer in the
 evidence, so the set stays honest.
+
+Every curated task is a baseline: the bundled model (SmolLM2-135M-Instruct)
+answers it correctly with the full cache, in each question mode it lists.
+Two fields say how it is run:
+
+- ``max_new_tokens`` (required): answer tokens to decode. The model restates
+  the question before the answer ("The default port in `ServerConfig` is
+  7341."), so it is the tokens the full-cache answer needed before it held the
+  expected answer, measured on the bundled model, plus 8; it is also at least
+  the answer's own length plus 2. ``default_max_new_tokens(task)`` reads it.
+- ``modes`` (optional, default both): the question modes ("inside", "after")
+  the task is meant for (``meta["modes"]``; the first is the default
+  ``question_position``). With the full cache both modes decode from the same
+  token sequence; measured, they give the same answer on every task.
+
+``tests/test_baselines.py`` checks both fields on the model.
 """
 
 from __future__ import annotations
@@ -15,7 +31,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..paths import ASSETS_DIR, TASKS_DIR
-from .base import Task, TaskError
+from .base import QUESTION_POSITIONS, Task, TaskError
 
 CURATED_KINDS = ("qa", "code")
 DIFFICULTIES = ("easy", "medium", "hard")
@@ -50,6 +66,14 @@ def _to_task(kind: str, rec: dict[str, Any]) -> Task:
         raise TaskError(f"curated task {name!r}: the answer is not in its evidence")
     if rec.get("difficulty") not in DIFFICULTIES:
         raise TaskError(f"curated task {name!r}: difficulty must be one of {DIFFICULTIES}")
+    if "max_new_tokens" not in rec:
+        raise TaskError(f"curated task {name!r}: max_new_tokens is missing")
+    modes = list(rec.get("modes", QUESTION_POSITIONS))
+    if not modes or any(m not in QUESTION_POSITIONS for m in modes):
+        raise TaskError(
+            f"curated task {name!r}: modes must be a non-empty subset of "
+            f"{QUESTION_POSITIONS}; got {modes}"
+        )
     return Task(
         name=name,
         kind=kind,
@@ -61,8 +85,10 @@ def _to_task(kind: str, rec: dict[str, Any]) -> Task:
         meta={
             "difficulty": rec["difficulty"],
             "context_file": rec["context_file"],
-            "question_position": "inside",
+            "question_position": modes[0],
+            "modes": modes,
         },
+        max_new_tokens=rec["max_new_tokens"],  # Task checks it is an integer >= 1
     )
 
 

