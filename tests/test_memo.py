@@ -1,0 +1,366 @@
+"""The byte-bounded memo (`pagekv.memo.ByteLRU`) and `Study`'s use of it.
+
+- least recently used out first, by bytes; the cap is never exceeded; an item larger
+  than the cap is not stored (and evicts nothing);
+- concurrent callers of one missing key compute it once; many threads never break
+  the byte accounting;
+- on a tiny random model: a repeated `Study.run` is served from the memo (the
+  runner evaluates once) and equals the first; callers cannot corrupt the memo; a
+  different configuration or `max_new_tokens` is computed anew (the negative control).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from pagekv import EvictionConfig
+from pagekv.memo import ByteLRU, nbytes
+from pagekv.models import LoadedModel, ModelLoadError
+from pagekv.registry import ModelRegistry
+from pagekv.study import Prepared, PromptSpec, Study
+from pagekv.tasks import Task
+from tests.test_runner import prompt, tiny_model
+
+# ---------------------------------------------------------------- ByteLRU
+
+
+def test_evicts_least_recently_used_by_bytes():
+    memo = ByteLRU(100, size_of=len)
+    assert memo.put("a", "x" * 30) and memo.put("b", "y" * 30) and memo.put("c", "z" * 30)
+    assert memo.get("a") == "x" * 30  # "a" becomes the most recent; "b" is now the oldest
+    assert memo.put("d", "w" * 30)  # 120 > 100: one entry must go, and it is "b"
+    assert memo.keys() == ["c", "a", "d"] and memo.nbytes == 90
+    assert memo.put("e", "v" * 70)  # 160 > 100: "c" and "a" go, oldest first
+    assert memo.keys() == ["d", "e"] and memo.nbytes == 100
+    assert memo.stats()["evictions"] == 3
+
+
+def test_an_item_larger_than_the_cap_is_not_stored_and_evicts_nothing():
+    memo = ByteLRU(100, size_of=len)
+    memo.put("a", "x" * 60)
+    assert not memo.put("big", "y" * 101)
+    assert "big" not in memo and memo.keys() == ["a"] and memo.nbytes == 60
+    # replacing a key with a too-large value drops the old value (never a stale one)
+    assert not memo.put("a", "z" * 200)
+    assert "a" not in memo and memo.nbytes == 0
+    value, computed = memo.get_or_compute("big", lambda: "w" * 500)
+    assert computed and value == "w" * 500 and "big" not in memo
+
+
+def test_the_cap_is_never_exceeded():
+    rng = random.Random(0)
+    memo = ByteLRU(1000, size_of=len)
+    for i in range(2000):
+        memo.put(rng.randrange(50), "x" * rng.randrange(0, 1200))
+        if i % 7 == 0:
+            memo.get(rng.randrange(50))
+        assert memo.nbytes <= 1000
+        assert memo.nbytes == sum(len(v) for _, v in memo.items())
+
+
+def test_max_entries_and_disabled_memo():
+    memo = ByteLRU(10**6, size_of=len, max_entries=2)
+    for k in "abc":
+        memo.put(k, k)
+    assert memo.keys() == ["b", "c"]
+    off = ByteLRU(0, size_of=len)
+    assert not off.put("a", "") or off.nbytes == 0
+    calls = []
+    for _ in range(2):
+        off.get_or_compute("k", lambda: calls.append(1) or "v")
+    assert len(calls) == 2  # nothing is kept, every call computes
+
+
+def test_refresh_measures_again_and_evicts():
+    memo = ByteLRU(100, size_of=len)
+    grows = ["x" * 10]
+    memo.put("a", "y" * 50)
+    memo.put("g", grows)
+    memo.size_of = lambda v: 30 * len(v) if isinstance(v, list) else len(v)
+    grows.extend(["x"] * 2)  # now 90 "bytes": 140 in all, "a" (oldest) goes
+    memo.refresh("g")
+    assert memo.keys() == ["g"] and memo.nbytes == 90
+    memo.refresh("absent")  # ignored
+
+
+def test_nbytes_counts_tensor_storage_once():
+    t = torch.zeros(1000)  # 4000 bytes
+    assert nbytes(t) == 4000
+    assert 4000 <= nbytes({"a": t, "b": t[:10], "c": [t]}) < 4000 + 1000
+    assert nbytes([torch.zeros(1000), torch.zeros(1000)]) >= 8000
+
+
+def test_thread_safety_smoke():
+    memo = ByteLRU(5000, size_of=len)
+    errors = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(2000):
+                k = rng.randrange(40)
+                op = rng.random()
+                if op < 0.4:
+                    memo.put(k, "x" * rng.randrange(1, 400))
+                elif op < 0.8:
+                    memo.get(k)
+                else:
+                    memo.get_or_compute(k, lambda: "y" * rng.randrange(1, 400))
+                if memo.nbytes > 5000:
+                    errors.append(f"over the cap: {memo.nbytes}")
+        except Exception as e:  # pragma: no cover (a failure is reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert memo.nbytes == sum(len(v) for _, v in memo.items()) <= 5000
+
+
+def test_concurrent_callers_compute_once():
+    memo = ByteLRU(10**6, size_of=len)
+    calls = []
+    start = threading.Barrier(6)
+
+    def compute():
+        calls.append(1)
+        time.sleep(0.2)  # long enough for every other thread to arrive and wait
+        return "value"
+
+    got = []
+
+    def worker():
+        start.wait()
+        got.append(memo.get_or_compute("k", compute))
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert sorted(c for _, c in got) == [False] * 5 + [True]
+    assert {v for v, _ in got} == {"value"}
+
+
+def test_a_failed_computation_is_not_stored():
+    memo = ByteLRU(100, size_of=len)
+    with pytest.raises(RuntimeError):
+        memo.get_or_compute("k", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert "k" not in memo
+    assert memo.get_or_compute("k", lambda: "ok") == ("ok", True)
+
+
+# ---------------------------------------------------------------- Study on a tiny model
+
+
+@pytest.fixture(scope="module")
+def study():
+    model = tiny_model("llama")
+    cfg = model.config
+    loaded = LoadedModel(
+        model=model,
+        tokenizer=None,  # the runner's answers are the token ids
+        name="tiny-llama",
+        device="cpu",
+        dtype=torch.float32,
+        n_layers=cfg.num_hidden_layers,
+        n_heads=cfg.num_attention_heads,
+        n_kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        max_context=cfg.max_position_embeddings,
+        load_s=0.0,
+    )
+    return Study(loaded, backend="torch")
+
+
+def prepared(study: Study, n: int = 160, seed: int = 1) -> Prepared:
+    ids = prompt(n, seed=seed)
+    spec = PromptSpec(task="needle", context_tokens=max(n, 64), seed=seed)
+    task = Task(name=f"tiny-{seed}", kind="needle", context="c", question="q", answer="7")
+    return Prepared(
+        spec=spec,
+        task=task,
+        prompt={"input_ids": ids},
+        prefill=study.runner.prefill(ids, window_max=32),
+        needle_positions=[80, 81],
+        prepare_s=0.0,
+    )
+
+
+@pytest.fixture
+def counted(study, monkeypatch):
+    """Count the runner's evaluations."""
+    calls = []
+    real = study.runner.evaluate
+
+    def evaluate(*args, **kwargs):
+        calls.append(args[1] if len(args) > 1 else kwargs["config"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(study.runner, "evaluate", evaluate)
+    return calls
+
+
+def _same(a: dict, b: dict) -> None:
+    pa, pb = a.pop("plan"), b.pop("plan")
+    assert a == b
+    assert torch.equal(pa.keep, pb.keep) and torch.equal(pa.page_scores, pb.page_scores)
+    assert pa is not pb
+
+
+def test_repeated_run_is_served_from_the_memo(study, counted, caplog):
+    study._results.clear()
+    prep = prepared(study)
+    cfg = EvictionConfig(policy="entropy", budget=0.5, page_size=8, window=16)
+    caplog.set_level(logging.INFO, logger="pagekv.study")
+    t0 = time.perf_counter()
+    first = study.run(prep, cfg, max_new_tokens=6)
+    t_first = time.perf_counter() - t0
+    assert not study.last_run()["served_from_memo"]
+    t0 = time.perf_counter()
+    again = study.run(prep, cfg, max_new_tokens=6)
+    t_again = time.perf_counter() - t0
+    assert study.last_run()["served_from_memo"]
+    assert len(counted) == 1, "the repeat evaluated again"
+    print(f"\ntiny model: computed {1000 * t_first:.1f} ms, from memory {1000 * t_again:.1f} ms")
+    lines = [r.getMessage() for r in caplog.records if r.name == "pagekv.study"]
+    assert len(lines) == 2 and "computed in" in lines[0] and "served from memory" in lines[1]
+    assert "entropy budget 0.5 page 8" in lines[0] and "torch backend on cpu" in lines[0]
+    _same(first, again)
+
+
+def test_callers_cannot_corrupt_the_memo(study, counted):
+    study._results.clear()
+    prep = prepared(study)
+    cfg = EvictionConfig(policy="mean", budget=0.5, page_size=8, window=16)
+    first = study.run(prep, cfg, max_new_tokens=4)
+    answer = first["answer"]
+    first["answer"] = "corrupted"
+    first["stored_tokens"][0][0] = -1
+    first["timings"]["decode_s"] = -1.0
+    first["plan"].keep.zero_()
+    again = study.run(prep, cfg, max_new_tokens=4)
+    assert again["answer"] == answer and again["stored_tokens"][0][0] > 0
+    assert again["timings"]["decode_s"] >= 0 and again["plan"].keep.any()
+    again["plan"].keep.zero_()
+    assert study.run(prep, cfg, max_new_tokens=4)["plan"].keep.any()
+    assert len(counted) == 1
+
+
+def test_different_settings_are_computed_anew(study, counted):
+    """The negative control: the memo answers only identical requests."""
+    study._results.clear()
+    prep = prepared(study)
+    other = prepared(study, seed=2)
+    cfg = EvictionConfig(policy="entropy", budget=0.5, page_size=8, window=16)
+    study.run(prep, cfg, max_new_tokens=4)
+    study.run(prep, cfg.replace(budget=0.6), max_new_tokens=4)
+    study.run(prep, cfg, max_new_tokens=5)
+    study.run(other, cfg, max_new_tokens=4)
+    study.run_full(prep, max_new_tokens=4)
+    assert len(counted) == 5
+    study.run_full(prep, max_new_tokens=4)
+    study.run(prep, EvictionConfig(policy="full"), max_new_tokens=4)  # run_full's entry
+    assert len(counted) == 5
+
+
+def test_result_memo_is_bounded_by_bytes(study):
+    prep = prepared(study)
+    cfgs = [EvictionConfig(policy="entropy", budget=b, window=16) for b in (0.4, 0.5, 0.6, 0.7)]
+    study._results.clear()
+    study.run(prep, cfgs[0], 2)
+    one = study._results.nbytes  # one record, its plan's tensors included
+    assert one > 1000
+    small = Study(study.loaded, backend="torch", result_memo_bytes=int(2.5 * one))
+    for cfg in cfgs:
+        small.run(prep, cfg, 2)
+        assert small._results.nbytes <= int(2.5 * one)
+    assert len(small._results) == 2  # the two most recent
+    assert [k[1] for k in small._results.keys()] == cfgs[2:]
+
+
+# ---------------------------------------------------------------- the model registry
+
+
+class FakeStudy:
+    def __init__(self, name: str):
+        self.loaded = LoadedModel(
+            model=None, tokenizer=None, name=name, device="cpu", dtype=torch.float32,
+            n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, max_context=64, load_s=0.0,
+        )  # fmt: skip
+
+
+def fake_factory(loads: list, fail=(), delay: dict | None = None):
+    def factory(name):
+        if delay and name in delay:
+            delay[name].wait(10)
+        loads.append(name)
+        if name in fail:
+            raise ModelLoadError(f"cannot load model {name!r}: unknown model name")
+        return FakeStudy(name)
+
+    return factory
+
+
+def test_registry_keeps_the_default_and_evicts_the_least_recent_other():
+    loads = []
+    reg = ModelRegistry(max_others=2, factory=fake_factory(loads))
+    bundled = reg.get("bundled")
+    assert reg.get(" SmolLM2 ") is bundled and reg.get(None) is bundled  # aliases: one key
+    a, b = reg.get("org/a"), reg.get("org/b")
+    assert reg.get("bundled") is bundled and reg.get("org/a") is a  # "b" is now the oldest
+    reg.get("org/c")
+    assert reg.loaded_names() == ["bundled", "org/a", "org/c"]
+    assert reg.get("org/b") is not b  # loaded again, "a" goes
+    assert "bundled" in reg.studies and "org/a" not in reg.studies
+    assert loads == ["bundled", "org/a", "org/b", "org/c", "org/b"]
+
+
+def test_registry_failed_load_changes_nothing_and_falls_back():
+    loads = []
+    reg = ModelRegistry(max_others=1, factory=fake_factory(loads, fail={"org/bad"}))
+    bundled, a = reg.get("bundled"), reg.get("org/a")
+    before = list(reg.studies.items())
+    got = reg.get("org/bad")
+    assert dict(reg.studies) == dict(before)  # nothing loaded, nothing evicted
+    assert got.loaded.fell_back and "unknown model name" in got.loaded.note
+    assert got.loaded.name == "bundled" and not bundled.loaded.fell_back
+    assert reg.get("org/a") is a
+    reg.get("org/bad")  # remembered: not tried again at once
+    assert loads.count("org/bad") == 1
+
+
+def test_registry_default_that_cannot_load_says_why():
+    reg = ModelRegistry(factory=fake_factory([], fail={"bundled", "org/a"}))
+    with pytest.raises(ModelLoadError, match="cannot load model 'bundled'"):
+        reg.get("bundled")
+    with pytest.raises(ModelLoadError, match="cannot load model 'bundled'"):
+        reg.get("org/a")  # the fallback cannot load either
+
+
+def test_registry_loading_does_not_block_other_models():
+    loads, gate = [], threading.Event()
+    reg = ModelRegistry(factory=fake_factory(loads, delay={"org/slow": gate}))
+    bundled = reg.get("bundled")
+    got = []
+    slow = [threading.Thread(target=lambda: got.append(reg.get("org/slow"))) for _ in range(3)]
+    for t in slow:
+        t.start()
+    time.sleep(0.1)
+    t0 = time.perf_counter()
+    assert reg.get("bundled") is bundled  # served while org/slow is still loading
+    assert time.perf_counter() - t0 < 0.05
+    gate.set()
+    for t in slow:
+        t.join()
+    assert loads.count("org/slow") == 1 and len({id(s) for s in got}) == 1
