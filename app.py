@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import queue
 import tempfile
 import threading
 
@@ -45,20 +46,20 @@ PRESETS = load_presets()
 
 # ----------------------------------------------------------------- model state
 
-_studies: dict = {}
-_lock = threading.Lock()
+from pagekv.registry import ModelRegistry  # noqa: E402
+
+#: Loaded models by name, shared by every session (pagekv/registry.py): the default
+#: model stays loaded, at most two others besides it (least recently used evicted), and
+#: a name that cannot load evicts nothing (its runs use the default, with a note).
+_registry = ModelRegistry(default="bundled", max_others=2)
+_studies = _registry.studies  # name -> Study (tests read and reset it under _lock)
+_lock: threading.Lock = _registry.lock
 
 
 def get_study(model_name: str):
-    """The Study for `model_name` (one loaded model at a time; falls back to bundled)."""
-    from pagekv.study import Study
-
-    name = (model_name or "bundled").strip() or "bundled"
-    with _lock:
-        if name not in _studies:
-            _studies.clear()  # free the previous model's memory first
-            _studies[name] = Study.load(name, allow_fallback=True)
-        return _studies[name]
+    """The Study for `model_name` (loaded once, shared; falls back to the default model
+    with `study.loaded.fell_back` and a note when the name cannot load)."""
+    return _registry.get(model_name)
 
 
 def known_models() -> list[str]:
@@ -88,6 +89,10 @@ def _side_b_note(comp, cfg_a, cfg_b) -> str:
 def _ms(seconds) -> str:
     """Milliseconds, or "-" for a step that did not run (the full cache evicts nothing)."""
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+#: The answers table's columns (the caption explains stored, needle and needle pages).
+ANSWER_HEADERS = ["run", "verdict", "answer", "stored", "needle", "needle pages", "UOR", "evict"]
 
 
 def _answers_table(comp) -> list[list]:
@@ -122,61 +127,209 @@ def _answers_table(comp) -> list[list]:
     return rows
 
 
-def _spec(task, context, depth, seed, needles, mode, curated, haystack, needle, question, answer):
+# ----------------------------------------------------------------- inputs
+
+TASKS = ("needle", "qa", "code", "custom")
+MODES = ("inside", "after")
+
+
+class InputError(ValueError):
+    """A control's value has the wrong type or is out of range (API callers)."""
+
+
+def _num(name: str, value, lo: float, hi: float, integer: bool = False):
+    """`value` as a number in [lo, hi], or an InputError that names the control."""
+    if isinstance(value, bool) or value is None:
+        raise InputError(f"{name} must be a number from {lo:g} to {hi:g}; got {value!r}")
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number from {lo:g} to {hi:g}; got {value!r}") from None
+    if x != x or not lo <= x <= hi or (integer and x != int(x)):
+        kind = "a whole number" if integer else "a number"
+        raise InputError(f"{name} must be {kind} from {lo:g} to {hi:g}; got {value!r}")
+    return int(x) if integer else x
+
+
+def _choice(name: str, value, choices):
+    if value not in choices:
+        raise InputError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
+    return value
+
+
+def _text(name: str, value) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InputError(f"{name} must be text; got {value!r}")
+    return value
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{name} must be true or false; got {value!r}")
+    return value
+
+
+def _page_size(name: str, value) -> int:
+    return _choice(name, _num(name, value, 1, max(PAGE_SIZES), integer=True), PAGE_SIZES)
+
+
+def parse_run(v: dict):
+    """The run's raw inputs (the API's and the page's alike) -> `(spec, cfg_a, cfg_b,
+    mode_a, mode_b, layer)`; InputError names the control that is wrong."""
     from pagekv.study import PromptSpec
     from pagekv.tasks import needle_depth
 
+    task = _choice("task", v["task"], TASKS)
+    mode = _choice("question position", v["mode"], MODES)
     kw = dict(
         task=task,
-        context_tokens=int(context),
-        depth=float(depth),
-        seed=int(seed),
-        n_needles=int(needles),
+        context_tokens=_num("context length", v["context"], 64, MAX_CONTEXT, integer=True),
+        depth=_num("needle depth", v["depth"], 0, 1),
+        seed=_num("seed", v["seed"], 0, 2**31 - 1, integer=True),
+        n_needles=_num("needles", v["needles"], 1, 4, integer=True),
         mode=mode,
     )
     if task in ("qa", "code"):
-        kw["name"] = curated or None
+        from pagekv.tasks import task_names
+
+        name = v["curated"] or None
+        if name is not None:
+            _choice(f"curated {task} task", name, task_names(task))
+        kw["name"] = name
     if task == "custom":
-        kw.update(haystack=haystack, needle=needle, question=question, answer=answer)
-        kw["depth"] = needle_depth(haystack, needle, kw["depth"])
-    return PromptSpec(**kw)
+        texts = {k: _text(k, v[k]) for k in ("haystack", "needle", "question", "answer")}
+        kw.update(texts)
+        kw["depth"] = needle_depth(texts["haystack"], texts["needle"], kw["depth"])
+    spec = PromptSpec(**kw)
+    cfg_a = _side_config(v, "", v["policy_a"])
+    if _flag("same settings as A", v["link_b"]):
+        cfg_b, mode_b = cfg_a.replace(policy=_choice("policy B", v["policy_b"], POLICIES)), mode
+    else:
+        cfg_b = _side_config(v, "_b", v["policy_b"])
+        mode_b = _choice("question position B", v["mode_b"], MODES)
+    layer = _num("layer", v["layer"], 0, 1024, integer=True)
+    return spec, cfg_a, cfg_b, mode, mode_b, layer
 
 
-def _config(policy, budget_pct, page_size, n_sink, window, tau):
+def _side_config(v: dict, suffix: str, policy) -> EvictionConfig:
+    side = "B" if suffix else "A"
     return EvictionConfig(
-        policy=policy,
-        budget=float(budget_pct) / 100.0,
-        page_size=int(page_size),
-        n_sink=int(n_sink),
-        window=int(window),
-        tau=float(tau),
+        policy=_choice(f"policy {side}", policy, POLICIES),
+        budget=_num(f"budget {side} (%)", v["budget_b" if suffix else "budget_pct"], 0.5, 100)
+        / 100.0,
+        page_size=_page_size(f"page size {side}", v["page_size" + suffix]),
+        n_sink=_num(f"n_sink {side}", v["n_sink" + suffix], 0, 64, integer=True),
+        window=_num(f"window {side}", v["window" + suffix], 1, 128, integer=True),
+        tau=_num(f"tau {side}", v["tau" + suffix], 0.05, 100),
     )
 
 
 EMPTY = None
+#: What a run fills, in the order of the run's outputs (`build_demo` wires the
+#: components of the same names); `_views` turns keyword values into that tuple.
+RUN_VIEWS = (
+    "status", "answers", "frame", "retention", "weights", "overview", "sink_mass", "sink_adv",
+    "uor", "stored", "memory", "files", "layer", "observation", "last",
+)  # fmt: skip
+#: Views that planning alone draws (a dragged slider updates these, without decoding).
+PLAN_VIEWS = ("frame", "retention", "uor", "stored", "memory")
+
+
+def _views(**values):
+    """The run's outputs in `RUN_VIEWS` order; views not given are cleared (the layer
+    slider and the lesson's observation are left as they are)."""
+    unknown = set(values) - set(RUN_VIEWS)
+    if unknown:
+        raise KeyError(f"not a run view: {sorted(unknown)}")
+    default = {"layer": gr.update(), "observation": gr.update()}
+    return tuple(values.get(name, default.get(name, EMPTY)) for name in RUN_VIEWS)
+
+
+def _status(study, comp, cfg_a, cfg_b, decoded: bool) -> str:
+    loaded = study.loaded
+    n = comp.prep.n
+    head = (
+        f"**{loaded.name}**, {loaded.origin} ({study.runner.backend} backend on "
+        f"{study.runner.device}): "
+        f"{n} prompt tokens, budget {cfg_a.budget_tokens(n)} tokens per (layer, group), "
+        f"page size {cfg_a.page_size}" + _side_b_note(comp, cfg_a, cfg_b) + ". "
+        f"Question: *{comp.prep.task.question}* Expected: **{comp.prep.task.answer}**"
+    )
+    parts = [_message("ok" if decoded else "info", head if decoded else "Decoding... " + head)]
+    if loaded.fell_back:
+        parts.append(_message("info", loaded.note))
+    if loaded.caveat:
+        parts.append(_message("info", loaded.caveat))
+    parts += [_message("info", note) for note in comp.notes]
+    if decoded:
+        t = comp.records["B"]["timings"]
+        parts.append(
+            f"<small>prefill {t['prefill_s']:.2f}s (once per prompt), "
+            f"eviction {_ms(t['evict_s'])}, decode {t['decode_s']:.2f}s</small>"
+        )
+    return "\n\n".join(parts)
+
+
+def _pending_table(comp) -> list[list]:
+    """The answers table while decoding: the plan's numbers, answers to come."""
+    from pagekv.figures import needle_page_counts
+
+    rows = []
+    labels = {"full": "full cache: full", "A": comp.labels["A"], "B": comp.labels["B"]}
+    for key in ("full", "A", "B"):
+        p = comp.plan_of(key)
+        needle = comp.needle_positions_of(key)
+        pages = "-"
+        if needle:
+            kept, total = needle_page_counts(p, needle)
+            pages = f"{kept} of {total}"
+        rec = comp.records[key]
+        if "answer" in rec:  # already decoded (the full cache comes first)
+            verdict, answer = ("✓ right" if rec["correct"] else "✗ wrong"), rec["answer"]
+        else:
+            verdict, answer = "...", "decoding..."
+        rows.append(
+            [labels[key], verdict, answer, int(p.kept_tokens.max()), "-", pages,
+             f"{float(p.uor.max()):.2f}", "-"]
+        )  # fmt: skip
+    return rows
+
+
+def _run_values(args) -> dict:
+    return dict(zip(RUN_INPUTS, args, strict=True))
+
+
+RUN_INPUTS = (
+    "model", "task", "context", "depth", "seed", "needles", "mode", "curated", "haystack",
+    "needle", "question", "answer", "budget_pct", "page_size", "n_sink", "window", "tau",
+    "policy_a", "policy_b", "link_b", "mode_b", "budget_b", "page_size_b", "n_sink_b",
+    "window_b", "tau_b", "layer", "lesson",
+)  # fmt: skip
 
 
 @gpu
 def run_comparison(
-    model,
-    task,
-    context,
-    depth,
-    seed,
-    needles,
-    mode,
-    curated,
-    haystack,
-    needle,
-    question,
-    answer,
-    budget_pct,
-    page_size,
-    n_sink,
-    window,
-    tau,
-    policy_a,
-    policy_b,
+    model="bundled",
+    task="needle",
+    context=2000,
+    depth=0.5,
+    seed=0,
+    needles=1,
+    mode="inside",
+    curated=None,
+    haystack="",
+    needle="",
+    question="",
+    answer="",
+    budget_pct=20.0,
+    page_size=16,
+    n_sink=4,
+    window=32,
+    tau=1.0,
+    policy_a="mean",
+    policy_b="entropy",
     link_b=True,
     mode_b="inside",
     budget_b=20.0,
@@ -185,59 +338,45 @@ def run_comparison(
     window_b=32,
     tau_b=1.0,
     layer=0,
-    progress=gr.Progress(),  # noqa: B008 (gradio injects progress through this default)
+    lesson=None,
 ):
-    """Prefill (memoised), run full / A / B, and build every view. Never raises.
+    """Prefill (memoised), plan both sides and show every plan view at once, then decode
+    full / A / B and show the answers, and check the lesson's observation. A generator:
+    two updates. Never raises: bad input becomes a message and the next request works.
 
     Side A is the shared controls (question position, budget, page size, n_sink, window,
     tau) with policy A; side B uses policy B and, with `link_b`, the same settings as A,
     otherwise its own (`mode_b`, `budget_b`, ...): each side is a full configuration.
     """
-    from pagekv.compare import compare, comparison_figures, export
+    from pagekv.compare import comparison_figures, export, plan_comparison
 
+    v = {k: val for k, val in locals().items() if k in RUN_INPUTS}
     try:
-        spec = _spec(
-            task, context, depth, seed, needles, mode, curated, haystack, needle, question, answer
+        spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
+        study = get_study(model if isinstance(model, str) else "")
+        comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
+        n_layers = int(comp.plan_of("B").keep.shape[0])  # read from the model that ran
+        layer = min(layer, n_layers - 1)
+        figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
+        layer_update = gr.update(maximum=n_layers - 1, value=layer)
+        yield _views(
+            status=_status(study, comp, cfg_a, cfg_b, decoded=False),
+            answers=_pending_table(comp),
+            **{k: figs[k] for k in PLAN_VIEWS},
+            layer=layer_update,
         )
-        cfg_a = _config(policy_a, budget_pct, page_size, n_sink, window, tau)
-        if link_b:
-            cfg_b, mode_b = cfg_a.replace(policy=policy_b), mode
-        else:
-            cfg_b = _config(policy_b, budget_b, page_size_b, n_sink_b, window_b, tau_b)
-        progress(0.0, desc="loading the model")
-        study = get_study(model)
-        comp = compare(study, spec, cfg_a, cfg_b, progress=progress, mode_a=mode, mode_b=mode_b)
-        figs = comparison_figures(comp, layer=int(layer))
-        folder = tempfile.mkdtemp(prefix="pagekv_")
-        files = export(comp, figs, folder)
+        for partial in _decode_streaming(study, comp):
+            if partial is not None:  # answers so far: stream them into the table
+                yield _stream_views(partial)
+        figs = comparison_figures(comp, layer=layer)
+        files = export(comp, figs, tempfile.mkdtemp(prefix="pagekv_"))
     except Exception as e:  # bad input or an unexpected failure: say it on the page
         log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
         msg = " ".join(str(e).split()) or type(e).__name__
-        return _views(status=_message("error", msg))
-    loaded = study.loaded
-    rec_b = comp.records["B"]
-    status = [
-        _message(
-            "ok",
-            f"**{loaded.name}** on {rec_b['device']} ({rec_b['backend']} backend): "
-            f"{comp.prep.n} prompt tokens, budget {cfg_a.budget_tokens(comp.prep.n)} tokens "
-            f"per (layer, group), page size {cfg_a.page_size}"
-            + _side_b_note(comp, cfg_a, cfg_b)
-            + ". "
-            f"Question: *{comp.prep.task.question}* Expected: **{comp.prep.task.answer}**",
-        )
-    ]
-    if loaded.fell_back:
-        status.append(_message("info", loaded.note))
-    status += [_message("info", n) for n in comp.notes]
-    t = rec_b["timings"]
-    status.append(
-        f"<small>prefill {t['prefill_s']:.2f}s (once per prompt), "
-        f"eviction {_ms(t['evict_s'])}, decode {t['decode_s']:.2f}s</small>"
-    )
-    n_layers = int(comp.plan_of("B").keep.shape[0])  # read from the model that ran
-    return _views(
-        status="\n\n".join(status),
+        yield _views(status=_message("error", msg), observation=check_lesson(lesson, None))
+        return
+    yield _views(
+        status=_status(study, comp, cfg_a, cfg_b, decoded=True),
         answers=_answers_table(comp),
         frame=figs["frame"],
         retention=figs.get("retention"),
@@ -249,27 +388,75 @@ def run_comparison(
         stored=figs["stored"],
         memory=figs["memory"],
         files=files,
-        layer=gr.update(maximum=n_layers - 1, value=min(int(layer), n_layers - 1)),
+        layer=layer_update,
+        observation=check_lesson(lesson, comp),
         last=comp,
     )
 
 
-#: What a run fills, in the order of the run's outputs (`build_demo` wires the
-#: components of the same names); `_views` turns keyword values into that tuple.
-RUN_VIEWS = (
-    "status", "answers", "frame", "retention", "weights", "overview", "sink_mass", "sink_adv",
-    "uor", "stored", "memory", "files", "layer", "last",
-)  # fmt: skip
+def _decode_streaming(study, comp):
+    """Decode `comp` (full, then A and B, batched where they share a shape) in a worker
+    thread; yield the answers table as tokens arrive, then None when done. Errors of
+    the decode are raised here."""
+    from pagekv.compare import decode_comparison
+
+    updates: queue.Queue = queue.Queue()
+    outcome: dict = {}
+
+    def on_token(tokens_a, tokens_b):
+        updates.put((tokens_a, tokens_b))
+
+    def work():
+        try:
+            decode_comparison(study, comp, on_token=on_token)
+        except Exception as e:  # handed to the caller
+            outcome["error"] = e
+        finally:
+            updates.put(None)
+
+    worker = threading.Thread(target=work, name="pagekv-decode", daemon=True)
+    worker.start()
+    while True:
+        item = updates.get()
+        while item is not None and not updates.empty():  # keep only the latest tokens
+            nxt = updates.get()
+            if nxt is None:
+                updates.put(None)
+                break
+            item = nxt
+        if item is None:
+            break
+        rows = _pending_table(comp)
+        for row, tokens in zip(rows[1:], item, strict=True):
+            row[2] = study.tokenizer.decode(tokens, skip_special_tokens=True) + " ..."
+        yield rows
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    yield None
 
 
-def _views(**values):
-    """The run's outputs in `RUN_VIEWS` order; views not given are cleared (the layer
-    slider is left as it is)."""
-    unknown = set(values) - set(RUN_VIEWS)
-    if unknown:
-        raise KeyError(f"not a run view: {sorted(unknown)}")
-    default = {"layer": gr.update()}
-    return tuple(values.get(name, default.get(name, EMPTY)) for name in RUN_VIEWS)
+def _stream_views(rows):
+    """Only the answers table changes while decoding streams."""
+    return tuple(rows if name == "answers" else gr.update() for name in RUN_VIEWS)
+
+
+def preview_plans(*args):
+    """While a slider is dragged: plan both sides on the cached prefill and redraw the
+    plan views (page frame, retention, UOR, stored, memory); no decoding. Answers come
+    when the slider is released (the run). Quietly does nothing on bad input."""
+    from pagekv.compare import comparison_figures, plan_comparison
+
+    v = _run_values(args)
+    try:
+        spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
+        study = get_study(v["model"] if isinstance(v["model"], str) else "")
+        comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
+        figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
+    except Exception as e:
+        log.debug("preview skipped: %s", e)
+        return tuple(gr.update() for _ in PLAN_VIEWS)
+    return tuple(figs.get(k) for k in PLAN_VIEWS)
 
 
 def update_layer(comp, layer):
@@ -298,7 +485,7 @@ def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head,
             n=int(n),
             budget=float(budget_pct) / 100,
         )
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         return _message("error", " ".join(str(e).split())), None, None
     s, w = view.s_star, view.w_star
     text = _message(
@@ -306,10 +493,14 @@ def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head,
         f"Constructed profiles, not a model. The retrieval head puts s* = {s:.3f} on the "
         f"needle; its entropy weight is w* = {w:.3f} (mean pooling: 1/r = "
         f"{1 / int(heads):.3f}). The needle page is kept whenever w* s* = {w * s:.3f} "
-        "beats the page that would otherwise be kept last.",
+        "beats the page that would otherwise be kept last."
+        + ("".join(f" {note}" for note in view.notes) if getattr(view, "notes", None) else ""),
     )
     return text, view.rows, figures.mechanism_figure(view.mech, view.plans)
 
+
+MECH_CONTROLS = ("m_heads", "m_retr", "m_dist", "m_dstr", "m_sink", "m_n", "m_budget")
+MECH_VIEWS = ("m_text", "m_table", "m_plot")
 
 #: The controls a preset sets, in the order of `apply_preset`'s outputs.
 PRESET_CONTROLS = (
@@ -318,38 +509,87 @@ PRESET_CONTROLS = (
 )  # fmt: skip
 
 
+def _preset_of(title):
+    return next((p for p in PRESETS if p["title"] == title), None)
+
+
 def apply_preset(title):
-    """Fill the controls from a preset (the Run that follows uses them)."""
-    for p in PRESETS:
-        if p["title"] == title:
-            values = {
-                "task": p["task"],
-                "curated": curated_choices(p["task"], p["name"]),
-                "context": p["context_tokens"],
-                "depth": p["depth"],
-                "seed": p["seed"],
-                "needles": p["n_needles"],
-                "mode": p["mode"],
-                "budget": round(100 * p["budget"], 1),
-                "page_size": p["page_size"],
-                "n_sink": p["n_sink"],
-                "window": p["window"],
-                "tau": p["tau"],
-                "policy_a": p["policy_a"],
-                "policy_b": p["policy_b"],
-            }
-            return [values[name] for name in PRESET_CONTROLS]
-    return [gr.update()] * len(PRESET_CONTROLS)
+    """Fill the controls from a preset (the API's /preset: no run)."""
+    p = _preset_of(title)
+    if p is None:
+        return [gr.update()] * len(PRESET_CONTROLS)
+    values = _preset_values(p)
+    return [values[name] for name in PRESET_CONTROLS]
+
+
+def _preset_values(p) -> dict:
+    return {
+        "task": p["task"],
+        "curated": curated_choices(p["task"], p["name"])[0],
+        "context": p["context_tokens"],
+        "depth": p["depth"],
+        "seed": p["seed"],
+        "needles": p["n_needles"],
+        "mode": p["mode"],
+        "budget": round(100 * p["budget"], 1),
+        "page_size": p["page_size"],
+        "n_sink": p["n_sink"],
+        "window": p["window"],
+        "tau": p["tau"],
+        "policy_a": p["policy_a"],
+        "policy_b": p["policy_b"],
+    }
+
+
+def run_preset(title, model, lesson_title):
+    """Pick a preset: set the controls and run, in ONE request (a generator)."""
+    p = _preset_of(title)
+    if p is None:
+        yield (*([gr.update()] * (len(PRESET_CONTROLS) + 1)), *_views())
+        return
+    values = _preset_values(p)
+    controls = [values[name] for name in PRESET_CONTROLS]
+    run = dict(RUN_DEFAULTS, model=model, task=p["task"], context=p["context_tokens"],
+               depth=p["depth"], seed=p["seed"], needles=p["n_needles"], mode=p["mode"],
+               curated=p["name"], budget_pct=100 * p["budget"], page_size=p["page_size"],
+               n_sink=p["n_sink"], window=p["window"], tau=p["tau"], policy_a=p["policy_a"],
+               policy_b=p["policy_b"], link_b=True, lesson=lesson_title)  # fmt: skip
+    for views in run_comparison(**run):
+        yield (*controls, True, *views)
+
+
+#: Input defaults of a run (the API's defaults too).
+RUN_DEFAULTS = dict(
+    model="bundled", task="needle", context=2000, depth=0.5, seed=0, needles=1, mode="inside",
+    curated=None, haystack="", needle="", question="", answer="", budget_pct=20.0,
+    page_size=16, n_sink=4, window=32, tau=1.0, policy_a="mean", policy_b="entropy",
+    link_b=True, mode_b="inside", budget_b=20.0, page_size_b=16, n_sink_b=4, window_b=32,
+    tau_b=1.0, layer=0, lesson=None,
+)  # fmt: skip
+
+#: Which prompt controls apply to which task (the others are hidden).
+NEEDLE_ONLY = ("depth", "needles", "seed")
 
 
 def curated_choices(task, name=None):
-    """The curated-task picker: visible with that kind's tasks for qa/code."""
+    """Controls that follow the task: the curated-task picker (qa/code), the needle
+    controls (needle), the custom text (custom). Returns updates in the order
+    (curated, depth, needles, seed, custom_box)."""
     from pagekv.tasks import task_names
 
     if task in ("qa", "code"):
         names = task_names(task)
-        return gr.update(choices=names, value=name if name in names else names[0], visible=True)
-    return gr.update(visible=False)
+        curated = gr.update(choices=names, value=name if name in names else names[0], visible=True)
+    else:
+        curated = gr.update(visible=False)
+    needle_task = task in ("needle", "custom")
+    return (
+        curated,
+        gr.update(visible=needle_task),  # depth: where a (custom) needle is inserted
+        gr.update(visible=task == "needle"),  # needles
+        gr.update(visible=task == "needle"),  # seed
+        gr.update(visible=task == "custom"),  # the custom text
+    )
 
 
 # ----------------------------------------------------------------- lessons
@@ -394,7 +634,7 @@ def apply_lesson(title):
         p, a, b = lesson.prompt, lesson.a, lesson.b
         values.update(
             task=p.task,
-            curated=curated_choices(p.task, p.name),
+            curated=curated_choices(p.task, p.name)[0],
             context=p.context_tokens,
             depth=p.depth,
             seed=p.seed,
@@ -436,10 +676,68 @@ def apply_lesson(title):
     ]
 
 
+def _lesson_run_args(lesson, title, model) -> dict:
+    """The run inputs of a live lesson (every control as the lesson sets it)."""
+    p, a, b = lesson.prompt, lesson.a, lesson.b
+    return dict(
+        RUN_DEFAULTS, model=model, task=p.task, context=p.context_tokens, depth=p.depth,
+        seed=p.seed, needles=p.n_needles, mode=a.mode, curated=p.name,
+        budget_pct=100 * a.budget, page_size=a.page_size, n_sink=a.n_sink, window=a.window,
+        tau=a.tau, policy_a=a.policy, policy_b=b.policy, link_b=False, mode_b=b.mode,
+        budget_b=100 * b.budget, page_size_b=b.page_size, n_sink_b=b.n_sink,
+        window_b=b.window, tau_b=b.tau, layer=lesson.layer, lesson=title,
+    )  # fmt: skip
+
+
+def pick_lesson(title, model="bundled"):
+    """Pick a lesson, in ONE request (a generator): set every control, open its first
+    view, run it (live lessons: plan views first, then the answers) and check its
+    observation on the result. Outputs: LESSON_CONTROLS, the tabs, the lesson text,
+    RUN_VIEWS, MECH_VIEWS."""
+    lesson = _lesson_of(title)
+    if lesson is None:
+        title, lesson = LESSON_TITLES[0], LESSONS[0]
+    *controls, tabs, text, waiting = apply_lesson(title)
+    head = (*controls, tabs, text)
+    i_obs = RUN_VIEWS.index("observation")
+    keep_mech = tuple(gr.update() for _ in MECH_VIEWS)
+    mech = keep_mech
+    if lesson.mechanism is not None:
+        m = lesson.mechanism
+        mech = run_mechanism(
+            m.heads, m.retrieval, m.distractors, m.distractor_strength, m.sink_head, m.n,
+            round(100 * m.budget),
+        )  # fmt: skip
+    if lesson.kind == "live":
+        for views in run_comparison(**_lesson_run_args(lesson, title, model)):
+            views = list(views)
+            if views[i_obs] is None or isinstance(views[i_obs], dict):  # not checked yet
+                views[i_obs] = waiting
+            yield (*head, *views, *mech)
+        return
+    views = {name: gr.update() for name in RUN_VIEWS}
+    if lesson.kind == "replay":
+        views["retention"] = replay_recall_figure()
+    views["observation"] = check_lesson(title, None)
+    yield (*head, *(views[name] for name in RUN_VIEWS), *mech)
+
+
 def lesson_step(title, step: int):
     """The lesson `step` places after `title` (wrapping), for the previous / next buttons."""
     i = LESSON_TITLES.index(title) if title in LESSON_TITLES else 0
     return LESSON_TITLES[(i + step) % len(LESSON_TITLES)]
+
+
+def previous_lesson(title, model="bundled"):
+    new = lesson_step(title, -1)
+    for out in pick_lesson(new, model):
+        yield (new, *out)
+
+
+def next_lesson(title, model="bundled"):
+    new = lesson_step(title, 1)
+    for out in pick_lesson(new, model):
+        yield (new, *out)
 
 
 def _settings_match(lesson, comp) -> bool:
@@ -486,19 +784,6 @@ def check_lesson(title, comp):
     )
 
 
-def run_for_lesson(title, *inputs):
-    """Run the comparison for a live lesson. A replay lesson shows the replay's T4 recall
-    in the retention view (measured earlier, titled so); a constructed one leaves the
-    views as they are (its view is the mechanism tab)."""
-    lesson = _lesson_of(title)
-    if lesson is not None and lesson.kind == "live":
-        return run_comparison(*inputs)
-    keep = {name: gr.update() for name in RUN_VIEWS}
-    if lesson is not None and lesson.kind == "replay":
-        keep["retention"] = replay_recall_figure()
-    return tuple(keep[name] for name in RUN_VIEWS)
-
-
 def replay_recall_figure():
     """Needle recall of our policies and kvpress's presses from the committed replay
     (table T4), not a live run."""
@@ -537,6 +822,8 @@ CAPTIONS = {
     "retention": "The fraction of the needle's answer tokens each (layer, group) kept. "
     "**Look for** layers where one policy holds the needle and the other lost it.",
     "answers": "The model's real greedy answers from the full and the evicted caches. "
+    "*stored*: tokens each (layer, group) stores; *needle*: fraction of the needle's tokens "
+    "kept; *needle pages*: (layer, group)s that keep every needle page. "
     "**Look for** whether the needle survives eviction in the answer, not only in the cache.",
     "weights": "Head weights within each group for the chosen layer, with and without sink "
     "isolation; the dotted line is mean pooling's 1/r. **Look for** sink heads that gain "
@@ -560,7 +847,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
     with gr.Blocks(title="Page-EntroKV") as demo:
         gr.Markdown(INTRO)
         last = gr.State(None)
-        with gr.Row():
+        with gr.Row(elem_id="main-row"):
             with gr.Column(scale=1, min_width=320):
                 with gr.Group():
                     lesson = gr.Dropdown(LESSON_TITLES, value=LESSON_TITLES[0], label="Lesson")
@@ -589,11 +876,11 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                     depth = gr.Slider(0, 1, value=first["depth"], step=0.05, label="Needle depth")
                     needles = gr.Slider(1, 4, value=first["n_needles"], step=1, label="Needles")
                     seed = gr.Number(value=first["seed"], precision=0, label="Seed")
-                    with gr.Accordion("Custom text", open=False):
-                        haystack = gr.Textbox(lines=5, label="Haystack text")
-                        needle = gr.Textbox(label="Needle sentence")
-                        question = gr.Textbox(label="Question")
-                        answer = gr.Textbox(label="Expected answer")
+                    with gr.Accordion("Custom text", open=False, visible=False) as custom_box:
+                        haystack = gr.Textbox(value="", lines=5, label="Haystack text")
+                        needle = gr.Textbox(value="", label="Needle sentence")
+                        question = gr.Textbox(value="", label="Question")
+                        answer = gr.Textbox(value="", label="Expected answer")
                 with gr.Accordion("Side A", open=False):
                     policy_a = gr.Dropdown(
                         POLICY_CHOICES, value=first["policy_a"], label="Policy A"
@@ -638,29 +925,32 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         )
                     tau_b = gr.Slider(0.1, 4.0, value=first["tau"], step=0.1, label="tau B")
             with gr.Column(scale=3):
-                with gr.Row(equal_height=False):
+                with gr.Row(equal_height=False, elem_id="lesson-row"):
                     lesson_text = gr.Markdown(lesson_markdown(LESSONS[0]), elem_id="lesson-text")
                     observation = gr.Markdown(
                         "**Observation:** " + LESSONS[0].observation.statement,
                         elem_id="lesson-observation",
                     )
-                status = gr.Markdown(_message("info", "Loading the first lesson..."))
+                status = gr.Markdown(
+                    _message("info", "Loading the first lesson..."), elem_id="run-status"
+                )
+                stale_note = gr.Markdown(elem_id="stale-note")
                 gr.Markdown(CAPTIONS["answers"])
                 answers = gr.Dataframe(
-                    headers=["run", "verdict", "answer", "stored tokens", "needle kept",
-                             "needle page kept", "UOR max", "eviction"],
+                    headers=ANSWER_HEADERS,
                     interactive=False,
                     wrap=True,
-                    column_widths=["18%", "8%", "32%", "8%", "8%", "10%", "7%", "9%"],
+                    elem_id="answers-table",
+                    column_widths=["17%", "10%", "30%", "9%", "8%", "11%", "7%", "8%"],
                 )  # fmt: skip
                 with gr.Tabs() as tabs:
-                    with gr.Tab("Page frame", id="frame"):
+                    with gr.Tab("Pages", id="frame"):
                         gr.Markdown(CAPTIONS["frame"])
                         frame = gr.Plot(elem_id="page-frame")
-                    with gr.Tab("Needle retention", id="retention"):
+                    with gr.Tab("Needle", id="retention"):
                         gr.Markdown(CAPTIONS["retention"])
                         retention = gr.Plot()
-                    with gr.Tab("Head weights", id="weights"):
+                    with gr.Tab("Weights", id="weights"):
                         gr.Markdown(CAPTIONS["overview"])
                         overview = gr.Plot()
                         gr.Markdown(CAPTIONS["weights"])
@@ -671,12 +961,12 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         gr.Markdown(CAPTIONS["sink"])
                         sink_mass = gr.Plot()
                         sink_adv = gr.Plot()
-                    with gr.Tab("UOR and memory", id="uor"):
+                    with gr.Tab("UOR & memory", id="uor"):
                         gr.Markdown(CAPTIONS["uor"])
                         uor = gr.Plot()
                         stored = gr.Plot()
                         memory = gr.Plot()
-                    with gr.Tab("Mechanism (constructed)", id="mechanism"):
+                    with gr.Tab("Mechanism", id="mechanism"):
                         gr.Markdown(CAPTIONS["mechanism"])
                         with gr.Row():
                             m_heads = gr.Slider(2, 8, value=3, step=1, label="Heads per group")
@@ -697,60 +987,93 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         files = gr.File(label="Downloads", file_count="multiple")
 
         components = locals()
-        run_inputs = [
-            model, task, context, depth, seed, needles, mode, curated, haystack, needle,
-            question, answer, budget, page_size, n_sink, window, tau, policy_a, policy_b,
-            link_b, mode_b, budget_b, page_size_b, n_sink_b, window_b, tau_b, layer,
-        ]  # fmt: skip
+        components["budget_pct"] = budget  # the API names side A's budget budget_pct
+        run_inputs = [components[name] for name in RUN_INPUTS]
         run_outputs = [components[name] for name in RUN_VIEWS]
         preset_targets = [components[name] for name in PRESET_CONTROLS]
         lesson_targets = [components[name] for name in LESSON_CONTROLS]
-        run_kw = dict(fn=run_comparison, inputs=run_inputs, outputs=run_outputs)
+        mech_inputs = [components[name] for name in MECH_CONTROLS]
+        mech_outputs = [components[name] for name in MECH_VIEWS]
         quiet = dict(api_visibility="undocumented")  # the same handler under another trigger
-        # After a free-exploration run the lesson's verdict is re-read: it says "not
-        # checked" once the controls no longer hold the lesson's settings.
-        recheck = dict(fn=check_lesson, inputs=[lesson, last], outputs=observation, **quiet)
-        run_btn.click(api_name="run", **run_kw).then(**recheck)
-        budget.release(api_name="budget", **run_kw).then(**recheck)
-        for control in (page_size, policy_a, policy_b, page_size_b, link_b, mode_b):
-            control.input(**run_kw, **quiet).then(**recheck)
-        for control in (tau, window, n_sink, budget_b, tau_b, window_b, n_sink_b):
-            control.release(**run_kw, **quiet).then(**recheck)
-        preset.input(apply_preset, preset, preset_targets, api_name="preset").then(
-            **run_kw, **quiet
-        ).then(**recheck)
-        task.input(curated_choices, task, curated, **quiet)
-        layer.release(update_layer, [last, layer], weights, api_name="layer")
-        mech_io = dict(
-            fn=run_mechanism,
-            inputs=[m_heads, m_retr, m_dist, m_dstr, m_sink, m_n, m_budget],
-            outputs=[m_text, m_table, m_plot],
+        # One request per action: a run is one generator event (plan views, then the
+        # answers and the lesson's verdict); while the model is busy, a trigger keeps only
+        # its last request (always_last); runs go one at a time (the model is one).
+        run_kw = dict(
+            fn=run_comparison,
+            inputs=run_inputs,
+            outputs=run_outputs,
+            preprocess=False,  # raw values: parse_run names a wrong one in plain words
+            concurrency_id="model",
+            trigger_mode="always_last",
         )
+        run_btn.click(api_name="run", **run_kw)
+        budget.release(api_name="budget", **run_kw)
+        for control in (page_size, policy_a, policy_b, page_size_b):  # dropdowns: one select
+            control.select(**run_kw, **quiet)
+        for control in (mode_b, link_b):
+            control.input(**run_kw, **quiet)
+        for control in (tau, window, n_sink, budget_b, tau_b, window_b, n_sink_b):
+            control.release(**run_kw, **quiet)
+        # Live while dragging: planning alone, on the cached prefill (no decoding).
+        preview_kw = dict(
+            fn=preview_plans,
+            inputs=run_inputs,
+            outputs=[components[name] for name in PLAN_VIEWS],
+            preprocess=False,
+            concurrency_id="preview",
+            concurrency_limit=2,
+            trigger_mode="always_last",
+            show_progress="hidden",
+            **quiet,
+        )
+        for control in (budget, tau, window, n_sink, budget_b, tau_b, window_b, n_sink_b):
+            control.input(**preview_kw)
+        preset.select(
+            run_preset,
+            [preset, model, lesson],
+            [*preset_targets, link_b, *run_outputs],
+            concurrency_id="model",
+            **quiet,
+        )
+        # The API's /preset fills the controls only (no run), for scripts; the page's
+        # preset picker above sets and runs in one request. A hidden trigger carries it.
+        preset_api = gr.Button(visible=False)
+        preset_api.click(apply_preset, preset, preset_targets, api_name="preset")
+        task.input(
+            curated_choices,
+            task,
+            [curated, depth, needles, seed, custom_box],
+            show_progress="hidden",
+            **quiet,
+        )
+        # Prompt controls changed without a run: say the results are stale (in the
+        # browser only: no request to the server).
+        stale_js = (
+            "() => '**Note:** the prompt controls changed; the results below are for the "
+            "previous prompt until you press Run.'"
+        )
+        for control in (task, context, depth, seed, needles, mode, curated, haystack, needle,
+                        question, answer, model):  # fmt: skip
+            control.input(None, None, stale_note, js=stale_js, **quiet)
+        for control in (run_btn,):
+            control.click(None, None, stale_note, js="() => ''", **quiet)
+        layer.release(update_layer, [last, layer], weights, api_name="layer")
+        mech_io = dict(fn=run_mechanism, inputs=mech_inputs, outputs=mech_outputs)
         m_retr.release(api_name="mechanism", **mech_io)
         for control in (m_heads, m_dist, m_dstr, m_n, m_budget):
             control.release(**mech_io, **quiet)
         m_sink.input(**mech_io, **quiet)
 
-        apply_io = dict(
-            fn=apply_lesson,
-            inputs=lesson,
-            outputs=[*lesson_targets, tabs, lesson_text, observation],
+        lesson_outputs = [*lesson_targets, tabs, lesson_text, *run_outputs, *mech_outputs]
+        lesson_kw = dict(concurrency_id="model", trigger_mode="always_last")
+        lesson.select(pick_lesson, [lesson, model], lesson_outputs, api_name="lesson", **lesson_kw)
+        prev_btn.click(
+            previous_lesson, [lesson, model], [lesson, *lesson_outputs], **quiet, **lesson_kw
         )
-
-        def then_run_and_check(event):
-            """After a lesson set the controls: run it (live lessons), redraw the
-            mechanism, check the observation."""
-            return (
-                event.then(run_for_lesson, [lesson, *run_inputs], run_outputs, **quiet)
-                .then(**mech_io, **quiet)
-                .then(check_lesson, [lesson, last], observation, **quiet)
-            )
-
-        then_run_and_check(lesson.input(api_name="lesson", **apply_io))
-        for button, step in ((prev_btn, -1), (next_btn, 1)):
-            picked = button.click(lambda t, s=step: lesson_step(t, s), lesson, lesson, **quiet)
-            then_run_and_check(picked.then(**apply_io, **quiet))
-        then_run_and_check(demo.load(**apply_io, **quiet))
+        next_btn.click(
+            next_lesson, [lesson, model], [lesson, *lesson_outputs], **quiet, **lesson_kw
+        )
+        demo.load(pick_lesson, [lesson, model], lesson_outputs, **quiet, **lesson_kw)
     return demo
 
 

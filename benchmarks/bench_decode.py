@@ -42,7 +42,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     loaded = load_model(args.model)
     load_s = time.perf_counter() - t0
-    study = Study(loaded)
+    study = Study(loaded, result_memo_bytes=0)  # time every run: no result memo
     print(
         f"model {loaded.name} ({loaded.source}) on {loaded.device}, {loaded.dtype}; "
         f"load {load_s:.2f}s; torch {torch.__version__}, {torch.get_num_threads()} threads; "

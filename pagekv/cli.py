@@ -58,7 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tau", type=float, default=1.0)
     run.add_argument("--smoothing", type=int, default=1, help="odd pooling width (1 = off)")
     run.add_argument("--page-reduction", default="max", choices=["max", "sum"])
-    run.add_argument("--max-new-tokens", type=int, default=24)
+    run.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="answer tokens to decode (default: the task's own, enough for its answer)",
+    )
     run.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     run.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
@@ -141,7 +146,7 @@ def _spec_from(args):
 
 def cmd_run(args) -> int:
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
-    if args.max_new_tokens < 1:
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
     if not (isinstance(args.budget, float) and math.isfinite(args.budget)):
         raise UsageError(f"--budget must be a number in (0, 1]; got {args.budget}")

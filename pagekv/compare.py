@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -98,45 +99,46 @@ def side_labels(config_a, config_b, mode_a: str = "inside", mode_b: str = "insid
     return out
 
 
-def compare(
+def plan_comparison(
     study: Study,
     spec: PromptSpec,
     config_a: EvictionConfig,
     config_b: EvictionConfig,
-    max_new_tokens: int = 24,
-    progress=None,
     mode_a: str | None = None,
     mode_b: str | None = None,
 ) -> Comparison:
-    """Prefill the prompt (memoised), then run the full cache, side A and side B.
+    """Everything but decoding: prefill (memoised), then plan both sides.
 
-    Each side is a full configuration: `config_a` / `config_b` and the question
-    position `mode_a` / `mode_b` (default: `spec.mode`). Sides asked the same way share
-    one prefill; the full cache runs on side A's prompt.
+    The records hold what planning alone knows (plan, budget, union tokens, needle
+    retention of the plan's kept set), so every plan view can be drawn at once, e.g.
+    while a slider is dragged; `decode_comparison` then fills in the answers. Raises
+    BudgetError before any work when a side's protected pages exceed its budget.
     """
-
-    def tick(frac, desc):
-        if progress is not None:
-            progress(frac, desc=desc)
-
     modes = {"A": mode_a or spec.mode, "B": mode_b or spec.mode}
-    tick(0.05, "prefilling the prompt (once per prompt)")
     preps = {k: study.prepare(spec.replace(mode=m)) for k, m in modes.items()}
-    for key, cfg in (("A", config_a), ("B", config_b)):  # fail fast, before any decoding
+    configs = {"A": config_a, "B": config_b}
+    for key, cfg in configs.items():  # fail fast, before any work
         n, P = preps[key].n, cfg.page_size
         prot = protected_pages(n, P, cfg.n_sink, min(cfg.window, n))
         check_budget(page_sizes(n, P), prot, cfg.budget_tokens(n))
-    prep = preps["A"]
-    tick(0.45, "full cache")
-    records = {"full": study.run_full(prep, max_new_tokens)}
-    tick(0.6, f"A: {config_a.policy}")
-    records["A"] = study.run(prep, config_a, max_new_tokens=max_new_tokens)
-    tick(0.8, f"B: {config_b.policy}")
-    records["B"] = study.run(preps["B"], config_b, max_new_tokens=max_new_tokens)
-    tick(0.95, "metrics")
+    records = {}
+    full = EvictionConfig(policy="full")
+    for key, prep, cfg in (("full", preps["A"], full), *((k, preps[k], configs[k]) for k in "AB")):
+        pre = prep.prefill
+        profiles, masses, _ = pre.scores(cfg.window, cfg.n_sink)
+        p = plan(profiles, pre.n_groups, cfg, masses=masses, backend=study.runner.backend)
+        needle = prep.needle_positions
+        records[key] = {
+            "policy": cfg.policy,
+            "plan": p,
+            "budget_tokens": int(p.budget_tokens),
+            "union_tokens": p.kept_tokens.tolist(),
+            "needle_retention": p.needle_retention(needle).tolist() if needle else None,
+            "decoded": False,
+        }
     comp = Comparison(
-        prep=prep,
-        configs={"A": config_a, "B": config_b},
+        prep=preps["A"],
+        configs=configs,
         records=records,
         curve=uor_curve(preps["B"], config_b),
         memory=memory_rows(preps["B"], config_b),
@@ -149,6 +151,59 @@ def compare(
             "which saw the whole prompt; choose 'after' for the strict test."
         )
     return comp
+
+
+def decode_comparison(
+    study: Study,
+    comp: Comparison,
+    max_new_tokens: int | None = None,
+    progress=None,
+    on_token=None,
+) -> Comparison:
+    """Decode the full cache, side A and side B of a planned comparison (in place).
+
+    Sides on one prompt decode together in one batched pass when their compacted caches
+    have the same shape (`Study.run_pair`); `on_token(tokens_a, tokens_b)` then sees
+    the answers grow (streaming)."""
+
+    def tick(frac, desc):
+        if progress is not None:
+            progress(frac, desc=desc)
+
+    tick(0.45, "full cache")
+    comp.records["full"] = study.run_full(comp.prep, max_new_tokens)
+    tick(0.6, "A and B")
+    cfg_a, cfg_b = comp.configs["A"], comp.configs["B"]
+    if comp.preps["A"].spec == comp.preps["B"].spec:
+        comp.records["A"], comp.records["B"] = study.run_pair(
+            comp.prep, cfg_a, cfg_b, max_new_tokens, on_token=on_token
+        )
+    else:
+        comp.records["A"] = study.run(comp.preps["A"], cfg_a, max_new_tokens)
+        comp.records["B"] = study.run(comp.preps["B"], cfg_b, max_new_tokens)
+    return comp
+
+
+def compare(
+    study: Study,
+    spec: PromptSpec,
+    config_a: EvictionConfig,
+    config_b: EvictionConfig,
+    max_new_tokens: int | None = None,
+    progress=None,
+    mode_a: str | None = None,
+    mode_b: str | None = None,
+) -> Comparison:
+    """Prefill the prompt (memoised), then run the full cache, side A and side B.
+
+    Each side is a full configuration: `config_a` / `config_b` and the question
+    position `mode_a` / `mode_b` (default: `spec.mode`). Sides asked the same way share
+    one prefill; the full cache runs on side A's prompt.
+    """
+    if progress is not None:
+        progress(0.05, desc="prefilling the prompt (once per prompt)")
+    comp = plan_comparison(study, spec, config_a, config_b, mode_a, mode_b)
+    return decode_comparison(study, comp, max_new_tokens, progress)
 
 
 def uor_curve(prep: Prepared, base: EvictionConfig) -> list[dict]:
@@ -200,58 +255,53 @@ def memory_rows(prep: Prepared, base: EvictionConfig) -> list[dict]:
     return rows
 
 
-def comparison_figures(comp: Comparison, layer: int = 0) -> dict:
-    """Every view of the app, as plotly figures keyed by name."""
+def comparison_figures(comp: Comparison, layer: int = 0, only=None) -> dict:
+    """Every view of the app, as plotly figures keyed by name (`only`: just these names,
+    e.g. the plan views while a slider is dragged; building a figure is most of the
+    cost of a preview)."""
     pa, pb = comp.plan_of("A"), comp.plan_of("B")
     labels = comp.labels or side_labels(comp.configs["A"], comp.configs["B"])
     label_a, label_b = labels["A"], labels["B"]
     G = comp.n_groups
+    r = pb.head_weights.shape[1] // G
     needle = comp.prep.needle_positions or None
     layer = max(0, min(int(layer), pa.keep.shape[0] - 1))
-    figs = {
-        "frame": figures.page_frame(
+    feasible = [x for x in comp.curve if x["feasible"]]
+    both = (("A", label_a), ("B", label_b))
+    builders = {
+        "frame": lambda: figures.page_frame(
             {label_a: pa, label_b: pb},
-            {label_a: comp.needle_positions_of("A"), label_b: comp.needle_positions_of("B")},
+            {lab: comp.needle_positions_of(key) for key, lab in both},
         ),
-        "weights": figures.head_weights_bars(pb, layer),
-        "weights_overview": figures.layer_head_heatmap(
+        "weights": lambda: figures.head_weights_bars(pb, layer),
+        "weights_overview": lambda: figures.layer_head_heatmap(
             pb.weights_isolated, G, "Page-EntroKV head weights, every layer x head", zmax=1.0
         ),
-        "sink_mass": figures.layer_head_heatmap(
+        "sink_mass": lambda: figures.layer_head_heatmap(
             pb.sink_mass, G, "Sink mass per layer x head (first n_sink tokens)", zmax=1.0
         ),
-        "sink_advantage": figures.sink_advantage_lines(
+        "sink_advantage": lambda: figures.sink_advantage_lines(
             sink_advantage(pb.weights_isolated, pb.sink_heads, G),
             sink_advantage(pb.weights_nosink, pb.sink_heads, G),
         ),
-        "uor": figures.uor_curve(
-            [r["budget"] for r in comp.curve if r["feasible"]],
-            [r["uor_mean"] for r in comp.curve if r["feasible"]],
-            [r["uor_max"] for r in comp.curve if r["feasible"]],
-            r=pb.head_weights.shape[1] // G,
+        "uor": lambda: figures.uor_curve(
+            [x["budget"] for x in feasible],
+            [x["uor_mean"] for x in feasible],
+            [x["uor_max"] for x in feasible],
+            r=r,
         ),
-        "memory": figures.memory_bars(comp.memory),
-        "stored": figures.union_over_budget_heatmap(
-            {
-                label_a: comp.records["A"]["union_tokens"],
-                label_b: comp.records["B"]["union_tokens"],
-            },
-            {
-                label_a: comp.records["A"]["budget_tokens"],
-                label_b: comp.records["B"]["budget_tokens"],
-            },
-            r=pb.head_weights.shape[1] // G,
+        "memory": lambda: figures.memory_bars(comp.memory),
+        "stored": lambda: figures.union_over_budget_heatmap(
+            {lab: comp.records[key]["union_tokens"] for key, lab in both},
+            {lab: comp.records[key]["budget_tokens"] for key, lab in both},
+            r=r,
         ),
     }
     if needle:
-        figs["retention"] = figures.needle_retention_heatmap(
-            {
-                label_a: comp.records["A"]["needle_retention"],
-                label_b: comp.records["B"]["needle_retention"],
-            },
-            G,
+        builders["retention"] = lambda: figures.needle_retention_heatmap(
+            {lab: comp.records[key]["needle_retention"] for key, lab in both}, G
         )
-    return figs
+    return {k: build() for k, build in builders.items() if only is None or k in only}
 
 
 def summary(comp: Comparison) -> dict:
@@ -361,6 +411,7 @@ class MechanismView:
     rows: list  # [policy, "kept"/"evicted", weights text]
     s_star: float  # the retrieval head's score on the needle
     w_star: float  # its entropy weight
+    notes: list = field(default_factory=list)  # settings adjusted to a valid group
 
 
 def mechanism_view(
@@ -375,9 +426,30 @@ def mechanism_view(
 ) -> MechanismView:
     """Plans of the constructed group (pagekv.constructed) under each pooling policy.
 
-    Sinks and window are one page each (`n_sink = window = page_size`); raises
-    ValueError (BudgetError included) on impossible settings.
+    Sinks and window are one page each (`n_sink = window = page_size`). Every
+    combination of the app's sliders gives a valid group: distractor heads beyond what
+    the group holds (`heads - 1 - sink head`) are dropped, and a budget below what the
+    protected pages need (plus one page to choose) is raised; `notes` says so.
     """
+    notes = []
+    room = heads - 1 - int(bool(sink_head))
+    if room < 0:
+        raise ValueError(f"a group of {heads} heads cannot hold a retrieval and a sink head")
+    if distractors > room:
+        notes.append(
+            f"{distractors} distractor heads do not fit in {heads} heads beside the retrieval"
+            + (" and sink" if sink_head else "")
+            + f" head: using {room}."
+        )
+        distractors = room
+    needed = 3 * page_size  # the sink page, the window page and one page to choose
+    if math.floor(budget * n + 1e-9) < needed:
+        raised = needed / n
+        notes.append(
+            f"a budget of {100 * budget:g}% of {n} tokens cannot hold the sink and window pages "
+            f"and one more page: using {100 * raised:.1f}%."
+        )
+        budget = raised
     mech = mechanism_profiles(
         n=n,
         heads=heads,
@@ -405,4 +477,5 @@ def mechanism_view(
         rows=rows,
         s_star=float(mech.profiles[0, 0, mech.needle_token]),
         w_star=float(plans["entropy"].weights_isolated[0, 0]),
+        notes=notes,
     )

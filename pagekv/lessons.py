@@ -496,7 +496,9 @@ def load_replay() -> dict:
     return json.loads(REPLAY_RESULTS.read_text())
 
 
-def run_lesson(study, lesson: Lesson, max_new_tokens: int = 24, progress=None) -> LessonRun:
+def run_lesson(
+    study, lesson: Lesson, max_new_tokens: int | None = None, progress=None
+) -> LessonRun:
     """Run `lesson` (live on `study`'s model, or on the constructed group / the committed
     replay) and check its observation."""
     if lesson.kind == "live":

@@ -150,6 +150,7 @@ class Evicted:
     stored_tokens: list  # [L][G] what the compacted cache stores
     union_tokens: list  # [L][G] the policy's kept sets (Plan.kept_tokens)
     ragged: bool  # layers hold different lengths (head_independent)
+    compacted_bytes: int  # bytes of the compacted cache right after eviction
     score_s: float | None  # profiles and masses (memoised: ~0 after the first time)
     evict_s: float | None  # plan and compaction (None for `full`: nothing is evicted)
 
@@ -286,6 +287,7 @@ class Runner:
             stored_tokens=stored,
             union_tokens=union,
             ragged=ragged,
+            compacted_bytes=_cache_bytes(cache),
             score_s=None if keeps_all else t1 - t0,
             evict_s=None if keeps_all else t2 - t1,
         )
@@ -320,13 +322,73 @@ class Runner:
         q_len = len(pre.question_ids) if pre.question_ids else 0
         self._check_length(pre.n + q_len + max_new_tokens)
         ev = self.evict(pre, config)
-        bytes_before = _cache_bytes(pre.cache)
-        bytes_after = _cache_bytes(ev.cache)
         with torch.inference_mode():
             t0 = _now(self.device)
             tokens, logits, stop = self._decode(pre, ev, max_new_tokens, stop_at_eos, return_logits)
             decode_s = _now(self.device) - t0
-        del ev.cache  # the copy is private to this evaluation
+        return self._result(pre, config, ev, tokens, logits, stop, decode_s, needle_positions)
+
+    def evaluate_pair(
+        self,
+        pre: Prefill,
+        config_a: EvictionConfig,
+        config_b: EvictionConfig,
+        max_new_tokens: int = 24,
+        needle_positions=None,
+        stop_at_eos: bool = True,
+        on_token=None,
+    ) -> tuple[RunResult, RunResult]:
+        """Two configurations on one prefill, decoded in ONE batched pass (batch of 2)
+        when their compacted caches have the same shape in every layer (pooled policies
+        at one budget and page size), else one after the other.
+
+        Each row decodes exactly as `evaluate` would (greedy, positions from `n`); a row
+        that reaches EOS keeps being fed its last token, and what follows is ignored.
+        `on_token(tokens_a, tokens_b)` is called after every step with the tokens so far
+        (for streaming). `timings["decode_batch"]` says 2 when the pass was shared
+        (its `decode_s` is then the shared pass's time).
+        """
+        for name, n in (("max_new_tokens", max_new_tokens),):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"{name} must be an integer >= 0; got {n!r}")
+        q_len = len(pre.question_ids) if pre.question_ids else 0
+        self._check_length(pre.n + q_len + max_new_tokens)
+        ev_a, ev_b = self.evict(pre, config_a), self.evict(pre, config_b)
+        shapes = [
+            (tuple(la.keys.shape), tuple(lb.keys.shape))
+            for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
+        ]
+        same = not (ev_a.ragged or ev_b.ragged) and all(x == y for x, y in shapes)
+        if not same or max_new_tokens == 0:
+            out = []
+            for config, ev in ((config_a, ev_a), (config_b, ev_b)):
+                with torch.inference_mode():
+                    t0 = _now(self.device)
+                    tokens, _, stop = self._decode(pre, ev, max_new_tokens, stop_at_eos, False)
+                    decode_s = _now(self.device) - t0
+                out.append(
+                    self._result(pre, config, ev, tokens, None, stop, decode_s, needle_positions)
+                )
+            if on_token is not None:
+                on_token(out[0].tokens, out[1].tokens)
+            return out[0], out[1]
+        with torch.inference_mode():
+            t0 = _now(self.device)
+            (tok_a, tok_b), (stop_a, stop_b) = self._decode_pair(
+                pre, ev_a, ev_b, max_new_tokens, stop_at_eos, on_token
+            )
+            decode_s = _now(self.device) - t0
+        res_a = self._result(pre, config_a, ev_a, tok_a, None, stop_a, decode_s, needle_positions)
+        res_b = self._result(pre, config_b, ev_b, tok_b, None, stop_b, decode_s, needle_positions)
+        res_a.timings["decode_batch"] = res_b.timings["decode_batch"] = 2
+        return res_a, res_b
+
+    def _result(self, pre, config, ev, tokens, logits, stop, decode_s, needle_positions):
+        """The `RunResult` of a decode on `ev` (`ev.cache` is released)."""
+        q_len = len(pre.question_ids) if pre.question_ids else 0
+        bytes_before = _cache_bytes(pre.cache)
+        bytes_after = _cache_bytes_compacted(ev)
+        ev.cache = None  # the copy is private to this evaluation
 
         p = ev.plan
         uor = p.uor.to(torch.float64)
@@ -357,6 +419,7 @@ class Runner:
                 "score_s": ev.score_s,
                 "evict_s": ev.evict_s,
                 "decode_s": decode_s,
+                "decode_batch": 1,
             },
             cache_bytes_before=bytes_before,
             cache_bytes_after=bytes_after,
@@ -407,6 +470,54 @@ class Runner:
             logits = self._forward([tok], pos, cache, ev.ragged)
             pos += 1
         return tokens, (torch.stack(kept) if keep_logits else None), stop
+
+    def _decode_pair(self, pre, ev_a, ev_b, max_new, stop_at_eos, on_token):
+        """Greedy decode of two same-shape compacted caches as one batch of 2."""
+        layers = [
+            (torch.cat([la.keys, lb.keys]), torch.cat([la.values, lb.values]))
+            for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
+        ]  # [2, G, k, d] per layer
+        cache, pos = _new_cache(layers), pre.n
+        ev_a.cache = ev_b.cache = None  # the batched copy replaces them
+        tokens: list[list[int]] = [[], []]
+        stops = ["max_new_tokens", "max_new_tokens"]
+        done = [False, False]
+        if pre.question_ids:
+            logits = self._forward_batch([pre.question_ids] * 2, pos, cache)
+            pos += len(pre.question_ids)
+        else:
+            logits = torch.stack([pre.first_logits, pre.first_logits])  # [2, V]
+        while True:
+            step = [int(t) for t in torch.argmax(logits, dim=-1)]
+            for row in (0, 1):
+                if done[row]:
+                    continue
+                tokens[row].append(step[row])
+                if stop_at_eos and step[row] in self.eos_ids:
+                    done[row], stops[row] = True, "eos"
+                elif len(tokens[row]) >= max_new:
+                    done[row] = True
+            if on_token is not None:
+                on_token(list(tokens[0]), list(tokens[1]))
+            if all(done):
+                break
+            feed = [[tokens[row][-1]] for row in (0, 1)]  # a finished row repeats its last
+            logits = self._forward_batch(feed, pos, cache)
+            pos += 1
+        return (tokens[0], tokens[1]), (stops[0], stops[1])
+
+    def _forward_batch(self, ids: list[list[int]], pos: int, cache) -> torch.Tensor:
+        """Append one equal-length id list per row at positions `pos..`; logits `[B, V]`."""
+        x = torch.tensor(ids, dtype=torch.long, device=self.device)  # [B, t]
+        positions = torch.arange(pos, pos + x.shape[1], device=self.device).expand(x.shape[0], -1)
+        out = self.model(
+            input_ids=x,
+            position_ids=positions,
+            **{self._cache_kw: cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1]
 
     def _forward(self, ids: list[int], pos: int, cache, ragged: bool) -> torch.Tensor:
         """Append `ids` at positions `pos..` to `cache`; the last position's logits `[V]`."""
@@ -522,6 +633,12 @@ def _new_cache(layers=None):
 
 def _cache_bytes(cache) -> int:
     return int(sum(lay.keys.nbytes + lay.values.nbytes for lay in cache.layers))
+
+
+def _cache_bytes_compacted(ev) -> int:
+    """Bytes of the compacted prompt cache (before any decoding): from the stored
+    counts, so it holds after the cache itself was released or batched."""
+    return int(ev.compacted_bytes)
 
 
 def eos_token_ids(model, tokenizer) -> tuple[int, ...]:

@@ -8,15 +8,44 @@ the app and the replay harness.
 
 `prepare` tokenizes and prefills once (memoised per spec); `run` only plans,
 compacts a copy of the cache and decodes (DESIGN.md section 3).
+
+Two memos, each bounded by bytes with least-recently-used eviction
+(`pagekv.memo.ByteLRU`), so that a shared server stays bounded and a class running
+the same lesson costs one computation:
+
+- prefills (`Study._memo`, keyed by `PromptSpec`): sized by the prefill's KV cache,
+  its window queries and its memoised scores (100 MiB for a 2000-token prompt of
+  the bundled model in float32, about 370 MiB for 8000); default cap
+  `PREFILL_MEMO_BYTES` (512 MiB);
+- results (`Study._results`, keyed by the prompt, the `EvictionConfig` and
+  `max_new_tokens`): identical settings on an identical prompt are computed once
+  and then served from memory, as a deep copy (callers cannot alter the memo);
+  about 0.3 MiB each at 2000 tokens (mostly the plan's masks); default cap
+  `RESULT_MEMO_BYTES` (64 MiB). `run_full` goes through the same memo.
+
+The defaults aim at an app under about 2.5 GB resident with the bundled model
+(0.5 GiB once loaded): with a 640 MiB prefill cap, ten varied runs on 1000-8000-token
+prompts left 2.24 GiB resident (peak 2.45 GiB, during an 8000-token prefill), hence
+512 MiB (measured on the engine alone; the app adds Gradio and its requests).
+`Study(..., prefill_memo_bytes=0, result_memo_bytes=0)` turns both off (benchmarks
+that time repeated runs).
+
+Every `run` logs one INFO line (logger `pagekv.study`) with its settings, the
+backend and the timings, and whether it was computed or served from memory.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import logging
+import threading
 import time
-from collections import OrderedDict
+from array import array
 from dataclasses import asdict, dataclass, replace
 
 from .config import EvictionConfig
+from .memo import ByteLRU
 from .models import LoadedModel, load_model
 from .result import RunResult
 from .runner import Prefill, Runner
@@ -24,6 +53,7 @@ from .tasks import (
     Task,
     TaskError,
     check_custom_prompt,
+    default_max_new_tokens,
     get_task,
     make_custom_task,
     make_multi_needle_task,
@@ -31,10 +61,16 @@ from .tasks import (
     score,
 )
 
+log = logging.getLogger(__name__)
+
 PROMPT_TASKS = ("needle", "qa", "code", "custom")
 MODES = ("inside", "after")
 #: Window queries captured at prefill: every config.window up to this reuses it.
 WINDOW_MAX = 128
+#: Default cap of the prefill memo: five 2000-token prompts of the bundled model.
+PREFILL_MEMO_BYTES = 512 * 2**20
+#: Default cap of the result memo: about two hundred results at 2000 tokens.
+RESULT_MEMO_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -97,14 +133,32 @@ class Prepared:
 
 
 class Study:
-    """A loaded model with its runner and a small memo of prefilled prompts."""
+    """A loaded model with its runner and two byte-bounded memos (prefills, results).
 
-    def __init__(self, loaded: LoadedModel, backend: str = "auto", memo_size: int = 4):
+    Args:
+        loaded: the model (`pagekv.models.load_model`).
+        backend: the runner's backend ("auto", "torch" or "triton").
+        memo_size: at most this many prefills kept (None: bounded by bytes only).
+        prefill_memo_bytes: cap of the prefill memo in bytes (0: no memo).
+        result_memo_bytes: cap of the result memo in bytes (0: no memo).
+
+    Safe to share between threads: concurrent identical requests compute once.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        backend: str = "auto",
+        memo_size: int | None = None,
+        prefill_memo_bytes: int = PREFILL_MEMO_BYTES,
+        result_memo_bytes: int = RESULT_MEMO_BYTES,
+    ):
         self.loaded = loaded
         self.runner = Runner(loaded.model, loaded.tokenizer, backend=backend)
-        self._memo: OrderedDict[PromptSpec, Prepared] = OrderedDict()
-        self._full: OrderedDict[tuple, dict] = OrderedDict()
+        self._memo = ByteLRU(prefill_memo_bytes, max_entries=memo_size)
+        self._results = ByteLRU(result_memo_bytes)
         self.memo_size = memo_size
+        self._local = threading.local()
 
     @classmethod
     def load(
@@ -161,9 +215,19 @@ class Study:
 
     def prepare(self, spec: PromptSpec) -> Prepared:
         """Tokenize and prefill `spec` once (memoised: the same spec reuses the prefill)."""
-        if spec in self._memo:
-            self._memo.move_to_end(spec)
-            return self._memo[spec]
+        prep, computed = self._memo.get_or_compute(spec, lambda: self._prepare(spec))
+        if computed:
+            log.info(
+                "prefill %s: %d tokens (%s) in %.2f s; prefill memo %s",
+                _spec_text(spec),
+                prep.n,
+                spec.mode,
+                prep.prepare_s,
+                _memo_text(self._memo),
+            )
+        return prep
+
+    def _prepare(self, spec: PromptSpec) -> Prepared:
         t0 = time.perf_counter()
         task = self.make_task(spec)
         prompt = task.build_prompt_ids(self.tokenizer, mode=spec.mode)
@@ -179,7 +243,7 @@ class Study:
             )
         else:
             pre = self.runner.prefill(prompt["input_ids"], window_max=WINDOW_MAX)
-        prep = Prepared(
+        return Prepared(
             spec=spec,
             task=task,
             prompt=prompt,
@@ -187,31 +251,165 @@ class Study:
             needle_positions=list(prompt.get("needle_token_positions") or []),
             prepare_s=time.perf_counter() - t0,
         )
-        self._memo[spec] = prep
-        while len(self._memo) > self.memo_size:
-            self._memo.popitem(last=False)
-        return prep
 
-    def run(self, prep: Prepared, config: EvictionConfig, max_new_tokens: int = 24) -> dict:
-        """Evict under `config`, decode, score. Returns a JSON-ready dict (plus `plan`)."""
+    def run(
+        self, prep: Prepared, config: EvictionConfig, max_new_tokens: int | None = None
+    ) -> dict:
+        """Evict under `config`, decode, score. Returns a JSON-ready dict (plus `plan`).
+
+        Memoised: the same prompt, configuration and `max_new_tokens` are computed
+        once; every call returns its own deep copy of the record.
+        """
+        if max_new_tokens is None:  # the task's own: enough for its expected answer
+            max_new_tokens = default_max_new_tokens(prep.task)
         if config.window > WINDOW_MAX and config.window < prep.n:
             raise ValueError(f"window must be at most {WINDOW_MAX} tokens; got {config.window}")
-        res = self.runner.evaluate(
+        t0 = time.perf_counter()
+        key = (_prompt_key(prep), config, max_new_tokens)
+
+        def compute() -> dict:
+            res = self.runner.evaluate(
+                prep.prefill,
+                config,
+                max_new_tokens=max_new_tokens,
+                needle_positions=prep.needle_positions or None,
+            )
+            return result_record(res, prep, self.loaded)
+
+        stored, computed = self._results.get_or_compute(key, compute)
+        if computed:
+            self._memo.refresh(prep.spec)  # its prefill may hold newly memoised scores
+        rec = copy.deepcopy(stored)
+        took = time.perf_counter() - t0
+        self._local.last = {"served_from_memo": not computed, "run_s": took}
+        log.info(
+            "run %s | %s | %s backend on %s | %s | %s",
+            _config_text(config),
+            f"{_spec_text(prep.spec)}, {prep.n} tokens ({prep.spec.mode}), {max_new_tokens} new",
+            rec.get("backend"),
+            rec.get("device"),
+            _timings_text(rec.get("timings") or {}),
+            (f"computed in {took:.2f} s" if computed else f"served from memory in {_ms(took)}")
+            + f"; result memo {_memo_text(self._results)}",
+        )
+        return rec
+
+    def run_pair(
+        self,
+        prep: Prepared,
+        config_a: EvictionConfig,
+        config_b: EvictionConfig,
+        max_new_tokens: int | None = None,
+        on_token=None,
+    ) -> tuple[dict, dict]:
+        """`run` for two configurations on one prompt, decoded in ONE batched pass where
+        their compacted caches have the same shape (`Runner.evaluate_pair`). Each result
+        is memoised exactly as `run` memoises it; a result already in memory is served
+        from there and the other is computed alone. `on_token(tokens_a, tokens_b)` sees
+        the tokens grow while a shared pass decodes (for streaming)."""
+        if max_new_tokens is None:
+            max_new_tokens = default_max_new_tokens(prep.task)
+        key_a = (_prompt_key(prep), config_a, max_new_tokens)
+        key_b = (_prompt_key(prep), config_b, max_new_tokens)
+        if key_a in self._results or key_b in self._results or config_a == config_b:
+            return (
+                self.run(prep, config_a, max_new_tokens),
+                self.run(prep, config_b, max_new_tokens),
+            )
+        for config in (config_a, config_b):
+            if config.window > WINDOW_MAX and config.window < prep.n:
+                raise ValueError(f"window must be at most {WINDOW_MAX} tokens; got {config.window}")
+        t0 = time.perf_counter()
+        res_a, res_b = self.runner.evaluate_pair(
             prep.prefill,
-            config,
+            config_a,
+            config_b,
             max_new_tokens=max_new_tokens,
             needle_positions=prep.needle_positions or None,
+            on_token=on_token,
         )
-        return result_record(res, prep, self.loaded)
+        for key, res in ((key_a, res_a), (key_b, res_b)):
+            self._results.put(key, result_record(res, prep, self.loaded))
+        self._memo.refresh(prep.spec)
+        took = time.perf_counter() - t0
+        log.info(
+            "run pair %s + %s | %s, %s tokens (%s) | decoded %s in %.2f s",
+            _config_text(config_a),
+            _config_text(config_b),
+            _spec_text(prep.spec),
+            prep.n,
+            prep.spec.mode,
+            "in one batch" if res_a.timings.get("decode_batch") == 2 else "one after the other",
+            took,
+        )
+        # Served through `run` (now from memory): the same copies and the same records.
+        return (
+            copy.deepcopy(self._results.get(key_a)) if key_a in self._results
+            else result_record(res_a, prep, self.loaded),
+            copy.deepcopy(self._results.get(key_b)) if key_b in self._results
+            else result_record(res_b, prep, self.loaded),
+        )  # fmt: skip
 
-    def run_full(self, prep: Prepared, max_new_tokens: int = 24) -> dict:
-        """`run` with the full cache, memoised per prompt (it ignores every budget knob)."""
-        key = (prep.spec, max_new_tokens)
-        if key not in self._full:
-            self._full[key] = self.run(prep, EvictionConfig(policy="full"), max_new_tokens)
-            while len(self._full) > 2 * self.memo_size:
-                self._full.popitem(last=False)
-        return self._full[key]
+    def run_full(self, prep: Prepared, max_new_tokens: int | None = None) -> dict:
+        """`run` with the full cache (memoised like every run; it ignores every budget knob)."""
+        return self.run(prep, EvictionConfig(policy="full"), max_new_tokens)
+
+    def last_run(self) -> dict | None:
+        """How this thread's last `run` went: `{"served_from_memo", "run_s"}` (None
+        before any). Per thread, so concurrent requests each see their own."""
+        return getattr(self._local, "last", None)
+
+    def memo_stats(self) -> dict:
+        """Entries, bytes, caps, hits and misses of the prefill and result memos."""
+        return {"prefill": self._memo.stats(), "result": self._results.stats()}
+
+
+def _prompt_key(prep: Prepared) -> tuple:
+    """What identifies a prefilled prompt: its spec and a digest of the prefilled ids
+    (and the question's, in question-after mode)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(array("q", prep.prefill.ids).tobytes())
+    h.update(b"|")
+    h.update(array("q", prep.prefill.question_ids or []).tobytes())
+    return (prep.spec, h.hexdigest())
+
+
+def _spec_text(spec: PromptSpec) -> str:
+    if spec.task == "needle":
+        text = f"needle {spec.context_tokens} tokens, depth {spec.depth}, seed {spec.seed}"
+        return text + (f", {spec.n_needles} needles" if spec.n_needles > 1 else "")
+    if spec.task in ("qa", "code"):
+        return f"{spec.task} {spec.name or '(first)'}"
+    return "custom prompt"
+
+
+def _config_text(config: EvictionConfig) -> str:
+    if config.policy == "full":
+        return "full"
+    text = (
+        f"{config.policy} budget {config.budget:g} page {config.page_size} "
+        f"n_sink {config.n_sink} window {config.window} tau {config.tau:g}"
+    )
+    default = EvictionConfig()
+    for name in ("smoothing", "smoothing_kind", "page_reduction", "sink_threshold"):
+        if getattr(config, name) != getattr(default, name):
+            text += f" {name} {getattr(config, name)}"
+    return text
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.0f} ms"
+
+
+def _timings_text(t: dict) -> str:
+    return (
+        f"prefill {t.get('prefill_s') or 0:.2f} s, score {_ms(t.get('score_s'))}, "
+        f"evict {_ms(t.get('evict_s'))}, decode {t.get('decode_s') or 0:.2f} s"
+    )
+
+
+def _memo_text(memo: ByteLRU) -> str:
+    return f"{len(memo)} entries, {memo.nbytes / 2**20:.0f}/{memo.max_bytes / 2**20:.0f} MiB"
 
 
 def result_record(res: RunResult, prep: Prepared, loaded: LoadedModel) -> dict:

@@ -114,10 +114,38 @@ def pick_lesson(page, title: str) -> None:
     page.get_by_role("option", name=title, exact=True).click()
 
 
-def test_first_lesson_then_budget_change(browser_page):
+class QueueLog:
+    """The queue requests the page sends (POST .../queue/join), by handler name."""
+
+    def __init__(self, page, demo):
+        self.names = {i: getattr(f.fn, "__name__", "?") for i, f in demo.fns.items()}
+        self.seen: list[str] = []
+        page.on("request", self._on_request)
+
+    def _on_request(self, request):
+        if request.method == "POST" and "/queue/join" in request.url:
+            body = request.post_data_json or {}
+            self.seen.append(self.names.get(body.get("fn_index"), "?"))
+
+    def since(self, mark: int) -> list[str]:
+        return self.seen[mark:]
+
+
+def wait_idle(page):
+    """Until the last run has decoded (its status no longer says "Decoding...")."""
+    page.wait_for_function(
+        "() => { const el = document.querySelector('#run-status');"
+        " return el && el.innerText.includes('Done:') && !el.innerText.includes('Decoding'); }",
+        timeout=UPDATE_MS,
+    )
+
+
+def test_first_lesson_then_one_request_per_action(browser_page):
     page = browser_page
+    page.set_viewport_size({"width": 1280, "height": 1000})
     t_launch = time.perf_counter()
-    with launched_app(cold=True) as (_, url):
+    with launched_app(cold=True) as (demo, url):
+        queue = QueueLog(page, demo)
         t_page = time.perf_counter()
         page.goto(url, wait_until="domcontentloaded")
         # The app runs the first lesson on load and checks its observation.
@@ -128,6 +156,7 @@ def test_first_lesson_then_budget_change(browser_page):
             f"\nfirst lesson checked: {t_first - t_launch:.1f}s from the app's cold start "
             f"({t_first - t_page:.1f}s from the page load)"
         )
+        assert queue.seen == ["pick_lesson"], queue.seen  # one request for the first lesson
         first = app.LESSONS[0]
         assert first.title in page.locator("#lesson-text").inner_text()
         assert "holds, checked now on this run" in observed, observed
@@ -140,32 +169,61 @@ def test_first_lesson_then_budget_change(browser_page):
         assert rows[0].startswith("full cache") and rows[1].startswith("A: " + first.a.policy)
 
         page.wait_for_timeout(500)  # let plotly finish its transitions
-        page.set_viewport_size({"width": 1280, "height": 1000})
-        page.wait_for_timeout(500)
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOT), full_page=True)
         assert SCREENSHOT.stat().st_size > 10_000
 
-        # Free exploration: open side A and move its budget (the box releases on blur).
+        # Free exploration, side A: a policy picked with the mouse is ONE run.
         page.get_by_text("Side A", exact=True).click()
+        mark = len(queue.seen)
+        page.get_by_label("Policy A", exact=True).click()
+        page.get_by_role("option", name="mean", exact=True).click()
+        page.get_by_text("A: mean").first.wait_for(timeout=UPDATE_MS)
+        wait_idle(page)
+        page.wait_for_timeout(500)
+        assert queue.since(mark) == ["run_comparison"], queue.since(mark)
+
+        # The budget: typing previews the plan views (no decoding), leaving the box is
+        # ONE run; the answers follow.
         box = page.locator('input[aria-label^="number input for Budget"]').first
         pct = 25
+        mark = len(queue.seen)
         box.fill(str(pct))
         t_change = time.perf_counter()
         box.blur()
         want = f"budget {math.floor(pct / 100 * n + 1e-9)} tokens"
         page.get_by_text(want).first.wait_for(timeout=UPDATE_MS)
-        page.wait_for_function(
-            "() => !document.querySelector('.progress-text, .eta-bar')", timeout=UPDATE_MS
-        )
+        wait_idle(page)
+        page.wait_for_timeout(500)
         print(f"after a budget change: {time.perf_counter() - t_change:.1f}s")
+        sent = queue.since(mark)
+        assert sent.count("run_comparison") == 1, sent
+        assert set(sent) <= {"run_comparison", "preview_plans"}, sent
         new_rows = table_rows(page)
         assert len(new_rows) == 3
         assert new_rows[0] == rows[0], "the full cache does not depend on the budget"
-        assert new_rows[1] != rows[1], (rows, new_rows)
         # The controls left the lesson's settings: the lesson says so, no stale verdict.
         page.get_by_text("not checked").first.wait_for(timeout=60_000)
         assert "holds, checked" not in observation_text(page)
+
+        # A prompt control changed without a run: the results say they are stale, and
+        # no request went to the server for it.
+        mark = len(queue.seen)
+        page.get_by_text("Prompt", exact=True).click()
+        page.get_by_label("Seed", exact=True).fill("5")
+        page.get_by_label("Seed", exact=True).press("Tab")
+        page.get_by_text("the prompt controls changed").first.wait_for(timeout=30_000)
+        assert queue.since(mark) == [], queue.since(mark)
+
+        # At 800 px every view stays reachable: all seven tabs visible, no clipped table.
+        page.set_viewport_size({"width": 800, "height": 1000})
+        page.wait_for_timeout(800)
+        tabs = page.get_by_role("tab")
+        assert tabs.count() == len(app.TABS), tabs.count()
+        assert all(tabs.nth(i).is_visible() for i in range(tabs.count()))
+        narrow = SCREENSHOT.with_name(SCREENSHOT.stem + "-800.png")
+        page.screenshot(path=str(narrow), full_page=True)
+        assert narrow.stat().st_size > 10_000
 
 
 def test_every_lesson_opens_and_holds(browser_page):
