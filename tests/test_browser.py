@@ -233,15 +233,29 @@ def test_every_lesson_opens_and_holds(browser_page):
     page.set_viewport_size({"width": 1280, "height": 1000})
     shots = Path(tempfile.gettempdir()) / "pagekv-lessons"
     shots.mkdir(exist_ok=True)
-    with launched_app() as (_, url):
+    with launched_app() as (demo, url):
+        queue = QueueLog(page, demo)
         page.goto(url, wait_until="domcontentloaded")
         wait_checked(page)
         for i, (title, lesson) in enumerate(zip(app.LESSON_TITLES, app.LESSONS, strict=True)):
             t0 = time.perf_counter()
+            mark = len(queue.seen)
             if i:
                 pick_lesson(page, title)
-                page.get_by_text("checking...").first.wait_for(timeout=60_000)
-            observed = wait_checked(page)
+            # Consecutive lessons state different observations: wait for this one's verdict.
+            page.wait_for_function(
+                "([title, statement]) => {"
+                " const text = document.querySelector('#lesson-text');"
+                " const obs = document.querySelector('#lesson-observation');"
+                " return text && obs && text.innerText.includes(title)"
+                " && obs.innerText.includes(statement)"
+                " && obs.innerText.includes('checked now on'); }",
+                arg=[lesson.title, lesson.observation.statement],
+                timeout=FIRST_RESULT_MS,
+            )
+            observed = observation_text(page)
+            if i:  # a lesson pick is ONE request (set, run, check)
+                assert queue.since(mark) == ["pick_lesson"], queue.since(mark)
             assert lesson.title in page.locator("#lesson-text").inner_text(), title
             assert lesson.observation.statement in observed, observed
             assert "holds, checked now on" in observed and "does not hold" not in observed, (
