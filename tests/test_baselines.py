@@ -49,6 +49,7 @@ TASK_CASES = [
     for mode in _checked_modes(task)
 ]
 
+
 def _preset_param(p: dict):
     return pytest.param(p, id=p["title"][:60])
 
