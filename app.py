@@ -1085,7 +1085,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     demo = build_demo(default_model=args.model)
-    demo.queue(default_concurrency_limit=1, max_size=32)
+    demo.queue(default_concurrency_limit=1, max_size=128)  # a class: ~30 pages x a few events
     css = CSS_PATH.read_text() if CSS_PATH.exists() else None
     demo.launch(server_name=args.host, server_port=args.port, css=css, show_error=False)
 

@@ -146,8 +146,10 @@ class ByteLRU:
 
     @property
     def nbytes(self) -> int:
-        """The sum of the stored values' sizes (<= `max_bytes`)."""
-        return self._bytes
+        """The sum of the stored values' sizes (<= `max_bytes`). Read under the lock:
+        a put adds before it evicts, and no reader may see that moment."""
+        with self._lock:
+            return self._bytes
 
     def stats(self) -> dict:
         """Entries, bytes, cap, hits, misses and evictions so far."""

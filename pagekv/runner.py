@@ -187,6 +187,16 @@ class Runner:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.eos_ids = set(eos_token_ids(model, tokenizer))
 
+    def warm_up(self) -> float:
+        """Run one tiny prefill, eviction and decode step, so that the first real run's
+        timings are warm (first calls pay one-off costs: kernel compilation on CUDA,
+        allocator and dispatch set-up on the CPU). Returns the seconds it took."""
+        t0 = time.perf_counter()
+        pre = self.prefill([0] * 48, window_max=8)
+        cfg = EvictionConfig(policy="entropy", budget=0.5, page_size=4, n_sink=4, window=8)
+        self.evaluate(pre, cfg, max_new_tokens=2, stop_at_eos=False)
+        return time.perf_counter() - t0
+
     # ---------------------------------------------------------------- prefill
 
     def prefill(self, input_ids, window_max: int = 128, question_ids=None) -> Prefill:

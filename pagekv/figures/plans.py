@@ -570,7 +570,11 @@ def memory_bars(rows: Sequence[dict], title=None):
     )
     top = max((r["bytes"] for r in rows), default=1) / 2**20
     fig.update_layout(yaxis_title="KV cache kept (MiB)", yaxis_range=[0, 1.15 * top])
-    return layout(fig, title or "Cache memory kept", 320)
+    return layout(
+        fig,
+        title or "Cache memory each policy must hold (union tokens per (layer, group), mean shown)",
+        320,
+    )
 
 
 def mechanism_figure(mech, plans: dict, title=None):
