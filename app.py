@@ -14,8 +14,10 @@ import argparse
 import logging
 import os
 import queue
+import shutil
 import tempfile
 import threading
+import time
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -369,7 +371,7 @@ def run_comparison(
             if partial is not None:  # answers so far: stream them into the table
                 yield _stream_views(partial)
         figs = comparison_figures(comp, layer=layer)
-        files = export(comp, figs, tempfile.mkdtemp(prefix="pagekv_"))
+        files = export(comp, figs, _export_folder())
     except Exception as e:  # bad input or an unexpected failure: say it on the page
         log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
         msg = " ".join(str(e).split()) or type(e).__name__
@@ -392,6 +394,26 @@ def run_comparison(
         observation=check_lesson(lesson, comp),
         last=comp,
     )
+
+
+#: Export folders older than this are removed when a new one is made (a class's runs
+#: would otherwise fill the disk: the figures file is a few MB per run).
+EXPORT_MAX_AGE_S = 1800
+
+
+def _export_folder() -> str:
+    """A new folder for one run's export under one root; old ones are removed."""
+    root = os.path.join(tempfile.gettempdir(), "pagekv-exports")
+    os.makedirs(root, exist_ok=True)
+    now = time.time()
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        try:
+            if now - os.path.getmtime(path) > EXPORT_MAX_AGE_S:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+    return tempfile.mkdtemp(prefix="run_", dir=root)
 
 
 def _decode_streaming(study, comp):
@@ -844,7 +866,8 @@ CAPTIONS = {
 
 def build_demo(default_model: str = "bundled") -> gr.Blocks:
     first = PRESETS[0]
-    with gr.Blocks(title="Page-EntroKV") as demo:
+    # Gradio's own copies of served files are removed after 30 minutes (checked every 10).
+    with gr.Blocks(title="Page-EntroKV", delete_cache=(600, 1800)) as demo:
         gr.Markdown(INTRO)
         last = gr.State(None)
         with gr.Row(elem_id="main-row"):
