@@ -11,6 +11,7 @@ handler: it becomes a message on the page, and the next request works.
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 import queue
@@ -237,6 +238,9 @@ RUN_VIEWS = (
 )  # fmt: skip
 #: Views that planning alone draws (a dragged slider updates these, without decoding).
 PLAN_VIEWS = ("frame", "retention", "uor", "stored", "memory")
+#: Plan views that decoding leaves as they are (retention is redrawn: the decoded records
+#: measure what the compacted cache stores, padding included).
+SAME_AFTER_DECODING = ("frame", "uor", "stored", "memory")
 
 
 def _views(**values):
@@ -303,14 +307,6 @@ def _run_values(args) -> dict:
     return dict(zip(RUN_INPUTS, args, strict=True))
 
 
-RUN_INPUTS = (
-    "model", "task", "context", "depth", "seed", "needles", "mode", "curated", "haystack",
-    "needle", "question", "answer", "budget_pct", "page_size", "n_sink", "window", "tau",
-    "policy_a", "policy_b", "link_b", "mode_b", "budget_b", "page_size_b", "n_sink_b",
-    "window_b", "tau_b", "layer", "lesson",
-)  # fmt: skip
-
-
 @gpu
 def run_comparison(
     model="bundled",
@@ -359,18 +355,21 @@ def run_comparison(
         comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
         n_layers = int(comp.plan_of("B").keep.shape[0])  # read from the model that ran
         layer = min(layer, n_layers - 1)
-        figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
+        plan_figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
         layer_update = gr.update(maximum=n_layers - 1, value=layer)
         yield _views(
             status=_status(study, comp, cfg_a, cfg_b, decoded=False),
             answers=_pending_table(comp),
-            **{k: figs[k] for k in PLAN_VIEWS},
+            **{k: plan_figs.get(k) for k in PLAN_VIEWS},
             layer=layer_update,
         )
         for partial in _decode_streaming(study, comp):
             if partial is not None:  # answers so far: stream them into the table
                 yield _stream_views(partial)
-        figs = comparison_figures(comp, layer=layer)
+        # Decoding changes no plan: the plan views drawn above stand; only the views of
+        # the decoded records (retention of the stored caches) and the rest are drawn.
+        figs = {k: v for k, v in plan_figs.items() if k in SAME_AFTER_DECODING}
+        figs |= comparison_figures(comp, layer=layer, skip=figs)
         files = export(comp, figs, _export_folder())
     except Exception as e:  # bad input or an unexpected failure: say it on the page
         log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
@@ -463,6 +462,28 @@ def _stream_views(rows):
     return tuple(rows if name == "answers" else gr.update() for name in RUN_VIEWS)
 
 
+#: The run's inputs in order, and their defaults (the API's too): read from the
+#: signature of `run_comparison`, the one place they are written.
+RUN_INPUTS = tuple(inspect.signature(run_comparison).parameters)
+RUN_DEFAULTS = {k: p.default for k, p in inspect.signature(run_comparison).parameters.items()}
+#: Controls named otherwise than the run input they feed.
+CONTROL_INPUT = {"budget": "budget_pct"}
+
+
+def control_values(run_args: dict, names) -> list:
+    """The controls `names` set to a run's inputs `run_args` (the curated-task picker as
+    an update with its choices, the layer as an update: its range follows the model)."""
+    out = []
+    for name in names:
+        value = run_args[CONTROL_INPUT.get(name, name)]
+        if name == "curated":
+            value = curated_choices(run_args["task"], value)[0]
+        elif name == "layer":
+            value = gr.update(value=value)
+        out.append(value)
+    return out
+
+
 def preview_plans(*args):
     """While a slider is dragged: plan both sides on the cached prefill and redraw the
     plan views (page frame, retention, UOR, stored, memory); no decoding. Answers come
@@ -540,27 +561,18 @@ def apply_preset(title):
     p = _preset_of(title)
     if p is None:
         return [gr.update()] * len(PRESET_CONTROLS)
-    values = _preset_values(p)
-    return [values[name] for name in PRESET_CONTROLS]
+    return control_values(_preset_run_args(p), PRESET_CONTROLS)
 
 
-def _preset_values(p) -> dict:
-    return {
-        "task": p["task"],
-        "curated": curated_choices(p["task"], p["name"])[0],
-        "context": p["context_tokens"],
-        "depth": p["depth"],
-        "seed": p["seed"],
-        "needles": p["n_needles"],
-        "mode": p["mode"],
-        "budget": round(100 * p["budget"], 1),
-        "page_size": p["page_size"],
-        "n_sink": p["n_sink"],
-        "window": p["window"],
-        "tau": p["tau"],
-        "policy_a": p["policy_a"],
-        "policy_b": p["policy_b"],
-    }
+def _preset_run_args(p, model="bundled", lesson_title=None) -> dict:
+    """The run inputs of a preset (side B follows A; only the policy differs)."""
+    return dict(
+        RUN_DEFAULTS, model=model, task=p["task"], context=p["context_tokens"],
+        depth=p["depth"], seed=p["seed"], needles=p["n_needles"], mode=p["mode"],
+        curated=p["name"], budget_pct=round(100 * p["budget"], 1), page_size=p["page_size"],
+        n_sink=p["n_sink"], window=p["window"], tau=p["tau"], policy_a=p["policy_a"],
+        policy_b=p["policy_b"], link_b=True, lesson=lesson_title,
+    )  # fmt: skip
 
 
 def run_preset(title, model, lesson_title):
@@ -569,28 +581,10 @@ def run_preset(title, model, lesson_title):
     if p is None:
         yield (*([gr.update()] * (len(PRESET_CONTROLS) + 1)), *_views())
         return
-    values = _preset_values(p)
-    controls = [values[name] for name in PRESET_CONTROLS]
-    run = dict(RUN_DEFAULTS, model=model, task=p["task"], context=p["context_tokens"],
-               depth=p["depth"], seed=p["seed"], needles=p["n_needles"], mode=p["mode"],
-               curated=p["name"], budget_pct=100 * p["budget"], page_size=p["page_size"],
-               n_sink=p["n_sink"], window=p["window"], tau=p["tau"], policy_a=p["policy_a"],
-               policy_b=p["policy_b"], link_b=True, lesson=lesson_title)  # fmt: skip
+    run = _preset_run_args(p, model, lesson_title)
+    controls = control_values(run, PRESET_CONTROLS)
     for views in run_comparison(**run):
         yield (*controls, True, *views)
-
-
-#: Input defaults of a run (the API's defaults too).
-RUN_DEFAULTS = dict(
-    model="bundled", task="needle", context=2000, depth=0.5, seed=0, needles=1, mode="inside",
-    curated=None, haystack="", needle="", question="", answer="", budget_pct=20.0,
-    page_size=16, n_sink=4, window=32, tau=1.0, policy_a="mean", policy_b="entropy",
-    link_b=True, mode_b="inside", budget_b=20.0, page_size_b=16, n_sink_b=4, window_b=32,
-    tau_b=1.0, layer=0, lesson=None,
-)  # fmt: skip
-
-#: Which prompt controls apply to which task (the others are hidden).
-NEEDLE_ONLY = ("depth", "needles", "seed")
 
 
 def curated_choices(task, name=None):
@@ -653,31 +647,9 @@ def apply_lesson(title):
         return [*keep, gr.update(), gr.update(), gr.update()]
     values = dict(zip(LESSON_CONTROLS, keep, strict=True))
     if lesson.kind == "live":
-        p, a, b = lesson.prompt, lesson.a, lesson.b
-        values.update(
-            task=p.task,
-            curated=curated_choices(p.task, p.name)[0],
-            context=p.context_tokens,
-            depth=p.depth,
-            seed=p.seed,
-            needles=p.n_needles,
-            mode=a.mode,
-            budget=round(100 * a.budget, 1),
-            page_size=a.page_size,
-            n_sink=a.n_sink,
-            window=a.window,
-            tau=a.tau,
-            policy_a=a.policy,
-            policy_b=b.policy,
-            link_b=False,
-            mode_b=b.mode,
-            budget_b=round(100 * b.budget, 1),
-            page_size_b=b.page_size,
-            n_sink_b=b.n_sink,
-            window_b=b.window,
-            tau_b=b.tau,
-            layer=gr.update(value=lesson.layer),
-        )
+        names = [n for n in LESSON_CONTROLS if n not in MECH_CONTROLS]
+        run = _lesson_run_args(lesson, title, "bundled")
+        values.update(zip(names, control_values(run, names), strict=True))
     if lesson.mechanism is not None:
         m = lesson.mechanism
         values.update(
@@ -704,10 +676,10 @@ def _lesson_run_args(lesson, title, model) -> dict:
     return dict(
         RUN_DEFAULTS, model=model, task=p.task, context=p.context_tokens, depth=p.depth,
         seed=p.seed, needles=p.n_needles, mode=a.mode, curated=p.name,
-        budget_pct=100 * a.budget, page_size=a.page_size, n_sink=a.n_sink, window=a.window,
-        tau=a.tau, policy_a=a.policy, policy_b=b.policy, link_b=False, mode_b=b.mode,
-        budget_b=100 * b.budget, page_size_b=b.page_size, n_sink_b=b.n_sink,
-        window_b=b.window, tau_b=b.tau, layer=lesson.layer, lesson=title,
+        budget_pct=round(100 * a.budget, 1), page_size=a.page_size, n_sink=a.n_sink,
+        window=a.window, tau=a.tau, policy_a=a.policy, policy_b=b.policy, link_b=False,
+        mode_b=b.mode, budget_b=round(100 * b.budget, 1), page_size_b=b.page_size,
+        n_sink_b=b.n_sink, window_b=b.window, tau_b=b.tau, layer=lesson.layer, lesson=title,
     )  # fmt: skip
 
 

@@ -255,10 +255,10 @@ def memory_rows(prep: Prepared, base: EvictionConfig) -> list[dict]:
     return rows
 
 
-def comparison_figures(comp: Comparison, layer: int = 0, only=None) -> dict:
+def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> dict:
     """Every view of the app, as plotly figures keyed by name (`only`: just these names,
-    e.g. the plan views while a slider is dragged; building a figure is most of the
-    cost of a preview)."""
+    e.g. the plan views while a slider is dragged; `skip`: not these, e.g. views already
+    drawn; building figures is most of the cost of a run served from memory)."""
     pa, pb = comp.plan_of("A"), comp.plan_of("B")
     labels = comp.labels or side_labels(comp.configs["A"], comp.configs["B"])
     label_a, label_b = labels["A"], labels["B"]
@@ -301,7 +301,9 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None) -> dict:
         builders["retention"] = lambda: figures.needle_retention_heatmap(
             {lab: comp.records[key]["needle_retention"] for key, lab in both}, G
         )
-    return {k: build() for k, build in builders.items() if only is None or k in only}
+    return {
+        k: build() for k, build in builders.items() if (only is None or k in only) and k not in skip
+    }
 
 
 def summary(comp: Comparison) -> dict:
