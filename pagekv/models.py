@@ -711,20 +711,16 @@ def load_model(
         raise ModelLoadError(
             f"attn_implementation must be 'sdpa' or 'eager', not {attn_implementation!r}"
         )
-    if bundled:
+
+    def finish_bundled(dt, **extra) -> LoadedModel:
         model, tok, source, path, origin, caveat = _load_bundled(dev, dt, attn_implementation)
         return _finish(
-            model,
-            tok,
-            BUNDLED,
-            dev,
-            dt,
-            t0,
-            source=source,
-            cache_path=path,
-            origin=origin,
-            caveat=caveat,
-        )
+            model, tok, BUNDLED, dev, dt, t0, source=source, cache_path=path, origin=origin,
+            caveat=caveat, **extra,
+        )  # fmt: skip
+
+    if bundled:
+        return finish_bundled(dt)
     try:
         model, tok, source = _load_hub(name, dev, dt, attn_implementation)
         try:
@@ -736,22 +732,7 @@ def load_model(
             raise
         note = f"{e} -> fell back to the bundled {BUNDLED_DESCRIPTION}"
         log.warning("%s", note)
-        dt = _resolve_dtype(dtype, dev, bundled=True)
-        model, tok, source, path, origin, caveat = _load_bundled(dev, dt, attn_implementation)
-        return _finish(
-            model,
-            tok,
-            BUNDLED,
-            dev,
-            dt,
-            t0,
-            source=source,
-            cache_path=path,
-            fell_back=True,
-            note=note,
-            origin=origin,
-            caveat=caveat,
-        )
+        return finish_bundled(_resolve_dtype(dtype, dev, bundled=True), fell_back=True, note=note)
     return _finish(model, tok, name, dev, dt, t0, source=source)
 
 

@@ -325,12 +325,7 @@ class Runner:
             stop_at_eos: stop at the tokenizer's or generation config's EOS ids.
             return_logits: keep every step's float32 logits in `RunResult.logits`.
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-            raise ValueError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens}")
-        q_len = len(pre.question_ids) if pre.question_ids else 0
-        self._check_length(pre.n + q_len + max_new_tokens)
+        self._check_decode(pre, max_new_tokens)
         ev = self.evict(pre, config)
         with torch.inference_mode():
             t0 = _now(self.device)
@@ -358,11 +353,7 @@ class Runner:
         (for streaming). `timings["decode_batch"]` says 2 when the pass was shared
         (its `decode_s` is then the shared pass's time).
         """
-        for name, n in (("max_new_tokens", max_new_tokens),):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ValueError(f"{name} must be an integer >= 0; got {n!r}")
-        q_len = len(pre.question_ids) if pre.question_ids else 0
-        self._check_length(pre.n + q_len + max_new_tokens)
+        self._check_decode(pre, max_new_tokens)
         ev_a, ev_b = self.evict(pre, config_a), self.evict(pre, config_b)
         shapes = [
             (tuple(la.keys.shape), tuple(lb.keys.shape))
@@ -555,6 +546,14 @@ class Runner:
         if self.tokenizer is None:
             return " ".join(str(t) for t in tokens)
         return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+    def _check_decode(self, pre: Prefill, max_new_tokens) -> None:
+        """`max_new_tokens` an integer >= 0, and the whole sequence within the model."""
+        n = max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0; got {n!r}")
+        q_len = len(pre.question_ids) if pre.question_ids else 0
+        self._check_length(pre.n + q_len + n)
 
     def _check_length(self, total: int) -> None:
         """Sliding-window layers index the window by cache slot, which eviction breaks;

@@ -330,8 +330,9 @@ class Study:
             needle_positions=prep.needle_positions or None,
             on_token=on_token,
         )
-        for key, res in ((key_a, res_a), (key_b, res_b)):
-            self._results.put(key, result_record(res, prep, self.loaded))
+        records = [result_record(res, prep, self.loaded) for res in (res_a, res_b)]
+        for key, rec in zip((key_a, key_b), records, strict=True):
+            self._results.put(key, rec)
         self._memo.refresh(prep.spec)
         took = time.perf_counter() - t0
         log.info(
@@ -344,13 +345,8 @@ class Study:
             "in one batch" if res_a.timings.get("decode_batch") == 2 else "one after the other",
             took,
         )
-        # Served through `run` (now from memory): the same copies and the same records.
-        return (
-            copy.deepcopy(self._results.get(key_a)) if key_a in self._results
-            else result_record(res_a, prep, self.loaded),
-            copy.deepcopy(self._results.get(key_b)) if key_b in self._results
-            else result_record(res_b, prep, self.loaded),
-        )  # fmt: skip
+        # Copies, as `run` returns them: callers cannot change what the memo holds.
+        return copy.deepcopy(records[0]), copy.deepcopy(records[1])
 
     def run_full(self, prep: Prepared, max_new_tokens: int | None = None) -> dict:
         """`run` with the full cache (memoised like every run; it ignores every budget knob)."""
