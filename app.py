@@ -11,6 +11,7 @@ handler: it becomes a message on the page, and the next request works.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import logging
 import os
@@ -24,8 +25,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from pagekv import POLICIES, EvictionConfig  # noqa: E402
+from pagekv import POLICIES, EvictionConfig, allocator  # noqa: E402
 from pagekv.lessons import LESSONS  # noqa: E402
+from pagekv.memo import ByteLRU, nbytes  # noqa: E402
 from pagekv.paths import CSS_PATH  # noqa: E402
 from pagekv.presets import load_presets  # noqa: E402
 
@@ -253,7 +255,7 @@ def _views(**values):
     return tuple(values.get(name, default.get(name, EMPTY)) for name in RUN_VIEWS)
 
 
-def _status(study, comp, cfg_a, cfg_b, decoded: bool) -> str:
+def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> str:
     loaded = study.loaded
     n = comp.prep.n
     head = (
@@ -273,7 +275,9 @@ def _status(study, comp, cfg_a, cfg_b, decoded: bool) -> str:
         t = comp.records["B"]["timings"]
         parts.append(
             f"<small>prefill {t['prefill_s']:.2f}s (once per prompt), "
-            f"eviction {_ms(t['evict_s'])}, decode {t['decode_s']:.2f}s</small>"
+            f"eviction {_ms(t['evict_s'])}, decode {t['decode_s']:.2f}s"
+            + (" (this run was computed earlier: served from memory)" if served else "")
+            + "</small>"
         )
     return "\n\n".join(parts)
 
@@ -307,6 +311,46 @@ def _run_values(args) -> dict:
     return dict(zip(RUN_INPUTS, args, strict=True))
 
 
+#: Finished runs' views, shared by every session (a class running one lesson draws its
+#: figures once): the detached comparison, its figures and answers table, keyed by the
+#: model and every setting of the run. Bounded by bytes (`_view_size`).
+VIEW_MEMO_BYTES = 96 * 2**20
+_view_memo = ByteLRU(VIEW_MEMO_BYTES, size_of=lambda v: v["nbytes"])
+#: How long a run waits for the same run started by another session before doing it.
+SAME_RUN_WAIT_S = 600
+#: Runs served at once (sessions' runs waiting for the model or served from memory).
+RUN_CONCURRENCY = 8
+
+
+def _view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer) -> tuple:
+    loaded = study.loaded
+    return (loaded.name, loaded.origin, spec, cfg_a, cfg_b, mode_a, mode_b, layer)
+
+
+def _view_size(comp, figs: dict) -> int:
+    """Bytes a finished run's views hold: the comparison's tensors and records, and the
+    figures (plotly objects: about 3x their JSON)."""
+    return nbytes(comp) + 3 * sum(len(f.to_json()) for f in figs.values() if f is not None)
+
+
+@contextlib.contextmanager
+def _one_run_per_session(request):
+    """A session's runs go one at a time: a second one waits for the first (its lesson,
+    preset or slider events each keep only their last request, `always_last`)."""
+    sid = getattr(request, "session_hash", None)
+    if sid is None:  # called from Python, not through the queue
+        yield
+        return
+    with _session_locks_lock:
+        lock = _session_locks.setdefault(sid, threading.Lock())
+    with lock:
+        yield
+
+
+_session_locks: dict = {}
+_session_locks_lock = threading.Lock()
+
+
 @gpu
 def run_comparison(
     model="bundled",
@@ -337,48 +381,68 @@ def run_comparison(
     tau_b=1.0,
     layer=0,
     lesson=None,
+    request: gr.Request = None,
 ):
     """Prefill (memoised), plan both sides and show every plan view at once, then decode
     full / A / B and show the answers, and check the lesson's observation. A generator:
-    two updates. Never raises: bad input becomes a message and the next request works.
+    plan views, answers as they stream, then everything. A run already finished (by any
+    session) is served from memory in one update. Never raises: bad input becomes a
+    message and the next request works.
 
     Side A is the shared controls (question position, budget, page size, n_sink, window,
     tau) with policy A; side B uses policy B and, with `link_b`, the same settings as A,
     otherwise its own (`mode_b`, `budget_b`, ...): each side is a full configuration.
     """
-    from pagekv.compare import comparison_figures, export, plan_comparison
-
     v = {k: val for k, val in locals().items() if k in RUN_INPUTS}
+    with _one_run_per_session(request):
+        yield from _run(v, lesson)
+
+
+def _run(v: dict, lesson):
+    from pagekv.compare import comparison_figures, plan_comparison
+
     try:
         spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
-        study = get_study(model if isinstance(model, str) else "")
-        comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
-        n_layers = int(comp.plan_of("B").keep.shape[0])  # read from the model that ran
-        layer = min(layer, n_layers - 1)
-        plan_figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
-        layer_update = gr.update(maximum=n_layers - 1, value=layer)
-        yield _views(
-            status=_status(study, comp, cfg_a, cfg_b, decoded=False),
-            answers=_pending_table(comp),
-            **{k: plan_figs.get(k) for k in PLAN_VIEWS},
-            layer=layer_update,
-        )
-        for partial in _decode_streaming(study, comp):
-            if partial is not None:  # answers so far: stream them into the table
-                yield _stream_views(partial)
-        # Decoding changes no plan: the plan views drawn above stand; only the views of
-        # the decoded records (retention of the stored caches) and the rest are drawn.
-        figs = {k: v for k, v in plan_figs.items() if k in SAME_AFTER_DECODING}
-        figs |= comparison_figures(comp, layer=layer, skip=figs)
-        files = export(comp, figs, _export_folder())
+        study = get_study(v["model"] if isinstance(v["model"], str) else "")
+        key = _view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer)
+        done = _view_memo.get_or_wait(key, timeout=SAME_RUN_WAIT_S)
+        if done is None:
+            with _view_memo.computing(key):
+                comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
+                n_layers = int(comp.plan_of("B").keep.shape[0])  # from the model that ran
+                layer = min(layer, n_layers - 1)
+                plan_figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
+                yield _views(
+                    status=_status(study, comp, cfg_a, cfg_b, decoded=False),
+                    answers=_pending_table(comp),
+                    **{k: plan_figs.get(k) for k in PLAN_VIEWS},
+                    layer=gr.update(maximum=n_layers - 1, value=layer),
+                )
+                for partial in _decode_streaming(study, comp):
+                    if partial is not None:  # answers so far: stream them into the table
+                        yield _stream_views(partial)
+                # Decoding changes no plan: the plan views drawn above stand; only the
+                # views of the decoded records (retention of the stored caches) and the
+                # rest are drawn.
+                figs = {k: f for k, f in plan_figs.items() if k in SAME_AFTER_DECODING}
+                figs |= comparison_figures(comp, layer=layer, skip=figs)
+                comp = comp.detached()  # what is kept holds no prefill
+                done = dict(comp=comp, figs=figs, table=_answers_table(comp), layer=layer,
+                            n_layers=n_layers, served=False)  # fmt: skip
+                done["nbytes"] = _view_size(comp, figs)
+                _view_memo.put(key, done)
+            allocator.trim()  # the run's working memory back to the system
+        else:
+            done = dict(done, served=True)
     except Exception as e:  # bad input or an unexpected failure: say it on the page
         log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
         msg = " ".join(str(e).split()) or type(e).__name__
         yield _views(status=_message("error", msg), observation=check_lesson(lesson, None))
         return
+    comp, figs = done["comp"], done["figs"]
     yield _views(
-        status=_status(study, comp, cfg_a, cfg_b, decoded=True),
-        answers=_answers_table(comp),
+        status=_status(study, comp, cfg_a, cfg_b, decoded=True, served=done["served"]),
+        answers=done["table"],
         frame=figs["frame"],
         retention=figs.get("retention"),
         weights=figs["weights"],
@@ -388,15 +452,25 @@ def run_comparison(
         uor=figs["uor"],
         stored=figs["stored"],
         memory=figs["memory"],
-        files=files,
-        layer=layer_update,
+        files=None,  # the Export tab writes the files of this run on request
+        layer=gr.update(maximum=done["n_layers"] - 1, value=done["layer"]),
         observation=check_lesson(lesson, comp),
         last=comp,
     )
 
 
-#: Export folders older than this are removed when a new one is made (a class's runs
-#: would otherwise fill the disk: the figures file is a few MB per run).
+def export_run(comp):
+    """The last run's numbers (JSON, CSV) and figures (HTML), written on request."""
+    from pagekv.compare import comparison_figures, export
+
+    if comp is None:
+        raise gr.Error("Nothing to export yet: run a comparison first.")
+    done = next((v for _, v in reversed(_view_memo.items()) if v["comp"] is comp), None)
+    figs = done["figs"] if done else comparison_figures(comp)
+    return export(comp, figs, _export_folder())
+
+
+#: Export folders older than this are removed when a new one is made.
 EXPORT_MAX_AGE_S = 1800
 
 
@@ -464,8 +538,11 @@ def _stream_views(rows):
 
 #: The run's inputs in order, and their defaults (the API's too): read from the
 #: signature of `run_comparison`, the one place they are written.
-RUN_INPUTS = tuple(inspect.signature(run_comparison).parameters)
-RUN_DEFAULTS = {k: p.default for k, p in inspect.signature(run_comparison).parameters.items()}
+#: (`request` is Gradio's, not an input.)
+RUN_DEFAULTS = {
+    k: p.default for k, p in inspect.signature(run_comparison).parameters.items() if k != "request"
+}
+RUN_INPUTS = tuple(RUN_DEFAULTS)
 #: Controls named otherwise than the run input they feed.
 CONTROL_INPUT = {"budget": "budget_pct"}
 
@@ -486,15 +563,18 @@ def control_values(run_args: dict, names) -> list:
 
 def preview_plans(*args):
     """While a slider is dragged: plan both sides on the cached prefill and redraw the
-    plan views (page frame, retention, UOR, stored, memory); no decoding. Answers come
-    when the slider is released (the run). Quietly does nothing on bad input."""
+    plan views (page frame, retention, UOR, stored, memory); no decoding, and no
+    prefill (a prompt not prefilled yet waits for the run). Answers come when the
+    slider is released (the run). Quietly does nothing on bad input."""
     from pagekv.compare import comparison_figures, plan_comparison
 
     v = _run_values(args)
     try:
         spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
         study = get_study(v["model"] if isinstance(v["model"], str) else "")
-        comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
+        comp = plan_comparison(
+            study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b, cached_only=True
+        )
         figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
     except Exception as e:
         log.debug("preview skipped: %s", e)
@@ -575,7 +655,7 @@ def _preset_run_args(p, model="bundled", lesson_title=None) -> dict:
     )  # fmt: skip
 
 
-def run_preset(title, model, lesson_title):
+def run_preset(title, model, lesson_title, request: gr.Request = None):
     """Pick a preset: set the controls and run, in ONE request (a generator)."""
     p = _preset_of(title)
     if p is None:
@@ -583,7 +663,7 @@ def run_preset(title, model, lesson_title):
         return
     run = _preset_run_args(p, model, lesson_title)
     controls = control_values(run, PRESET_CONTROLS)
-    for views in run_comparison(**run):
+    for views in run_comparison(**run, request=request):
         yield (*controls, True, *views)
 
 
@@ -683,7 +763,7 @@ def _lesson_run_args(lesson, title, model) -> dict:
     )  # fmt: skip
 
 
-def pick_lesson(title, model="bundled"):
+def pick_lesson(title, model="bundled", request: gr.Request = None):
     """Pick a lesson, in ONE request (a generator): set every control, open its first
     view, run it (live lessons: plan views first, then the answers) and check its
     observation on the result. Outputs: LESSON_CONTROLS, the tabs, the lesson text,
@@ -703,7 +783,7 @@ def pick_lesson(title, model="bundled"):
             round(100 * m.budget),
         )  # fmt: skip
     if lesson.kind == "live":
-        for views in run_comparison(**_lesson_run_args(lesson, title, model)):
+        for views in run_comparison(**_lesson_run_args(lesson, title, model), request=request):
             views = list(views)
             if views[i_obs] is None or isinstance(views[i_obs], dict):  # not checked yet
                 views[i_obs] = waiting
@@ -722,15 +802,15 @@ def lesson_step(title, step: int):
     return LESSON_TITLES[(i + step) % len(LESSON_TITLES)]
 
 
-def previous_lesson(title, model="bundled"):
+def previous_lesson(title, model="bundled", request: gr.Request = None):
     new = lesson_step(title, -1)
-    for out in pick_lesson(new, model):
+    for out in pick_lesson(new, model, request):
         yield (new, *out)
 
 
-def next_lesson(title, model="bundled"):
+def next_lesson(title, model="bundled", request: gr.Request = None):
     new = lesson_step(title, 1)
-    for out in pick_lesson(new, model):
+    for out in pick_lesson(new, model, request):
         yield (new, *out)
 
 
@@ -978,7 +1058,11 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         )
                         m_plot = gr.Plot()
                     with gr.Tab("Export", id="export"):
-                        gr.Markdown("The run's numbers (JSON, CSV) and every figure (HTML).")
+                        gr.Markdown(
+                            "The last run's numbers (JSON, CSV) and every figure (HTML), "
+                            "written when you ask."
+                        )
+                        export_btn = gr.Button("Write the files of the last run")
                         files = gr.File(label="Downloads", file_count="multiple")
 
         components = locals()
@@ -991,15 +1075,19 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         mech_outputs = [components[name] for name in MECH_VIEWS]
         quiet = dict(api_visibility="undocumented")  # the same handler under another trigger
         # One request per action: a run is one generator event (plan views, then the
-        # answers and the lesson's verdict); while the model is busy, a trigger keeps only
-        # its last request (always_last); runs go one at a time (the model is one).
+        # answers and the lesson's verdict); while a run is busy, a trigger keeps only its
+        # last request (always_last), and a session's runs go one at a time. Runs of
+        # different sessions share RUN_CONCURRENCY workers: a run finished before is
+        # served from memory at once, while the model itself computes one run at a time
+        # (Study's lock).
+        model_kw = dict(concurrency_id="model", concurrency_limit=RUN_CONCURRENCY)
         run_kw = dict(
             fn=run_comparison,
             inputs=run_inputs,
             outputs=run_outputs,
             preprocess=False,  # raw values: parse_run names a wrong one in plain words
-            concurrency_id="model",
             trigger_mode="always_last",
+            **model_kw,
         )
         run_btn.click(api_name="run", **run_kw)
         budget.release(api_name="budget", **run_kw)
@@ -1027,7 +1115,8 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
             run_preset,
             [preset, model, lesson],
             [*preset_targets, link_b, *run_outputs],
-            concurrency_id="model",
+            trigger_mode="always_last",
+            **model_kw,
             **quiet,
         )
         # The API's /preset fills the controls only (no run), for scripts; the page's
@@ -1060,7 +1149,8 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         m_sink.input(**mech_io, **quiet)
 
         lesson_outputs = [*lesson_targets, tabs, lesson_text, *run_outputs, *mech_outputs]
-        lesson_kw = dict(concurrency_id="model", trigger_mode="always_last")
+        lesson_kw = dict(trigger_mode="always_last", **model_kw)
+        export_btn.click(export_run, last, files, api_name="export")
         lesson.select(pick_lesson, [lesson, model], lesson_outputs, api_name="lesson", **lesson_kw)
         prev_btn.click(
             previous_lesson, [lesson, model], [lesson, *lesson_outputs], **quiet, **lesson_kw
@@ -1079,6 +1169,7 @@ def main(argv=None):
     ap.add_argument("--model", default="bundled", help="model loaded first (default: bundled)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    allocator.tame()  # a server: freed tensors go back to the system (pagekv/allocator.py)
     demo = build_demo(default_model=args.model)
     demo.queue(default_concurrency_limit=1, max_size=128)  # a class: ~30 pages x a few events
     css = CSS_PATH.read_text() if CSS_PATH.exists() else None

@@ -1,4 +1,5 @@
-"""The app under a class: N simulated students at once, then one visitor's varied runs.
+"""The app under a class: one student alone, N simulated students at once, then one
+visitor's varied runs.
 
     python benchmarks/load_app.py [--students 20] [--lessons 7] [--varied-runs 100]
                                   [--max-seconds 900] [--out docs/perf_load_app.json]
@@ -6,6 +7,9 @@
 Starts `python app.py` on 127.0.0.1 (a subprocess on a free port, stopped at the end,
 also on an error or Ctrl-C), waits until it serves, then:
 
+0. **Alone**: one client runs the first preset (2000 tokens) and for each of
+   `--solo-budgets` sends what dragging the budget slider sends (`preview_plans`: plan
+   views only) and then what releasing it sends (`/budget`: decodes both sides).
 1. **Class**: `--students` threads, each with its own `gradio_client.Client` (its own
    session), started staggered over `--stagger` seconds. Each student runs the first
    `--lessons` lessons in order (`/lesson`) and after each live lesson moves the budget
@@ -284,6 +288,50 @@ def timed_call(client, deadline: float, api_name: str, *args, **kwargs) -> dict:
     return rec
 
 
+# ----------------------------------------------------------------- phase 0: alone
+
+
+def solo(url: str, budgets: tuple, deadline: float) -> list[dict]:
+    """One student alone on the idle app, on the first preset (a 2000-token needle
+    prompt): its run (it computes), then for each of `budgets` what dragging the budget
+    slider sends (the plan-only preview, `preview_plans`) and what releasing it sends
+    (`/budget`, which decodes). Kinds: `solo first run`, `solo preview`, `solo budget
+    release` (its `first_s` is when the plan views arrive; `total_s` both answers)."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    run = app._preset_run_args(app.PRESETS[0])
+    records = []
+
+    def add(rec, kind, pct=None):
+        out = rec.pop("output", None)
+        status = out[0] if isinstance(out, (list, tuple)) and out else None
+        if kind != "solo preview" and out is not None:
+            rec["status"] = (status or "")[:200]
+            if not status or status.startswith("**Error:**"):
+                rec["error"] = (status or "no status")[:300]
+        if kind == "solo preview" and out is not None and not any(out):
+            rec["error"] = "the preview returned nothing"
+        rec.update(kind=kind, first=True, budget_pct=pct)
+        records.append(rec)
+
+    add(timed_call(client, deadline, "/run", **run), "solo first run")
+    for pct in budgets:
+        kw = dict(run, budget_pct=pct, budget_b=pct)
+        t0 = time.perf_counter()
+        try:  # a plain call: a preview is one short update
+            out = client.predict(*[kw[k] for k in app.RUN_INPUTS], api_name="/preview_plans")
+            rec = {"total_s": time.perf_counter() - t0, "output": out}
+            rec["first_s"] = rec["service_s"] = rec["total_s"]
+        except Exception as e:
+            rec = {"error": f"{type(e).__name__}: {e}"[:300], "total_s": time.perf_counter() - t0}
+        add(rec, "solo preview", pct)
+        add(timed_call(client, deadline, "/budget", **kw), "solo budget release", pct)
+    with contextlib.suppress(Exception):
+        client.close()
+    return records
+
+
 # ----------------------------------------------------------------- phase 1: a class
 
 
@@ -525,6 +573,11 @@ def main(argv=None) -> int:
     ap.add_argument("--lessons", type=int, default=len(LESSONS), help="the first N lessons")
     ap.add_argument("--moves", default="5,10", help="budget moves after a live lesson (+pp)")
     ap.add_argument("--stagger", type=float, default=5.0, help="students start over this")
+    ap.add_argument(
+        "--solo-budgets",
+        default="12,15,18,22,25,30,35,40",
+        help="phase 0: budgets (%%) one student alone drags to and releases ('' skips it)",
+    )
     ap.add_argument("--varied-runs", type=int, default=100)
     ap.add_argument("--max-seconds", type=float, default=900, help="deadline of the class")
     ap.add_argument("--varied-max-seconds", type=float, default=900, help="of phase 2")
@@ -558,7 +611,9 @@ def main(argv=None) -> int:
     finally:
         if not args.keep_tmp:
             shutil.rmtree(app_tmp, ignore_errors=True)
-    result["errors"] = result["class"]["errors"] + result["varied"]["errors"]
+    result["errors"] = (
+        result["solo"]["errors"] + result["class"]["errors"] + result["varied"]["errors"]
+    )
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
     result["machine_after"] = machine_state()
     result["app_log"] = str(log_path)
@@ -577,12 +632,27 @@ def main(argv=None) -> int:
 
 
 def _measure(args, moves, contexts, result: dict, log_path: Path, app_tmp: Path):
-    """Both phases against one app process; fills `result`."""
+    """The three phases against one app process; fills `result`."""
+    solo_budgets = tuple(float(x) for x in args.solo_budgets.split(",") if x.strip())
     with running_app(log_path, app_tmp) as (url, proc):
         result["app_pid"] = proc.pid
         sampler = MemorySampler(proc.pid)
         sampler.start()
         result["memory_idle_gb"] = round(sampler.sample() / GB, 3)
+
+        # Phase 0: one student alone (the app idle).
+        t00 = time.perf_counter()
+        recs0 = solo(url, solo_budgets, t00 + args.max_seconds) if solo_budgets else []
+        solo_summary = summarize(recs0)
+        result["solo"] = {
+            "wall_s": round(time.perf_counter() - t00, 1),
+            "requests": len(recs0),
+            "errors": sum("error" in r for r in recs0),
+            "by_kind": solo_summary,
+            "error_samples": [r["error"] for r in recs0 if "error" in r][:10],
+        }
+        print_table("Alone: the first preset (2000 tokens), budget dragged and released",
+                    solo_summary)  # fmt: skip
 
         # Phase 1: the class.
         t0 = time.perf_counter()

@@ -16,7 +16,7 @@ import csv
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -66,6 +66,37 @@ class Comparison:
     def plan_of(self, key: str) -> Plan:
         return self.records[key]["plan"]
 
+    def detached(self) -> Comparison:
+        """A copy for keeping after decoding (a session's last run, the app's memo of
+        finished views): each prompt's `Prefill` (its KV cache: about 100 MB at 2000
+        tokens) is replaced by its `PromptShape`, so that what the views keep never
+        holds a prefill the prefill memo has let go. Views, `summary` and `export` work
+        on it; planning and decoding need the full comparison."""
+        shapes = {}
+
+        def light(prep: Prepared) -> Prepared:
+            if id(prep) not in shapes:
+                pre = prep.prefill
+                shape = PromptShape(n=int(pre.n), n_groups=int(pre.n_groups))
+                shapes[id(prep)] = replace(prep, prefill=shape)
+            return shapes[id(prep)]
+
+        return replace(
+            self,
+            prep=light(self.prep),
+            preps={k: light(p) for k, p in self.preps.items()},
+            notes=list(self.notes),
+        )
+
+
+@dataclass(frozen=True)
+class PromptShape:
+    """What the views need of a prefill once decoding is done: its length and number of
+    KV groups (`Comparison.detached`)."""
+
+    n: int
+    n_groups: int
+
 
 #: What a side's label names when it differs between A and B (field, how to show it).
 SIDE_FIELDS = (
@@ -106,16 +137,20 @@ def plan_comparison(
     config_b: EvictionConfig,
     mode_a: str | None = None,
     mode_b: str | None = None,
+    cached_only: bool = False,
 ) -> Comparison:
     """Everything but decoding: prefill (memoised), then plan both sides.
 
     The records hold what planning alone knows (plan, budget, union tokens, needle
     retention of the plan's kept set), so every plan view can be drawn at once, e.g.
     while a slider is dragged; `decode_comparison` then fills in the answers. Raises
-    BudgetError before any work when a side's protected pages exceed its budget.
+    BudgetError before any work when a side's protected pages exceed its budget. With
+    `cached_only`, only prefills already in memory are used (LookupError otherwise):
+    planning then never waits for the model.
     """
     modes = {"A": mode_a or spec.mode, "B": mode_b or spec.mode}
-    preps = {k: study.prepare(spec.replace(mode=m)) for k, m in modes.items()}
+    prepare = study.prepared if cached_only else study.prepare
+    preps = {k: prepare(spec.replace(mode=m)) for k, m in modes.items()}
     configs = {"A": config_a, "B": config_b}
     for key, cfg in configs.items():  # fail fast, before any work
         n, P = preps[key].n, cfg.page_size

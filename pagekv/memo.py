@@ -19,7 +19,9 @@ dozen short ones fit in; counting bytes does not.
 
 `get_or_compute(key, fn)` computes each missing key once even when several threads
 ask for it at the same time (the others wait and share the value): a class running
-the same lesson costs one computation.
+the same lesson costs one computation. A computation that is not one call (a
+generator that streams its progress) announces itself with `computing(key)` and
+stores its value with `put`; `get_or_wait(key)` waits for it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -246,6 +249,36 @@ class ByteLRU:
                 with self._lock:
                     self._pending.pop(key, None)
                 pending.done.set()
+
+    @contextmanager
+    def computing(self, key: Hashable):
+        """Say that the caller is computing `key` (and will `put` it) until the block
+        ends: `get_or_wait(key)` in other threads waits for the block to end. Yields
+        whether the caller is the only one computing it (a second caller still
+        computes; it just does not announce itself again)."""
+        with self._lock:
+            pending = self._pending.get(key)
+            owner = pending is None
+            if owner:
+                pending = self._pending[key] = _Pending()
+        try:
+            yield owner
+        finally:
+            if owner:
+                with self._lock:
+                    self._pending.pop(key, None)
+                pending.done.set()
+
+    def get_or_wait(self, key: Hashable, timeout: float | None = None) -> Any:
+        """The value of `key`; if another thread is computing it (`computing` or
+        `get_or_compute`), first wait up to `timeout` seconds for it to finish. None
+        when absent (not computed, failed, too large to store, or still computing at
+        the timeout)."""
+        with self._lock:
+            pending = self._pending.get(key)
+        if pending is not None:
+            pending.done.wait(timeout)
+        return self.get(key)
 
     # ------------------------------------------------------------------ internals
 

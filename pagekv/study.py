@@ -142,7 +142,9 @@ class Study:
         prefill_memo_bytes: cap of the prefill memo in bytes (0: no memo).
         result_memo_bytes: cap of the result memo in bytes (0: no memo).
 
-    Safe to share between threads: concurrent identical requests compute once.
+    Safe to share between threads: concurrent identical requests compute once, the
+    model runs one computation at a time (one lock), and a memoised result never
+    waits for the model.
     """
 
     def __init__(
@@ -161,6 +163,9 @@ class Study:
         self._results = ByteLRU(result_memo_bytes)
         self.memo_size = memo_size
         self._local = threading.local()
+        # The model computes one thing at a time (prefill, eviction and decoding); what
+        # the memos hold is served without waiting for it.
+        self._compute = threading.RLock()
 
     @classmethod
     def load(
@@ -229,7 +234,19 @@ class Study:
             )
         return prep
 
+    def prepared(self, spec: PromptSpec) -> Prepared:
+        """The memoised prefill of `spec`; LookupError if it is not in memory (nothing
+        is computed)."""
+        prep = self._memo.get(spec)
+        if prep is None:
+            raise LookupError(f"not prefilled yet: {_spec_text(spec)} ({spec.mode})")
+        return prep
+
     def _prepare(self, spec: PromptSpec) -> Prepared:
+        with self._compute:
+            return self._prepare_locked(spec)
+
+    def _prepare_locked(self, spec: PromptSpec) -> Prepared:
         t0 = time.perf_counter()
         task = self.make_task(spec)
         prompt = task.build_prompt_ids(self.tokenizer, mode=spec.mode)
@@ -270,12 +287,13 @@ class Study:
         key = (_prompt_key(prep), config, max_new_tokens)
 
         def compute() -> dict:
-            res = self.runner.evaluate(
-                prep.prefill,
-                config,
-                max_new_tokens=max_new_tokens,
-                needle_positions=prep.needle_positions or None,
-            )
+            with self._compute:
+                res = self.runner.evaluate(
+                    prep.prefill,
+                    config,
+                    max_new_tokens=max_new_tokens,
+                    needle_positions=prep.needle_positions or None,
+                )
             return result_record(res, prep, self.loaded)
 
         stored, computed = self._results.get_or_compute(key, compute)
@@ -313,26 +331,34 @@ class Study:
             max_new_tokens = default_max_new_tokens(prep.task)
         key_a = (_prompt_key(prep), config_a, max_new_tokens)
         key_b = (_prompt_key(prep), config_b, max_new_tokens)
-        if key_a in self._results or key_b in self._results or config_a == config_b:
+
+        def separately() -> tuple[dict, dict]:
             return (
                 self.run(prep, config_a, max_new_tokens),
                 self.run(prep, config_b, max_new_tokens),
             )
+
+        if key_a in self._results or key_b in self._results or config_a == config_b:
+            return separately()
         for config in (config_a, config_b):
             if config.window > WINDOW_MAX and config.window < prep.n:
                 raise ValueError(f"window must be at most {WINDOW_MAX} tokens; got {config.window}")
         t0 = time.perf_counter()
-        res_a, res_b = self.runner.evaluate_pair(
-            prep.prefill,
-            config_a,
-            config_b,
-            max_new_tokens=max_new_tokens,
-            needle_positions=prep.needle_positions or None,
-            on_token=on_token,
-        )
-        records = [result_record(res, prep, self.loaded) for res in (res_a, res_b)]
-        for key, rec in zip((key_a, key_b), records, strict=True):
-            self._results.put(key, rec)
+        with self._compute:
+            # A request for the same pair may have computed it while this one waited.
+            if key_a in self._results or key_b in self._results:
+                return separately()
+            res_a, res_b = self.runner.evaluate_pair(
+                prep.prefill,
+                config_a,
+                config_b,
+                max_new_tokens=max_new_tokens,
+                needle_positions=prep.needle_positions or None,
+                on_token=on_token,
+            )
+            records = [result_record(res, prep, self.loaded) for res in (res_a, res_b)]
+            for key, rec in zip((key_a, key_b), records, strict=True):
+                self._results.put(key, rec)
         self._memo.refresh(prep.spec)
         took = time.perf_counter() - t0
         log.info(

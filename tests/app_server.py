@@ -33,14 +33,16 @@ def free_port() -> int:
 def launched_app(cold: bool = False):
     """Yield `(demo, url)` of a launched app, closed on exit.
 
-    cold: forget any model an earlier test loaded (`app._studies`), so the first request
-    pays the model load as a fresh `python app.py` would.
+    cold: forget any model an earlier test loaded (`app._studies`) and every finished
+    run's views (`app._view_memo`), so the first request pays the model load and the
+    run as a fresh `python app.py` would.
     """
     import app
 
     if cold:
         with app._lock:
             app._studies.clear()
+        app._view_memo.clear()
     demo = app.build_demo()
     demo.queue(default_concurrency_limit=1)
     css = app.CSS_PATH.read_text() if app.CSS_PATH.exists() else None

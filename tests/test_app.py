@@ -12,6 +12,7 @@ Tests share one server and one client session and run in file order (the `/budge
 
 from __future__ import annotations
 
+import base64
 import csv
 import json
 import math
@@ -19,6 +20,7 @@ import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .app_server import launched_app
@@ -102,6 +104,16 @@ def run(client, api_name="/run", **changes):
     out = client.predict(**(GOOD | changes), api_name=api_name)
     assert len(out) == N_OUT
     return out
+
+
+def array(v) -> list:
+    """A plotly JSON array as lists: plain lists as they are, numpy arrays as plotly
+    sends them (base64 `bdata` with `dtype` and `shape`) decoded."""
+    if isinstance(v, dict) and "bdata" in v:
+        shape = [int(x) for x in str(v.get("shape", "-1")).split(",")]
+        flat = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        return flat.reshape(shape).tolist()
+    return v
 
 
 def plotly(value) -> dict:
@@ -238,9 +250,10 @@ def test_run_page_frame(first_run):
     for t in heat:
         assert len(t["y"]) == LAYERS * GROUPS == 90
         assert t["y"][:4] == ["L0 g0", "L0 g1", "L0 g2", "L1 g0"]
-        assert all(len(row) == len(sizes) for row in t["z"])
+        z = array(t["z"])
+        assert all(len(row) == len(sizes) for row in z)
         # Every (layer, group) keeps the same number of tokens as the table reports.
-        for row in t["z"]:
+        for row in z:
             assert set(row) <= {0, 1, 2}
             assert sum(s for s, v in zip(sizes, row, strict=True) if v) == kept
             assert row[0] == 2 and row[-1] == 2  # sink and window pages are protected
@@ -280,10 +293,16 @@ def test_run_other_plots(first_run):
 
 
 @pytest.mark.slow
-def test_run_exports(first_run):
-    out, _ = first_run
+def test_run_exports_on_request(fresh_client, first_run):
+    """A run writes no files; the Export tab's /export writes this session's last run."""
+    with pytest.raises(AppError, match="Nothing to export yet"):
+        fresh_client.predict(api_name="/export")
+    out = run(fresh_client)  # the same settings as first_run: served from memory
+    assert "served from memory" in out[0] and "served from memory" not in first_run[0][0]
+    assert out[1]["data"] == first_run[0][1]["data"]  # the answers of the first run
+    assert out[11] is None  # no files until asked
     n = prompt_tokens(out[0])
-    paths = {Path(p).name: Path(p) for p in out[11]}
+    paths = {Path(p).name: Path(p) for p in fresh_client.predict(api_name="/export")}
     assert set(paths) == {"pagekv_run.json", "pagekv_run.csv", "pagekv_figures.html"}
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths.values())
     data = json.loads(paths["pagekv_run.json"].read_text())

@@ -97,21 +97,29 @@ def test_tiny_class_runs_without_errors(tmp_path):
     cmd = [
         sys.executable, str(SCRIPT), "--students", "2", "--lessons", "1", "--varied-runs", "2",
         "--contexts", "500", "--max-seconds", "120", "--varied-max-seconds", "60",
-        "--stagger", "1", "--out", str(out), "--app-log", str(tmp_path / "app.log"),
+        "--stagger", "1", "--solo-budgets", "25", "--out", str(out),
+        "--app-log", str(tmp_path / "app.log"),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     d = json.loads(out.read_text())
     assert proc.returncode == 0 and d["errors"] == 0, (
+        d.get("solo", {}).get("error_samples"),
         d.get("class", {}).get("error_samples"),
         d.get("varied", {}).get("error_samples"),
         proc.stdout[-2000:],
     )
+    solo = d["solo"]["by_kind"]
+    assert {k: v["count"] for k, v in solo.items()} == {
+        "solo first run": 1,
+        "solo preview": 1,
+        "solo budget release": 1,
+    }
     kinds = d["class"]["by_kind"]
     assert kinds["lesson first"]["count"] == 1 and kinds["lesson repeated"]["count"] == 1
     assert kinds["budget move"]["count"] == 4  # 2 students x 1 live lesson x 2 moves
     assert d["class"]["skipped"] == 0 and d["varied"]["runs"] == 2
-    for s in (*kinds.values(), *d["varied"]["by_kind"].values()):
+    for s in (*solo.values(), *kinds.values(), *d["varied"]["by_kind"].values()):
         for field in ("total_s", "first_s", "service_s"):
             assert set(s[field]) == {"p50", "p95", "max"}
             assert 0 <= s[field]["p50"] <= s[field]["p95"] <= s[field]["max"]
@@ -120,7 +128,7 @@ def test_tiny_class_runs_without_errors(tmp_path):
     m = d["memory"]
     assert 0.1 < m["peak_rss_gb"] and m["vm_hwm_gb"] >= d["varied"]["rss_after_gb"] > 0.1
     assert d["command"].endswith(" ".join(cmd[2:]))
-    assert d["disk"]["files"] > 0 and d["disk"]["gb"] > 0  # each run exports files
+    assert set(d["disk"]) == {"gb", "files", "what"}  # runs export nothing unless asked
     # the app was started, then stopped: its process has gone
     assert "app serving at" in proc.stdout
     assert not Path(f"/proc/{d['app_pid']}").exists()

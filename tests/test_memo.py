@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -158,6 +159,45 @@ def test_a_failed_computation_is_not_stored():
         memo.get_or_compute("k", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
     assert "k" not in memo
     assert memo.get_or_compute("k", lambda: "ok") == ("ok", True)
+
+
+def test_get_or_wait_waits_for_a_computation_announced_with_computing():
+    memo = ByteLRU(100, size_of=len)
+    assert memo.get_or_wait("k") is None  # nothing computing: no wait, nothing there
+    entered, got = threading.Event(), []
+
+    def owner():
+        with memo.computing("k") as first:
+            assert first
+            entered.set()
+            time.sleep(0.3)  # the waiter arrives meanwhile
+            memo.put("k", "done")
+
+    def waiter():
+        entered.wait()
+        t0 = time.perf_counter()
+        got.append((memo.get_or_wait("k", timeout=5), time.perf_counter() - t0))
+
+    threads = [threading.Thread(target=owner), threading.Thread(target=waiter)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ((value, waited),) = got
+    assert value == "done" and waited > 0.15  # it waited for the owner, then read
+    with memo.computing("k") as first, memo.computing("k") as second:
+        assert first and not second  # a second caller computes without announcing
+
+
+def test_get_or_wait_gives_none_when_the_computation_fails_or_times_out():
+    memo = ByteLRU(100, size_of=len)
+    with pytest.raises(RuntimeError), memo.computing("k"):
+        raise RuntimeError("boom")
+    assert memo.get_or_wait("k", timeout=1) is None and "k" not in memo._pending
+    with memo.computing("slow"):
+        t0 = time.perf_counter()
+        assert memo.get_or_wait("slow", timeout=0.2) is None
+        assert time.perf_counter() - t0 >= 0.2
 
 
 # ---------------------------------------------------------------- Study on a tiny model
@@ -364,3 +404,90 @@ def test_registry_loading_does_not_block_other_models():
     for t in slow:
         t.join()
     assert loads.count("org/slow") == 1 and len({id(s) for s in got}) == 1
+
+
+def test_prepared_serves_the_memo_only(study):
+    spec = PromptSpec(task="needle", context_tokens=64, seed=99)
+    with pytest.raises(LookupError, match="not prefilled yet"):
+        study.prepared(spec)
+    prep = prepared(study, seed=99)
+    study._memo.put(prep.spec, prep)
+    assert study.prepared(prep.spec) is prep
+
+
+def test_concurrent_identical_pairs_decode_once_and_the_model_runs_one_at_a_time(
+    study, monkeypatch
+):
+    """Several threads ask for one pair at once: one batched decode, the others are
+    served from the memo; and no two evaluations ever overlap (the Study's lock)."""
+    study._results.clear()
+    prep = prepared(study, seed=5)
+    a = EvictionConfig(policy="mean", budget=0.5, page_size=8, window=16)
+    b = a.replace(policy="entropy")
+    real_pair, real_one = study.runner.evaluate_pair, study.runner.evaluate
+    busy, overlaps, pairs = [0], [], []
+
+    def guarded(fn, log):
+        def call(*args, **kwargs):
+            busy[0] += 1
+            overlaps.append(busy[0])
+            time.sleep(0.05)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                busy[0] -= 1
+                log.append(1)
+
+        return call
+
+    monkeypatch.setattr(study.runner, "evaluate_pair", guarded(real_pair, pairs))
+    monkeypatch.setattr(study.runner, "evaluate", guarded(real_one, []))
+    start = threading.Barrier(4)
+    got = []
+
+    def pair():
+        start.wait()
+        got.append(study.run_pair(prep, a, b, 4))
+
+    def other():  # a different run on the same model at the same time
+        start.wait()
+        study.run(prep, a.replace(budget=0.6), 4)
+
+    threads = [threading.Thread(target=pair) for _ in range(3)] + [threading.Thread(target=other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(pairs) == 1, "the same pair was decoded more than once"
+    assert max(overlaps) == 1, "two evaluations ran on the model at once"
+    answers = {(ra["answer"], rb["answer"]) for ra, rb in got}
+    assert len(got) == 3 and len(answers) == 1
+
+
+def test_a_detached_comparison_keeps_the_views_but_not_the_prefill(study):
+    """What the app keeps after a run (a session's last run, the memo of finished views)
+    must not pin the prefill's KV cache; every view and the export read the same."""
+    from pagekv.compare import (
+        PromptShape,
+        comparison_figures,
+        decode_comparison,
+        plan_comparison,
+        summary,
+    )
+    from pagekv.runner import Prefill
+
+    prep = prepared(study, seed=7)
+    study._memo.put(prep.spec, prep)
+    a = EvictionConfig(policy="mean", budget=0.5, page_size=8, window=16)
+    comp = plan_comparison(study, prep.spec, a, a.replace(policy="entropy"))
+    decode_comparison(study, comp, max_new_tokens=3)
+    light = comp.detached()
+    assert isinstance(comp.prep.prefill, Prefill)  # the original is left as it was
+    assert isinstance(light.prep.prefill, PromptShape) and light.preps["B"] is light.prep
+    assert (light.prep.n, light.n_groups) == (comp.prep.n, comp.n_groups)
+    assert nbytes(light) < nbytes(comp) - nbytes(comp.prep.prefill.cache) // 2
+    same = lambda x: json.dumps(summary(x), sort_keys=True)  # noqa: E731  (NaN == NaN)
+    assert same(light) == same(comp)
+    figs, light_figs = comparison_figures(comp, layer=1), comparison_figures(light, layer=1)
+    assert figs.keys() == light_figs.keys()
+    assert all(figs[k].to_json() == light_figs[k].to_json() for k in figs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from .style import (
@@ -230,15 +231,17 @@ def page_frame(
             return f"page {j} (tokens {j * P}-{min((j + 1) * P, p.n) - 1})"
 
         if kind == "overview":
-            z = st.reshape(L * G, n_pages).tolist()
+            # numpy arrays, not lists: plotly validates them whole, not cell by cell (a
+            # frame is redrawn while a slider is dragged).
+            z = st.reshape(L * G, n_pages).numpy().astype(np.int8)
             # Hover: the state's name only (the page is x), so that a page-size-1 frame
             # of 2000 columns does not carry 180k long strings per side.
-            hover = [[STATE_NAMES[v] for v in r] for r in z]
+            hover = np.asarray(STATE_NAMES)[z]
             # Gaps between columns only while a column is a few pixels wide.
             gap = 0.5 if n_pages <= 256 else 0
             meta = {"role": "overview", "label": label}
             trace = heatmap(
-                z, list(range(n_pages)), hover, meta, gap, label, f"%{{y}} {unit} %{{x}}:"
+                z, np.arange(n_pages), hover, meta, gap, label, f"%{{y}} {unit} %{{x}}:"
             )
             fig.add_trace(trace, 1, col)
             fig.update_xaxes(title_text=unit, row=1, col=col)
@@ -250,10 +253,9 @@ def page_frame(
                     pointer(col, (a + b) / 2, "▼" if i else "▼ needle")
         else:
             pages = side["strip"]
-            z = st[..., pages].reshape(L * G, len(pages)).tolist()
-            hover = [
-                [f"{where(j)}: {STATE_NAMES[v]}" for j, v in zip(pages, r, strict=True)] for r in z
-            ]
+            z = st[..., pages].reshape(L * G, len(pages)).numpy().astype(np.int8)
+            names = np.asarray(STATE_NAMES, dtype=object)[z]
+            hover = np.asarray([f"{where(j)}: " for j in pages], dtype=object)[None, :] + names
             kept, total = side["count"]
             meta = {
                 "role": "needle_strip",

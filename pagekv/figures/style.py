@@ -41,6 +41,18 @@ def _go():
     return go
 
 
+_TEMPLATE = []
+
+
+def _template():
+    """plotly's "plotly_white", fetched once (by name, plotly validates it each time)."""
+    if not _TEMPLATE:
+        import plotly.io as pio
+
+        _TEMPLATE.append(pio.templates["plotly_white"])
+    return _TEMPLATE[0]
+
+
 def layout(fig, title, height=None, legend_below=False):
     """Title, white template, margins and a horizontal legend (below the plot for
     figures with subplot titles, so it never covers them). Returns `fig`."""
@@ -51,7 +63,7 @@ def layout(fig, title, height=None, legend_below=False):
         margin["b"] = 90
     fig.update_layout(
         title=dict(text=title, x=0.01, font=dict(size=15)),
-        template="plotly_white",
+        template=_template(),
         margin=margin,
         legend=legend,
     )
