@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -28,6 +29,7 @@ import gradio as gr  # noqa: E402
 from pagekv import POLICIES, EvictionConfig, allocator  # noqa: E402
 from pagekv.lessons import LESSONS  # noqa: E402
 from pagekv.memo import ByteLRU, nbytes  # noqa: E402
+from pagekv.model_thread import MODEL_THREAD, keep_this_thread_light  # noqa: E402
 from pagekv.paths import CSS_PATH  # noqa: E402
 from pagekv.presets import load_presets  # noqa: E402
 
@@ -74,6 +76,37 @@ def known_models() -> list[str]:
 
 
 # ----------------------------------------------------------------- handlers
+
+
+def light(fn):
+    """A handler that uses torch on Gradio's worker threads: each call (each step of a
+    generator, which Gradio may run on different threads) first makes its thread
+    single-threaded for torch while the main thread serves the model
+    (`pagekv.model_thread.keep_this_thread_light`)."""
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def steps(*args, **kwargs):
+            it = fn(*args, **kwargs)
+            try:
+                while True:
+                    keep_this_thread_light()
+                    try:
+                        value = next(it)
+                    except StopIteration:
+                        return
+                    yield value
+            finally:
+                it.close()
+
+        return steps
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        keep_this_thread_light()
+        return fn(*args, **kwargs)
+
+    return call
 
 
 def _message(kind: str, text: str) -> str:
@@ -322,6 +355,23 @@ SAME_RUN_WAIT_S = 600
 RUN_CONCURRENCY = 8
 
 
+#: Plan views drawn by a preview (a dragged slider), reused by the run its release
+#: sends with the same settings (the run then draws only what decoding adds).
+_plan_views_memo = ByteLRU(32 * 2**20, size_of=lambda v: v["nbytes"])
+
+
+def _plan_views(comp, key, layer) -> dict:
+    """The plan views of `comp` (`PLAN_VIEWS`), drawn or from `_plan_views_memo`."""
+    from pagekv.compare import comparison_figures
+
+    hit = _plan_views_memo.get(key)
+    if hit is not None:
+        return hit["figs"]
+    figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
+    _plan_views_memo.put(key, {"figs": figs, "nbytes": _view_size(None, figs)})
+    return figs
+
+
 def _view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer) -> tuple:
     loaded = study.loaded
     return (loaded.name, loaded.origin, spec, cfg_a, cfg_b, mode_a, mode_b, layer)
@@ -330,7 +380,8 @@ def _view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer) -> tuple:
 def _view_size(comp, figs: dict) -> int:
     """Bytes a finished run's views hold: the comparison's tensors and records, and the
     figures (plotly objects: about 3x their JSON)."""
-    return nbytes(comp) + 3 * sum(len(f.to_json()) for f in figs.values() if f is not None)
+    held = 0 if comp is None else nbytes(comp)
+    return held + 3 * sum(len(f.to_json()) for f in figs.values() if f is not None)
 
 
 @contextlib.contextmanager
@@ -351,6 +402,7 @@ _session_locks: dict = {}
 _session_locks_lock = threading.Lock()
 
 
+@light
 @gpu
 def run_comparison(
     model="bundled",
@@ -411,21 +463,23 @@ def _run(v: dict, lesson):
                 comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
                 n_layers = int(comp.plan_of("B").keep.shape[0])  # from the model that ran
                 layer = min(layer, n_layers - 1)
-                plan_figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
+                decoding = _start_decoding(study, comp)  # the model works while we draw
+                plan_figs = _plan_views(comp, key, layer)
                 yield _views(
                     status=_status(study, comp, cfg_a, cfg_b, decoded=False),
                     answers=_pending_table(comp),
                     **{k: plan_figs.get(k) for k in PLAN_VIEWS},
                     layer=gr.update(maximum=n_layers - 1, value=layer),
                 )
-                for partial in _decode_streaming(study, comp):
+                # Decoding changes no plan: the plan views drawn above stand, and the
+                # views of head weights and sinks are drawn while the model decodes;
+                # only the retention of the stored caches waits for the decoded records.
+                figs = {k: f for k, f in plan_figs.items() if k in SAME_AFTER_DECODING}
+                figs |= comparison_figures(comp, layer=layer, skip={*figs, "retention"})
+                for partial in decoding:
                     if partial is not None:  # answers so far: stream them into the table
                         yield _stream_views(partial)
-                # Decoding changes no plan: the plan views drawn above stand; only the
-                # views of the decoded records (retention of the stored caches) and the
-                # rest are drawn.
-                figs = {k: f for k, f in plan_figs.items() if k in SAME_AFTER_DECODING}
-                figs |= comparison_figures(comp, layer=layer, skip=figs)
+                figs |= comparison_figures(comp, layer=layer, only={"retention"})
                 comp = comp.detached()  # what is kept holds no prefill
                 done = dict(comp=comp, figs=figs, table=_answers_table(comp), layer=layer,
                             n_layers=n_layers, served=False)  # fmt: skip
@@ -459,6 +513,7 @@ def _run(v: dict, lesson):
     )
 
 
+@light
 def export_run(comp):
     """The last run's numbers (JSON, CSV) and figures (HTML), written on request."""
     from pagekv.compare import comparison_figures, export
@@ -489,10 +544,15 @@ def _export_folder() -> str:
     return tempfile.mkdtemp(prefix="run_", dir=root)
 
 
-def _decode_streaming(study, comp):
-    """Decode `comp` (full, then A and B, batched where they share a shape) in a worker
-    thread; yield the answers table as tokens arrive, then None when done. Errors of
-    the decode are raised here."""
+#: The answers stream into the table at most this often (each update is sent to the
+#: browser and redrawn there; a token takes about 60 ms on 2 CPU cores).
+STREAM_EVERY_S = 0.25
+
+
+def _start_decoding(study, comp):
+    """Start decoding `comp` (full, then A and B, batched where they share a shape) in a
+    worker thread now; return a generator of the answers table as tokens arrive, then
+    None when done. Errors of the decode are raised by the generator."""
     from pagekv.compare import decode_comparison
 
     updates: queue.Queue = queue.Queue()
@@ -502,6 +562,7 @@ def _decode_streaming(study, comp):
         updates.put((tokens_a, tokens_b))
 
     def work():
+        keep_this_thread_light()
         try:
             decode_comparison(study, comp, on_token=on_token)
         except Exception as e:  # handed to the caller
@@ -511,6 +572,11 @@ def _decode_streaming(study, comp):
 
     worker = threading.Thread(target=work, name="pagekv-decode", daemon=True)
     worker.start()
+    return _stream_answers(study, comp, worker, updates, outcome)
+
+
+def _stream_answers(study, comp, worker, updates, outcome):
+    last = time.perf_counter()
     while True:
         item = updates.get()
         while item is not None and not updates.empty():  # keep only the latest tokens
@@ -521,6 +587,9 @@ def _decode_streaming(study, comp):
             item = nxt
         if item is None:
             break
+        if time.perf_counter() - last < STREAM_EVERY_S:
+            continue  # the next token (or the end) shows these
+        last = time.perf_counter()
         rows = _pending_table(comp)
         for row, tokens in zip(rows[1:], item, strict=True):
             row[2] = study.tokenizer.decode(tokens, skip_special_tokens=True) + " ..."
@@ -561,12 +630,13 @@ def control_values(run_args: dict, names) -> list:
     return out
 
 
+@light
 def preview_plans(*args):
     """While a slider is dragged: plan both sides on the cached prefill and redraw the
     plan views (page frame, retention, UOR, stored, memory); no decoding, and no
     prefill (a prompt not prefilled yet waits for the run). Answers come when the
     slider is released (the run). Quietly does nothing on bad input."""
-    from pagekv.compare import comparison_figures, plan_comparison
+    from pagekv.compare import plan_comparison
 
     v = _run_values(args)
     try:
@@ -575,13 +645,16 @@ def preview_plans(*args):
         comp = plan_comparison(
             study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b, cached_only=True
         )
-        figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
+        key = _view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer)  # as the run's
+        layer = min(layer, int(comp.plan_of("B").keep.shape[0]) - 1)
+        figs = _plan_views(comp, key, layer)
     except Exception as e:
         log.debug("preview skipped: %s", e)
         return tuple(gr.update() for _ in PLAN_VIEWS)
     return tuple(figs.get(k) for k in PLAN_VIEWS)
 
 
+@light
 def update_layer(comp, layer):
     """Redraw the per-layer head weights from the last comparison (no model work)."""
     from pagekv import figures
@@ -593,6 +666,7 @@ def update_layer(comp, layer):
     return figures.head_weights_bars(p, layer)
 
 
+@light
 def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head, n, budget_pct):
     """The constructed instance of the retention bound (no model involved)."""
     from pagekv import figures
@@ -655,6 +729,7 @@ def _preset_run_args(p, model="bundled", lesson_title=None) -> dict:
     )  # fmt: skip
 
 
+@light
 def run_preset(title, model, lesson_title, request: gr.Request = None):
     """Pick a preset: set the controls and run, in ONE request (a generator)."""
     p = _preset_of(title)
@@ -763,6 +838,7 @@ def _lesson_run_args(lesson, title, model) -> dict:
     )  # fmt: skip
 
 
+@light
 def pick_lesson(title, model="bundled", request: gr.Request = None):
     """Pick a lesson, in ONE request (a generator): set every control, open its first
     view, run it (live lessons: plan views first, then the answers) and check its
@@ -802,12 +878,14 @@ def lesson_step(title, step: int):
     return LESSON_TITLES[(i + step) % len(LESSON_TITLES)]
 
 
+@light
 def previous_lesson(title, model="bundled", request: gr.Request = None):
     new = lesson_step(title, -1)
     for out in pick_lesson(new, model, request):
         yield (new, *out)
 
 
+@light
 def next_lesson(title, model="bundled", request: gr.Request = None):
     new = lesson_step(title, 1)
     for out in pick_lesson(new, model, request):
@@ -1173,7 +1251,25 @@ def main(argv=None):
     demo = build_demo(default_model=args.model)
     demo.queue(default_concurrency_limit=1, max_size=128)  # a class: ~30 pages x a few events
     css = CSS_PATH.read_text() if CSS_PATH.exists() else None
-    demo.launch(server_name=args.host, server_port=args.port, css=css, show_error=False)
+    # The model's work runs on this (the main) thread, the first to compute with torch:
+    # its OpenMP workers stay hot (pagekv/model_thread.py). Load the default model here.
+    import torch
+
+    torch.ones(1 << 17).add_(1).sum()  # this thread's OpenMP team comes first
+    get_study(args.model)
+    demo.launch(
+        server_name=args.host,
+        server_port=args.port,
+        css=css,
+        show_error=False,
+        prevent_thread_lock=True,
+    )
+    try:
+        MODEL_THREAD.serve_forever()
+    except KeyboardInterrupt:
+        log.info("stopping")
+    finally:
+        demo.close()
 
 
 if __name__ == "__main__":

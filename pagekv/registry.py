@@ -31,6 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from .model_thread import on_model_thread
 from .models import BUNDLED, BUNDLED_DESCRIPTION, ModelLoadError, is_bundled
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,9 @@ class ModelRegistry:
 
     def _load(self, key: str):
         t0 = time.perf_counter()
-        study = self.factory(key)  # outside self.lock: other models keep serving
+        # Outside self.lock (other models keep serving), on the model thread where one
+        # serves (pagekv.model_thread: the model's tensors are made where they are used).
+        study = on_model_thread(self.factory, key)
         with self.lock:
             self.studies[key] = study
             self._failed.pop(key, None)

@@ -52,6 +52,7 @@ from .paging import expand_pages
 from .plan import Plan, plan
 from .policies import get_policy
 from .result import RunResult
+from .small_batch import small_batch_linears
 
 log = logging.getLogger(__name__)
 
@@ -373,7 +374,8 @@ class Runner:
             if on_token is not None:
                 on_token(out[0].tokens, out[1].tokens)
             return out[0], out[1]
-        with torch.inference_mode():
+        # Two rows per linear layer: on the CPU, computed as W @ x^T (pagekv.small_batch).
+        with torch.inference_mode(), small_batch_linears(self.model):
             t0 = _now(self.device)
             (tok_a, tok_b), (stop_a, stop_b) = self._decode_pair(
                 pre, ev_a, ev_b, max_new_tokens, stop_at_eos, on_token

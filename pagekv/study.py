@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, replace
 
 from .config import EvictionConfig
 from .memo import ByteLRU
+from .model_thread import on_model_thread
 from .models import LoadedModel, load_model
 from .result import RunResult
 from .runner import Prefill, Runner
@@ -158,13 +159,14 @@ class Study:
         self.loaded = loaded
         self.runner = Runner(loaded.model, loaded.tokenizer, backend=backend)
         # Timings of the first real run are warm (eviction time is not its first call).
-        self.warm_up_s = self.runner.warm_up()
+        self.warm_up_s = on_model_thread(self.runner.warm_up)
         self._memo = ByteLRU(prefill_memo_bytes, max_entries=memo_size)
         self._results = ByteLRU(result_memo_bytes)
         self.memo_size = memo_size
         self._local = threading.local()
-        # The model computes one thing at a time (prefill, eviction and decoding); what
-        # the memos hold is served without waiting for it.
+        # The model computes one thing at a time (prefill, eviction and decoding), on the
+        # model thread where one serves (pagekv.model_thread); what the memos hold is
+        # served without waiting for it.
         self._compute = threading.RLock()
 
     @classmethod
@@ -257,11 +259,14 @@ class Study:
                 f"{self.max_prompt_tokens}; shorten it"
             )
         if spec.mode == "after":
-            pre = self.runner.prefill(
-                prompt["context_ids"], window_max=WINDOW_MAX, question_ids=prompt["question_ids"]
+            pre = on_model_thread(
+                self.runner.prefill,
+                prompt["context_ids"],
+                window_max=WINDOW_MAX,
+                question_ids=prompt["question_ids"],
             )
         else:
-            pre = self.runner.prefill(prompt["input_ids"], window_max=WINDOW_MAX)
+            pre = on_model_thread(self.runner.prefill, prompt["input_ids"], window_max=WINDOW_MAX)
         return Prepared(
             spec=spec,
             task=task,
@@ -288,7 +293,8 @@ class Study:
 
         def compute() -> dict:
             with self._compute:
-                res = self.runner.evaluate(
+                res = on_model_thread(
+                    self.runner.evaluate,
                     prep.prefill,
                     config,
                     max_new_tokens=max_new_tokens,
@@ -348,7 +354,8 @@ class Study:
             # A request for the same pair may have computed it while this one waited.
             if key_a in self._results or key_b in self._results:
                 return separately()
-            res_a, res_b = self.runner.evaluate_pair(
+            res_a, res_b = on_model_thread(
+                self.runner.evaluate_pair,
                 prep.prefill,
                 config_a,
                 config_b,

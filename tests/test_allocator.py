@@ -13,8 +13,8 @@ import pytest
 
 from pagekv import allocator
 
-#: In a child: a freed 16 MiB block raises glibc's dynamic mmap threshold, so a 4 MiB
-#: block then comes from the heap; after `tame()` (threshold 1 MiB) it is mapped on
+#: In a child: a freed 30 MiB block raises glibc's dynamic mmap threshold, so a 20 MiB
+#: block then comes from the heap; after `tame()` (threshold 16 MiB) it is mapped on
 #: its own (mallinfo2's count of mapped blocks goes up), so freeing it returns it.
 CHILD = textwrap.dedent(
     """
@@ -41,10 +41,10 @@ CHILD = textwrap.dedent(
         lib.free(p)
         return after - before
 
-    lib.free(lib.malloc(16 << 20))  # raises the dynamic threshold to 16 MiB
-    plain = mapped_after_malloc(4 << 20)
+    lib.free(lib.malloc(30 << 20))  # raises the dynamic threshold to 30 MiB
+    plain = mapped_after_malloc(20 << 20)
     tamed = allocator.tame()
-    print(plain, mapped_after_malloc(4 << 20), tamed, allocator.trim() in (True, False))
+    print(plain, mapped_after_malloc(20 << 20), tamed, allocator.trim() in (True, False))
     """
 )
 

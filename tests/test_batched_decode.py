@@ -75,3 +75,28 @@ def test_a_row_that_ends_early_does_not_disturb_the_other(llama):
     _same(pair, single)
     assert pair[0].stop_reason == "eos" and len(pair[0].tokens) == 3
     assert len(pair[1].tokens) == 8
+
+
+@pytest.mark.slow
+def test_bundled_model_pairs_equal_separate_decodes():
+    """On the bundled model (the app's batched decode, its linear layers computed as
+    W @ x^T on two rows): exactly the answers of separate decodes, question inside and
+    after, for the pooled policies the app pairs."""
+    from pagekv.models import load_model
+
+    loaded = load_model("bundled")
+    runner = Runner(loaded.model, loaded.tokenizer, backend="torch")
+    ids = loaded.tokenizer(
+        " ".join(f"Item {i} is stored in crate {i * 7 % 97}." for i in range(80)),
+        add_special_tokens=False,
+    )["input_ids"]
+    question = loaded.tokenizer(" Which crate holds item 42?", add_special_tokens=False)
+    for q in (None, question["input_ids"]):
+        pre = runner.prefill(ids, window_max=32, question_ids=q)
+        for budget, tau in ((0.2, 1.0), (0.35, 0.25)):
+            cfg_a = EvictionConfig(policy="mean", budget=budget, page_size=16, tau=tau)
+            cfg_b = cfg_a.replace(policy="entropy")
+            pair = runner.evaluate_pair(pre, cfg_a, cfg_b, max_new_tokens=12)
+            single = [runner.evaluate(pre, c, max_new_tokens=12) for c in (cfg_a, cfg_b)]
+            _same(pair, single)
+            assert [r.timings["decode_batch"] for r in pair] == [2, 2]

@@ -1,0 +1,82 @@
+"""A and B decoded together, against two separate decodes, on the bundled model.
+
+Usage: python benchmarks/bench_pair_decode.py [--context 2000] [--repeats 3]
+
+On the app's first preset (a 2000-token needle prompt with 3 needles, question asked
+after compression, mean vs entropy at pages of 16) and a few budgets, times in one
+process, each the median of `--repeats`:
+
+- `separate`: `Runner.evaluate` for A, then for B (the baseline);
+- `pair, F.linear`: `Runner.evaluate_pair` (one batch of 2) with the linear layers
+  as `F.linear` computes them (`pagekv.small_batch.MAX_ROWS = 1`);
+- `pair`: `Runner.evaluate_pair` as the app runs it (2-row linears as W @ x^T);
+
+and prints each as a ratio to `separate`, with whether the answers are the same
+tokens in all three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from pagekv import EvictionConfig, small_batch  # noqa: E402
+from pagekv.study import PromptSpec, Study  # noqa: E402
+
+
+def median_time(fn, repeats: int):
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--context", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--budgets", default="0.1,0.2,0.3")
+    args = ap.parse_args(argv)
+    study = Study.load("bundled", backend="torch")
+    spec = PromptSpec(task="needle", context_tokens=args.context, seed=12, n_needles=3)
+    prep = study.prepare(spec.replace(mode="after"))
+    runner, pre = study.runner, prep.prefill
+    print(f"{study.loaded.name}: {prep.n} context tokens, question after; median of "
+          f"{args.repeats}")  # fmt: skip
+    print(f"{'budget':>6s} {'tokens':>6s} {'separate s':>10s} {'pair, F.linear':>15s} "
+          f"{'pair':>12s}  same answers")  # fmt: skip
+    for budget in (float(b) for b in args.budgets.split(",")):
+        a = EvictionConfig(policy="mean", budget=budget, page_size=16, tau=0.25)
+        b = a.replace(policy="entropy")
+        t_sep, sep = median_time(lambda a=a, b=b: [runner.evaluate(pre, c) for c in (a, b)],
+                                 args.repeats)  # fmt: skip
+        saved = small_batch.MAX_ROWS
+        small_batch.MAX_ROWS = 1  # every linear as F.linear computes it
+        try:
+            t_plain, plain = median_time(lambda a=a, b=b: runner.evaluate_pair(pre, a, b),
+                                         args.repeats)  # fmt: skip
+        finally:
+            small_batch.MAX_ROWS = saved
+        t_pair, pair = median_time(lambda a=a, b=b: runner.evaluate_pair(pre, a, b),
+                                   args.repeats)  # fmt: skip
+        same = all(
+            x.tokens == y.tokens == z.tokens for x, y, z in zip(sep, plain, pair, strict=True)
+        )
+        n_tok = max(len(r.tokens) for r in sep)
+        print(
+            f"{budget:6.2f} {n_tok:6d} {t_sep:10.2f} {t_plain:7.2f} ({t_plain / t_sep:4.2f}x) "
+            f"{t_pair:5.2f} ({t_pair / t_sep:4.2f}x)  {same}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
