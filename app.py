@@ -1240,11 +1240,32 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
     return demo
 
 
+def warm_lessons(model: str = "bundled") -> int:
+    """Run every live lesson once, as a visitor's pick would (its views then wait in
+    memory for the class); returns how many ran. The app does this once it serves,
+    with requests arriving meanwhile taking their turns on the model."""
+    t0 = time.perf_counter()
+    n = 0
+    for title, lesson in zip(LESSON_TITLES, LESSONS, strict=True):
+        if lesson.kind == "live":
+            for _ in run_comparison(**_lesson_run_args(lesson, title, model)):
+                pass
+            n += 1
+    log.info("lessons ready: %d live lessons computed in %.1f s", n, time.perf_counter() - t0)
+    return n
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Page-EntroKV app")
     ap.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     ap.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     ap.add_argument("--model", default="bundled", help="model loaded first (default: bundled)")
+    ap.add_argument(
+        "--no-warm",
+        action="store_true",
+        help="do not compute the live lessons once the app serves (by default they are, "
+        "so that a class gets them from memory)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     allocator.tame()  # a server: freed tensors go back to the system (pagekv/allocator.py)
@@ -1264,6 +1285,10 @@ def main(argv=None):
         show_error=False,
         prevent_thread_lock=True,
     )
+    if not args.no_warm:
+        threading.Thread(
+            target=warm_lessons, args=(args.model,), name="pagekv-warm", daemon=True
+        ).start()
     try:
         MODEL_THREAD.serve_forever()
     except KeyboardInterrupt:

@@ -12,7 +12,9 @@ process, each the median of `--repeats`:
 - `pair`: `Runner.evaluate_pair` as the app runs it (2-row linears as W @ x^T);
 
 and prints each as a ratio to `separate`, with whether the answers are the same
-tokens in all three.
+tokens in all three. With `--threads`, also `pair, other thread`: the same call made
+from a second thread (as a web server's handler would), which libgomp's throttled
+OpenMP workers slow down (see `pagekv.model_thread`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import os
 import statistics
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -44,6 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budgets", default="0.1,0.2,0.3")
+    ap.add_argument("--threads", action="store_true", help="also time it from another thread")
     args = ap.parse_args(argv)
     study = Study.load("bundled", backend="torch")
     spec = PromptSpec(task="needle", context_tokens=args.context, seed=12, n_needles=3)
@@ -71,10 +75,23 @@ def main(argv=None) -> int:
             x.tokens == y.tokens == z.tokens for x, y, z in zip(sep, plain, pair, strict=True)
         )
         n_tok = max(len(r.tokens) for r in sep)
-        print(
+        line = (
             f"{budget:6.2f} {n_tok:6d} {t_sep:10.2f} {t_plain:7.2f} ({t_plain / t_sep:4.2f}x) "
             f"{t_pair:5.2f} ({t_pair / t_sep:4.2f}x)  {same}"
         )
+        if args.threads:
+            box = {}
+
+            def other(a=a, b=b, box=box):
+                box["t"], box["out"] = median_time(
+                    lambda: runner.evaluate_pair(pre, a, b), args.repeats
+                )
+
+            th = threading.Thread(target=other)
+            th.start()
+            th.join()
+            line += f"  pair, other thread {box['t']:5.2f} ({box['t'] / t_sep:4.2f}x)"
+        print(line)
     return 0
 
 

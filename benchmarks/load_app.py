@@ -23,7 +23,9 @@ Each phase has a deadline (`--max-seconds`, `--varied-max-seconds`): requests no
 started by then are skipped and counted, a request still running is abandoned at it
 and counted as timed out (not as an error). Kinds of action and what their latency means:
 
-- `lesson first`: the first request for a lesson in the whole class (it computes);
+- `lesson first`: the first request for a lesson in the whole class (it computes,
+  unless the app computed its live lessons when it started: its default, which this
+  script waits for; `--no-warm` starts the app without);
 - `lesson repeated`: a lesson another student already asked for (the app's result memo
   should serve it; while the first is still running it waits for that one);
 - `budget move`: a `/budget` call (`first`/`repeated` in the same sense, split out too);
@@ -175,15 +177,18 @@ def disk_bytes(folder: Path) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def running_app(log_path: Path, tmp: Path, start_timeout: float = 300.0):
+def running_app(log_path: Path, tmp: Path, start_timeout: float = 300.0, warm: bool = True):
     """Start `python app.py` on a free local port; yield `(url, process)`; always stop it
     (SIGTERM to its process group, then SIGKILL after 10 s).
 
     The app's temporary files (each run's export folder, Gradio's copies of the files
     it serves) go under `tmp` (TMPDIR, GRADIO_TEMP_DIR), so that what a class writes
-    to disk can be measured apart from other processes and removed afterwards."""
+    to disk can be measured apart from other processes and removed afterwards. With
+    `warm` the app computes its live lessons once it serves (its default), and this
+    waits for its "lessons ready" line; without, the app starts with `--no-warm`."""
     port = free_port()
     cmd = [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += [] if warm else ["--no-warm"]
     env = dict(os.environ, TMPDIR=str(tmp), GRADIO_TEMP_DIR=str(tmp / "gradio"))
     log = open(log_path, "w")  # noqa: SIM115  (closed in finally)
     proc = subprocess.Popen(
@@ -205,6 +210,14 @@ def running_app(log_path: Path, tmp: Path, start_timeout: float = 300.0):
                 raise RuntimeError(f"the app did not serve within {start_timeout:.0f} s")
             time.sleep(0.5)
         print(f"[{time.perf_counter() - t0:6.1f}s] app serving at {url} (pid {proc.pid})")
+        while warm and "lessons ready" not in log_path.read_text(errors="replace"):
+            if proc.poll() is not None:
+                raise RuntimeError(f"the app exited with {proc.returncode}; see {log_path}")
+            if time.perf_counter() - t0 > start_timeout:
+                raise RuntimeError(f"the lessons were not ready within {start_timeout:.0f} s")
+            time.sleep(0.5)
+        if warm:
+            print(f"[{time.perf_counter() - t0:6.1f}s] lessons ready (computed by the app)")
         yield url, proc
     finally:
         if proc.poll() is None:
@@ -588,6 +601,11 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--out", default=str(ROOT / "docs" / "perf_load_app.json"))
     ap.add_argument("--app-log", default=None, help="keep the app's log here")
+    ap.add_argument(
+        "--no-warm",
+        action="store_true",
+        help="start the app with --no-warm: the class's first request of each lesson computes",
+    )
     ap.add_argument("--keep-tmp", action="store_true", help="keep the app's temporary files")
     args = ap.parse_args(argv)
     if not 1 <= args.lessons <= len(LESSONS):
@@ -634,7 +652,7 @@ def main(argv=None) -> int:
 def _measure(args, moves, contexts, result: dict, log_path: Path, app_tmp: Path):
     """The three phases against one app process; fills `result`."""
     solo_budgets = tuple(float(x) for x in args.solo_budgets.split(",") if x.strip())
-    with running_app(log_path, app_tmp) as (url, proc):
+    with running_app(log_path, app_tmp, warm=not args.no_warm) as (url, proc):
         result["app_pid"] = proc.pid
         sampler = MemorySampler(proc.pid)
         sampler.start()

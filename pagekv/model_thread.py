@@ -5,8 +5,8 @@ libgomp) keeps the worker threads of the *first* thread that computes in paralle
 spinning between operations, but throttles the spinning once other threads have
 teams of their own; a decode step is hundreds of small operations, so it pays the
 wake-ups. Measured on the project's 2 cores (`python benchmarks/bench_pair_decode.py
---threads`): A and B decoded together on the first preset took 1.1 s on the main
-thread and 1.7-1.9 s on any other thread, single decodes alike.
+--threads`): A and B decoded together on the first preset took 1.03-1.09 s on the
+first thread and 1.75-1.83 s on another one (budgets 10 % and 20 %).
 
 So `python app.py` gives its main thread to `MODEL_THREAD.serve_forever()` once the
 server runs, and `Study` sends each prefill and decode there with `on_model_thread`

@@ -241,6 +241,9 @@ def test_every_lesson_opens_and_holds(browser_page):
     shots = Path(tempfile.gettempdir()) / "pagekv-lessons"
     shots.mkdir(exist_ok=True)
     with launched_app() as (demo, url):
+        # As `python app.py` does once it serves: every live lesson computed once, so
+        # the picks below are served from memory (and must still hold).
+        assert app.warm_lessons() == sum(x.kind == "live" for x in app.LESSONS)
         queue = QueueLog(page, demo)
         page.goto(url, wait_until="domcontentloaded")
         wait_checked(page)
@@ -269,6 +272,9 @@ def test_every_lesson_opens_and_holds(browser_page):
                 title,
                 observed,
             )
+            if lesson.kind == "live":  # computed by warm_lessons: from memory
+                whole = page.locator("#run-status").inner_text()
+                assert "served from memory" in whole, whole
             tab = page.get_by_role("tab", selected=True).inner_text()
             print(f"\n{lesson.id}: checked in {time.perf_counter() - t0:.1f}s; tab {tab!r}")
             page.wait_for_timeout(500)

@@ -97,7 +97,7 @@ def test_tiny_class_runs_without_errors(tmp_path):
     cmd = [
         sys.executable, str(SCRIPT), "--students", "2", "--lessons", "1", "--varied-runs", "2",
         "--contexts", "500", "--max-seconds", "120", "--varied-max-seconds", "60",
-        "--stagger", "1", "--solo-budgets", "25", "--out", str(out),
+        "--stagger", "1", "--solo-budgets", "25", "--no-warm", "--out", str(out),
         "--app-log", str(tmp_path / "app.log"),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
