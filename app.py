@@ -25,6 +25,7 @@ import time
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
+import numpy as np  # noqa: E402
 
 from pagekv import POLICIES, EvictionConfig, allocator  # noqa: E402
 from pagekv.lessons import LESSONS  # noqa: E402
@@ -378,10 +379,26 @@ def _view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer) -> tuple:
 
 
 def _view_size(comp, figs: dict) -> int:
-    """Bytes a finished run's views hold: the comparison's tensors and records, and the
-    figures (plotly objects: about 3x their JSON)."""
+    """Bytes a finished run's views hold (about): the comparison's tensors and records,
+    and the figures' data arrays at 64 bytes a value (plotly objects of numbers and
+    hover strings; measuring their JSON instead would cost as much as drawing them)."""
     held = 0 if comp is None else nbytes(comp)
-    return held + 3 * sum(len(f.to_json()) for f in figs.values() if f is not None)
+    return held + 64 * sum(_figure_values(f) for f in figs.values() if f is not None)
+
+
+def _figure_values(fig) -> int:
+    """How many values a figure's traces hold (z, x, y, text, customdata)."""
+    n = 0
+    for trace in fig.data:
+        for name in ("z", "x", "y", "text", "customdata"):
+            v = trace[name] if name in trace else None
+            if v is not None and not isinstance(v, str):
+                n += int(np.size(v)) if isinstance(v, np.ndarray) else _count(v)
+    return n
+
+
+def _count(v) -> int:
+    return sum(_count(x) for x in v) if isinstance(v, (list, tuple)) else 1
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ answer is memoised per prompt).
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -242,7 +243,16 @@ def compare(
 
 
 def uor_curve(prep: Prepared, base: EvictionConfig) -> list[dict]:
-    """Head-independent UOR at `CURVE_BUDGETS` (plan only: no decoding)."""
+    """Head-independent UOR at `CURVE_BUDGETS` (plan only: no decoding). It does not
+    depend on `base`'s budget or policy: memoised on `prep` (a dragged budget slider
+    plans it once)."""
+    key = ("uor_curve", base.replace(budget=CURVE_BUDGETS[0], policy="head_independent"))
+    if key not in prep.derived:
+        prep.derived[key] = _uor_curve(prep, base)
+    return [dict(row) for row in prep.derived[key]]
+
+
+def _uor_curve(prep: Prepared, base: EvictionConfig) -> list[dict]:
     profiles = prep.prefill.profiles(base.window)
     rows = []
     for b in CURVE_BUDGETS:
@@ -290,6 +300,13 @@ def memory_rows(prep: Prepared, base: EvictionConfig) -> list[dict]:
     return rows
 
 
+@functools.lru_cache(maxsize=32)
+def _uor_figure(budgets: tuple, means: tuple, maxes: tuple, r: int):
+    """The UOR-across-budgets figure, drawn once per curve (it does not change while a
+    budget is dragged). Callers share the object: figures are never changed after."""
+    return figures.uor_curve(list(budgets), list(means), list(maxes), r=r)
+
+
 def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> dict:
     """Every view of the app, as plotly figures keyed by name (`only`: just these names,
     e.g. the plan views while a slider is dragged; `skip`: not these, e.g. views already
@@ -319,11 +336,11 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
             sink_advantage(pb.weights_isolated, pb.sink_heads, G),
             sink_advantage(pb.weights_nosink, pb.sink_heads, G),
         ),
-        "uor": lambda: figures.uor_curve(
-            [x["budget"] for x in feasible],
-            [x["uor_mean"] for x in feasible],
-            [x["uor_max"] for x in feasible],
-            r=r,
+        "uor": lambda: _uor_figure(
+            tuple(x["budget"] for x in feasible),
+            tuple(x["uor_mean"] for x in feasible),
+            tuple(x["uor_max"] for x in feasible),
+            r,
         ),
         "memory": lambda: figures.memory_bars(comp.memory),
         "stored": lambda: figures.union_over_budget_heatmap(

@@ -42,7 +42,7 @@ import logging
 import threading
 import time
 from array import array
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from .config import EvictionConfig
 from .memo import ByteLRU
@@ -127,6 +127,9 @@ class Prepared:
     prefill: Prefill
     needle_positions: list[int]
     prepare_s: float
+    #: What planning alone derives from this prompt and reuses (e.g. the UOR curve of a
+    #: configuration, `compare.uor_curve`): small, kept with the prefill.
+    derived: dict = field(default_factory=dict, repr=False)
 
     @property
     def n(self) -> int:
