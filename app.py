@@ -1,6 +1,10 @@
 """Page-EntroKV: mean pooling and Page-EntroKV side by side on live decoding.
 
-    python app.py [--host 127.0.0.1] [--port 7860] [--model bundled]
+    python app.py [--host 127.0.0.1] [--port 7860] [--model bundled] [--no-warm]
+
+Once it serves, the app computes its live lessons (a class then gets them from
+memory; `--no-warm` skips this), and its main thread runs the model's work
+(`pagekv.model_thread`).
 
 The app stays thin: `build_demo()` lays out the page, and each handler calls
 `pagekv` (prefill, plan, compaction and decoding in `pagekv.study` and
@@ -1265,8 +1269,11 @@ def warm_lessons(model: str = "bundled") -> int:
     n = 0
     for title, lesson in zip(LESSON_TITLES, LESSONS, strict=True):
         if lesson.kind == "live":
-            for _ in run_comparison(**_lesson_run_args(lesson, title, model)):
-                pass
+            *_, last = run_comparison(**_lesson_run_args(lesson, title, model))
+            status = last[RUN_VIEWS.index("status")]
+            if str(status).startswith("**Error:**"):  # e.g. no model: the runs say why
+                log.warning("lessons not warmed: %s", status)
+                return n
             n += 1
     log.info("lessons ready: %d live lessons computed in %.1f s", n, time.perf_counter() - t0)
     return n
@@ -1294,7 +1301,10 @@ def main(argv=None):
     import torch
 
     torch.ones(1 << 17).add_(1).sum()  # this thread's OpenMP team comes first
-    get_study(args.model)
+    try:
+        get_study(args.model)
+    except Exception as e:  # no model here: the app serves and each run says what to do
+        log.warning("no model loaded at start: %s", " ".join(str(e).split()))
     demo.launch(
         server_name=args.host,
         server_port=args.port,

@@ -210,7 +210,10 @@ def running_app(log_path: Path, tmp: Path, start_timeout: float = 300.0, warm: b
                 raise RuntimeError(f"the app did not serve within {start_timeout:.0f} s")
             time.sleep(0.5)
         print(f"[{time.perf_counter() - t0:6.1f}s] app serving at {url} (pid {proc.pid})")
-        while warm and "lessons ready" not in log_path.read_text(errors="replace"):
+        while warm and not any(
+            line in log_path.read_text(errors="replace")
+            for line in ("lessons ready", "lessons not warmed")
+        ):
             if proc.poll() is not None:
                 raise RuntimeError(f"the app exited with {proc.returncode}; see {log_path}")
             if time.perf_counter() - t0 > start_timeout:
