@@ -37,6 +37,7 @@ from pagekv.memo import ByteLRU, nbytes  # noqa: E402
 from pagekv.model_thread import MODEL_THREAD, keep_this_thread_light  # noqa: E402
 from pagekv.paths import CSS_PATH  # noqa: E402
 from pagekv.presets import load_presets  # noqa: E402
+from pagekv.study import settings_text  # noqa: E402
 
 log = logging.getLogger("pagekv.app")
 PAGE_SIZES = [1, 4, 8, 16, 32, 64]
@@ -478,6 +479,8 @@ def _run(v: dict, lesson):
         spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
         study = get_study(v["model"] if isinstance(v["model"], str) else "")
         key = _view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer)
+        t0 = time.perf_counter()
+        waited = key not in _view_memo  # another request may be computing it
         done = _view_memo.get_or_wait(key, timeout=SAME_RUN_WAIT_S)
         if done is None:
             with _view_memo.computing(key):
@@ -509,6 +512,13 @@ def _run(v: dict, lesson):
             allocator.trim()  # the run's working memory back to the system
         else:
             done = dict(done, served=True)
+            log.info(
+                "run %s | views served from memory %s",
+                settings_text(spec.replace(mode=mode_a), cfg_a, cfg_b)
+                + ("" if mode_b == mode_a else f", B asked {mode_b}"),
+                f"in {1000 * (time.perf_counter() - t0):.0f} ms"
+                + (" (waiting for the same run, started by another request)" if waited else ""),
+            )
     except Exception as e:  # bad input or an unexpected failure: say it on the page
         log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
         msg = " ".join(str(e).split()) or type(e).__name__

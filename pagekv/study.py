@@ -408,6 +408,12 @@ def _prompt_key(prep: Prepared) -> tuple:
     return (prep.spec, h.hexdigest())
 
 
+def settings_text(spec: PromptSpec, *configs: EvictionConfig) -> str:
+    """One line naming a prompt and configurations, as the run log lines do:
+    `"mean budget 0.2 page 16 ... + entropy ... | needle 2000 tokens, ... (after)"`."""
+    return " + ".join(_config_text(c) for c in configs) + f" | {_spec_text(spec)} ({spec.mode})"
+
+
 def _spec_text(spec: PromptSpec) -> str:
     if spec.task == "needle":
         text = f"needle {spec.context_tokens} tokens, depth {spec.depth}, seed {spec.seed}"

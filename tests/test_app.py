@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import csv
 import json
+import logging
 import math
 import re
 import time
@@ -293,12 +294,15 @@ def test_run_other_plots(first_run):
 
 
 @pytest.mark.slow
-def test_run_exports_on_request(fresh_client, first_run):
+def test_run_exports_on_request(fresh_client, first_run, caplog):
     """A run writes no files; the Export tab's /export writes this session's last run."""
     with pytest.raises(AppError, match="Nothing to export yet"):
         fresh_client.predict(api_name="/export")
+    caplog.set_level(logging.INFO, logger="pagekv.app")
     out = run(fresh_client)  # the same settings as first_run: served from memory
     assert "served from memory" in out[0] and "served from memory" not in first_run[0][0]
+    lines = [r.getMessage() for r in caplog.records if "views served from memory" in r.getMessage()]
+    assert len(lines) == 1 and "mean budget 0.3 page 16" in lines[0], lines
     assert out[1]["data"] == first_run[0][1]["data"]  # the answers of the first run
     assert out[11] is None  # no files until asked
     n = prompt_tokens(out[0])
