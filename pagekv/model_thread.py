@@ -2,9 +2,10 @@
 
 A web server calls its handlers on many threads. On the CPU, torch's OpenMP (GNU
 libgomp) keeps the worker threads of the *first* thread that computes in parallel
-spinning between operations, but throttles the spinning once other threads have
-teams of their own; a decode step is hundreds of small operations, so it pays the
-wake-ups. Measured on the project's 2 cores (`python benchmarks/bench_pair_decode.py
+spinning between operations; once other threads have teams of their own, the
+spinning appears throttled (libgomp spins briefly when it manages more threads than
+there are cores), and a decode step is hundreds of small operations that then pay
+the wake-ups. Measured on the project's 2 cores (`python benchmarks/bench_pair_decode.py
 --threads`): A and B decoded together on the first preset took 1.03-1.09 s on the
 first thread and 1.75-1.83 s on another one (budgets 10 % and 20 %).
 
@@ -96,9 +97,10 @@ class ModelThread:
 def keep_this_thread_light() -> None:
     """While a thread serves the model: make torch single-threaded on the calling
     thread (any other thread), so that it never starts an OpenMP team of its own; one
-    more team, even an idle one, throttles the model thread's workers (measured: a
-    2-row matmul at 92 us becomes 192 us). torch's thread count is per thread, so the
-    model thread keeps all its workers. Nothing changes where no thread serves."""
+    more team, even an idle one, throttles the model thread's workers (the slowdown
+    `python benchmarks/bench_pair_decode.py --threads` shows). torch's thread count is
+    per thread, so the model thread keeps all its workers. Nothing changes where no
+    thread serves."""
     thread = MODEL_THREAD._thread
     if thread is not None and threading.current_thread() is not thread:
         import torch
