@@ -1302,7 +1302,6 @@ def main(argv=None):
     )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    allocator.tame()  # a server: freed tensors go back to the system (pagekv/allocator.py)
     demo = build_demo(default_model=args.model)
     demo.queue(default_concurrency_limit=1, max_size=128)  # a class: ~30 pages x a few events
     css = CSS_PATH.read_text() if CSS_PATH.exists() else None

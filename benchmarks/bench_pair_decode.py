@@ -14,7 +14,9 @@ process, each the median of `--repeats`:
 and prints each as a ratio to `separate`, with whether the answers are the same
 tokens in all three. With `--threads`, also `pair, other thread`: the same call made
 from a second thread (as a web server's handler would), which libgomp's throttled
-OpenMP workers slow down (see `pagekv.model_thread`).
+OpenMP workers slow down (see `pagekv.model_thread`). With `--mmap-threshold-mib N`,
+glibc's allocator is first set as `pagekv.allocator.tame` sets it, with an N MiB
+threshold (the app's is `allocator.MMAP_THRESHOLD`).
 """
 
 from __future__ import annotations
@@ -48,7 +50,13 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budgets", default="0.1,0.2,0.3")
     ap.add_argument("--threads", action="store_true", help="also time it from another thread")
+    ap.add_argument("--mmap-threshold-mib", type=float, default=None, help="tame() first")
     args = ap.parse_args(argv)
+    if args.mmap_threshold_mib is not None:
+        from pagekv import allocator
+
+        allocator.tame(mmap_threshold=int(args.mmap_threshold_mib * 2**20))
+        print(f"allocator: mmap threshold {args.mmap_threshold_mib:g} MiB, arenas capped")
     study = Study.load("bundled", backend="torch")
     spec = PromptSpec(task="needle", context_tokens=args.context, seed=12, n_needles=3)
     prep = study.prepare(spec.replace(mode="after"))

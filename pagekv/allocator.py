@@ -9,10 +9,13 @@ after run although the memos stay within their caps:
 - every thread that allocates may get an arena of its own (up to 8 per core), each
   fragmented separately; a web server runs its handlers on many threads.
 
-`tame()` fixes the mmap threshold (blocks from `MMAP_THRESHOLD` up are mapped, and
-unmapped when freed) and caps the arenas; `trim()` returns the heaps' free pages to
-the system (call it after a run). Both do nothing where the C library is not glibc.
-`python benchmarks/load_app.py` measures the effect (docs/performance.md).
+`trim()` returns the heaps' free pages to the system; the app calls it after each
+computed run. `tame()` fixes the mmap threshold (blocks from `MMAP_THRESHOLD` up are
+mapped, and unmapped when freed) and caps the arenas; the app does not call it: it
+lowered the peak but not the memory after 100 varied runs (2.14 GB with it, 2.18 GB
+with the trim alone, `python benchmarks/load_app.py`) and slowed the batched decode
+(`python benchmarks/bench_pair_decode.py --mmap-threshold-mib 16`; docs/performance.md).
+Both do nothing where the C library is not glibc.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MMAP_THRESHOLD", "ARENA_MAX", "tame", "trim"]
 
-#: Blocks of this size and more are mapped, and unmapped when freed. Not lower: a
-#: decode step grows each layer's KV cache by concatenation (blocks of 1-4 MiB at a
-#: few thousand tokens), and mapping those anew each step made decoding 2-3x slower
-#: (1 MiB, measured); 16 MiB left it as fast as glibc's default.
+#: Blocks of this size and more are mapped, and unmapped when freed. A decode step grows
+#: each layer's KV cache by concatenation (blocks of 1-4 MiB at a few thousand tokens),
+#: and mapping those anew each step is slow: `python benchmarks/bench_pair_decode.py
+#: --budgets 0.1,0.4` decoded the pair in 1.38 / 4.77 s with `--mmap-threshold-mib 1`,
+#: 1.54-1.76 / 3.06-4.47 s with 16, and 1.03-1.12 / 1.76-2.09 s untouched.
 MMAP_THRESHOLD = 16 << 20
 #: At most this many malloc arenas.
 ARENA_MAX = 2
