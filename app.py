@@ -4,11 +4,11 @@
 
 Once it serves, the app computes its live lessons (a class then gets them from
 memory; `--no-warm` skips this), and its main thread runs the model's work
-(`pagekv.model_thread`).
+(`pagekv.serving.worker`).
 
 The app stays thin: `build_demo()` lays out the page, and each handler calls
-`pagekv` (prefill, plan, compaction and decoding in `pagekv.study` and
-`pagekv.compare`; figures in `pagekv.figures`). Bad input never raises out of a
+`pagekv` (prefill, plan, compaction and decoding in `pagekv.serving.study` and
+`pagekv.views.comparison`; figures in `pagekv.views.figures`). Bad input never raises out of a
 handler: it becomes a message on the page, and the next request works.
 """
 
@@ -31,13 +31,14 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pagekv import POLICIES, EvictionConfig, allocator  # noqa: E402
-from pagekv.lessons import LESSONS  # noqa: E402
-from pagekv.memo import ByteLRU, nbytes  # noqa: E402
-from pagekv.model_thread import MODEL_THREAD, keep_this_thread_light  # noqa: E402
+from pagekv import POLICIES, EvictionConfig
 from pagekv.paths import CSS_PATH  # noqa: E402
-from pagekv.presets import load_presets  # noqa: E402
-from pagekv.study import settings_text  # noqa: E402
+from pagekv.serving import allocator  # noqa: E402
+from pagekv.serving.memo import ByteLRU, nbytes  # noqa: E402
+from pagekv.serving.study import settings_text  # noqa: E402
+from pagekv.serving.worker import MODEL_THREAD, keep_this_thread_light  # noqa: E402
+from pagekv.views.lessons import LESSONS  # noqa: E402
+from pagekv.views.presets import load_presets  # noqa: E402
 
 log = logging.getLogger("pagekv.app")
 PAGE_SIZES = [1, 4, 8, 16, 32, 64]
@@ -59,7 +60,7 @@ PRESETS = load_presets()
 
 # ----------------------------------------------------------------- model state
 
-from pagekv.registry import ModelRegistry  # noqa: E402
+from pagekv.serving.model_registry import ModelRegistry  # noqa: E402
 
 #: Loaded models by name, shared by every session (pagekv/registry.py): the default
 #: model stays loaded, at most two others besides it (least recently used evicted), and
@@ -76,7 +77,7 @@ def get_study(model_name: str):
 
 
 def known_models() -> list[str]:
-    from pagekv.models import KNOWN_MODELS
+    from pagekv.runtime.models import KNOWN_MODELS
 
     return list(KNOWN_MODELS)
 
@@ -88,7 +89,7 @@ def light(fn):
     """A handler that uses torch on Gradio's worker threads: each call (each step of a
     generator, which Gradio may run on different threads) first makes its thread
     single-threaded for torch while the main thread serves the model
-    (`pagekv.model_thread.keep_this_thread_light`)."""
+    (`pagekv.serving.worker.keep_this_thread_light`)."""
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)
@@ -140,7 +141,7 @@ ANSWER_HEADERS = ["run", "verdict", "answer", "stored", "needle", "needle pages"
 
 
 def _answers_table(comp) -> list[list]:
-    from pagekv.figures import needle_page_counts
+    from pagekv.views.figures import needle_page_counts
 
     rows = []
     labels = {"full": "full cache: full", "A": comp.labels["A"], "B": comp.labels["B"]}
@@ -153,7 +154,7 @@ def _answers_table(comp) -> list[list]:
         else:
             pages = "-"
         stored = max(rec["kept_tokens"], default=0)  # tokens stored per (layer, group)
-        from pagekv.compare import retained_fraction
+        from pagekv.views.comparison import retained_fraction
 
         ret = retained_fraction(rec)
         rows.append(
@@ -222,7 +223,7 @@ def _page_size(name: str, value) -> int:
 def parse_run(v: dict):
     """The run's raw inputs (the API's and the page's alike) -> `(spec, cfg_a, cfg_b,
     mode_a, mode_b, layer)`; InputError names the control that is wrong."""
-    from pagekv.study import PromptSpec
+    from pagekv.serving.study import PromptSpec
     from pagekv.tasks import needle_depth
 
     task = _choice("task", v["task"], TASKS)
@@ -323,7 +324,7 @@ def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> s
 
 def _pending_table(comp) -> list[list]:
     """The answers table while decoding: the plan's numbers, answers to come."""
-    from pagekv.figures import needle_page_counts
+    from pagekv.views.figures import needle_page_counts
 
     rows = []
     labels = {"full": "full cache: full", "A": comp.labels["A"], "B": comp.labels["B"]}
@@ -368,7 +369,7 @@ _plan_views_memo = ByteLRU(32 * 2**20, size_of=lambda v: v["nbytes"])
 
 def _plan_views(comp, key, layer) -> dict:
     """The plan views of `comp` (`PLAN_VIEWS`), drawn or from `_plan_views_memo`."""
-    from pagekv.compare import comparison_figures
+    from pagekv.views.comparison import comparison_figures
 
     hit = _plan_views_memo.get(key)
     if hit is not None:
@@ -473,7 +474,7 @@ def run_comparison(
 
 
 def _run(v: dict, lesson):
-    from pagekv.compare import comparison_figures, plan_comparison
+    from pagekv.views.comparison import comparison_figures, plan_comparison
 
     try:
         spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
@@ -547,7 +548,7 @@ def _run(v: dict, lesson):
 @light
 def export_run(comp):
     """The last run's numbers (JSON, CSV) and figures (HTML), written on request."""
-    from pagekv.compare import comparison_figures, export
+    from pagekv.views.comparison import comparison_figures, export
 
     if comp is None:
         raise gr.Error("Nothing to export yet: run a comparison first.")
@@ -584,7 +585,7 @@ def _start_decoding(study, comp):
     """Start decoding `comp` (full, then A and B, batched where they share a shape) in a
     worker thread now; return a generator of the answers table as tokens arrive, then
     None when done. Errors of the decode are raised by the generator."""
-    from pagekv.compare import decode_comparison
+    from pagekv.views.comparison import decode_comparison
 
     updates: queue.Queue = queue.Queue()
     outcome: dict = {}
@@ -667,7 +668,7 @@ def preview_plans(*args):
     plan views (page frame, retention, UOR, stored, memory); no decoding, and no
     prefill (a prompt not prefilled yet waits for the run). Answers come when the
     slider is released (the run). Quietly does nothing on bad input."""
-    from pagekv.compare import plan_comparison
+    from pagekv.views.comparison import plan_comparison
 
     v = _run_values(args)
     try:
@@ -688,7 +689,7 @@ def preview_plans(*args):
 @light
 def update_layer(comp, layer):
     """Redraw the per-layer head weights from the last comparison (no model work)."""
-    from pagekv import figures
+    from pagekv.views import figures
 
     if comp is None:
         return None
@@ -700,8 +701,8 @@ def update_layer(comp, layer):
 @light
 def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head, n, budget_pct):
     """The constructed instance of the retention bound (no model involved)."""
-    from pagekv import figures
-    from pagekv.compare import mechanism_view
+    from pagekv.views import figures
+    from pagekv.views.comparison import mechanism_view
 
     try:
         view = mechanism_view(
@@ -937,7 +938,7 @@ def _settings_match(lesson, comp) -> bool:
 def check_lesson(title, comp):
     """The lesson's observation, checked on what the app just ran (live lessons), on the
     constructed group, or on the replay's committed tables."""
-    from pagekv.lessons import Evidence, run_lesson
+    from pagekv.views.lessons import Evidence, run_lesson
 
     lesson = _lesson_of(title)
     if lesson is None:
@@ -970,8 +971,8 @@ def check_lesson(title, comp):
 def replay_recall_figure():
     """Needle recall of our policies and kvpress's presses from the committed replay
     (table T4), not a live run."""
-    from pagekv import figures
-    from pagekv.lessons import load_replay
+    from pagekv.views import figures
+    from pagekv.views.lessons import load_replay
 
     tables = load_replay()["tables"]
     rows = [r for r in tables["T4_recall"] if r["recall"] is not None]

@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import POLICIES, EvictionConfig  # noqa: E402
-from pagekv.models import load_model  # noqa: E402
-from pagekv.study import PromptSpec, Study  # noqa: E402
+from pagekv.runtime.models import load_model  # noqa: E402
+from pagekv.serving.study import PromptSpec, Study  # noqa: E402
 
 
 def main(argv=None):

@@ -86,8 +86,8 @@ def make_step(cfg, G, n, backend):
     """The eviction step for all layers on one backend, as the runner runs it:
     `score_layers` (profiles and masses), `plan` (weights from the masses, pooling,
     protected pages, selection) and `compact`."""
-    from pagekv import backend as be
-    from pagekv.plan import plan
+    from pagekv.maths.plan import plan
+    from pagekv.runtime import backend as be
 
     def step(q, keys, values):
         prof, masses, _ = be.score_layers(q, keys[:, 0], cfg.n_sink, backend=backend)
@@ -100,8 +100,8 @@ def make_step(cfg, G, n, backend):
 
 
 def _twin_score(q, keys, n_sink):
-    from pagekv.entropy import collision_mass, isolated_collision_mass, sink_mass
-    from pagekv.profiles import attention_profiles
+    from pagekv.maths.entropy import collision_mass, isolated_collision_mass, sink_mass
+    from pagekv.maths.profiles import attention_profiles
 
     prof = attention_profiles(q, keys)
     return (
@@ -113,8 +113,8 @@ def _twin_score(q, keys, n_sink):
 
 
 def _twin_pool(prof, weights, G, P, n_sink, window):
-    from pagekv.paging import page_reduce, protected_pages
-    from pagekv.pooling import weighted_pool
+    from pagekv.maths.paging import page_reduce, protected_pages
+    from pagekv.maths.pooling import weighted_pool
 
     pooled = weighted_pool(prof, weights, G)
     n = prof.shape[-1]
@@ -122,7 +122,7 @@ def _twin_pool(prof, weights, G, P, n_sink, window):
 
 
 def _twin_compact(keys, values, idx):
-    from pagekv.compact import compact_layer
+    from pagekv.runtime.compaction import compact_layer
 
     pairs = [compact_layer(keys[i], values[i], idx[i]) for i in range(keys.shape[0])]
     return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
@@ -172,9 +172,9 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
     from kernels.pool_pages import pool_pages
     from kernels.score import score_layers as k_score
     from pagekv import EvictionConfig
-    from pagekv.entropy import HeadMasses, weights_from_mass
-    from pagekv.paged import empty_paged
-    from pagekv.paging import expand_pages, page_sizes, select_pages
+    from pagekv.maths.entropy import HeadMasses, weights_from_mass
+    from pagekv.maths.paging import expand_pages, page_sizes, select_pages
+    from pagekv.runtime.paged import empty_paged
 
     L, H, G, d, w = args.layers, args.heads, args.groups, args.head_dim, args.window
     dtype = getattr(torch, args.dtype)

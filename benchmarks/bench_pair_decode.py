@@ -8,14 +8,14 @@ process, each the median of `--repeats`:
 
 - `separate`: `Runner.evaluate` for A, then for B (the baseline);
 - `pair, F.linear`: `Runner.evaluate_pair` (one batch of 2) with the linear layers
-  as `F.linear` computes them (`pagekv.small_batch.MAX_ROWS = 1`);
+  as `F.linear` computes them (`pagekv.runtime.small_batch.MAX_ROWS = 1`);
 - `pair`: `Runner.evaluate_pair` as the app runs it (2-row linears as W @ x^T);
 
 and prints each as a ratio to `separate`, with whether the answers are the same
 tokens in all three. With `--threads`, also `pair, other thread`: the same call made
 from a second thread (as a web server's handler would), which libgomp's throttled
-OpenMP workers slow down (see `pagekv.model_thread`). With `--mmap-threshold-mib N`,
-glibc's allocator is first set as `pagekv.allocator.tame` sets it, with an N MiB
+OpenMP workers slow down (see `pagekv.serving.worker`). With `--mmap-threshold-mib N`,
+glibc's allocator is first set as `pagekv.serving.allocator.tame` sets it, with an N MiB
 threshold (the app's is `allocator.MMAP_THRESHOLD`).
 """
 
@@ -31,8 +31,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from pagekv import EvictionConfig, small_batch  # noqa: E402
-from pagekv.study import PromptSpec, Study  # noqa: E402
+from pagekv import EvictionConfig  # noqa: E402
+from pagekv.runtime import small_batch  # noqa: E402
+from pagekv.serving.study import PromptSpec, Study  # noqa: E402
 
 
 def median_time(fn, repeats: int):
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mmap-threshold-mib", type=float, default=None, help="tame() first")
     args = ap.parse_args(argv)
     if args.mmap_threshold_mib is not None:
-        from pagekv import allocator
+        from pagekv.serving import allocator
 
         allocator.tame(mmap_threshold=int(args.mmap_threshold_mib * 2**20))
         print(f"allocator: mmap threshold {args.mmap_threshold_mib:g} MiB, arenas capped")

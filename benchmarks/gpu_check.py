@@ -12,7 +12,7 @@ runs, each stage in its own subprocess with a time limit, under a global deadlin
    `[cuda]` copies run compiled on the GPU); pass/fail counts, overall and for `[cuda]`.
 2. `end_to_end`: a model with Qwen2.5-1.5B-Instruct's configuration and random weights
    (built from the config below, nothing downloaded; bfloat16, SDPA prefill) through
-   `pagekv.runner.Runner(model, None, backend="triton")` at 4k, 16k and 32k random
+   `pagekv.runtime.runner.Runner(model, None, backend="triton")` at 4k, 16k and 32k random
    prompt tokens: prefill, the eviction step (`policy="entropy"`, budget 0.2, pages of
    16) and 32 decoded tokens, against `policy="full"`. Recorded: prefill seconds, the
    eviction step in seconds and as a fraction of prefill, decode tokens/s full against
@@ -444,7 +444,7 @@ def _result_summary(res) -> dict:
 
 def _backend_parity(model, ids, cfg, triton_res, new_tokens) -> dict:
     """The same prompt through the torch twins: same kept pages, same answer tokens?"""
-    from pagekv.runner import Runner
+    from pagekv.runtime.runner import Runner
 
     runner = Runner(model, None, backend="torch")
     pre = runner.prefill(ids, window_max=cfg.window)
@@ -496,7 +496,7 @@ def stage_e2e(args) -> int:
         part_out.write_text(json.dumps(report, indent=1, default=str))
 
     from pagekv import EvictionConfig
-    from pagekv.runner import Runner
+    from pagekv.runtime.runner import Runner
 
     t = time.perf_counter()
     model = build_model(config, dtype, device)

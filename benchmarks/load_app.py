@@ -74,7 +74,7 @@ for _k, _v in (
     os.environ.setdefault(_k, _v)
 
 import app  # noqa: E402  (the lesson list, the output order and the run inputs)
-from pagekv.lessons import LESSONS  # noqa: E402
+from pagekv.views.lessons import LESSONS  # noqa: E402
 
 GB = 1e9
 POLL_S = 0.05  # how often a student's thread reads its job's status

@@ -4,7 +4,7 @@
 - `kernels.pool_pages`: head pooling, page scores and protected pages.
 - `kernels.compact`: dense compaction and the paged write.
 
-Importing a submodule imports Triton; `pagekv.backend` does so lazily. On CPU the
+Importing a submodule imports Triton; `pagekv.runtime.backend` does so lazily. On CPU the
 kernels run in the Triton interpreter, which needs `TRITON_INTERPRET=1` in the
 environment before a kernel module is first imported.
 """

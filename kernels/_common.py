@@ -1,7 +1,7 @@
 """Helpers the kernel launchers share: interpreter detection and block sizes.
 
 Importing this module imports Triton; `pagekv` only imports `kernels` lazily,
-inside `pagekv.backend`'s dispatch, so `pagekv` itself never needs Triton.
+inside `pagekv.runtime.backend`'s dispatch, so `pagekv` itself never needs Triton.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def check_window_shapes(q_win: torch.Tensor, keys: torch.Tensor) -> tuple[int, .
     """Validate `q_win [L, H, w, d]` against `keys [L, G, n, d]`; `(L, H, w, d, G, n)`.
 
     The launcher's own check (the kernels import nothing from `pagekv`); the torch
-    twin checks the same in `pagekv.profiles.check_window_shapes`.
+    twin checks the same in `pagekv.maths.profiles.check_window_shapes`.
     """
     if q_win.dim() != 4 or keys.dim() != 4:
         raise ValueError(

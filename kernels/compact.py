@@ -1,12 +1,12 @@
 """Compaction kernels: gather the kept K/V tokens, dense or into a page pool.
 
-Dense (`compact`): twin `pagekv.compact.compact_layer`. keys/values
+Dense (`compact`): twin `pagekv.runtime.compaction.compact_layer`. keys/values
 `[B, G, n, d]` of one layer and sorted kept indices `[G, k']` give `[B, G, k', d]`;
 or all layers at once, `[L, B, G, n, d]` with `[L, G, k']`, in one launch.
 One program copies `BLOCK_T` kept rows of K and of V for one (layer, batch, group).
 
-Paged (`write_paged`): twin `pagekv.paged.to_paged`. Each program copies one
-kept page of one (layer, group) into its block of the pool (`pagekv.paged`
+Paged (`write_paged`): twin `pagekv.runtime.paged.to_paged`. Each program copies one
+kept page of one (layer, group) into its block of the pool (`pagekv.runtime.paged`
 documents the layout: pools `[num_blocks, P, d]`, block table `[L, G, max_pages]`).
 Tokens past `n` in a partial last page are not written (the pool starts zeroed).
 

@@ -1,8 +1,8 @@
 """Pooling + page kernel: group scores, page scores and the protected-page mask.
 
-Torch twin: `pagekv.pooling.weighted_pool` / `max_pool`, then
-`pagekv.paging.page_reduce` and `protected_pages`. Selection stays in torch
-(`pagekv.paging.select_pages`: a stable sort, ties to the lower page index).
+Torch twin: `pagekv.maths.pooling.weighted_pool` / `max_pool`, then
+`pagekv.maths.paging.page_reduce` and `protected_pages`. Selection stays in torch
+(`pagekv.maths.paging.select_pages`: a stable sort, ties to the lower page index).
 
 One program owns a block of `BLOCK_J` pages of one (layer, group): a tile
 `[BLOCK_J, P_PAD]` of token scores per head. It pools the `r` heads of the group

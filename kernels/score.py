@@ -1,9 +1,9 @@
 """Scoring kernel: attention profiles, sink mass and collision masses in two passes.
 
-Torch twin: `pagekv.profiles.attention_profiles` followed by
-`pagekv.entropy.mass_sums` (this module imports nothing from `pagekv`; the
+Torch twin: `pagekv.maths.profiles.attention_profiles` followed by
+`pagekv.maths.entropy.mass_sums` (this module imports nothing from `pagekv`; the
 conversion of the sums into head weights, with its guard, lives in the core:
-`pagekv.entropy.HeadMasses.from_sums`).
+`pagekv.maths.entropy.HeadMasses.from_sums`).
 
 For every layer `l`, group `g` and query head `h` of the group (GQA: head `h`
 reads KV group `h // r`), with window query `i` at position `n - w + i` seeing the
@@ -208,7 +208,7 @@ def score_layers(
     Returns:
         `(profiles [L, H, n], sums [L, H, 4])`, float32; the columns of `sums` are the
         sink mass, non-sink mass, non-sink squares and all squares of each head's
-        profile (`pagekv.entropy.MASS_SUMS`; 3-D inputs give `L = 1`).
+        profile (`pagekv.maths.entropy.MASS_SUMS`; 3-D inputs give `L = 1`).
     """
     if q_win.dim() == 3 and keys.dim() == 3:
         q_win, keys = q_win[None], keys[None]

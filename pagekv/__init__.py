@@ -1,5 +1,14 @@
 """Page-EntroKV: entropy-weighted, page-level KV-cache eviction under GQA.
 
+The package is in layers, one folder each (docs/design.md, "Layers"):
+
+- `pagekv.maths`: configuration, policies, profiles, entropy, pooling, pages, plan;
+- `pagekv.runtime`: models, capture, runner, eviction backends, compaction, result;
+- `pagekv.serving`: the model worker, memos, models held, sessions, `Study`;
+- `pagekv.tasks`: prompts with a known answer;
+- `pagekv.views`: comparisons, figures, presets, lessons, the app's handlers;
+- `pagekv.measurement`: the replay, the kvpress peer, integrations.
+
 The public core::
 
     from pagekv import EvictionConfig, plan
@@ -7,13 +16,23 @@ The public core::
     p = plan(profiles, n_groups=G, config=cfg)  # profiles [L, H, n]
     p.keep  # bool [L, G, n]
 
-Real decoding lives in `pagekv.runner` / `pagekv.study` (they import transformers,
-so they are not imported here).
+and real decoding::
+
+    from pagekv import Study, PromptSpec
+    study = Study.load("bundled")
+    out = study.run(study.prepare(PromptSpec()), EvictionConfig(policy="entropy"))
+
+The maths names import torch only. The runtime and serving names (`Runner`, `Study`,
+`PromptSpec`, `load_model`, ...) load on first use, so `import pagekv` does not
+import transformers.
 """
 
-from .backend import BACKENDS, BackendError, resolve_backend
-from .config import POLICIES, POOLED_POLICIES, EvictionConfig
-from .entropy import (
+from __future__ import annotations
+
+import importlib
+
+from pagekv.maths.config import POLICIES, POOLED_POLICIES, EvictionConfig
+from pagekv.maths.entropy import (
     HeadMasses,
     collision_entropy,
     collision_mass,
@@ -23,45 +42,86 @@ from .entropy import (
     sink_heads,
     sink_mass,
 )
-from .metrics import GroupOverlap, group_overlap, needle_retention, sink_advantage
-from .paged import PagedKV, block_table, to_paged
-from .paging import BudgetError, min_feasible_budget, page_sizes, protected_pages
-from .plan import Plan, plan
-from .policies import Policy, get_policy
-from .profiles import attention_profiles, smooth_scores
+from pagekv.maths.metrics import GroupOverlap, group_overlap, needle_retention, sink_advantage
+from pagekv.maths.paging import BudgetError, min_feasible_budget, page_sizes, protected_pages
+from pagekv.maths.plan import Plan, plan
+from pagekv.maths.policies import Policy, get_policy
+from pagekv.maths.profiles import attention_profiles, smooth_scores
+
+#: Names loaded on first use: public name -> module that defines it.
+_LAZY = {
+    "BACKENDS": "pagekv.runtime.backend",
+    "BackendError": "pagekv.runtime.backend",
+    "resolve_backend": "pagekv.runtime.backend",
+    "PagedKV": "pagekv.runtime.paged",
+    "block_table": "pagekv.runtime.paged",
+    "to_paged": "pagekv.runtime.paged",
+    "LoadedModel": "pagekv.runtime.models",
+    "ModelLoadError": "pagekv.runtime.models",
+    "load_model": "pagekv.runtime.models",
+    "Prefill": "pagekv.runtime.runner",
+    "Runner": "pagekv.runtime.runner",
+    "RunResult": "pagekv.runtime.result",
+    "Prepared": "pagekv.serving.study",
+    "PromptSpec": "pagekv.serving.study",
+    "Study": "pagekv.serving.study",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pagekv' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "BACKENDS",
     "BackendError",
-    "PagedKV",
-    "block_table",
-    "resolve_backend",
-    "to_paged",
-    "POLICIES",
-    "POOLED_POLICIES",
     "BudgetError",
     "EvictionConfig",
     "GroupOverlap",
     "HeadMasses",
-    "Policy",
-    "get_policy",
+    "LoadedModel",
+    "ModelLoadError",
+    "POLICIES",
+    "POOLED_POLICIES",
+    "PagedKV",
     "Plan",
+    "Policy",
+    "Prefill",
+    "Prepared",
+    "PromptSpec",
+    "RunResult",
+    "Runner",
+    "Study",
     "attention_profiles",
+    "block_table",
     "collision_entropy",
     "collision_mass",
     "entropy_head_weights",
+    "get_policy",
     "group_overlap",
     "isolate_sinks",
     "isolated_collision_mass",
+    "load_model",
     "min_feasible_budget",
     "needle_retention",
     "page_sizes",
     "plan",
     "protected_pages",
+    "resolve_backend",
     "sink_advantage",
     "sink_heads",
     "sink_mass",
     "smooth_scores",
+    "to_paged",
 ]
 
 __version__ = "0.1.0"

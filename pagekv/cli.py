@@ -17,7 +17,7 @@ import logging
 import math
 import sys
 
-from .config import POLICIES, EvictionConfig
+from pagekv.maths.config import POLICIES, EvictionConfig
 
 EXIT_USAGE = 2
 
@@ -117,8 +117,8 @@ def _config_from(args, policy: str) -> EvictionConfig:
 
 
 def _spec_from(args):
-    from .study import PromptSpec
-    from .tasks import load_haystack_file, needle_depth
+    from pagekv.serving.study import PromptSpec
+    from pagekv.tasks import load_haystack_file, needle_depth
 
     haystack = None
     task = args.task
@@ -153,8 +153,8 @@ def cmd_run(args) -> int:
     configs = [_config_from(args, p) for p in policies]  # validates before loading a model
     spec = _spec_from(args)
 
-    from .models import load_model
-    from .study import Study
+    from pagekv.runtime.models import load_model
+    from pagekv.serving.study import Study
 
     loaded = load_model(args.model, device=args.device)
     study = Study(loaded, backend=args.backend)
@@ -217,8 +217,8 @@ def _mean_retention(run: dict) -> str:
 
 
 def cmd_replay(args) -> int:
-    from .replay import run_replay
-    from .replay.grid import GRIDS
+    from pagekv.measurement.replay import run_replay
+    from pagekv.measurement.replay.grid import GRIDS
 
     run_replay(
         grid=GRIDS[args.grid] if args.grid else None,
@@ -235,7 +235,7 @@ def cmd_replay(args) -> int:
 
 def cmd_lessons(args) -> int:
     """List the lessons, or (`--check`) run each and say whether its observation holds."""
-    from .lessons import LESSONS, get_lesson, run_lesson
+    from pagekv.views.lessons import LESSONS, get_lesson, run_lesson
 
     lessons = [get_lesson(i) for i in args.only] if args.only else list(LESSONS)
     if not args.check:
@@ -251,7 +251,7 @@ def cmd_lessons(args) -> int:
         return 0
     study = None
     if any(x.kind == "live" for x in lessons):
-        from .study import Study
+        from pagekv.serving.study import Study
 
         study = Study.load(args.model, backend=args.backend, allow_fallback=False)
     runs = [run_lesson(study, x) for x in lessons]

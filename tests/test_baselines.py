@@ -6,7 +6,7 @@ cache (no eviction) answers it correctly. These tests run the bundled model
 
 - every curated task (`assets/tasks/{qa,code}.json`), decoding the task's own
   `max_new_tokens`;
-- every preset of the app (`pagekv.presets.load_presets()`).
+- every preset of the app (`pagekv.views.presets.load_presets()`).
 
 Which question modes. Every curated task lists the modes it is meant for (`modes`,
 default both; all of them list both today). With the full cache the two modes decode
@@ -30,8 +30,8 @@ import os
 
 import pytest
 
-from pagekv.presets import load_presets
 from pagekv.tasks import QUESTION_POSITIONS, default_max_new_tokens, load_tasks
+from pagekv.views.presets import load_presets
 
 ALL_MODES = os.environ.get("PAGEKV_BASELINES_ALL_MODES", "") not in ("", "0")
 
@@ -60,8 +60,8 @@ PRESET_CASES = [_preset_param(p) for p in load_presets()]
 # ------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def study():
-    from pagekv.models import ModelLoadError
-    from pagekv.study import Study
+    from pagekv.runtime.models import ModelLoadError
+    from pagekv.serving.study import Study
 
     try:
         return Study.load("bundled")
@@ -73,7 +73,7 @@ def study():
 def tokenizer():
     """The bundled tokenizer alone: the converted cache's copy when it is valid
     (about a second), else the GGUF's own (several seconds)."""
-    from pagekv import models
+    from pagekv.runtime import models
 
     transformers = pytest.importorskip("transformers")
     try:
@@ -115,7 +115,7 @@ def test_every_task_has_enough_new_tokens_and_modes(tokenizer):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, name, mode", TASK_CASES)
 def test_full_cache_answers_curated_task(study, kind, name, mode):
-    from pagekv.study import PromptSpec
+    from pagekv.serving.study import PromptSpec
 
     spec = PromptSpec(task=kind, name=name, mode=mode)
     out, m = _full(study, spec)
@@ -126,7 +126,7 @@ def test_full_cache_answers_curated_task(study, kind, name, mode):
 def test_full_cache_is_mode_independent(study):
     """Question inside or after: the same tokens in, so the same answer out. On the
     last task of the set, whose "after" record the test above has just memoised."""
-    from pagekv.study import PromptSpec
+    from pagekv.serving.study import PromptSpec
 
     task = load_tasks()[-1]
     assert set(task.meta["modes"]) == set(QUESTION_POSITIONS), "pick a task meant for both"
@@ -142,7 +142,7 @@ def test_full_cache_is_mode_independent(study):
 @pytest.mark.parametrize("preset", PRESET_CASES)
 def test_full_cache_answers_preset(study, preset):
     """The preset's prompt as the app builds it (`app._spec`), with the full cache."""
-    from pagekv.study import PromptSpec
+    from pagekv.serving.study import PromptSpec
 
     kw = dict(
         task=preset["task"],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pagekv import EvictionConfig
-from pagekv.runner import Runner
+from pagekv.runtime.runner import Runner
 from tests.test_runner import prompt, tiny_model
 
 
@@ -82,7 +82,7 @@ def test_bundled_model_pairs_equal_separate_decodes():
     """On the bundled model (the app's batched decode, its linear layers computed as
     W @ x^T on two rows): exactly the answers of separate decodes, question inside and
     after, for the pooled policies the app pairs."""
-    from pagekv.models import load_model
+    from pagekv.runtime.models import load_model
 
     loaded = load_model("bundled")
     runner = Runner(loaded.model, loaded.tokenizer, backend="torch")

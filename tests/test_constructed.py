@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pagekv import EvictionConfig, plan, sink_advantage
-from pagekv.constructed import mechanism_profiles
+from pagekv.maths.constructed import mechanism_profiles
 
 
 def one_free_page(n, P=4):

@@ -28,7 +28,7 @@ MODULES = modules_with_examples()
 
 
 def test_the_examples_of_config_and_models_are_found():
-    assert {"pagekv.config", "pagekv.models"} <= set(MODULES), MODULES
+    assert {"pagekv.maths.config", "pagekv.runtime.models"} <= set(MODULES), MODULES
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,4 +1,4 @@
-"""The fast head-weight maths against the plain reference functions of `pagekv.entropy`.
+"""The fast head-weight maths against the plain reference functions of `pagekv.maths.entropy`.
 
 `isolate_sinks` (form the sink-isolated profile `a~`) and `collision_entropy`
 (`-log sum_t a^2`) are written to be obviously right; the functions the pipeline
@@ -15,7 +15,7 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from pagekv.entropy import (
+from pagekv.maths.entropy import (
     SINK_EPS,
     collision_entropy,
     collision_mass,

@@ -1,6 +1,6 @@
 """The page frame's needle view: the count, the strip and its colours.
 
-Plans are real `pagekv.plan` results on small constructed profiles (one spike per
+Plans are real `pagekv.maths.plan` results on small constructed profiles (one spike per
 (layer, group), so which rows keep the needle is known in advance), or such a plan
 with a hand-set `page_keep`. The strip's pages are checked against lists written out
 by hand, not recomputed with the code under test.
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import pagekv
-from pagekv.config import EvictionConfig
-from pagekv.figures import plans as fp
-from pagekv.figures import style
+from pagekv.maths.config import EvictionConfig
+from pagekv.views.figures import eviction as fp
+from pagekv.views.figures import style
 
 pytest.importorskip("plotly")
 

@@ -1,4 +1,4 @@
-"""Triton kernels against their torch twins (kernels/, pagekv.backend, pagekv.paged).
+"""Triton kernels against their torch twins (kernels/, pagekv.runtime.backend and .paged).
 
 On a machine without CUDA the kernels run in the Triton interpreter: `tests/conftest.py`
 sets `TRITON_INTERPRET=1` for the whole test process before anything imports `kernels`
@@ -24,9 +24,7 @@ import pytest
 import torch
 
 from pagekv import EvictionConfig, plan
-from pagekv import backend as be
-from pagekv.compact import compact_layer
-from pagekv.entropy import (
+from pagekv.maths.entropy import (
     SINK_EPS,
     HeadMasses,
     collision_mass,
@@ -34,10 +32,12 @@ from pagekv.entropy import (
     isolated_collision_mass,
     sink_mass,
 )
-from pagekv.paged import block_table, to_paged
-from pagekv.paging import page_reduce, page_sizes, protected_pages, select_pages
-from pagekv.pooling import max_pool, uniform_weights, weighted_pool
-from pagekv.profiles import attention_profiles
+from pagekv.maths.paging import page_reduce, page_sizes, protected_pages, select_pages
+from pagekv.maths.pooling import max_pool, uniform_weights, weighted_pool
+from pagekv.maths.profiles import attention_profiles
+from pagekv.runtime import backend as be
+from pagekv.runtime.compaction import compact_layer
+from pagekv.runtime.paged import block_table, to_paged
 
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = [
@@ -435,12 +435,12 @@ def test_resolve_backend(kern):
 
 
 def test_pagekv_imports_without_triton_and_refuses_uninterpreted_cpu():
-    """`import pagekv.backend` pulls in neither Triton nor the kernels; asking for
+    """`import pagekv.runtime.backend` pulls in neither Triton nor the kernels; asking for
     Triton on CPU without TRITON_INTERPRET=1 raises a clear BackendError."""
     code = (
         "import sys\n"
         "import torch\n"
-        "import pagekv, pagekv.backend as be, pagekv.paged\n"
+        "import pagekv, pagekv.runtime.backend as be, pagekv.runtime.paged\n"
         "assert 'triton' not in sys.modules and 'kernels' not in sys.modules\n"
         "assert be.resolve_backend('auto', torch.zeros(1)) == 'torch'\n"
         "try:\n"

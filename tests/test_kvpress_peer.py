@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pagekv.config import EvictionConfig
-from pagekv.peer import kvpress_peer as kp
-from pagekv.peer import kvpress_worker as kw
+from pagekv.maths.config import EvictionConfig
+from pagekv.measurement.peer import kvpress_peer as kp
+from pagekv.measurement.peer import kvpress_worker as kw
 
 # ------------------------------------------------------------------ budgets
 

@@ -1,7 +1,7 @@
-"""Page-EntroKV as a kvpress press (`pagekv.integrations.kvpress_press`).
+"""Page-EntroKV as a kvpress press (`pagekv.measurement.integrations.kvpress_press`).
 
 Fast tests (default suite, no kvpress): the press's settings, its budget accounting and
-its hook on a tiny random Llama, checked against `pagekv.plan` and against the runner
+its hook on a tiny random Llama, checked against `pagekv.maths.plan` and against the runner
 (`Runner.prefill` + `Runner.evict`), with negative controls.
 
 Opt-in (``PAGEKV_TEST_KVPRESS=1``, builds or reuses the kvpress environment): parity with
@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from pagekv import BudgetError, EvictionConfig, plan
-from pagekv.integrations import kvpress_press as kpp
-from pagekv.integrations.kvpress_press import MeanPoolPagePress, PageEntroKVPress
-from pagekv.peer import kvpress_peer as kp
+from pagekv.measurement.integrations import kvpress_press as kpp
+from pagekv.measurement.integrations.kvpress_press import MeanPoolPagePress, PageEntroKVPress
+from pagekv.measurement.peer import kvpress_peer as kp
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ needs_protocol = pytest.mark.skipif(
 
 def test_module_imports_without_kvpress_and_pagekv_stays_light():
     code = (
-        "import sys, pagekv, pagekv.integrations; "
+        "import sys, pagekv, pagekv.measurement.integrations; "
         "bad = [m for m in ('kvpress', 'transformers', 'triton', 'gradio') if m in sys.modules]; "
         "print(bad)"
     )
@@ -287,7 +287,7 @@ def test_missing_rotary_tables_is_a_clear_error(tiny):
     "P, budget, policy", [(8, 0.5, "entropy"), (1, 0.3, "entropy"), (4, 0.4, "mean")]
 )
 def test_press_prefill_equals_runner_evict(tiny, P, budget, policy):
-    from pagekv.runner import Runner
+    from pagekv.runtime.runner import Runner
 
     ids = torch.randint(0, 97, (150,), generator=torch.Generator().manual_seed(5)).tolist()
     press = PageEntroKVPress(budget=budget, page_size=P, window=16, policy=policy, record=True)
@@ -335,7 +335,7 @@ def test_unsupported_model_is_refused():
 
 
 def test_worker_knows_the_pagekv_presses():
-    from pagekv.peer import kvpress_worker as kw
+    from pagekv.measurement.peer import kvpress_worker as kw
 
     assert set(kp.PAGEKV_PRESSES) == set(kw.PAGEKV_PRESS_CLASSES)
     press = kw.make_press("pagekv_mean", 0.6, {"page_size": 8})
@@ -374,7 +374,7 @@ MAX_NEW = 16
 def parity_report(max_new_tokens: int = MAX_NEW) -> list[dict]:
     """Runner vs press on the bundled model, question-after mode: one row per (prompt,
     config) with the (layer, KV head)s whose kept pages agree and both answers."""
-    from pagekv.study import PromptSpec, Study
+    from pagekv.serving.study import PromptSpec, Study
 
     study = Study.load("bundled", backend="torch")
     ours, reqs = [], []

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pagekv.policies import POLICIES, REGISTRY, get_policy
-from pagekv.result import RunResult, json_keys
+from pagekv.maths.policies import POLICIES, REGISTRY, get_policy
+from pagekv.runtime.result import RunResult, json_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The maths: imports torch and each other only (DESIGN.md section 4).

@@ -12,7 +12,7 @@ import torch
 
 from pagekv import EvictionConfig, plan
 from pagekv.cli import main
-from pagekv.lessons import (
+from pagekv.views.lessons import (
     LESSONS,
     VIEWS,
     Evidence,

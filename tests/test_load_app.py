@@ -31,7 +31,7 @@ def test_varied_settings_are_valid_and_varied():
     """Every varied run is valid input (its budget holds the protected pages even on a
     prompt 10% shorter than asked), and the runs differ in what the issue lists."""
     import app
-    from pagekv.paging import min_feasible_budget
+    from pagekv.maths.paging import min_feasible_budget
 
     la = _load()
     runs = la.varied_settings(100)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pagekv import group_overlap, needle_retention, sink_advantage
-from pagekv.metrics import summarize_sink_advantage
+from pagekv.maths.metrics import summarize_sink_advantage
 
 
 def sets_to_mask(sets, n):

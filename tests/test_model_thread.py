@@ -1,4 +1,4 @@
-"""`pagekv.model_thread`: calls served by one thread, results and errors handed back."""
+"""`pagekv.serving.worker`: calls served by one thread, results and errors handed back."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from pagekv.model_thread import ModelThread
+from pagekv.serving.worker import ModelThread
 
 
 def test_without_a_server_calls_run_here():

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagekv import models
-from pagekv.models import (
+from pagekv.runtime import models
+from pagekv.runtime.models import (
     BUNDLED,
     BUNDLED_CACHE_NAME,
     BUNDLED_HUB_ID,

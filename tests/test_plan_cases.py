@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from pagekv import BudgetError, EvictionConfig, min_feasible_budget, plan
-from pagekv.paging import page_sizes, protected_pages, select_pages
+from pagekv.maths.paging import page_sizes, protected_pages, select_pages
 
 H0 = [1, 1, 0, 0, 0, 0, 8, 0, 0, 0, 6, 0]
 H1 = [1, 1, 1, 1, 1, 1, 0, 0, 9, 0, 1, 0]

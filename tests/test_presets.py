@@ -2,7 +2,7 @@
 
 import json
 
-from pagekv.presets import BUILTIN, FIELDS, load_presets, normalize
+from pagekv.views.presets import BUILTIN, FIELDS, load_presets, normalize
 
 
 def test_builtins_are_complete():

@@ -5,7 +5,7 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from pagekv import POOLED_POLICIES, EvictionConfig, min_feasible_budget, plan
-from pagekv.paging import page_sizes, protected_pages, select_pages
+from pagekv.maths.paging import page_sizes, protected_pages, select_pages
 from tests.strategies import geometry, random_profiles
 
 SETTINGS = settings(max_examples=120, deadline=None)

@@ -34,7 +34,7 @@ from transformers import (
 )
 
 from pagekv import BudgetError, EvictionConfig
-from pagekv.runner import Runner, padded_kept_indices
+from pagekv.runtime.runner import Runner, padded_kept_indices
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 192
@@ -349,7 +349,7 @@ def test_padded_indices_worked_example():
     """The docstring example: P = 2, group 0 keeps pages {0, 3}, group 1 {0, 1, 3}."""
     from types import SimpleNamespace
 
-    from pagekv.paging import expand_pages, page_sizes
+    from pagekv.maths.paging import expand_pages, page_sizes
 
     page_keep = torch.tensor([[[1, 0, 0, 1], [1, 1, 0, 1]]], dtype=torch.bool)  # [1, 2, 4]
     p = SimpleNamespace(
@@ -449,8 +449,8 @@ def test_triton_backend_on_cpu_without_interpreter_is_a_backend_error():
     code = (
         "import os\n"
         "assert 'TRITON_INTERPRET' not in os.environ\n"
-        "from pagekv.backend import BackendError\n"
-        "from pagekv.runner import Runner\n"
+        "from pagekv.runtime.backend import BackendError\n"
+        "from pagekv.runtime.runner import Runner\n"
         "from tests.test_runner import tiny_model\n"
         "model = tiny_model('llama', layers=1)\n"
         "assert Runner(model, backend='torch').backend == 'torch'\n"

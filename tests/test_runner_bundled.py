@@ -12,8 +12,9 @@ import json
 import pytest
 import torch
 
-from pagekv import EvictionConfig, models
-from pagekv.runner import Runner
+from pagekv import EvictionConfig
+from pagekv.runtime import models
+from pagekv.runtime.runner import Runner
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""`pagekv.small_batch`: linear layers on 2-4 rows as W @ x^T, inside a block only."""
+"""`pagekv.runtime.small_batch`: linear layers on 2-4 rows as W @ x^T, inside a block only."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagekv.small_batch import MAX_ROWS, small_batch_linear, small_batch_linears
+from pagekv.runtime.small_batch import MAX_ROWS, small_batch_linear, small_batch_linears
 from tests.test_runner import tiny_model
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pagekv.models import NO_MODEL_MESSAGE
+from pagekv.runtime.models import NO_MODEL_MESSAGE
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL_TIMEOUT_S = 900

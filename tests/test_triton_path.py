@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from pagekv import EvictionConfig, get_policy
-from pagekv import backend as be
-from pagekv.runner import Runner
+from pagekv.runtime import backend as be
+from pagekv.runtime.runner import Runner
 from tests.test_runner import prompt, tiny_model
 
 KERNEL_STEPS = ("score", "pool", "compact")
@@ -129,6 +129,6 @@ def test_bundled_model_triton_path_equals_torch(bundled):
 
 @pytest.fixture(scope="module")
 def bundled():
-    from pagekv.models import load_model
+    from pagekv.runtime.models import load_model
 
     return load_model("bundled", allow_fallback=False)

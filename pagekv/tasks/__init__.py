@@ -6,7 +6,7 @@ ids = task.build_prompt_ids(tokenizer)        # input_ids, needle_token_position
 score("PELICAN-42", task)["correct"]
 """
 
-from .base import (
+from pagekv.tasks.base import (
     ANSWER_INSTRUCTION,
     DEFAULT_MAX_NEW_TOKENS,
     QUESTION_POSITIONS,
@@ -17,9 +17,9 @@ from .base import (
     default_max_new_tokens,
     needle_depth,
 )
-from .curated import get_task, load_tasks, task_names
-from .haystack import load_haystack, load_haystack_file
-from .needle import (
+from pagekv.tasks.curated import get_task, load_tasks, task_names
+from pagekv.tasks.haystack import load_haystack, load_haystack_file
+from pagekv.tasks.needle import (
     BUILTIN_NEEDLES,
     CODEWORD_NEEDLES,
     Needle,
@@ -27,7 +27,7 @@ from .needle import (
     make_multi_needle_task,
     make_needle_task,
 )
-from .scoring import contains, exact_match, normalize, score
+from pagekv.tasks.scoring import contains, exact_match, normalize, score
 
 __all__ = [
     "check_custom_prompt",

@@ -30,8 +30,8 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from ..paths import ASSETS_DIR, TASKS_DIR
-from .base import QUESTION_POSITIONS, Task, TaskError
+from pagekv.paths import ASSETS_DIR, TASKS_DIR
+from pagekv.tasks.base import QUESTION_POSITIONS, Task, TaskError
 
 CURATED_KINDS = ("qa", "code")
 DIFFICULTIES = ("easy", "medium", "hard")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..paths import HAYSTACK_DIR  # noqa: E402  (re-exported)
-from .base import TaskError
+from pagekv.paths import HAYSTACK_DIR  # noqa: E402  (re-exported)
+from pagekv.tasks.base import TaskError
 
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")
 # A sentence ends at . ! or ? (optionally followed by a closing quote or

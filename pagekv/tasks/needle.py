@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import QUESTION_POSITIONS, Task, TaskError, check_custom_prompt
-from .haystack import (
+from pagekv.tasks.base import QUESTION_POSITIONS, Task, TaskError, check_custom_prompt
+from pagekv.tasks.haystack import (
     Unit,
     insert_at_depth,
     load_haystack,

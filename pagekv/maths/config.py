@@ -1,0 +1,105 @@
+"""Eviction configuration: one frozen, validated dataclass (DESIGN.md section 2)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from pagekv.maths.policies import POLICIES, POOLED_POLICIES, get_policy
+
+__all__ = ["POLICIES", "POOLED_POLICIES", "EvictionConfig"]
+
+SMOOTHING_KINDS = ("max", "avg")
+PAGE_REDUCTIONS = ("max", "sum")
+
+
+@dataclass(frozen=True)
+class EvictionConfig:
+    """What to keep of a prefilled prompt's KV cache.
+
+    Example:
+        >>> EvictionConfig(policy="entropy", budget=0.2, page_size=16).budget_tokens(1000)
+        200
+
+    Fields:
+        policy: one of `POLICIES` (the registry in `pagekv.maths.policies`).
+        budget: fraction `beta` of the prompt kept per (layer, group), in (0, 1];
+            `k = floor(beta * n)` tokens. Ignored by `full`.
+        page_size: tokens per page `P` (1 = token-level eviction).
+        n_sink: the first `n_sink` tokens are attention sinks (protected, and removed
+            from the profile before the entropy is taken).
+        window: the last `window` prompt tokens are the observation window (their
+            queries score the prompt; their pages are protected). Clipped to `n`.
+        tau: temperature of the head-weight softmax, > 0.
+        smoothing: odd width of the 1-D pooling of token scores along t (1 = off).
+        smoothing_kind: "max" or "avg" pooling for that smoothing.
+        page_reduction: "max" (default) or "sum" of token scores within a page.
+        sink_threshold: a head whose sink mass is >= this is a sink head, in (0, 1].
+    """
+
+    policy: str = "entropy"
+    budget: float = 0.2
+    page_size: int = 16
+    n_sink: int = 4
+    window: int = 32
+    tau: float = 1.0
+    smoothing: int = 1
+    smoothing_kind: str = "max"
+    page_reduction: str = "max"
+    sink_threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        get_policy(self.policy)  # ValueError naming the choices
+        _check_real("budget", self.budget, "in (0, 1]", lambda v: 0.0 < v <= 1.0)
+        _check_int("page_size", self.page_size, "an integer >= 1", lambda v: v >= 1)
+        _check_int("n_sink", self.n_sink, "an integer >= 0", lambda v: v >= 0)
+        _check_int("window", self.window, "an integer >= 1", lambda v: v >= 1)
+        _check_real("tau", self.tau, "a finite number > 0", lambda v: 0.0 < v < math.inf)
+        _check_int(
+            "smoothing", self.smoothing, "an odd integer >= 1", lambda v: v >= 1 and v % 2 == 1
+        )
+        if self.smoothing_kind not in SMOOTHING_KINDS:
+            raise ValueError(
+                f"smoothing_kind must be one of {', '.join(SMOOTHING_KINDS)}; "
+                f"got {self.smoothing_kind!r}"
+            )
+        if self.page_reduction not in PAGE_REDUCTIONS:
+            raise ValueError(
+                f"page_reduction must be one of {', '.join(PAGE_REDUCTIONS)}; "
+                f"got {self.page_reduction!r}"
+            )
+        _check_real("sink_threshold", self.sink_threshold, "in (0, 1]", lambda v: 0.0 < v <= 1.0)
+
+    @property
+    def pooled(self) -> bool:
+        """True when every (layer, group) keeps one dense page set of the same size."""
+        return get_policy(self.policy).pooled
+
+    def budget_tokens(self, n: int) -> int:
+        """`k = floor(beta * n)`, the token budget per (layer, group) for a prompt of `n`.
+
+        A tiny epsilon absorbs binary rounding (0.29 * 100 is 28.999999999999996 in
+        floating point, and a user who asks for 29% of 100 tokens means 29).
+        """
+        if get_policy(self.policy).keeps_all:
+            return n
+        return int(math.floor(self.budget * n + 1e-9))
+
+    def replace(self, **changes) -> EvictionConfig:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_int(name: str, value, allowed: str, ok) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not ok(value):
+        raise ValueError(f"{name} must be {allowed}; got {value!r}")
+
+
+def _check_real(name: str, value, allowed: str, ok) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be {allowed}; got {value!r}")
+    if math.isnan(value) or not ok(float(value)):
+        raise ValueError(f"{name} must be {allowed}; got {value!r}")

@@ -1,0 +1,253 @@
+"""`plan`: from attention profiles to the pages each (layer, group) keeps.
+
+The whole selection is batched over layers, heads and pages; nothing loops over
+tokens. See docs/design.md ("The data path") and docs/method.md for the definitions. What a
+policy does is in its own file under `pagekv/maths/policies/`; this module applies the
+one selection rule (`pagekv.maths.paging.select_pages`) to whatever page scores the
+policy gives, so it has no branch per policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pagekv.maths.config import EvictionConfig
+from pagekv.maths.entropy import HeadMasses, weights_from_mass
+from pagekv.maths.metrics import GroupOverlap, group_overlap, needle_retention
+from pagekv.maths.paging import (
+    check_budget,
+    expand_pages,
+    page_sizes,
+    protected_pages,
+    select_pages,
+)
+from pagekv.maths.policies import ScoreInputs, get_policy
+from pagekv.maths.pooling import uniform_weights
+from pagekv.maths.profiles import smooth_scores
+
+#: Rows of a profile must sum to 1 within this (float32 accumulation over 128k terms).
+ROW_SUM_TOL = 1e-3
+
+
+@dataclass
+class Plan:
+    """What `plan` decided, with the data the metrics and plots need.
+
+    Shapes: `L` layers, `H` query heads, `G` groups (`r = H / G`), `n` prompt
+    tokens, `n_pages = ceil(n / P)`.
+    """
+
+    config: EvictionConfig
+    n: int
+    n_groups: int
+    budget_tokens: int  # k = floor(beta * n) (n for `full`)
+    window: int  # effective window, min(config.window, n)
+    page_sizes: torch.Tensor  # int64 [n_pages]
+    protected: torch.Tensor  # bool [n_pages]
+    keep: torch.Tensor  # bool [L, G, n]
+    page_keep: torch.Tensor  # bool [L, G, n_pages]
+    kept_tokens: torch.Tensor  # int64 [L, G]
+    head_weights: torch.Tensor  # float32 [L, H] weights used (1/r where none are)
+    page_scores: torch.Tensor  # float32 [L, G, n_pages]
+    uor: torch.Tensor  # float64 [L, G] (1.0 for pooled policies)
+    head_keep: torch.Tensor | None  # bool [L, H, n] (head_independent only)
+    head_page_keep: torch.Tensor | None  # bool [L, H, n_pages] (head_independent only)
+    overlap: GroupOverlap | None  # disagreement and bounds (head_independent only)
+    sink_mass: torch.Tensor  # float32 [L, H]
+    sink_heads: torch.Tensor  # bool [L, H]
+    weights_isolated: torch.Tensor  # float32 [L, H] Page-EntroKV's weights
+    weights_nosink: torch.Tensor  # float32 [L, H] the same without sink isolation
+    backends: dict = field(default_factory=dict)  # step -> "torch" / "triton", "device"
+
+    @property
+    def n_pages(self) -> int:
+        return int(self.page_sizes.numel())
+
+    @property
+    def dense(self) -> bool:
+        """True when every (layer, group) keeps the same number of tokens."""
+        return bool((self.kept_tokens == self.kept_tokens.flatten()[0]).all())
+
+    def kept_indices(self) -> torch.Tensor:
+        """Sorted kept token indices `[L, G, k']` (int64), for a dense plan.
+
+        Raises ValueError for a head-independent plan whose unions differ in size
+        (its groups cannot share one dense tensor: that is the overspend UOR measures).
+        """
+        if not self.dense:
+            raise ValueError(
+                "kept sets differ in size across (layer, group); no dense index tensor"
+            )
+        L, G, n = self.keep.shape
+        k = int(self.kept_tokens.flatten()[0])
+        idx = torch.arange(n, device=self.keep.device).expand(L, G, n)
+        return idx[self.keep].view(L, G, k)
+
+    def needle_retention(self, needle_positions) -> torch.Tensor:
+        """Fraction of the needle tokens kept per (layer, group), float64 `[L, G]`."""
+        return needle_retention(self.keep, needle_positions)
+
+
+def plan(
+    profiles: torch.Tensor,
+    n_groups: int,
+    config: EvictionConfig,
+    *,
+    masses: HeadMasses | None = None,
+    backend: str = "auto",
+) -> Plan:
+    """Select the pages each (layer, group) keeps under `config`.
+
+    Every step runs on the profiles' device: on CUDA with `backend="auto"` or
+    `"triton"`, pooling and page scores are the Triton kernel's and the weights,
+    protected pages and selection are torch operations on the GPU (no copy to the
+    host); `Plan.backends` names what ran each step.
+
+    Args:
+        profiles: `[L, H, n]` float attention profiles (rows sum to 1), from
+            `attention_profiles` or the scoring kernel.
+        n_groups: `G`, the number of KV heads; `H % G == 0`.
+        config: the policy, budget and page geometry.
+        masses: the per-head masses of these profiles (from the scoring kernel, so
+            they are not recomputed); taken from the profiles when None. Their
+            `n_sink` must be the configuration's.
+        backend: "auto", "torch" or "triton" for the pooling step
+            (`pagekv.runtime.backend.resolve_backend`).
+
+    Returns:
+        A `Plan`. For every pooled policy each (layer, group) keeps exactly the same
+        number of tokens, `<= floor(budget * n)`, equal to the summed sizes of its
+        kept pages.
+
+    Raises:
+        ValueError: malformed profiles or masses. BudgetError (a ValueError): the
+            protected pages alone exceed the budget; its message names the smallest
+            feasible one.
+    """
+    _check_profiles(profiles, n_groups)
+    cfg = config
+    policy = get_policy(cfg.policy)
+    L, H, n = profiles.shape
+    G = n_groups
+    P = cfg.page_size
+    dev = profiles.device
+    p32 = profiles.float()
+    window = min(cfg.window, n)
+    k = cfg.budget_tokens(n)
+    # Page geometry is host arithmetic on n and P: the scalars selection needs never
+    # wait on the device.
+    sizes = page_sizes(n, P)
+    prot = protected_pages(n, P, cfg.n_sink, window)
+    check_budget(sizes, prot, k)  # before any work on the device
+    if masses is None:
+        masses = HeadMasses.from_profiles(p32, cfg.n_sink)
+    elif masses.n_sink != cfg.n_sink or tuple(masses.sink.shape) != (L, H):
+        raise ValueError(
+            f"masses were taken with n_sink={masses.n_sink} for shape "
+            f"{tuple(masses.sink.shape)}; this plan needs n_sink={cfg.n_sink}, [{L}, {H}]"
+        )
+    w_iso = weights_from_mass(masses.isolated, G, cfg.tau)
+    w_raw = weights_from_mass(masses.collision, G, cfg.tau)
+    scores = smooth_scores(p32, cfg.smoothing, cfg.smoothing_kind)  # [L, H, n]
+    pooled_on: list[str] = []
+
+    def pool(weights, groups):
+        # The one reach above the maths, and a lazy one: the pooling step runs on the
+        # backend the caller names (the Triton kernel or its torch twin), dispatched by
+        # the runtime (docs/design.md, "Layers").
+        from pagekv.runtime.backend import page_scores as page_scores_on
+
+        pooling = "max" if weights is None else "weighted"
+        _, pages, _, used = page_scores_on(
+            scores,
+            weights,
+            groups,
+            P,
+            cfg.n_sink,
+            window,
+            pooling=pooling,
+            reduction=cfg.page_reduction,
+            backend=backend,
+            return_pooled=False,
+        )
+        pooled_on.append(used)
+        return pages
+
+    inputs = ScoreInputs(
+        scores=scores,
+        n_groups=G,
+        config=cfg,
+        weights_isolated=w_iso,
+        weights_nosink=w_raw,
+        weights_uniform=uniform_weights(L, H, G, dev),
+        pool=pool,
+    )
+    weights = policy.head_weights(inputs)
+    scored = policy.page_scores(inputs)
+    sizes_d, prot_d = sizes.to(dev), prot.to(dev)
+    head_keep = head_page_keep = overlap = None
+    if policy.per_head:
+        head_page_keep = select_pages(scored, prot, sizes, k)  # [L, H, n_pages]
+        head_keep = expand_pages(head_page_keep, n, P)
+        overlap = group_overlap(head_keep, G)
+        page_scores = scored.view(L, G, H // G, -1).amax(2)
+        page_keep = head_page_keep.view(L, G, H // G, -1).any(2)
+        uor = overlap.uor
+    else:
+        page_scores = scored
+        page_keep = select_pages(page_scores, prot, sizes, k)
+        uor = torch.ones(L, G, dtype=torch.float64, device=dev)
+    keep = expand_pages(page_keep, n, P)
+    kept_tokens = (page_keep.to(torch.int64) * sizes_d).sum(-1)
+    return Plan(
+        config=cfg,
+        n=n,
+        n_groups=G,
+        budget_tokens=k,
+        window=window,
+        page_sizes=sizes_d,
+        protected=prot_d,
+        keep=keep,
+        page_keep=page_keep,
+        kept_tokens=kept_tokens,
+        head_weights=weights,
+        page_scores=page_scores,
+        uor=uor,
+        head_keep=head_keep,
+        head_page_keep=head_page_keep,
+        overlap=overlap,
+        sink_mass=masses.sink,
+        sink_heads=masses.sink >= cfg.sink_threshold,
+        weights_isolated=w_iso,
+        weights_nosink=w_raw,
+        backends={
+            "weights": "torch",
+            "pool": pooled_on[0] if pooled_on else "none",
+            "select": "torch",
+            "device": str(dev),
+        },
+    )
+
+
+def _check_profiles(profiles: torch.Tensor, n_groups: int) -> None:
+    if not isinstance(profiles, torch.Tensor) or profiles.dim() != 3:
+        shape = tuple(profiles.shape) if isinstance(profiles, torch.Tensor) else type(profiles)
+        raise ValueError(f"profiles must be a [L, H, n] tensor; got {shape}")
+    if not profiles.is_floating_point():
+        raise ValueError(f"profiles must be floating point; got {profiles.dtype}")
+    L, H, n = profiles.shape
+    if L == 0 or H == 0 or n == 0:
+        raise ValueError(f"profiles must be non-empty; got shape {tuple(profiles.shape)}")
+    if isinstance(n_groups, bool) or not isinstance(n_groups, int) or n_groups < 1:
+        raise ValueError(f"n_groups must be a positive integer; got {n_groups!r}")
+    if H % n_groups:
+        raise ValueError(f"H={H} query heads are not a multiple of n_groups={n_groups}")
+    p = profiles.float()
+    if not bool(torch.isfinite(p).all()) or bool((p < 0).any()):
+        raise ValueError("profiles must be finite and non-negative")
+    sums = p.sum(-1)
+    if not bool(((sums - 1).abs() <= ROW_SUM_TOL).all()):
+        worst = float((sums - 1).abs().max())
+        raise ValueError(f"profile rows must sum to 1 (worst row is off by {worst:.3g})")

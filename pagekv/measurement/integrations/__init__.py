@@ -1,0 +1,34 @@
+"""Page-EntroKV inside other libraries' pipelines.
+
+``kvpress_press``: `PageEntroKVPress` (and `MeanPoolPagePress`), NVIDIA kvpress presses
+that decide with `pagekv.maths.plan` (see docs/kvpress.md)::
+
+    from pagekv.measurement.integrations import PageEntroKVPress
+
+Names are loaded on first use, so ``import pagekv.measurement.integrations`` imports neither kvpress
+nor transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "PageEntroKVPress": "kvpress_press",
+    "MeanPoolPagePress": "kvpress_press",
+    "HookProtocol": "kvpress_press",
+    "KVPRESS_BASE": "kvpress_press",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module = importlib.import_module(f"{__name__}.{_LAZY[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

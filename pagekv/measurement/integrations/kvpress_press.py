@@ -1,0 +1,304 @@
+"""Page-EntroKV as an NVIDIA kvpress press: the same decision as `pagekv.maths.plan`, in kvpress.
+
+kvpress (https://github.com/NVIDIA/kvpress) compresses the KV cache during prefill
+through a "press": a dataclass whose forward hook, after each attention layer has run,
+hands the layer's cache to ``press.compress(module, hidden_states, keys, values,
+attentions, kwargs)`` and stores the smaller keys and values it returns. This press
+decides with pagekv's own core, layer by layer:
+
+1. the last ``w = min(window, n)`` rows of ``hidden_states`` are projected to queries
+   and rotated with the layer's ``position_embeddings`` (``pagekv.runtime.capture.window_queries``,
+   the very function the runner's capture uses), as SnapKV's press recomputes its window;
+2. ``pagekv.runtime.backend.score_layers`` gives the profiles ``[B, H, n]`` of those queries over
+   the layer's keys (after RoPE: exactly the keys the cache holds);
+3. ``pagekv.plan(profiles, n_groups=G, config=EvictionConfig(...))`` picks the pages each
+   KV head keeps (the batch plays the role of plan's layer axis, so every sequence of a
+   batch gets its own pages);
+4. ``pagekv.runtime.backend.compact`` gathers them: keys and values ``[B, G, k', d]``, with the
+   same ``k'`` in every KV head (the pooled policies are dense by construction).
+
+Worked example, one layer of SmolLM2-135M (H = 9 query heads, G = 3 KV heads) on a
+context of ``n = 100`` tokens, ``PageEntroKVPress(budget=0.3, page_size=16)``: pages
+``[0..6]`` hold tokens ``[0..15], [16..31], ..., [96..99]``; the sinks (tokens 0-3) and
+the window (tokens 68-99) protect pages 0, 4, 5 and 6 = 16 + 16 + 16 + 4 = 52 tokens >
+``k = floor(0.3 * 100) = 30``, so this budget is infeasible (a ``BudgetError`` that names
+the smallest feasible budget, 0.52). With ``budget=0.7`` (``k = 70``) one more page fits
+(52 + 16 = 68 <= 70): each KV head keeps the 5 pages ``{0, j, 4, 5, 6}`` where ``j`` is
+its best-scoring free page, 68 tokens, and ``keys`` comes back ``[1, 3, 68, 64]``.
+
+Budget. Give ``budget`` (pagekv's fraction KEPT, ``k = floor(budget * n)`` tokens per
+(layer, KV head)) or kvpress's ``compression_ratio`` (fraction REMOVED; ``k`` is then what
+kvpress's own presses keep, ``max(1, int(n * (1 - compression_ratio)))``), never both;
+neither means no compression, kvpress's default. Whole pages are kept, so the stored count
+``k'`` is at most ``k`` (protected pages first, then the best pages that still fit).
+
+kvpress's evaluation scripts set ``press.compression_ratio`` on a registered press, so
+the fields are mutable (like kvpress's presses) and checked again at every ``compress``.
+
+Where kvpress imports, ``PageEntroKVPress`` subclasses ``kvpress.BasePress`` and uses its
+forward hook and context manager unchanged, so ``isinstance(press, BasePress)`` holds and
+kvpress's wrappers that take any BasePress (``ComposedPress``) accept it. Where kvpress is
+missing (pagekv's own environment), the same class rests on ``HookProtocol``, pagekv's
+rendering of that hook protocol for transformers 5 (the cache arrives as ``cache`` or
+``past_key_values``), so the logic, ``compress`` and ``with press(model):`` still run.
+``KVPRESS_BASE`` says which one this process got. kvpress is imported when this module
+is, never by ``import pagekv``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from pagekv.maths.config import EvictionConfig
+from pagekv.maths.plan import Plan, plan
+from pagekv.maths.policies import POOLED_POLICIES, get_policy
+from pagekv.measurement.peer.kvpress_peer import kvpress_kept
+from pagekv.runtime.backend import BACKENDS, compact, score_layers
+from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
+
+log = logging.getLogger(__name__)
+
+
+class HookProtocol:
+    """kvpress's press protocol, for a process where kvpress does not import.
+
+    A forward hook on every attention module (``model.model.layers[i].self_attn``) runs
+    after the layer's attention; during the prefill (the layer's cache holds exactly the
+    tokens of this forward) it replaces the layer's cached keys and values with what
+    ``compress`` returns. ``with press(model):`` registers the hooks and removes them on
+    exit, like ``kvpress.BasePress.__call__``.
+    """
+
+    def post_init_from_model(self, model) -> None:
+        """Called once per ``with press(model):`` before the hooks are registered."""
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        raise NotImplementedError
+
+    def forward_hook(self, module, args, kwargs, output):
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))
+        if hidden is None or cache is None:
+            return output
+        layer = cache.layers[module.layer_idx]
+        if layer.keys is None or layer.keys.shape[-2] != hidden.shape[1]:
+            return output  # a decoding step, or a later chunk: only the prefill is pressed
+        if "position_embeddings" not in kwargs and len(args) > 1:
+            kwargs = dict(kwargs, position_embeddings=args[1])
+        attn = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+        keys, values = self.compress(module, hidden, layer.keys, layer.values, attn, kwargs)
+        layer.keys, layer.values = keys, values
+        return output
+
+    @contextmanager
+    def __call__(self, model):
+        self.post_init_from_model(model)
+        handles = [
+            m.register_forward_hook(self.forward_hook, with_kwargs=True)
+            for m in attention_modules(model)
+        ]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def _press_base() -> type:
+    """``kvpress.BasePress`` when kvpress imports, else ``HookProtocol``."""
+    try:
+        from kvpress import BasePress
+    except ImportError:
+        return HookProtocol
+    except Exception as e:  # installed but broken (e.g. a transformers it does not support)
+        log.warning("kvpress is installed but does not import (%s); using HookProtocol", e)
+        return HookProtocol
+    return BasePress
+
+
+_Base = _press_base()
+#: True when `PageEntroKVPress` is a `kvpress.BasePress` in this process.
+KVPRESS_BASE = _Base is not HookProtocol
+
+
+@dataclass
+class PageEntroKVPress(_Base):
+    """Entropy-weighted, page-level eviction per (layer, KV head), as a kvpress press.
+
+    Use it like any kvpress press::
+
+        press = PageEntroKVPress(budget=0.2, page_size=16)
+        with press(model):
+            model.model(input_ids=context_ids, past_key_values=cache)
+        pipe(context, question=question, press=press)   # or kvpress's pipeline
+
+    Fields (pagekv's `EvictionConfig` names, see docs/kvpress.md):
+        budget: fraction of the context KEPT per (layer, KV head), in (0, 1].
+        compression_ratio: kvpress's fraction REMOVED, in [0, 1). Give one of the two.
+        policy: a pooled policy of `pagekv.maths.policies`: "entropy" (Page-EntroKV),
+            "entropy_nosink", "mean", "max"; or "streaming" (sinks + recent pages) and
+            "full" (no eviction). "head_independent" is refused: its KV heads keep
+            different counts, which a dense kvpress cache cannot hold.
+        page_size: tokens per page (1 = token-level eviction).
+        n_sink: the first tokens, always kept and left out of the head weights.
+        window: the last `window` context tokens score the rest and are always kept.
+        tau: temperature of the head-weight softmax.
+        backend: "auto" (Triton kernels on CUDA when they import), "torch" or "triton".
+        record: keep each layer's `Plan` in `plans` (for tests and inspection).
+    """
+
+    budget: float | None = None
+    compression_ratio: float | None = None
+    policy: str = "entropy"
+    page_size: int = 16
+    n_sink: int = 4
+    window: int = 32
+    tau: float = 1.0
+    backend: str = "auto"
+    record: bool = False
+    plans: dict[int, Plan] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    # ---------------------------------------------------------------- settings
+
+    def check(self) -> None:
+        """Raise ValueError, naming the field, for any setting pagekv cannot run."""
+        if self.budget is not None and self.compression_ratio is not None:
+            raise ValueError(
+                "give budget (fraction kept) or compression_ratio (fraction removed), not "
+                f"both; got budget={self.budget!r}, compression_ratio={self.compression_ratio!r}"
+            )
+        if self.budget is not None and not _real_in(self.budget, 0.0, 1.0, lo_open=True):
+            raise ValueError(f"budget must be a number in (0, 1]; got {self.budget!r}")
+        ratio = self.compression_ratio
+        if ratio is not None and not _real_in(ratio, 0.0, 1.0, hi_open=True):
+            raise ValueError(f"compression_ratio must be a number in [0, 1); got {ratio!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
+        cfg = self._config(1.0)  # validates policy, page_size, n_sink, window, tau
+        if not cfg.pooled:
+            raise ValueError(
+                f"policy {self.policy!r} keeps a different number of tokens per KV head, which "
+                f"a dense kvpress cache cannot hold; use one of {', '.join(POOLED_POLICIES)}"
+            )
+
+    def _config(self, budget: float) -> EvictionConfig:
+        return EvictionConfig(
+            policy=self.policy,
+            budget=budget,
+            page_size=self.page_size,
+            n_sink=self.n_sink,
+            window=self.window,
+            tau=self.tau,
+        )
+
+    @property
+    def compresses(self) -> bool:
+        """False when nothing is evicted (no budget given, a ratio of 0, or `full`)."""
+        if get_policy(self.policy).keeps_all:
+            return False
+        return self.budget is not None or bool(self.compression_ratio)
+
+    def budget_tokens(self, n: int) -> int:
+        """``k``, the most tokens each (layer, KV head) keeps out of a context of ``n``.
+
+        ``floor(budget * n)`` (`EvictionConfig.budget_tokens`) for ``budget``; kvpress's
+        own count ``max(1, int(n * (1 - compression_ratio)))`` for ``compression_ratio``,
+        so a press compared at the same ratio gets the same number of tokens.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive integer; got {n!r}")
+        if not self.compresses:
+            return n
+        if self.budget is not None:
+            return self._config(self.budget).budget_tokens(n)
+        return kvpress_kept(n, float(self.compression_ratio))
+
+    def eviction_config(self, n: int) -> EvictionConfig:
+        """The `EvictionConfig` that makes `plan` keep at most `budget_tokens(n)` tokens.
+
+        With ``compression_ratio`` the fraction is ``k / n``, nudged by an ulp where float
+        rounding would make ``floor`` land on ``k - 1``.
+        """
+        if self.budget is not None:
+            return self._config(self.budget)
+        k = self.budget_tokens(n)
+        beta = k / n
+        for _ in range(8):
+            cfg = self._config(min(beta, 1.0))
+            got = cfg.budget_tokens(n)
+            if got == k:
+                return cfg
+            beta = math.nextafter(beta, 2.0 if got < k else 0.0)
+        raise AssertionError(f"no budget fraction keeps exactly {k} of {n}")  # unreachable
+
+    # ---------------------------------------------------------------- kvpress hooks
+
+    def post_init_from_model(self, model) -> None:
+        attention_modules(model)  # a clear ValueError for an architecture we cannot read
+        self.plans = {}
+
+    @torch.no_grad()
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        """Keep the planned pages of this layer: keys, values ``[B, G, n, d] -> [B, G, k', d]``.
+
+        Runs without autograd (eviction is not differentiated). Raises BudgetError (a
+        ValueError) when the protected pages (sinks and window) alone exceed the budget;
+        its message names the smallest feasible budget.
+        """
+        self.check()  # kvpress's evaluation sets compression_ratio after construction
+        if not self.compresses:
+            return keys, values
+        B, G, n, _ = keys.shape  # [B, G, n, d]
+        cfg = self.eviction_config(n)
+        w = min(cfg.window, n, hidden_states.shape[1])
+        pe = kwargs.get("position_embeddings") if isinstance(kwargs, dict) else None
+        if pe is None:
+            raise ValueError(
+                "the attention layer got no position_embeddings; PageEntroKVPress needs the "
+                "rotary tables to recompute the window's queries (Llama / Qwen2 / Mistral / "
+                "Qwen3 style models)"
+            )
+        cos, sin = pe
+        q_win = window_queries(module, hidden_states[:, -w:], cos[:, -w:], sin[:, -w:])
+        # [B, H, n] profiles and their per-head masses, as the runner scores its cache
+        # (pagekv.runtime.runner.Prefill.scores): the batch sits on plan's layer axis.
+        profiles, masses, used = score_layers(
+            q_win, keys, cfg.n_sink, scale=attention_scale(module), backend=self.backend
+        )
+        p = plan(profiles, n_groups=G, config=cfg, masses=masses, backend=used)
+        kept = p.kept_indices().to(keys.device)  # [B, G, k']
+        if B == 1:
+            keys, values, _ = compact(keys, values, kept[0], backend=used)
+        else:
+            pairs = [
+                compact(keys[b : b + 1], values[b : b + 1], kept[b], backend=used) for b in range(B)
+            ]
+            keys = torch.cat([pr[0] for pr in pairs])
+            values = torch.cat([pr[1] for pr in pairs])
+        if self.record:
+            self.plans[getattr(module, "layer_idx", len(self.plans))] = p
+        return keys.contiguous(), values.contiguous()
+
+
+@dataclass
+class MeanPoolPagePress(PageEntroKVPress):
+    """`PageEntroKVPress` with mean pooling (every head of a group weighs ``1/r``): the
+    side-by-side baseline, same pages and budget accounting, only the pooling differs."""
+
+    policy: str = "mean"
+
+
+def _real_in(v, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        return False
+    above = v > lo if lo_open else v >= lo
+    below = v < hi if hi_open else v <= hi
+    return above and below

@@ -1,0 +1,7 @@
+"""Peers: other libraries' eviction methods, run on the same token ids and budgets.
+
+``kvpress_peer`` drives NVIDIA kvpress in its own virtual environment (kvpress needs an
+older transformers than pagekv); import it explicitly::
+
+    from pagekv.measurement.peer import kvpress_peer
+"""

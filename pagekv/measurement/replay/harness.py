@@ -1,0 +1,335 @@
+"""`run_replay`: measure the paper's claims on one model and write tables and figures.
+
+    python -m pagekv replay --model bundled --out runs/replay [--quick] [--no-peer]
+
+Resumable: every finished unit (a prompt's profile-only measurements, one decoded
+configuration, one peer request) is appended to `OUT/units.jsonl` and skipped by a
+re-run; a prompt whose units are all done is not even prefilled again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from pagekv.measurement.replay import report, tables
+from pagekv.measurement.replay.grid import FULL, QUICK, Grid
+from pagekv.measurement.replay.jobs import Job, build_jobs
+from pagekv.measurement.replay.measure import cardinality_unit, decode_unit, profile_unit
+from pagekv.measurement.replay.peer import WANTED, PeerAdapter
+from pagekv.measurement.replay.store import UnitStore, unit_key
+from pagekv.paths import PRESETS_PATH
+from pagekv.serving.study import Study
+
+log = logging.getLogger(__name__)
+SEED = 0
+
+
+def _say(msg: str) -> None:
+    print(f"[replay] {msg}", file=sys.stderr, flush=True)
+
+
+class _Lazy:
+    """Loads the model only when a unit actually needs it (a fully cached re-run never does)."""
+
+    def __init__(self, model, device, backend):
+        self.args = (model, device, backend)
+        self._study = None
+
+    @property
+    def study(self) -> Study:
+        if self._study is None:
+            from pagekv.runtime.models import load_model
+
+            model, device, backend = self.args
+            _say(f"loading model {model!r} ...")
+            loaded = load_model(model, device=device, allow_fallback=True)
+            if loaded.fell_back:
+                _say(loaded.note)
+            self._study = Study(loaded, backend=backend, memo_size=1)
+            _say(
+                f"model {loaded.name} ({loaded.n_layers} layers, {loaded.n_heads} heads, "
+                f"{loaded.n_kv_heads} KV heads) on {loaded.device}, "
+                f"{self._study.runner.backend} backend, load {loaded.load_s:.1f}s"
+            )
+        return self._study
+
+
+def run_replay(
+    model: str = "bundled",
+    out: str | Path = "runs/replay",
+    quick: bool = False,
+    peer: bool = True,
+    device: str | None = None,
+    backend: str = "auto",
+    grid: Grid | None = None,
+    update_presets: bool = False,
+) -> dict:
+    """Run the replay grid (`QUICK` or `FULL`, or `grid`) and write everything to `out`.
+
+    With `update_presets` the measured presets also replace the app's tracked
+    `assets/presets.json` (never otherwise). Returns the results dict that is also
+    written to `out/results.json`.
+    """
+    t_start = time.perf_counter()
+    torch.manual_seed(SEED)
+    grid = grid or (QUICK if quick else FULL)
+    out = Path(out)
+    store = UnitStore(out)
+    _say(f"grid {grid.name}, output {out} ({store.loaded} cached units)")
+    lazy = _Lazy(model, device, backend)
+    from pagekv.tasks import task_names
+
+    jobs = build_jobs(grid, {"qa": task_names("qa"), "code": task_names("code")})
+    model_key = model
+    profile_units, decode_units, card_units = [], [], []
+    errors = []
+    n_decodes = sum(len(j.decodes) for j in jobs)
+    _say(f"{len(jobs)} prompts, {n_decodes} decodes")
+    bar = _progress(len(jobs))
+    for i, job in enumerate(jobs):
+        keys = _job_keys(model_key, grid, job)
+        missing = [k for k in keys.values() if k not in store]
+        if missing:
+            try:
+                _compute_job(lazy, store, grid, job, keys)
+            except Exception as e:  # a prompt that cannot be built or prefilled
+                msg = " ".join(f"{type(e).__name__}: {e}".split())
+                errors.append({"spec": job.spec_dict(), "error": msg})
+                _say(f"prompt {job.spec_dict()} failed: {msg}")
+                bar(i, job, "failed")
+                continue
+        spec = job.spec_dict()
+        if keys["profile"] in store:
+            profile_units.append(
+                {"spec": spec, "tables": sorted(job.tables), **store.get(keys["profile"])}
+            )
+        if job.cardinality and keys.get("t5") in store:
+            card_units.append({"spec": spec, **store.get(keys["t5"])})
+        for tag, cfg, label in job.decodes:
+            k = keys[("decode", tag, cfg, label)]
+            if k in store:
+                decode_units.append(
+                    {"spec": spec, "table": tag, "label": label, "config": cfg.to_dict()}
+                    | store.get(k)
+                )
+        bar(i, job, "cached" if not missing else "done")
+
+    peer_adapter = PeerAdapter(peer, quick, model_dir=_peer_model_dir(model), progress=_say)
+    peer_units = _run_peer(peer_adapter, lazy, store, model_key, jobs, grid)
+
+    wall = time.perf_counter() - t_start
+    env = _environment(lazy, model)
+    results = tables.build(
+        grid=grid,
+        profile_units=profile_units,
+        decode_units=decode_units,
+        card_units=card_units,
+        peer_units=peer_units,
+        peer_status=peer_adapter.status(),
+    )
+    results["meta"] = {
+        "command": _command(model, out, quick, peer, grid.name, update_presets),
+        "model": model,
+        "grid": grid.name,
+        "grid_definition": _grid_dict(grid),
+        "wall_s": wall,
+        "units": store.stats(),
+        "prompts": len(jobs),
+        "prompt_errors": errors,
+        **env,
+    }
+    report.write_all(out, results, update_presets=PRESETS_PATH if update_presets else None)
+    _say(
+        f"done in {wall:.0f}s: {store.computed} units computed, {store.reused} reused; "
+        f"see {out / 'results.json'}"
+    )
+    return results
+
+
+# --------------------------------------------------------------------------- units
+
+
+def _job_keys(model: str, grid: Grid, job: Job) -> dict:
+    spec = job.spec_dict()
+    keys = {
+        "profile": unit_key(
+            unit="profile",
+            model=model,
+            spec=spec,
+            geometries=grid.geometries,
+            budgets=grid.t1_budgets,
+            v=2,  # v2: pooled UOR measured on the compacted caches (not the plans)
+        )
+    }
+    if job.cardinality:
+        keys["t5"] = unit_key(
+            unit="t5", model=model, spec=spec, pages=grid.t5_page_sizes, b=grid.t5_budgets, v=1
+        )
+    for tag, cfg, label in job.decodes:
+        keys[("decode", tag, cfg, label)] = unit_key(
+            unit="decode", model=model, spec=spec, config=cfg.to_dict(), m=grid.max_new_tokens, v=1
+        )
+    return keys
+
+
+def _compute_job(lazy: _Lazy, store: UnitStore, grid: Grid, job: Job, keys: dict) -> None:
+    study = lazy.study
+    prep = study.prepare(job.spec)
+    if keys["profile"] not in store:
+        store.put(keys["profile"], profile_unit(study.runner, prep, grid))
+    if job.cardinality and keys["t5"] not in store:
+        store.put(keys["t5"], cardinality_unit(study.runner, prep, grid))
+    for tag, cfg, label in job.decodes:
+        k = keys[("decode", tag, cfg, label)]
+        if k in store:
+            continue
+        try:
+            rec = decode_unit(study, prep, cfg, grid.max_new_tokens)
+        except (ValueError, RuntimeError) as e:
+            rec = {"feasible": False, "error": " ".join(str(e).split())[:300]}
+        store.put(k, rec)
+
+
+def _progress(total: int):
+    """A tqdm bar on stderr when tqdm is importable, else one line per prompt."""
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, file=sys.stderr, desc="replay", unit="prompt", leave=True)
+    except ImportError:
+        bar = None
+
+    def step(i: int, job: Job, state: str) -> None:
+        s = job.spec
+        what = f"{s.task} {s.name or ''} ctx={s.context_tokens} needles={s.n_needles} {s.mode}"
+        if bar is not None:
+            bar.set_postfix_str(f"{what} ({state})", refresh=False)
+            bar.update(1)
+            if i == total - 1:
+                bar.close()
+        else:
+            _say(f"[{i + 1}/{total}] {what}: {state}")
+
+    return step
+
+
+# --------------------------------------------------------------------------- peer
+
+
+def _peer_model_dir(model: str):
+    from pagekv.runtime.models import bundled_cache_dir, is_bundled
+
+    return bundled_cache_dir() if is_bundled(model) else model
+
+
+def _run_peer(adapter: PeerAdapter, lazy, store, model, jobs, grid) -> list[dict]:
+    """kvpress on the same token ids and budgets (T4 and T6 prompts), cached per request."""
+    requests, meta = [], {}
+    presses = adapter.presses or list(WANTED)  # cached results are reported either way
+    for job in jobs:
+        if not job.peer_budgets or not (set(grid.peer_tables) & job.tables):
+            continue
+        tag = "T4" if "T4" in job.tables else "T6"
+        for b in job.peer_budgets:
+            for press in presses:
+                key = unit_key(
+                    unit="peer", model=model, spec=job.spec_dict(), press=press, budget=b, v=1
+                )
+                meta[key] = (job, tag, press, b)
+                if key in store or not adapter.available:
+                    continue
+                study = lazy.study
+                task = study.make_task(job.spec)
+                ids = task.build_prompt_ids(study.tokenizer, mode=job.spec.mode)
+                if job.spec.mode != "after":
+                    ids = {"input_ids": ids["input_ids"]}
+                req = adapter.request(key, press, b, ids, grid.max_new_tokens)
+                requests.append(req)
+    if requests:
+        _say(f"kvpress peer: {len(requests)} requests ...")
+        for res in adapter.run(requests):
+            key = res.get("id")
+            if key not in meta:
+                continue
+            job = meta[key][0]
+            data = dict(res)
+            data.pop("id", None)
+            if not data.get("error"):
+                from pagekv.tasks import score
+
+                task = lazy.study.make_task(job.spec)
+                s = score(data.get("answer", ""), task)
+                data["correct"] = bool(s["correct"])
+                store.put(key, data)
+    out = []
+    for key, (job, tag, press, b) in meta.items():
+        if key in store:
+            rec = store.get(key)
+            out.append({"spec": job.spec_dict(), "table": tag, "press": press, "budget": b} | rec)
+    return out
+
+
+# --------------------------------------------------------------------------- meta
+
+
+def _environment(lazy: _Lazy, model: str) -> dict:
+    import transformers
+
+    env = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "cpu_count": _cpu_count(),
+        "platform": platform.platform(),
+        "cuda": torch.cuda.is_available(),
+    }
+    if lazy._study is not None:
+        ld = lazy._study.loaded
+        env["model_info"] = {
+            "name": ld.name,
+            "n_layers": ld.n_layers,
+            "n_heads": ld.n_heads,
+            "n_kv_heads": ld.n_kv_heads,
+            "r": ld.group_size,
+            "device": ld.device,
+            "dtype": str(ld.dtype),
+            "backend": lazy._study.runner.backend,
+            "fell_back": ld.fell_back,
+            "note": ld.note,
+        }
+    return env
+
+
+def _cpu_count() -> int:
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 0
+
+
+def _grid_dict(grid: Grid) -> dict:
+    d = asdict(grid)
+    d["t7_settings"] = [asdict(s) for s in grid.t7_settings]
+    return d
+
+
+def _command(model, out, quick, peer, grid_name=None, update_presets=False) -> str:
+    cmd = f"python -m pagekv replay --model {model} --out {out}"
+    if quick:
+        cmd += " --quick"
+    elif grid_name and grid_name != "full":
+        cmd += f" --grid {grid_name}"
+    if not peer:
+        cmd += " --no-peer"
+    if update_presets:
+        cmd += " --update-presets"
+    return cmd

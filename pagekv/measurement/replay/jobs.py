@@ -1,0 +1,88 @@
+"""The work list: one `Job` per prompt, with every unit to compute on its prefill."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from pagekv.maths.config import EvictionConfig
+from pagekv.measurement.replay.grid import Grid
+from pagekv.serving.study import PromptSpec
+
+
+@dataclass
+class Job:
+    """A prompt and what the replay computes on it (the prefill is shared)."""
+
+    spec: PromptSpec
+    tables: set[str] = field(default_factory=set)  # T4 / T6 / T7 roles of the prompt
+    decodes: list[tuple[str, EvictionConfig, str]] = field(default_factory=list)  # tag,cfg,label
+    cardinality: bool = False
+    peer_budgets: tuple[float, ...] = ()
+
+    def spec_dict(self) -> dict:
+        return {k: v for k, v in asdict(self.spec).items() if v is not None}
+
+
+def _decodes(tag: str, policies, budgets, base: EvictionConfig | None = None, label=""):
+    base = base or EvictionConfig()
+    out = [(tag, base.replace(policy=p, budget=b), label) for b in budgets for p in policies]
+    if budgets:
+        out.append((tag, base.replace(policy="full", budget=1.0), label or "full"))
+    return out
+
+
+def build_jobs(grid: Grid, curated_names: dict[str, list[str]]) -> list[Job]:
+    """Every prompt of the grid, in the order they run (cheap prompts first).
+
+    `curated_names` maps "qa" / "code" to the curated task names (T6).
+    """
+    jobs: dict[PromptSpec, Job] = {}
+
+    def job(spec: PromptSpec) -> Job:
+        return jobs.setdefault(spec, Job(spec))
+
+    for ci, ctx in enumerate(grid.t4_contexts):
+        for di, depth in enumerate(grid.t4_depths):
+            for s in range(grid.t4_seeds_per_cell):
+                seed = 100 * ci + 10 * di + s  # a different needle in every cell
+                for mode in grid.t4_modes:
+                    j = job(PromptSpec(context_tokens=ctx, depth=depth, seed=seed, mode=mode))
+                    j.tables.add("T4")
+                    budgets = grid.t4_budgets if mode == "after" else grid.t4_inside_budgets
+                    j.decodes += _decodes("T4", grid.policies, budgets)
+                    j.peer_budgets = tuple(budgets)
+    t4_jobs = [j for j in jobs.values() if "T4" in j.tables]
+    for j in t4_jobs[: grid.t5_prompts]:
+        j.cardinality = True
+
+    names = curated_names or {}
+    wanted = grid.t6_tasks
+    for kind in ("qa", "code"):
+        for name in names.get(kind, []):
+            if wanted is not None and name not in wanted:
+                continue
+            for mode in grid.t6_modes:
+                j = job(PromptSpec(task=kind, name=name, mode=mode))
+                j.tables.add("T6")
+                j.decodes += _decodes("T6", grid.policies, (grid.t6_budget,))
+                j.peer_budgets = (grid.t6_budget,)
+
+    for ctx, n_needles, seed, mode in grid.t7_prompts:
+        spec = PromptSpec(context_tokens=ctx, depth=0.5, seed=seed, n_needles=n_needles, mode=mode)
+        j = job(spec)
+        j.tables.add("T7")
+        for st in grid.t7_settings:
+            base = EvictionConfig(**st.config_fields())
+            j.decodes += [("T7", base.replace(policy=p), st.label) for p in ("entropy", "mean")]
+        j.decodes.append(("T7", EvictionConfig(policy="full", budget=1.0), "full"))
+
+    out = list(jobs.values())
+    for j in out:  # drop duplicate configurations (same tag and config)
+        seen, uniq = set(), []
+        for d in j.decodes:
+            key = (d[0], d[1], d[2])
+            if key not in seen:
+                seen.add(key)
+                uniq.append(d)
+        j.decodes = uniq
+    return out

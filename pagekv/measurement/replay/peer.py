@@ -1,0 +1,125 @@
+"""The kvpress peer behind a small adapter, so the replay runs whether or not it works.
+
+The bridge itself is `pagekv.measurement.peer.kvpress_peer` (kvpress runs in its own environment
+on the converted bundled model, fed the very token ids the replay uses). This adapter
+only imports it, asks whether it can run, sends one batch of requests and turns every
+failure (module missing, kvpress not installable, a request error) into a recorded
+reason: `{"available": False, "reason": ...}` in results.json.
+
+Besides kvpress's presses the replay runs pagekv's own presses through kvpress
+(`pagekv_entropy` = `PageEntroKVPress`, `pagekv_mean` = `MeanPoolPagePress`, from
+`pagekv.measurement.integrations.kvpress_press`) at the replay's default geometry (pages of 16,
+window 32), so T4 and T6 compare every method in one pipeline.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+log = logging.getLogger(__name__)
+
+#: kvpress's presses the replay asks for, in the bridge's `PRESSES` spelling.
+KVPRESS_WANTED = ("snapkv", "expected_attention", "knorm", "streaming_llm")
+#: pagekv's presses run inside kvpress (the bridge's `PAGEKV_PRESSES`).
+PAGEKV_WANTED = ("pagekv_entropy", "pagekv_mean")
+#: Every press the replay asks for.
+WANTED = KVPRESS_WANTED + PAGEKV_WANTED
+#: SnapKV's observation window set to ours (32); its default of 64 differs. pagekv's
+#: presses at the runner's default geometry (EvictionConfig: pages of 16, window 32).
+_GEOMETRY = {"page_size": 16, "window": 32, "n_sink": 4, "tau": 1.0}
+PRESS_KWARGS = {"snapkv": {"window_size": 32}} | {p: dict(_GEOMETRY) for p in PAGEKV_WANTED}
+
+
+class PeerAdapter:
+    """`status()` -> {"available", "reason", "presses"}; `run(requests)` -> results."""
+
+    def __init__(self, enabled: bool, quick: bool, model_dir=None, progress=None):
+        self.enabled = enabled
+        self.quick = quick
+        self.model_dir = model_dir
+        self.progress = progress or (lambda msg: log.info("%s", msg))
+        self.module = None
+        self.available = False
+        self.reason = ""
+        self.presses: list[str] = []
+        self._probe()
+
+    def _probe(self) -> None:
+        if not self.enabled:
+            self.reason = "disabled (--no-peer)"
+            return
+        try:
+            self.module = importlib.import_module("pagekv.measurement.peer.kvpress_peer")
+        except Exception as e:  # ImportError, or the module failing at import
+            self.reason = f"pagekv.measurement.peer.kvpress_peer is not importable: {_one_line(e)}"
+            return
+        if self.quick and not _installed(self.module):
+            self.reason = "skipped in --quick: the kvpress environment is not installed yet"
+            return
+        if not self.quick:  # create the environment once (pip; fails clearly offline)
+            try:
+                self.module.ensure_kvpress_env(progress=self.progress)
+            except Exception as e:  # PeerUnavailable or anything else
+                self.reason = f"kvpress environment not ready: {_one_line(e)}"
+                return
+        try:
+            ok, why = self.module.kvpress_available()
+        except Exception as e:
+            self.reason = f"kvpress_available() failed: {_one_line(e)}"
+            return
+        if not ok:
+            self.reason = f"kvpress unavailable: {why}"
+            return
+        names = [str(p) for p in getattr(self.module, "PRESSES", KVPRESS_WANTED)]
+        names += [str(p) for p in getattr(self.module, "PAGEKV_PRESSES", ())]
+        self.presses = [p for p in WANTED if p in names] or names[: len(WANTED)]
+        self.available = True
+        self.reason = why or "ok"
+
+    def status(self) -> dict:
+        return {"available": self.available, "reason": self.reason, "presses": self.presses}
+
+    def request(self, rid: str, press: str, budget: float, ids: dict, max_new: int) -> dict:
+        """One request on the replay's own token ids (the bridge converts the budget)."""
+        kw = {"budget": budget, "max_new_tokens": max_new}
+        if "context_ids" in ids:
+            kw |= {"context_ids": ids["context_ids"], "question_ids": ids["question_ids"]}
+        else:
+            kw["input_ids"] = ids["input_ids"]
+        make = getattr(self.module, "make_request", None)
+        if make is not None:
+            return make(rid, press, press_kwargs=PRESS_KWARGS.get(press), **kw)
+        req = {"id": rid, "press": press, "compression_ratio": round(1.0 - budget, 6)}
+        req["mode"] = "after" if "context_ids" in kw else "inside"
+        return req | {k: v for k, v in kw.items() if k != "budget"}
+
+    def run(self, requests: list[dict], timeout: float = 3600.0) -> list[dict]:
+        """Send the requests; on a failure of the whole batch every result carries it."""
+        if not requests:
+            return []
+        if not self.available:
+            return [{"id": r["id"], "error": self.reason} for r in requests]
+        try:
+            return list(self.module.run_kvpress(self.model_dir, requests, timeout=timeout))
+        except Exception as e:
+            msg = f"run_kvpress failed: {_one_line(e)}"
+            self.reason = msg
+            return [{"id": r["id"], "error": msg} for r in requests]
+
+
+def _installed(module) -> bool:
+    """Whether the bridge's environment exists already (no install in --quick)."""
+    for name in ("kvpress_installed", "env_ready", "is_installed"):
+        fn = getattr(module, name, None)
+        if callable(fn):
+            try:
+                res = fn()
+                return bool(res[0] if isinstance(res, tuple) else res)
+            except Exception:
+                return False
+    return False
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())[:300]

@@ -1,0 +1,293 @@
+"""Backend choice: Triton kernels (`kernels/`) or their torch twins, same results.
+
+`auto` picks Triton for CUDA tensors when Triton imports, torch otherwise; `torch`
+always runs the twins; `triton` always runs the kernels, and on CPU tensors that
+means the Triton interpreter, which Triton only builds when `TRITON_INTERPRET=1`
+was in the environment before the kernels were defined (before `kernels.*` was
+first imported). Asking for `triton` on CPU without it raises a `BackendError`
+that says so.
+
+Nothing here imports Triton or queries CUDA at import time: `kernels` is imported
+inside the dispatch functions, so `pagekv` imports on a machine without Triton.
+Each dispatch logs (logger "pagekv") which backend ran and returns its name, so
+results can record it.
+
+Dispatch functions (the runner's entry points):
+
+- `score_layers(q_win, keys, n_sink)`: profiles and per-head masses (`HeadMasses`).
+- `page_scores(scores, weights, n_groups, page_size, n_sink, window)`: pooled and
+  page scores plus the protected pages; `select_pages` (torch) then decides.
+- `compact(keys, values, kept_idx)`: the dense compacted cache.
+- `to_paged(keys, values, page_keep, page_size)`: the paged layout of `pagekv.runtime.paged`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from pagekv.maths.entropy import HeadMasses, mass_sums
+from pagekv.maths.paging import page_reduce, protected_pages
+from pagekv.maths.pooling import max_pool, weighted_pool
+from pagekv.maths.profiles import attention_profiles
+from pagekv.runtime.compaction import compact_layer
+from pagekv.runtime.paged import PagedKV, _layers, empty_paged
+from pagekv.runtime.paged import to_paged as _to_paged_torch
+
+log = logging.getLogger("pagekv")
+
+BACKENDS = ("auto", "torch", "triton")
+_KERNEL_MODULES = ("kernels.score", "kernels.pool_pages", "kernels.compact")
+
+
+class BackendError(RuntimeError):
+    """The requested backend cannot run here (no Triton, or no interpreter on CPU)."""
+
+
+def _device_of(tensor_or_device) -> torch.device:
+    if isinstance(tensor_or_device, torch.Tensor):
+        return tensor_or_device.device
+    return torch.device(tensor_or_device)
+
+
+def _kernel_modules():
+    """Import the kernel modules (and so Triton); BackendError when that fails."""
+    try:
+        return [importlib.import_module(m) for m in _KERNEL_MODULES]
+    except ImportError as e:  # triton missing, or kernels/ not on the path
+        raise BackendError(f"the Triton backend is unavailable: {e}") from e
+
+
+def _interpreted(mods) -> bool:
+    from kernels._common import is_interpreted
+
+    kernels = [getattr(m, name) for m in mods for name in dir(m) if name.startswith("_")]
+    jitted = [k for k in kernels if type(k).__name__ in ("JITFunction", "InterpretedFunction")]
+    return all(is_interpreted(k) for k in jitted)
+
+
+def resolve_backend(name: str, tensor_or_device) -> str:
+    """`"torch"` or `"triton"`: what backend `name` means for this tensor or device.
+
+    Raises:
+        ValueError: an unknown name.
+        BackendError: `triton` where it cannot run: Triton does not import; or a CPU
+            tensor while the kernels were defined without `TRITON_INTERPRET=1`.
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {name!r}")
+    device = _device_of(tensor_or_device)
+    if name == "torch":
+        return "torch"
+    if name == "auto":
+        if device.type != "cuda":
+            return "torch"
+        try:
+            _kernel_modules()
+        except BackendError as e:
+            log.warning("pagekv: %s; using the torch twins on %s", e, device)
+            return "torch"
+        return "triton"
+    mods = _kernel_modules()
+    if device.type == "cuda":
+        return "triton"
+    if device.type == "cpu":
+        if not _interpreted(mods):
+            raise BackendError(
+                "backend 'triton' on CPU tensors runs the Triton interpreter, which needs "
+                "TRITON_INTERPRET=1 in the environment before the kernels are first "
+                "imported (set it before importing kernels or calling pagekv.runtime.backend); "
+                "use backend='torch' or 'auto' on CPU otherwise"
+            )
+        return "triton"
+    raise BackendError(f"no Triton backend for device {device}; use backend='torch'")
+
+
+def _ran(op: str, backend: str, device) -> None:
+    log.debug("%s ran on the %s backend (%s)", op, backend, device)
+
+
+def score_layers(
+    q_win: torch.Tensor,
+    keys: torch.Tensor,
+    n_sink: int,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, HeadMasses, str]:
+    """Profiles and per-head masses of all layers (one launch pair on Triton).
+
+    Args:
+        q_win: `[L, H, w, d]` window queries after RoPE (or `[H, w, d]` for one layer).
+        keys: `[L, G, n, d]` cached keys (or `[G, n, d]`).
+        n_sink: sink tokens; scale: softmax scale (default `1/sqrt(d)`).
+
+    Returns:
+        `(profiles [L, H, n] float32, masses, backend_used)`: `masses` is a
+        `pagekv.maths.entropy.HeadMasses` built from the per-head sums (the kernel's, or
+        `mass_sums` of the twin's profiles) by the one conversion in the core.
+    """
+    used = resolve_backend(backend, keys)
+    if q_win.dim() == 3 and keys.dim() == 3:
+        q_win, keys = q_win[None], keys[None]
+    if used == "triton":
+        from kernels.score import score_layers as kernel
+
+        prof, sums = kernel(q_win, keys, n_sink, scale=scale)
+    else:
+        prof = attention_profiles(q_win, keys, scale)
+        sums = mass_sums(prof, n_sink)
+    masses = HeadMasses.from_sums(sums, prof.shape[-1], n_sink)
+    _ran("score_layers", used, keys.device)
+    return prof, masses, used
+
+
+def score_cache(
+    q_win: Sequence[torch.Tensor],
+    keys: Sequence[torch.Tensor],
+    n_sink: int,
+    scales: Sequence[float],
+    backend: str = "auto",
+) -> tuple[torch.Tensor, HeadMasses, str]:
+    """`score_layers` over a model's cache, one layer at a time (layers may differ in
+    softmax scale, and no stacked copy of the keys is made).
+
+    Args:
+        q_win: per layer `[H, w, d]` window queries after RoPE.
+        keys: per layer `[G, n, d]` cached keys.
+        n_sink: sink tokens; scales: per layer softmax scale.
+
+    Returns:
+        `(profiles [L, H, n] float32, masses [L, H], backend_used)`, on the keys'
+        device: the profiles are written into one device tensor and never leave it.
+    """
+    L = len(keys)
+    G, n, _ = keys[0].shape
+    H = q_win[0].shape[0]
+    dev = keys[0].device
+    used = resolve_backend(backend, keys[0])
+    profiles = torch.empty(L, H, n, dtype=torch.float32, device=dev)
+    sink, iso, coll = (torch.empty(L, H, dtype=torch.float32, device=dev) for _ in range(3))
+    for i in range(L):
+        q = q_win[i].to(dev)
+        prof, m, _ = score_layers(q[None], keys[i][None], n_sink, scale=scales[i], backend=used)
+        profiles[i], sink[i], iso[i], coll[i] = prof[0], m.sink[0], m.isolated[0], m.collision[0]
+    return profiles, HeadMasses(sink, iso, coll, n_sink), used
+
+
+def page_scores(
+    scores: torch.Tensor,
+    weights: torch.Tensor | None,
+    n_groups: int,
+    page_size: int,
+    n_sink: int,
+    window: int,
+    pooling: str = "weighted",
+    reduction: str = "max",
+    backend: str = "auto",
+    return_pooled: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, str]:
+    """Pool the heads of each group, then score pages.
+
+    Args:
+        scores: `[L, H, n]` token scores; weights: `[L, H]` for `pooling="weighted"`
+            (policies entropy / entropy_nosink / mean), None for `pooling="max"`.
+        n_groups: `G`; page_size: `P`; n_sink, window: the protected tokens (pass the
+            effective window, `min(window, n)`).
+        reduction: "max" or "sum" over a page's tokens.
+        return_pooled: also return the pooled token scores (else None; the kernel
+            then skips writing them).
+
+    Returns:
+        `(pooled [L, G, n] or None, page_scores [L, G, n_pages], protected [n_pages] bool,
+        backend_used)`. Feed `page_scores` and `protected` to
+        `pagekv.maths.paging.select_pages`: both backends give bit-identical max-reduced
+        scores when the twin sums heads in index order (see `kernels/pool_pages.py`).
+    """
+    used = resolve_backend(backend, scores)
+    n = scores.shape[-1]
+    if used == "triton":
+        from kernels.pool_pages import pool_pages
+
+        pooled, pages, prot = pool_pages(
+            scores, weights, n_groups, page_size, n_sink, window, pooling, reduction,
+            return_pooled=return_pooled,
+        )  # fmt: skip
+    else:
+        if pooling == "weighted":
+            pooled = weighted_pool(scores, weights, n_groups)
+        elif pooling == "max":
+            pooled = max_pool(scores, n_groups)
+        else:
+            raise ValueError(f"pooling must be 'weighted' or 'max'; got {pooling!r}")
+        pages = page_reduce(pooled, page_size, reduction)
+        prot = protected_pages(n, page_size, n_sink, window, scores.device)
+        pooled = pooled if return_pooled else None
+    _ran("page_scores", used, scores.device)
+    return pooled, pages, prot, used
+
+
+def compact(
+    keys: torch.Tensor, values: torch.Tensor, kept_idx: torch.Tensor, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Gather the kept tokens (twin: `pagekv.runtime.compaction.compact_layer`).
+
+    Shapes: one layer, `[B, G, n, d]` with kept_idx `[G, k']` -> `[B, G, k', d]`; or all
+    layers stacked, `[L, B, G, n, d]` with `[L, G, k']` -> `[L, B, G, k', d]` (one launch).
+
+    Returns:
+        `(keys, values, backend_used)`, bit-identical across backends.
+    """
+    used = resolve_backend(backend, keys)
+    if used == "triton":
+        from kernels.compact import compact as kernel
+
+        k, v = kernel(keys, values, kept_idx)
+    elif keys.dim() == 5:
+        if kept_idx.dim() != 3 or kept_idx.shape[0] != keys.shape[0]:
+            raise ValueError(
+                f"stacked keys {tuple(keys.shape)} need kept_idx [L, G, k']; got "
+                f"{tuple(kept_idx.shape)}"
+            )
+        pairs = [compact_layer(keys[i], values[i], kept_idx[i]) for i in range(keys.shape[0])]
+        k = torch.stack([p[0] for p in pairs])
+        v = torch.stack([p[1] for p in pairs])
+    else:
+        k, v = compact_layer(keys, values, kept_idx)
+    _ran("compact", used, keys.device)
+    return k, v, used
+
+
+def to_paged(
+    keys: torch.Tensor | Sequence[torch.Tensor],
+    values: torch.Tensor | Sequence[torch.Tensor],
+    page_keep: torch.Tensor,
+    page_size: int,
+    backend: str = "auto",
+) -> tuple[PagedKV, str]:
+    """The paged layout of `pagekv.runtime.paged` for the kept pages `page_keep [L, G, n_pages]`.
+
+    keys/values: `[L, G, n, d]` (one launch) or one `[G, n, d]` / `[1, G, n, d]` per
+    layer (one launch per layer). Returns `(PagedKV, backend_used)`.
+    """
+    ks, vs = _layers(keys), _layers(values)
+    used = resolve_backend(backend, ks[0])
+    if used == "triton":
+        from kernels.compact import write_paged
+
+        G, n, d = ks[0].shape
+        out = empty_paged(page_keep, n, page_size, d, ks[0].dtype, ks[0].device)
+        if isinstance(keys, torch.Tensor) and keys.dim() == 4:
+            write_paged(keys, values, out.src_pages, out.block_table, out.k_pool, out.v_pool,
+                        page_size)  # fmt: skip
+        else:
+            for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
+                sl = slice(i, i + 1)
+                write_paged(k[None], v[None], out.src_pages[sl], out.block_table[sl],
+                            out.k_pool, out.v_pool, page_size)  # fmt: skip
+    else:
+        out = _to_paged_torch(ks, vs, page_keep, page_size)
+    _ran("to_paged", used, ks[0].device)
+    return out, used

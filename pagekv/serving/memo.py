@@ -1,0 +1,300 @@
+"""A memo bounded by bytes, least recently used out first, safe across threads.
+
+The app keeps two of them per model (`pagekv.serving.study.Study`): prefilled prompts (their
+KV cache dominates: 2 x L x G x n x d floats, about 92 MB for 2000 tokens of the
+bundled model in float32) and finished results (about 1 MB each at 2000 tokens, the
+plan's masks included). Counting entries would let one long prompt blow the memory a
+dozen short ones fit in; counting bytes does not.
+
+    >>> memo = ByteLRU(max_bytes=100, size_of=len)   # size of a value: its length
+    >>> memo.put("a", b"x" * 40), memo.put("b", b"y" * 40)
+    (True, True)
+    >>> _ = memo.get("a")                   # "a" is now the most recently used
+    >>> memo.put("c", b"z" * 40)            # 120 bytes > 100: "b" (least recent) goes
+    True
+    >>> list(memo), memo.nbytes
+    (['a', 'c'], 80)
+    >>> memo.put("big", b"w" * 200)         # larger than the cap: not stored
+    False
+
+`get_or_compute(key, fn)` computes each missing key once even when several threads
+ask for it at the same time (the others wait and share the value): a class running
+the same lesson costs one computation. A computation that is not one call (a
+generator that streams its progress) announces itself with `computing(key)` and
+stores its value with `put`; `get_or_wait(key)` waits for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+__all__ = ["ByteLRU", "nbytes"]
+
+
+def nbytes(obj: Any) -> int:
+    """Approximate bytes held by `obj`: every tensor's storage counted once (views of
+    one storage share it), plus Python containers, dataclasses and plain objects'
+    attributes, recursively. Meant for memo accounting, not an exact RSS figure.
+
+    >>> nbytes(torch.zeros(4, 8))
+    128
+    >>> t = torch.zeros(1000); nbytes([t, t[:10]]) < 4000 + 200
+    True
+    """
+    seen_storage: set[tuple[str, int]] = set()
+    seen_obj: set[int] = set()
+    total = 0
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, torch.Tensor):
+            st = o.untyped_storage()
+            key = (str(o.device), st.data_ptr())
+            if key not in seen_storage:
+                seen_storage.add(key)
+                total += int(st.nbytes())
+            continue
+        if o is None or isinstance(o, (bool, int, float, str, bytes, torch.dtype, torch.device)):
+            total += sys.getsizeof(o)
+            continue
+        if id(o) in seen_obj:
+            continue
+        seen_obj.add(id(o))
+        total += sys.getsizeof(o)
+        if isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend(o)
+        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
+            stack.extend(getattr(o, f.name, None) for f in dataclasses.fields(o))
+        elif hasattr(o, "__dict__") and not isinstance(o, type):
+            stack.extend(vars(o).values())  # e.g. a transformers DynamicCache and its layers
+    return total
+
+
+class _Pending:
+    """A computation in flight: the waiters' event and its outcome."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.ok = False
+        self.value: Any = None
+
+
+class ByteLRU:
+    """A mapping bounded by the sum of its values' sizes, least recently used out first.
+
+    Args:
+        max_bytes: the cap; the sum of the stored sizes never exceeds it. 0 disables
+            the memo (nothing is stored; `get_or_compute` still computes).
+        size_of: the size of a value in bytes (default `nbytes`), measured when it is
+            stored and again by `refresh` (a value that grows after being stored).
+        max_entries: an optional cap on the number of entries as well (None: none).
+
+    Every method holds one lock for its few dictionary operations only; the function
+    given to `get_or_compute` runs outside it.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int,
+        size_of: Callable[[Any], int] = nbytes,
+        max_entries: int | None = None,
+    ):
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0; got {max_bytes}")
+        if max_entries is not None and max_entries < 0:
+            raise ValueError(f"max_entries must be >= 0 or None; got {max_entries}")
+        self.max_bytes = int(max_bytes)
+        self.max_entries = max_entries
+        self.size_of = size_of
+        self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._pending: dict[Hashable, _Pending] = {}
+        self._lock = threading.Lock()
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    # ------------------------------------------------------------------ mapping
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._data
+
+    def __iter__(self):
+        with self._lock:
+            return iter(list(self._data))
+
+    def keys(self) -> list:
+        """The keys, least recently used first (a snapshot)."""
+        with self._lock:
+            return list(self._data)
+
+    def items(self) -> list[tuple[Hashable, Any]]:
+        """`(key, value)` pairs, least recently used first (a snapshot)."""
+        with self._lock:
+            return [(k, v) for k, (v, _) in self._data.items()]
+
+    @property
+    def nbytes(self) -> int:
+        """The sum of the stored values' sizes (<= `max_bytes`). Read under the lock:
+        a put adds before it evicts, and no reader may see that moment."""
+        with self._lock:
+            return self._bytes
+
+    def stats(self) -> dict:
+        """Entries, bytes, cap, hits, misses and evictions so far."""
+        with self._lock:
+            return {
+                "entries": len(self._data),
+                "bytes": self._bytes,
+                "max_bytes": self.max_bytes,
+                "hits": self.hits,
+                "misses": self.misses,
+                "evictions": self.evictions,
+            }
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        """The value of `key` (now the most recently used), else `default`."""
+        with self._lock:
+            if key not in self._data:
+                self.misses += 1
+                return default
+            self.hits += 1
+            self._data.move_to_end(key)
+            return self._data[key][0]
+
+    def put(self, key: Hashable, value: Any) -> bool:
+        """Store `value` as the most recently used, evicting the least recently used
+        entries until it fits. A value larger than the cap is not stored (and evicts
+        nothing); returns whether it was stored."""
+        size = int(self.size_of(value))
+        with self._lock:
+            return self._put_locked(key, value, size)
+
+    def pop(self, key: Hashable, default: Any = None) -> Any:
+        with self._lock:
+            if key not in self._data:
+                return default
+            value, size = self._data.pop(key)
+            self._bytes -= size
+            return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._bytes = 0
+
+    def refresh(self, key: Hashable) -> None:
+        """Measure `key`'s value again (it grew, e.g. a prefill that memoised more
+        scores) and evict to stay under the cap; an absent key is ignored."""
+        with self._lock:
+            entry = self._data.get(key)
+        if entry is None:
+            return
+        size = int(self.size_of(entry[0]))
+        with self._lock:
+            current = self._data.get(key)
+            if current is None or current[0] is not entry[0]:
+                return  # replaced or evicted meanwhile
+            self._bytes += size - current[1]
+            self._data[key] = (current[0], size)
+            if size > self.max_bytes:
+                del self._data[key]
+                self._bytes -= size
+                self.evictions += 1
+            self._evict_locked()
+
+    def get_or_compute(self, key: Hashable, compute: Callable[[], Any]) -> tuple[Any, bool]:
+        """`(value, computed)`: the stored value of `key`, or `compute()` stored under
+        it. Concurrent callers of one missing key run `compute` once: the others wait
+        and receive the same value (even when it is too large to store). If `compute`
+        raises, the exception reaches its caller and one waiter tries again."""
+        while True:
+            with self._lock:
+                if key in self._data:
+                    self.hits += 1
+                    self._data.move_to_end(key)
+                    return self._data[key][0], False
+                pending = self._pending.get(key)
+                owner = pending is None
+                if owner:
+                    self.misses += 1
+                    pending = self._pending[key] = _Pending()
+            if not owner:
+                pending.done.wait()
+                if pending.ok:
+                    return pending.value, False
+                continue  # the computation failed: try (and maybe fail) ourselves
+            try:
+                value = compute()
+                size = int(self.size_of(value))
+                with self._lock:
+                    self._put_locked(key, value, size)
+                pending.value, pending.ok = value, True
+                return value, True
+            finally:
+                with self._lock:
+                    self._pending.pop(key, None)
+                pending.done.set()
+
+    @contextmanager
+    def computing(self, key: Hashable):
+        """Say that the caller is computing `key` (and will `put` it) until the block
+        ends: `get_or_wait(key)` in other threads waits for the block to end. Yields
+        whether the caller is the only one computing it (a second caller still
+        computes; it just does not announce itself again)."""
+        with self._lock:
+            pending = self._pending.get(key)
+            owner = pending is None
+            if owner:
+                pending = self._pending[key] = _Pending()
+        try:
+            yield owner
+        finally:
+            if owner:
+                with self._lock:
+                    self._pending.pop(key, None)
+                pending.done.set()
+
+    def get_or_wait(self, key: Hashable, timeout: float | None = None) -> Any:
+        """The value of `key`; if another thread is computing it (`computing` or
+        `get_or_compute`), first wait up to `timeout` seconds for it to finish. None
+        when absent (not computed, failed, too large to store, or still computing at
+        the timeout)."""
+        with self._lock:
+            pending = self._pending.get(key)
+        if pending is not None:
+            pending.done.wait(timeout)
+        return self.get(key)
+
+    # ------------------------------------------------------------------ internals
+
+    def _put_locked(self, key: Hashable, value: Any, size: int) -> bool:
+        if key in self._data:
+            self._bytes -= self._data.pop(key)[1]
+        if size > self.max_bytes or self.max_entries == 0:
+            return False
+        self._data[key] = (value, size)
+        self._bytes += size
+        self._evict_locked()
+        return True
+
+    def _evict_locked(self) -> None:
+        cap = self.max_entries
+        while self._data and (self._bytes > self.max_bytes or (cap and len(self._data) > cap)):
+            _, (_, size) = self._data.popitem(last=False)
+            self._bytes -= size
+            self.evictions += 1

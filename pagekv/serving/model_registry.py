@@ -1,0 +1,201 @@
+"""Models held by a shared server: one `Study` per model name, bounded and fair.
+
+The app serves many sessions from one process. One session choosing another model
+must not unload what the others use, and a name that cannot load must change nothing:
+
+- the default model (``"bundled"``) is loaded on first use and never evicted;
+- at most ``max_others`` other models stay loaded besides it; loading one more evicts
+  the least recently used of them, and only once the new one has loaded;
+- a model that cannot load evicts nothing: the request gets the default model's
+  `Study` with ``loaded.fell_back = True`` and the reason in ``loaded.note`` (what
+  ``load_model(..., allow_fallback=True)`` gives, without a second copy of the
+  default model), and the failure is remembered for ``retry_after_s`` seconds;
+- thread-safe: the registry's lock guards its dictionaries only; a model loads under
+  a lock of its own name, so requests for models already loaded never wait for it,
+  and concurrent requests for one new model load it once.
+
+    registry = ModelRegistry(default="bundled", max_others=2)
+    study = registry.get("bundled")            # loads once, then shared
+    study = registry.get("Qwen/Qwen2.5-1.5B-Instruct")   # offline: the bundled Study,
+    study.loaded.fell_back, study.loaded.note            # (True, "cannot load ...")
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from pagekv.runtime.models import BUNDLED, BUNDLED_DESCRIPTION, ModelLoadError, is_bundled
+from pagekv.serving.worker import on_model_thread
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ModelRegistry", "model_key"]
+
+
+def model_key(name: str | None) -> str:
+    """The registry's key of a model name: ``"bundled"`` for every alias of the bundled
+    model (and an empty name), else the name without surrounding spaces."""
+    name = (name or "").strip()
+    return BUNDLED if not name or is_bundled(name) else name
+
+
+def _load_study(name: str):
+    from pagekv.runtime.models import load_model
+    from pagekv.serving.study import Study
+
+    return Study(load_model(name, allow_fallback=False))
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    if isinstance(e, ModelLoadError):
+        return text or type(e).__name__
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+class ModelRegistry:
+    """Loaded models by name (see the module docstring).
+
+    Args:
+        default: the model that stays loaded and that failed names fall back to.
+        max_others: how many other models may stay loaded besides the default.
+        factory: ``name -> Study`` (default: `load_model` without fallback, wrapped
+            in a `Study` with its default memos); raises on failure.
+        retry_after_s: a name that failed is not tried again for this long.
+
+    ``studies`` (an ordered dict, least recently used first) and ``lock`` are public
+    so that tests can look at or reset the server's state.
+    """
+
+    def __init__(
+        self,
+        default: str = BUNDLED,
+        max_others: int = 2,
+        factory: Callable[[str], object] | None = None,
+        retry_after_s: float = 60.0,
+    ):
+        if max_others < 0:
+            raise ValueError(f"max_others must be >= 0; got {max_others}")
+        self.default = model_key(default)
+        self.max_others = int(max_others)
+        self.factory = factory or _load_study
+        self.retry_after_s = float(retry_after_s)
+        self.studies: OrderedDict[str, object] = OrderedDict()
+        self.lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}
+        self._failed: dict[str, tuple[float, BaseException]] = {}
+
+    def set_default(self, name: str) -> None:
+        """Make `name` the default (kept loaded); the old default becomes an ordinary
+        entry, evicted like the others."""
+        with self.lock:
+            self.default = model_key(name)
+            self._evict_locked()
+
+    def loaded_names(self) -> list[str]:
+        """Names of the loaded models, least recently used first."""
+        with self.lock:
+            return list(self.studies)
+
+    def get(self, name: str | None):
+        """The `Study` of `name`, loading it if needed (see the module docstring).
+
+        Raises `ModelLoadError` (one line) only when the default model itself cannot
+        load (then nothing can run).
+        """
+        key = model_key(name)
+        study = self._cached(key)
+        if study is not None:
+            return study
+        failure = self._recent_failure(key)
+        if failure is None:
+            with self._name_lock(key):
+                study = self._cached(key)  # loaded by a concurrent request meanwhile
+                if study is not None:
+                    return study
+                failure = self._recent_failure(key)
+                if failure is None:
+                    try:
+                        study = self._load(key)
+                    except Exception as e:
+                        failure = e
+                        with self.lock:
+                            self._failed[key] = (time.monotonic(), e)
+                        log.warning("model %r could not load: %s", key, _one_line(e))
+                    else:
+                        return study
+        if key == self.default:
+            if isinstance(failure, ModelLoadError):
+                raise failure
+            raise ModelLoadError(_one_line(failure)) from failure
+        return self._fallback(key, failure)
+
+    # ------------------------------------------------------------------ internals
+
+    def _cached(self, key: str):
+        with self.lock:
+            study = self.studies.get(key)
+            if study is not None:
+                self.studies.move_to_end(key)
+            return study
+
+    def _recent_failure(self, key: str) -> BaseException | None:
+        with self.lock:
+            entry = self._failed.get(key)
+            if entry is None:
+                return None
+            when, error = entry
+            if time.monotonic() - when > self.retry_after_s:
+                del self._failed[key]
+                return None
+            return error
+
+    def _name_lock(self, key: str) -> threading.Lock:
+        with self.lock:
+            return self._loading.setdefault(key, threading.Lock())
+
+    def _load(self, key: str):
+        t0 = time.perf_counter()
+        # Outside self.lock (other models keep serving), on the model thread where one
+        # serves (pagekv.serving.worker: the model's tensors are made where they are used).
+        study = on_model_thread(self.factory, key)
+        with self.lock:
+            self.studies[key] = study
+            self._failed.pop(key, None)
+            evicted = self._evict_locked()
+        log.info(
+            "model %r loaded in %.1f s; loaded now: %s%s",
+            key,
+            time.perf_counter() - t0,
+            ", ".join(self.loaded_names()),
+            f" (evicted {', '.join(evicted)})" if evicted else "",
+        )
+        if evicted:
+            gc.collect()  # free the evicted weights now, not at some later collection
+        return study
+
+    def _evict_locked(self) -> list[str]:
+        evicted = []
+        others = [k for k in self.studies if k != self.default]  # least recent first
+        while len(others) > self.max_others:
+            victim = others.pop(0)
+            del self.studies[victim]
+            evicted.append(victim)
+        return evicted
+
+    def _fallback(self, key: str, failure: BaseException):
+        """The default's Study, marked as a fallback for `key` (shares its model and
+        memos; nothing is loaded or evicted)."""
+        base = self.get(self.default)
+        what = f"the bundled {BUNDLED_DESCRIPTION}" if self.default == BUNDLED else self.default
+        note = f"{_one_line(failure)} -> fell back to {what}"
+        view = copy.copy(base)
+        view.loaded = dataclasses.replace(base.loaded, fell_back=True, note=note)
+        return view

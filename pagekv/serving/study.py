@@ -1,0 +1,472 @@
+"""One model, many prompts, many eviction configurations: the engine of the CLI,
+the app and the replay harness.
+
+    study = Study.load("bundled")
+    prep = study.prepare(PromptSpec(task="needle", context_tokens=2000, depth=0.5))
+    out = study.run(prep, EvictionConfig(policy="entropy", budget=0.2))
+    out["answer"], out["correct"]
+
+`prepare` tokenizes and prefills once (memoised per spec); `run` only plans,
+compacts a copy of the cache and decodes (DESIGN.md section 3).
+
+Two memos, each bounded by bytes with least-recently-used eviction
+(`pagekv.serving.memo.ByteLRU`), so that a shared server stays bounded and a class running
+the same lesson costs one computation:
+
+- prefills (`Study._memo`, keyed by `PromptSpec`): sized by the prefill's KV cache,
+  its window queries and its memoised scores (100 MiB for a 2000-token prompt of
+  the bundled model in float32, about 370 MiB for 8000); default cap
+  `PREFILL_MEMO_BYTES` (512 MiB);
+- results (`Study._results`, keyed by the prompt, the `EvictionConfig` and
+  `max_new_tokens`): identical settings on an identical prompt are computed once
+  and then served from memory, as a deep copy (callers cannot alter the memo);
+  about 0.3 MiB each at 2000 tokens (mostly the plan's masks); default cap
+  `RESULT_MEMO_BYTES` (64 MiB). `run_full` goes through the same memo.
+
+The defaults aim at an app under about 2.5 GB resident with the bundled model
+(0.5 GiB once loaded): with a 640 MiB prefill cap, ten varied runs on 1000-8000-token
+prompts left 2.24 GiB resident (peak 2.45 GiB, during an 8000-token prefill), hence
+512 MiB (measured on the engine alone; the app adds Gradio and its requests).
+`Study(..., prefill_memo_bytes=0, result_memo_bytes=0)` turns both off (benchmarks
+that time repeated runs).
+
+Every `run` logs one INFO line (logger `pagekv.serving.study`) with its settings, the
+backend and the timings, and whether it was computed or served from memory.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import threading
+import time
+from array import array
+from dataclasses import asdict, dataclass, field, replace
+
+from pagekv.maths.config import EvictionConfig
+from pagekv.runtime.models import LoadedModel, load_model
+from pagekv.runtime.result import RunResult
+from pagekv.runtime.runner import Prefill, Runner
+from pagekv.serving.memo import ByteLRU
+from pagekv.serving.worker import on_model_thread
+from pagekv.tasks import (
+    Task,
+    TaskError,
+    check_custom_prompt,
+    default_max_new_tokens,
+    get_task,
+    make_custom_task,
+    make_multi_needle_task,
+    make_needle_task,
+    score,
+)
+
+log = logging.getLogger(__name__)
+
+PROMPT_TASKS = ("needle", "qa", "code", "custom")
+MODES = ("inside", "after")
+#: Window queries captured at prefill: every config.window up to this reuses it.
+WINDOW_MAX = 128
+#: Default cap of the prefill memo: five 2000-token prompts of the bundled model.
+PREFILL_MEMO_BYTES = 512 * 2**20
+#: Default cap of the result memo: about two hundred results at 2000 tokens.
+RESULT_MEMO_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """What prompt to build.
+
+    task: "needle" (generated haystack), "qa" / "code" (curated; `name` picks one,
+    default the first), or "custom" (`haystack`, `needle`, `question`, `answer`;
+    with `depth` the needle is inserted, with `depth=None` it must already be in
+    the haystack). `n_needles > 1` adds distractor needles of the same form.
+    `mode`: "inside" (question in the prompt) or "after" (asked after compression).
+    """
+
+    task: str = "needle"
+    context_tokens: int = 2000
+    depth: float | None = 0.5
+    seed: int = 0
+    n_needles: int = 1
+    name: str | None = None
+    haystack: str | None = None
+    needle: str | None = None
+    question: str | None = None
+    answer: str | None = None
+    mode: str = "inside"
+
+    def __post_init__(self):
+        if self.task not in PROMPT_TASKS:
+            raise ValueError(f"task must be one of {', '.join(PROMPT_TASKS)}; got {self.task!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be 'inside' or 'after'; got {self.mode!r}")
+        if self.task == "needle":
+            if not isinstance(self.context_tokens, int) or self.context_tokens < 64:
+                raise ValueError(f"context must be at least 64 tokens; got {self.context_tokens}")
+            if self.depth is None or not 0.0 <= self.depth <= 1.0:
+                raise ValueError(f"depth must be in [0, 1]; got {self.depth}")
+            if not 1 <= self.n_needles <= 4:
+                raise ValueError(f"needles must be 1 to 4; got {self.n_needles}")
+            check_custom_prompt(None, self.needle, self.question, self.answer, need_haystack=False)
+        if self.task == "custom":
+            check_custom_prompt(self.haystack, self.needle, self.question, self.answer)
+
+    def replace(self, **kw) -> PromptSpec:
+        return replace(self, **kw)
+
+
+@dataclass
+class Prepared:
+    """A tokenized, prefilled prompt, reusable for any number of `Study.run` calls."""
+
+    spec: PromptSpec
+    task: Task
+    prompt: dict  # Task.build_prompt_ids output
+    prefill: Prefill
+    needle_positions: list[int]
+    prepare_s: float
+    #: What planning alone derives from this prompt and reuses (e.g. the UOR curve of a
+    #: configuration, `compare.uor_curve`): small, kept with the prefill.
+    derived: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        return self.prefill.n
+
+
+class Study:
+    """A loaded model with its runner and two byte-bounded memos (prefills, results).
+
+    Args:
+        loaded: the model (`pagekv.runtime.models.load_model`).
+        backend: the runner's backend ("auto", "torch" or "triton").
+        memo_size: at most this many prefills kept (None: bounded by bytes only).
+        prefill_memo_bytes: cap of the prefill memo in bytes (0: no memo).
+        result_memo_bytes: cap of the result memo in bytes (0: no memo).
+
+    Safe to share between threads: concurrent identical requests compute once, the
+    model runs one computation at a time (one lock), and a memoised result never
+    waits for the model.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        backend: str = "auto",
+        memo_size: int | None = None,
+        prefill_memo_bytes: int = PREFILL_MEMO_BYTES,
+        result_memo_bytes: int = RESULT_MEMO_BYTES,
+    ):
+        self.loaded = loaded
+        self.runner = Runner(loaded.model, loaded.tokenizer, backend=backend)
+        # Timings of the first real run are warm (eviction time is not its first call).
+        self.warm_up_s = on_model_thread(self.runner.warm_up)
+        self._memo = ByteLRU(prefill_memo_bytes, max_entries=memo_size)
+        self._results = ByteLRU(result_memo_bytes)
+        self.memo_size = memo_size
+        self._local = threading.local()
+        # The model computes one thing at a time (prefill, eviction and decoding), on the
+        # model thread where one serves (pagekv.serving.worker); what the memos hold is
+        # served without waiting for it.
+        self._compute = threading.RLock()
+
+    @classmethod
+    def load(
+        cls, model: str = "bundled", backend: str = "auto", allow_fallback: bool = True, **kw
+    ) -> Study:
+        return cls(load_model(model, allow_fallback=allow_fallback, **kw), backend=backend)
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return int(self.loaded.max_context)
+
+    def make_task(self, spec: PromptSpec) -> Task:
+        tok = self.tokenizer
+        if spec.task == "needle":
+            if spec.n_needles > 1:
+                return make_multi_needle_task(
+                    tok,
+                    n_needles=spec.n_needles,
+                    context_tokens=spec.context_tokens,
+                    seed=spec.seed,
+                    question_position=spec.mode,
+                )
+            return make_needle_task(
+                tok,
+                context_tokens=spec.context_tokens,
+                depth=spec.depth,
+                seed=spec.seed,
+                needle=spec.needle,
+                question=spec.question,
+                answer=spec.answer,
+                haystack=spec.haystack,
+                question_position=spec.mode,
+            )
+        if spec.task in ("qa", "code"):
+            from pagekv.tasks import task_names
+
+            names = task_names(spec.task)
+            name = spec.name or names[0]
+            if name not in names:
+                choices = ", ".join(names)
+                raise TaskError(f"unknown {spec.task} task {name!r}; choose from {choices}")
+            task = get_task(name)
+            task.meta["question_position"] = spec.mode
+            return task
+        task = make_custom_task(
+            spec.haystack, spec.needle, spec.question, spec.answer, depth=spec.depth
+        )
+        task.meta["question_position"] = spec.mode
+        return task
+
+    def prepare(self, spec: PromptSpec) -> Prepared:
+        """Tokenize and prefill `spec` once (memoised: the same spec reuses the prefill)."""
+        prep, computed = self._memo.get_or_compute(spec, lambda: self._prepare(spec))
+        if computed:
+            log.info(
+                "prefill %s: %d tokens (%s) in %.2f s; prefill memo %s",
+                _spec_text(spec),
+                prep.n,
+                spec.mode,
+                prep.prepare_s,
+                _memo_text(self._memo),
+            )
+        return prep
+
+    def prepared(self, spec: PromptSpec) -> Prepared:
+        """The memoised prefill of `spec`; LookupError if it is not in memory (nothing
+        is computed)."""
+        prep = self._memo.get(spec)
+        if prep is None:
+            raise LookupError(f"not prefilled yet: {_spec_text(spec)} ({spec.mode})")
+        return prep
+
+    def _prepare(self, spec: PromptSpec) -> Prepared:
+        with self._compute:
+            return self._prepare_locked(spec)
+
+    def _prepare_locked(self, spec: PromptSpec) -> Prepared:
+        t0 = time.perf_counter()
+        task = self.make_task(spec)
+        prompt = task.build_prompt_ids(self.tokenizer, mode=spec.mode)
+        total = len(prompt["input_ids"])
+        if total > self.max_prompt_tokens:
+            raise TaskError(
+                f"the prompt has {total} tokens, more than the model's context of "
+                f"{self.max_prompt_tokens}; shorten it"
+            )
+        if spec.mode == "after":
+            pre = on_model_thread(
+                self.runner.prefill,
+                prompt["context_ids"],
+                window_max=WINDOW_MAX,
+                question_ids=prompt["question_ids"],
+            )
+        else:
+            pre = on_model_thread(self.runner.prefill, prompt["input_ids"], window_max=WINDOW_MAX)
+        return Prepared(
+            spec=spec,
+            task=task,
+            prompt=prompt,
+            prefill=pre,
+            needle_positions=list(prompt.get("needle_token_positions") or []),
+            prepare_s=time.perf_counter() - t0,
+        )
+
+    def run(
+        self, prep: Prepared, config: EvictionConfig, max_new_tokens: int | None = None
+    ) -> dict:
+        """Evict under `config`, decode, score. Returns a JSON-ready dict (plus `plan`).
+
+        Memoised: the same prompt, configuration and `max_new_tokens` are computed
+        once; every call returns its own deep copy of the record.
+        """
+        if max_new_tokens is None:  # the task's own: enough for its expected answer
+            max_new_tokens = default_max_new_tokens(prep.task)
+        if config.window > WINDOW_MAX and config.window < prep.n:
+            raise ValueError(f"window must be at most {WINDOW_MAX} tokens; got {config.window}")
+        t0 = time.perf_counter()
+        key = (_prompt_key(prep), config, max_new_tokens)
+
+        def compute() -> dict:
+            with self._compute:
+                res = on_model_thread(
+                    self.runner.evaluate,
+                    prep.prefill,
+                    config,
+                    max_new_tokens=max_new_tokens,
+                    needle_positions=prep.needle_positions or None,
+                )
+            return result_record(res, prep, self.loaded)
+
+        stored, computed = self._results.get_or_compute(key, compute)
+        if computed:
+            self._memo.refresh(prep.spec)  # its prefill may hold newly memoised scores
+        rec = copy.deepcopy(stored)
+        took = time.perf_counter() - t0
+        self._local.last = {"served_from_memo": not computed, "run_s": took}
+        log.info(
+            "run %s | %s | %s backend on %s | %s | %s",
+            _config_text(config),
+            f"{_spec_text(prep.spec)}, {prep.n} tokens ({prep.spec.mode}), {max_new_tokens} new",
+            rec.get("backend"),
+            rec.get("device"),
+            _timings_text(rec.get("timings") or {}),
+            (f"computed in {took:.2f} s" if computed else f"served from memory in {_ms(took)}")
+            + f"; result memo {_memo_text(self._results)}",
+        )
+        return rec
+
+    def run_pair(
+        self,
+        prep: Prepared,
+        config_a: EvictionConfig,
+        config_b: EvictionConfig,
+        max_new_tokens: int | None = None,
+        on_token=None,
+    ) -> tuple[dict, dict]:
+        """`run` for two configurations on one prompt, decoded in ONE batched pass where
+        their compacted caches have the same shape (`Runner.evaluate_pair`). Each result
+        is memoised exactly as `run` memoises it; a result already in memory is served
+        from there and the other is computed alone. `on_token(tokens_a, tokens_b)` sees
+        the tokens grow while a shared pass decodes (for streaming)."""
+        if max_new_tokens is None:
+            max_new_tokens = default_max_new_tokens(prep.task)
+        key_a = (_prompt_key(prep), config_a, max_new_tokens)
+        key_b = (_prompt_key(prep), config_b, max_new_tokens)
+
+        def separately() -> tuple[dict, dict]:
+            return (
+                self.run(prep, config_a, max_new_tokens),
+                self.run(prep, config_b, max_new_tokens),
+            )
+
+        if key_a in self._results or key_b in self._results or config_a == config_b:
+            return separately()
+        for config in (config_a, config_b):
+            if config.window > WINDOW_MAX and config.window < prep.n:
+                raise ValueError(f"window must be at most {WINDOW_MAX} tokens; got {config.window}")
+        t0 = time.perf_counter()
+        with self._compute:
+            # A request for the same pair may have computed it while this one waited.
+            if key_a in self._results or key_b in self._results:
+                return separately()
+            res_a, res_b = on_model_thread(
+                self.runner.evaluate_pair,
+                prep.prefill,
+                config_a,
+                config_b,
+                max_new_tokens=max_new_tokens,
+                needle_positions=prep.needle_positions or None,
+                on_token=on_token,
+            )
+            records = [result_record(res, prep, self.loaded) for res in (res_a, res_b)]
+            for key, rec in zip((key_a, key_b), records, strict=True):
+                self._results.put(key, rec)
+        self._memo.refresh(prep.spec)
+        took = time.perf_counter() - t0
+        log.info(
+            "run pair %s + %s | %s, %s tokens (%s) | decoded %s in %.2f s",
+            _config_text(config_a),
+            _config_text(config_b),
+            _spec_text(prep.spec),
+            prep.n,
+            prep.spec.mode,
+            "in one batch" if res_a.timings.get("decode_batch") == 2 else "one after the other",
+            took,
+        )
+        # Copies, as `run` returns them: callers cannot change what the memo holds.
+        return copy.deepcopy(records[0]), copy.deepcopy(records[1])
+
+    def run_full(self, prep: Prepared, max_new_tokens: int | None = None) -> dict:
+        """`run` with the full cache (memoised like every run; it ignores every budget knob)."""
+        return self.run(prep, EvictionConfig(policy="full"), max_new_tokens)
+
+    def last_run(self) -> dict | None:
+        """How this thread's last `run` went: `{"served_from_memo", "run_s"}` (None
+        before any). Per thread, so concurrent requests each see their own."""
+        return getattr(self._local, "last", None)
+
+    def memo_stats(self) -> dict:
+        """Entries, bytes, caps, hits and misses of the prefill and result memos."""
+        return {"prefill": self._memo.stats(), "result": self._results.stats()}
+
+
+def _prompt_key(prep: Prepared) -> tuple:
+    """What identifies a prefilled prompt: its spec and a digest of the prefilled ids
+    (and the question's, in question-after mode)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(array("q", prep.prefill.ids).tobytes())
+    h.update(b"|")
+    h.update(array("q", prep.prefill.question_ids or []).tobytes())
+    return (prep.spec, h.hexdigest())
+
+
+def settings_text(spec: PromptSpec, *configs: EvictionConfig) -> str:
+    """One line naming a prompt and configurations, as the run log lines do:
+    `"mean budget 0.2 page 16 ... + entropy ... | needle 2000 tokens, ... (after)"`."""
+    return " + ".join(_config_text(c) for c in configs) + f" | {_spec_text(spec)} ({spec.mode})"
+
+
+def _spec_text(spec: PromptSpec) -> str:
+    if spec.task == "needle":
+        text = f"needle {spec.context_tokens} tokens, depth {spec.depth}, seed {spec.seed}"
+        return text + (f", {spec.n_needles} needles" if spec.n_needles > 1 else "")
+    if spec.task in ("qa", "code"):
+        return f"{spec.task} {spec.name or '(first)'}"
+    return "custom prompt"
+
+
+def _config_text(config: EvictionConfig) -> str:
+    if config.policy == "full":
+        return "full"
+    text = (
+        f"{config.policy} budget {config.budget:g} page {config.page_size} "
+        f"n_sink {config.n_sink} window {config.window} tau {config.tau:g}"
+    )
+    default = EvictionConfig()
+    for name in ("smoothing", "smoothing_kind", "page_reduction", "sink_threshold"):
+        if getattr(config, name) != getattr(default, name):
+            text += f" {name} {getattr(config, name)}"
+    return text
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.0f} ms"
+
+
+def _timings_text(t: dict) -> str:
+    return (
+        f"prefill {t.get('prefill_s') or 0:.2f} s, score {_ms(t.get('score_s'))}, "
+        f"evict {_ms(t.get('evict_s'))}, decode {t.get('decode_s') or 0:.2f} s"
+    )
+
+
+def _memo_text(memo: ByteLRU) -> str:
+    return f"{len(memo)} entries, {memo.nbytes / 2**20:.0f}/{memo.max_bytes / 2**20:.0f} MiB"
+
+
+def result_record(res: RunResult, prep: Prepared, loaded: LoadedModel) -> dict:
+    """Complete `res` with the task and its score, and return its JSON object
+    (`RunResult.to_dict()`, the schema of docs/schema.md) with the `Plan` under the
+    key `plan` for the views."""
+    s = score(res.answer, prep.task)
+    res.model = loaded.name
+    res.task = prep.task.name
+    res.task_kind = prep.task.kind
+    res.question = prep.task.question
+    res.expected = prep.task.answer
+    res.correct = bool(s["correct"])
+    res.score = s
+    res.needle_positions = list(prep.needle_positions)
+    res.spec = asdict(prep.spec) | {"haystack": None}
+    res.timings = dict(res.timings, load_s=float(loaded.load_s))
+    d = res.to_dict()
+    d["plan"] = res.plan
+    return d

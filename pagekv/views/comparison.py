@@ -1,0 +1,535 @@
+"""Two policies side by side on one prefilled prompt: the data behind the app's views.
+
+    comp = compare(study, spec, EvictionConfig(policy="mean"), EvictionConfig(policy="entropy"))
+    comp.records["A"]["answer"], comp.records["B"]["correct"], comp.records["full"]["answer"]
+    figs = comparison_figures(comp, layer=0)
+    paths = export(comp, figs, folder)
+
+Only the prefill is expensive; a new budget, page size or tau re-runs plan,
+compaction and decoding (`Study.prepare` memoises the prefill, and the full-cache
+answer is memoised per prompt).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from pagekv.maths.config import POLICIES, EvictionConfig
+from pagekv.maths.constructed import Mechanism, mechanism_profiles
+from pagekv.maths.metrics import sink_advantage, summarize_sink_advantage
+from pagekv.maths.paging import BudgetError, check_budget, page_sizes, protected_pages
+from pagekv.maths.plan import Plan, plan
+from pagekv.maths.policies import POOLING_POLICIES
+from pagekv.serving.study import Prepared, PromptSpec, Study
+from pagekv.views import figures
+
+#: Budgets of the UOR-across-budgets view.
+CURVE_BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+
+
+@dataclass
+class Comparison:
+    """Two eviction configurations (and the full cache) on one prompt.
+
+    Each side is a full configuration: its `EvictionConfig` and its question position
+    (`modes`); sides with the same position share one prefill. `prep` is side A's
+    prompt (the full cache runs on it); `preps["B"]` is side B's.
+    """
+
+    prep: Prepared
+    configs: dict  # "A", "B" -> EvictionConfig
+    records: dict  # "full", "A", "B" -> result_record dicts (with "plan")
+    curve: list  # UOR of head_independent across budgets
+    memory: list  # cache kept per policy
+    notes: list = field(default_factory=list)
+    preps: dict = field(default_factory=dict)  # "A", "B" -> Prepared
+    labels: dict = field(default_factory=dict)  # "A", "B" -> "A: entropy, page 16"
+
+    @property
+    def modes(self) -> dict:
+        return {k: p.spec.mode for k, p in self.preps.items()}
+
+    def needle_positions_of(self, key: str) -> list[int]:
+        prep = self.preps.get(key, self.prep) if key != "full" else self.prep
+        return list(prep.needle_positions)
+
+    @property
+    def n_groups(self) -> int:
+        return self.prep.prefill.n_groups
+
+    def plan_of(self, key: str) -> Plan:
+        return self.records[key]["plan"]
+
+    def detached(self) -> Comparison:
+        """A copy for keeping after decoding (a session's last run, the app's memo of
+        finished views): each prompt's `Prefill` (its KV cache: about 100 MB at 2000
+        tokens) is replaced by its `PromptShape`, so that what the views keep never
+        holds a prefill the prefill memo has let go. Views, `summary` and `export` work
+        on it; planning and decoding need the full comparison."""
+        shapes = {}
+
+        def light(prep: Prepared) -> Prepared:
+            if id(prep) not in shapes:
+                pre = prep.prefill
+                shape = PromptShape(n=int(pre.n), n_groups=int(pre.n_groups))
+                shapes[id(prep)] = replace(prep, prefill=shape)
+            return shapes[id(prep)]
+
+        return replace(
+            self,
+            prep=light(self.prep),
+            preps={k: light(p) for k, p in self.preps.items()},
+            notes=list(self.notes),
+        )
+
+
+@dataclass(frozen=True)
+class PromptShape:
+    """What the views need of a prefill once decoding is done: its length and number of
+    KV groups (`Comparison.detached`)."""
+
+    n: int
+    n_groups: int
+
+
+#: What a side's label names when it differs between A and B (field, how to show it).
+SIDE_FIELDS = (
+    ("page_size", lambda c, m: f"page {c.page_size}"),
+    ("budget", lambda c, m: f"budget {100 * c.budget:g}%"),
+    ("mode", lambda c, m: f"question {m}"),
+    ("tau", lambda c, m: f"tau {c.tau:g}"),
+    ("n_sink", lambda c, m: f"n_sink {c.n_sink}"),
+    ("window", lambda c, m: f"window {c.window}"),
+    ("smoothing", lambda c, m: f"smoothing {c.smoothing}"),
+    ("page_reduction", lambda c, m: f"page {c.page_reduction}"),
+)
+
+
+def side_labels(config_a, config_b, mode_a: str = "inside", mode_b: str = "inside") -> dict:
+    """Column titles that say what differs: the policy always, then every setting in
+    which the two sides differ, e.g. `{"A": "A: entropy, page 16", "B": "B: entropy,
+    page 1"}`."""
+    out = {}
+    for key, cfg, mode, other, other_mode in (
+        ("A", config_a, mode_a, config_b, mode_b),
+        ("B", config_b, mode_b, config_a, mode_a),
+    ):
+        parts = [cfg.policy]
+        for name, show in SIDE_FIELDS:
+            mine = mode if name == "mode" else getattr(cfg, name)
+            theirs = other_mode if name == "mode" else getattr(other, name)
+            if mine != theirs:
+                parts.append(show(cfg, mode))
+        out[key] = f"{key}: " + ", ".join(parts)
+    return out
+
+
+def plan_comparison(
+    study: Study,
+    spec: PromptSpec,
+    config_a: EvictionConfig,
+    config_b: EvictionConfig,
+    mode_a: str | None = None,
+    mode_b: str | None = None,
+    cached_only: bool = False,
+) -> Comparison:
+    """Everything but decoding: prefill (memoised), then plan both sides.
+
+    The records hold what planning alone knows (plan, budget, union tokens, needle
+    retention of the plan's kept set), so every plan view can be drawn at once, e.g.
+    while a slider is dragged; `decode_comparison` then fills in the answers. Raises
+    BudgetError before any work when a side's protected pages exceed its budget. With
+    `cached_only`, only prefills already in memory are used (LookupError otherwise):
+    planning then never waits for the model.
+    """
+    modes = {"A": mode_a or spec.mode, "B": mode_b or spec.mode}
+    prepare = study.prepared if cached_only else study.prepare
+    preps = {k: prepare(spec.replace(mode=m)) for k, m in modes.items()}
+    configs = {"A": config_a, "B": config_b}
+    for key, cfg in configs.items():  # fail fast, before any work
+        n, P = preps[key].n, cfg.page_size
+        prot = protected_pages(n, P, cfg.n_sink, min(cfg.window, n))
+        check_budget(page_sizes(n, P), prot, cfg.budget_tokens(n))
+    records = {}
+    full = EvictionConfig(policy="full")
+    for key, prep, cfg in (("full", preps["A"], full), *((k, preps[k], configs[k]) for k in "AB")):
+        pre = prep.prefill
+        profiles, masses, _ = pre.scores(cfg.window, cfg.n_sink)
+        p = plan(profiles, pre.n_groups, cfg, masses=masses, backend=study.runner.backend)
+        needle = prep.needle_positions
+        records[key] = {
+            "policy": cfg.policy,
+            "plan": p,
+            "budget_tokens": int(p.budget_tokens),
+            "union_tokens": p.kept_tokens.tolist(),
+            "needle_retention": p.needle_retention(needle).tolist() if needle else None,
+            "decoded": False,
+        }
+    comp = Comparison(
+        prep=preps["A"],
+        configs=configs,
+        records=records,
+        curve=uor_curve(preps["B"], config_b),
+        memory=memory_rows(preps["B"], config_b),
+        preps=preps,
+        labels=side_labels(config_a, config_b, modes["A"], modes["B"]),
+    )
+    if "inside" in modes.values():
+        comp.notes.append(
+            "Question inside the prompt: the first answer token comes from the prefill, "
+            "which saw the whole prompt; choose 'after' for the strict test."
+        )
+    return comp
+
+
+def decode_comparison(
+    study: Study,
+    comp: Comparison,
+    max_new_tokens: int | None = None,
+    progress=None,
+    on_token=None,
+) -> Comparison:
+    """Decode the full cache, side A and side B of a planned comparison (in place).
+
+    Sides on one prompt decode together in one batched pass when their compacted caches
+    have the same shape (`Study.run_pair`); `on_token(tokens_a, tokens_b)` then sees
+    the answers grow (streaming)."""
+
+    def tick(frac, desc):
+        if progress is not None:
+            progress(frac, desc=desc)
+
+    tick(0.45, "full cache")
+    comp.records["full"] = study.run_full(comp.prep, max_new_tokens)
+    tick(0.6, "A and B")
+    cfg_a, cfg_b = comp.configs["A"], comp.configs["B"]
+    if comp.preps["A"].spec == comp.preps["B"].spec:
+        comp.records["A"], comp.records["B"] = study.run_pair(
+            comp.prep, cfg_a, cfg_b, max_new_tokens, on_token=on_token
+        )
+    else:
+        comp.records["A"] = study.run(comp.preps["A"], cfg_a, max_new_tokens)
+        comp.records["B"] = study.run(comp.preps["B"], cfg_b, max_new_tokens)
+    return comp
+
+
+def compare(
+    study: Study,
+    spec: PromptSpec,
+    config_a: EvictionConfig,
+    config_b: EvictionConfig,
+    max_new_tokens: int | None = None,
+    progress=None,
+    mode_a: str | None = None,
+    mode_b: str | None = None,
+) -> Comparison:
+    """Prefill the prompt (memoised), then run the full cache, side A and side B.
+
+    Each side is a full configuration: `config_a` / `config_b` and the question
+    position `mode_a` / `mode_b` (default: `spec.mode`). Sides asked the same way share
+    one prefill; the full cache runs on side A's prompt.
+    """
+    if progress is not None:
+        progress(0.05, desc="prefilling the prompt (once per prompt)")
+    comp = plan_comparison(study, spec, config_a, config_b, mode_a, mode_b)
+    return decode_comparison(study, comp, max_new_tokens, progress)
+
+
+def uor_curve(prep: Prepared, base: EvictionConfig) -> list[dict]:
+    """Head-independent UOR at `CURVE_BUDGETS` (plan only: no decoding). It does not
+    depend on `base`'s budget or policy: memoised on `prep` (a dragged budget slider
+    plans it once)."""
+    key = ("uor_curve", base.replace(budget=CURVE_BUDGETS[0], policy="head_independent"))
+    if key not in prep.derived:
+        prep.derived[key] = _uor_curve(prep, base)
+    return [dict(row) for row in prep.derived[key]]
+
+
+def _uor_curve(prep: Prepared, base: EvictionConfig) -> list[dict]:
+    profiles = prep.prefill.profiles(base.window)
+    rows = []
+    for b in CURVE_BUDGETS:
+        cfg = base.replace(policy="head_independent", budget=b)
+        try:
+            p = plan(profiles, prep.prefill.n_groups, cfg)
+        except BudgetError:
+            rows.append({"budget": b, "feasible": False, "uor_mean": None, "uor_max": None})
+            continue
+        rows.append(
+            {
+                "budget": b,
+                "feasible": True,
+                "uor_mean": float(p.uor.mean()),
+                "uor_max": float(p.uor.max()),
+            }
+        )
+    return rows
+
+
+def memory_rows(prep: Prepared, base: EvictionConfig) -> list[dict]:
+    """KV tokens and bytes each policy keeps at `base`'s budget (plan only).
+
+    Bytes = kept (layer, group) tokens x head_dim x 2 (K and V) x the cache's element
+    size. Head-independent counts its unions: what a server must hold.
+    """
+    pre = prep.prefill
+    elem = pre.cache.layers[0].keys.element_size()
+    per_token = pre.head_dim * 2 * elem
+    profiles = pre.profiles(base.window)
+    rows = []
+    for policy in POLICIES:
+        try:
+            p = plan(profiles, pre.n_groups, base.replace(policy=policy))
+        except BudgetError:
+            continue
+        tokens = int(p.kept_tokens.sum())
+        rows.append(
+            {
+                "policy": policy,
+                "tokens": int(p.kept_tokens.float().mean().round()),
+                "bytes": tokens * per_token,
+            }
+        )
+    return rows
+
+
+@functools.lru_cache(maxsize=32)
+def _uor_figure(budgets: tuple, means: tuple, maxes: tuple, r: int):
+    """The UOR-across-budgets figure, drawn once per curve (it does not change while a
+    budget is dragged). Callers share the object: figures are never changed after."""
+    return figures.uor_curve(list(budgets), list(means), list(maxes), r=r)
+
+
+def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> dict:
+    """Every view of the app, as plotly figures keyed by name (`only`: just these names,
+    e.g. the plan views while a slider is dragged; `skip`: not these, e.g. views already
+    drawn; building figures is most of the cost of a run served from memory)."""
+    pa, pb = comp.plan_of("A"), comp.plan_of("B")
+    labels = comp.labels or side_labels(comp.configs["A"], comp.configs["B"])
+    label_a, label_b = labels["A"], labels["B"]
+    G = comp.n_groups
+    r = pb.head_weights.shape[1] // G
+    needle = comp.prep.needle_positions or None
+    layer = max(0, min(int(layer), pa.keep.shape[0] - 1))
+    feasible = [x for x in comp.curve if x["feasible"]]
+    both = (("A", label_a), ("B", label_b))
+    builders = {
+        "frame": lambda: figures.page_frame(
+            {label_a: pa, label_b: pb},
+            {lab: comp.needle_positions_of(key) for key, lab in both},
+        ),
+        "weights": lambda: figures.head_weights_bars(pb, layer),
+        "weights_overview": lambda: figures.layer_head_heatmap(
+            pb.weights_isolated, G, "Page-EntroKV head weights, every layer x head", zmax=1.0
+        ),
+        "sink_mass": lambda: figures.layer_head_heatmap(
+            pb.sink_mass, G, "Sink mass per layer x head (first n_sink tokens)", zmax=1.0
+        ),
+        "sink_advantage": lambda: figures.sink_advantage_lines(
+            sink_advantage(pb.weights_isolated, pb.sink_heads, G),
+            sink_advantage(pb.weights_nosink, pb.sink_heads, G),
+        ),
+        "uor": lambda: _uor_figure(
+            tuple(x["budget"] for x in feasible),
+            tuple(x["uor_mean"] for x in feasible),
+            tuple(x["uor_max"] for x in feasible),
+            r,
+        ),
+        "memory": lambda: figures.memory_bars(comp.memory),
+        "stored": lambda: figures.union_over_budget_heatmap(
+            {lab: comp.records[key]["union_tokens"] for key, lab in both},
+            {lab: comp.records[key]["budget_tokens"] for key, lab in both},
+            r=r,
+        ),
+    }
+    if needle:
+        builders["retention"] = lambda: figures.needle_retention_heatmap(
+            {lab: comp.records[key]["needle_retention"] for key, lab in both}, G
+        )
+    return {
+        k: build() for k, build in builders.items() if (only is None or k in only) and k not in skip
+    }
+
+
+def summary(comp: Comparison) -> dict:
+    """The run's numbers, JSON-ready (what the Export button writes)."""
+    out = {
+        "spec": comp.records["full"]["spec"],
+        "task": comp.prep.task.name,
+        "question": comp.prep.task.question,
+        "expected": comp.prep.task.answer,
+        "prompt_tokens": comp.prep.n,
+        "needle_positions": comp.prep.needle_positions,
+        "notes": comp.notes,
+        "runs": {},
+        "uor_curve": comp.curve,
+        "memory": comp.memory,
+    }
+    for key, rec in comp.records.items():
+        out["runs"][key] = {k: v for k, v in rec.items() if k != "plan"}
+    pb = comp.plan_of("B")
+    G = comp.n_groups
+    out["sink_advantage"] = {
+        "isolated": summarize_sink_advantage(sink_advantage(pb.weights_isolated, pb.sink_heads, G)),
+        "no_isolation": summarize_sink_advantage(
+            sink_advantage(pb.weights_nosink, pb.sink_heads, G)
+        ),
+    }
+    out["head_weights"] = {
+        "isolated": pb.weights_isolated.tolist(),
+        "no_isolation": pb.weights_nosink.tolist(),
+        "sink_mass": pb.sink_mass.tolist(),
+    }
+    return out
+
+
+def export(comp: Comparison, figs: dict, folder: str) -> list[str]:
+    """Write `run.json`, `run.csv` (one row per policy x layer x group) and `figures.html`."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    js = os.path.join(folder, "pagekv_run.json")
+    with open(js, "w") as f:
+        json.dump(summary(comp), f, indent=1)
+    paths.append(js)
+    cs = os.path.join(folder, "pagekv_run.csv")
+    with open(cs, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            [
+                "run",
+                "policy",
+                "layer",
+                "group",
+                "budget_tokens",
+                "union_tokens",
+                "stored_tokens",
+                "padding_tokens",
+                "uor",
+                "needle_retention",
+            ]
+        )
+        for key, rec in comp.records.items():
+            p: Plan = rec["plan"]
+            ret = rec.get("needle_retention")
+            for layer in range(p.keep.shape[0]):
+                for g in range(p.keep.shape[1]):
+                    w.writerow(
+                        [
+                            key,
+                            rec["policy"],
+                            layer,
+                            g,
+                            rec["budget_tokens"],
+                            rec["union_tokens"][layer][g],
+                            rec["stored_tokens"][layer][g],
+                            rec["padding_tokens"][layer][g],
+                            rec["uor_per_group"][layer][g],
+                            "" if ret is None else ret[layer][g],
+                        ]
+                    )
+    paths.append(cs)
+    html = os.path.join(folder, "pagekv_figures.html")
+    with open(html, "w") as f:
+        f.write("<html><head><meta charset='utf-8'><title>Page-EntroKV run</title></head><body>")
+        for i, (name, fig) in enumerate(figs.items()):
+            f.write(f"<h2>{name}</h2>")
+            f.write(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
+        f.write("</body></html>")
+    paths.append(html)
+    return paths
+
+
+def retained_fraction(rec: dict) -> float:
+    """Mean needle fraction kept over (layer, group), NaN without a needle."""
+    ret = rec.get("needle_retention")
+    if not ret:
+        return float("nan")
+    return float(torch.tensor(ret, dtype=torch.float64).mean())
+
+
+#: Policies shown in the mechanism view.
+MECHANISM_POLICIES = POOLING_POLICIES  # the pooling rules (entropy, ..., max)
+
+
+@dataclass
+class MechanismView:
+    mech: Mechanism
+    plans: dict  # policy -> Plan
+    rows: list  # [policy, "kept"/"evicted", weights text]
+    s_star: float  # the retrieval head's score on the needle
+    w_star: float  # its entropy weight
+    notes: list = field(default_factory=list)  # settings adjusted to a valid group
+
+
+def mechanism_view(
+    heads: int = 3,
+    retrieval: float = 0.9,
+    distractors: int = 2,
+    distractor_strength: float = 0.48,
+    sink_head: bool = False,
+    n: int = 64,
+    budget: float = 0.19,
+    page_size: int = 4,
+) -> MechanismView:
+    """Plans of the constructed group (pagekv.maths.constructed) under each pooling policy.
+
+    Sinks and window are one page each (`n_sink = window = page_size`). Every
+    combination of the app's sliders gives a valid group: distractor heads beyond what
+    the group holds (`heads - 1 - sink head`) are dropped, and a budget below what the
+    protected pages need (plus one page to choose) is raised; `notes` says so.
+    """
+    notes = []
+    room = heads - 1 - int(bool(sink_head))
+    if room < 0:
+        raise ValueError(f"a group of {heads} heads cannot hold a retrieval and a sink head")
+    if distractors > room:
+        notes.append(
+            f"{distractors} distractor heads do not fit in {heads} heads beside the retrieval"
+            + (" and sink" if sink_head else "")
+            + f" head: using {room}."
+        )
+        distractors = room
+    needed = 3 * page_size  # the sink page, the window page and one page to choose
+    if math.floor(budget * n + 1e-9) < needed:
+        raised = needed / n
+        notes.append(
+            f"a budget of {100 * budget:g}% of {n} tokens cannot hold the sink and window pages "
+            f"and one more page: using {100 * raised:.1f}%."
+        )
+        budget = raised
+    mech = mechanism_profiles(
+        n=n,
+        heads=heads,
+        retrieval_strength=retrieval,
+        distractor_heads=distractors,
+        distractor_strength=distractor_strength,
+        sink_head=sink_head,
+    )
+    base = EvictionConfig(budget=budget, page_size=page_size, n_sink=page_size, window=page_size)
+    plans = {pol: plan(mech.profiles, 1, base.replace(policy=pol)) for pol in MECHANISM_POLICIES}
+    needle_page = mech.needle_token // page_size
+    rows = []
+    for pol, p in plans.items():
+        w = p.head_weights[0].tolist()
+        weights = (
+            "max over heads"
+            if pol == "max"
+            else ", ".join(f"{mech.roles[h]} {w[h]:.2f}" for h in range(len(w)))
+        )
+        kept = "kept" if bool(p.page_keep[0, 0, needle_page]) else "evicted"
+        rows.append([pol, kept, weights])
+    return MechanismView(
+        mech=mech,
+        plans=plans,
+        rows=rows,
+        s_star=float(mech.profiles[0, 0, mech.needle_token]),
+        w_star=float(plans["entropy"].weights_isolated[0, 0]),
+        notes=notes,
+    )

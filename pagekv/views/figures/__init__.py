@@ -1,0 +1,79 @@
+"""Every figure of the project, in one package: the app's views and the replay's.
+
+Pure functions from plans and numbers to `plotly.graph_objects.Figure`s; plotly is
+imported lazily (inside each function), so importing this package needs only torch.
+
+- `style`: the palette (Okabe-Ito, colour-blind safe), page states, `layout`.
+- `eviction`: the app's views of one prompt's plans (page frame with its needle strip
+  and `needle_page_counts`, head weights, sinks, needle retention, UOR across
+  budgets, memory, the constructed mechanism).
+- `replay`: the replay harness's table figures (T2 scatter, T4 recall, T7 answers).
+"""
+
+from pagekv.views.figures.eviction import (
+    head_weights_bars,
+    layer_head_heatmap,
+    mechanism_figure,
+    memory_bars,
+    needle_page_counts,
+    needle_pages,
+    needle_retention_heatmap,
+    page_frame,
+    page_states,
+    sink_advantage_lines,
+    strip_pages,
+    union_over_budget_heatmap,
+    uor_curve,
+)
+from pagekv.views.figures.replay import answer_bars, disagreement_scatter, recall_bars
+from pagekv.views.figures.style import (
+    BLACK,
+    BLUE,
+    EVICTED,
+    GREEN,
+    NEEDLE,
+    NEEDLE_MARGIN,
+    ORANGE,
+    POLICY_COLOURS,
+    PURPLE,
+    SKY,
+    STATE_COLOURS,
+    STATE_NAMES,
+    VERMILLION,
+    YELLOW,
+    layout,
+)
+
+__all__ = [
+    "BLACK",
+    "BLUE",
+    "EVICTED",
+    "GREEN",
+    "NEEDLE",
+    "NEEDLE_MARGIN",
+    "ORANGE",
+    "POLICY_COLOURS",
+    "PURPLE",
+    "SKY",
+    "STATE_COLOURS",
+    "STATE_NAMES",
+    "VERMILLION",
+    "YELLOW",
+    "answer_bars",
+    "disagreement_scatter",
+    "head_weights_bars",
+    "layer_head_heatmap",
+    "layout",
+    "mechanism_figure",
+    "memory_bars",
+    "needle_page_counts",
+    "needle_pages",
+    "needle_retention_heatmap",
+    "page_frame",
+    "page_states",
+    "recall_bars",
+    "sink_advantage_lines",
+    "strip_pages",
+    "union_over_budget_heatmap",
+    "uor_curve",
+]

@@ -1,0 +1,640 @@
+"""The app's views of plans: page frame, head weights, sinks, retention, UOR, memory,
+and the constructed mechanism. Pure functions from `Plan` objects and numbers to
+plotly figures (see `pagekv.views.figures`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from pagekv.views.figures.style import (
+    BLACK,
+    BLUE,
+    GREEN,
+    NEEDLE,
+    NEEDLE_MARGIN,
+    ORANGE,
+    POLICY_COLOURS,
+    PURPLE,
+    SKY,
+    STATE_COLOURS,
+    STATE_NAMES,
+    VERMILLION,
+    YELLOW,
+    _go,
+    layout,
+)
+
+
+def page_states(p) -> torch.Tensor:
+    """int `[L, G, n_pages]`: 0 evicted, 1 kept, 2 protected."""
+    states = p.page_keep.to(torch.int64)
+    return torch.where(p.protected.expand_as(states), torch.full_like(states, 2), states)
+
+
+def needle_pages(p, needle_positions: Sequence[int]) -> list[int]:
+    """The sorted pages of `p` that hold a needle token.
+
+    Example (page size 16): tokens `[990, 991, 1000]` -> pages `[61, 62]`.
+    Raises ValueError when `needle_positions` is empty or leaves `[0, p.n)`.
+    """
+    pos = [int(t) for t in needle_positions]
+    if not pos:
+        raise ValueError("needle_positions is empty")
+    bad = [t for t in pos if not 0 <= t < p.n]
+    if bad:
+        raise ValueError(f"needle positions must lie in [0, {p.n}); got {bad}")
+    return sorted({t // p.config.page_size for t in pos})
+
+
+def needle_page_counts(p, needle_positions: Sequence[int]) -> tuple[int, int]:
+    """`(kept, total)`: how many of the `L x G` (layer, group)s keep every needle page.
+
+    `p` is a `Plan`; a (layer, group) counts as keeping the needle when each page that
+    holds a needle token is kept (for head-independent plans, kept in the group's
+    union: what the server stores). This is the count the page frame prints per side;
+    it equals the number of (layer, group)s whose `Plan.needle_retention` is 1.
+    """
+    pages = needle_pages(p, needle_positions)
+    L, G, _ = p.page_keep.shape
+    kept = p.page_keep[..., pages].all(-1)  # [L, G]
+    return int(kept.sum()), L * G
+
+
+def strip_pages(n_pages: int, pages: Sequence[int], margin: int = NEEDLE_MARGIN) -> list[int]:
+    """The pages of the needle strip: every page within `margin` of a needle page,
+    clipped to `[0, n_pages)`, sorted.
+
+    Example: `strip_pages(10, [0, 5], 2)` -> `[0, 1, 2, 3, 4, 5, 6, 7]`.
+    """
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0; got {margin}")
+    out = set()
+    for j in pages:
+        out.update(range(max(0, j - margin), min(n_pages, j + margin + 1)))
+    return sorted(out)
+
+
+def _needles_by_label(labels: list, needle_positions) -> dict:
+    """label -> list of needle positions (empty: no needle on that side)."""
+    if needle_positions is None:
+        return {label: [] for label in labels}
+    if isinstance(needle_positions, dict):
+        unknown = set(needle_positions) - set(labels)
+        if unknown:
+            raise ValueError(
+                f"needle_positions names plans {sorted(map(str, unknown))} that are not in "
+                f"plans ({', '.join(map(str, labels))})"
+            )
+        return {label: list(needle_positions.get(label) or []) for label in labels}
+    shared = list(needle_positions)
+    return {label: shared for label in labels}
+
+
+def _runs(xs: Sequence[int]) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive integers: `[1, 2, 3, 7]` -> `[(1, 3), (7, 7)]`."""
+    runs: list[tuple[int, int]] = []
+    for x in xs:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], x)
+        else:
+            runs.append((x, x))
+    return runs
+
+
+def page_frame(
+    plans: dict,
+    needle_positions: Sequence[int] | dict | None = None,
+    title=None,
+    margin: int = NEEDLE_MARGIN,
+):
+    """Pages x (layer, group) for one or more plans side by side, with a needle strip.
+
+    `plans` maps a label (e.g. "A: mean") to a `Plan`. Each side has an overview: one
+    cell per (layer, group, page), evicted, kept or protected. Where the side has a
+    needle, a strip beside its overview zooms on the needle's pages and `margin`
+    pages either side (`strip_pages`), with the same rows, so whether every
+    (layer, group) keeps the needle reads at a glance; the needle's pages are
+    outlined in `NEEDLE` and pointed at in both panels, and the strip's title and the
+    figure's subtitle give `needle_page_counts`. Without any needle the figure is the
+    overviews alone.
+
+    `needle_positions`: prompt token indices for every plan, or a dict label ->
+    indices (sides built from different prompts, e.g. question inside and after; a
+    label left out or mapped to nothing has no strip).
+
+    Traces carry `meta={"role": "overview" | "needle_strip", "label": ..., ...}`; a
+    strip's meta also holds its `pages`, `needle_pages`, `kept` and `total`.
+    """
+    go = _go()
+    from plotly.subplots import make_subplots
+
+    labels = list(plans)
+    needles = _needles_by_label(labels, needle_positions)
+    # Per side: the states, and (with a needle) its pages, strip and count.
+    sides = []
+    for label in labels:
+        p = plans[label]
+        side = {"label": label, "plan": p, "states": page_states(p)}  # [L, G, n_pages]
+        if needles[label]:
+            side["needle"] = needle_pages(p, needles[label])
+            side["strip"] = strip_pages(p.n_pages, side["needle"], margin)
+            side["count"] = needle_page_counts(p, needles[label])
+        sides.append(side)
+
+    # Columns: overview, then its strip when it has one. A strip's width follows its
+    # page count (about a quarter to a half of its side), so cells stay wide enough
+    # to read at 1280 px.
+    widths, titles, cols = [], [], []
+    for side in sides:
+        has_strip = "strip" in side
+        frac = 0.0
+        if has_strip:
+            n_strip = len(side["strip"])
+            frac = min(0.5, max(0.25, n_strip / (n_strip + 20)))
+        widths.append(1.0 - frac)
+        titles.append(side["label"])
+        cols.append(("overview", side))
+        if has_strip:
+            kept, total = side["count"]
+            widths.append(frac)
+            units = "tokens" if side["plan"].config.page_size == 1 else "pages"
+            titles.append(f"needle ±{margin} {units}<br>{kept}/{total} keep it")
+            cols.append(("strip", side))
+    fig = make_subplots(
+        rows=1,
+        cols=len(cols),
+        subplot_titles=titles,
+        shared_yaxes=True,
+        column_widths=widths,
+        horizontal_spacing=0.03 if len(cols) > len(sides) else 0.04,
+    )
+    colorscale = []
+    for i, c in enumerate(STATE_COLOURS):
+        colorscale += [[i / 3, c], [(i + 1) / 3, c]]
+    L, G, _ = sides[0]["states"].shape
+    rows = [f"L{layer} g{g}" for layer in range(L) for g in range(G)]
+
+    def heatmap(z, x, hover, meta, gap, label, where="%{y}"):
+        return go.Heatmap(
+            z=z,
+            x=x,
+            y=rows,
+            zmin=0,
+            zmax=3,
+            colorscale=colorscale,
+            showscale=False,
+            text=hover,
+            hovertemplate=where + " %{text}<extra>" + label + "</extra>",
+            xgap=gap,
+            ygap=1 if meta["role"] == "needle_strip" else 0.5,
+            name=label,
+            meta=meta,
+            showlegend=False,
+        )
+
+    def outline(col, x0, x1, width):
+        fig.add_shape(
+            type="rect",
+            x0=x0 - 0.5,
+            x1=x1 + 0.5,
+            y0=-0.5,
+            y1=L * G - 0.5,
+            line=dict(color=NEEDLE, width=width),
+            row=1,
+            col=col,
+        )
+
+    def pointer(col, x, text):
+        fig.add_annotation(
+            x=x,
+            y=1.0,
+            xref=f"x{'' if col == 1 else col}",
+            yref=f"y{'' if col == 1 else col} domain",
+            text=text,
+            showarrow=False,
+            yanchor="bottom",
+            font=dict(color=NEEDLE, size=11),
+        )
+
+    for col, (kind, side) in enumerate(cols, start=1):
+        p, label, st = side["plan"], side["label"], side["states"]
+        P = p.config.page_size
+        n_pages = st.shape[-1]
+        unit = "token" if P == 1 else "page"
+
+        def where(j, P=P, p=p, unit=unit):
+            if P == 1:
+                return f"token {j}"
+            return f"page {j} (tokens {j * P}-{min((j + 1) * P, p.n) - 1})"
+
+        if kind == "overview":
+            # numpy arrays, not lists: plotly validates them whole, not cell by cell (a
+            # frame is redrawn while a slider is dragged).
+            z = st.reshape(L * G, n_pages).numpy().astype(np.int8)
+            # Hover: the state's name only (the page is x), so that a page-size-1 frame
+            # of 2000 columns does not carry 180k long strings per side.
+            hover = np.asarray(STATE_NAMES)[z]
+            # Gaps between columns only while a column is a few pixels wide.
+            gap = 0.5 if n_pages <= 256 else 0
+            meta = {"role": "overview", "label": label}
+            trace = heatmap(
+                z, np.arange(n_pages), hover, meta, gap, label, f"%{{y}} {unit} %{{x}}:"
+            )
+            fig.add_trace(trace, 1, col)
+            fig.update_xaxes(title_text=unit, row=1, col=col)
+            if "needle" in side:
+                # Where the strip comes from: its extent outlined, the needle pointed at.
+                for a, b in _runs(side["strip"]):
+                    outline(col, a, b, 1)
+                for i, (a, b) in enumerate(_runs(side["needle"])):
+                    pointer(col, (a + b) / 2, "▼" if i else "▼ needle")
+        else:
+            pages = side["strip"]
+            z = st[..., pages].reshape(L * G, len(pages)).numpy().astype(np.int8)
+            names = np.asarray(STATE_NAMES, dtype=object)[z]
+            hover = np.asarray([f"{where(j)}: " for j in pages], dtype=object)[None, :] + names
+            kept, total = side["count"]
+            meta = {
+                "role": "needle_strip",
+                "label": label,
+                "pages": pages,
+                "needle_pages": side["needle"],
+                "kept": kept,
+                "total": total,
+            }
+            x = list(range(len(pages)))  # positions; gaps between runs collapse
+            fig.add_trace(heatmap(z, x, hover, meta, 2, label), 1, col)
+            at = {j: i for i, j in enumerate(pages)}
+            # The needle's pages outlined and pointed at; labelled, with the strip's ends.
+            ticks = {pages[0], pages[-1]}
+            for a, b in _runs(side["needle"]):
+                outline(col, at[a], at[b], 2.5)
+                pointer(col, (at[a] + at[b]) / 2, "▼")
+                ticks.update((a, b))
+            ticks = sorted(ticks)
+            fig.update_xaxes(
+                tickvals=[at[j] for j in ticks],
+                ticktext=[str(j) for j in ticks],
+                tickfont=dict(size=10),
+                tickangle=0,
+                title_text=unit,
+                row=1,
+                col=col,
+            )
+    # Subplot titles sit above the needle pointers (plotly puts both at the top edge).
+    if len(cols) > len(sides):
+        for a in fig.layout.annotations[: len(titles)]:
+            a.yshift = 14
+    # One tick per layer (its first group); the rows in between are its other groups.
+    fig.update_yaxes(
+        autorange="reversed",
+        tickmode="array",
+        tickvals=rows[::G],
+        ticktext=[f"L{layer}" for layer in range(L)],
+        tickfont=dict(size=10),
+    )
+    # The legend: the three states (filled squares) and the needle (an outline).
+    for name, colour in zip(STATE_NAMES, STATE_COLOURS, strict=True):
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                marker=dict(size=11, color=colour, symbol="square", line=dict(width=1)),
+                name=name,
+            )
+        )
+    with_needle = [s for s in sides if "needle" in s]
+    if with_needle:
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                marker=dict(
+                    size=11, color="white", symbol="square", line=dict(color=NEEDLE, width=2.5)
+                ),
+                name="needle page (outlined, ▼)",
+            )
+        )
+    text = title or "Page frame: what each (layer, group) keeps"
+    if with_needle:
+        counts = " · ".join(
+            f"{s['label']}: needle page kept in {s['count'][0]} of {s['count'][1]} (layer, group)s"
+            for s in with_needle
+        )
+        text += f"<br><span style='font-size:12px'>{counts}</span>"
+    fig = layout(fig, text, 220 + 10 * L * G, True)
+    if with_needle:
+        # Room for the count line and the two-line strip titles under the title.
+        fig.update_layout(margin_t=125, title_y=1.0, title_yanchor="top", title_pad_t=14)
+    return fig
+
+
+def head_weights_bars(p, layer: int, title=None):
+    """Weights of the heads of each group at one layer, with and without isolation."""
+    go = _go()
+    L, H = p.weights_isolated.shape
+    G = p.n_groups
+    r = H // G
+    heads = [
+        f"g{h // r} h{h}" + (" (sink)" if bool(p.sink_heads[layer, h]) else "") for h in range(H)
+    ]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            x=heads,
+            y=p.weights_isolated[layer].tolist(),
+            name="sink-isolated (Page-EntroKV)",
+            marker_color=BLUE,
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            x=heads, y=p.weights_nosink[layer].tolist(), name="without isolation", marker_color=SKY
+        )
+    )
+    fig.add_hline(y=1 / r, line_dash="dot", line_color=ORANGE, annotation_text="mean pooling 1/r")
+    fig.update_layout(barmode="group", yaxis_title="weight within group", yaxis_range=[0, 1])
+    return layout(fig, title or f"Head weights at layer {layer}", 360)
+
+
+def layer_head_heatmap(
+    values: torch.Tensor, n_groups: int, title: str, zmax=None, colorscale="Cividis"
+):
+    """A layer x head overview (e.g. weights or sink mass), groups separated by gaps."""
+    go = _go()
+    L, H = values.shape
+    r = H // n_groups
+    x = [f"g{h // r} h{h}" for h in range(H)]
+    fig = go.Figure(
+        go.Heatmap(
+            z=values.tolist(),
+            x=x,
+            y=[f"L{layer}" for layer in range(L)],
+            colorscale=colorscale,
+            zmin=0,
+            zmax=zmax,
+            hovertemplate="%{y} %{x}: %{z:.3f}<extra></extra>",
+        )
+    )
+    for g in range(1, n_groups):
+        fig.add_vline(x=g * r - 0.5, line_color="white", line_width=3)
+    fig.update_yaxes(autorange="reversed")
+    return layout(fig, title, 120 + 14 * L)
+
+
+def sink_advantage_lines(adv_iso: torch.Tensor, adv_raw: torch.Tensor, title=None):
+    """Per layer: the mean over groups (where defined) of the sink advantage."""
+    go = _go()
+
+    def per_layer(adv):
+        out = []
+        for row in adv:
+            ok = row[~torch.isnan(row)]
+            out.append(float(ok.mean()) if ok.numel() else None)
+        return out
+
+    L = adv_iso.shape[0]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=list(range(L)),
+            y=per_layer(adv_raw),
+            name="without isolation",
+            mode="lines+markers",
+            line_color=SKY,
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=list(range(L)),
+            y=per_layer(adv_iso),
+            name="sink-isolated",
+            mode="lines+markers",
+            line_color=BLUE,
+        )
+    )
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
+    fig.update_layout(
+        xaxis_title="layer",
+        yaxis_title="sink / non-sink mean weight",
+        yaxis_type="log",
+        yaxis_dtick=1,  # one label per decade
+    )
+    if any(v is None for v in per_layer(adv_raw)):
+        fig.add_annotation(
+            text="gaps: no group of that layer mixes sink and non-sink heads",
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=1.0,
+            showarrow=False,
+            xanchor="left",
+            yanchor="bottom",
+            font=dict(size=11, color="grey"),
+        )
+    return layout(fig, title or "Sink advantage (the masquerade)", 340)
+
+
+def needle_retention_heatmap(retentions: dict, n_groups: int, title=None):
+    """Fraction of the needle kept per (layer, group) for each policy, side by side."""
+    go = _go()
+    from plotly.subplots import make_subplots
+
+    labels = list(retentions)
+    fig = make_subplots(rows=1, cols=len(labels), subplot_titles=labels, shared_yaxes=True)
+    for col, label in enumerate(labels, start=1):
+        ret = torch.as_tensor(retentions[label], dtype=torch.float64)
+        L, G = ret.shape
+        fig.add_trace(
+            go.Heatmap(
+                z=ret.tolist(),
+                x=[f"g{g}" for g in range(G)],
+                y=[f"L{layer}" for layer in range(L)],
+                zmin=0,
+                zmax=1,
+                colorscale=[[0, VERMILLION], [0.5, YELLOW], [1, BLUE]],
+                showscale=col == len(labels),
+                hovertemplate="%{y} %{x}: %{z:.2f}<extra>" + label + "</extra>",
+                xgap=1,
+                ygap=1,
+            ),
+            row=1,
+            col=col,
+        )
+    fig.update_yaxes(autorange="reversed")
+    L = torch.as_tensor(retentions[labels[0]]).shape[0]
+    return layout(fig, title or "Needle retention per (layer, group)", 140 + 12 * L)
+
+
+def uor_curve(
+    budgets: Sequence[float],
+    uor_mean: Sequence[float],
+    uor_max: Sequence[float],
+    r: int,
+    title=None,
+):
+    """UOR of head-independent selection across budgets, against the pooled 1.0."""
+    go = _go()
+    x = [100 * b for b in budgets]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=list(uor_max),
+            name="head-independent, max",
+            mode="lines+markers",
+            line_color=VERMILLION,
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=list(uor_mean),
+            name="head-independent, mean",
+            mode="lines+markers",
+            line=dict(color=VERMILLION, dash="dash"),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x, y=[1.0] * len(x), name="pooled policies (exactly 1)", mode="lines", line_color=BLUE
+        )
+    )
+    fig.add_hline(y=r, line_dash="dot", line_color="grey", annotation_text=f"r = {r} (worst case)")
+    fig.update_layout(
+        xaxis_title="budget (% of prompt)",
+        yaxis_title="union overhead ratio",
+        yaxis_range=[0.9, r + 0.2],
+    )
+    return layout(fig, title or "Union overhead of head-independent selection", 340)
+
+
+def union_over_budget_heatmap(sides: dict, budget_tokens: dict, r: int, title=None):
+    """What each (layer, group) must store, as a multiple of the budget, per side.
+
+    Args:
+        sides: label -> `[L][G]` tokens the policy keeps (`union_tokens`: the union of
+            the heads' picks for head_independent).
+        budget_tokens: label -> `k`.
+        r: heads per group; `r x` the budget is the worst case a union can reach, and
+            the colour scale ends there.
+    """
+    go = _go()
+    from plotly.subplots import make_subplots
+
+    labels = list(sides)
+    fig = make_subplots(rows=1, cols=len(labels), subplot_titles=labels, shared_yaxes=True)
+    for i, label in enumerate(labels):
+        k = max(int(budget_tokens[label]), 1)
+        z = [[u / k for u in row] for row in sides[label]]  # [L][G]
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                x=[f"g{g}" for g in range(len(z[0]))],
+                y=list(range(len(z))),
+                zmin=0.0,
+                zmax=float(r),
+                colorscale="Cividis",
+                showscale=i == len(labels) - 1,
+                colorbar=dict(title="x budget", tickvals=list(range(r + 1))),
+                hovertemplate="layer %{y}, group %{x}: %{z:.2f}x the budget<extra></extra>",
+            ),
+            row=1,
+            col=i + 1,
+        )
+    fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
+    return layout(
+        fig,
+        title
+        or f"Tokens each (layer, group) stores, as a multiple of the budget (worst case r = {r})",
+        420,
+    )
+
+
+def memory_bars(rows: Sequence[dict], title=None):
+    """Cache kept per policy: rows of {policy, tokens, bytes}."""
+    go = _go()
+    fig = go.Figure(
+        go.Bar(
+            x=[r["policy"] for r in rows],
+            y=[r["bytes"] / 2**20 for r in rows],
+            marker_color=[POLICY_COLOURS.get(r["policy"], BLACK) for r in rows],
+            text=[f"{r['tokens']} tok" for r in rows],
+            textposition="outside",
+            cliponaxis=False,
+            hovertemplate="%{x}: %{y:.2f} MiB<extra></extra>",
+        )
+    )
+    top = max((r["bytes"] for r in rows), default=1) / 2**20
+    fig.update_layout(yaxis_title="KV cache kept (MiB)", yaxis_range=[0, 1.15 * top])
+    return layout(
+        fig,
+        title or "Cache memory each policy must hold (union tokens per (layer, group), mean shown)",
+        320,
+    )
+
+
+def mechanism_figure(mech, plans: dict, title=None):
+    """Constructed profiles: each head's profile, and which tokens each policy keeps."""
+    go = _go()
+    from plotly.subplots import make_subplots
+
+    prof = mech.profiles[0]  # [r, n]
+    r, n = prof.shape
+    labels = list(plans)
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        row_heights=[0.65, 0.35],
+        vertical_spacing=0.08,
+        subplot_titles=["constructed head profiles a_h(t)", "tokens kept"],
+    )
+    palette = [VERMILLION, ORANGE, PURPLE, GREEN, SKY, YELLOW, BLACK, BLUE]
+    for h in range(r):
+        fig.add_trace(
+            go.Scatter(
+                x=list(range(n)),
+                y=prof[h].tolist(),
+                mode="lines",
+                name=f"h{h} {mech.roles[h]}",
+                line=dict(color=palette[h % len(palette)], width=1.5),
+            ),
+            row=1,
+            col=1,
+        )
+    for label in labels:
+        keep = plans[label].keep[0, 0]
+        xs = torch.nonzero(keep).flatten().tolist()
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[label] * len(xs),
+                mode="markers",
+                marker=dict(symbol="square", size=6, color=POLICY_COLOURS.get(label, BLACK)),
+                name=f"kept by {label}",
+                showlegend=False,
+            ),
+            row=2,
+            col=1,
+        )
+    for t, colour, name in [(mech.needle_token, VERMILLION, "needle")] + [
+        (mech.distractor_tokens[0], ORANGE, "distractor")
+    ]:
+        fig.add_vline(
+            x=t,
+            line_dash="dot",
+            line_color=colour,
+            annotation_text=name,
+            annotation_position="top right",
+            row=1,
+            col=1,
+        )
+    fig.update_xaxes(title_text="token", row=2, col=1)
+    fig.update_yaxes(title_text="attention", row=1, col=1)
+    return layout(fig, title or "Mechanism (constructed profiles, not a model)", 500, True)

@@ -1,0 +1,113 @@
+"""Figures of the replay harness's tables (T2, T4, T7); T1 and T3 reuse the plan views
+(`uor_curve`, `sink_advantage_lines`). Inputs are the rows `pagekv.measurement.replay.tables`
+builds, so these are pure functions of numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagekv.views.figures.style import (
+    BLUE,
+    EVICTED,
+    GREEN,
+    ORANGE,
+    PURPLE,
+    SKY,
+    VERMILLION,
+    _go,
+    layout,
+)
+
+#: Points per budget in the T2 scatter (deterministic thinning keeps files < 1 MB).
+SCATTER_POINTS = 1500
+
+
+def _thin(xs, n):
+    step = max(1, len(xs) // n)
+    return xs[::step]
+
+
+def disagreement_scatter(series: dict, r: int, title: str):
+    """T2: mean pairwise disagreement `D_g` against UOR, one trace per budget, with the
+    two envelopes of the bounds (DESIGN.md section 2).
+
+    Args:
+        series: `{budget: (disagreements, uors)}`, one point per (layer, group).
+        r: heads per group (the envelopes depend on it).
+    """
+    go = _go()
+    fig = go.Figure()
+    colours = [BLUE, ORANGE, GREEN, VERMILLION, PURPLE, SKY]
+    for i, (b, (d, u)) in enumerate(series.items()):
+        if not d:
+            continue
+        fig.add_trace(
+            go.Scattergl(
+                x=[round(v, 4) for v in _thin(d, SCATTER_POINTS)],
+                y=[round(v, 4) for v in _thin(u, SCATTER_POINTS)],
+                mode="markers",
+                marker=dict(size=4, opacity=0.5, color=colours[i % len(colours)]),
+                name=f"budget {100 * b:g}%",
+            )
+        )
+    xs = [i / 100 for i in range(101)]
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=[min(r, 1 + (r - 1) * x) for x in xs],
+            name="upper envelope 1 + (r-1) D",
+            line=dict(color="grey", dash="dot"),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=[max(1 + x, r - r * (r - 1) / 2 * (1 - x)) for x in xs],
+            name="lower envelope max(1 + D, r - C(r,2)(1 - D))",
+            line=dict(color="black", dash="dash"),
+        )
+    )
+    fig.update_layout(xaxis_title="mean pairwise disagreement D_g", yaxis_title="UOR")
+    return layout(fig, title, 460)
+
+
+def recall_bars(rows: Sequence[dict], title: str):
+    """T4: needle recall per policy, one bar group per (question mode, budget).
+
+    `rows`: dicts with `mode`, `budget`, `policy` and `recall` (not None).
+    """
+    go = _go()
+    fig = go.Figure()
+    for mode in sorted({x["mode"] for x in rows}):
+        for b in sorted({x["budget"] for x in rows if x["mode"] == mode}):
+            sel = [x for x in rows if x["mode"] == mode and x["budget"] == b]
+            fig.add_trace(
+                go.Bar(
+                    x=[x["policy"] for x in sel],
+                    y=[x["recall"] for x in sel],
+                    name=f"{mode}, budget {100 * b:g}%",
+                )
+            )
+    fig.update_layout(barmode="group", yaxis_title="needle recall", yaxis_range=[0, 1.05])
+    return layout(fig, title, 380)
+
+
+def answer_bars(rows: Sequence[dict], title: str):
+    """T7: decoded answers where entropy beats, ties or loses to mean pooling, stacked
+    per setting. `rows`: dicts with `setting`, `mode`, `entropy_beats`, `ties`,
+    `entropy_loses`."""
+    go = _go()
+    fig = go.Figure()
+    labels = [f"{x['setting']} ({x['mode']})" for x in rows]
+    for key, colour in (("entropy_beats", BLUE), ("ties", EVICTED), ("entropy_loses", ORANGE)):
+        fig.add_trace(
+            go.Bar(
+                y=labels,
+                x=[x[key] for x in rows],
+                name=key,
+                orientation="h",
+                marker_color=colour,
+            )
+        )
+    fig.update_layout(barmode="stack", xaxis_title="prompts")
+    return layout(fig, title, 140 + 22 * len(rows))
