@@ -341,7 +341,7 @@ def _pending_table(comp) -> list[list]:
         else:
             verdict, answer = "...", "decoding..."
         rows.append(
-            [labels[key], verdict, answer, int(p.kept_tokens.max()), "-", pages,
+            [labels[key], verdict, answer, int(p.union_tokens.max()), "-", pages,
              f"{float(p.uor.max()):.2f}", "-"]
         )  # fmt: skip
     return rows

@@ -57,7 +57,7 @@ def test_frozen_and_replace_revalidates():
         cfg.replace(budget=2.0)
 
 
-#: The policies of DESIGN.md section 2, written out here rather than read from the code.
+#: The policies of docs/design.md, "The data path", written out here rather than read from the code.
 DESIGN_POLICIES = {
     "entropy", "entropy_nosink", "mean", "max", "head_independent", "streaming", "full",
 }  # fmt: skip
@@ -82,9 +82,9 @@ def test_every_policy_plans_as_its_config_says(policy):
     assert p.budget_tokens == k
     if cfg.pooled:
         assert p.dense and torch.equal(p.uor, torch.ones_like(p.uor))
-        assert bool((p.kept_tokens <= k).all())
+        assert bool((p.union_tokens <= k).all())
     else:  # the union of 3 heads' sets: over budget somewhere for these random heads
-        assert bool((p.kept_tokens > k).any()) and bool((p.uor > 1).any())
+        assert bool((p.union_tokens > k).any()) and bool((p.uor > 1).any())
 
 
 def test_budget_tokens_floor_and_rounding():

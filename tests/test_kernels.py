@@ -343,10 +343,10 @@ def test_paged_matches_twin(kern, device, shape, dtype):
     got, used = be.to_paged(keys, values, p.page_keep, P, backend="triton")
     per_layer, _ = be.to_paged(list(keys), list(values), p.page_keep, P, backend="triton")
     assert used == "triton"
-    for name in ("block_table", "src_pages", "kept_pages", "kept_tokens", "k_pool", "v_pool"):
+    for name in ("block_table", "src_pages", "kept_pages", "stored_tokens", "k_pool", "v_pool"):
         assert_equal(name, getattr(got, name), getattr(ref, name))
         assert_equal(f"{name} (per layer)", getattr(per_layer, name), getattr(ref, name))
-    assert_equal("kept_tokens vs plan", got.kept_tokens, p.kept_tokens)
+    assert_equal("stored_tokens vs plan", got.stored_tokens, p.union_tokens)
     k_dense, v_dense = got.to_dense()
     idx = p.kept_indices()
     for i in range(L):
@@ -367,7 +367,7 @@ def test_block_table_worked_example():
     assert kept.tolist() == [[3, 3]]
     keys = torch.arange(L * G * n * d, dtype=torch.float32).view(L, G, n, d)
     paged = to_paged(keys, -keys, keep, P)
-    assert paged.kept_tokens.tolist() == [[10, 10]]
+    assert paged.stored_tokens.tolist() == [[10, 10]]
     k, v = paged.read(0, 1)
     tokens = [0, 1, 2, 3, 8, 9, 10, 11, 20, 21]
     assert_equal("read(0, 1) keys", k, keys[0, 1, tokens])

@@ -220,8 +220,8 @@ def test_compress_keeps_what_plan_keeps(tiny, n, budget, P, policy):
     idx = ref.kept_indices()[0]  # [G, k']
     assert torch.equal(press.plans[1].page_keep, ref.page_keep), "page_keep"
     # exact accounting: k' = the kept pages' sizes, <= floor(budget * n), equal per KV head
-    kept = int(ref.kept_tokens[0, 0])
-    assert kept <= cfg.budget_tokens(n) and bool((ref.kept_tokens == kept).all())
+    kept = int(ref.union_tokens[0, 0])
+    assert kept <= cfg.budget_tokens(n) and bool((ref.union_tokens == kept).all())
     assert kept == int((ref.page_keep[0, 0].long() * ref.page_sizes).sum())
     assert k2.shape == (1, 2, kept, keys.shape[3]) and v2.shape == k2.shape
     gather = idx[None, :, :, None].expand(1, 2, kept, keys.shape[3])

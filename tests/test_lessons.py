@@ -83,9 +83,9 @@ def _profiles(L=2, H=6, n=64, seed=0, sharp=None):
 def test_union_over_budget_measures_the_union():
     prof = _profiles(sharp={0: (10, 50.0), 1: (30, 50.0), 2: (50, 50.0)})
     p = plan(prof, 2, EvictionConfig(policy="head_independent", budget=0.3, page_size=4, window=4))
-    rec = {"union_tokens": p.kept_tokens.tolist(), "budget_tokens": p.budget_tokens}
+    rec = {"union_tokens": p.union_tokens.tolist(), "budget_tokens": p.budget_tokens}
     ev = Evidence(comparison=_fake_comparison({"A": True}, plans={"A": p}, recs={"A": rec}))
-    ratio = float(p.kept_tokens.max()) / p.budget_tokens
+    ratio = float(p.union_tokens.max()) / p.budget_tokens
     assert union_over_budget("A", ratio - 1e-6).check(ev).holds
     assert not union_over_budget("A", ratio + 1e-3).check(ev).holds
     assert ev_value(union_over_budget("A", 1.0), ev, "max_ratio") == pytest.approx(ratio)

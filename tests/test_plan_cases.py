@@ -72,7 +72,7 @@ def test_exact_kept_set(profiles, policy, extra, pages):
     for g in range(2):
         kept = torch.nonzero(p.keep[0, g]).flatten().tolist()
         assert kept == expected, f"{policy} {extra} group {g}"
-    assert p.kept_tokens.tolist() == [[len(expected)] * 2]
+    assert p.union_tokens.tolist() == [[len(expected)] * 2]
 
 
 def test_entropy_weights_are_the_hand_values(profiles):
@@ -157,7 +157,7 @@ def test_budget_below_protected_minimum_names_the_smallest_feasible_budget(profi
     assert min_feasible_budget(12, 2, 2, 2) == pytest.approx(4 / 12)
     # The named budget is indeed feasible.
     ok = plan(profiles, 2, cfg.replace(budget=err.value.min_budget))
-    assert ok.kept_tokens.tolist() == [[4, 4]]
+    assert ok.union_tokens.tolist() == [[4, 4]]
 
 
 def test_page_larger_than_prompt_keeps_everything_or_errors():
@@ -166,7 +166,7 @@ def test_page_larger_than_prompt_keeps_everything_or_errors():
     with pytest.raises(BudgetError):
         plan(prof, 1, EvictionConfig(page_size=64, budget=0.5))
     p = plan(prof, 1, EvictionConfig(page_size=64, budget=1.0))
-    assert p.kept_tokens.tolist() == [[10]]
+    assert p.union_tokens.tolist() == [[10]]
 
 
 def test_window_larger_than_prompt_is_clipped():

@@ -1,4 +1,5 @@
-"""Property tests (hypothesis): the identities, bounds and accounting of DESIGN.md section 2."""
+"""Property tests (hypothesis): the identities, bounds and accounting of
+docs/design.md, "The data path"."""
 
 import torch
 from hypothesis import assume, event, given, settings
@@ -51,7 +52,7 @@ def test_uor_bounds_hold_for_any_r(geo, u):
     assert bool((p.uor <= ov.upper + eps).all()), (p.uor - ov.upper).max()
     assert bool((p.uor >= 1 - eps).all()) and bool((p.uor <= r + eps).all())
     # The union is what the group keeps.
-    assert torch.equal(p.kept_tokens, ov.union_tokens)
+    assert torch.equal(p.union_tokens, ov.union_tokens)
 
 
 @SETTINGS
@@ -67,18 +68,18 @@ def test_pooled_policies_are_dense_exact_and_within_budget(geo, u, policy, reduc
     n, P = p.n, geo[5]
     sizes = page_sizes(n, P)
     assert torch.equal(p.uor, torch.ones_like(p.uor))
-    k0 = int(p.kept_tokens.flatten()[0])
-    assert bool((p.kept_tokens == k0).all()), "every (layer, group) keeps the same count"
+    k0 = int(p.union_tokens.flatten()[0])
+    assert bool((p.union_tokens == k0).all()), "every (layer, group) keeps the same count"
     # Exact page accounting: kept count = summed sizes of kept pages = kept token mask.
-    assert torch.equal(p.kept_tokens, (p.page_keep.long() * sizes).sum(-1))
-    assert torch.equal(p.kept_tokens, p.keep.sum(-1))
+    assert torch.equal(p.union_tokens, (p.page_keep.long() * sizes).sum(-1))
+    assert torch.equal(p.union_tokens, p.keep.sum(-1))
     assert k0 <= p.budget_tokens
     # Maximality: no further whole page fits in the budget (pooled, budgeted policies).
     free = ~p.page_keep & ~p.protected
     if policy != "full" and bool(free.any()):
         event("a free page was left out")
         assert k0 + P > p.budget_tokens
-    assert p.kept_indices().shape == (*p.kept_tokens.shape, k0)
+    assert p.kept_indices().shape == (*p.union_tokens.shape, k0)
 
 
 @SETTINGS
@@ -167,7 +168,7 @@ def bound_sides(p, prof, g, r, needle_page, others, m, P, n):
 
 def test_retention_bound_sufficient_condition():
     """If w_h* s* exceeds the score of the page that would otherwise be the last kept,
-    entropy pooling keeps the needle's page (DESIGN.md section 2, first half).
+    entropy pooling keeps the needle's page (docs/design.md, "The data path", first half).
 
     The needle is planted so that the condition fires: head h* of group g* moves a share
     `alpha` of its attention onto one token of a free page, and the same prompt is also

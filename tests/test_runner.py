@@ -210,10 +210,10 @@ def test_compacted_cache_holds_exactly_the_kept_tokens(llama, policy, page_size)
             assert torch.equal(comp.keys[0, g], full.keys[0, g, idx[g]])
             assert torch.equal(comp.values[0, g], full.values[0, g, idx[g]])
             union = p.keep[layer, g].nonzero().flatten()
-            assert ev.union_tokens[layer][g] == union.numel() == int(p.kept_tokens[layer, g])
+            assert ev.union_tokens[layer][g] == union.numel() == int(p.union_tokens[layer, g])
             assert bool(torch.isin(union, idx[g]).all())  # the union is always stored
     if policy != "head_independent":
-        k = int(p.kept_tokens[0, 0])
+        k = int(p.union_tokens[0, 0])
         assert k <= p.budget_tokens
         assert ev.stored_tokens == ev.union_tokens == [[k, k]] * 3
 
@@ -318,7 +318,7 @@ def test_head_independent_pads_each_layer_to_its_largest_union(llama):
         )
         ev = runner.evict(pre, cfg)
         p = ev.plan
-        assert ev.union_tokens == p.kept_tokens.tolist()
+        assert ev.union_tokens == p.union_tokens.tolist()
         for layer in range(3):
             assert ev.stored_tokens[layer] == [max(ev.union_tokens[layer])] * 2
             idx = ev.kept_indices[layer]
@@ -356,7 +356,7 @@ def test_padded_indices_worked_example():
         config=EvictionConfig(page_size=2),
         keep=expand_pages(page_keep, 8, 2),
         page_keep=page_keep,
-        kept_tokens=torch.tensor([[4, 6]]),
+        union_tokens=torch.tensor([[4, 6]]),
         page_sizes=page_sizes(8, 2),
         page_scores=torch.tensor([[[0.0, 0.1, 0.5, 0.0], [0.0, 0.0, 0.9, 0.0]]]),
     )

@@ -1,4 +1,4 @@
-"""Eviction configuration: one frozen, validated dataclass (DESIGN.md section 2)."""
+"""Eviction configuration: one frozen, validated dataclass (docs/design.md, "The data path")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sink mass, sink-isolated collision entropy and head weights (DESIGN.md section 2).
+"""Sink mass, sink-isolated collision entropy and head weights (docs/design.md, "The data path").
 
 All functions take profiles `[L, H, n]` (rows sum to 1) and are batched over
 layers and heads; none loops over tokens.

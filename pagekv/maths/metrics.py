@@ -1,4 +1,4 @@
-"""Metrics of a selection (DESIGN.md section 2): union overhead, disagreement and its
+"""Metrics of a selection (docs/design.md, "The data path"): union overhead, disagreement and its
 bounds, needle retention, sink advantage. Counts are exact integers; ratios float64.
 """
 

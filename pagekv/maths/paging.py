@@ -1,4 +1,4 @@
-"""Pages, protected pages and budgeted page selection (DESIGN.md section 2).
+"""Pages, protected pages and budgeted page selection (docs/design.md, "The data path").
 
 Page `j` holds tokens `[j*P, min((j+1)*P, n))`; the last page may be partial.
 Worked example, `n = 10, P = 4`: pages `[0, 1, 2]` hold tokens `[0..3]`, `[4..7]`,

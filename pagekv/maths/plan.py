@@ -48,7 +48,7 @@ class Plan:
     protected: torch.Tensor  # bool [n_pages]
     keep: torch.Tensor  # bool [L, G, n]
     page_keep: torch.Tensor  # bool [L, G, n_pages]
-    kept_tokens: torch.Tensor  # int64 [L, G]
+    union_tokens: torch.Tensor  # int64 [L, G]
     head_weights: torch.Tensor  # float32 [L, H] weights used (1/r where none are)
     page_scores: torch.Tensor  # float32 [L, G, n_pages]
     uor: torch.Tensor  # float64 [L, G] (1.0 for pooled policies)
@@ -68,7 +68,7 @@ class Plan:
     @property
     def dense(self) -> bool:
         """True when every (layer, group) keeps the same number of tokens."""
-        return bool((self.kept_tokens == self.kept_tokens.flatten()[0]).all())
+        return bool((self.union_tokens == self.union_tokens.flatten()[0]).all())
 
     def kept_indices(self) -> torch.Tensor:
         """Sorted kept token indices `[L, G, k']` (int64), for a dense plan.
@@ -81,7 +81,7 @@ class Plan:
                 "kept sets differ in size across (layer, group); no dense index tensor"
             )
         L, G, n = self.keep.shape
-        k = int(self.kept_tokens.flatten()[0])
+        k = int(self.union_tokens.flatten()[0])
         idx = torch.arange(n, device=self.keep.device).expand(L, G, n)
         return idx[self.keep].view(L, G, k)
 
@@ -200,7 +200,7 @@ def plan(
         page_keep = select_pages(page_scores, prot, sizes, k)
         uor = torch.ones(L, G, dtype=torch.float64, device=dev)
     keep = expand_pages(page_keep, n, P)
-    kept_tokens = (page_keep.to(torch.int64) * sizes_d).sum(-1)
+    union_tokens = (page_keep.to(torch.int64) * sizes_d).sum(-1)
     return Plan(
         config=cfg,
         n=n,
@@ -211,7 +211,7 @@ def plan(
         protected=prot_d,
         keep=keep,
         page_keep=page_keep,
-        kept_tokens=kept_tokens,
+        union_tokens=union_tokens,
         head_weights=weights,
         page_scores=page_scores,
         uor=uor,

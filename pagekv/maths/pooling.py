@@ -1,6 +1,6 @@
 """Pooling the heads of each GQA group into one token score per (layer, group).
 
-`s_g(t)` for the pooled policies (DESIGN.md section 2):
+`s_g(t)` for the pooled policies (docs/design.md, "The data path"):
   - entropy / entropy_nosink / mean: `sum_h w_h s_h(t)` with the given weights;
   - max: `max_h s_h(t)`.
 """

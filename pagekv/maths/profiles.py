@@ -1,4 +1,4 @@
-"""Attention profiles from the observation window (DESIGN.md section 2).
+"""Attention profiles from the observation window (docs/design.md, "The data path").
 
 `a_h(t) = mean_{q in window} softmax_t(q_h . k_g(t) / sqrt(d))`, causal: the window's
 i-th query sits at position `n - w + i` and sees keys `t <= n - w + i`. Only a

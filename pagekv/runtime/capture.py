@@ -1,4 +1,4 @@
-"""Capture the observation window's queries during prefill (DESIGN.md section 3, step 2).
+"""Capture the observation window's queries during prefill (docs/design.md, "The data path").
 
 Forward pre-hooks on every attention module (`model.model.layers[i].self_attn`) see
 the module's input `hidden_states` `[B, n, D]` and its rotary `position_embeddings`

@@ -1,4 +1,4 @@
-"""Model loading for the live decoding backend (DESIGN.md section 5).
+"""Model loading for the live decoding backend.
 
 Two sources of models:
 

@@ -9,7 +9,7 @@ pool and finds them through a block table. Page-EntroKV keeps whole pages per
 - `block_table`: int32 `[L, G, max_pages]`, the pool blocks of (layer, group) in
   prompt order, `-1` past its `kept_pages[l, g]` entries.
 - `src_pages`: int32 `[L, G, max_pages]`, the prompt page each slot holds (`-1` pad).
-- `kept_pages`: int32 `[L, G]`; `kept_tokens`: int64 `[L, G]`, the valid tokens
+- `kept_pages`: int32 `[L, G]`; `stored_tokens`: int64 `[L, G]`, the valid tokens
   (a partial last page counts only its real tokens; lengths are tracked, never
   inferred from zeros).
 
@@ -24,7 +24,7 @@ holds tokens 20 and 21 only). Group 0 keeps pages `[1, 3, 5]` and group 1 keeps
 
 so for (layer 0, group 1) block 3 holds tokens `[0..3]`, block 4 tokens `[8..11]`
 and block 5 tokens `[20, 21]` in its slots 0 and 1 (slots 2 and 3 stay zero);
-`kept_tokens[0, 1] = 4 + 4 + 2 = 10`. Reading blocks `[3, 4, 5]` back and cutting at
+`stored_tokens[0, 1] = 4 + 4 + 2 = 10`. Reading blocks `[3, 4, 5]` back and cutting at
 10 tokens gives exactly `compact_layer`'s dense rows for the same kept tokens.
 
 The Triton twin is `kernels.compact.write_paged`; `pagekv.runtime.backend.to_paged`
@@ -50,7 +50,7 @@ class PagedKV:
     block_table: torch.Tensor  # int32 [L, G, max_pages], -1 padding
     src_pages: torch.Tensor  # int32 [L, G, max_pages], -1 padding
     kept_pages: torch.Tensor  # int32 [L, G]
-    kept_tokens: torch.Tensor  # int64 [L, G]
+    stored_tokens: torch.Tensor  # int64 [L, G]
     page_size: int
     n: int  # prompt length the pages were cut from
 
@@ -62,7 +62,7 @@ class PagedKV:
         """The kept tokens of (layer, group) in prompt order: `([T, d], [T, d])`."""
         m = int(self.kept_pages[layer, group])
         blocks = self.block_table[layer, group, :m].long()
-        t = int(self.kept_tokens[layer, group])
+        t = int(self.stored_tokens[layer, group])
         d = self.k_pool.shape[-1]
         return (
             self.k_pool[blocks].reshape(-1, d)[:t],
@@ -71,9 +71,9 @@ class PagedKV:
 
     def to_dense(self) -> tuple[torch.Tensor, torch.Tensor]:
         """`([L, G, k', d], [L, G, k', d])` when every (layer, group) keeps `k'` tokens."""
-        if not bool((self.kept_tokens == self.kept_tokens.flatten()[0]).all()):
+        if not bool((self.stored_tokens == self.stored_tokens.flatten()[0]).all()):
             raise ValueError("kept token counts differ across (layer, group); not dense")
-        L, G = self.kept_tokens.shape
+        L, G = self.stored_tokens.shape
         ks, vs = zip(*(self.read(i, g) for i in range(L) for g in range(G)), strict=True)
         d = self.k_pool.shape[-1]
         return torch.stack(ks).view(L, G, -1, d), torch.stack(vs).view(L, G, -1, d)
@@ -129,10 +129,10 @@ def empty_paged(page_keep: torch.Tensor, n: int, page_size: int, d: int, dtype, 
             f"page_keep has {page_keep.shape[-1]} pages; n={n} with P={page_size} has "
             f"{sizes.numel()}"
         )
-    kept_tokens = (page_keep.to(device=device, dtype=torch.int64) * sizes).sum(-1)
+    stored_tokens = (page_keep.to(device=device, dtype=torch.int64) * sizes).sum(-1)
     num_blocks = int(kept.sum())
     pool = torch.zeros(num_blocks, page_size, d, dtype=dtype, device=device)
-    return PagedKV(pool, pool.clone(), blocks, src, kept, kept_tokens, page_size, n)
+    return PagedKV(pool, pool.clone(), blocks, src, kept, stored_tokens, page_size, n)
 
 
 def to_paged(

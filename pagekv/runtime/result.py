@@ -9,7 +9,7 @@ lists every key (a test keeps the two in step).
 Token counts, each with one name (per (layer, group) lists are `[L][G]`):
 
 - `budget_tokens`: `k = floor(beta * n)`, what each (layer, group) may keep.
-- `union_tokens`: what the policy keeps per (layer, group) (`Plan.kept_tokens`):
+- `union_tokens`: what the policy keeps per (layer, group) (`Plan.union_tokens`):
   for `head_independent` the union of the heads' picks, else the pooled set.
 - `head_tokens`: `k'`, what each head keeps alone (`head_independent` only); the
   union overhead is `union_tokens / head_tokens`.

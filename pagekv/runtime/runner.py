@@ -1,6 +1,6 @@
 """The live backend: prefill a prompt once, then evict and decode under many configurations.
 
-DESIGN.md section 3: one prefill captures the cache and the observation window's
+docs/design.md, "The data path": one prefill captures the cache and the observation window's
 queries (`pagekv.runtime.capture`); every `EvictionConfig` then plans
 (`pagekv.maths.plan`), compacts a *copy* of the cache (`pagekv.runtime.compaction`) and decodes
 greedily, without a new prefill::
@@ -140,6 +140,16 @@ class Prefill:
         return w
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A configuration's plan on one prefill, with what it cost (`Runner.plan_for`)."""
+
+    plan: Plan
+    scored_on: str  # the backend that scored the prefill
+    score_s: float
+    plan_s: float
+
+
 @dataclass
 class Evicted:
     """A compacted copy of a prefill's cache, ready to decode from position `n`."""
@@ -149,7 +159,7 @@ class Evicted:
     backends: dict  # step -> "triton" / "torch" ("none": the step did not run), "device"
     kept_indices: list[torch.Tensor] | None  # per layer [G, k_l] int64 (None: full)
     stored_tokens: list  # [L][G] what the compacted cache stores
-    union_tokens: list  # [L][G] the policy's kept sets (Plan.kept_tokens)
+    union_tokens: list  # [L][G] the policy's kept sets (Plan.union_tokens)
     ragged: bool  # layers hold different lengths (head_independent)
     compacted_bytes: int  # bytes of the compacted cache right after eviction
     score_s: float | None  # profiles and masses (memoised: ~0 after the first time)
@@ -252,20 +262,36 @@ class Runner:
 
     # ---------------------------------------------------------------- evict
 
-    def evict(self, pre: Prefill, config: EvictionConfig) -> Evicted:
-        """Plan under `config` and build a compacted copy of `pre.cache`.
-
-        Raises BudgetError (a ValueError naming the smallest feasible budget) when
-        the protected pages alone exceed the budget.
-        """
+    def plan_for(self, pre: Prefill, config: EvictionConfig) -> Planned:
+        """Score `pre` (memoised per window and n_sink) and plan under `config`: the
+        `Planned` that `evict` compacts. Raises BudgetError (a ValueError naming the
+        smallest feasible budget) when the protected pages alone exceed the budget."""
         if not isinstance(config, EvictionConfig):
             raise TypeError(f"config must be an EvictionConfig; got {type(config).__name__}")
         t0 = _now(self.device)
         profiles, masses, scored_on = pre.scores(config.window, config.n_sink)  # memoised
         t1 = _now(self.device)
         p = plan(profiles, pre.n_groups, config, masses=masses, backend=self.backend)
+        return Planned(plan=p, scored_on=scored_on, score_s=t1 - t0, plan_s=_now(self.device) - t1)
+
+    def evict(
+        self, pre: Prefill, config: EvictionConfig, planned: Planned | None = None
+    ) -> Evicted:
+        """Build a compacted copy of `pre.cache` under `config`'s plan: `planned` when
+        given (from `plan_for` on the same prefill and configuration: each run is planned
+        once), else planned here.
+
+        Raises BudgetError (a ValueError naming the smallest feasible budget) when
+        the protected pages alone exceed the budget.
+        """
+        if planned is None:
+            planned = self.plan_for(pre, config)
+        elif planned.plan.config != config or planned.plan.n != pre.n:
+            raise ValueError("planned was made for another configuration or prompt")
+        p, scored_on = planned.plan, planned.scored_on
+        t1 = _now(self.device)
         L, G = pre.n_layers, pre.n_groups
-        union = p.kept_tokens.tolist()
+        union = p.union_tokens.tolist()
         ragged = False
         compacted_on = "none"
         if get_policy(config.policy).keeps_all:
@@ -299,8 +325,8 @@ class Runner:
             union_tokens=union,
             ragged=ragged,
             compacted_bytes=_cache_bytes(cache),
-            score_s=None if keeps_all else t1 - t0,
-            evict_s=None if keeps_all else t2 - t1,
+            score_s=None if keeps_all else planned.score_s,
+            evict_s=None if keeps_all else planned.plan_s + (t2 - t1),
         )
 
     # ---------------------------------------------------------------- evaluate
@@ -313,6 +339,7 @@ class Runner:
         needle_positions=None,
         stop_at_eos: bool = True,
         return_logits: bool = False,
+        planned: Planned | None = None,
     ) -> RunResult:
         """Evict under `config` (on a copy of the cache) and decode greedily.
 
@@ -325,9 +352,10 @@ class Runner:
                 `needle_retention` and `needle_kept_all`.
             stop_at_eos: stop at the tokenizer's or generation config's EOS ids.
             return_logits: keep every step's float32 logits in `RunResult.logits`.
+            planned: `plan_for(pre, config)`, when the caller planned already.
         """
         self._check_decode(pre, max_new_tokens)
-        ev = self.evict(pre, config)
+        ev = self.evict(pre, config, planned)
         with torch.inference_mode():
             t0 = _now(self.device)
             tokens, logits, stop = self._decode(pre, ev, max_new_tokens, stop_at_eos, return_logits)
@@ -343,6 +371,7 @@ class Runner:
         needle_positions=None,
         stop_at_eos: bool = True,
         on_token=None,
+        planned: tuple[Planned | None, Planned | None] = (None, None),
     ) -> tuple[RunResult, RunResult]:
         """Two configurations on one prefill, decoded in ONE batched pass (batch of 2)
         when their compacted caches have the same shape in every layer (pooled policies
@@ -355,7 +384,7 @@ class Runner:
         (its `decode_s` is then the shared pass's time).
         """
         self._check_decode(pre, max_new_tokens)
-        ev_a, ev_b = self.evict(pre, config_a), self.evict(pre, config_b)
+        ev_a, ev_b = self.evict(pre, config_a, planned[0]), self.evict(pre, config_b, planned[1])
         shapes = [
             (tuple(la.keys.shape), tuple(lb.keys.shape))
             for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
@@ -595,7 +624,7 @@ def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
     out = []
     for layer in range(L):
         page_keep = p.page_keep[layer].clone()  # [G, n_pages]
-        counts = p.kept_tokens[layer]  # [G]
+        counts = p.union_tokens[layer]  # [G]
         target = int(counts.max())
         for g in range(G):
             deficit = target - int(counts[g])

@@ -285,8 +285,8 @@ class ByteLRU:
     def _put_locked(self, key: Hashable, value: Any, size: int) -> bool:
         if key in self._data:
             self._bytes -= self._data.pop(key)[1]
-        if size > self.max_bytes or self.max_entries == 0:
-            return False
+        if size > self.max_bytes or self.max_bytes == 0 or self.max_entries == 0:
+            return False  # too large, or a disabled memo (which stores nothing at all)
         self._data[key] = (value, size)
         self._bytes += size
         self._evict_locked()

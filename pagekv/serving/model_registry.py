@@ -10,9 +10,15 @@ must not unload what the others use, and a name that cannot load must change not
   `Study` with ``loaded.fell_back = True`` and the reason in ``loaded.note`` (what
   ``load_model(..., allow_fallback=True)`` gives, without a second copy of the
   default model), and the failure is remembered for ``retry_after_s`` seconds;
-- thread-safe: the registry's lock guards its dictionaries only; a model loads under
-  a lock of its own name, so requests for models already loaded never wait for it,
-  and concurrent requests for one new model load it once.
+- a public server loads only what it offers: a name that is neither the default nor
+  one of ``known`` is refused in one sentence (`ModelRefused`) unless the registry
+  allows hub models (``python app.py --allow-hub-models``); nothing is downloaded or
+  opened for a refused name;
+- thread-safe: the registry's lock guards its dictionaries only (never held across a
+  call out); a model loads as a job on the model worker (`pagekv.serving.worker`), so
+  requests for models already loaded never wait for it, and concurrent requests for
+  one new model share one load;
+- bounded: at most ``MAX_FAILURES`` failures are remembered (the oldest go first).
 
     registry = ModelRegistry(default="bundled", max_others=2)
     study = registry.get("bundled")            # loads once, then shared
@@ -31,12 +37,25 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from pagekv.runtime.models import BUNDLED, BUNDLED_DESCRIPTION, ModelLoadError, is_bundled
-from pagekv.serving.worker import on_model_thread
+from pagekv.runtime.models import (
+    BUNDLED,
+    BUNDLED_DESCRIPTION,
+    KNOWN_MODELS,
+    ModelLoadError,
+    is_bundled,
+)
+from pagekv.serving.worker import WORKER
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ModelRegistry", "model_key"]
+__all__ = ["MAX_FAILURES", "ModelRefused", "ModelRegistry", "model_key"]
+
+#: Failed loads remembered at most (each for `retry_after_s`).
+MAX_FAILURES = 32
+
+
+class ModelRefused(ModelLoadError):
+    """A model name this server does not offer (nothing was downloaded or opened)."""
 
 
 def model_key(name: str | None) -> str:
@@ -69,6 +88,9 @@ class ModelRegistry:
         factory: ``name -> Study`` (default: `load_model` without fallback, wrapped
             in a `Study` with its default memos); raises on failure.
         retry_after_s: a name that failed is not tried again for this long.
+        known: the names offered besides the default (default: `KNOWN_MODELS`).
+        allow_hub: also load any other hub name or local folder (off for a public
+            server: `--allow-hub-models` or ``PAGEKV_ALLOW_HUB_MODELS=1`` turn it on).
 
     ``studies`` (an ordered dict, least recently used first) and ``lock`` are public
     so that tests can look at or reset the server's state.
@@ -80,6 +102,8 @@ class ModelRegistry:
         max_others: int = 2,
         factory: Callable[[str], object] | None = None,
         retry_after_s: float = 60.0,
+        known=None,
+        allow_hub: bool = False,
     ):
         if max_others < 0:
             raise ValueError(f"max_others must be >= 0; got {max_others}")
@@ -87,10 +111,22 @@ class ModelRegistry:
         self.max_others = int(max_others)
         self.factory = factory or _load_study
         self.retry_after_s = float(retry_after_s)
+        self.known = frozenset(model_key(k) for k in (KNOWN_MODELS if known is None else known))
+        self.allow_hub = bool(allow_hub)
         self.studies: OrderedDict[str, object] = OrderedDict()
         self.lock = threading.Lock()
-        self._loading: dict[str, threading.Lock] = {}
-        self._failed: dict[str, tuple[float, BaseException]] = {}
+        self._failed: OrderedDict[str, tuple[float, BaseException]] = OrderedDict()
+
+    def offered(self, name: str | None) -> bool:
+        """Whether this registry may load `name` (the default, a known model, or any
+        name when hub models are allowed)."""
+        key = model_key(name)
+        return self.allow_hub or key == self.default or key in self.known
+
+    def failures(self) -> int:
+        """How many failed loads are remembered now (at most `MAX_FAILURES`)."""
+        with self.lock:
+            return len(self._failed)
 
     def set_default(self, name: str) -> None:
         """Make `name` the default (kept loaded); the old default becomes an ordinary
@@ -111,26 +147,20 @@ class ModelRegistry:
         load (then nothing can run).
         """
         key = model_key(name)
+        if not self.offered(key):
+            raise ModelRefused(
+                f"this server does not offer the model {key!r}; choose one of "
+                f"{', '.join(sorted(self.known | {self.default}))}"
+            )
         study = self._cached(key)
         if study is not None:
             return study
         failure = self._recent_failure(key)
         if failure is None:
-            with self._name_lock(key):
-                study = self._cached(key)  # loaded by a concurrent request meanwhile
-                if study is not None:
-                    return study
-                failure = self._recent_failure(key)
-                if failure is None:
-                    try:
-                        study = self._load(key)
-                    except Exception as e:
-                        failure = e
-                        with self.lock:
-                            self._failed[key] = (time.monotonic(), e)
-                        log.warning("model %r could not load: %s", key, _one_line(e))
-                    else:
-                        return study
+            try:  # one load per name at a time: a job on the model worker
+                return WORKER.run(("load", id(self), key), lambda: self._load_job(key))
+            except Exception as e:
+                failure = e
         if key == self.default:
             if isinstance(failure, ModelLoadError):
                 raise failure
@@ -157,15 +187,25 @@ class ModelRegistry:
                 return None
             return error
 
-    def _name_lock(self, key: str) -> threading.Lock:
-        with self.lock:
-            return self._loading.setdefault(key, threading.Lock())
-
-    def _load(self, key: str):
+    def _load_job(self, key: str):
+        """On the worker: the loaded `Study` of `key` (remembering a failure)."""
+        study = self._cached(key)  # loaded by a job that ran while this one was queued
+        if study is not None:
+            return study
+        error = self._recent_failure(key)
+        if error is not None:
+            raise error
         t0 = time.perf_counter()
-        # Outside self.lock (other models keep serving), on the model thread where one
-        # serves (pagekv.serving.worker: the model's tensors are made where they are used).
-        study = on_model_thread(self.factory, key)
+        try:
+            study = self.factory(key)
+        except Exception as e:
+            with self.lock:
+                self._failed.pop(key, None)
+                self._failed[key] = (time.monotonic(), e)
+                while len(self._failed) > MAX_FAILURES:
+                    self._failed.popitem(last=False)
+            log.warning("model %r could not load: %s", key, _one_line(e))
+            raise
         with self.lock:
             self.studies[key] = study
             self._failed.pop(key, None)

@@ -7,9 +7,11 @@ the app and the replay harness.
     out["answer"], out["correct"]
 
 `prepare` tokenizes and prefills once (memoised per spec); `run` only plans,
-compacts a copy of the cache and decodes (DESIGN.md section 3).
+compacts a copy of the cache and decodes (docs/design.md, "The data path"). Every
+computation is a job on the model worker (`pagekv.serving.worker`; docs/design.md,
+"One model worker").
 
-Two memos, each bounded by bytes with least-recently-used eviction
+Three memos, each bounded by bytes with least-recently-used eviction
 (`pagekv.serving.memo.ByteLRU`), so that a shared server stays bounded and a class running
 the same lesson costs one computation:
 
@@ -19,9 +21,12 @@ the same lesson costs one computation:
   `PREFILL_MEMO_BYTES` (512 MiB);
 - results (`Study._results`, keyed by the prompt, the `EvictionConfig` and
   `max_new_tokens`): identical settings on an identical prompt are computed once
-  and then served from memory, as a deep copy (callers cannot alter the memo);
+  and then served from memory: a copy of the record's JSON part, its plan shared;
   about 0.3 MiB each at 2000 tokens (mostly the plan's masks); default cap
-  `RESULT_MEMO_BYTES` (64 MiB). `run_full` goes through the same memo.
+  `RESULT_MEMO_BYTES` (64 MiB). `run_full` goes through the same memo;
+- plans (`Study._plans`, keyed by the prompt and the `EvictionConfig`): what the
+  views draw while a slider moves and what the run then compacts, so each run is
+  planned once; default cap `PLAN_MEMO_BYTES` (32 MiB).
 
 The defaults aim at an app under about 2.5 GB resident with the bundled model
 (0.5 GiB once loaded): with a 640 MiB prefill cap, ten varied runs on 1000-8000-token
@@ -38,18 +43,21 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import logging
 import threading
 import time
 from array import array
+from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field, replace
 
 from pagekv.maths.config import EvictionConfig
+from pagekv.maths.plan import Plan
 from pagekv.runtime.models import LoadedModel, load_model
 from pagekv.runtime.result import RunResult
-from pagekv.runtime.runner import Prefill, Runner
+from pagekv.runtime.runner import Planned, Prefill, Runner
 from pagekv.serving.memo import ByteLRU
-from pagekv.serving.worker import on_model_thread
+from pagekv.serving.worker import WORKER, Job, ModelWorker
 from pagekv.tasks import (
     Task,
     TaskError,
@@ -60,6 +68,7 @@ from pagekv.tasks import (
     make_multi_needle_task,
     make_needle_task,
     score,
+    task_names,
 )
 
 log = logging.getLogger(__name__)
@@ -72,6 +81,9 @@ WINDOW_MAX = 128
 PREFILL_MEMO_BYTES = 512 * 2**20
 #: Default cap of the result memo: about two hundred results at 2000 tokens.
 RESULT_MEMO_BYTES = 64 * 2**20
+#: Default cap of the plan memo.
+PLAN_MEMO_BYTES = 32 * 2**20
+_STUDY_IDS = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -137,7 +149,8 @@ class Prepared:
 
 
 class Study:
-    """A loaded model with its runner and two byte-bounded memos (prefills, results).
+    """A loaded model with its runner and three byte-bounded memos (prefills, plans,
+    results), whose computations all run on the model worker.
 
     Args:
         loaded: the model (`pagekv.runtime.models.load_model`).
@@ -145,10 +158,17 @@ class Study:
         memo_size: at most this many prefills kept (None: bounded by bytes only).
         prefill_memo_bytes: cap of the prefill memo in bytes (0: no memo).
         result_memo_bytes: cap of the result memo in bytes (0: no memo).
+        worker: the model worker (default: the process's `WORKER`).
 
-    Safe to share between threads: concurrent identical requests compute once, the
-    model runs one computation at a time (one lock), and a memoised result never
-    waits for the model.
+    Safe to share between threads. Every call reads as: a memo lookup, else a job on
+    the worker (identical jobs run once and their callers share the value), else a
+    wait on that job, holding nothing (docs/design.md, "One model worker"). Prefill,
+    scoring, plans, UOR curves and memory rows, eviction and decoding are all jobs; a
+    memo hit never touches the worker.
+
+    What is served is immutable: a record is a fresh copy of its JSON part, and its
+    `plan` is the memo's own `Plan`, shared and never mutated (nothing in `pagekv`
+    writes into a plan's tensors; callers must not either).
     """
 
     def __init__(
@@ -158,19 +178,19 @@ class Study:
         memo_size: int | None = None,
         prefill_memo_bytes: int = PREFILL_MEMO_BYTES,
         result_memo_bytes: int = RESULT_MEMO_BYTES,
+        worker: ModelWorker | None = None,
     ):
         self.loaded = loaded
+        self.worker = worker or WORKER
         self.runner = Runner(loaded.model, loaded.tokenizer, backend=backend)
+        self._tag = next(_STUDY_IDS)  # jobs of different studies never share a key
         # Timings of the first real run are warm (eviction time is not its first call).
-        self.warm_up_s = on_model_thread(self.runner.warm_up)
+        self.warm_up_s = self.worker.run(("warm_up", self._tag), self.runner.warm_up)
         self._memo = ByteLRU(prefill_memo_bytes, max_entries=memo_size)
+        self._plans = ByteLRU(PLAN_MEMO_BYTES if result_memo_bytes else 0)
         self._results = ByteLRU(result_memo_bytes)
         self.memo_size = memo_size
         self._local = threading.local()
-        # The model computes one thing at a time (prefill, eviction and decoding), on the
-        # model thread where one serves (pagekv.serving.worker); what the memos hold is
-        # served without waiting for it.
-        self._compute = threading.RLock()
 
     @classmethod
     def load(
@@ -209,8 +229,6 @@ class Study:
                 question_position=spec.mode,
             )
         if spec.task in ("qa", "code"):
-            from pagekv.tasks import task_names
-
             names = task_names(spec.task)
             name = spec.name or names[0]
             if name not in names:
@@ -225,19 +243,14 @@ class Study:
         task.meta["question_position"] = spec.mode
         return task
 
+    # ------------------------------------------------------------------ prefill
+
     def prepare(self, spec: PromptSpec) -> Prepared:
         """Tokenize and prefill `spec` once (memoised: the same spec reuses the prefill)."""
-        prep, computed = self._memo.get_or_compute(spec, lambda: self._prepare(spec))
-        if computed:
-            log.info(
-                "prefill %s: %d tokens (%s) in %.2f s; prefill memo %s",
-                _spec_text(spec),
-                prep.n,
-                spec.mode,
-                prep.prepare_s,
-                _memo_text(self._memo),
-            )
-        return prep
+        prep = self._memo.get(spec)
+        if prep is not None:
+            return prep
+        return self.worker.run(("prefill", self._tag, spec), lambda: self._prepare_job(spec))
 
     def prepared(self, spec: PromptSpec) -> Prepared:
         """The memoised prefill of `spec`; LookupError if it is not in memory (nothing
@@ -247,11 +260,11 @@ class Study:
             raise LookupError(f"not prefilled yet: {_spec_text(spec)} ({spec.mode})")
         return prep
 
-    def _prepare(self, spec: PromptSpec) -> Prepared:
-        with self._compute:
-            return self._prepare_locked(spec)
-
-    def _prepare_locked(self, spec: PromptSpec) -> Prepared:
+    def _prepare_job(self, spec: PromptSpec) -> Prepared:
+        """On the worker: the prefill of `spec` (from the memo if a job stored it)."""
+        prep = self._memo.get(spec)
+        if prep is not None:
+            return prep
         t0 = time.perf_counter()
         task = self.make_task(spec)
         prompt = task.build_prompt_ids(self.tokenizer, mode=spec.mode)
@@ -262,15 +275,12 @@ class Study:
                 f"{self.max_prompt_tokens}; shorten it"
             )
         if spec.mode == "after":
-            pre = on_model_thread(
-                self.runner.prefill,
-                prompt["context_ids"],
-                window_max=WINDOW_MAX,
-                question_ids=prompt["question_ids"],
+            pre = self.runner.prefill(
+                prompt["context_ids"], window_max=WINDOW_MAX, question_ids=prompt["question_ids"]
             )
         else:
-            pre = on_model_thread(self.runner.prefill, prompt["input_ids"], window_max=WINDOW_MAX)
-        return Prepared(
+            pre = self.runner.prefill(prompt["input_ids"], window_max=WINDOW_MAX)
+        prep = Prepared(
             spec=spec,
             task=task,
             prompt=prompt,
@@ -278,6 +288,56 @@ class Study:
             needle_positions=list(prompt.get("needle_token_positions") or []),
             prepare_s=time.perf_counter() - t0,
         )
+        self._memo.put(spec, prep)
+        log.info(
+            "prefill %s: %d tokens (%s) in %.2f s; prefill memo %s",
+            _spec_text(spec),
+            prep.n,
+            spec.mode,
+            prep.prepare_s,
+            _memo_text(self._memo),
+        )
+        return prep
+
+    # ------------------------------------------------------------------ planning
+
+    def plan(self, prep: Prepared, config: EvictionConfig) -> Plan:
+        """The plan of `config` on `prep` (scored and planned once, on the worker; the
+        run of the same configuration reuses it). BudgetError when infeasible."""
+        return self._planned(prep, config).plan
+
+    def _planned(self, prep: Prepared, config: EvictionConfig) -> Planned:
+        self._check_window(prep, config)
+        key = (_prompt_key(prep), config)
+        hit = self._plans.get(key)
+        if hit is not None:
+            return hit
+        return self.worker.run(("plan", self._tag, key), lambda: self._plan_job(prep, config))
+
+    def _plan_job(self, prep: Prepared, config: EvictionConfig) -> Planned:
+        key = (_prompt_key(prep), config)
+        hit = self._plans.get(key)
+        if hit is None:
+            hit = self.runner.plan_for(prep.prefill, config)
+            self._plans.put(key, hit)
+            self._memo.refresh(prep.spec)  # its prefill may hold newly memoised scores
+        return hit
+
+    def derive(self, prep: Prepared, key: Hashable, fn):
+        """`fn(prep)` computed once per prompt on the worker and kept with the prefill
+        (`prep.derived[key]`), e.g. a UOR curve or the memory rows of a configuration.
+        `fn` may read the prefill's tensors; its value must not be mutated by callers."""
+        if key in prep.derived:
+            return prep.derived[key]
+
+        def job():
+            if key not in prep.derived:
+                prep.derived[key] = fn(prep)
+            return prep.derived[key]
+
+        return self.worker.run(("derive", self._tag, _prompt_key(prep), key), job)
+
+    # ------------------------------------------------------------------ runs
 
     def run(
         self, prep: Prepared, config: EvictionConfig, max_new_tokens: int | None = None
@@ -285,43 +345,124 @@ class Study:
         """Evict under `config`, decode, score. Returns a JSON-ready dict (plus `plan`).
 
         Memoised: the same prompt, configuration and `max_new_tokens` are computed
-        once; every call returns its own deep copy of the record.
+        once; every call gets its own copy of the record's JSON part (the plan is
+        shared, see the class docstring).
         """
         if max_new_tokens is None:  # the task's own: enough for its expected answer
             max_new_tokens = default_max_new_tokens(prep.task)
-        if config.window > WINDOW_MAX and config.window < prep.n:
-            raise ValueError(f"window must be at most {WINDOW_MAX} tokens; got {config.window}")
+        self._check_window(prep, config)
         t0 = time.perf_counter()
-        key = (_prompt_key(prep), config, max_new_tokens)
-
-        def compute() -> dict:
-            with self._compute:
-                res = on_model_thread(
-                    self.runner.evaluate,
-                    prep.prefill,
-                    config,
-                    max_new_tokens=max_new_tokens,
-                    needle_positions=prep.needle_positions or None,
-                )
-            return result_record(res, prep, self.loaded)
-
-        stored, computed = self._results.get_or_compute(key, compute)
-        if computed:
-            self._memo.refresh(prep.spec)  # its prefill may hold newly memoised scores
-        rec = copy.deepcopy(stored)
+        job = self.submit_run(prep, config, max_new_tokens)
+        self.worker.wait(job)
+        stored, computed = job.result()
         took = time.perf_counter() - t0
         self._local.last = {"served_from_memo": not computed, "run_s": took}
         log.info(
             "run %s | %s | %s backend on %s | %s | %s",
             _config_text(config),
             f"{_spec_text(prep.spec)}, {prep.n} tokens ({prep.spec.mode}), {max_new_tokens} new",
-            rec.get("backend"),
-            rec.get("device"),
-            _timings_text(rec.get("timings") or {}),
+            stored.get("backend"),
+            stored.get("device"),
+            _timings_text(stored.get("timings") or {}),
             (f"computed in {took:.2f} s" if computed else f"served from memory in {_ms(took)}")
             + f"; result memo {_memo_text(self._results)}",
         )
-        return rec
+        return served_copy(stored)
+
+    def submit_run(
+        self, prep: Prepared, config: EvictionConfig, max_new_tokens: int | None = None
+    ) -> Job:
+        """The job of `run` without waiting for it: its value is `(record, computed)`,
+        the memo's own record (copy it with `served_copy` before changing it). A record
+        already in memory is a finished job (the worker is not touched)."""
+        if max_new_tokens is None:
+            max_new_tokens = default_max_new_tokens(prep.task)
+        self._check_window(prep, config)
+        key = (_prompt_key(prep), config, max_new_tokens)
+        stored = self._results.get(key)
+        if stored is not None:
+            return Job.finished((stored, False))
+        return self.worker.submit(
+            ("run", self._tag, key), lambda _job: self._run_job(prep, config, max_new_tokens)
+        )
+
+    def _run_job(self, prep, config, max_new_tokens) -> tuple[dict, bool]:
+        """On the worker: `(record, computed)` for one configuration."""
+        key = (_prompt_key(prep), config, max_new_tokens)
+        stored = self._results.get(key)
+        if stored is not None:  # a pair stored it while this job waited in the queue
+            return stored, False
+        res = self.runner.evaluate(
+            prep.prefill,
+            config,
+            max_new_tokens=max_new_tokens,
+            needle_positions=prep.needle_positions or None,
+            planned=self._plan_job(prep, config),
+        )
+        rec = result_record(res, prep, self.loaded)
+        self._results.put(key, rec)
+        return rec, True
+
+    def submit_pair(
+        self,
+        prep: Prepared,
+        config_a: EvictionConfig,
+        config_b: EvictionConfig,
+        max_new_tokens: int | None = None,
+    ) -> Job:
+        """The job that computes `run` for two configurations on one prompt, decoded in
+        ONE batched pass where their compacted caches have the same shape
+        (`Runner.evaluate_pair`); a result already in memory is served from there and
+        the other is computed alone. Returns at once: wait with `worker.wait(job, s)`;
+        while a shared pass decodes, `job.progress` holds `(tokens_a, tokens_b)` so far
+        (streaming). `job.result()` is the memo's records: copy them (`served_copy`)
+        before changing them. A pair already in memory is a finished job."""
+        if max_new_tokens is None:
+            max_new_tokens = default_max_new_tokens(prep.task)
+        for config in (config_a, config_b):
+            self._check_window(prep, config)
+        key_a = (_prompt_key(prep), config_a, max_new_tokens)
+        key_b = (_prompt_key(prep), config_b, max_new_tokens)
+        rec_a, rec_b = self._results.get(key_a), self._results.get(key_b)
+        if rec_a is not None and rec_b is not None:
+            return Job.finished((rec_a, rec_b))
+        return self.worker.submit(
+            ("pair", self._tag, key_a, key_b),
+            lambda job: self._pair_job(job, prep, config_a, config_b, max_new_tokens),
+        )
+
+    def _pair_job(self, job: Job, prep, config_a, config_b, max_new_tokens) -> tuple[dict, dict]:
+        key_a = (_prompt_key(prep), config_a, max_new_tokens)
+        key_b = (_prompt_key(prep), config_b, max_new_tokens)
+        if key_a in self._results or key_b in self._results or config_a == config_b:
+            rec_a = self._run_job(prep, config_a, max_new_tokens)[0]
+            rec_b = self._run_job(prep, config_b, max_new_tokens)[0]
+            return rec_a, rec_b
+        t0 = time.perf_counter()
+        res_a, res_b = self.runner.evaluate_pair(
+            prep.prefill,
+            config_a,
+            config_b,
+            max_new_tokens=max_new_tokens,
+            needle_positions=prep.needle_positions or None,
+            on_token=lambda a, b: job.report((list(a), list(b))),
+            planned=(self._plan_job(prep, config_a), self._plan_job(prep, config_b)),
+        )
+        records = tuple(result_record(res, prep, self.loaded) for res in (res_a, res_b))
+        for key, rec in zip((key_a, key_b), records, strict=True):
+            self._results.put(key, rec)
+        self._memo.refresh(prep.spec)
+        log.info(
+            "run pair %s + %s | %s, %s tokens (%s) | decoded %s in %.2f s",
+            _config_text(config_a),
+            _config_text(config_b),
+            _spec_text(prep.spec),
+            prep.n,
+            prep.spec.mode,
+            "in one batch" if res_a.timings.get("decode_batch") == 2 else "one after the other",
+            time.perf_counter() - t0,
+        )
+        return records
 
     def run_pair(
         self,
@@ -331,58 +472,19 @@ class Study:
         max_new_tokens: int | None = None,
         on_token=None,
     ) -> tuple[dict, dict]:
-        """`run` for two configurations on one prompt, decoded in ONE batched pass where
-        their compacted caches have the same shape (`Runner.evaluate_pair`). Each result
-        is memoised exactly as `run` memoises it; a result already in memory is served
-        from there and the other is computed alone. `on_token(tokens_a, tokens_b)` sees
-        the tokens grow while a shared pass decodes (for streaming)."""
-        if max_new_tokens is None:
-            max_new_tokens = default_max_new_tokens(prep.task)
-        key_a = (_prompt_key(prep), config_a, max_new_tokens)
-        key_b = (_prompt_key(prep), config_b, max_new_tokens)
-
-        def separately() -> tuple[dict, dict]:
-            return (
-                self.run(prep, config_a, max_new_tokens),
-                self.run(prep, config_b, max_new_tokens),
-            )
-
-        if key_a in self._results or key_b in self._results or config_a == config_b:
-            return separately()
-        for config in (config_a, config_b):
-            if config.window > WINDOW_MAX and config.window < prep.n:
-                raise ValueError(f"window must be at most {WINDOW_MAX} tokens; got {config.window}")
-        t0 = time.perf_counter()
-        with self._compute:
-            # A request for the same pair may have computed it while this one waited.
-            if key_a in self._results or key_b in self._results:
-                return separately()
-            res_a, res_b = on_model_thread(
-                self.runner.evaluate_pair,
-                prep.prefill,
-                config_a,
-                config_b,
-                max_new_tokens=max_new_tokens,
-                needle_positions=prep.needle_positions or None,
-                on_token=on_token,
-            )
-            records = [result_record(res, prep, self.loaded) for res in (res_a, res_b)]
-            for key, rec in zip((key_a, key_b), records, strict=True):
-                self._results.put(key, rec)
-        self._memo.refresh(prep.spec)
-        took = time.perf_counter() - t0
-        log.info(
-            "run pair %s + %s | %s, %s tokens (%s) | decoded %s in %.2f s",
-            _config_text(config_a),
-            _config_text(config_b),
-            _spec_text(prep.spec),
-            prep.n,
-            prep.spec.mode,
-            "in one batch" if res_a.timings.get("decode_batch") == 2 else "one after the other",
-            took,
-        )
-        # Copies, as `run` returns them: callers cannot change what the memo holds.
-        return copy.deepcopy(records[0]), copy.deepcopy(records[1])
+        """`run` for two configurations on one prompt (`submit_pair`), memoised exactly
+        as `run` memoises each. `on_token(tokens_a, tokens_b)` is called on this thread
+        as the tokens of a shared pass grow (at most every `poll_s`, 0.1 s)."""
+        job = self.submit_pair(prep, config_a, config_b, max_new_tokens)
+        seen = 0
+        while not self.worker.wait(job, 0.1 if on_token is not None else None):
+            if job.version != seen and job.progress is not None:
+                seen = job.version
+                on_token(*job.progress)
+        rec_a, rec_b = job.result()
+        if on_token is not None and job.progress is not None and job.version != seen:
+            on_token(*job.progress)
+        return served_copy(rec_a), served_copy(rec_b)
 
     def run_full(self, prep: Prepared, max_new_tokens: int | None = None) -> dict:
         """`run` with the full cache (memoised like every run; it ignores every budget knob)."""
@@ -394,8 +496,23 @@ class Study:
         return getattr(self._local, "last", None)
 
     def memo_stats(self) -> dict:
-        """Entries, bytes, caps, hits and misses of the prefill and result memos."""
-        return {"prefill": self._memo.stats(), "result": self._results.stats()}
+        """Entries, bytes, caps, hits and misses of the prefill, plan and result memos."""
+        return {
+            "prefill": self._memo.stats(),
+            "plan": self._plans.stats(),
+            "result": self._results.stats(),
+        }
+
+    def _check_window(self, prep: Prepared, config: EvictionConfig) -> None:
+        if config.window > WINDOW_MAX and config.window < prep.n:
+            raise ValueError(f"window must be at most {WINDOW_MAX} tokens; got {config.window}")
+
+
+def served_copy(record: dict) -> dict:
+    """What a caller gets of a memoised record: its JSON part copied (the caller may
+    change it), its `plan` shared (never mutated: no device copy per served request)."""
+    plan = record.get("plan")
+    return copy.deepcopy(record, {id(plan): plan}) if plan is not None else copy.deepcopy(record)
 
 
 def _prompt_key(prep: Prepared) -> tuple:

@@ -1,118 +1,265 @@
-"""Run the model's work on one thread: the process's main thread, when a server lends it.
+"""One model worker: every computation on a model runs as a job, one at a time, on
+one thread; identical jobs run once (single flight).
 
-A web server calls its handlers on many threads. On the CPU, torch's OpenMP (GNU
-libgomp) keeps the worker threads of the *first* thread that computes in parallel
-spinning between operations; once other threads have teams of their own, the
-spinning appears throttled (libgomp spins briefly when it manages more threads than
-there are cores), and a decode step is hundreds of small operations that then pay
-the wake-ups. Measured on the project's 2 cores (`python benchmarks/bench_pair_decode.py
---threads`): A and B decoded together on the first preset took 1.03-1.09 s on the
-first thread and 1.75-1.83 s on another one (budgets 10 % and 20 %).
+The invariant (docs/design.md, "One model worker"): **no thread ever waits for a job
+while holding anything that job needs.** The code guarantees it by construction:
 
-So `python app.py` gives its main thread to `MODEL_THREAD.serve_forever()` once the
-server runs, and `Study` sends each prefill and decode there with `on_model_thread`
-(the calling thread waits for the result; exceptions travel back), and every other
-thread that uses torch calls `keep_this_thread_light()` first. Where nothing
-serves (tests, the CLI, a notebook, another server), `on_model_thread` simply calls
-the function on the caller's thread. Calls made from the model thread itself run at
-once (no deadlock).
+1. Only the thread that owns the worker runs jobs, one after the other. A job that
+   asks for more work (a run that needs a prefill) runs it inline, at once, on the
+   same thread: a job never waits for another job.
+2. A waiter waits on its job's event and on the worker's condition, which it releases
+   while waiting; the worker's own lock is held for queue and dictionary operations
+   only, never while a job runs.
+3. Jobs take no lock that a caller holds while waiting: the memos' locks guard a few
+   dictionary operations and are never held across a call out (`pagekv.serving.memo`),
+   and nothing in `pagekv` holds a lock while it calls `run` or `wait`.
 
-    from pagekv.serving.worker import MODEL_THREAD, on_model_thread
-    result = on_model_thread(runner.evaluate, prefill, config)   # anywhere
-    MODEL_THREAD.serve_forever(stop)                               # the main thread
+So every queued job eventually runs, and every waiter eventually returns.
+
+Who owns the worker: the thread in `serve_forever` (the app gives it its main thread:
+on the CPU, torch's OpenMP workers stay fast only on the first thread that computes,
+`python benchmarks/bench_pair_decode.py --threads`). Where nothing serves forever (the
+CLI, tests, a notebook), a caller that finds the worker free owns it while it waits:
+it runs the queued jobs in order, its own among them, then lets go (caller-runs), so a
+single-threaded program computes on its own thread and concurrent callers still get
+one computation at a time.
+
+    from pagekv.serving.worker import WORKER
+    out = WORKER.run(("prefill", spec), lambda: runner.prefill(ids))   # anywhere
+    job = WORKER.submit(("pair", key), decode_pair)                    # do not wait yet
+    while not WORKER.wait(job, 0.25): show(job.progress)               # stream
+    WORKER.serve_forever(stop)                                         # the main thread
 """
 
 from __future__ import annotations
 
-import queue
 import threading
-from concurrent.futures import Future, TimeoutError
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any
 
-__all__ = ["MODEL_THREAD", "ModelThread", "keep_this_thread_light", "on_model_thread"]
+__all__ = ["WORKER", "Job", "ModelWorker", "WorkerTimeout", "keep_this_thread_light"]
 
 
-class ModelThread:
-    """A queue of calls served by whichever thread runs `serve_forever`."""
+class WorkerTimeout(TimeoutError):
+    """A wait for a job ran out of time (the job itself goes on)."""
+
+
+class Job:
+    """One piece of work on the worker: its key, its outcome and its progress.
+
+    `progress` is the latest value the job reported (`report`), for streaming: several
+    waiters may read it; it is replaced, never queued. `version` counts reports.
+    """
+
+    __slots__ = ("key", "fn", "done", "value", "error", "started", "progress", "version")
+
+    def __init__(self, key: Hashable, fn: Callable[[Job], Any] | None):
+        self.key = key
+        self.fn = fn
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.started = False
+        self.progress: Any = None
+        self.version = 0
+
+    @classmethod
+    def finished(cls, value: Any, key: Hashable = None) -> Job:
+        """A job that is already done with `value` (a memo hit in a job's clothes)."""
+        job = cls(key, None)
+        job.value = value
+        job.done.set()
+        return job
+
+    def report(self, value: Any) -> None:
+        """Called by the job's function: the latest partial result."""
+        self.progress = value
+        self.version += 1
+
+    def result(self) -> Any:
+        """The job's value, or its exception raised here (the job must be done)."""
+        if not self.done.is_set():
+            raise RuntimeError(f"job {self.key!r} is not done")
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def _run(self) -> None:
+        self.started = True
+        try:
+            self.value = self.fn(self)
+        except BaseException as e:  # handed to every waiter
+            self.error = e
+        finally:
+            self.fn = None  # what the function held is released with it
+            self.done.set()
+
+
+class ModelWorker:
+    """A queue of jobs run one at a time by the thread that owns the worker.
+
+    `submit(key, fn)` queues `fn(job)` unless a job of the same key is queued or running
+    (then that job is returned: single flight); `wait(job, timeout)` waits for it, owning
+    the worker meanwhile if nobody does; `run(key, fn)` is both. `key=None` never
+    shares. A job's function receives its `Job` (to `report` progress).
+    """
 
     def __init__(self):
-        self._jobs: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._cv = threading.Condition(threading.Lock())
+        self._queue: deque[Job] = deque()
+        self._jobs: dict[Hashable, Job] = {}  # key -> job queued or running
+        self._owner: threading.Thread | None = None
+        self._forever = False
+        self.jobs_run = 0
+
+    # ------------------------------------------------------------------ state
 
     @property
     def serving(self) -> bool:
-        return self._thread is not None
+        """Whether a thread serves forever (`serve_forever`)."""
+        return self._forever
 
-    def call(self, fn, *args, **kwargs):
-        """`fn(*args, **kwargs)` on the serving thread (waits for it), or here when
-        nothing serves or when called from the serving thread."""
-        if self._thread is None or threading.current_thread() is self._thread:
-            return fn(*args, **kwargs)
-        fut: Future = Future()
-        self._jobs.put((fn, args, kwargs, fut))
-        while True:
+    @property
+    def owner(self) -> threading.Thread | None:
+        """The thread that runs jobs now (None: nobody)."""
+        return self._owner
+
+    def on_worker(self) -> bool:
+        """Whether the calling thread is the one running jobs now."""
+        return self._owner is threading.current_thread()
+
+    def pending(self) -> int:
+        """Jobs queued or running."""
+        with self._cv:
+            return len(self._jobs)
+
+    # ------------------------------------------------------------------ calls
+
+    def submit(self, key: Hashable, fn: Callable[[Job], Any]) -> Job:
+        """Queue `fn(job)` under `key` and return its job, or the job already queued or
+        running under `key`. From a job on the worker, the new job runs at once, inline
+        (a job never waits for another): the returned job is then done."""
+        if self.on_worker():
+            return self._inline(key, fn)
+        with self._cv:
+            if key is not None and key in self._jobs:
+                return self._jobs[key]
+            job = Job(key, fn)
+            if key is not None:
+                self._jobs[key] = job
+            self._queue.append(job)
+            self._cv.notify_all()
+            return job
+
+    def wait(self, job: Job, timeout: float | None = None) -> bool:
+        """Wait until `job` is done (True) or `timeout` seconds pass (False). Holds
+        nothing while it waits; if no thread owns the worker, this one does until `job`
+        is done, running the queued jobs in order (caller-runs)."""
+        if self.on_worker():  # a job waiting for a job: run what is queued, inline
+            self._serve(until=job)
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        me = threading.current_thread()
+        while not job.done.is_set():
+            with self._cv:
+                while not job.done.is_set() and self._owner is not None:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._cv.wait(left)
+                if job.done.is_set():
+                    return True
+                self._owner = me  # nobody runs jobs: this thread does, until job is done
             try:
-                return fut.result(timeout=1.0)
-            except TimeoutError:
-                # Serving stopped after the job was queued and before it was drained.
-                if self._thread is None and fut.cancel():
-                    return fn(*args, **kwargs)
+                self._serve(until=job)
+            finally:
+                with self._cv:
+                    self._owner = None
+                    self._cv.notify_all()
+        return True
 
-    def serve_forever(self, stop: threading.Event | None = None, poll_s: float = 0.2):
-        """Serve calls on this thread until `stop` is set (or KeyboardInterrupt)."""
-        if self._thread is not None:
-            raise RuntimeError("a thread already serves the model")
-        self._thread = threading.current_thread()
+    def run(self, key: Hashable, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """`fn()` as a job under `key` (shared with an identical job in flight): its
+        value, or its exception raised here. WorkerTimeout after `timeout` seconds."""
+        job = self.submit(key, lambda _job: fn())
+        if not self.wait(job, timeout):
+            raise WorkerTimeout(f"no result for {key!r} within {timeout} s")
+        return job.result()
+
+    def serve_forever(self, stop: threading.Event | None = None, poll_s: float = 0.2) -> None:
+        """Own the worker on this thread and run jobs until `stop` is set."""
+        me = threading.current_thread()
+        with self._cv:
+            if self._forever:
+                raise RuntimeError("a thread already serves the model worker")
+            while self._owner is not None:  # a caller-run owner finishes its turn first
+                self._cv.wait()
+            self._owner, self._forever = me, True
         try:
             while stop is None or not stop.is_set():
-                try:
-                    fn, args, kwargs, fut = self._jobs.get(timeout=poll_s)
-                except queue.Empty:
-                    continue
-                if not fut.set_running_or_notify_cancel():
-                    continue
-                try:
-                    fut.set_result(fn(*args, **kwargs))
-                except BaseException as e:  # handed to the caller, the loop goes on
-                    fut.set_exception(e)
-                    if isinstance(e, KeyboardInterrupt):
-                        raise
+                job = self._next(poll_s)
+                if job is not None:
+                    self._execute(job)
         finally:
-            self._thread = None
-            self._drain()
+            with self._cv:
+                self._owner, self._forever = None, False
+                self._cv.notify_all()  # waiters left: they run their jobs themselves
 
-    def _drain(self):
-        """Calls still queued when serving stops run on their callers' behalf here."""
-        while True:
-            try:
-                fn, args, kwargs, fut = self._jobs.get_nowait()
-            except queue.Empty:
-                return
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn(*args, **kwargs))
-                except BaseException as e:
-                    fut.set_exception(e)
+    # ------------------------------------------------------------------ internals
+
+    def _next(self, poll_s: float) -> Job | None:
+        with self._cv:
+            if not self._queue:
+                self._cv.wait(poll_s)
+            return self._queue.popleft() if self._queue else None
+
+    def _serve(self, until: Job) -> None:
+        """Run queued jobs in order until `until` is done (the caller owns the worker)."""
+        while not until.done.is_set():
+            with self._cv:
+                job = self._queue.popleft() if self._queue else None
+            if job is None:  # cannot happen: an unfinished job is queued or running here
+                raise RuntimeError(f"job {until.key!r} is neither queued nor done")
+            self._execute(job)
+
+    def _execute(self, job: Job) -> None:
+        job._run()
+        with self._cv:
+            if job.key is not None and self._jobs.get(job.key) is job:
+                del self._jobs[job.key]
+            self.jobs_run += 1
+            self._cv.notify_all()
+
+    def _inline(self, key: Hashable, fn: Callable[[Job], Any]) -> Job:
+        """A job submitted by a job: run now on this thread (a queued twin runs now)."""
+        with self._cv:
+            job = self._jobs.get(key) if key is not None else None
+            if job is not None and job.started:
+                raise RuntimeError(f"job {key!r} waits for itself")
+            if job is not None:
+                self._queue.remove(job)  # run the queued twin now; its waiters share it
+            else:
+                job = Job(key, fn)
+                if key is not None:
+                    self._jobs[key] = job
+        self._execute(job)
+        return job
 
 
 def keep_this_thread_light() -> None:
-    """While a thread serves the model: make torch single-threaded on the calling
-    thread (any other thread), so that it never starts an OpenMP team of its own; one
-    more team, even an idle one, throttles the model thread's workers (the slowdown
-    `python benchmarks/bench_pair_decode.py --threads` shows). torch's thread count is
-    per thread, so the model thread keeps all its workers. Nothing changes where no
-    thread serves."""
-    thread = MODEL_THREAD._thread
-    if thread is not None and threading.current_thread() is not thread:
+    """While a thread serves the worker forever: make torch single-threaded on the
+    calling thread (any other thread), so that it never starts an OpenMP team of its
+    own; one more team, even an idle one, throttles the worker thread's OpenMP workers
+    (`python benchmarks/bench_pair_decode.py --threads` shows it). torch's thread count
+    is per thread, so the worker keeps all its workers. Nothing changes otherwise."""
+    if WORKER.serving and not WORKER.on_worker():
         import torch
 
         if torch.get_num_threads() != 1:
             torch.set_num_threads(1)
 
 
-#: The process's model thread (served by `python app.py`'s main thread).
-MODEL_THREAD = ModelThread()
-
-
-def on_model_thread(fn, *args, **kwargs):
-    """`MODEL_THREAD.call(fn, *args, **kwargs)`."""
-    return MODEL_THREAD.call(fn, *args, **kwargs)
+#: The process's model worker: one for every model the process holds.
+WORKER = ModelWorker()

@@ -5,7 +5,7 @@ a question about it. `Task.build_prompt_ids` renders the prompt with the
 tokenizer's chat template and finds, through the tokenizer's offset mapping
 (never by searching ids), which prompt tokens spell the answer inside the
 context: those are the needle tokens `N` whose retention the eviction metrics
-measure (DESIGN.md section 2, "Needle retention").
+measure (docs/design.md, "The data path", "Needle retention").
 
 Prompt layout (one user turn)::
 

@@ -27,7 +27,7 @@ from pagekv.maths.metrics import sink_advantage, summarize_sink_advantage
 from pagekv.maths.paging import BudgetError, check_budget, page_sizes, protected_pages
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import POOLING_POLICIES
-from pagekv.serving.study import Prepared, PromptSpec, Study
+from pagekv.serving.study import Prepared, PromptSpec, Study, served_copy
 from pagekv.views import figures
 
 #: Budgets of the UOR-across-budgets view.
@@ -160,15 +160,13 @@ def plan_comparison(
     records = {}
     full = EvictionConfig(policy="full")
     for key, prep, cfg in (("full", preps["A"], full), *((k, preps[k], configs[k]) for k in "AB")):
-        pre = prep.prefill
-        profiles, masses, _ = pre.scores(cfg.window, cfg.n_sink)
-        p = plan(profiles, pre.n_groups, cfg, masses=masses, backend=study.runner.backend)
+        p = study.plan(prep, cfg)  # on the model worker, once per prompt and configuration
         needle = prep.needle_positions
         records[key] = {
             "policy": cfg.policy,
             "plan": p,
             "budget_tokens": int(p.budget_tokens),
-            "union_tokens": p.kept_tokens.tolist(),
+            "union_tokens": p.union_tokens.tolist(),
             "needle_retention": p.needle_retention(needle).tolist() if needle else None,
             "decoded": False,
         }
@@ -176,8 +174,8 @@ def plan_comparison(
         prep=preps["A"],
         configs=configs,
         records=records,
-        curve=uor_curve(preps["B"], config_b),
-        memory=memory_rows(preps["B"], config_b),
+        curve=uor_curve(study, preps["B"], config_b),
+        memory=memory_rows(study, preps["B"], config_b),
         preps=preps,
         labels=side_labels(config_a, config_b, modes["A"], modes["B"]),
     )
@@ -201,23 +199,52 @@ def decode_comparison(
     Sides on one prompt decode together in one batched pass when their compacted caches
     have the same shape (`Study.run_pair`); `on_token(tokens_a, tokens_b)` then sees
     the answers grow (streaming)."""
-
-    def tick(frac, desc):
-        if progress is not None:
-            progress(frac, desc=desc)
-
-    tick(0.45, "full cache")
-    comp.records["full"] = study.run_full(comp.prep, max_new_tokens)
-    tick(0.6, "A and B")
-    cfg_a, cfg_b = comp.configs["A"], comp.configs["B"]
-    if comp.preps["A"].spec == comp.preps["B"].spec:
-        comp.records["A"], comp.records["B"] = study.run_pair(
-            comp.prep, cfg_a, cfg_b, max_new_tokens, on_token=on_token
-        )
-    else:
-        comp.records["A"] = study.run(comp.preps["A"], cfg_a, max_new_tokens)
-        comp.records["B"] = study.run(comp.preps["B"], cfg_b, max_new_tokens)
+    if progress is not None:
+        progress(0.45, desc="full cache, A and B")
+    for partial in Decoding(study, comp, max_new_tokens).stream(poll_s=0.1):
+        if on_token is not None:
+            on_token(*partial)
     return comp
+
+
+class Decoding:
+    """The decoding of a planned comparison, queued on the model worker at once (the
+    model decodes while the caller draws the plan views): the full cache, then A and B
+    (one batched pass where they share a prompt and a shape). `stream` waits for it,
+    filling `comp.records` in place. Nothing here holds a lock or starts a thread."""
+
+    def __init__(self, study: Study, comp: Comparison, max_new_tokens: int | None = None):
+        self.study, self.comp = study, comp
+        cfg_a, cfg_b = comp.configs["A"], comp.configs["B"]
+        self.full = study.submit_run(comp.prep, EvictionConfig(policy="full"), max_new_tokens)
+        self.pair = self.sides = None
+        if comp.preps["A"].spec == comp.preps["B"].spec:
+            self.pair = study.submit_pair(comp.prep, cfg_a, cfg_b, max_new_tokens)
+        else:
+            self.sides = (
+                study.submit_run(comp.preps["A"], cfg_a, max_new_tokens),
+                study.submit_run(comp.preps["B"], cfg_b, max_new_tokens),
+            )
+
+    def stream(self, poll_s: float = 0.25):
+        """Yield `(tokens_a, tokens_b)` at most every `poll_s` seconds while a shared
+        pass decodes; return once every record is in `comp.records`. Errors of the
+        jobs are raised here."""
+        wait, records = self.study.worker.wait, self.comp.records
+        wait(self.full)
+        records["full"] = served_copy(self.full.result()[0])
+        if self.pair is None:
+            for key, job in zip("AB", self.sides, strict=True):
+                wait(job)
+                records[key] = served_copy(job.result()[0])
+            return
+        seen = 0
+        while not wait(self.pair, poll_s):
+            if self.pair.version != seen and self.pair.progress is not None:
+                seen = self.pair.version
+                yield self.pair.progress
+        rec_a, rec_b = self.pair.result()
+        records["A"], records["B"] = served_copy(rec_a), served_copy(rec_b)
 
 
 def compare(
@@ -242,14 +269,13 @@ def compare(
     return decode_comparison(study, comp, max_new_tokens, progress)
 
 
-def uor_curve(prep: Prepared, base: EvictionConfig) -> list[dict]:
-    """Head-independent UOR at `CURVE_BUDGETS` (plan only: no decoding). It does not
-    depend on `base`'s budget or policy: memoised on `prep` (a dragged budget slider
-    plans it once)."""
+def uor_curve(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
+    """Head-independent UOR at `CURVE_BUDGETS` (plan only: no decoding), planned on the
+    model worker. It does not depend on `base`'s budget or policy: kept with the prefill
+    (a dragged budget slider plans it once)."""
     key = ("uor_curve", base.replace(budget=CURVE_BUDGETS[0], policy="head_independent"))
-    if key not in prep.derived:
-        prep.derived[key] = _uor_curve(prep, base)
-    return [dict(row) for row in prep.derived[key]]
+    rows = study.derive(prep, key, lambda p: _uor_curve(p, base))
+    return [dict(row) for row in rows]
 
 
 def _uor_curve(prep: Prepared, base: EvictionConfig) -> list[dict]:
@@ -273,31 +299,40 @@ def _uor_curve(prep: Prepared, base: EvictionConfig) -> list[dict]:
     return rows
 
 
-def memory_rows(prep: Prepared, base: EvictionConfig) -> list[dict]:
-    """KV tokens and bytes each policy keeps at `base`'s budget (plan only).
+def memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
+    """KV tokens and bytes each policy keeps at `base`'s budget (plan only, on the model
+    worker, kept with the prefill).
 
     Bytes = kept (layer, group) tokens x head_dim x 2 (K and V) x the cache's element
     size. Head-independent counts its unions: what a server must hold.
     """
-    pre = prep.prefill
-    elem = pre.cache.layers[0].keys.element_size()
-    per_token = pre.head_dim * 2 * elem
-    profiles = pre.profiles(base.window)
-    rows = []
-    for policy in POLICIES:
-        try:
-            p = plan(profiles, pre.n_groups, base.replace(policy=policy))
-        except BudgetError:
-            continue
-        tokens = int(p.kept_tokens.sum())
-        rows.append(
-            {
-                "policy": policy,
-                "tokens": int(p.kept_tokens.float().mean().round()),
-                "bytes": tokens * per_token,
-            }
-        )
-    return rows
+    rows = study.derive(prep, ("memory", base.replace(policy="full")), _memory_rows_of(base))
+    return [dict(row) for row in rows]
+
+
+def _memory_rows_of(base: EvictionConfig):
+    def rows_of(prep: Prepared) -> list[dict]:
+        pre = prep.prefill
+        elem = pre.cache.layers[0].keys.element_size()
+        per_token = pre.head_dim * 2 * elem
+        profiles = pre.profiles(base.window)
+        rows = []
+        for policy in POLICIES:
+            try:
+                p = plan(profiles, pre.n_groups, base.replace(policy=policy))
+            except BudgetError:
+                continue
+            tokens = int(p.union_tokens.sum())
+            rows.append(
+                {
+                    "policy": policy,
+                    "tokens": int(p.union_tokens.float().mean().round()),
+                    "bytes": tokens * per_token,
+                }
+            )
+        return rows
+
+    return rows_of
 
 
 @functools.lru_cache(maxsize=32)

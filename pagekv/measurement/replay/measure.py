@@ -55,7 +55,7 @@ def stored_pooled_uor(pre, ev) -> dict:
     """
     p = ev.plan
     want = p.kept_indices()  # [L, G, k'] the plan's kept tokens
-    L, G = p.kept_tokens.shape
+    L, G = p.union_tokens.shape
     stored = torch.empty(L, G, dtype=torch.int64)
     same = True
     for i, (full, comp) in enumerate(zip(pre.cache.layers, ev.cache.layers, strict=True)):
@@ -70,7 +70,7 @@ def stored_pooled_uor(pre, ev) -> dict:
         rows = idx[:, :, None].expand(-1, -1, k_i.shape[-1])  # [G, s, d]
         same &= torch.equal(k_i, full.keys[0].gather(1, rows))
         same &= torch.equal(v_i, full.values[0].gather(1, rows))
-    uor = stored.to(torch.float64) / p.kept_tokens.cpu().to(torch.float64)
+    uor = stored.to(torch.float64) / p.union_tokens.cpu().to(torch.float64)
     return {"uor": uor, "stored": stored, "stored_eq_plan": bool(same)}
 
 
@@ -216,7 +216,7 @@ def cardinality_unit(runner, prep, grid: Grid, policies=CARDINALITY_POLICIES):
     """T5: stored tokens of the compacted caches against the plan, for every page size.
 
     Three counts must agree per (layer, group): the tokens the compacted cache stores
-    (the tensors' length), the plan's `kept_tokens`, and the sum of the kept pages'
+    (the tensors' length), the plan's `union_tokens`, and the sum of the kept pages'
     sizes computed here from the page indices alone (`min((j+1)P, n) - jP`).
     """
     pre = prep.prefill
@@ -245,18 +245,18 @@ def cardinality_unit(runner, prep, grid: Grid, policies=CARDINALITY_POLICIES):
                     | {
                         "feasible": True,
                         "k": p.budget_tokens,
-                        "kept": int(p.kept_tokens.max()),
-                        "stored_eq_plan": bool((stored == p.kept_tokens).all()),
-                        "plan_eq_page_sum": bool((p.kept_tokens == page_sum).all()),
-                        "mask_eq_plan": bool((token_count == p.kept_tokens).all()),
-                        "within_budget": bool((p.kept_tokens <= p.budget_tokens).all()),
+                        "kept": int(p.union_tokens.max()),
+                        "stored_eq_plan": bool((stored == p.union_tokens).all()),
+                        "plan_eq_page_sum": bool((p.union_tokens == page_sum).all()),
+                        "mask_eq_plan": bool((token_count == p.union_tokens).all()),
+                        "within_budget": bool((p.union_tokens <= p.budget_tokens).all()),
                         "dense": p.dense,
                         "n_pages": p.n_pages,
                         "last_page_partial": last_partial,
                         "exact": bool(
-                            (stored == p.kept_tokens).all()
-                            and (p.kept_tokens == page_sum).all()
-                            and (token_count == p.kept_tokens).all()
+                            (stored == p.union_tokens).all()
+                            and (p.union_tokens == page_sum).all()
+                            and (token_count == p.union_tokens).all()
                         ),
                     }
                 )

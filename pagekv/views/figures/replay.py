@@ -29,7 +29,7 @@ def _thin(xs, n):
 
 def disagreement_scatter(series: dict, r: int, title: str):
     """T2: mean pairwise disagreement `D_g` against UOR, one trace per budget, with the
-    two envelopes of the bounds (DESIGN.md section 2).
+    two envelopes of the bounds (docs/design.md, "The data path").
 
     Args:
         series: `{budget: (disagreements, uors)}`, one point per (layer, group).
