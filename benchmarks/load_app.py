@@ -13,7 +13,7 @@ also on an error or Ctrl-C), waits until it serves, then:
 1. **Class**: `--students` threads, each with its own `gradio_client.Client` (its own
    session), started staggered over `--stagger` seconds. Each student runs the first
    `--lessons` lessons in order (`/lesson`) and after each live lesson moves the budget
-   twice (`/budget` with the lesson's exact run inputs, `app._lesson_run_args`, and
+   twice (`/budget` with the lesson's exact run inputs, `pagekv.views.app_lessons._lesson_run_args`, and
    both sides' budgets +5 and +10 percentage points).
 2. **Varied runs**: one client makes `--varied-runs` `/run` calls with different
    budgets, page sizes, policies, seeds, context lengths (500-4000) and question
@@ -74,6 +74,8 @@ for _k, _v in (
     os.environ.setdefault(_k, _v)
 
 import app  # noqa: E402  (the lesson list, the output order and the run inputs)
+from pagekv.serving.study import MODES  # noqa: E402
+from pagekv.views import app_lessons, app_ui  # noqa: E402
 from pagekv.views.lessons import LESSONS  # noqa: E402
 
 GB = 1e9
@@ -316,7 +318,7 @@ def solo(url: str, budgets: tuple, deadline: float) -> list[dict]:
     from gradio_client import Client
 
     client = Client(url, verbose=False)
-    run = app._preset_run_args(app.PRESETS[0])
+    run = app_ui._preset_run_args(app.PRESETS[0])
     records = []
 
     def add(rec, kind, pct=None):
@@ -390,7 +392,7 @@ def student(i: int, url: str, cls: Class, n_lessons: int, start_at: float, moves
         title, lesson = app.LESSON_TITLES[k], LESSONS[k]
         actions = [("lesson", title, None)]
         if LIVE[k]:
-            run = app._lesson_run_args(lesson, title, "bundled")
+            run = app_lessons._lesson_run_args(lesson, title, "bundled")
             for d in moves:
                 kw = dict(run, budget_pct=run["budget_pct"] + d, budget_b=run["budget_b"] + d)
                 actions.append(("budget move", (title, d), kw))
@@ -453,7 +455,7 @@ def varied_settings(n: int, seed: int = 0, contexts=CONTEXTS) -> list[dict]:
                 n_sink=rng.choice([0, 2, 4, 8]),
                 window=window,
                 tau=rng.choice([0.5, 1.0, 2.0]),
-                mode=rng.choice(app.MODES),
+                mode=rng.choice(MODES),
             )
         link = rng.random() < 0.5
         a, b = side[""], side["_b"]

@@ -176,7 +176,9 @@ def cmd_run(args) -> int:
 
 
 def format_table(runs: list[dict]) -> str:
-    """A readable table of runs on one prompt."""
+    """A readable table of runs on one prompt (the cells of the app's answers table)."""
+    from pagekv.views.answers import run_cells
+
     r0 = runs[0]
     t = r0["timings"]
     head = (
@@ -188,15 +190,14 @@ def format_table(runs: list[dict]) -> str:
     cols += f"{'decode s':>10}  {'ok':<4}answer"
     lines = [head + cols, "-" * len(cols)]
     for r in runs:
-        stored = max(r["kept_tokens"], default=0)  # stored tokens per (layer, group)
-        needle = _mean_retention(r)
-        evict = r["timings"]["evict_s"]
-        evict = "-" if evict is None else f"{evict:.3f}"  # the full cache evicts nothing
-        ans = r["answer"].replace("\n", " ")
+        c = run_cells(r)  # the app's answers table reads the same cells
+        needle = "-" if c["needle"] is None else f"{c['needle']:.2f}"
+        evict = "-" if c["evict_s"] is None else f"{c['evict_s']:.3f}"  # full: nothing
+        ans = c["answer"].replace("\n", " ")
         ans = ans if len(ans) <= 60 else ans[:57] + "..."
         lines.append(
-            f"{r['policy']:<17}{stored:>7}{r['budget_tokens']:>8}{r['uor']['max']:>9.3f}"
-            f"{needle:>8}{evict:>9}{r['timings']['decode_s']:>10.2f}  "
+            f"{r['policy']:<17}{c['stored']:>7}{r['budget_tokens']:>8}{c['uor']:>9.3f}"
+            f"{needle:>8}{evict:>9}{c['decode_s']:>10.2f}  "
             f"{'yes' if r['correct'] else 'no':<4}{ans}"
         )
     if r0["mode"] == "inside":
@@ -205,15 +206,6 @@ def format_table(runs: list[dict]) -> str:
             "which saw the whole prompt"
         )
     return "\n".join(lines)
-
-
-def _mean_retention(run: dict) -> str:
-    """The needle fraction kept, averaged over (layer, group); '-' without a needle."""
-    ret = run.get("needle_retention")
-    if not ret:
-        return "-"
-    vals = [v for row in ret for v in row]
-    return f"{sum(vals) / len(vals):.2f}"
 
 
 def cmd_replay(args) -> int:

@@ -3,8 +3,8 @@
     with launched_app() as (demo, url):
         Client(url).predict(..., api_name="/run")
 
-The app runs in-process so that tests can look at server-side state (`app._studies`,
-the prefill memo) next to what the HTTP API returns.
+The app runs in-process so that tests can look at server-side state (the models held,
+`pagekv.views.app_ui.MODELS`, and their memos) next to what the HTTP API returns.
 """
 
 from __future__ import annotations
@@ -33,16 +33,18 @@ def free_port() -> int:
 def launched_app(cold: bool = False):
     """Yield `(demo, url)` of a launched app, closed on exit.
 
-    cold: forget any model an earlier test loaded (`app._studies`) and every finished
-    run's views (`app._view_memo`), so the first request pays the model load and the
-    run as a fresh `python app.py` would.
+    cold: forget any model an earlier test loaded (`MODELS.studies`) and every finished
+    run's views (`view_memo`), so the first request pays the model load and the run as
+    a fresh `python app.py` would.
     """
     import app
+    from pagekv.views.app_ui import MODELS
+    from pagekv.views.view_memo import view_memo
 
     if cold:
-        with app._lock:
-            app._studies.clear()
-        app._view_memo.clear()
+        with MODELS.lock:
+            MODELS.studies.clear()
+        view_memo.clear()
     demo = app.build_demo()
     demo.queue(default_concurrency_limit=1)
     css = app.CSS_PATH.read_text() if app.CSS_PATH.exists() else None

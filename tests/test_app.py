@@ -31,6 +31,7 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 import app  # noqa: E402  (RUN_VIEWS: the names of the run outputs)
+from pagekv.views.app_ui import MODELS  # noqa: E402
 
 #: gradio's own use of pandas (not ours) warns on every Dataframe output.
 pytestmark = [
@@ -173,9 +174,8 @@ def expected_kept(n: int, budget: float, page: int, n_sink: int, window: int) ->
 
 def server_prep(server, context: int):
     """The memoised prefill of the GOOD spec with `context` tokens (server side)."""
-    import app
 
-    study = app._studies["bundled"]
+    study = MODELS.studies["bundled"]
     memo = study._memo.items()
     found = [p for s, p in memo if s.task == "needle" and s.context_tokens == context]
     assert len(found) == 1, list(study._memo)
@@ -443,9 +443,8 @@ def test_needle_already_in_the_haystack_stays_where_it_is(client, server):
     )
     assert out[0].startswith("**Done:**"), out[0]
     assert "Expected: **4417**" in out[0]
-    import app
 
-    study = app._studies["bundled"]
+    study = MODELS.studies["bundled"]
     (prep,) = [p for s, p in study._memo.items() if s.task == "custom" and s.haystack == hay]
     assert prep.spec.depth is None
     assert prep.task.context.count(NEEDLE) == 1

@@ -371,6 +371,52 @@ def test_the_check_finds_pagekv_in_kernels(tmp_path):
     assert _pagekv_in_kernels(tmp_path, rel) == ["pagekv.maths"]
 
 
+# ------------------------------------------------------------------ the design document
+
+#: A citation of a section of the design document: `docs/design.md, "The data path"`.
+DESIGN_CITATION = re.compile(r'docs/design\.md[^"\n]{0,20}"([^"\n]+)"')
+#: The original brief lives outside the repository; nothing cites it.
+OUTSIDE_BRIEF = "DESIGN" + ".md"
+
+
+def _citing_files(root: Path) -> list[Path]:
+    globs = ("pagekv/**/*.py", "kernels/*.py", "tests/*.py", "benchmarks/*.py", "docs/*.md")
+    return sorted({p for g in globs for p in root.glob(g)} | {root / "app.py", root / "README.md"})
+
+
+def _bad_citations(root: Path) -> list[str]:
+    doc = root / "docs" / "design.md"
+    headings = set(re.findall(r"^## (.+?)\s*$", doc.read_text(), flags=re.M))
+    bad = []
+    for p in _citing_files(root):
+        if not p.is_file() or p.name == Path(__file__).name:  # this file plants examples
+            continue
+        text = p.read_text()
+        rel = p.relative_to(root)
+        bad += [f"{rel}: cites {OUTSIDE_BRIEF}" for _ in [0] if OUTSIDE_BRIEF in text]
+        bad += [
+            f'{rel}: no section "{h}"' for h in DESIGN_CITATION.findall(text) if h not in headings
+        ]
+    return bad
+
+
+def test_design_citations_name_a_section():
+    """Every citation of a section of docs/design.md names one of its headings, and
+    nothing cites the brief outside the repository."""
+    assert DESIGN_CITATION.findall((ROOT / "pagekv" / "__init__.py").read_text())
+    bad = _bad_citations(ROOT)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_check_finds_a_bad_citation(tmp_path):
+    _plant(tmp_path, "docs/design.md", "# Design\n\n## The data path\n\ntext\n")
+    _plant(tmp_path, "pagekv/maths/a.py", '"""(docs/design.md, "The data path")."""\n')
+    assert _bad_citations(tmp_path) == []
+    _plant(tmp_path, "pagekv/maths/b.py", '"""docs/design.md ("Layers")."""\n')
+    _plant(tmp_path, "tests/test_x.py", "# " + OUTSIDE_BRIEF + " section 2\n")
+    assert len(_bad_citations(tmp_path)) == 2
+
+
 # ----------------------------------------------------------------- one place per rule
 
 

@@ -1,0 +1,87 @@
+"""Per-session state of a shared server, bounded and dropped when a session ends.
+
+A session's runs go one at a time (its slider events each keep only their last
+request, and a second run waits for the first): `SessionGate.turn(session_id)` is
+that turn. The gate holds one small lock per live session, at most `max_sessions`
+of them (the least recently used idle ones go first), and `end(session_id)` drops a
+session's entry (the app calls it when the browser tab closes).
+
+A turn never waits for the model while holding what the model needs: the session
+locks are taken by request threads only, and no job on the model worker takes one
+(docs/design.md, "One model worker").
+
+    gate = SessionGate()
+    with gate.turn(request.session_hash):   # None (a Python caller): no turn needed
+        ...                                 # the session's run
+    gate.end(request.session_hash)          # the tab closed
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+
+__all__ = ["MAX_SESSIONS", "SessionGate"]
+
+#: Sessions with an entry at most (a classroom is a few dozen).
+MAX_SESSIONS = 256
+
+
+class _Entry:
+    __slots__ = ("lock", "users")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.users = 0  # threads holding or waiting for the turn
+
+
+class SessionGate:
+    """One turn at a time per session, for at most `max_sessions` sessions."""
+
+    def __init__(self, max_sessions: int = MAX_SESSIONS):
+        self.max_sessions = int(max_sessions)
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._guard = threading.Lock()  # the dictionary only; never held while waiting
+
+    def __len__(self) -> int:
+        with self._guard:
+            return len(self._entries)
+
+    @contextmanager
+    def turn(self, session_id: str | None):
+        """The session's turn: waits for the session's previous run to end."""
+        if session_id is None:
+            yield
+            return
+        with self._guard:
+            entry = self._entries.get(session_id)
+            if entry is None:
+                entry = self._entries[session_id] = _Entry()
+                self._trim_locked()
+            self._entries.move_to_end(session_id)
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            with self._guard:
+                entry.users -= 1
+
+    def end(self, session_id: str | None) -> None:
+        """Forget a session (its tab closed). A run still going keeps its own entry."""
+        if session_id is None:
+            return
+        with self._guard:
+            entry = self._entries.get(session_id)
+            if entry is not None and entry.users == 0:
+                del self._entries[session_id]
+
+    def _trim_locked(self) -> None:
+        """Drop the least recently used idle sessions above the cap (busy ones stay)."""
+        if len(self._entries) <= self.max_sessions:
+            return
+        for sid in [s for s, e in self._entries.items() if e.users == 0]:
+            if len(self._entries) <= self.max_sessions:
+                break
+            del self._entries[sid]

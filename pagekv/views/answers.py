@@ -1,0 +1,91 @@
+"""The answers table: one builder for the app's table and the CLI's.
+
+`run_cells(record)` reads what a finished run shows (verdict, answer, stored tokens,
+needle kept, UOR, eviction time) from its result record (docs/schema.md); the app
+lays the cells out as a table row (`answers_table`), the CLI as text (`pagekv.cli`).
+While a run decodes, `pending_table` shows what planning alone knows.
+"""
+
+from __future__ import annotations
+
+from pagekv.views.figures import needle_page_counts
+
+#: The answers table's columns (the caption explains stored, needle and needle pages).
+ANSWER_HEADERS = ["run", "verdict", "answer", "stored", "needle", "needle pages", "UOR", "evict"]
+#: The rows of a comparison, in order.
+ROWS = ("full", "A", "B")
+
+
+def ms(seconds) -> str:
+    """Milliseconds, or "-" for a step that did not run (the full cache evicts nothing)."""
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+def mean_retention(rec: dict) -> float | None:
+    """The needle fraction kept, averaged over (layer, group); None without a needle."""
+    ret = rec.get("needle_retention")
+    if not ret:
+        return None
+    vals = [v for row in ret for v in row]
+    return sum(vals) / len(vals)
+
+
+def run_cells(rec: dict) -> dict:
+    """What a finished run shows: `verdict`, `answer`, `stored` (tokens stored per
+    (layer, group), the largest), `needle` (mean fraction kept, None without a needle),
+    `uor` (max), `evict_s` (None for the full cache), `decode_s`."""
+    return {
+        "verdict": "✓ right" if rec["correct"] else "✗ wrong",
+        "answer": rec["answer"],
+        "stored": max(rec["kept_tokens"], default=0),
+        "needle": mean_retention(rec),
+        "uor": float(rec["uor"]["max"]),
+        "evict_s": rec["timings"]["evict_s"],
+        "decode_s": rec["timings"]["decode_s"],
+    }
+
+
+def _labels(comp) -> dict:
+    return {"full": "full cache: full", "A": comp.labels["A"], "B": comp.labels["B"]}
+
+
+def _needle_pages(comp, key) -> str:
+    needle = comp.needle_positions_of(key)
+    if not needle:
+        return "-"
+    kept, total = needle_page_counts(comp.plan_of(key), needle)
+    return f"{kept} of {total}"
+
+
+def answers_table(comp) -> list[list]:
+    """The decoded comparison's rows (`ANSWER_HEADERS`)."""
+    rows = []
+    for key in ROWS:
+        c = run_cells(comp.records[key])
+        needle = "-" if c["needle"] is None else f"{c['needle']:.2f}"
+        rows.append(
+            [_labels(comp)[key], c["verdict"], c["answer"], c["stored"], needle,
+             _needle_pages(comp, key), f"{c['uor']:.2f}", ms(c["evict_s"])]
+        )  # fmt: skip
+    return rows
+
+
+def pending_table(comp, tokens=None, tokenizer=None) -> list[list]:
+    """The rows while decoding: the plan's numbers, the answers so far (`tokens`: A's
+    and B's token ids from a streaming pass, decoded with `tokenizer`) or to come."""
+    rows = []
+    for i, key in enumerate(ROWS):
+        p = comp.plan_of(key)
+        rec = comp.records[key]
+        if "answer" in rec:  # already decoded (the full cache comes first)
+            verdict, answer = ("✓ right" if rec["correct"] else "✗ wrong"), rec["answer"]
+        elif tokens is not None and key != "full":
+            verdict = "..."
+            answer = tokenizer.decode(tokens[i - 1], skip_special_tokens=True) + " ..."
+        else:
+            verdict, answer = "...", "decoding..."
+        rows.append(
+            [_labels(comp)[key], verdict, answer, int(p.union_tokens.max()), "-",
+             _needle_pages(comp, key), f"{float(p.uor.max()):.2f}", "-"]
+        )  # fmt: skip
+    return rows

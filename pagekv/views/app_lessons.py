@@ -1,0 +1,163 @@
+"""The lessons on the page: picking one sets every control, opens its view, runs it
+and checks its observation, in one request; previous / next; the warm-up that computes
+the live lessons once a server starts, so that a class gets them from memory."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import gradio as gr
+
+from pagekv.views.app_text import lesson_markdown
+from pagekv.views.app_ui import (
+    MECH_CONTROLS,
+    MECH_VIEWS,
+    RUN_DEFAULTS,
+    RUN_VIEWS,
+    control_values,
+    light,
+    run_comparison,
+    run_mechanism,
+)
+from pagekv.views.lesson_checks import LESSON_TITLES, check_lesson, lesson_of, replay_recall_figure
+from pagekv.views.lessons import LESSONS
+
+log = logging.getLogger("pagekv.app")
+
+#: Tab ids of the views (`Lesson.views` names them).
+TABS = ("frame", "retention", "weights", "sinks", "uor", "mechanism", "export")
+#: The controls a lesson sets, in the order of `apply_lesson`'s outputs (then the
+#: tabs, the lesson text and the observation).
+LESSON_CONTROLS = (
+    "task", "curated", "context", "depth", "seed", "needles", "mode", "budget", "page_size",
+    "n_sink", "window", "tau", "policy_a", "policy_b", "link_b", "mode_b", "budget_b",
+    "page_size_b", "n_sink_b", "window_b", "tau_b", "layer", "m_heads", "m_retr", "m_dist",
+    "m_dstr", "m_sink", "m_n", "m_budget",
+)  # fmt: skip
+
+
+def apply_lesson(title):
+    """Set every control to the lesson's settings and open its first view."""
+    lesson = lesson_of(title)
+    keep = [gr.update()] * len(LESSON_CONTROLS)
+    if lesson is None:
+        return [*keep, gr.update(), gr.update(), gr.update()]
+    values = dict(zip(LESSON_CONTROLS, keep, strict=True))
+    if lesson.kind == "live":
+        names = [n for n in LESSON_CONTROLS if n not in MECH_CONTROLS]
+        run = _lesson_run_args(lesson, title, "bundled")
+        values.update(zip(names, control_values(run, names), strict=True))
+    if lesson.mechanism is not None:
+        m = lesson.mechanism
+        values.update(
+            m_heads=m.heads,
+            m_retr=m.retrieval,
+            m_dist=m.distractors,
+            m_dstr=m.distractor_strength,
+            m_sink=m.sink_head,
+            m_n=m.n,
+            m_budget=round(100 * m.budget),
+        )
+    waiting = "**Observation:** " + lesson.observation.statement + " - *checking...*"
+    return [
+        *(values[name] for name in LESSON_CONTROLS),
+        gr.Tabs(selected=lesson.views[0]),
+        lesson_markdown(lesson),
+        waiting,
+    ]
+
+
+def _lesson_run_args(lesson, title, model) -> dict:
+    """The run inputs of a live lesson (every control as the lesson sets it)."""
+    p, a, b = lesson.prompt, lesson.a, lesson.b
+    return dict(
+        RUN_DEFAULTS, model=model, task=p.task, context=p.context_tokens, depth=p.depth,
+        seed=p.seed, needles=p.n_needles, mode=a.mode, curated=p.name,
+        budget_pct=round(100 * a.budget, 1), page_size=a.page_size, n_sink=a.n_sink,
+        window=a.window, tau=a.tau, policy_a=a.policy, policy_b=b.policy, link_b=False,
+        mode_b=b.mode, budget_b=round(100 * b.budget, 1), page_size_b=b.page_size,
+        n_sink_b=b.n_sink, window_b=b.window, tau_b=b.tau, layer=lesson.layer, lesson=title,
+    )  # fmt: skip
+
+
+@light
+def pick_lesson(title, model="bundled", request: gr.Request = None):
+    """Pick a lesson, in ONE request (a generator): set every control, open its first
+    view, run it (live lessons: plan views first, then the answers) and check its
+    observation on the result. Outputs: LESSON_CONTROLS, the tabs, the lesson text,
+    RUN_VIEWS, MECH_VIEWS."""
+    lesson = lesson_of(title)
+    if lesson is None:
+        title, lesson = LESSON_TITLES[0], LESSONS[0]
+    *controls, tabs, text, waiting = apply_lesson(title)
+    head = (*controls, tabs, text)
+    i_obs = RUN_VIEWS.index("observation")
+    keep_mech = tuple(gr.update() for _ in MECH_VIEWS)
+    mech = keep_mech
+    if lesson.mechanism is not None:
+        m = lesson.mechanism
+        mech = run_mechanism(
+            m.heads, m.retrieval, m.distractors, m.distractor_strength, m.sink_head, m.n,
+            round(100 * m.budget),
+        )  # fmt: skip
+    if lesson.kind == "live":
+        for views in run_comparison(**_lesson_run_args(lesson, title, model), request=request):
+            views = list(views)
+            if views[i_obs] is None or isinstance(views[i_obs], dict):  # not checked yet
+                views[i_obs] = waiting
+            yield (*head, *views, *mech)
+        return
+    views = {name: gr.update() for name in RUN_VIEWS}
+    if lesson.kind == "replay":
+        views["retention"] = replay_recall_figure()
+    checked = check_lesson(title, None)
+    views["observation"] = gr.update() if checked is None else checked
+    yield (*head, *(views[name] for name in RUN_VIEWS), *mech)
+
+
+def lesson_step(title, step: int):
+    """The lesson `step` places after `title` (wrapping), for the previous / next buttons."""
+    i = LESSON_TITLES.index(title) if title in LESSON_TITLES else 0
+    return LESSON_TITLES[(i + step) % len(LESSON_TITLES)]
+
+
+@light
+def previous_lesson(title, model="bundled", request: gr.Request = None):
+    new = lesson_step(title, -1)
+    for out in pick_lesson(new, model, request):
+        yield (new, *out)
+
+
+@light
+def next_lesson(title, model="bundled", request: gr.Request = None):
+    new = lesson_step(title, 1)
+    for out in pick_lesson(new, model, request):
+        yield (new, *out)
+
+
+def warm_lessons(model: str = "bundled") -> int:
+    """Run every live lesson once, as a visitor's pick would (its views then wait in
+    memory for the class); returns how many ran. The app does this once it serves,
+    with requests arriving meanwhile taking their turns on the model."""
+    t0 = time.perf_counter()
+    n = 0
+    for title, lesson in zip(LESSON_TITLES, LESSONS, strict=True):
+        if lesson.kind == "live":
+            *_, last = run_comparison(**_lesson_run_args(lesson, title, model))
+            status = last[RUN_VIEWS.index("status")]
+            if str(status).startswith("**Error:**"):  # e.g. no model: the runs say why
+                log.warning("lessons not warmed: %s", status)
+                return n
+            n += 1
+    log.info("lessons ready: %d live lessons computed in %.1f s", n, time.perf_counter() - t0)
+    return n
+
+
+def warm_in_background(model: str = "bundled") -> threading.Thread:
+    """`warm_lessons(model)` on a thread of its own (a daemon), started now: the server
+    serves meanwhile, and requests take their turns on the model worker with it."""
+    thread = threading.Thread(target=warm_lessons, args=(model,), name="pagekv-warm", daemon=True)
+    thread.start()
+    return thread

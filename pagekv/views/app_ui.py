@@ -1,0 +1,506 @@
+"""The app's handlers: what each control and API endpoint does, with Gradio's updates.
+
+`app.py` lays out the page and wires these; they call `pagekv` (prefill, plans,
+decoding on the model worker; figures in `pagekv.views.figures`). Bad input never
+raises out of a handler: it becomes a message on the page, and the next request works.
+Nothing here starts a thread or holds a lock while the model works: decoding is a job
+on the model worker (`pagekv.serving.worker`), and a run streams its answers by
+waiting on that job (docs/design.md, "One model worker").
+
+The API's endpoints and their inputs: `/run` and `/budget` (`run_comparison`),
+`/preset` (`apply_preset`), `/layer` (`update_layer`), `/mechanism` (`run_mechanism`),
+`/export` (`export_run`), `/lesson` (`pagekv.views.app_lessons.pick_lesson`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import shutil
+import tempfile
+import time
+
+import gradio as gr
+
+from pagekv.maths.config import POLICIES
+from pagekv.runtime.models import KNOWN_MODELS
+from pagekv.serving import allocator
+from pagekv.serving.model_registry import ModelRegistry
+from pagekv.serving.sessions import SessionGate
+from pagekv.serving.study import settings_text
+from pagekv.serving.worker import keep_this_thread_light
+from pagekv.views.answers import answers_table, ms, pending_table
+from pagekv.views.app_text import message
+from pagekv.views.comparison import Decoding, comparison_figures, export, plan_comparison
+from pagekv.views.inputs import parse_run
+from pagekv.views.lesson_checks import check_lesson
+from pagekv.views.presets import load_presets
+from pagekv.views.view_memo import (
+    PLAN_VIEWS,
+    SAME_AFTER_DECODING,
+    SAME_RUN_WAIT_S,
+    plan_views,
+    view_key,
+    view_memo,
+    view_size,
+)
+
+log = logging.getLogger("pagekv.app")
+POLICY_CHOICES = list(POLICIES)
+PRESETS = load_presets()
+#: Runs served at once (sessions' runs waiting for the model or served from memory).
+RUN_CONCURRENCY = 8
+#: The answers stream into the table at most this often (each update is sent to the
+#: browser and redrawn there; a token takes about 60 ms on 2 CPU cores).
+STREAM_EVERY_S = 0.25
+#: Export folders older than this are removed when a new one is made.
+EXPORT_MAX_AGE_S = 1800
+
+try:  # ZeroGPU on Hugging Face Spaces: run the GPU work inside spaces.GPU.
+    import spaces
+
+    gpu = spaces.GPU
+except Exception:  # not on a Space: a no-op decorator
+
+    def gpu(fn=None, **_kw):
+        return fn if fn is not None else (lambda f: f)
+
+
+# ----------------------------------------------------------------- server state
+
+#: Loaded models by name, shared by every session (pagekv/serving/model_registry.py):
+#: the default stays loaded, at most two others besides it, and names the server does
+#: not offer are refused (`configure`).
+MODELS = ModelRegistry(default="bundled", max_others=2)
+#: One run at a time per session; entries dropped when a session ends.
+SESSIONS = SessionGate()
+
+
+def configure(default_model: str = "bundled", allow_hub_models: bool = False) -> None:
+    """The server's model settings: `default_model` stays loaded (the warm-up uses it);
+    other hub names load only with `allow_hub_models`."""
+    MODELS.set_default(default_model)
+    MODELS.allow_hub = bool(allow_hub_models)
+
+
+def get_study(model_name: str):
+    """The Study for `model_name` (loaded once, shared; falls back to the default model
+    with `study.loaded.fell_back` and a note when the name cannot load; ModelRefused,
+    in one sentence, for a name the server does not offer)."""
+    return MODELS.get(model_name)
+
+
+def known_models() -> list[str]:
+    """The model control's choices: the default first, then the known models."""
+    names = [MODELS.default] + [m for m in KNOWN_MODELS if m != MODELS.default]
+    return names
+
+
+def end_session(request: gr.Request = None) -> None:
+    """A browser tab closed: drop what the server holds for its session."""
+    SESSIONS.end(getattr(request, "session_hash", None))
+
+
+# ----------------------------------------------------------------- handlers
+
+
+def light(fn):
+    """A handler that uses torch on Gradio's worker threads: each call (each step of a
+    generator, which Gradio may run on different threads) first makes its thread
+    single-threaded for torch while the main thread serves the model
+    (`pagekv.serving.worker.keep_this_thread_light`)."""
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def steps(*args, **kwargs):
+            it = fn(*args, **kwargs)
+            try:
+                while True:
+                    keep_this_thread_light()
+                    try:
+                        value = next(it)
+                    except StopIteration:
+                        return
+                    yield value
+            finally:
+                it.close()
+
+        return steps
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        keep_this_thread_light()
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def _side_b_note(comp, cfg_a, cfg_b) -> str:
+    """What side B does differently, for the status line ("" when only the policy)."""
+    label = comp.labels["B"].split(", ", 1)
+    if len(label) == 1:
+        return ""
+    n_b = comp.preps["B"].n
+    return f" (B: {label[1]}; {n_b} prompt tokens, budget {cfg_b.budget_tokens(n_b)} tokens)"
+
+
+EMPTY = None
+#: What a run fills, in the order of the run's outputs (`build_demo` wires the
+#: components of the same names); `_views` turns keyword values into that tuple.
+RUN_VIEWS = (
+    "status", "answers", "frame", "retention", "weights", "overview", "sink_mass", "sink_adv",
+    "uor", "stored", "memory", "files", "layer", "observation", "last",
+)  # fmt: skip
+
+
+def _views(**values):
+    """The run's outputs in `RUN_VIEWS` order; views not given are cleared (the layer
+    slider and the lesson's observation are left as they are)."""
+    unknown = set(values) - set(RUN_VIEWS)
+    if unknown:
+        raise KeyError(f"not a run view: {sorted(unknown)}")
+    default = {"layer": gr.update(), "observation": gr.update()}
+    return tuple(values.get(name, default.get(name, EMPTY)) for name in RUN_VIEWS)
+
+
+def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> str:
+    loaded = study.loaded
+    n = comp.prep.n
+    head = (
+        f"**{loaded.name}**, {loaded.origin} ({study.runner.backend} backend on "
+        f"{study.runner.device}): "
+        f"{n} prompt tokens, budget {cfg_a.budget_tokens(n)} tokens per (layer, group), "
+        f"page size {cfg_a.page_size}" + _side_b_note(comp, cfg_a, cfg_b) + ". "
+        f"Question: *{comp.prep.task.question}* Expected: **{comp.prep.task.answer}**"
+    )
+    parts = [message("ok" if decoded else "info", head if decoded else "Decoding... " + head)]
+    if loaded.fell_back:
+        parts.append(message("info", loaded.note))
+    if loaded.caveat:
+        parts.append(message("info", loaded.caveat))
+    parts += [message("info", note) for note in comp.notes]
+    if decoded:
+        t = comp.records["B"]["timings"]
+        parts.append(
+            f"<small>prefill {t['prefill_s']:.2f}s (once per prompt), "
+            f"eviction {ms(t['evict_s'])}, decode {t['decode_s']:.2f}s"
+            + (" (this run was computed earlier: served from memory)" if served else "")
+            + "</small>"
+        )
+    return "\n\n".join(parts)
+
+
+def _run_values(args) -> dict:
+    return dict(zip(RUN_INPUTS, args, strict=True))
+
+
+@light
+@gpu
+def run_comparison(
+    model="bundled",
+    task="needle",
+    context=2000,
+    depth=0.5,
+    seed=0,
+    needles=1,
+    mode="inside",
+    curated=None,
+    haystack="",
+    needle="",
+    question="",
+    answer="",
+    budget_pct=20.0,
+    page_size=16,
+    n_sink=4,
+    window=32,
+    tau=1.0,
+    policy_a="mean",
+    policy_b="entropy",
+    link_b=True,
+    mode_b="inside",
+    budget_b=20.0,
+    page_size_b=16,
+    n_sink_b=4,
+    window_b=32,
+    tau_b=1.0,
+    layer=0,
+    lesson=None,
+    request: gr.Request = None,
+):
+    """Prefill (memoised), plan both sides and show every plan view at once, then decode
+    full / A / B and show the answers, and check the lesson's observation. A generator:
+    plan views, answers as they stream, then everything. A run already finished (by any
+    session) is served from memory in one update. Never raises: bad input becomes a
+    message and the next request works.
+
+    Side A is the shared controls (question position, budget, page size, n_sink, window,
+    tau) with policy A; side B uses policy B and, with `link_b`, the same settings as A,
+    otherwise its own (`mode_b`, `budget_b`, ...): each side is a full configuration.
+    """
+    v = {k: val for k, val in locals().items() if k in RUN_INPUTS}
+    with SESSIONS.turn(getattr(request, "session_hash", None)):
+        yield from _run(v, lesson)
+
+
+def _run(v: dict, lesson):
+    try:
+        spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
+        study = get_study(v["model"] if isinstance(v["model"], str) else "")
+        key = view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer)
+        t0 = time.perf_counter()
+        waited = key not in view_memo  # another request may be computing it
+        done = view_memo.get_or_wait(key, timeout=SAME_RUN_WAIT_S)
+        if done is None:
+            with view_memo.computing(key):
+                comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
+                n_layers = int(comp.plan_of("B").keep.shape[0])  # from the model that ran
+                layer = min(layer, n_layers - 1)
+                decoding = Decoding(study, comp)  # queued now: the model works while we draw
+                plan_figs = plan_views(comp, key, layer)
+                yield _views(
+                    status=_status(study, comp, cfg_a, cfg_b, decoded=False),
+                    answers=pending_table(comp),
+                    **{k: plan_figs.get(k) for k in PLAN_VIEWS},
+                    layer=gr.update(maximum=n_layers - 1, value=layer),
+                )
+                # Decoding changes no plan: the plan views drawn above stand, and the
+                # views of head weights and sinks are drawn while the model decodes;
+                # only the retention of the stored caches waits for the decoded records.
+                figs = {k: f for k, f in plan_figs.items() if k in SAME_AFTER_DECODING}
+                figs |= comparison_figures(comp, layer=layer, skip={*figs, "retention"})
+                for tokens in decoding.stream(poll_s=STREAM_EVERY_S):
+                    rows = pending_table(comp, tokens, study.tokenizer)
+                    yield _stream_views(rows)
+                figs |= comparison_figures(comp, layer=layer, only={"retention"})
+                comp = comp.detached()  # what is kept holds no prefill
+                done = dict(comp=comp, figs=figs, table=answers_table(comp), layer=layer,
+                            n_layers=n_layers, served=False)  # fmt: skip
+                done["nbytes"] = view_size(comp, figs)
+                view_memo.put(key, done)
+            allocator.trim()  # the run's working memory back to the system
+        else:
+            done = dict(done, served=True)
+            log.info(
+                "run %s | views served from memory %s",
+                settings_text(spec.replace(mode=mode_a), cfg_a, cfg_b)
+                + ("" if mode_b == mode_a else f", B asked {mode_b}"),
+                f"in {1000 * (time.perf_counter() - t0):.0f} ms"
+                + (" (waiting for the same run, started by another request)" if waited else ""),
+            )
+    except Exception as e:  # bad input or an unexpected failure: say it on the page
+        log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
+        msg = " ".join(str(e).split()) or type(e).__name__
+        yield _views(status=message("error", msg), observation=_observation(lesson, None))
+        return
+    comp, figs = done["comp"], done["figs"]
+    yield _views(
+        status=_status(study, comp, cfg_a, cfg_b, decoded=True, served=done["served"]),
+        answers=done["table"],
+        frame=figs["frame"],
+        retention=figs.get("retention"),
+        weights=figs["weights"],
+        overview=figs["weights_overview"],
+        sink_mass=figs["sink_mass"],
+        sink_adv=figs["sink_advantage"],
+        uor=figs["uor"],
+        stored=figs["stored"],
+        memory=figs["memory"],
+        files=None,  # the Export tab writes the files of this run on request
+        layer=gr.update(maximum=done["n_layers"] - 1, value=done["layer"]),
+        observation=_observation(lesson, comp),
+        last=comp,
+    )
+
+
+def _observation(lesson, comp):
+    """The lesson's verdict on `comp`, or no change for an unknown lesson."""
+    checked = check_lesson(lesson, comp)
+    return gr.update() if checked is None else checked
+
+
+@light
+def export_run(comp):
+    """The last run's numbers (JSON, CSV) and figures (HTML), written on request."""
+    if comp is None:
+        raise gr.Error("Nothing to export yet: run a comparison first.")
+    done = next((v for _, v in reversed(view_memo.items()) if v["comp"] is comp), None)
+    figs = done["figs"] if done else comparison_figures(comp)
+    return export(comp, figs, _export_folder())
+
+
+def _export_folder() -> str:
+    """A new folder for one run's export under one root; old ones are removed."""
+    root = os.path.join(tempfile.gettempdir(), "pagekv-exports")
+    os.makedirs(root, exist_ok=True)
+    now = time.time()
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        try:
+            if now - os.path.getmtime(path) > EXPORT_MAX_AGE_S:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+    return tempfile.mkdtemp(prefix="run_", dir=root)
+
+
+def _stream_views(rows):
+    """Only the answers table changes while decoding streams."""
+    return tuple(rows if name == "answers" else gr.update() for name in RUN_VIEWS)
+
+
+#: The run's inputs in order, and their defaults (the API's too): read from the
+#: signature of `run_comparison`, the one place they are written.
+#: (`request` is Gradio's, not an input.)
+RUN_DEFAULTS = {
+    k: p.default for k, p in inspect.signature(run_comparison).parameters.items() if k != "request"
+}
+RUN_INPUTS = tuple(RUN_DEFAULTS)
+#: Controls named otherwise than the run input they feed.
+CONTROL_INPUT = {"budget": "budget_pct"}
+
+
+def control_values(run_args: dict, names) -> list:
+    """The controls `names` set to a run's inputs `run_args` (the curated-task picker as
+    an update with its choices, the layer as an update: its range follows the model)."""
+    out = []
+    for name in names:
+        value = run_args[CONTROL_INPUT.get(name, name)]
+        if name == "curated":
+            value = curated_choices(run_args["task"], value)[0]
+        elif name == "layer":
+            value = gr.update(value=value)
+        out.append(value)
+    return out
+
+
+@light
+def preview_plans(*args):
+    """While a slider is dragged: plan both sides on the cached prefill and redraw the
+    plan views (page frame, retention, UOR, stored, memory); no decoding, and no
+    prefill (a prompt not prefilled yet waits for the run). Answers come when the
+    slider is released (the run). Quietly does nothing on bad input."""
+    v = _run_values(args)
+    try:
+        spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
+        study = get_study(v["model"] if isinstance(v["model"], str) else "")
+        comp = plan_comparison(
+            study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b, cached_only=True
+        )
+        key = view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer)  # as the run's
+        layer = min(layer, int(comp.plan_of("B").keep.shape[0]) - 1)
+        figs = plan_views(comp, key, layer)
+    except Exception as e:
+        log.debug("preview skipped: %s", e)
+        return tuple(gr.update() for _ in PLAN_VIEWS)
+    return tuple(figs.get(k) for k in PLAN_VIEWS)
+
+
+@light
+def update_layer(comp, layer):
+    """Redraw the per-layer head weights from the last comparison (no model work)."""
+    from pagekv.views import figures
+
+    if comp is None:
+        return None
+    p = comp.plan_of("B")
+    layer = max(0, min(int(layer), p.keep.shape[0] - 1))
+    return figures.head_weights_bars(p, layer)
+
+
+@light
+def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head, n, budget_pct):
+    """The constructed instance of the retention bound (no model involved)."""
+    from pagekv.views import figures
+    from pagekv.views.comparison import mechanism_view
+
+    try:
+        view = mechanism_view(
+            heads=int(heads),
+            retrieval=float(retrieval),
+            distractors=int(distractors),
+            distractor_strength=float(distractor_strength),
+            sink_head=bool(sink_head),
+            n=int(n),
+            budget=float(budget_pct) / 100,
+        )
+    except (ValueError, TypeError) as e:
+        return message("error", " ".join(str(e).split())), None, None
+    s, w = view.s_star, view.w_star
+    text = message(
+        "info",
+        f"Constructed profiles, not a model. The retrieval head puts s* = {s:.3f} on the "
+        f"needle; its entropy weight is w* = {w:.3f} (mean pooling: 1/r = "
+        f"{1 / int(heads):.3f}). The needle page is kept whenever w* s* = {w * s:.3f} "
+        "beats the page that would otherwise be kept last."
+        + ("".join(f" {note}" for note in view.notes) if getattr(view, "notes", None) else ""),
+    )
+    return text, view.rows, figures.mechanism_figure(view.mech, view.plans)
+
+
+MECH_CONTROLS = ("m_heads", "m_retr", "m_dist", "m_dstr", "m_sink", "m_n", "m_budget")
+MECH_VIEWS = ("m_text", "m_table", "m_plot")
+
+#: The controls a preset sets, in the order of `apply_preset`'s outputs.
+PRESET_CONTROLS = (
+    "task", "curated", "context", "depth", "seed", "needles", "mode", "budget", "page_size",
+    "n_sink", "window", "tau", "policy_a", "policy_b",
+)  # fmt: skip
+
+
+def _preset_of(title):
+    return next((p for p in PRESETS if p["title"] == title), None)
+
+
+def apply_preset(title):
+    """Fill the controls from a preset (the API's /preset: no run)."""
+    p = _preset_of(title)
+    if p is None:
+        return [gr.update()] * len(PRESET_CONTROLS)
+    return control_values(_preset_run_args(p), PRESET_CONTROLS)
+
+
+def _preset_run_args(p, model="bundled", lesson_title=None) -> dict:
+    """The run inputs of a preset (side B follows A; only the policy differs)."""
+    return dict(
+        RUN_DEFAULTS, model=model, task=p["task"], context=p["context_tokens"],
+        depth=p["depth"], seed=p["seed"], needles=p["n_needles"], mode=p["mode"],
+        curated=p["name"], budget_pct=round(100 * p["budget"], 1), page_size=p["page_size"],
+        n_sink=p["n_sink"], window=p["window"], tau=p["tau"], policy_a=p["policy_a"],
+        policy_b=p["policy_b"], link_b=True, lesson=lesson_title,
+    )  # fmt: skip
+
+
+@light
+def run_preset(title, model, lesson_title, request: gr.Request = None):
+    """Pick a preset: set the controls and run, in ONE request (a generator)."""
+    p = _preset_of(title)
+    if p is None:
+        yield (*([gr.update()] * (len(PRESET_CONTROLS) + 1)), *_views())
+        return
+    run = _preset_run_args(p, model, lesson_title)
+    controls = control_values(run, PRESET_CONTROLS)
+    for views in run_comparison(**run, request=request):
+        yield (*controls, True, *views)
+
+
+def curated_choices(task, name=None):
+    """Controls that follow the task: the curated-task picker (qa/code), the needle
+    controls (needle), the custom text (custom). Returns updates in the order
+    (curated, depth, needles, seed, custom_box)."""
+    from pagekv.tasks import task_names
+
+    if task in ("qa", "code"):
+        names = task_names(task)
+        curated = gr.update(choices=names, value=name if name in names else names[0], visible=True)
+    else:
+        curated = gr.update(visible=False)
+    needle_task = task in ("needle", "custom")
+    return (
+        curated,
+        gr.update(visible=needle_task),  # depth: where a (custom) needle is inserted
+        gr.update(visible=task == "needle"),  # needles
+        gr.update(visible=task == "needle"),  # seed
+        gr.update(visible=task == "custom"),  # the custom text
+    )

@@ -1,0 +1,107 @@
+"""The run's inputs checked and turned into settings, for the page and the API alike.
+
+Every control's value is checked in plain words (`InputError` names the control and
+the range), so that a request with a wrong value becomes a message, never a traceback.
+
+    spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(values)
+"""
+
+from __future__ import annotations
+
+from pagekv.maths.config import POLICIES, EvictionConfig
+from pagekv.serving.study import MODES, PROMPT_TASKS, WINDOW_MAX, PromptSpec
+from pagekv.tasks import needle_depth, task_names
+
+#: Page sizes offered by the page and accepted by the API.
+PAGE_SIZES = [1, 4, 8, 16, 32, 64]
+#: The longest needle context the page offers (tokens).
+MAX_CONTEXT = 8000
+TASKS = PROMPT_TASKS
+
+
+class InputError(ValueError):
+    """A control's value has the wrong type or is out of range (API callers)."""
+
+
+def _num(name: str, value, lo: float, hi: float, integer: bool = False):
+    """`value` as a number in [lo, hi], or an InputError that names the control."""
+    if isinstance(value, bool) or value is None:
+        raise InputError(f"{name} must be a number from {lo:g} to {hi:g}; got {value!r}")
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number from {lo:g} to {hi:g}; got {value!r}") from None
+    if x != x or not lo <= x <= hi or (integer and x != int(x)):
+        kind = "a whole number" if integer else "a number"
+        raise InputError(f"{name} must be {kind} from {lo:g} to {hi:g}; got {value!r}")
+    return int(x) if integer else x
+
+
+def _choice(name: str, value, choices):
+    if value not in choices:
+        raise InputError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
+    return value
+
+
+def _text(name: str, value) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InputError(f"{name} must be text; got {value!r}")
+    return value
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{name} must be true or false; got {value!r}")
+    return value
+
+
+def _page_size(name: str, value) -> int:
+    return _choice(name, _num(name, value, 1, max(PAGE_SIZES), integer=True), PAGE_SIZES)
+
+
+def parse_run(v: dict):
+    """The run's raw inputs (the API's and the page's alike) -> `(spec, cfg_a, cfg_b,
+    mode_a, mode_b, layer)`; InputError names the control that is wrong."""
+    task = _choice("task", v["task"], TASKS)
+    mode = _choice("question position", v["mode"], MODES)
+    kw = dict(
+        task=task,
+        context_tokens=_num("context length", v["context"], 64, MAX_CONTEXT, integer=True),
+        depth=_num("needle depth", v["depth"], 0, 1),
+        seed=_num("seed", v["seed"], 0, 2**31 - 1, integer=True),
+        n_needles=_num("needles", v["needles"], 1, 4, integer=True),
+        mode=mode,
+    )
+    if task in ("qa", "code"):
+        name = v["curated"] or None
+        if name is not None:
+            _choice(f"curated {task} task", name, task_names(task))
+        kw["name"] = name
+    if task == "custom":
+        texts = {k: _text(k, v[k]) for k in ("haystack", "needle", "question", "answer")}
+        kw.update(texts)
+        kw["depth"] = needle_depth(texts["haystack"], texts["needle"], kw["depth"])
+    spec = PromptSpec(**kw)
+    cfg_a = _side_config(v, "", v["policy_a"])
+    if _flag("same settings as A", v["link_b"]):
+        cfg_b, mode_b = cfg_a.replace(policy=_choice("policy B", v["policy_b"], POLICIES)), mode
+    else:
+        cfg_b = _side_config(v, "_b", v["policy_b"])
+        mode_b = _choice("question position B", v["mode_b"], MODES)
+    layer = _num("layer", v["layer"], 0, 1024, integer=True)
+    return spec, cfg_a, cfg_b, mode, mode_b, layer
+
+
+def _side_config(v: dict, suffix: str, policy) -> EvictionConfig:
+    side = "B" if suffix else "A"
+    return EvictionConfig(
+        policy=_choice(f"policy {side}", policy, POLICIES),
+        budget=_num(f"budget {side} (%)", v["budget_b" if suffix else "budget_pct"], 0.5, 100)
+        / 100.0,
+        page_size=_page_size(f"page size {side}", v["page_size" + suffix]),
+        n_sink=_num(f"n_sink {side}", v["n_sink" + suffix], 0, 64, integer=True),
+        window=_num(f"window {side}", v["window" + suffix], 1, WINDOW_MAX, integer=True),
+        tau=_num(f"tau {side}", v["tau" + suffix], 0.05, 100),
+    )

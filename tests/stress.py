@@ -1,0 +1,98 @@
+"""A stress harness for the model worker: many threads, a random mix of calls, a timeout
+on every call, every result compared with the serial one for its key.
+
+    report = stress(study, calls, threads=8, duration_s=15, call_timeout_s=60)
+    report.hung, report.errors, report.mismatches    # all empty when the worker is sound
+
+`calls` maps a key to a function `study -> signature` (a hashable summary of the
+result: token ids, kept masks). `expected` holds each key's serial signature.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Report:
+    calls: int = 0
+    hung: list = field(default_factory=list)  # (key, seconds in flight)
+    errors: list = field(default_factory=list)  # (key, repr of the exception)
+    mismatches: list = field(default_factory=list)  # key
+    kinds: dict = field(default_factory=dict)  # kind -> calls made
+    threads: list = field(default_factory=list, repr=False)
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait for the client threads to end (a hung call may still return); whether
+        they all did."""
+        for t in self.threads:
+            t.join(timeout_s)
+        return not any(t.is_alive() for t in self.threads)
+
+    @property
+    def sound(self) -> bool:
+        return self.calls > 0 and not (self.hung or self.errors or self.mismatches)
+
+
+def serial(study, calls: dict) -> dict:
+    """Each key's signature, computed one call at a time on this thread."""
+    return {key: fn(study) for key, fn in calls.items()}
+
+
+def stress(
+    study,
+    calls: dict,
+    expected: dict,
+    threads: int = 8,
+    duration_s: float = 15.0,
+    call_timeout_s: float = 60.0,
+    seed: int = 0,
+    tolerated=(),
+) -> Report:
+    """Fire random calls from `threads` threads for `duration_s` seconds. A call in
+    flight longer than `call_timeout_s` is reported hung (its thread is a daemon and is
+    left behind). Exceptions of a type in `tolerated` count as calls, not errors."""
+    report = Report()
+    lock = threading.Lock()  # the harness's own bookkeeping, never held across a call
+    in_flight: dict[int, tuple] = {}
+    keys = list(calls)
+    stop_at = time.monotonic() + duration_s
+
+    def client(i: int):
+        rng = random.Random(seed * 1000 + i)
+        while time.monotonic() < stop_at:
+            key = rng.choice(keys)
+            with lock:
+                in_flight[i] = (key, time.monotonic())
+            try:
+                got = calls[key](study)
+            except tolerated:
+                got = expected[key]
+            except Exception as e:
+                with lock:
+                    report.errors.append((key, repr(e)))
+                got = expected[key]
+            with lock:
+                del in_flight[i]
+                report.calls += 1
+                report.kinds[key[0]] = report.kinds.get(key[0], 0) + 1
+                if got != expected[key]:
+                    report.mismatches.append(key)
+
+    workers = [
+        threading.Thread(target=client, args=(i,), daemon=True, name=f"stress-{i}")
+        for i in range(threads)
+    ]
+    for w in workers:
+        w.start()
+    deadline = stop_at + call_timeout_s
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
+    now = time.monotonic()
+    with lock:
+        report.hung = [(key, round(now - t0, 1)) for key, t0 in in_flight.values()]
+    report.threads = workers
+    return report

@@ -1,0 +1,176 @@
+"""The model worker's invariant under a stress of concurrent calls (docs/design.md, "One
+model worker"): 8 threads fire a random mix of run, run_pair, preview, lesson and
+budget calls on small prompts for a bounded time; every call returns within its
+timeout and equals the serial result for its key. A negative control plants a
+lock-order inversion (a caller holds a lock while it waits for a job that needs it)
+and shows that the same harness catches it.
+
+The model: a small random GQA decoder (8 query heads over 2 KV heads, r = 4) under the
+bundled model's tokenizer, so that the real prompt pipeline (tasks, chat template,
+`Study.prepare`) runs and a call takes tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from pagekv import EvictionConfig, PromptSpec, Study
+from pagekv.runtime import models
+from pagekv.runtime.models import LoadedModel
+from pagekv.serving.worker import ModelWorker
+from pagekv.views.comparison import Decoding, compare, plan_comparison
+
+from .stress import serial, stress
+
+pytestmark = pytest.mark.slow
+
+SPECS = [
+    PromptSpec(task="needle", context_tokens=160, depth=0.5, seed=1),
+    PromptSpec(task="needle", context_tokens=200, depth=0.3, seed=2, mode="after"),
+    PromptSpec(task="needle", context_tokens=240, depth=0.7, seed=3),
+]
+BASE = EvictionConfig(budget=0.4, page_size=8, window=16)
+CONFIGS = [
+    BASE.replace(policy="mean"),
+    BASE.replace(policy="entropy"),
+    BASE.replace(policy="head_independent"),
+    BASE.replace(policy="entropy", budget=0.6),
+]
+NEW = 4  # answer tokens per run
+
+
+def _tiny_study(tokenizer, worker: ModelWorker) -> Study:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
+        initializer_range=0.15, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    loaded = LoadedModel(
+        model=model, tokenizer=tokenizer, name="tiny-llama", device="cpu", dtype=torch.float32,
+        n_layers=2, n_heads=8, n_kv_heads=2, head_dim=8, max_context=1024, load_s=0.0,
+    )  # fmt: skip
+    return Study(loaded, backend="torch", worker=worker)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    try:
+        return models.load_model("bundled").tokenizer
+    except models.ModelLoadError as e:
+        pytest.skip(f"bundled model unavailable: {e}")
+
+
+def _sig(rec: dict) -> tuple:
+    return tuple(rec["tokens"]), tuple(rec["plan"].keep.flatten().tolist())
+
+
+def _calls() -> dict:
+    """key -> study -> signature. Keys name the kind first."""
+    calls = {}
+    for i, spec in enumerate(SPECS):
+        for j, cfg in enumerate(CONFIGS):
+            calls[("run", i, j)] = lambda s, spec=spec, cfg=cfg: _sig(
+                s.run(s.prepare(spec), cfg, NEW)
+            )
+        for j, k in ((0, 1), (1, 3), (2, 1)):
+            a, b = CONFIGS[j], CONFIGS[k]
+            calls[("run_pair", i, j, k)] = lambda s, spec=spec, a=a, b=b: tuple(
+                map(_sig, s.run_pair(s.prepare(spec), a, b, NEW))
+            )
+            calls[("preview", i, j, k)] = lambda s, spec=spec, a=a, b=b: _preview(s, spec, a, b)
+            calls[("budget", i, j, k)] = lambda s, spec=spec, a=a, b=b: _budget(s, spec, a, b)
+        calls[("lesson", i)] = lambda s, spec=spec: _lesson(s, spec)
+    return calls
+
+
+def _preview(study, spec, a, b):
+    """What a dragged slider does: plan both sides on the cached prefill (the prefill is
+    made first here, so the preview always has one to plan on)."""
+    study.prepare(spec)
+    comp = plan_comparison(study, spec, a, b, cached_only=True)
+    return tuple(tuple(comp.plan_of(k).keep.flatten().tolist()) for k in ("full", "A", "B"))
+
+
+def _budget(study, spec, a, b):
+    """What a released slider does: plan, then decode full, A and B, streaming."""
+    comp = plan_comparison(study, spec, a, b)
+    for _ in Decoding(study, comp, NEW).stream(poll_s=0.01):
+        pass
+    return tuple(_sig(comp.records[k]) for k in ("full", "A", "B"))
+
+
+def _lesson(study, spec):
+    """A lesson's run: A and B with their own question positions (two prefills)."""
+    a = CONFIGS[0]
+    comp = compare(study, spec.replace(mode="inside"), a, a.replace(policy="entropy"),
+                   max_new_tokens=NEW, mode_a="inside", mode_b="after")  # fmt: skip
+    return tuple(_sig(comp.records[k]) for k in ("full", "A", "B"))
+
+
+@pytest.fixture(scope="module")
+def expected(tokenizer):
+    """Every key's result, computed serially on a study of its own."""
+    return serial(_tiny_study(tokenizer, ModelWorker()), _calls())
+
+
+def test_concurrent_calls_never_hang_and_equal_the_serial_results(tokenizer, expected):
+    worker = ModelWorker()
+    study = _tiny_study(tokenizer, worker)
+    report = stress(study, _calls(), expected, threads=8, duration_s=12, call_timeout_s=60)
+    assert report.sound, report
+    assert set(report.kinds) == {"run", "run_pair", "preview", "budget", "lesson"}, report.kinds
+    assert report.calls >= 40, f"too few calls to mean anything: {report.calls}"
+    assert worker.pending() == 0  # nothing left queued
+
+
+def test_a_served_app_worker_also_holds(tokenizer, expected):
+    """The same stress while one thread serves the worker forever (as `python app.py`'s
+    main thread does), so no caller runs jobs itself."""
+    worker = ModelWorker()
+    stop = threading.Event()
+    server = threading.Thread(target=worker.serve_forever, args=(stop, 0.05), daemon=True)
+    server.start()
+    try:
+        study = _tiny_study(tokenizer, worker)
+        report = stress(study, _calls(), expected, threads=8, duration_s=8, call_timeout_s=60)
+    finally:
+        stop.set()
+        server.join(30)
+    assert report.sound, report
+    assert worker.jobs_run > 0 and not server.is_alive()
+
+
+def test_the_stress_catches_a_planted_lock_order_inversion(tokenizer, expected, monkeypatch):
+    """Negative control: a caller that holds a lock while it waits for a job that takes
+    the same lock (the bug the invariant forbids). The harness must report it: calls
+    that do not return in time, or that fail when the job gives up on the lock."""
+    worker = ModelWorker()
+    study = _tiny_study(tokenizer, worker)
+    planted = threading.Lock()
+    real_run, real_job = Study.run, Study._run_job
+
+    def run_holding_a_lock(self, *args, **kwargs):
+        with planted:  # held while waiting for the job: the inversion
+            return real_run(self, *args, **kwargs)
+
+    def job_taking_the_lock(self, *args, **kwargs):
+        if not planted.acquire(timeout=4.0):  # give up, so the threads end after the test
+            raise TimeoutError("the job waited for a lock its caller holds")
+        try:
+            return real_job(self, *args, **kwargs)
+        finally:
+            planted.release()
+
+    monkeypatch.setattr(Study, "run", run_holding_a_lock)
+    monkeypatch.setattr(Study, "_run_job", job_taking_the_lock)
+    report = stress(study, _calls(), expected, threads=8, duration_s=4, call_timeout_s=3)
+    assert report.settle(120), "the planted jobs give up on the lock: every thread ends"
+    assert not report.sound
+    assert report.hung or any("lock its caller holds" in e for _, e in report.errors), report
