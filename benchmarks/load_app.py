@@ -13,8 +13,9 @@ also on an error or Ctrl-C), waits until it serves, then:
 1. **Class**: `--students` threads, each with its own `gradio_client.Client` (its own
    session), started staggered over `--stagger` seconds. Each student runs the first
    `--lessons` lessons in order (`/lesson`) and after each live lesson moves the budget
-   twice (`/budget` with the lesson's exact run inputs, `pagekv.views.app_lessons._lesson_run_args`, and
-   both sides' budgets +5 and +10 percentage points).
+   twice (`/budget` with the lesson's exact run inputs,
+   `pagekv.views.app_lessons._lesson_run_args`, and both sides' budgets +5 and +10
+   percentage points).
 2. **Varied runs**: one client makes `--varied-runs` `/run` calls with different
    budgets, page sizes, policies, seeds, context lengths (500-4000) and question
    positions, then the app's resident memory is read (the issue's bound: 2.5 GB).

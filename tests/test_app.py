@@ -461,7 +461,23 @@ def test_next_run_after_errors_works(client, first_run):
 
 
 @pytest.mark.slow
-def test_unknown_model_falls_back_to_bundled(client, first_run):
+def test_a_name_the_server_does_not_offer_is_refused_in_one_sentence(client, first_run):
+    loaded_before = MODELS.loaded_names()
+    for name in ("no-such-org/no-such-model", "/etc", "../models"):
+        out = run(client, model=name)
+        assert out[0].startswith("**Error:** this server does not offer the model"), out[0]
+        assert "\n" not in out[0]
+        assert out[1] is None or out[1]["data"] in ([], [[]]), out[1]  # no answers
+    assert MODELS.loaded_names() == loaded_before and MODELS.failures() == 0  # nothing tried
+    out = run(client)  # and the bundled model again
+    assert out[0].startswith("**Done:**") and "fell back" not in out[0]
+
+
+@pytest.mark.slow
+def test_unknown_model_falls_back_to_bundled_when_hub_models_are_allowed(
+    client, first_run, monkeypatch
+):
+    monkeypatch.setattr(MODELS, "allow_hub", True)
     out = run(client, model="no-such-org/no-such-model")
     status = out[0]
     assert status.startswith("**Done:**"), status

@@ -53,7 +53,7 @@ FORBIDDEN = {
 #: Inside the views: where gradio and plotly may be imported (a path, or a folder
 #: ending in "/"). gradio belongs to the app-facing handlers only.
 VIEWS_ONLY = {
-    "gradio": ("pagekv/views/app_ui.py",),
+    "gradio": ("pagekv/views/app_ui.py", "pagekv/views/app_lessons.py"),
     "plotly": ("pagekv/views/figures/",),
 }
 #: Third-party packages the maths may import at module level (besides the stdlib).

