@@ -58,7 +58,7 @@ from pagekv.views.app_ui import (  # noqa: E402
     run_preset,
     update_layer,
 )
-from pagekv.views.inputs import MAX_CONTEXT, PAGE_SIZES  # noqa: E402
+from pagekv.views.inputs import MAX_CONTEXT, MODES, PAGE_SIZES, TASKS, WINDOW_MAX  # noqa: E402
 from pagekv.views.lesson_checks import LESSON_TITLES  # noqa: E402
 from pagekv.views.lessons import LESSONS  # noqa: E402
 from pagekv.views.view_memo import PLAN_VIEWS  # noqa: E402
@@ -91,9 +91,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         label="Model",
                         info="bundled runs anywhere; hub models need a reachable hub",
                     )
-                    task = gr.Radio(
-                        ["needle", "qa", "code", "custom"], value=first["task"], label="Task"
-                    )
+                    task = gr.Radio(list(TASKS), value=first["task"], label="Task")
                     curated = gr.Dropdown([], label="Curated task", visible=False)
                     context = gr.Slider(
                         200, MAX_CONTEXT, value=first["context_tokens"], step=100,
@@ -112,7 +110,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         POLICY_CHOICES, value=first["policy_a"], label="Policy A"
                     )
                     mode = gr.Radio(
-                        ["inside", "after"],
+                        list(MODES),
                         value=first["mode"],
                         label="Question position",
                         info="after = asked after compression (the strict test)",
@@ -124,7 +122,9 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                     page_size = gr.Dropdown(PAGE_SIZES, value=first["page_size"], label="Page size")
                     with gr.Row():
                         n_sink = gr.Slider(0, 16, value=first["n_sink"], step=1, label="n_sink")
-                        window = gr.Slider(1, 128, value=first["window"], step=1, label="Window")
+                        window = gr.Slider(
+                            1, WINDOW_MAX, value=first["window"], step=1, label="Window"
+                        )
                     tau = gr.Slider(0.1, 4.0, value=first["tau"], step=0.1, label="tau")
                 with gr.Accordion("Side B", open=False):
                     policy_b = gr.Dropdown(
@@ -135,9 +135,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         label="Same settings as A (only the policy differs)",
                         info="untick to give B its own question position, budget and pages",
                     )
-                    mode_b = gr.Radio(
-                        ["inside", "after"], value=first["mode"], label="Question position B"
-                    )
+                    mode_b = gr.Radio(list(MODES), value=first["mode"], label="Question position B")
                     budget_b = gr.Slider(
                         1, 60, value=100 * first["budget"], step=0.5, label="Budget B (%)"
                     )
@@ -147,7 +145,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                     with gr.Row():
                         n_sink_b = gr.Slider(0, 16, value=first["n_sink"], step=1, label="n_sink B")
                         window_b = gr.Slider(
-                            1, 128, value=first["window"], step=1, label="Window B"
+                            1, WINDOW_MAX, value=first["window"], step=1, label="Window B"
                         )
                     tau_b = gr.Slider(0.1, 4.0, value=first["tau"], step=0.1, label="tau B")
             with gr.Column(scale=3):

@@ -176,9 +176,9 @@ def server_prep(server, context: int):
     """The memoised prefill of the GOOD spec with `context` tokens (server side)."""
 
     study = MODELS.studies["bundled"]
-    memo = study._memo.items()
+    memo = study.prefills.items()
     found = [p for s, p in memo if s.task == "needle" and s.context_tokens == context]
-    assert len(found) == 1, list(study._memo)
+    assert len(found) == 1, list(study.prefills)
     return found[0]
 
 
@@ -445,7 +445,7 @@ def test_needle_already_in_the_haystack_stays_where_it_is(client, server):
     assert "Expected: **4417**" in out[0]
 
     study = MODELS.studies["bundled"]
-    (prep,) = [p for s, p in study._memo.items() if s.task == "custom" and s.haystack == hay]
+    (prep,) = [p for s, p in study.prefills.items() if s.task == "custom" and s.haystack == hay]
     assert prep.spec.depth is None
     assert prep.task.context.count(NEEDLE) == 1
     assert prep.needle_positions  # the needle's answer tokens are tracked
@@ -607,3 +607,50 @@ def test_lesson_sets_both_sides(client):
     assert values["link_b"] is False
     assert values["policy_a"] == values["policy_b"] == "entropy"
     assert lesson.title in out[len(app.LESSON_CONTROLS)]  # the text (the tabs stay client-side)
+
+
+@pytest.mark.slow
+def test_a_class_of_concurrent_runs_pairs_and_lessons_never_hangs(server):
+    """Eight students at once, each with a session of their own: lessons, runs whose
+    sides decode as one batched pair, runs with sides on different prompts, and the
+    same run twice. Every request returns within its timeout with its answers."""
+    url = server[1]
+    lessons = [t for t, x in zip(app.LESSON_TITLES, app.LESSONS, strict=True) if x.kind == "live"]
+    requests = [
+        ("/lesson", (lessons[0],)),
+        ("/lesson", (lessons[1],)),
+        ("/lesson", (lessons[0],)),
+        ("/run", GOOD | dict(budget_pct=25)),  # A and B: one batched pair
+        ("/run", GOOD | dict(budget_pct=25)),  # the same run: computed once
+        (
+            "/run",
+            GOOD
+            | dict(
+                budget_pct=35,
+                link_b=False,
+                mode_b="inside",
+                budget_b=35,
+                page_size_b=16,
+                n_sink_b=4,
+                window_b=32,
+                tau_b=1.0,
+            ),
+        ),  # fmt: skip
+        ("/budget", GOOD | dict(budget_pct=40)),
+        ("/run", GOOD | dict(budget_pct=25, policy_a="head_independent")),
+    ]
+    jobs = []
+    for api, args in requests:
+        c = Client(url, verbose=False)
+        if isinstance(args, dict):
+            job = c.submit(**args, api_name=api)
+        else:
+            job = c.submit(*args, api_name=api)
+        jobs.append((api, job))
+    for api, job in jobs:
+        out = job.result(timeout=600)  # raises TimeoutError when a request hangs
+        if api == "/lesson":
+            status = out[len(app.LESSON_CONTROLS) + 1]  # after the controls and the text
+        else:
+            status = out[0]
+        assert str(status).startswith("**Done:**"), (api, status)

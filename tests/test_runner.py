@@ -286,7 +286,7 @@ def test_no_leak_between_configurations(llama):
     first_logits = pre.first_logits.clone()
     a = EvictionConfig(policy="entropy", budget=0.3, page_size=4, window=8)
     b = EvictionConfig(policy="streaming", budget=0.3, page_size=4, window=8)
-    ra1, rb, ra2 = runner.evaluate_many(pre, [a, b, a], max_new_tokens=8, stop_at_eos=False)
+    ra1, rb, ra2 = (runner.evaluate(pre, c, max_new_tokens=8, stop_at_eos=False) for c in (a, b, a))
     assert ra1.tokens == ra2.tokens
     assert ra1.stored_tokens == ra2.stored_tokens
     # The count each (layer, group) stores, from the geometry alone: n = 90, pages of 4
@@ -358,6 +358,7 @@ def test_padded_indices_worked_example():
         page_keep=page_keep,
         union_tokens=torch.tensor([[4, 6]]),
         page_sizes=page_sizes(8, 2),
+        protected=torch.tensor([True, False, False, True]),  # the sink and window pages
         page_scores=torch.tensor([[[0.0, 0.1, 0.5, 0.0], [0.0, 0.0, 0.9, 0.0]]]),
     )
     (idx,) = padded_kept_indices(p)

@@ -85,12 +85,10 @@ def test_policies_end_to_end_on_a_needle_prompt(needle_prompt, runner_and_prefil
     runner, pre = runner_and_prefill
     snapshot = pre.cache.layers[5].keys.clone()
     base = EvictionConfig(budget=0.3, page_size=8, window=32)
-    results = runner.evaluate_many(
-        pre,
-        [base.replace(policy=p) for p in ("entropy", "mean", "head_independent")],
-        max_new_tokens=12,
-        needle_positions=needle,
-    )
+    results = [
+        runner.evaluate(pre, base.replace(policy=p), max_new_tokens=12, needle_positions=needle)
+        for p in ("entropy", "mean", "head_independent")
+    ]
     k = base.budget_tokens(pre.n)
     for res in results:
         d = res.to_dict()

@@ -17,7 +17,6 @@ own `scaling` (its softmax scale) is recorded beside the queries, so
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -155,11 +154,3 @@ class WindowQueryCapture:
         if missing:
             raise RuntimeError(f"no window queries were captured for layers {missing}")
         return torch.stack(self.queries)
-
-
-@contextmanager
-def capture_window_queries(model: nn.Module, window: int):
-    """Context manager form of `WindowQueryCapture`."""
-    cap = WindowQueryCapture(model, window)
-    with cap:
-        yield cap

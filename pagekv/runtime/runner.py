@@ -46,7 +46,7 @@ import torch
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.entropy import HeadMasses
 from pagekv.maths.metrics import needle_retention
-from pagekv.maths.paging import expand_pages
+from pagekv.maths.paging import expand_pages, select_pages
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
 from pagekv.runtime.backend import compact, resolve_backend, score_cache
@@ -470,10 +470,6 @@ class Runner:
                 res.needle_retention_union = p.needle_retention(needle_positions).tolist()
         return res
 
-    def evaluate_many(self, pre: Prefill, configs, **kwargs) -> list[RunResult]:
-        """`evaluate` for each configuration in turn (same prefill, no leak between them)."""
-        return [self.evaluate(pre, c, **kwargs) for c in configs]
-
     # ---------------------------------------------------------------- internals
 
     def _decode(self, pre, ev, max_new, stop_at_eos, keep_logits):
@@ -608,9 +604,11 @@ def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
 
     Per layer `l`, every group keeps its own kept pages (for head_independent, the
     union of its heads' pages) and is padded up to the layer's largest kept count with
-    its next-best pages by `p.page_scores[l, g]` (stable descending: ties go to the
-    lower page). Only the last page can be partial and it is always protected, so
-    the deficits are whole pages and the padding is exact.
+    its next-best pages by `p.page_scores[l, g]`: the selection rule itself
+    (`pagekv.maths.paging.select_pages`) with the group's kept pages ranked first and
+    the layer's largest count as the budget, so ties go to the lower page as in every
+    selection. Only the last page can be partial and it is always protected, so the
+    deficits are whole pages and the padding is exact.
 
     Example: `P = 2`, group 0 keeps pages {0, 3} (4 tokens), group 1 keeps
     {0, 1, 3} (6 tokens); group 0 gains its best remaining page, say 2, and both
@@ -620,26 +618,15 @@ def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
     """
     L, G, n = p.keep.shape
     P = p.config.page_size
-    sizes = p.page_sizes
+    ranked = p.page_scores.masked_fill(p.page_keep, float("inf"))  # kept pages first
+    targets = p.union_tokens.amax(-1).tolist()  # [L] host ints: one read for all layers
     out = []
     for layer in range(L):
-        page_keep = p.page_keep[layer].clone()  # [G, n_pages]
-        counts = p.union_tokens[layer]  # [G]
-        target = int(counts.max())
-        for g in range(G):
-            deficit = target - int(counts[g])
-            if deficit == 0:
-                continue
-            scores = p.page_scores[layer, g].masked_fill(page_keep[g], float("-inf"))
-            order = torch.sort(scores, descending=True, stable=True).indices
-            order = order[~page_keep[g][order]]  # candidates, best first
-            cum = torch.cumsum(sizes[order], 0)
-            take = order[cum <= deficit]
-            if int(sizes[take].sum()) != deficit:
-                raise AssertionError(
-                    f"cannot pad layer {layer} group {g} by exactly {deficit} tokens"
-                )
-            page_keep[g, take] = True
+        target = int(targets[layer])
+        page_keep = select_pages(ranked[layer], p.protected, p.page_sizes, target)  # [G, pages]
+        stored = (page_keep.to(torch.int64) * p.page_sizes).sum(-1)
+        if not bool((stored == target).all()):
+            raise AssertionError(f"cannot pad layer {layer} to exactly {target} tokens")
         keep = expand_pages(page_keep, n, P)  # [G, n]
         idx = torch.arange(n, device=keep.device).expand(G, n)[keep].view(G, target)
         out.append(idx)

@@ -58,15 +58,16 @@ class SessionGate:
             entry = self._entries.get(session_id)
             if entry is None:
                 entry = self._entries[session_id] = _Entry()
-                self._trim_locked()
             self._entries.move_to_end(session_id)
-            entry.users += 1
+            entry.users += 1  # before trimming: an entry in use is never dropped
+            self._trim_locked()
         try:
             with entry.lock:
                 yield
         finally:
             with self._guard:
                 entry.users -= 1
+                self._trim_locked()
 
     def end(self, session_id: str | None) -> None:
         """Forget a session (its tab closed). A run still going keeps its own entry."""

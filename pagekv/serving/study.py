@@ -15,16 +15,16 @@ Three memos, each bounded by bytes with least-recently-used eviction
 (`pagekv.serving.memo.ByteLRU`), so that a shared server stays bounded and a class running
 the same lesson costs one computation:
 
-- prefills (`Study._memo`, keyed by `PromptSpec`): sized by the prefill's KV cache,
+- prefills (`Study.prefills`, keyed by `PromptSpec`): sized by the prefill's KV cache,
   its window queries and its memoised scores (100 MiB for a 2000-token prompt of
   the bundled model in float32, about 370 MiB for 8000); default cap
   `PREFILL_MEMO_BYTES` (512 MiB);
-- results (`Study._results`, keyed by the prompt, the `EvictionConfig` and
+- results (`Study.results`, keyed by the prompt, the `EvictionConfig` and
   `max_new_tokens`): identical settings on an identical prompt are computed once
   and then served from memory: a copy of the record's JSON part, its plan shared;
   about 0.3 MiB each at 2000 tokens (mostly the plan's masks); default cap
   `RESULT_MEMO_BYTES` (64 MiB). `run_full` goes through the same memo;
-- plans (`Study._plans`, keyed by the prompt and the `EvictionConfig`): what the
+- plans (`Study.plans`, keyed by the prompt and the `EvictionConfig`): what the
   views draw while a slider moves and what the run then compacts, so each run is
   planned once; default cap `PLAN_MEMO_BYTES` (32 MiB).
 
@@ -45,7 +45,6 @@ import copy
 import hashlib
 import itertools
 import logging
-import threading
 import time
 from array import array
 from collections.abc import Hashable
@@ -186,11 +185,11 @@ class Study:
         self._tag = next(_STUDY_IDS)  # jobs of different studies never share a key
         # Timings of the first real run are warm (eviction time is not its first call).
         self.warm_up_s = self.worker.run(("warm_up", self._tag), self.runner.warm_up)
-        self._memo = ByteLRU(prefill_memo_bytes, max_entries=memo_size)
-        self._plans = ByteLRU(PLAN_MEMO_BYTES if result_memo_bytes else 0)
-        self._results = ByteLRU(result_memo_bytes)
+        #: The memos (module docstring), public so that tools and tests can look at them.
+        self.prefills = ByteLRU(prefill_memo_bytes, max_entries=memo_size)
+        self.plans = ByteLRU(PLAN_MEMO_BYTES if result_memo_bytes else 0)
+        self.results = ByteLRU(result_memo_bytes)
         self.memo_size = memo_size
-        self._local = threading.local()
 
     @classmethod
     def load(
@@ -247,7 +246,7 @@ class Study:
 
     def prepare(self, spec: PromptSpec) -> Prepared:
         """Tokenize and prefill `spec` once (memoised: the same spec reuses the prefill)."""
-        prep = self._memo.get(spec)
+        prep = self.prefills.get(spec)
         if prep is not None:
             return prep
         return self.worker.run(("prefill", self._tag, spec), lambda: self._prepare_job(spec))
@@ -255,14 +254,14 @@ class Study:
     def prepared(self, spec: PromptSpec) -> Prepared:
         """The memoised prefill of `spec`; LookupError if it is not in memory (nothing
         is computed)."""
-        prep = self._memo.get(spec)
+        prep = self.prefills.get(spec)
         if prep is None:
             raise LookupError(f"not prefilled yet: {_spec_text(spec)} ({spec.mode})")
         return prep
 
     def _prepare_job(self, spec: PromptSpec) -> Prepared:
         """On the worker: the prefill of `spec` (from the memo if a job stored it)."""
-        prep = self._memo.get(spec)
+        prep = self.prefills.get(spec)
         if prep is not None:
             return prep
         t0 = time.perf_counter()
@@ -288,14 +287,14 @@ class Study:
             needle_positions=list(prompt.get("needle_token_positions") or []),
             prepare_s=time.perf_counter() - t0,
         )
-        self._memo.put(spec, prep)
+        self.prefills.put(spec, prep)
         log.info(
             "prefill %s: %d tokens (%s) in %.2f s; prefill memo %s",
             _spec_text(spec),
             prep.n,
             spec.mode,
             prep.prepare_s,
-            _memo_text(self._memo),
+            _memo_text(self.prefills),
         )
         return prep
 
@@ -309,18 +308,18 @@ class Study:
     def _planned(self, prep: Prepared, config: EvictionConfig) -> Planned:
         self._check_window(prep, config)
         key = (_prompt_key(prep), config)
-        hit = self._plans.get(key)
+        hit = self.plans.get(key)
         if hit is not None:
             return hit
         return self.worker.run(("plan", self._tag, key), lambda: self._plan_job(prep, config))
 
     def _plan_job(self, prep: Prepared, config: EvictionConfig) -> Planned:
         key = (_prompt_key(prep), config)
-        hit = self._plans.get(key)
+        hit = self.plans.get(key)
         if hit is None:
             hit = self.runner.plan_for(prep.prefill, config)
-            self._plans.put(key, hit)
-            self._memo.refresh(prep.spec)  # its prefill may hold newly memoised scores
+            self.plans.put(key, hit)
+            self.prefills.refresh(prep.spec)  # its prefill may hold newly memoised scores
         return hit
 
     def derive(self, prep: Prepared, key: Hashable, fn):
@@ -356,7 +355,6 @@ class Study:
         self.worker.wait(job)
         stored, computed = job.result()
         took = time.perf_counter() - t0
-        self._local.last = {"served_from_memo": not computed, "run_s": took}
         log.info(
             "run %s | %s | %s backend on %s | %s | %s",
             _config_text(config),
@@ -365,7 +363,7 @@ class Study:
             stored.get("device"),
             _timings_text(stored.get("timings") or {}),
             (f"computed in {took:.2f} s" if computed else f"served from memory in {_ms(took)}")
-            + f"; result memo {_memo_text(self._results)}",
+            + f"; result memo {_memo_text(self.results)}",
         )
         return served_copy(stored)
 
@@ -379,7 +377,7 @@ class Study:
             max_new_tokens = default_max_new_tokens(prep.task)
         self._check_window(prep, config)
         key = (_prompt_key(prep), config, max_new_tokens)
-        stored = self._results.get(key)
+        stored = self.results.get(key)
         if stored is not None:
             return Job.finished((stored, False))
         return self.worker.submit(
@@ -389,7 +387,7 @@ class Study:
     def _run_job(self, prep, config, max_new_tokens) -> tuple[dict, bool]:
         """On the worker: `(record, computed)` for one configuration."""
         key = (_prompt_key(prep), config, max_new_tokens)
-        stored = self._results.get(key)
+        stored = self.results.get(key)
         if stored is not None:  # a pair stored it while this job waited in the queue
             return stored, False
         res = self.runner.evaluate(
@@ -400,7 +398,7 @@ class Study:
             planned=self._plan_job(prep, config),
         )
         rec = result_record(res, prep, self.loaded)
-        self._results.put(key, rec)
+        self.results.put(key, rec)
         return rec, True
 
     def submit_pair(
@@ -423,7 +421,7 @@ class Study:
             self._check_window(prep, config)
         key_a = (_prompt_key(prep), config_a, max_new_tokens)
         key_b = (_prompt_key(prep), config_b, max_new_tokens)
-        rec_a, rec_b = self._results.get(key_a), self._results.get(key_b)
+        rec_a, rec_b = self.results.get(key_a), self.results.get(key_b)
         if rec_a is not None and rec_b is not None:
             return Job.finished((rec_a, rec_b))
         return self.worker.submit(
@@ -434,7 +432,7 @@ class Study:
     def _pair_job(self, job: Job, prep, config_a, config_b, max_new_tokens) -> tuple[dict, dict]:
         key_a = (_prompt_key(prep), config_a, max_new_tokens)
         key_b = (_prompt_key(prep), config_b, max_new_tokens)
-        if key_a in self._results or key_b in self._results or config_a == config_b:
+        if key_a in self.results or key_b in self.results or config_a == config_b:
             rec_a = self._run_job(prep, config_a, max_new_tokens)[0]
             rec_b = self._run_job(prep, config_b, max_new_tokens)[0]
             return rec_a, rec_b
@@ -450,8 +448,8 @@ class Study:
         )
         records = tuple(result_record(res, prep, self.loaded) for res in (res_a, res_b))
         for key, rec in zip((key_a, key_b), records, strict=True):
-            self._results.put(key, rec)
-        self._memo.refresh(prep.spec)
+            self.results.put(key, rec)
+        self.prefills.refresh(prep.spec)
         log.info(
             "run pair %s + %s | %s, %s tokens (%s) | decoded %s in %.2f s",
             _config_text(config_a),
@@ -489,19 +487,6 @@ class Study:
     def run_full(self, prep: Prepared, max_new_tokens: int | None = None) -> dict:
         """`run` with the full cache (memoised like every run; it ignores every budget knob)."""
         return self.run(prep, EvictionConfig(policy="full"), max_new_tokens)
-
-    def last_run(self) -> dict | None:
-        """How this thread's last `run` went: `{"served_from_memo", "run_s"}` (None
-        before any). Per thread, so concurrent requests each see their own."""
-        return getattr(self._local, "last", None)
-
-    def memo_stats(self) -> dict:
-        """Entries, bytes, caps, hits and misses of the prefill, plan and result memos."""
-        return {
-            "prefill": self._memo.stats(),
-            "plan": self._plans.stats(),
-            "result": self._results.stats(),
-        }
 
     def _check_window(self, prep: Prepared, config: EvictionConfig) -> None:
         if config.window > WINDOW_MAX and config.window < prep.n:

@@ -295,17 +295,6 @@ class Task:
         """A JSON-ready copy (for exports)."""
         return copy.deepcopy(asdict(self))
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Task:
-        keys = (
-            "name", "kind", "context", "question", "answer", "aliases", "needle_text", "meta",
-            "max_new_tokens",
-        )  # fmt: skip
-        missing = [k for k in ("name", "kind", "context", "question", "answer") if k not in data]
-        if missing:
-            raise TaskError(f"task record is missing {missing}")
-        return cls(**{k: copy.deepcopy(data[k]) for k in keys if k in data})
-
 
 def default_max_new_tokens(task: Task | None, fallback: int = DEFAULT_MAX_NEW_TOKENS) -> int:
     """The answer tokens to decode for `task` when the caller gives no number:
