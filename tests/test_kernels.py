@@ -356,7 +356,7 @@ def test_paged_matches_twin(kern, device, shape, dtype):
 
 
 def test_block_table_worked_example():
-    """The example of pagekv/paged.py's docstring, partial last page included."""
+    """The example of pagekv/runtime/paged.py's docstring, partial last page included."""
     L, G, P, n, d = 1, 2, 4, 22, 2
     keep = torch.zeros(L, G, 6, dtype=torch.bool)
     keep[0, 0, [1, 3, 5]] = True
