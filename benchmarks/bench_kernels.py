@@ -84,16 +84,16 @@ def make_inputs(L, H, G, n, d, w, dtype, device, seed=0, rng_device="cpu"):
 
 def make_step(cfg, G, n, backend):
     """The eviction step for all layers on one backend, as the runner runs it:
-    `score_layers` (profiles and masses), `plan` (weights from the masses, pooling,
+    `score_window` (profiles and masses), `plan` (weights from the masses, pooling,
     protected pages, selection) and `compact`."""
     from pagekv.maths.plan import plan
     from pagekv.runtime import backend as be
 
     def step(q, keys, values):
-        prof, masses, _ = be.score_layers(q, keys[:, 0], cfg.n_sink, backend=backend)
+        prof, masses, _ = be.score_window(q, keys[:, 0], cfg.n_sink, backend=backend)
         p = plan(prof, G, cfg, masses=masses, backend=backend)
         idx = p.kept_indices()  # [L, G, k']
-        k_new, v_new, _ = be.compact(keys, values, idx, backend=backend)
+        k_new, v_new, _ = be.compact_kv(keys, values, idx, backend=backend)
         return prof, p.page_keep, idx, k_new, v_new
 
     return step

@@ -392,10 +392,10 @@ def test_backend_dispatch_parity(kern, device, caplog):
     q = torch.randn(L, H, w, d, generator=gen).to(device)
     k = torch.randn(L, G, n, d, generator=gen).to(device)
     with caplog.at_level("DEBUG", logger="pagekv"):
-        out_t = be.score_layers(q, k, 4, backend="torch")
-        out_k = be.score_layers(q, k, 4, backend="triton")
+        out_t = be.score_window(q, k, 4, backend="torch")
+        out_k = be.score_window(q, k, 4, backend="triton")
     assert (out_t[-1], out_k[-1]) == ("torch", "triton")
-    assert "score_layers ran on the triton backend" in caplog.text
+    assert "score_window ran on the triton backend" in caplog.text
 
     def parts(out):
         prof, m, _ = out
@@ -414,8 +414,8 @@ def test_backend_dispatch_parity(kern, device, caplog):
                  select_pages(pages_t, prot_t, sizes, 24))  # fmt: skip
     idx = torch.arange(0, n, 2, device=device).expand(G, -1)
     kv = torch.randn(1, G, n, d, generator=gen).to(device)
-    k_t, v_t, _ = be.compact(kv, -kv, idx, backend="torch")
-    k_k, v_k, used = be.compact(kv, -kv, idx, backend="triton")
+    k_t, v_t, _ = be.compact_kv(kv, -kv, idx, backend="torch")
+    k_k, v_k, used = be.compact_kv(kv, -kv, idx, backend="triton")
     assert used == "triton"
     assert_equal("compact keys", k_k, k_t)
     assert_equal("compact values", v_k, v_t)

@@ -250,7 +250,7 @@ def test_the_lazy_exception_is_used_and_lazy():
     [
         ("pagekv/maths/x.py", "def f():\n    from pagekv.serving.study import Study\n"),
         ("pagekv/maths/plan.py", "from pagekv.runtime.backend import page_scores\n"),
-        ("pagekv/maths/x.py", "def f():\n    from pagekv.runtime.backend import compact\n"),
+        ("pagekv/maths/x.py", "def f():\n    from pagekv.runtime.backend import compact_kv\n"),
         ("pagekv/runtime/x.py", "from pagekv.serving import worker\n"),
         ("pagekv/tasks/x.py", "from pagekv.maths.config import EvictionConfig\n"),
         ("pagekv/serving/x.py", "import pagekv.views.figures\n"),

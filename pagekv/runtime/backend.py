@@ -14,10 +14,10 @@ results can record it.
 
 Dispatch functions (the runner's entry points):
 
-- `score_layers(q_win, keys, n_sink)`: profiles and per-head masses (`HeadMasses`).
+- `score_window(q_win, keys, n_sink)`: profiles and per-head masses (`HeadMasses`).
 - `page_scores(scores, weights, n_groups, page_size, n_sink, window)`: pooled and
   page scores plus the protected pages; `select_pages` (torch) then decides.
-- `compact(keys, values, kept_idx)`: the dense compacted cache.
+- `compact_kv(keys, values, kept_idx)`: the dense compacted cache.
 - `to_paged(keys, values, page_keep, page_size)`: the paged layout of `pagekv.runtime.paged`.
 """
 
@@ -110,7 +110,7 @@ def _ran(op: str, backend: str, device) -> None:
     log.debug("%s ran on the %s backend (%s)", op, backend, device)
 
 
-def score_layers(
+def score_window(
     q_win: torch.Tensor,
     keys: torch.Tensor,
     n_sink: int,
@@ -140,7 +140,7 @@ def score_layers(
         prof = attention_profiles(q_win, keys, scale)
         sums = mass_sums(prof, n_sink)
     masses = HeadMasses.from_sums(sums, prof.shape[-1], n_sink)
-    _ran("score_layers", used, keys.device)
+    _ran("score_window", used, keys.device)
     return prof, masses, used
 
 
@@ -151,7 +151,7 @@ def score_cache(
     scales: Sequence[float],
     backend: str = "auto",
 ) -> tuple[torch.Tensor, HeadMasses, str]:
-    """`score_layers` over a model's cache, one layer at a time (layers may differ in
+    """`score_window` over a model's cache, one layer at a time (layers may differ in
     softmax scale, and no stacked copy of the keys is made).
 
     Args:
@@ -172,7 +172,7 @@ def score_cache(
     sink, iso, coll = (torch.empty(L, H, dtype=torch.float32, device=dev) for _ in range(3))
     for i in range(L):
         q = q_win[i].to(dev)
-        prof, m, _ = score_layers(q[None], keys[i][None], n_sink, scale=scales[i], backend=used)
+        prof, m, _ = score_window(q[None], keys[i][None], n_sink, scale=scales[i], backend=used)
         profiles[i], sink[i], iso[i], coll[i] = prof[0], m.sink[0], m.isolated[0], m.collision[0]
     return profiles, HeadMasses(sink, iso, coll, n_sink), used
 
@@ -229,7 +229,7 @@ def page_scores(
     return pooled, pages, prot, used
 
 
-def compact(
+def compact_kv(
     keys: torch.Tensor, values: torch.Tensor, kept_idx: torch.Tensor, backend: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Gather the kept tokens (twin: `pagekv.runtime.compaction.compact_layer`).
@@ -256,7 +256,7 @@ def compact(
         v = torch.stack([p[1] for p in pairs])
     else:
         k, v = compact_layer(keys, values, kept_idx)
-    _ran("compact", used, keys.device)
+    _ran("compact_kv", used, keys.device)
     return k, v, used
 
 

@@ -49,7 +49,7 @@ from pagekv.maths.metrics import needle_retention
 from pagekv.maths.paging import expand_pages, select_pages
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
-from pagekv.runtime.backend import compact, resolve_backend, score_cache
+from pagekv.runtime.backend import compact_kv, resolve_backend, score_cache
 from pagekv.runtime.capture import WindowQueryCapture
 from pagekv.runtime.result import RunResult
 from pagekv.runtime.small_batch import small_batch_linears
@@ -303,7 +303,7 @@ class Runner:
                 kept_idx = list(kept_idx.unbind(0))
             layers = []
             for i, lay in enumerate(pre.cache.layers):
-                k, v, compacted_on = compact(lay.keys, lay.values, kept_idx[i], self.backend)
+                k, v, compacted_on = compact_kv(lay.keys, lay.values, kept_idx[i], self.backend)
                 layers.append((k, v))
             ragged = len({int(k.shape[1]) for k in kept_idx}) > 1
         cache = _new_cache(layers)

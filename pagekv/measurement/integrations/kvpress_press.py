@@ -9,12 +9,12 @@ decides with pagekv's own core, layer by layer:
 1. the last ``w = min(window, n)`` rows of ``hidden_states`` are projected to queries
    and rotated with the layer's ``position_embeddings`` (``pagekv.runtime.capture.window_queries``,
    the very function the runner's capture uses), as SnapKV's press recomputes its window;
-2. ``pagekv.runtime.backend.score_layers`` gives the profiles ``[B, H, n]`` of those queries over
+2. ``pagekv.runtime.backend.score_window`` gives the profiles ``[B, H, n]`` of those queries over
    the layer's keys (after RoPE: exactly the keys the cache holds);
 3. ``pagekv.plan(profiles, n_groups=G, config=EvictionConfig(...))`` picks the pages each
    KV head keeps (the batch plays the role of plan's layer axis, so every sequence of a
    batch gets its own pages);
-4. ``pagekv.runtime.backend.compact`` gathers them: keys and values ``[B, G, k', d]``, with the
+4. ``pagekv.runtime.backend.compact_kv`` gathers them: keys and values ``[B, G, k', d]``, with the
    same ``k'`` in every KV head (the pooled policies are dense by construction).
 
 Worked example, one layer of SmolLM2-135M (H = 9 query heads, G = 3 KV heads) on a
@@ -58,7 +58,7 @@ from pagekv.maths.config import EvictionConfig
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import POOLED_POLICIES, get_policy
 from pagekv.measurement.peer.kvpress_peer import kvpress_kept
-from pagekv.runtime.backend import BACKENDS, compact, score_layers
+from pagekv.runtime.backend import BACKENDS, compact_kv, score_window
 from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
 
 log = logging.getLogger(__name__)
@@ -270,16 +270,17 @@ class PageEntroKVPress(_Base):
         q_win = window_queries(module, hidden_states[:, -w:], cos[:, -w:], sin[:, -w:])
         # [B, H, n] profiles and their per-head masses, as the runner scores its cache
         # (pagekv.runtime.runner.Prefill.scores): the batch sits on plan's layer axis.
-        profiles, masses, used = score_layers(
+        profiles, masses, used = score_window(
             q_win, keys, cfg.n_sink, scale=attention_scale(module), backend=self.backend
         )
         p = plan(profiles, n_groups=G, config=cfg, masses=masses, backend=used)
         kept = p.kept_indices().to(keys.device)  # [B, G, k']
         if B == 1:
-            keys, values, _ = compact(keys, values, kept[0], backend=used)
+            keys, values, _ = compact_kv(keys, values, kept[0], backend=used)
         else:
             pairs = [
-                compact(keys[b : b + 1], values[b : b + 1], kept[b], backend=used) for b in range(B)
+                compact_kv(keys[b : b + 1], values[b : b + 1], kept[b], backend=used)
+                for b in range(B)
             ]
             keys = torch.cat([pr[0] for pr in pairs])
             values = torch.cat([pr[1] for pr in pairs])

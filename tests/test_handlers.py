@@ -1,0 +1,78 @@
+"""The app's handlers called as functions, with no server: input checks in plain words,
+the answers table's cells, and a run that streams its plan views first, then its
+answers, and is served from memory the second time."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagekv.views import app_ui
+from pagekv.views.answers import ANSWER_HEADERS, run_cells
+from pagekv.views.inputs import InputError, parse_run
+from pagekv.views.view_memo import view_memo
+
+RUN = dict(
+    app_ui.RUN_DEFAULTS, task="needle", context=200, depth=0.5, mode="after", budget_pct=40.0
+)
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (dict(context=10), "context length must be a whole number from 64 to 8000"),
+        (dict(budget_pct="lots"), "budget A (%) must be a number from 0.5 to 100"),
+        (dict(page_size=3), "page size A must be one of 1, 4, 8, 16, 32, 64"),
+        (dict(policy_b="best"), "policy B must be one of entropy"),
+        (dict(mode="later"), "question position must be one of inside, after"),
+        (dict(link_b="yes"), "same settings as A must be true or false"),
+        (dict(link_b=False, window_b=500), "window B must be a whole number from 1 to 128"),
+    ],
+)
+def test_bad_inputs_name_the_control(change, words):
+    with pytest.raises(InputError) as err:
+        parse_run(RUN | change)
+    assert words in str(err.value)
+
+
+def test_good_inputs_make_both_sides():
+    spec, a, b, mode_a, mode_b, layer = parse_run(RUN | dict(link_b=False, budget_b=20.0))
+    assert (spec.context_tokens, spec.mode, mode_a, mode_b, layer) == (200, "after", "after",
+                                                                        "inside", 0)  # fmt: skip
+    assert (a.policy, a.budget, b.policy, b.budget) == ("mean", 0.4, "entropy", 0.2)
+
+
+def test_run_cells_read_the_record():
+    rec = {
+        "correct": False, "answer": "42", "kept_tokens": [5, 7], "uor": {"max": 1.5},
+        "needle_retention": [[1.0, 0.5], [0.0, 0.5]], "timings": {"evict_s": None, "decode_s": 0.2},
+    }  # fmt: skip
+    c = run_cells(rec)
+    assert (c["verdict"], c["answer"], c["stored"], c["needle"], c["uor"], c["evict_s"]) == (
+        "✗ wrong", "42", 7, 0.5, 1.5, None)  # fmt: skip
+    assert run_cells(rec | {"needle_retention": None})["needle"] is None
+
+
+@pytest.mark.slow
+def test_a_run_streams_then_is_served_from_memory():
+    view_memo.clear()
+    steps = list(app_ui.run_comparison(**RUN))
+    status = [s[app_ui.RUN_VIEWS.index("status")] for s in steps]
+    assert status[0].startswith("**Note:** Decoding..."), status[0]  # plan views first
+    first = steps[0]
+    assert first[app_ui.RUN_VIEWS.index("frame")] is not None  # drawn before decoding
+    last = steps[-1]
+    assert status[-1].startswith("**Done:**"), status[-1]
+    table = last[app_ui.RUN_VIEWS.index("answers")]
+    assert len(table) == 3 and all(len(row) == len(ANSWER_HEADERS) for row in table)
+    assert [row[0].split(":")[0] for row in table] == ["full cache", "A", "B"]
+    again = list(app_ui.run_comparison(**RUN))
+    assert len(again) == 1 and "served from memory" in again[0][0]
+    assert again[0][app_ui.RUN_VIEWS.index("answers")] == table
+
+
+def test_a_refused_model_is_one_sentence_and_the_next_run_is_unaffected(monkeypatch):
+    monkeypatch.setattr(app_ui.MODELS, "allow_hub", False)
+    (out,) = list(app_ui.run_comparison(**(RUN | dict(model="org/anything"))))
+    status = out[app_ui.RUN_VIEWS.index("status")]
+    assert status.startswith("**Error:** this server does not offer the model 'org/anything'")
+    assert "\n" not in status and "org/anything" not in app_ui.MODELS.loaded_names()
