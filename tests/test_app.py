@@ -6,8 +6,10 @@ traces of the plotly figures, the exported files. Bad input must come back as a 
 in the status (never a stack trace), and the next request must still work.
 
 Model-using tests are `slow` (CI runs them): the real bundled model, on short prompts.
-Tests share one server and one client session and run in file order (the `/budget` and
-`/layer` tests reuse the first `/run`).
+Tests share one server and one client session. The first `/run` is a session fixture
+(`first_run`) that the tests needing a finished run ask for, so no test depends on the
+order the file runs in; `/layer` redraws from the session's last successful run, which
+every such run leaves on the bundled model.
 """
 
 from __future__ import annotations
