@@ -143,3 +143,17 @@ def test_one_server_at_a_time():
     finally:
         stop.set()
         server.join(30)
+
+
+def test_an_interrupt_in_a_job_reaches_its_waiters_and_stops_the_thread_running_it():
+    w = ModelWorker()
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    job = w.submit("ctrl-c", lambda _job: interrupted())
+    with pytest.raises(KeyboardInterrupt):
+        w.wait(job)  # caller-runs: the interrupt stops this thread's turn
+    assert job.done.is_set() and isinstance(job.error, KeyboardInterrupt)
+    assert w.owner is None and w.pending() == 0  # the worker is free for the next job
+    assert w.run("next", lambda: "ok") == "ok"

@@ -92,6 +92,8 @@ class Job:
             self.value = self.fn(self)
         except BaseException as e:  # handed to every waiter
             self.error = e
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise  # and the thread running it stops too (Ctrl-C stops the app)
         finally:
             self.fn = None  # what the function held is released with it
             self.done.set()
@@ -225,12 +227,14 @@ class ModelWorker:
             self._execute(job)
 
     def _execute(self, job: Job) -> None:
-        job._run()
-        with self._cv:
-            if job.key is not None and self._jobs.get(job.key) is job:
-                del self._jobs[job.key]
-            self.jobs_run += 1
-            self._cv.notify_all()
+        try:
+            job._run()
+        finally:
+            with self._cv:
+                if job.key is not None and self._jobs.get(job.key) is job:
+                    del self._jobs[job.key]
+                self.jobs_run += 1
+                self._cv.notify_all()
 
     def _inline(self, key: Hashable, fn: Callable[[Job], Any]) -> Job:
         """A job submitted by a job: run now on this thread (a queued twin runs now)."""
