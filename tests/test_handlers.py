@@ -20,6 +20,7 @@ RUN = dict(
     "change, words",
     [
         (dict(context=10), "context length must be a whole number from 64 to 8000"),
+        (dict(seed=-1), "seed must be a whole number from 0 to 2147483647; got -1"),
         (dict(budget_pct="lots"), "budget A (%) must be a number from 0.5 to 100"),
         (dict(page_size=3), "page size A must be one of 1, 4, 8, 16, 32, 64"),
         (dict(policy_b="best"), "policy B must be one of entropy"),
@@ -76,3 +77,33 @@ def test_a_refused_model_is_one_sentence_and_the_next_run_is_unaffected(monkeypa
     status = out[app_ui.RUN_VIEWS.index("status")]
     assert status.startswith("**Error:** this server does not offer the model 'org/anything'")
     assert "\n" not in status and "org/anything" not in app_ui.MODELS.loaded_names()
+
+
+def test_the_status_says_which_side_asks_inside():
+    from pagekv.views.comparison import mode_notes
+
+    assert mode_notes({"A": "after", "B": "after"}) == []
+    (both,) = mode_notes({"A": "inside", "B": "inside"})
+    assert both.startswith("Question inside the prompt") and "choose 'after'" in both
+    (one,) = mode_notes({"A": "inside", "B": "after"})
+    assert one.startswith("Side A asks the question inside the prompt")
+    assert "side B asks it after compression" in one and "choose 'after'" not in one
+
+
+@pytest.mark.slow
+def test_html_in_a_custom_question_is_shown_as_text():
+    question = "What is the <img src=x> code?"
+    custom = dict(task="custom", haystack="The river ran past the mill. " * 20,
+                  needle="The vault code is 4417.", question=question, answer="4417")  # fmt: skip
+    *_, last = app_ui.run_comparison(**(RUN | custom))
+    status = last[app_ui.RUN_VIEWS.index("status")]
+    assert "<img" not in status and "&lt;img src=x&gt;" in status, status
+    assert "Expected: **4417**" in status
+
+
+def test_an_error_that_echoes_a_value_shows_it_as_text():
+    bad = dict(task="qa", curated="<b>x</b>")  # an unknown curated task, echoed back
+    (out,) = list(app_ui.run_comparison(**(RUN | bad)))
+    status = out[app_ui.RUN_VIEWS.index("status")]
+    assert status.startswith("**Error:** curated qa task must be one of"), status
+    assert "<b>" not in status and "&lt;b&gt;x&lt;/b&gt;" in status, status

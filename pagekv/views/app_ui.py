@@ -15,6 +15,7 @@ The API's endpoints and their inputs: `/run` and `/budget` (`run_comparison`),
 from __future__ import annotations
 
 import functools
+import html
 import inspect
 import logging
 import os
@@ -173,7 +174,8 @@ def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> s
         f"{study.runner.device}): "
         f"{n} prompt tokens, budget {cfg_a.budget_tokens(n)} tokens per (layer, group), "
         f"page size {cfg_a.page_size}" + _side_b_note(comp, cfg_a, cfg_b) + ". "
-        f"Question: *{comp.prep.task.question}* Expected: **{comp.prep.task.answer}**"
+        f"Question: *{_shown(comp.prep.task.question)}* "
+        f"Expected: **{_shown(comp.prep.task.answer)}**"
     )
     parts = [message("ok" if decoded else "info", head if decoded else "Decoding... " + head)]
     if loaded.fell_back:
@@ -190,6 +192,13 @@ def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> s
             + "</small>"
         )
     return "\n\n".join(parts)
+
+
+def _shown(text: str) -> str:
+    """A visitor's text shown as text in Markdown: HTML escaped (a tag in a custom
+    question is displayed, never rendered), Markdown's emphasis marks escaped."""
+    escaped = html.escape(" ".join(str(text).split()), quote=False)
+    return "".join("\\" + c if c in "*_`[]" else c for c in escaped)
 
 
 def _run_values(args) -> dict:
@@ -291,7 +300,7 @@ def _run(v: dict, lesson):
             )
     except Exception as e:  # bad input or an unexpected failure: say it on the page
         log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
-        msg = " ".join(str(e).split()) or type(e).__name__
+        msg = html.escape(" ".join(str(e).split()) or type(e).__name__, quote=False)
         yield _views(status=message("error", msg), observation=_observation(lesson, None))
         return
     comp, figs = done["comp"], done["figs"]

@@ -179,12 +179,24 @@ def plan_comparison(
         preps=preps,
         labels=side_labels(config_a, config_b, modes["A"], modes["B"]),
     )
-    if "inside" in modes.values():
-        comp.notes.append(
-            "Question inside the prompt: the first answer token comes from the prefill, "
-            "which saw the whole prompt; choose 'after' for the strict test."
-        )
+    comp.notes.extend(mode_notes(modes))
     return comp
+
+
+def mode_notes(modes: dict) -> list[str]:
+    """What the status says about where each side asks its question: nothing when both
+    ask after compression (the strict test); which side asks inside otherwise."""
+    inside = [k for k in ("A", "B") if modes[k] == "inside"]
+    head_start = "the first answer token comes from the prefill, which saw the whole prompt"
+    if len(inside) == 2:
+        return [f"Question inside the prompt: {head_start}; choose 'after' for the strict test."]
+    if len(inside) == 1:
+        side, other = inside[0], "B" if inside[0] == "A" else "A"
+        return [
+            f"Side {side} asks the question inside the prompt ({head_start}); side {other} "
+            "asks it after compression, the strict test."
+        ]
+    return []
 
 
 def decode_comparison(

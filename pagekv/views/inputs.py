@@ -23,17 +23,24 @@ class InputError(ValueError):
     """A control's value has the wrong type or is out of range (API callers)."""
 
 
+def _bound(v: float) -> str:
+    """A range limit as a person writes it: whole numbers in full (2147483647, never
+    2.14748e+09), others as short as they read."""
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+
 def _num(name: str, value, lo: float, hi: float, integer: bool = False):
     """`value` as a number in [lo, hi], or an InputError that names the control."""
+    span = f"from {_bound(lo)} to {_bound(hi)}"
     if isinstance(value, bool) or value is None:
-        raise InputError(f"{name} must be a number from {lo:g} to {hi:g}; got {value!r}")
+        raise InputError(f"{name} must be a number {span}; got {value!r}")
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise InputError(f"{name} must be a number from {lo:g} to {hi:g}; got {value!r}") from None
+        raise InputError(f"{name} must be a number {span}; got {value!r}") from None
     if x != x or not lo <= x <= hi or (integer and x != int(x)):
         kind = "a whole number" if integer else "a number"
-        raise InputError(f"{name} must be {kind} from {lo:g} to {hi:g}; got {value!r}")
+        raise InputError(f"{name} must be {kind} {span}; got {value!r}")
     return int(x) if integer else x
 
 
