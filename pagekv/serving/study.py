@@ -349,9 +349,8 @@ class Study:
         """
         if max_new_tokens is None:  # the task's own: enough for its expected answer
             max_new_tokens = default_max_new_tokens(prep.task)
-        self._check_window(prep, config)
         t0 = time.perf_counter()
-        job = self.submit_run(prep, config, max_new_tokens)
+        job = self.submit_run(prep, config, max_new_tokens)  # checks the window
         self.worker.wait(job)
         stored, computed = job.result()
         took = time.perf_counter() - t0
@@ -474,14 +473,12 @@ class Study:
         as `run` memoises each. `on_token(tokens_a, tokens_b)` is called on this thread
         as the tokens of a shared pass grow (at most every `poll_s`, 0.1 s)."""
         job = self.submit_pair(prep, config_a, config_b, max_new_tokens)
-        seen = 0
-        while not self.worker.wait(job, 0.1 if on_token is not None else None):
-            if job.version != seen and job.progress is not None:
-                seen = job.version
-                on_token(*job.progress)
+        if on_token is None:
+            self.worker.wait(job)
+        else:
+            for tokens in self.worker.progress(job, 0.1, final=True):
+                on_token(*tokens)
         rec_a, rec_b = job.result()
-        if on_token is not None and job.progress is not None and job.version != seen:
-            on_token(*job.progress)
         return served_copy(rec_a), served_copy(rec_b)
 
     def run_full(self, prep: Prepared, max_new_tokens: int | None = None) -> dict:

@@ -182,6 +182,18 @@ class ModelWorker:
                     self._cv.notify_all()
         return True
 
+    def progress(self, job: Job, poll_s: float, final: bool = False):
+        """Wait for `job`, yielding its `progress` each time it changed, checked every
+        `poll_s` seconds; with `final`, also the last report not yet yielded once the
+        job is done. Holds nothing between checks (`wait`)."""
+        seen = 0
+        while not self.wait(job, poll_s):
+            if job.version != seen and job.progress is not None:
+                seen = job.version
+                yield job.progress
+        if final and job.version != seen and job.progress is not None:
+            yield job.progress
+
     def run(self, key: Hashable, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         """`fn()` as a job under `key` (shared with an identical job in flight): its
         value, or its exception raised here. WorkerTimeout after `timeout` seconds."""

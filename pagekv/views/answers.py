@@ -78,7 +78,8 @@ def pending_table(comp, tokens=None, tokenizer=None) -> list[list]:
         p = comp.plan_of(key)
         rec = comp.records[key]
         if "answer" in rec:  # already decoded (the full cache comes first)
-            verdict, answer = ("✓ right" if rec["correct"] else "✗ wrong"), rec["answer"]
+            c = run_cells(rec)
+            verdict, answer = c["verdict"], c["answer"]
         elif tokens is not None and key != "full":
             verdict = "..."
             answer = tokenizer.decode(tokens[i - 1], skip_special_tokens=True) + " ..."

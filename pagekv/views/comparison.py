@@ -250,11 +250,7 @@ class Decoding:
                 wait(job)
                 records[key] = served_copy(job.result()[0])
             return
-        seen = 0
-        while not wait(self.pair, poll_s):
-            if self.pair.version != seen and self.pair.progress is not None:
-                seen = self.pair.version
-                yield self.pair.progress
+        yield from self.study.worker.progress(self.pair, poll_s)
         rec_a, rec_b = self.pair.result()
         records["A"], records["B"] = served_copy(rec_a), served_copy(rec_b)
 
@@ -318,33 +314,32 @@ def memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict
     Bytes = kept (layer, group) tokens x head_dim x 2 (K and V) x the cache's element
     size. Head-independent counts its unions: what a server must hold.
     """
-    rows = study.derive(prep, ("memory", base.replace(policy="full")), _memory_rows_of(base))
+    rows = study.derive(
+        prep, ("memory", base.replace(policy="full")), lambda p: _memory_rows(p, base)
+    )
     return [dict(row) for row in rows]
 
 
-def _memory_rows_of(base: EvictionConfig):
-    def rows_of(prep: Prepared) -> list[dict]:
-        pre = prep.prefill
-        elem = pre.cache.layers[0].keys.element_size()
-        per_token = pre.head_dim * 2 * elem
-        profiles = pre.profiles(base.window)
-        rows = []
-        for policy in POLICIES:
-            try:
-                p = plan(profiles, pre.n_groups, base.replace(policy=policy))
-            except BudgetError:
-                continue
-            tokens = int(p.union_tokens.sum())
-            rows.append(
-                {
-                    "policy": policy,
-                    "tokens": int(p.union_tokens.float().mean().round()),
-                    "bytes": tokens * per_token,
-                }
-            )
-        return rows
-
-    return rows_of
+def _memory_rows(prep: Prepared, base: EvictionConfig) -> list[dict]:
+    pre = prep.prefill
+    elem = pre.cache.layers[0].keys.element_size()
+    per_token = pre.head_dim * 2 * elem
+    profiles = pre.profiles(base.window)
+    rows = []
+    for policy in POLICIES:
+        try:
+            p = plan(profiles, pre.n_groups, base.replace(policy=policy))
+        except BudgetError:
+            continue
+        tokens = int(p.union_tokens.sum())
+        rows.append(
+            {
+                "policy": policy,
+                "tokens": int(p.union_tokens.float().mean().round()),
+                "bytes": tokens * per_token,
+            }
+        )
+    return rows
 
 
 @functools.lru_cache(maxsize=32)
