@@ -4,6 +4,7 @@ plotly figures (see `pagekv.views.figures`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -327,11 +328,18 @@ def page_frame(
             for s in with_needle
         )
         text += f"<br><span style='font-size:12px'>{counts}</span>"
-    fig = layout(fig, text, 220 + 10 * L * G, True)
-    if with_needle:
-        # Room for the count line and the two-line strip titles under the title.
-        fig.update_layout(margin_t=125, title_y=1.0, title_yanchor="top", title_pad_t=14)
-    return fig
+    # Above the plot area: the subplot titles, and with a needle the strips' two-line
+    # titles lifted over the needle pointers. The height gives every row 10 px (the
+    # plot area at least 100 px) besides the top margin and about 90 px below the plot
+    # (tick labels, the axis title and the one-row legend).
+    # The right margin leaves room for a strip title wider than its strip at 740 px.
+    fig = layout(fig, text, above=58 if len(cols) > len(sides) else 22)
+    height = fig.layout.margin.t + 90 + max(100, 10 * L * G)
+    return fig.update_layout(height=height, margin_r=36 if len(cols) > len(sides) else 20)
+
+
+#: Right margin (px) of `head_weights_bars`: room for the mean-pooling line's label.
+HEAD_WEIGHTS_RIGHT = 100
 
 
 def head_weights_bars(p, layer: int, title=None):
@@ -357,9 +365,25 @@ def head_weights_bars(p, layer: int, title=None):
             x=heads, y=p.weights_nosink[layer].tolist(), name="without isolation", marker_color=SKY
         )
     )
-    fig.add_hline(y=1 / r, line_dash="dot", line_color=ORANGE, annotation_text="mean pooling 1/r")
+    fig.add_hline(y=1 / r, line_dash="dot", line_color=ORANGE)
+    # The line's label sits outside the plot area, right of the line's end, in a right
+    # margin kept for it: inside, it lay on the last bars.
+    fig.add_annotation(
+        text=f"mean pooling<br>1/r = {1 / r:.2f}",
+        xref="paper",
+        x=1.0,
+        xanchor="left",
+        xshift=4,
+        yref="y",
+        y=1 / r,
+        yanchor="middle",
+        align="left",
+        showarrow=False,
+        font=dict(size=11),
+    )
     fig.update_layout(barmode="group", yaxis_title="weight within group", yaxis_range=[0, 1])
-    return layout(fig, title or f"Head weights at layer {layer}", 360)
+    layout(fig, title or f"Head weights at layer {layer}", 360)
+    return fig.update_layout(margin_r=HEAD_WEIGHTS_RIGHT)
 
 
 def layer_head_heatmap(
@@ -387,8 +411,53 @@ def layer_head_heatmap(
     return layout(fig, title, 120 + 14 * L)
 
 
+def ratio_ticks(values, most: int = 9) -> list[float]:
+    """Tick values for a log axis of ratios: powers of two from one at or below the
+    smallest finite positive value to one at or above the largest, always with 1.
+
+    A narrow range (at most 4 powers) also gets 1.5x each power between them, so there
+    are always at least 3 ticks; a wide one keeps every second, third ... power, at
+    most `most` ticks, so the labels never crowd.
+
+    Example: `[0.3, 7.24]` -> `[0.25, 0.5, 1, 2, 4, 8]`; `[1.2, 1.9]` -> `[1, 1.5, 2]`;
+    no usable value -> `[0.5, 1, 2]`.
+    """
+    ok = [float(v) for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not ok:
+        return [0.5, 1.0, 2.0]
+    lo = min(0, math.floor(math.log2(min(ok)) + 1e-9))
+    hi = max(0, math.ceil(math.log2(max(ok)) - 1e-9))
+    if lo == hi == 0:  # every value is 1
+        lo, hi = -1, 1
+    if hi - lo + 1 <= 4:
+        powers = [2.0**e for e in range(lo, hi + 1)]
+        return [t for a in powers for t in (a, 1.5 * a)][:-1]
+    # Exponents that are multiples of `step` only, so 1 (2**0) stays, widened to cover
+    # both ends; the smallest step that gives at most `most` ticks.
+    step = 1
+    while math.ceil(hi / step) - math.floor(lo / step) + 1 > max(most, 3):
+        step += 1
+    lo, hi = step * math.floor(lo / step), step * math.ceil(hi / step)
+    return [2.0**e for e in range(lo, hi + 1, step)]
+
+
+def _ratio_label(v: float) -> str:
+    """`2.0` -> "2x", `0.25` -> "0.25x", `1.5` -> "1.5x", `1/64` -> "1/64x",
+    `4096.0` -> "4,096x"."""
+    if v >= 1 and float(v).is_integer():
+        return f"{v:,.0f}x"
+    if v >= 1 / 8:
+        return f"{v:g}x"
+    return f"1/{round(1 / v):,}x"
+
+
 def sink_advantage_lines(adv_iso: torch.Tensor, adv_raw: torch.Tensor, title=None):
-    """Per layer: the mean over groups (where defined) of the sink advantage."""
+    """Per layer: the mean over groups (where defined) of the sink advantage.
+
+    A log axis labelled at powers of two covering the data (`ratio_ticks`: "0.5x",
+    "1x", "2x", ...), so a value such as 7.24x reads off between 4x and 8x, with a
+    dotted reference line at 1x (no advantage).
+    """
     go = _go()
 
     def per_layer(adv):
@@ -399,33 +468,36 @@ def sink_advantage_lines(adv_iso: torch.Tensor, adv_raw: torch.Tensor, title=Non
         return out
 
     L = adv_iso.shape[0]
+    raw, iso = per_layer(adv_raw), per_layer(adv_iso)
     fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(
-            x=list(range(L)),
-            y=per_layer(adv_raw),
-            name="without isolation",
-            mode="lines+markers",
-            line_color=SKY,
+    for ys, name, colour in ((raw, "without isolation", SKY), (iso, "sink-isolated", BLUE)):
+        fig.add_trace(
+            go.Scatter(
+                x=list(range(L)),
+                y=ys,
+                name=name,
+                mode="lines+markers",
+                line_color=colour,
+                hovertemplate="layer %{x}: %{y:.2f}x<extra>" + name + "</extra>",
+            )
         )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=list(range(L)),
-            y=per_layer(adv_iso),
-            name="sink-isolated",
-            mode="lines+markers",
-            line_color=BLUE,
-        )
-    )
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
+    ticks = ratio_ticks(raw + iso)
     fig.update_layout(
         xaxis_title="layer",
+        xaxis_tick0=0,
+        xaxis_dtick=max(1, math.ceil(L / 16)),  # whole layers only
         yaxis_title="sink / non-sink mean weight",
         yaxis_type="log",
-        yaxis_dtick=1,  # one label per decade
+        yaxis_tickmode="array",
+        yaxis_tickvals=ticks,
+        yaxis_ticktext=[_ratio_label(v) for v in ticks],
+        # A log axis's range is in log10 units: the end ticks, with a little room.
+        yaxis_range=[math.log10(ticks[0]) - 0.05, math.log10(ticks[-1]) + 0.05],
     )
-    if any(v is None for v in per_layer(adv_raw)):
+    above = 0
+    if any(v is None for v in raw):
+        above = 16
         fig.add_annotation(
             text="gaps: no group of that layer mixes sink and non-sink heads",
             xref="paper",
@@ -437,7 +509,7 @@ def sink_advantage_lines(adv_iso: torch.Tensor, adv_raw: torch.Tensor, title=Non
             yanchor="bottom",
             font=dict(size=11, color="grey"),
         )
-    return layout(fig, title or "Sink advantage (the masquerade)", 340)
+    return layout(fig, title or "Sink advantage (the masquerade)", 360, above=above)
 
 
 def needle_retention_heatmap(retentions: dict, n_groups: int, title=None):
@@ -468,7 +540,7 @@ def needle_retention_heatmap(retentions: dict, n_groups: int, title=None):
         )
     fig.update_yaxes(autorange="reversed")
     L = torch.as_tensor(retentions[labels[0]]).shape[0]
-    return layout(fig, title or "Needle retention per (layer, group)", 140 + 12 * L)
+    return layout(fig, title or "Needle retention per (layer, group)", 160 + 12 * L, above=22)
 
 
 def uor_curve(
@@ -553,6 +625,7 @@ def union_over_budget_heatmap(sides: dict, budget_tokens: dict, r: int, title=No
         title
         or f"Tokens each (layer, group) stores, as a multiple of the budget (worst case r = {r})",
         420,
+        above=22,
     )
 
 
@@ -564,7 +637,7 @@ def memory_bars(rows: Sequence[dict], title=None):
             x=[r["policy"] for r in rows],
             y=[r["bytes"] / 2**20 for r in rows],
             marker_color=[POLICY_COLOURS.get(r["policy"], BLACK) for r in rows],
-            text=[f"{r['tokens']} tok" for r in rows],
+            text=[str(r["tokens"]) for r in rows],
             textposition="outside",
             cliponaxis=False,
             hovertemplate="%{x}: %{y:.2f} MiB<extra></extra>",
@@ -574,9 +647,36 @@ def memory_bars(rows: Sequence[dict], title=None):
     fig.update_layout(yaxis_title="KV cache kept (MiB)", yaxis_range=[0, 1.15 * top])
     return layout(
         fig,
-        title or "Cache memory each policy must hold (union tokens per (layer, group), mean shown)",
+        title or "Cache each policy must hold (on each bar: mean tokens per (layer, group))",
         320,
     )
+
+
+def profile_groups(prof: torch.Tensor) -> list[list[int]]:
+    """The heads of `prof` `[r, n]` grouped by identical profile, in head order.
+
+    Example: retrieval, distractor, distractor, diffuse -> `[[0], [1, 2], [3]]`.
+    """
+    groups: list[list[int]] = []
+    for h in range(prof.shape[0]):
+        for g in groups:
+            if torch.equal(prof[g[0]], prof[h]):
+                g.append(h)
+                break
+        else:
+            groups.append([h])
+    return groups
+
+
+def _heads_name(heads: list[int], roles) -> str:
+    """Legend name of a profile shared by `heads`: "h0 retrieval" for one head,
+    "h1, h2: distractor heads ×2 (identical)" for several."""
+    if len(heads) == 1:
+        return f"h{heads[0]} {roles[heads[0]]}"
+    which = ", ".join(f"h{h}" for h in heads)
+    kinds = sorted({roles[h] for h in heads}, key=[roles[h] for h in heads].index)
+    kind = f"{kinds[0]} heads" if len(kinds) == 1 else " / ".join(kinds)
+    return f"{which}: {kind} ×{len(heads)} (identical)"
 
 
 def mechanism_figure(mech, plans: dict, title=None):
@@ -596,14 +696,19 @@ def mechanism_figure(mech, plans: dict, title=None):
         subplot_titles=["constructed head profiles a_h(t)", "tokens kept"],
     )
     palette = [VERMILLION, ORANGE, PURPLE, GREEN, SKY, YELLOW, BLACK, BLUE]
-    for h in range(r):
+    # Heads with identical profiles (the distractors, the diffuse heads: identical by
+    # construction) are one curve, named with how many heads share it: drawn once per
+    # head they lay exactly on top of each other and read as one head.
+    for heads in profile_groups(prof):
+        h = heads[0]
         fig.add_trace(
             go.Scatter(
                 x=list(range(n)),
                 y=prof[h].tolist(),
                 mode="lines",
-                name=f"h{h} {mech.roles[h]}",
+                name=_heads_name(heads, mech.roles),
                 line=dict(color=palette[h % len(palette)], width=1.5),
+                meta={"heads": heads},
             ),
             row=1,
             col=1,
@@ -637,4 +742,4 @@ def mechanism_figure(mech, plans: dict, title=None):
         )
     fig.update_xaxes(title_text="token", row=2, col=1)
     fig.update_yaxes(title_text="attention", row=1, col=1)
-    return layout(fig, title or "Mechanism (constructed profiles, not a model)", 500, True)
+    return layout(fig, title or "Mechanism (constructed profiles, not a model)", 520, above=22)

@@ -71,25 +71,72 @@ def disagreement_scatter(series: dict, r: int, title: str):
     return layout(fig, title, 460)
 
 
+def _wrap_name(name: str, width: int = 10) -> str:
+    """A policy name broken onto short lines for a tick label: at spaces, and after an
+    underscore in a word longer than `width`.
+
+    Example: "kvpress expected_attention" -> "kvpress<br>expected_<br>attention".
+    """
+    lines = []
+    for word in str(name).split():
+        if len(word) > width and "_" in word:
+            head, _, tail = word.partition("_")
+            lines += [head + "_", tail]
+        else:
+            lines.append(word)
+    return "<br>".join(lines)
+
+
+def _percent(v: float) -> str:
+    """`0.6` -> "60 %", `0` -> "0 %": the label on a recall bar."""
+    return f"{100 * v:.0f} %"
+
+
 def recall_bars(rows: Sequence[dict], title: str):
     """T4: needle recall per policy, one bar group per (question mode, budget).
 
-    `rows`: dicts with `mode`, `budget`, `policy` and `recall` (not None).
+    `rows`: dicts with `mode`, `budget`, `policy` and `recall` (not None). Every bar
+    carries its value ("60 %"), above it and upright, so a recall of 0 (a bar of no
+    height) still reads "0 %"; the y range leaves room for the labels. Policy names
+    such as "kvpress expected_attention" are broken onto lines (`_wrap_name`) so the
+    tick labels stay level and readable.
     """
     go = _go()
     fig = go.Figure()
     for mode in sorted({x["mode"] for x in rows}):
         for b in sorted({x["budget"] for x in rows if x["mode"] == mode}):
             sel = [x for x in rows if x["mode"] == mode and x["budget"] == b]
+            name = f"{mode}, budget {100 * b:g}%"
             fig.add_trace(
                 go.Bar(
                     x=[x["policy"] for x in sel],
                     y=[x["recall"] for x in sel],
-                    name=f"{mode}, budget {100 * b:g}%",
+                    name=name,
+                    text=[_percent(x["recall"]) for x in sel],
+                    textposition="outside",
+                    # Upright and full size: side by side, the bars are narrower than
+                    # a level "100 %", which plotly would otherwise shrink.
+                    textangle=-90,
+                    constraintext="none",
+                    textfont=dict(size=11),
+                    cliponaxis=False,
+                    hovertemplate="%{x}: %{text}<extra>" + name + "</extra>",
                 )
             )
-    fig.update_layout(barmode="group", yaxis_title="needle recall", yaxis_range=[0, 1.05])
-    return layout(fig, title, 380)
+    policies = list(dict.fromkeys(x["policy"] for x in rows))
+    fig.update_layout(
+        barmode="group",
+        yaxis_title="needle recall",
+        # Headroom over 100 % for the upright labels; ticks stop at 100 %.
+        yaxis_range=[0, 1.3],
+        yaxis_tickvals=[0, 0.25, 0.5, 0.75, 1.0],
+        yaxis_tickformat=".0%",
+        xaxis_tickmode="array",
+        xaxis_tickvals=policies,
+        xaxis_ticktext=[_wrap_name(p) for p in policies],
+        xaxis_tickfont=dict(size=11),
+    )
+    return layout(fig, title, 420)
 
 
 def answer_bars(rows: Sequence[dict], title: str):

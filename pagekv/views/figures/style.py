@@ -63,19 +63,65 @@ def _template():
     return _TEMPLATE[0]
 
 
-def layout(fig, title, height=None, legend_below=False):
-    """Title, white template, margins and a horizontal legend (below the plot for
-    figures with subplot titles, so it never covers them). Returns `fig`."""
-    legend = dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0)
-    margin = dict(l=60, r=20, t=60, b=45)
-    if legend_below:
-        legend = dict(orientation="h", yanchor="top", y=-0.06, xanchor="left", x=0.0)
-        margin["b"] = 90
+#: Pixels kept free above every figure's title: a host may draw a label badge in the
+#: top-left corner of a plot's frame (Gradio's "Plot" badge hid the start of titles).
+TITLE_PAD = 28
+#: The title's left edge, as a fraction of the figure's width (15 px at 740 px).
+TITLE_X = 0.02
+#: Pixels per title line (15 px font, lines 1.3 em apart; a smaller `<br>` subtitle
+#: line fits).
+TITLE_LINE = 20
+#: Plotly drops the cap-height shift of a top-anchored title of several lines (its
+#: first baseline sits at the pad): this much more pad puts its top where a one-line
+#: title's is.
+TITLE_CAP = 11
+#: Pixels between the title's last line and the plot area (or what `above` reserves).
+TITLE_GAP = 12
+#: The legend of every figure: horizontal, at the bottom of the figure, positioned in
+#: the container (not the plot area). Plotly reserves the legend's height under the
+#: margin that the automargined x-axis tick labels and title push (the template's
+#: `automargin`), so a legend never covers an axis title, at any width or height and
+#: however many rows it wraps to. A paper-referenced legend below the plot (the old
+#: `y=-0.06`) sat at a fraction of the plot's height: on the axis title of short plots.
+LEGEND = dict(
+    orientation="h",
+    yref="container",
+    y=0.0,
+    yanchor="bottom",
+    xref="paper",
+    x=0.0,
+    xanchor="left",
+)
+
+
+def layout(fig, title, height=None, above=0):
+    """Title, white template, margins and legend, the same for every figure. Returns
+    `fig`.
+
+    The title is at the top left, `TITLE_PAD` px down and `TITLE_X` of the width in,
+    so no badge in the frame's corner covers its first characters; the top margin
+    holds its lines (`<br>`) and `above` more px between it and the plot area, for
+    what a figure draws there (subplot titles, notes, pointers). The legend is
+    `LEGEND`: below the x-axis title, never on it.
+    """
+    lines = title.count("<br>") + 1
+    pad = TITLE_PAD + (TITLE_CAP if lines > 1 else 0)
+    margin = dict(l=60, r=20, t=pad + TITLE_LINE * lines + TITLE_GAP + above, b=40)
     fig.update_layout(
-        title=dict(text=title, x=0.01, font=dict(size=15)),
+        title=dict(
+            text=title,
+            x=TITLE_X,
+            xanchor="left",
+            xref="container",
+            y=1.0,
+            yanchor="top",
+            yref="container",
+            pad=dict(t=pad),
+            font=dict(size=15),
+        ),
         template=_template(),
         margin=margin,
-        legend=legend,
+        legend=LEGEND,
     )
     if height:
         fig.update_layout(height=height)
