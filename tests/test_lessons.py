@@ -17,10 +17,12 @@ from pagekv.views.lessons import (
     VIEWS,
     Evidence,
     answers,
-    cite,
     get_lesson,
+    layer_for,
+    lesson_text,
     load_replay,
-    replay_values,
+    number,
+    read_numbers,
     sink_masquerade,
     tie,
     union_over_budget,
@@ -33,7 +35,9 @@ def _sentences(text: str) -> int:
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=[x.id for x in LESSONS])
 def test_lesson_is_well_formed(lesson):
-    assert 3 <= _sentences(lesson.text) <= 7, (lesson.id, _sentences(lesson.text))
+    text = lesson_text(lesson)
+    assert 3 <= _sentences(text) <= 7, (lesson.id, _sentences(text))
+    assert "{" not in text and "}" not in text, text  # every replay number filled in
     assert lesson.views and set(lesson.views) <= set(VIEWS)
     assert lesson.title and lesson.observation.statement
     if lesson.kind == "live":
@@ -144,28 +148,60 @@ def test_sink_masquerade_reads_the_weights():
     assert not sink_masquerade(0, 2.0, found.values["isolated"] - 1e-6).check(ev).holds
 
 
-def test_replay_values_match_and_mismatch():
+def test_replay_numbers_are_the_files():
+    """A replay number is read from the committed tables: one row, or a sum over rows."""
+    tables = load_replay()["tables"]
+    row = next(r for r in tables["T4_recall"] if r["recall"] not in (None, 0.0))
+    where = {k: row[k] for k in ("mode", "budget", "policy")}
+    assert number("T4_recall", "recall", **where).read(tables) == row["recall"]
+    total = sum(r["prompts"] for r in tables["T7_answers"])
+    assert number("T7_answers", "prompts", total=True).read(tables) == total
+    # No row, or several rows where one is wanted: no number (never a guess).
+    assert number("T4_recall", "recall", policy="nope").read(tables) is None
+    assert number("T4_recall", "recall", policy=row["policy"]).read(tables) is None
+    with pytest.raises(ValueError, match="lack"):
+        read_numbers({"x": number("T4_recall", "recall", policy="nope")}, tables)
+
+
+def test_replay_lesson_text_and_check_follow_the_file():
+    """Lesson 7's text prints the file's numbers, and its observation is decided on
+    them: a file where the recall does not drop after compression fails it."""
+    import copy
+
+    lesson = get_lesson("kvpress-same-memory")
     replay = load_replay()
-    tables = replay["tables"]
-    # Every committed T4_recall row against its recall recomputed from the T4_detail rows
-    # it summarises (one per context and depth; `recall` is the mean over `feasible`).
-    keys = ("mode", "budget", "policy")
-    cites = []
-    for row in tables["T4_recall"]:
-        where = {k: row[k] for k in keys}
-        detail = [d for d in tables["T4_detail"] if all(d[k] == v for k, v in where.items())]
-        feasible = sum(d["feasible"] for d in detail)
-        assert detail and feasible == row["feasible"], where
-        if feasible:
-            recall = sum(d["recall"] * d["feasible"] for d in detail if d["feasible"]) / feasible
-            cites.append(cite("T4_recall", "recall", recall, **where))
-    assert len(cites) > 10 and any(0 < c.value < 1 for c in cites)
-    assert replay_values(tuple(cites)).check(Evidence(replay=replay)).holds
-    first = cites[0]
-    off = replay_values((cite("T4_recall", "recall", first.value + 0.01, **dict(first.where)),))
-    assert not off.check(Evidence(replay=replay)).holds
-    missing = replay_values((cite("T4_recall", "recall", 0.0, policy="nope"),))
-    assert not missing.check(Evidence(replay=replay)).holds
+    v = read_numbers(dict(lesson.numbers), replay["tables"])
+    text = lesson_text(lesson, replay["tables"])
+    assert f"{v['snap_inside']:.0%}" in text and f"{v['ours_after']:.0%}" in text, text
+    found = lesson.observation.check(Evidence(replay=replay))
+    assert found.holds, found.measured
+    assert "T4_" not in found.measured and "SnapKV" in found.measured  # words, not keys
+    changed = copy.deepcopy(replay)
+    for row in changed["tables"]["T4_recall"]:
+        if row["policy"] == "entropy" and row["budget"] == 0.2 and row["mode"] == "after":
+            row["recall"] = 1.0  # better after than inside: the claim no longer holds
+    assert not lesson.observation.check(Evidence(replay=changed)).holds
+    assert "100%" in lesson_text(lesson, changed["tables"])
+
+
+def test_tie_lesson_cites_t7_from_the_file():
+    lesson = get_lesson("entropy-vs-mean")
+    tables = load_replay()["tables"]
+    rows = tables["T7_answers"]
+    text = lesson_text(lesson, tables)
+    pairs, ties = sum(r["prompts"] for r in rows), sum(r["ties"] for r in rows)
+    both = sum(r["ties_both_right"] for r in rows)
+    assert f"{ties} of {pairs} prompt-settings" in text and f"both right on {both}" in text
+
+
+def test_layer_rules_resolve_on_the_model_that_ran():
+    prof = _profiles(L=3, sharp={4: (20, 50.0)})  # layer-independent: one focused head
+    prof[1, 1, 5] += 500.0  # layer 1, group 0: the most focused head of all
+    prof = prof / prof.sum(-1, keepdim=True)
+    p = plan(prof, 2, EvictionConfig(policy="entropy", budget=0.4, page_size=4, window=4))
+    assert layer_for(get_lesson("sink-masquerade"), p) == 2  # "last" of 3 layers
+    assert layer_for(get_lesson("entropy-vs-mean"), p) == 1  # "strongest"
+    assert layer_for(get_lesson("gqa-cost"), p) == 0
 
 
 def test_lessons_list_without_model(capsys):

@@ -22,28 +22,36 @@ def lesson_of(title):
 
 
 def settings_match(lesson, comp) -> bool:
-    """Whether the last comparison ran exactly the lesson's two sides."""
+    """Whether the last comparison ran exactly the lesson's prompt and two sides."""
     if comp is None:
         return False
     return (
-        comp.configs["A"] == lesson.a.config()
+        comp.prep.spec == lesson.prompt.spec(lesson.a.mode)
+        and comp.configs["A"] == lesson.a.config()
         and comp.configs["B"] == lesson.b.config()
         and comp.modes == {"A": lesson.a.mode, "B": lesson.b.mode}
     )
 
 
-def check_lesson(title, comp):
+def check_lesson(title, comp, failed: bool = False):
     """The lesson's observation, checked on what the app just ran (live lessons), on the
-    constructed group, or on the replay's committed tables. None for an unknown title."""
+    constructed group, or on the replay's committed tables. None for an unknown title.
+    `failed`: the run did not complete, so there is nothing to check."""
     lesson = lesson_of(title)
     if lesson is None:
         return None
     try:
+        if lesson.kind == "live" and failed:
+            return (
+                "**Observation:** " + lesson.observation.statement + " - *not checked: the "
+                "run did not complete (the status line says why).*"
+            )
         if lesson.kind == "live":
             if not settings_match(lesson, comp):
                 return (
                     "**Observation:** " + lesson.observation.statement + " - *not checked: "
-                    "the last run did not use this lesson's settings (pick the lesson again).*"
+                    "the controls no longer hold this lesson's settings (pick the lesson "
+                    "again to check it).*"
                 )
             finding = lesson.observation.check(Evidence(comparison=comp))
         else:
@@ -67,8 +75,12 @@ def replay_recall_figure():
     """Needle recall of our policies and kvpress's presses from the committed replay
     (table T4), not a live run."""
     from pagekv.views import figures
+    from pagekv.views.figures.placeholder import placeholder
 
-    tables = load_replay()["tables"]
+    try:
+        tables = load_replay()["tables"]
+    except (OSError, ValueError, KeyError) as e:
+        return placeholder(f"The replay's results cannot be read: {e}")
     rows = [r for r in tables["T4_recall"] if r["recall"] is not None]
     rows += [
         {**r, "policy": f"kvpress {r['press']}"}

@@ -30,7 +30,7 @@ from pagekv.paths import ROOT
 #: The replay run the lessons cite (docs/results.md reads it too).
 REPLAY_RESULTS = ROOT / "docs" / "results" / "full" / "results.json"
 #: The app's views a lesson can open (tab ids of app.py).
-VIEWS = ("frame", "retention", "weights", "sinks", "uor", "mechanism")
+VIEWS = ("frame", "retention", "weights", "sinks", "uor", "mechanism", "replay")
 
 
 # ------------------------------------------------------------------ settings
@@ -152,7 +152,10 @@ def answers(full: bool | None = True, a: bool | None = None, b: bool | None = No
 
 def union_over_budget(side: str, factor: float):
     """Head-independent selection stores at least `factor` x the budget in some (layer,
-    group), never more than `r` x."""
+    group), never more than `r` x. Its measured line names every figure the screen
+    shows for it: the largest (layer, group)'s stored tokens (the answers table's
+    "stored max"), the mean over the (layer, group)s (the memory chart's tokens) and
+    the worst case r."""
 
     def check(ev: Evidence) -> Finding:
         rec = ev.comparison.records[side]
@@ -163,13 +166,28 @@ def union_over_budget(side: str, factor: float):
         worst = int(ratio.argmax())
         layer, group = divmod(worst, union.shape[1])
         r = p.head_weights.shape[1] // p.n_groups
-        top = float(ratio.max())
+        top, mean = float(ratio.max()), float(ratio.mean())
         holds = top >= factor and top <= r + 1e-9
         measured = (
-            f"largest union {int(union.max())} tokens = {top:.2f}x the budget of {k} "
-            f"(layer {layer}, group {group}); mean {float(ratio.mean()):.2f}x; worst case r = {r}"
+            f"side {side}: the (layer, group) that stores the most (layer {layer}, group "
+            f"{group}) holds {int(union.max())} tokens, {top:.2f}x the budget of {k} tokens; "
+            f"the mean over the {union.numel()} (layer, group)s is {float(union.mean()):.0f} "
+            f"tokens, {mean:.2f}x; worst case r = {r}x"
         )
-        return Finding(holds, measured, {"max_ratio": top, "mean_ratio": float(ratio.mean())})
+        return Finding(
+            holds,
+            measured,
+            {
+                "max_ratio": top,
+                "mean_ratio": mean,
+                "max_tokens": int(union.max()),
+                "mean_tokens": float(union.mean()),
+                "budget_tokens": k,
+                "r": r,
+                "layer": layer,
+                "group": group,
+            },
+        )
 
     return Observation(
         f"side {side} stores at least {factor:g}x the budget in some (layer, group), "
@@ -179,28 +197,32 @@ def union_over_budget(side: str, factor: float):
 
 
 def sink_masquerade(layer: int, raw_at_least: float, isolated_below: float):
-    """In `layer`, the sink heads of some group outweigh its other heads by at least
-    `raw_at_least` without sink isolation and by less than `isolated_below` with it."""
+    """In `layer` (negative: counted from the model's last layer, -1 the last), the sink
+    heads of some group outweigh its other heads by at least `raw_at_least` without sink
+    isolation and by less than `isolated_below` with it."""
+    where = "the last layer" if layer == -1 else f"layer {layer}"
 
     def check(ev: Evidence) -> Finding:
         p = ev.comparison.plan_of("B")
         G = p.n_groups
-        raw = sink_advantage(p.weights_nosink, p.sink_heads, G)[layer]  # [G], NaN: no mix
-        iso = sink_advantage(p.weights_isolated, p.sink_heads, G)[layer]
+        L = p.weights_nosink.shape[0]
+        at = layer_index(layer, L)
+        raw = sink_advantage(p.weights_nosink, p.sink_heads, G)[at]  # [G], NaN: no mix
+        iso = sink_advantage(p.weights_isolated, p.sink_heads, G)[at]
         mixed = ~torch.isnan(raw)
         if not bool(mixed.any()):
-            return Finding(False, f"layer {layer} has no group with sink and other heads")
+            return Finding(False, f"layer {at} has no group with sink and other heads")
         g = int(torch.where(mixed, raw, torch.full_like(raw, -1.0)).argmax())
         r_raw, r_iso = float(raw[g]), float(iso[g])
         holds = r_raw >= raw_at_least and r_iso < isolated_below
         measured = (
-            f"layer {layer}, group {g}: sink heads weigh {r_raw:.2f}x the others without "
-            f"isolation, {r_iso:.2f}x with it"
+            f"layer {at} (of layers 0-{L - 1}), group {g}: sink heads weigh {r_raw:.2f}x the "
+            f"others without isolation, {r_iso:.2f}x with it"
         )
-        return Finding(holds, measured, {"group": g, "raw": r_raw, "isolated": r_iso})
+        return Finding(holds, measured, {"layer": at, "group": g, "raw": r_raw, "isolated": r_iso})
 
     return Observation(
-        f"in layer {layer} a group's sink heads weigh at least {raw_at_least:g}x its other heads "
+        f"in {where} a group's sink heads weigh at least {raw_at_least:g}x its other heads "
         f"without sink isolation, under {isolated_below:g}x with it",
         check,
     )
@@ -218,16 +240,27 @@ def tie(min_overlap: float, mean_top_weight_below: float):
         G = pb.n_groups
         top = pb.weights_isolated.view(L, G, H // G).amax(-1)  # [L, G] largest weight
         mean_top, max_top = float(top.mean()), float(top.max())
+        at_layer, at_group = divmod(int(top.argmax()), G)
         same = ev.comparison.records["A"]["answer"] == ev.comparison.records["B"]["answer"]
         holds = overlap >= min_overlap and mean_top < mean_top_weight_below and same
         measured = (
-            f"kept-set overlap {overlap:.3f} on average (lowest (layer, group) "
-            f"{float(shared.min()):.3f}); largest head weight per group {mean_top:.2f} on "
-            f"average (highest {max_top:.2f}) against 1/r = {G / H:.2f}; "
-            f"answers {'equal' if same else 'differ'}"
+            f"kept-set overlap {overlap:.3f} on average over the {L * G} (layer, group)s "
+            f"(lowest {float(shared.min()):.3f}); the largest head weight of a group is "
+            f"{mean_top:.2f} on average against 1/r = {G / H:.2f}, highest {max_top:.2f} "
+            f"(layer {at_layer}, group {at_group}: the layer the weights view opens on); answers "
+            f"{'equal' if same else 'differ'}"
         )
         return Finding(
-            holds, measured, {"overlap": overlap, "mean_top_weight": mean_top, "same": same}
+            holds,
+            measured,
+            {
+                "overlap": overlap,
+                "mean_top_weight": mean_top,
+                "max_top_weight": max_top,
+                "layer": at_layer,
+                "group": at_group,
+                "same": same,
+            },
         )
 
     return Observation(
@@ -265,60 +298,93 @@ def constructed_bound():
 
 
 @dataclass(frozen=True)
-class Cite:
-    """One number of the replay's committed tables: `table` row where `where` holds,
-    its `column`, and the value the lesson's text states."""
+class ReplayNumber:
+    """A number of the replay's committed tables (docs/results/full/results.json): the
+    `column` of the one `table` row where `where` holds, or (`total=True`) its sum over
+    the rows where `where` holds. Lesson texts and observations read these, so the
+    numbers on screen are the file's, never a second copy."""
 
     table: str
-    where: tuple  # ((key, value), ...)
     column: str
-    value: float
+    where: tuple = ()  # ((key, value), ...)
+    total: bool = False
+
+    def read(self, tables: dict) -> float | None:
+        rows = [r for r in tables.get(self.table, []) if all(r.get(k) == v for k, v in self.where)]
+        values = [r.get(self.column) for r in rows]
+        if not values or any(v is None for v in values):
+            return None
+        if self.total:
+            return sum(values)
+        return values[0] if len(values) == 1 else None
 
     @property
     def label(self) -> str:
-        return f"{self.table}[{', '.join(f'{k}={v}' for k, v in self.where)}].{self.column}"
+        where = ", ".join(f"{k}={v}" for k, v in self.where)
+        return f"{'sum of ' if self.total else ''}{self.table}[{where}].{self.column}"
 
 
-def cite(table: str, column: str, value: float, **where) -> Cite:
-    return Cite(table, tuple(where.items()), column, value)
+def number(table: str, column: str, total: bool = False, **where) -> ReplayNumber:
+    return ReplayNumber(table, column, tuple(where.items()), total)
 
 
-def replay_values(cites: tuple[Cite, ...], tol: float = 1e-6):
-    """The committed replay results hold the numbers the text cites."""
+def read_numbers(numbers: dict, tables: dict) -> dict:
+    """`{name: value}` of `numbers` (name -> ReplayNumber); ValueError names a missing one."""
+    got = {name: n.read(tables) for name, n in numbers.items()}
+    missing = [numbers[k].label for k, v in got.items() if v is None]
+    if missing:
+        raise ValueError(f"the replay's results lack {', '.join(missing)}")
+    return got
+
+
+def replay_claim(
+    statement: str,
+    numbers: dict,
+    claim: Callable[[dict], bool],
+    describe: Callable[[dict], str],
+):
+    """A statement about numbers of the replay's committed tables, checked on the file:
+    `claim(values)` decides it, `describe(values)` says what was read, in words."""
 
     def check(ev: Evidence) -> Finding:
-        tables = ev.replay["tables"]
-        got, ok = {}, True
-        for c in cites:
-            rows = [r for r in tables[c.table] if all(r.get(k) == v for k, v in c.where)]
-            value = rows[0][c.column] if len(rows) == 1 else None
-            got[c.label] = value
-            ok = ok and value is not None and abs(value - c.value) <= tol
-        measured = "; ".join(
-            f"{k} = {v:.3f}" if v is not None else f"{k} missing" for k, v in got.items()
-        )
-        return Finding(ok, measured, got)
+        try:
+            values = read_numbers(numbers, ev.replay["tables"])
+        except ValueError as e:
+            return Finding(False, str(e))
+        return Finding(bool(claim(values)), describe(values), values)
 
-    return Observation("the replay's committed tables hold the numbers the text cites", check)
+    return Observation(statement, check)
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"  # as the lesson texts write it ("{name:.0%}")
 
 
 # ------------------------------------------------------------------ the lessons
+
+
+#: How a lesson names the layer its head-weights view opens on, besides a fixed index:
+#: "last" (the model's last layer) or "strongest" (the layer of the group whose largest
+#: head weight is the highest, where pooling matters most). Resolved on the model that
+#: ran (`layer_for`).
+LAYER_RULES = ("last", "strongest")
 
 
 @dataclass(frozen=True)
 class Lesson:
     id: str
     title: str
-    text: str
+    text: str  # may name replay numbers as {name} (with a format spec): see `lesson_text`
     observation: Observation
     views: tuple[str, ...]
     kind: str = "live"  # "live" (decoded now), "constructed" or "replay" (measured earlier)
     prompt: Prompt | None = None
     a: Side | None = None
     b: Side | None = None
-    layer: int = 0  # the layer the head-weights view shows
+    layer: int | str = 0  # the layer the head-weights view shows: an index or a LAYER_RULES
     mechanism: Mechanism | None = None
     cites: str | None = None  # where the replay's numbers are
+    numbers: tuple = ()  # ((name, ReplayNumber), ...): the replay numbers `text` names
 
     def __post_init__(self):
         bad = [v for v in self.views if v not in VIEWS]
@@ -328,22 +394,74 @@ class Lesson:
             raise ValueError(f"lesson {self.id}: a live lesson needs a prompt and two sides")
         if self.kind not in ("live", "constructed", "replay"):
             raise ValueError(f"lesson {self.id}: unknown kind {self.kind!r}")
+        if isinstance(self.layer, str) and self.layer not in LAYER_RULES:
+            raise ValueError(f"lesson {self.id}: layer {self.layer!r}; choose from {LAYER_RULES}")
+
+
+def layer_index(layer: int, n_layers: int) -> int:
+    """`layer` of a model with `n_layers` layers; negative counts from the end."""
+    at = layer + n_layers if layer < 0 else layer
+    if not 0 <= at < n_layers:
+        raise ValueError(f"layer {layer} does not exist in a model of {n_layers} layers")
+    return at
+
+
+def layer_for(lesson: Lesson, plan) -> int:
+    """The layer `lesson`'s head-weights view opens on, for the plan of the model that
+    ran (side B's: the pooled side of every live lesson)."""
+    L, H = plan.weights_isolated.shape
+    if lesson.layer == "last":
+        return L - 1
+    if lesson.layer == "strongest":
+        G = plan.n_groups
+        top = plan.weights_isolated.view(L, G, H // G).amax(-1)  # [L, G]
+        return int(top.argmax()) // G
+    return min(int(lesson.layer), L - 1)
+
+
+def lesson_text(lesson: Lesson, tables: dict | None = None) -> str:
+    """The lesson's text with its replay numbers read from the committed results
+    (`tables`: the results file's "tables", read when not given)."""
+    if not lesson.numbers:
+        return lesson.text
+    if tables is None:
+        tables = load_replay()["tables"]
+    return lesson.text.format(**read_numbers(dict(lesson.numbers), tables))
 
 
 T4 = "docs/results.md, table T4 (python -m pagekv replay --model bundled, full grid)"
+T7 = "docs/results.md, table T7"
+
+#: Lesson 5's replay numbers: T7's answer-level comparison of entropy and mean, summed
+#: over its settings (a tie is the same right/wrong verdict; the texts are not compared).
+T7_NUMBERS = (
+    ("pairs", number("T7_answers", "prompts", total=True)),
+    ("ties", number("T7_answers", "ties", total=True)),
+    ("both_right", number("T7_answers", "ties_both_right", total=True)),
+    ("beats", number("T7_answers", "entropy_beats", total=True)),
+    ("loses", number("T7_answers", "entropy_loses", total=True)),
+)
+#: Lesson 7's replay numbers: T4 at 20 %, question inside and after.
+T4_NUMBERS = (
+    ("prompts", number("T4_peer", "prompts", press="snapkv", mode="inside", budget=0.2)),
+    ("snap_inside", number("T4_peer", "recall", press="snapkv", mode="inside", budget=0.2)),
+    ("snap_after", number("T4_peer", "recall", press="snapkv", mode="after", budget=0.2)),
+    ("ours_inside", number("T4_recall", "recall", policy="entropy", mode="inside", budget=0.2)),
+    ("ours_after", number("T4_recall", "recall", policy="entropy", mode="after", budget=0.2)),
+)
 
 LESSONS: tuple[Lesson, ...] = (
     Lesson(
         id="gqa-cost",
         title="GQA: why per-head eviction is expensive",
         text=(
-            "Under grouped-query attention the r = 3 query heads of a group read one shared "
-            "KV cache. If every head picks its own pages within the budget, the group must "
-            "store the union of the three picks. Here side A lets every head choose "
-            "(head_independent) and side B pools the heads first (entropy), at the same "
-            "budget. The check measures the union against the budget in every (layer, "
-            "group): it climbs well above 1x, toward the worst case of r = 3x, while the "
-            "pooled side stores exactly the budget."
+            "Under grouped-query attention the r query heads of a group read one shared KV "
+            "cache. If every head picks its own pages within the budget, the group must store "
+            "the union of the r picks. Here side A lets every head choose (head_independent) "
+            "and side B pools the heads first (entropy), at the same budget. The check "
+            "measures what every (layer, group) stores against the budget: the largest climbs "
+            "well above 1x, toward the worst case of r times, while the pooled side stores at "
+            "most the budget (whole pages, so sometimes a little less)."
         ),
         observation=union_over_budget("A", 2.0),
         views=("uor", "frame"),
@@ -376,16 +494,17 @@ LESSONS: tuple[Lesson, ...] = (
             "sinks). Measured by collision entropy, such a head looks sharply focused, so an "
             "entropy weighting without care would trust it most. Page-EntroKV removes the "
             "sink tokens before taking the entropy. The check reads the head weights of the "
-            "last layer: without isolation a group's sink heads outweigh its other heads at "
-            "least twice, with isolation by less than 1.5x. Over the replay's grid isolation "
-            "fixes the average, not every group (docs/results.md, table T3)."
+            "model's last layer, the one the view opens on: without isolation a group's sink "
+            "heads outweigh its other heads at least twice, with isolation by less than 1.5x. "
+            "Over the replay's grid isolation fixes the average, not every group "
+            "(docs/results.md, table T3)."
         ),
-        observation=sink_masquerade(layer=29, raw_at_least=2.0, isolated_below=1.5),
+        observation=sink_masquerade(layer=-1, raw_at_least=2.0, isolated_below=1.5),
         views=("weights", "sinks"),
         prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
         a=Side("entropy_nosink", budget=0.2),
         b=Side("entropy", budget=0.2),
-        layer=29,
+        layer="last",
     ),
     Lesson(
         id="strict-test",
@@ -409,19 +528,24 @@ LESSONS: tuple[Lesson, ...] = (
         title="Entropy against mean pooling on this model: an honest tie",
         text=(
             "Page-EntroKV weights the heads of a group by how focused they are; mean pooling "
-            "gives each 1/3. On SmolLM2-135M the heads of a group are alike: the largest "
-            "weight of a group is under 0.5 on average, so both poolings keep nearly the same "
-            "tokens (a few groups differ more). The check measures the weights, the kept-set "
-            "overlap and both answers. Over the replay's full grid, entropy and mean gave the "
-            "same decoded answer on all 114 prompts compared (docs/results.md, table T7); the "
-            "paper's headline, entropy beating mean, needs heads that differ, as in the "
-            "constructed lesson."
+            "gives each 1/r. Where a group's heads are alike the two keep nearly the same "
+            "tokens, and the check measures how alike they are here: the largest head weight "
+            "of every group, the kept-set overlap and both answers. Some groups do have one "
+            "head that stands out: the layer view opens on the one with the highest weight. "
+            "Over the replay's T7 on the bundled model, entropy and mean gave the same "
+            "right/wrong verdict on {ties} of {pairs} prompt-settings (both right on "
+            "{both_right}; entropy alone right {beats}, mean alone right {loses}); the answer "
+            "texts were not compared (docs/results.md, table T7). Entropy beating mean needs "
+            "heads that differ more, as in the constructed lesson."
         ),
         observation=tie(min_overlap=0.9, mean_top_weight_below=0.5),
         views=("weights", "frame"),
         prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
         a=Side("mean", budget=0.2),
         b=Side("entropy", budget=0.2),
+        layer="strongest",
+        cites=T7,
+        numbers=T7_NUMBERS,
     ),
     Lesson(
         id="constructed-win",
@@ -445,21 +569,26 @@ LESSONS: tuple[Lesson, ...] = (
         kind="replay",
         text=(
             "NVIDIA's kvpress ran beside our policies on the same token ids and budgets in "
-            "the replay (not live in this app). At 20 % of a needle prompt, kvpress's SnapKV "
-            "recalled the needle on 60 % of 15 prompts with the question inside and 7 % with "
-            "it asked after; Page-EntroKV recalled 87 % and 13 % (docs/results.md, table T4). "
-            "Both fall sharply when the question comes after compression."
+            "the replay (not live in this app). At 20% of a needle prompt, kvpress's SnapKV "
+            "recalled the needle on {snap_inside:.0%} of {prompts:.0f} prompts with the "
+            "question inside and {snap_after:.0%} with it asked after; Page-EntroKV recalled "
+            "{ours_inside:.0%} and {ours_after:.0%} (docs/results.md, table T4). Both recall "
+            "less when the question comes after compression."
         ),
-        observation=replay_values(
-            (
-                cite("T4_peer", "recall", 9 / 15, press="snapkv", mode="inside", budget=0.2),
-                cite("T4_peer", "recall", 1 / 15, press="snapkv", mode="after", budget=0.2),
-                cite("T4_recall", "recall", 13 / 15, policy="entropy", mode="inside", budget=0.2),
-                cite("T4_recall", "recall", 2 / 15, policy="entropy", mode="after", budget=0.2),
-            )
+        observation=replay_claim(
+            "in the replay's table T4 at 20%, kvpress SnapKV and Page-EntroKV both recall "
+            "the needle less often with the question asked after compression than inside",
+            dict(T4_NUMBERS),
+            lambda v: v["snap_after"] < v["snap_inside"] and v["ours_after"] < v["ours_inside"],
+            lambda v: (
+                f"table T4, 20%, {v['prompts']:.0f} prompts: Page-EntroKV (entropy) recalled "
+                f"{_pct(v['ours_inside'])} inside, {_pct(v['ours_after'])} after; kvpress "
+                f"SnapKV {_pct(v['snap_inside'])} inside, {_pct(v['snap_after'])} after"
+            ),
         ),
-        views=("retention",),
+        views=("replay",),
         cites=T4,
+        numbers=T4_NUMBERS,
     ),
 )
 
