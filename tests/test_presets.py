@@ -1,53 +1,134 @@
-"""Presets: the built-ins and the replay harness's format come out in one shape."""
+"""Presets: the curated ones and the replay harness's format come out in one shape, and
+every preset names a difference and carries the checks that measure it (no model here;
+`test_presets_bundled.py` runs them on the bundled model)."""
 
 import json
 
-from pagekv.views.presets import BUILTIN, FIELDS, load_presets, normalize
+import pytest
+
+from pagekv.views.presets import (
+    CHECK_KINDS,
+    CHECKS,
+    CURATED,
+    FIELDS,
+    KEYS,
+    SHOWS,
+    load_presets,
+    normalize,
+    observation_of,
+    preset_matches,
+)
+
+#: A replay entry (the format `python -m pagekv replay` writes to assets/presets.json).
+ENTRY = {
+    "task": "needle", "context_tokens": 2000, "depth": 0.25, "seed": 4, "n_needles": 2,
+    "name": None, "haystack": None, "needle": None, "question": None, "answer": None,
+    "mode": "after", "policy": "entropy", "budget": 0.05, "page_size": 8, "n_sink": 4,
+    "window": 16, "tau": 1.0, "smoothing": 1, "smoothing_kind": "max",
+    "page_reduction": "max", "sink_threshold": 0.5, "title": "x", "compare_policy": "mean",
+    "winner": "entropy", "observed": {},
+}  # fmt: skip
 
 
-def test_builtins_are_complete():
-    presets = [normalize(p) for p in BUILTIN]
-    assert all(set(p) == set(FIELDS) for p in presets)
-    assert presets[0]["policy_a"] == "mean" and presets[0]["policy_b"] == "entropy"
+def _observed(entropy: bool, mean: bool, full: bool = True) -> dict:
+    return {
+        "entropy": {"correct": entropy, "needle_retention": 0.5},
+        "mean": {"correct": mean, "needle_retention": 0.25},
+        "full": {"correct": full},
+    }
+
+
+def _write(tmp_path, entries):
+    path = tmp_path / "presets.json"
+    path.write_text(json.dumps(entries))
+    return path
+
+
+def test_curated_presets_are_complete():
+    presets = [normalize(p) for p in CURATED]
+    assert 3 <= len(presets) <= 5
+    assert all(set(p) == set(KEYS) and set(FIELDS) <= set(p) for p in presets)
     assert len({p["title"] for p in presets}) == len(presets)
+    assert presets[0]["task"] == "needle"  # the app's first preset is a needle prompt
+
+
+@pytest.mark.parametrize("p", [normalize(e) for e in CURATED], ids=lambda p: p["title"][:40])
+def test_every_curated_preset_names_a_difference_and_checks_it(p):
+    """Two different policies, both named in the title; a sentence for the page; checks
+    of known kinds that build into one observation (without running anything)."""
+    assert p["policy_a"] != p["policy_b"]
+    assert p["policy_a"] in p["title"] and p["policy_b"] in p["title"]
+    assert len(p[SHOWS]) > 80
+    assert p[CHECKS] and all(c["kind"] in CHECK_KINDS for c in p[CHECKS])
+    obs = observation_of(p)
+    assert obs.statement and callable(obs.check)
+    assert preset_matches(p, None) is False  # nothing ran yet
+
+
+def test_check_kinds_are_the_builders():
+    from pagekv.views.presets import _builders
+
+    assert set(_builders()) == set(CHECK_KINDS)
+
+
+def test_a_preset_without_checks_is_refused():
+    p = normalize({"title": "no difference"})
+    assert p[CHECKS] == () and p[SHOWS] == ""
+    with pytest.raises(ValueError, match="shows no difference"):
+        observation_of(p)
 
 
 def test_replay_format_is_mapped(tmp_path):
-    entry = {
-        "task": "needle", "context_tokens": 2000, "depth": 0.25, "seed": 4, "n_needles": 2,
-        "name": None, "haystack": None, "needle": None, "question": None, "answer": None,
-        "mode": "after", "policy": "entropy", "budget": 0.05, "page_size": 8, "n_sink": 4,
-        "window": 16, "tau": 1.0, "smoothing": 1, "smoothing_kind": "max",
-        "page_reduction": "max", "sink_threshold": 0.5, "title": "x", "compare_policy": "mean",
-        "winner": "entropy", "observed": {},
-    }  # fmt: skip
-    path = tmp_path / "presets.json"
-    path.write_text(json.dumps([entry, {"junk": 1}]))
-    p, *rest = load_presets(path)
+    entry = dict(ENTRY, observed=_observed(entropy=True, mean=False))
+    p, *rest = load_presets(_write(tmp_path, [entry, {"junk": 1}]))
     assert (p["policy_a"], p["policy_b"], p["budget"], p["window"]) == ("mean", "entropy", 0.05, 16)
     assert p["n_needles"] == 2 and p["depth"] == 0.25
     assert p["title"] == (
-        "Measured: 2 needles, 2000 tokens, depth 0.25, question after, 5%, page 8"
+        "Measured: 2 needles, 2000 tokens, depth 0.25, question after, 5%, page 8: "
+        "entropy right, mean wrong (entropy keeps 0.50 of the needle, mean 0.25)"
     )
-    assert [r["title"] for r in rest] == [b["title"] for b in BUILTIN]  # built-ins follow
-    entry["observed"] = {"entropy": {"needle_retention": 0.5}, "mean": {"needle_retention": 0.25}}
-    path.write_text(json.dumps([entry]))
-    assert load_presets(path)[0]["title"].endswith("(entropy keeps 0.50 of the needle, mean 0.25)")
+    assert p[CHECKS] == ({"kind": "answers", "full": True, "a": False, "b": True},)
+    assert "entropy answered right, mean wrong" in p[SHOWS]
+    assert [r["title"] for r in rest] == [c["title"] for c in CURATED]  # curated follow
+
+
+def test_a_tie_is_no_preset(tmp_path):
+    """The replay observed both policies answering alike (right or wrong), or did not
+    record the answers: no difference to show, so no preset."""
+    ties = [
+        dict(ENTRY, seed=1, observed=_observed(entropy=False, mean=False)),
+        dict(ENTRY, seed=2, observed=_observed(entropy=True, mean=True)),
+        dict(ENTRY, seed=3, observed={"full": {"correct": True}, "entropy": {}, "mean": {}}),
+        dict(ENTRY, seed=5),  # observed {}
+    ]
+    assert [p["title"] for p in load_presets(_write(tmp_path, ties))] == [
+        c["title"] for c in CURATED
+    ]
+
+
+def test_the_committed_replay_presets_are_all_ties():
+    """assets/presets.json (the replay on the bundled model) holds only ties today, so
+    the app offers the curated presets alone."""
+    from pagekv.paths import PRESETS_PATH
+
+    raw = json.loads(PRESETS_PATH.read_text(encoding="utf-8"))
+    assert raw and all(e["winner"] == "tie" for e in raw)
+    assert [p["title"] for p in load_presets()] == [c["title"] for c in CURATED]
 
 
 def test_missing_or_broken_file_falls_back(tmp_path):
-    assert load_presets(tmp_path / "none.json")[0]["title"] == BUILTIN[0]["title"]
+    assert load_presets(tmp_path / "none.json")[0]["title"] == CURATED[0]["title"]
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    assert load_presets(bad)[0]["title"] == BUILTIN[0]["title"]
+    assert load_presets(bad)[0]["title"] == CURATED[0]["title"]
 
 
 def test_a_prompt_the_full_cache_gets_wrong_is_no_preset(tmp_path):
     """The replay observed the full cache answering wrongly: that prompt is left out."""
-    good = {"task": "needle", "seed": 1, "policy": "entropy", "title": "x",
-            "observed": {"full": {"correct": True}, "entropy": {}, "mean": {}}}  # fmt: skip
-    bad = dict(good, seed=2, observed={"full": {"correct": False}})
-    path = tmp_path / "presets.json"
-    path.write_text(json.dumps([good, bad]))
-    seeds = [p["seed"] for p in load_presets(path) if p["title"].startswith("Measured")]
+    good = dict(ENTRY, seed=1, observed=_observed(entropy=True, mean=False))
+    bad = dict(ENTRY, seed=2, observed=_observed(entropy=True, mean=False, full=False))
+    seeds = [
+        p["seed"] for p in load_presets(_write(tmp_path, [good, bad]))
+        if p["title"].startswith("Measured")
+    ]  # fmt: skip
     assert seeds == [1]

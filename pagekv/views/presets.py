@@ -1,11 +1,26 @@
-"""The app's presets: settings that show something on first load.
+"""The app's presets: settings that show a named difference, each one checked.
+
+Presets are curated like lessons (`pagekv.views.lessons`): a preset sets the app's
+controls (side B runs with side A's settings; only the policy differs, as the app's
+preset picker runs it), its title names the difference the two policies show, `shows`
+says it in a sentence for the page, and `checks` are the observations that measure
+that difference on a live comparison (`check_preset`). Every curated preset is run on
+the bundled model by `tests/test_presets_bundled.py`, which fails if a named
+difference does not appear: then the preset changes, never the check.
+
+    >>> [p["policy_a"] + " vs " + p["policy_b"] for p in load_presets()][:3]
+    ['streaming vs entropy', 'head_independent vs entropy', 'entropy_nosink vs entropy']
 
 `assets/presets.json` is written by the replay harness (`python -m pagekv replay`,
-table T7: where `entropy` and `mean` differ most on the bundled model); each entry
-is flat (PromptSpec fields, EvictionConfig fields with `policy`, the compared
-`compare_policy`, a `title`, what was observed). Without that file the built-in
-presets below are used. `load_presets` returns both kinds in one shape:
-the app's control values (`policy_a`, `policy_b`, `budget` as a fraction, ...).
+table T7: where `entropy` and `mean` differ most on the bundled model); each entry is
+flat (PromptSpec fields, EvictionConfig fields with `policy`, the compared
+`compare_policy`, a `title`, what was `observed`). An entry becomes a preset only when
+what the replay observed shows a difference: the two policies' decoded answers differ
+in correctness (one right, one wrong) on a prompt the full cache answers right. Ties
+are no preset (on the bundled model every committed entry is a tie, so none is used).
+
+`load_presets` returns both kinds in one shape: the app's control values (`FIELDS`:
+`policy_a`, `policy_b`, `budget` as a fraction, ...) plus `shows` and `checks`.
 """
 
 from __future__ import annotations
@@ -15,31 +30,99 @@ from pathlib import Path
 
 from pagekv.paths import PRESETS_PATH  # noqa: E402
 
-#: Keys of a normalised preset (what the app's controls take).
+#: Keys of a preset that the app's controls take.
 FIELDS = (
     "title", "task", "name", "context_tokens", "depth", "seed", "n_needles", "mode",
     "budget", "page_size", "n_sink", "window", "tau", "policy_a", "policy_b",
 )  # fmt: skip
+#: The key of the sentence that says what a preset shows (for the page).
+SHOWS = "shows"
+#: The key of a preset's checks: a tuple of `{"kind": ..., **arguments}` (`observation_of`).
+CHECKS = "checks"
+#: Every key of a normalised preset.
+KEYS = FIELDS + (SHOWS, CHECKS)
 
 _DEFAULTS = dict(
     task="needle", name=None, context_tokens=1500, depth=0.5, seed=0, n_needles=1, mode="after",
     budget=0.1, page_size=16, n_sink=4, window=32, tau=1.0, policy_a="mean", policy_b="entropy",
 )  # fmt: skip
 
-BUILTIN = [
-    {"title": "Needle, question after compression, 10% budget"},
-    {"title": "Needle, question inside the prompt, 20% budget", "mode": "inside",
-     "budget": 0.2, "depth": 0.3, "seed": 1},
-    {"title": "Three needles, 5% budget, page size 8", "n_needles": 3, "context_tokens": 2000,
-     "budget": 0.05, "page_size": 8, "window": 16, "seed": 2},
-    {"title": "Sink isolation on and off", "policy_a": "entropy_nosink", "depth": 0.6,
-     "seed": 3},
-    {"title": "Code question at 20%", "task": "code", "budget": 0.2},
-]  # fmt: skip
+#: One prompt for the curated presets (the full cache answers it right, MARLIN-86), so
+#: that from one preset to the next only the policies change.
+_PROMPT = dict(task="needle", context_tokens=1500, depth=0.3, seed=1, n_needles=1, mode="inside")
+
+#: The curated presets: each measured on the bundled model and checked by
+#: `tests/test_presets_bundled.py`; `shows` states only what its checks require (the
+#: figures measured come from the check, on the page after each run).
+CURATED = [
+    dict(
+        _PROMPT,
+        title="Sinks and recent tokens lose the needle: streaming wrong, entropy right at 10 %",
+        policy_a="streaming",
+        policy_b="entropy",
+        budget=0.1,
+        shows=(
+            "Both sides keep 10 % of the prompt, with the question inside it. Streaming keeps "
+            "the attention sinks and the most recent tokens, so none of the needle's tokens "
+            "survive and side A answers wrongly; entropy pooling keeps the pages its heads "
+            "attend to, among them part of the needle, and side B answers right."
+        ),
+        checks=(
+            {"kind": "answers", "full": True, "a": False, "b": True},
+            {"kind": "needle_kept", "side": "A", "at_most": 0.0},
+            {"kind": "needle_kept", "side": "B", "at_least": 0.1},
+        ),
+    ),
+    dict(
+        _PROMPT,
+        title="Per-head eviction stores the union: head_independent over 2x the budget, "
+        "entropy within it (10 %)",
+        policy_a="head_independent",
+        policy_b="entropy",
+        budget=0.1,
+        shows=(
+            "Both sides get the same budget and both answer right. Head-independent eviction "
+            "lets each of a group's r query heads pick its own pages, but the heads share one "
+            "KV cache, so the group must store the union of their picks: over 2x the budget "
+            "in some (layer, group). Entropy pooling picks once per group and stores at most "
+            "the budget."
+        ),
+        checks=(
+            {"kind": "answers", "full": True, "a": True, "b": True},
+            {"kind": "union_over_budget", "side": "A", "factor": 2.0},
+            {"kind": "within_budget", "side": "B"},
+        ),
+    ),
+    dict(
+        _PROMPT,
+        title="Attention sinks masquerade as focused heads: entropy_nosink vs entropy (layer 28)",
+        policy_a="entropy_nosink",
+        policy_b="entropy",
+        budget=0.1,
+        shows=(
+            "Both sides weight a group's heads by their collision entropy; side A takes the "
+            "entropy over the whole row, side B (Page-EntroKV) leaves the sink tokens out "
+            "first. A head that parks its attention on the sinks looks focused to side A: in "
+            "layer 28 a group's sink heads weigh at least 2x its other heads without isolation "
+            "and under 1.5x with it, and in some (layer, group) the two sides share under 80 % "
+            "of their kept tokens. Both answer right."
+        ),
+        checks=(
+            {"kind": "sink_masquerade", "layer": 28, "raw_at_least": 2.0, "isolated_below": 1.5},
+            {"kind": "kept_differ", "overlap_below": 0.8},
+            {"kind": "answers", "full": True, "a": True, "b": True},
+        ),
+    ),
+]
+
+
+# ------------------------------------------------------------------ shape
 
 
 def normalize(entry: dict) -> dict:
-    """One preset in the app's shape; accepts the built-in and the replay's format."""
+    """One preset in the app's shape (`KEYS`); accepts the curated and the replay's
+    format. A replay entry gets a title, `shows` and `checks` from what it observed
+    (`checks` is empty when it observed no difference)."""
     p = dict(_DEFAULTS)
     p.update({k: v for k, v in entry.items() if k in FIELDS and v is not None})
     if "policy" in entry:  # the replay's format: policy (B) against compare_policy (A)
@@ -48,14 +131,28 @@ def normalize(entry: dict) -> dict:
     if p.get("depth") is None:
         p["depth"] = _DEFAULTS["depth"]
     title = entry.get("title")
+    shows, checks = entry.get(SHOWS) or "", tuple(entry.get(CHECKS) or ())
     if "observed" in entry:
         title = _measured_title(p, entry)
+        shows, checks = _measured_difference(p, entry)
     p["title"] = str(title or f"{p['task']} at {100 * p['budget']:.0f}%")
-    return {k: p[k] for k in FIELDS}
+    p[SHOWS], p[CHECKS] = shows, checks
+    return {k: p[k] for k in KEYS}
+
+
+def _answered(p: dict, entry: dict) -> tuple[bool | None, bool | None]:
+    """Whether the replay observed side A's and side B's policy answering right."""
+    obs = entry.get("observed") or {}
+
+    def correct(policy):
+        c = (obs.get(policy) or {}).get("correct")
+        return c if isinstance(c, bool) else None
+
+    return correct(p["policy_a"]), correct(p["policy_b"])
 
 
 def _measured_title(p: dict, entry: dict) -> str:
-    """A readable title for a replay preset, with what the replay observed."""
+    """A readable title for a replay preset, naming what the replay observed."""
     what = "needle" if p["task"] == "needle" else p["task"]
     if p["task"] == "needle" and p["n_needles"] > 1:
         what = f"{p['n_needles']} needles"
@@ -63,14 +160,39 @@ def _measured_title(p: dict, entry: dict) -> str:
         f"Measured: {what}, {p['context_tokens']} tokens, depth {p['depth']:g}, question "
         f"{p['mode']}, {100 * p['budget']:g}%, page {p['page_size']}"
     )
-    obs = entry.get("observed") or {}
-    a, b = obs.get(p["policy_a"]), obs.get(p["policy_b"])
-    if a and b and a.get("needle_retention") is not None and b.get("needle_retention") is not None:
+    a, b = _answered(p, entry)
+    if a is not None and b is not None and a != b:
         head += (
-            f" ({p['policy_b']} keeps {b['needle_retention']:.2f} of the needle, "
-            f"{p['policy_a']} {a['needle_retention']:.2f})"
+            f": {p['policy_b']} {'right' if b else 'wrong'}, "
+            f"{p['policy_a']} {'right' if a else 'wrong'}"
+        )
+    obs = entry.get("observed") or {}
+    ra, rb = obs.get(p["policy_a"]), obs.get(p["policy_b"])
+    if (
+        ra
+        and rb
+        and ra.get("needle_retention") is not None
+        and rb.get("needle_retention") is not None
+    ):
+        head += (
+            f" ({p['policy_b']} keeps {rb['needle_retention']:.2f} of the needle, "
+            f"{p['policy_a']} {ra['needle_retention']:.2f})"
         )
     return head
+
+
+def _measured_difference(p: dict, entry: dict) -> tuple[str, tuple]:
+    """`shows` and `checks` of a replay entry: its answers, when one policy answered
+    right and the other wrong (else no checks: the entry shows no difference)."""
+    a, b = _answered(p, entry)
+    if a is None or b is None or a == b or p["policy_a"] == p["policy_b"]:
+        return "", ()
+    shows = (
+        f"The replay decoded this prompt at the same settings for both policies: "
+        f"{p['policy_b']} answered {'right' if b else 'wrong'}, {p['policy_a']} "
+        f"{'right' if a else 'wrong'}, and the full cache right. The check decodes both again."
+    )
+    return shows, ({"kind": "answers", "full": True, "a": a, "b": b},)
 
 
 def _full_cache_right(entry: dict) -> bool:
@@ -80,23 +202,194 @@ def _full_cache_right(entry: dict) -> bool:
 
 
 def load_presets(path: Path | str | None = None) -> list[dict]:
-    """The replay's measured presets (when the file holds valid ones), then the built-ins."""
+    """The replay's measured presets that show a difference (when the file holds any),
+    then the curated ones."""
     src = Path(path) if path is not None else PRESETS_PATH
     measured = []
     try:
         raw = json.loads(src.read_text(encoding="utf-8"))
         # A preset compares policies against the full cache, so a prompt the full cache
-        # answers wrongly (as the replay observed it) is no baseline: left out.
+        # answers wrongly (as the replay observed it) is no baseline: left out. So is a
+        # tie: an entry whose policies answered alike shows no difference.
         measured = [
             normalize(e)
             for e in raw
             if isinstance(e, dict) and "task" in e and _full_cache_right(e)
         ]
+        measured = [p for p in measured if p[CHECKS]]
     except (OSError, ValueError, TypeError):
         pass
     out, seen = [], set()
-    for p in measured + [normalize(e) for e in BUILTIN]:
+    for p in measured + [normalize(e) for e in CURATED]:
         if p["title"] not in seen:  # titles key the app's dropdown
             seen.add(p["title"])
             out.append(p)
+    return out
+
+
+# ------------------------------------------------------------------ checks
+
+
+def needle_kept(side: str, at_least: float | None = None, at_most: float | None = None):
+    """Side `side` keeps at least `at_least` / at most `at_most` of the needle's tokens,
+    on average over (layer, group)."""
+    from pagekv.views.lessons import Finding, Observation
+
+    bounds = []
+    if at_least is not None:
+        bounds.append(f"at least {at_least:g}")
+    if at_most is not None:
+        bounds.append(f"at most {at_most:g}")
+
+    def check(ev) -> Finding:
+        comp = ev.comparison
+        needle = comp.needle_positions_of(side)
+        if not needle:
+            return Finding(False, f"side {side}: the prompt has no needle")
+        kept = comp.plan_of(side).needle_retention(needle)  # [L, G]
+        mean, low, high = float(kept.mean()), float(kept.min()), float(kept.max())
+        holds = (at_least is None or mean >= at_least) and (at_most is None or mean <= at_most)
+        measured = (
+            f"side {side} keeps {mean:.3f} of the needle's {len(needle)} tokens on average "
+            f"(per (layer, group) from {low:.3f} to {high:.3f})"
+        )
+        return Finding(holds, measured, {f"needle_kept_{side}": mean})
+
+    return Observation(
+        f"side {side} keeps {' and '.join(bounds)} of the needle's tokens on average", check
+    )
+
+
+def within_budget(side: str):
+    """Side `side` stores at most its budget in every (layer, group)."""
+    from pagekv.views.lessons import Finding, Observation
+
+    def check(ev) -> Finding:
+        rec = ev.comparison.records[side]
+        most, k = max(max(row) for row in rec["union_tokens"]), rec["budget_tokens"]
+        return Finding(
+            most <= k,
+            f"side {side} stores at most {most} tokens in a (layer, group) for a budget of {k}",
+            {f"stored_max_{side}": most, "budget_tokens": k},
+        )
+
+    return Observation(f"side {side} stores at most the budget in every (layer, group)", check)
+
+
+def kept_differ(overlap_below: float):
+    """In some (layer, group), under `overlap_below` of A's kept tokens are kept by B."""
+    from pagekv.views.lessons import Finding, Observation
+
+    def check(ev) -> Finding:
+        pa, pb = ev.comparison.plan_of("A"), ev.comparison.plan_of("B")
+        shared = (pa.keep & pb.keep).sum(-1).double() / pa.keep.sum(-1).double()  # [L, G]
+        low, mean = float(shared.min()), float(shared.mean())
+        layer, group = divmod(int(shared.argmin()), shared.shape[1])
+        measured = (
+            f"kept-set overlap {mean:.3f} on average, lowest {low:.3f} (layer {layer}, "
+            f"group {group})"
+        )
+        return Finding(low < overlap_below, measured, {"overlap": mean, "overlap_min": low})
+
+    return Observation(
+        f"in some (layer, group) under {overlap_below:.0%} of A's kept tokens are kept by B",
+        check,
+    )
+
+
+def _builders() -> dict:
+    from pagekv.views import lessons
+
+    return {
+        "answers": lessons.answers,
+        "union_over_budget": lessons.union_over_budget,
+        "sink_masquerade": lessons.sink_masquerade,
+        "needle_kept": needle_kept,
+        "within_budget": within_budget,
+        "kept_differ": kept_differ,
+    }
+
+
+#: The kinds a preset's checks may name.
+CHECK_KINDS = (
+    "answers", "union_over_budget", "sink_masquerade", "needle_kept", "within_budget",
+    "kept_differ",
+)  # fmt: skip
+
+
+def observation_of(preset: dict):
+    """The preset's checks as one `Observation` (all of them must hold)."""
+    from pagekv.views.lessons import Finding, Observation
+
+    builders = _builders()
+    parts = []
+    for c in preset[CHECKS]:
+        args = {k: v for k, v in c.items() if k != "kind"}
+        parts.append(builders[c["kind"]](**args))
+    if not parts:
+        raise ValueError(f"preset {preset['title']!r} has no checks: it shows no difference")
+
+    def check(ev) -> Finding:
+        found = [o.check(ev) for o in parts]
+        values = {}
+        for f in found:
+            values.update(f.values)
+        return Finding(all(f.holds for f in found), "; ".join(f.measured for f in found), values)
+
+    return Observation("; ".join(o.statement for o in parts), check)
+
+
+def preset_inputs(preset: dict):
+    """`(spec, cfg_a, cfg_b, mode_a, mode_b)` as the app runs the preset (its run inputs
+    through `pagekv.views.inputs.parse_run`, side B with side A's settings)."""
+    from pagekv.views.inputs import parse_run
+
+    p = preset
+    values = dict(
+        task=p["task"], context=p["context_tokens"], depth=p["depth"], seed=p["seed"],
+        needles=p["n_needles"], mode=p["mode"], curated=p["name"],
+        budget_pct=round(100 * p["budget"], 1), page_size=p["page_size"], n_sink=p["n_sink"],
+        window=p["window"], tau=p["tau"], policy_a=p["policy_a"], policy_b=p["policy_b"],
+        link_b=True, layer=0,
+    )  # fmt: skip
+    spec, cfg_a, cfg_b, mode_a, mode_b, _ = parse_run(values)
+    return spec, cfg_a, cfg_b, mode_a, mode_b
+
+
+def preset_matches(preset: dict, comp) -> bool:
+    """Whether the comparison `comp` ran exactly the preset's prompt and two sides."""
+    if comp is None:
+        return False
+    spec, cfg_a, cfg_b, mode_a, mode_b = preset_inputs(preset)
+    return (
+        comp.prep.spec == spec.replace(mode=mode_a)
+        and comp.configs["A"] == cfg_a
+        and comp.configs["B"] == cfg_b
+        and comp.modes == {"A": mode_a, "B": mode_b}
+    )
+
+
+def compare_preset(study, preset: dict, max_new_tokens: int | None = None):
+    """Run the preset's comparison on `study`'s model, as the app runs it."""
+    from pagekv.views.comparison import compare
+
+    spec, cfg_a, cfg_b, mode_a, mode_b = preset_inputs(preset)
+    return compare(
+        study, spec, cfg_a, cfg_b, max_new_tokens=max_new_tokens, mode_a=mode_a, mode_b=mode_b
+    )
+
+
+def check_preset(preset: dict, comparison):
+    """The preset's checks on a comparison of its settings: a `Finding`."""
+    from pagekv.views.lessons import Evidence
+
+    return observation_of(preset).check(Evidence(comparison=comparison))
+
+
+def run_presets(study, presets: list[dict] | None = None) -> list[tuple[dict, object]]:
+    """Run every preset (default `load_presets()`) on `study` and check it:
+    `[(preset, Finding), ...]`."""
+    out = []
+    for p in load_presets() if presets is None else presets:
+        out.append((p, check_preset(p, compare_preset(study, p))))
     return out

