@@ -23,7 +23,6 @@ import gradio as gr  # noqa: E402
 
 from pagekv.paths import CSS_PATH  # noqa: E402
 from pagekv.serving.worker import WORKER  # noqa: E402
-from pagekv.views.answers import ANSWER_HEADERS  # noqa: E402
 from pagekv.views.app_lessons import (  # noqa: E402
     LESSON_CONTROLS,
     TABS,
@@ -58,13 +57,24 @@ from pagekv.views.app_ui import (  # noqa: E402
     run_preset,
     update_layer,
 )
-from pagekv.views.inputs import MAX_CONTEXT, MODES, PAGE_SIZES, TASKS, WINDOW_MAX  # noqa: E402
-from pagekv.views.lesson_checks import LESSON_TITLES  # noqa: E402
+from pagekv.views.inputs import LIMITS, MODES, PAGE_SIZES, TASKS  # noqa: E402
+from pagekv.views.lesson_checks import LESSON_TITLES, replay_recall_figure  # noqa: E402
 from pagekv.views.lessons import LESSONS  # noqa: E402
 from pagekv.views.view_memo import PLAN_VIEWS  # noqa: E402
 
 log = logging.getLogger("pagekv.app")
 __all__ = ["build_demo", "main", "warm_lessons", "RUN_DEFAULTS", "TABS"]
+
+
+def slider(name: str, value, label: str, **kw) -> gr.Slider:
+    """A slider over the range and step the API accepts for `name` (`LIMITS`)."""
+    lo, hi, step = LIMITS[name]
+    return gr.Slider(lo, hi, value=value, step=step, label=label, **kw)
+
+
+def plot(**kw) -> gr.Plot:
+    """A plot without Gradio's "Plot" badge (it covered the start of the title)."""
+    return gr.Plot(show_label=False, **kw)
 
 
 def build_demo(default_model: str = "bundled") -> gr.Blocks:
@@ -74,14 +84,15 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         gr.Markdown(INTRO)
         last = gr.State(None)
         with gr.Row(elem_id="main-row"):
-            with gr.Column(scale=1, min_width=320):
-                with gr.Group():
-                    lesson = gr.Dropdown(LESSON_TITLES, value=LESSON_TITLES[0], label="Lesson")
-                    with gr.Row():
-                        prev_btn = gr.Button("Previous lesson", size="sm")
-                        next_btn = gr.Button("Next lesson", size="sm")
+            with gr.Column(scale=1, min_width=320, elem_id="explore-col"):
                 gr.Markdown("#### Free exploration")
-                preset = gr.Dropdown([p["title"] for p in PRESETS], value=None, label="Preset")
+                preset = gr.Dropdown(
+                    [p["title"] for p in PRESETS],
+                    value=None,
+                    label="Preset",
+                    info="two policies at the same settings; each title names the difference "
+                    "it shows, checked after the run",
+                )
                 run_btn = gr.Button("Run", variant="primary")
                 with gr.Accordion("Prompt", open=False):
                     model = gr.Dropdown(
@@ -93,13 +104,13 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                     )
                     task = gr.Radio(list(TASKS), value=first["task"], label="Task")
                     curated = gr.Dropdown([], label="Curated task", visible=False)
-                    context = gr.Slider(
-                        200, MAX_CONTEXT, value=first["context_tokens"], step=100,
-                        label="Context length (tokens)",
+                    context = slider("context", first["context_tokens"], "Context length (tokens)")
+                    depth = slider("depth", first["depth"], "Needle depth")
+                    needles = slider("needles", first["n_needles"], "Needles")
+                    seed = gr.Number(
+                        value=first["seed"], precision=0, label="Seed",
+                        minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1],
                     )  # fmt: skip
-                    depth = gr.Slider(0, 1, value=first["depth"], step=0.05, label="Needle depth")
-                    needles = gr.Slider(1, 4, value=first["n_needles"], step=1, label="Needles")
-                    seed = gr.Number(value=first["seed"], precision=0, label="Seed")
                     with gr.Accordion("Custom text", open=False, visible=False) as custom_box:
                         haystack = gr.Textbox(value="", lines=5, label="Haystack text")
                         needle = gr.Textbox(value="", label="Needle sentence")
@@ -115,17 +126,16 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         label="Question position",
                         info="after = asked after compression (the strict test)",
                     )
-                    budget = gr.Slider(
-                        1, 60, value=100 * first["budget"], step=0.5,
-                        label="Budget (% of the prompt kept per layer and group)",
+                    budget = slider(
+                        "budget", 100 * first["budget"],
+                        "Budget (% of the prompt kept per layer and group)",
+                        info="its lower limit follows the prompt: the protected pages must fit",
                     )  # fmt: skip
                     page_size = gr.Dropdown(PAGE_SIZES, value=first["page_size"], label="Page size")
                     with gr.Row():
-                        n_sink = gr.Slider(0, 16, value=first["n_sink"], step=1, label="n_sink")
-                        window = gr.Slider(
-                            1, WINDOW_MAX, value=first["window"], step=1, label="Window"
-                        )
-                    tau = gr.Slider(0.1, 4.0, value=first["tau"], step=0.1, label="tau")
+                        n_sink = slider("n_sink", first["n_sink"], "n_sink")
+                        window = slider("window", first["window"], "Window")
+                    tau = slider("tau", first["tau"], "tau")
                 with gr.Accordion("Side B", open=False):
                     policy_b = gr.Dropdown(
                         POLICY_CHOICES, value=first["policy_b"], label="Policy B"
@@ -136,19 +146,21 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         info="untick to give B its own question position, budget and pages",
                     )
                     mode_b = gr.Radio(list(MODES), value=first["mode"], label="Question position B")
-                    budget_b = gr.Slider(
-                        1, 60, value=100 * first["budget"], step=0.5, label="Budget B (%)"
-                    )
+                    budget_b = slider("budget", 100 * first["budget"], "Budget B (%)")
                     page_size_b = gr.Dropdown(
                         PAGE_SIZES, value=first["page_size"], label="Page size B"
                     )
                     with gr.Row():
-                        n_sink_b = gr.Slider(0, 16, value=first["n_sink"], step=1, label="n_sink B")
-                        window_b = gr.Slider(
-                            1, WINDOW_MAX, value=first["window"], step=1, label="Window B"
-                        )
-                    tau_b = gr.Slider(0.1, 4.0, value=first["tau"], step=0.1, label="tau B")
-            with gr.Column(scale=3):
+                        n_sink_b = slider("n_sink", first["n_sink"], "n_sink B")
+                        window_b = slider("window", first["window"], "Window B")
+                    tau_b = slider("tau", first["tau"], "tau B")
+            with gr.Column(scale=3, elem_id="lesson-col"):
+                with gr.Row(elem_id="lesson-picker"):
+                    lesson = gr.Dropdown(
+                        LESSON_TITLES, value=LESSON_TITLES[0], label="Lesson", scale=4
+                    )
+                    prev_btn = gr.Button("Previous lesson", size="sm", scale=1)
+                    next_btn = gr.Button("Next lesson", size="sm", scale=1)
                 with gr.Row(equal_height=False, elem_id="lesson-row"):
                     lesson_text = gr.Markdown(lesson_markdown(LESSONS[0]), elem_id="lesson-text")
                     observation = gr.Markdown(
@@ -160,36 +172,30 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                 )
                 stale_note = gr.Markdown(elem_id="stale-note")
                 gr.Markdown(CAPTIONS["answers"])
-                answers = gr.Dataframe(
-                    headers=ANSWER_HEADERS,
-                    interactive=False,
-                    wrap=True,
-                    elem_id="answers-table",
-                    column_widths=["17%", "10%", "30%", "9%", "8%", "11%", "7%", "8%"],
-                )  # fmt: skip
+                answers = gr.HTML(elem_id="answers-table")
                 with gr.Tabs() as tabs:
                     with gr.Tab("Pages", id="frame"):
                         gr.Markdown(CAPTIONS["frame"])
-                        frame = gr.Plot(elem_id="page-frame")
+                        frame = plot(elem_id="page-frame")
                     with gr.Tab("Needle", id="retention"):
                         gr.Markdown(CAPTIONS["retention"])
-                        retention = gr.Plot()
+                        retention = plot()
                     with gr.Tab("Weights", id="weights"):
                         gr.Markdown(CAPTIONS["overview"])
-                        overview = gr.Plot()
+                        overview = plot()
                         gr.Markdown(CAPTIONS["weights"])
                         # Its range comes from the model of each run (RUN_VIEWS "layer").
                         layer = gr.Slider(0, 1, value=0, step=1, label="Layer")
-                        weights = gr.Plot()
+                        weights = plot()
                     with gr.Tab("Sinks", id="sinks"):
                         gr.Markdown(CAPTIONS["sink"])
-                        sink_mass = gr.Plot()
-                        sink_adv = gr.Plot()
+                        sink_mass = plot()
+                        sink_adv = plot()
                     with gr.Tab("UOR & memory", id="uor"):
                         gr.Markdown(CAPTIONS["uor"])
-                        uor = gr.Plot()
-                        stored = gr.Plot()
-                        memory = gr.Plot()
+                        uor = plot()
+                        stored = plot()
+                        memory = plot()
                     with gr.Tab("Mechanism", id="mechanism"):
                         gr.Markdown(CAPTIONS["mechanism"])
                         with gr.Row():
@@ -205,7 +211,10 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         m_table = gr.Dataframe(
                             headers=["policy", "needle page", "weights"], interactive=False
                         )
-                        m_plot = gr.Plot()
+                        m_plot = plot()
+                    with gr.Tab("Replay", id="replay"):
+                        gr.Markdown(CAPTIONS["replay"])
+                        plot(value=replay_recall_figure(), elem_id="replay-recall")
                     with gr.Tab("Export", id="export"):
                         gr.Markdown(
                             "The last run's numbers (JSON, CSV) and every figure (HTML), "
@@ -288,8 +297,19 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         for control in (task, context, depth, seed, needles, mode, curated, haystack, needle,
                         question, answer, model):  # fmt: skip
             control.input(None, None, stale_note, js=stale_js, **quiet)
-        for control in (run_btn,):
-            control.click(None, None, stale_note, js="() => ''", **quiet)
+        # Any run starts: the note goes at once (the run's status follows).
+        clear_js = dict(fn=None, inputs=None, outputs=stale_note, js="() => ''", **quiet)
+        run_btn.click(**clear_js)
+        lesson.select(**clear_js)
+        preset.select(**clear_js)
+        for control in (prev_btn, next_btn):
+            control.click(**clear_js)
+        for control in (page_size, policy_a, policy_b, page_size_b):
+            control.select(**clear_js)
+        for control in (mode_b, link_b):
+            control.input(**clear_js)
+        for control in (budget, tau, window, n_sink, budget_b, tau_b, window_b, n_sink_b):
+            control.release(**clear_js)
         layer.release(update_layer, [last, layer], weights, api_name="layer")
         mech_io = dict(fn=run_mechanism, inputs=mech_inputs, outputs=mech_outputs)
         m_retr.release(api_name="mechanism", **mech_io)

@@ -60,3 +60,41 @@ def launched_app(cold: bool = False):
         yield demo, url.rstrip("/")
     finally:
         demo.close()
+
+
+def answer_rows(table_html) -> list[list[str]]:
+    """The answers table's body rows as cell texts (the app sends it as HTML)."""
+    from html.parser import HTMLParser
+
+    rows: list[list[str]] = []
+
+    class Rows(HTMLParser):
+        cell = None
+        in_body = False
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tbody":
+                self.in_body = True
+            elif tag == "tr" and self.in_body:
+                rows.append([])
+            elif tag == "td" and self.in_body:
+                self.cell = []
+
+        def handle_endtag(self, tag):
+            if tag == "td" and self.cell is not None:
+                rows[-1].append("".join(self.cell).strip())
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell.append(data)
+
+    Rows().feed(table_html or "")
+    return rows
+
+
+def answer_headers(table_html) -> list[str]:
+    """The answers table's column titles."""
+    import re
+
+    return re.findall(r"<th[^>]*>([^<]*)</th>", table_html or "")

@@ -26,13 +26,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .app_server import launched_app
+from .app_server import answer_headers, answer_rows, launched_app
 
 pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 import app  # noqa: E402  (RUN_VIEWS: the names of the run outputs)
+from pagekv.views.answers import ANSWER_HEADERS  # noqa: E402
 from pagekv.views.app_ui import MODELS  # noqa: E402
 
 #: gradio's own use of pandas (not ours) warns on every Dataframe output.
@@ -44,9 +45,9 @@ pytestmark = [
 #: SmolLM2-135M (the bundled model): 30 layers, 3 KV groups of 3 query heads.
 LAYERS, GROUPS, HEADS = 30, 3, 9
 #: status, answers, 9 plots, files, the layer slider (its range follows the run's model),
-#: the lesson's observation; the gr.State output stays server-side. app.RUN_VIEWS names
-#: them in order.
-N_OUT = 14
+#: the lesson's observation, the two budget sliders (their lower limits follow the
+#: prompt); the gr.State output stays server-side. app.RUN_VIEWS names them in order.
+N_OUT = 16
 PLOTS = [
     "frame",
     "retention",
@@ -133,13 +134,12 @@ def assert_error(out, *phrases):
     assert "Traceback" not in status and 'File "' not in status, status
     for phrase in phrases:
         assert phrase.lower() in status.lower(), (phrase, status)
-    assert out[1]["data"] == []
-    views = [
-        v
-        for name, v in zip(app.RUN_VIEWS, out, strict=False)
-        if name not in ("layer", "observation")
-    ]
-    assert all(v is None for v in views[2:]), views[2:]
+    assert answer_rows(out[1]) == []
+    views = dict(zip(app.RUN_VIEWS, out, strict=False))
+    for name in PLOTS:  # no empty frame, and nothing of an earlier run: a figure saying why
+        fig = plotly(views[name])
+        assert fig["data"] == [] and "No result" in fig["layout"]["annotations"][0]["text"]
+    assert views["files"] is None
 
 
 def prompt_tokens(status: str) -> int:
@@ -216,12 +216,12 @@ def test_run_answers_table(server, first_run):
     n = prompt_tokens(out[0])
     expected = server_prep(server, GOOD["context"]).task.answer
     table = out[1]
-    assert table["headers"] == app.ANSWER_HEADERS
-    rows = table["data"]
-    assert [r[0] for r in rows] == ["full cache: full", "A: mean", "B: entropy"]
+    assert answer_headers(table) == ANSWER_HEADERS
+    rows = answer_rows(table)
+    assert [r[0] for r in rows] == ["full cache", "A: mean", "B: entropy"]
     kept = expected_kept(n, 0.3, 16, 4, 32)
     assert kept <= math.floor(0.3 * n)
-    assert [r[3] for r in rows] == [n, kept, kept]
+    assert [r[3] for r in rows] == [str(n), str(kept), str(kept)]
     for r in rows:
         right = expected.casefold() in r[2].casefold()
         assert r[1] == ("✓ right" if right else "✗ wrong"), r
@@ -249,7 +249,7 @@ def test_run_page_frame(first_run):
     strips = [t for t in fig["data"] if t.get("meta", {}).get("role") == "needle_strip"]
     assert len(strips) == 2, "a needle strip per side (a needle task)"
     sizes = page_sizes(n, 16)
-    kept = out[1]["data"][1][3]
+    kept = int(answer_rows(out[1])[1][3])
     for t in heat:
         assert len(t["y"]) == LAYERS * GROUPS == 90
         assert t["y"][:4] == ["L0 g0", "L0 g1", "L0 g2", "L1 g0"]
@@ -287,7 +287,7 @@ def test_run_other_plots(first_run):
     stored = [t for t in plotly(figs["stored"])["data"] if t["type"] == "heatmap"]
     assert len(stored) == 2 and all(len(t["z"]) == LAYERS for t in stored)
     n = prompt_tokens(out[0])
-    kept, k = out[1]["data"][1][3], math.floor(0.3 * n)  # stored tokens of A, the budget
+    kept, k = int(answer_rows(out[1])[1][3]), math.floor(0.3 * n)  # stored tokens of A, the budget
     ratios = [v for t in stored for row in t["z"] for v in row]
     assert len(ratios) == 2 * LAYERS * GROUPS
     assert all(v == pytest.approx(kept / k) for v in ratios), "pooled: the same count everywhere"
@@ -305,7 +305,7 @@ def test_run_exports_on_request(fresh_client, first_run, caplog):
     assert "served from memory" in out[0] and "served from memory" not in first_run[0][0]
     lines = [r.getMessage() for r in caplog.records if "views served from memory" in r.getMessage()]
     assert len(lines) == 1 and "mean budget 0.3 page 16" in lines[0], lines
-    assert out[1]["data"] == first_run[0][1]["data"]  # the answers of the first run
+    assert answer_rows(out[1]) == answer_rows(first_run[0][1])  # the answers of the first run
     assert out[11] is None  # no files until asked
     n = prompt_tokens(out[0])
     paths = {Path(p).name: Path(p) for p in fresh_client.predict(api_name="/export")}
@@ -315,8 +315,8 @@ def test_run_exports_on_request(fresh_client, first_run, caplog):
     assert set(data["runs"]) == {"full", "A", "B"}
     assert data["runs"]["A"]["policy"] == "mean" and data["runs"]["B"]["policy"] == "entropy"
     assert data["prompt_tokens"] == n
-    assert data["runs"]["full"]["answer"] == out[1]["data"][0][2]
-    assert data["runs"]["B"]["kept_tokens"][0] == out[1]["data"][2][3]
+    assert data["runs"]["full"]["answer"] == answer_rows(out[1])[0][2]
+    assert str(data["runs"]["B"]["kept_tokens"][0]) == answer_rows(out[1])[2][3]
     with paths["pagekv_run.csv"].open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 3 * LAYERS * GROUPS
@@ -339,9 +339,9 @@ def test_budget_reuses_the_prefill(server, client, first_run):
     assert server_prep(server, GOOD["context"]) is prep  # the same Prepared: no new prefill
     assert prefill_seconds(out[0]) == prefill_seconds(out1[0])
     n = prompt_tokens(out[0])
-    rows = out[1]["data"]
-    assert [r[3] for r in rows] == [n] + [expected_kept(n, 0.4, 16, 4, 32)] * 2
-    assert rows[0][2] == out1[1]["data"][0][2]  # the full cache's answer is memoised
+    rows = answer_rows(out[1])
+    assert [int(r[3]) for r in rows] == [n] + [expected_kept(n, 0.4, 16, 4, 32)] * 2
+    assert rows[0][2] == answer_rows(out1[1])[0][2]  # the full cache's answer is memoised
 
 
 @pytest.mark.slow
@@ -459,7 +459,7 @@ def test_next_run_after_errors_works(client, first_run):
     out = run(client, budget_pct=30)
     assert out[0].startswith("**Done:**"), out[0]
     # The same configuration as the first run: the same answers and kept tokens.
-    assert [r[:6] for r in out[1]["data"]] == [r[:6] for r in first_run[0][1]["data"]]
+    assert [r[:6] for r in answer_rows(out[1])] == [r[:6] for r in answer_rows(first_run[0][1])]
 
 
 @pytest.mark.slow
@@ -469,7 +469,7 @@ def test_a_name_the_server_does_not_offer_is_refused_in_one_sentence(client, fir
         out = run(client, model=name)
         assert out[0].startswith("**Error:** this server does not offer the model"), out[0]
         assert "\n" not in out[0]
-        assert out[1] is None or out[1]["data"] in ([], [[]]), out[1]  # no answers
+        assert out[1] is None or answer_rows(out[1]) in ([], [[]]), out[1]  # no answers
     assert MODELS.loaded_names() == loaded_before and MODELS.failures() == 0  # nothing tried
     out = run(client)  # and the bundled model again
     assert out[0].startswith("**Done:**") and "fell back" not in out[0]
@@ -485,7 +485,7 @@ def test_unknown_model_falls_back_to_bundled_when_hub_models_are_allowed(
     assert status.startswith("**Done:**"), status
     assert "**bundled**" in status
     assert "no-such-org/no-such-model" in status and "fell back to the bundled" in status
-    assert len(out[1]["data"]) == 3
+    assert len(answer_rows(out[1])) == 3
     out = run(client)  # and the bundled model again
     assert out[0].startswith("**Done:**") and "fell back" not in out[0]
 
@@ -589,13 +589,13 @@ def test_each_side_is_a_full_configuration(client, first_run):
     out = run(client, link_b=False, **b)
     assert out[0].startswith("**Done:**"), out[0]
     n = prompt_tokens(out[0])
-    rows = out[1]["data"]
+    rows = answer_rows(out[1])
     assert [r[0] for r in rows[1:]] == [
         "A: mean, page 16, budget 30%",
         "B: entropy, page 1, budget 60%",
     ]
-    assert rows[2][3] == math.floor(0.6 * n)  # token-level pages: exactly the budget
-    assert rows[1][3] == first_run[0][1]["data"][1][3]  # A as in the first run
+    assert int(rows[2][3]) == math.floor(0.6 * n)  # token-level pages: exactly the budget
+    assert rows[1][3] == answer_rows(first_run[0][1])[1][3]  # A as in the first run
 
 
 def test_lesson_sets_both_sides(client):

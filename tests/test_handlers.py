@@ -11,6 +11,8 @@ from pagekv.views.answers import ANSWER_HEADERS, run_cells
 from pagekv.views.inputs import InputError, parse_run
 from pagekv.views.view_memo import view_memo
 
+from .app_server import answer_rows
+
 RUN = dict(
     app_ui.RUN_DEFAULTS, task="needle", context=200, depth=0.5, mode="after", budget_pct=40.0
 )
@@ -19,7 +21,7 @@ RUN = dict(
 @pytest.mark.parametrize(
     "change, words",
     [
-        (dict(context=10), "context length must be a whole number from 64 to 8000"),
+        (dict(context=10), "context length must be a whole number from 100 to 8000"),
         (dict(seed=-1), "seed must be a whole number from 0 to 2147483647; got -1"),
         (dict(budget_pct="lots"), "budget A (%) must be a number from 0.5 to 100"),
         (dict(page_size=3), "page size A must be one of 1, 4, 8, 16, 32, 64"),
@@ -64,8 +66,9 @@ def test_a_run_streams_then_is_served_from_memory():
     last = steps[-1]
     assert status[-1].startswith("**Done:**"), status[-1]
     table = last[app_ui.RUN_VIEWS.index("answers")]
-    assert len(table) == 3 and all(len(row) == len(ANSWER_HEADERS) for row in table)
-    assert [row[0].split(":")[0] for row in table] == ["full cache", "A", "B"]
+    rows = answer_rows(table)
+    assert len(rows) == 3 and all(len(row) == len(ANSWER_HEADERS) for row in rows)
+    assert [row[0].split(":")[0] for row in rows] == ["full cache", "A", "B"]
     again = list(app_ui.run_comparison(**RUN))
     assert len(again) == 1 and "served from memory" in again[0][0]
     assert again[0][app_ui.RUN_VIEWS.index("answers")] == table
@@ -107,3 +110,14 @@ def test_an_error_that_echoes_a_value_shows_it_as_text():
     status = out[app_ui.RUN_VIEWS.index("status")]
     assert status.startswith("**Error:** curated qa task must be one of"), status
     assert "<b>" not in status and "&lt;b&gt;x&lt;/b&gt;" in status, status
+
+
+@pytest.mark.slow
+def test_a_preset_run_says_whether_its_difference_holds():
+    """Picking a preset runs it and ends the status with its check, done on that run."""
+    preset = app_ui.PRESETS[1]
+    *_, last = app_ui.run_preset(preset["title"], "bundled", None)
+    status = last[len(app_ui.PRESET_CONTROLS) + 1 + app_ui.RUN_VIEWS.index("status")]
+    assert status.startswith("**Done:**"), status
+    assert f"**Preset:** {preset['shows']} Its check **holds**, checked now on this run" in status
+    assert "Measured: " in status.split("**Preset:**")[1]

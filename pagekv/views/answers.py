@@ -8,10 +8,24 @@ While a run decodes, `pending_table` shows what planning alone knows.
 
 from __future__ import annotations
 
+import html
+
 from pagekv.views.figures import needle_page_counts
 
 #: The answers table's columns (the caption explains stored, needle and needle pages).
-ANSWER_HEADERS = ["run", "verdict", "answer", "stored", "needle", "needle pages", "UOR", "evict"]
+ANSWER_HEADERS = [
+    "run", "verdict", "answer", "stored max", "needle kept", "needle pages", "UOR max", "evict",
+]  # fmt: skip
+#: What each column holds, shown when the pointer rests on its header.
+HEADER_TITLES = {
+    "stored max": "tokens stored by the (layer, group) that stores the most",
+    "needle kept": "fraction of the needle's tokens kept, mean over every (layer, group)",
+    "needle pages": "(layer, group)s that keep every needle page, of all",
+    "UOR max": "union of the heads' picks / the tokens one head keeps, largest (layer, group)",
+    "evict": "time to plan and compact the cache",
+}
+#: Columns of numbers: never broken inside a figure.
+NUMERIC = {"stored max", "needle kept", "needle pages", "UOR max", "evict"}
 #: The rows of a comparison, in order.
 ROWS = ("full", "A", "B")
 
@@ -46,7 +60,31 @@ def run_cells(rec: dict) -> dict:
 
 
 def _labels(comp) -> dict:
-    return {"full": "full cache: full", "A": comp.labels["A"], "B": comp.labels["B"]}
+    return {"full": "full cache", "A": comp.labels["A"], "B": comp.labels["B"]}
+
+
+def answers_html(rows: list[list]) -> str:
+    """The answers table as HTML: headers wrap between words only, figures never break,
+    the answer column takes the room that is left; every cell is escaped text (a
+    model's answer is shown, never rendered)."""
+
+    def cell(value, header: str) -> str:
+        text = html.escape(str(value), quote=False)
+        if header == "run":  # long policy names may break after an underscore
+            text = text.replace("_", "_<wbr>")
+        cls = "num" if header in NUMERIC else header.replace(" ", "-")
+        return f'<td class="{cls}">{text}</td>'
+
+    head = "".join(
+        f'<th title="{html.escape(HEADER_TITLES.get(h, h))}" '
+        f'class="{"num" if h in NUMERIC else ""}">{html.escape(h)}</th>'
+        for h in ANSWER_HEADERS
+    )
+    body = "".join(
+        "<tr>" + "".join(cell(v, h) for v, h in zip(row, ANSWER_HEADERS, strict=True)) + "</tr>"
+        for row in rows
+    )
+    return f'<table class="answers"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def _needle_pages(comp, key) -> str:

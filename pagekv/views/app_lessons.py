@@ -4,30 +4,33 @@ the live lessons once a server starts, so that a class gets them from memory."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 
 import gradio as gr
 
-from pagekv.views.app_text import lesson_markdown
+from pagekv.views.app_text import lesson_markdown, message
 from pagekv.views.app_ui import (
     MECH_CONTROLS,
     MECH_VIEWS,
     RUN_DEFAULTS,
     RUN_VIEWS,
+    cleared_views,
     control_values,
     light,
     run_comparison,
     run_mechanism,
+    update_layer,
 )
-from pagekv.views.lesson_checks import LESSON_TITLES, check_lesson, lesson_of, replay_recall_figure
-from pagekv.views.lessons import LESSONS
+from pagekv.views.lesson_checks import LESSON_TITLES, check_lesson, lesson_of
+from pagekv.views.lessons import LESSONS, layer_for
 
 log = logging.getLogger("pagekv.app")
 
 #: Tab ids of the views (`Lesson.views` names them).
-TABS = ("frame", "retention", "weights", "sinks", "uor", "mechanism", "export")
+TABS = ("frame", "retention", "weights", "sinks", "uor", "mechanism", "replay", "export")
 #: The controls a lesson sets, in the order of `apply_lesson`'s outputs (then the
 #: tabs, the lesson text and the observation).
 LESSON_CONTROLS = (
@@ -70,15 +73,21 @@ def apply_lesson(title):
 
 
 def _lesson_run_args(lesson, title, model) -> dict:
-    """The run inputs of a live lesson (every control as the lesson sets it)."""
+    """The run inputs of a live lesson (every control as the lesson sets it). Side B
+    follows A ("Same settings as A" ticked) when the two differ only in the policy, so
+    that moving A's controls afterwards moves B's too; otherwise B keeps its own (the
+    status line says so). A layer named by a rule ("last", "strongest") starts at 0
+    and is resolved on the model once it has run (`pick_lesson`)."""
     p, a, b = lesson.prompt, lesson.a, lesson.b
+    linked = dataclasses.replace(a, policy=b.policy) == b
+    layer = lesson.layer if isinstance(lesson.layer, int) else 0
     return dict(
         RUN_DEFAULTS, model=model, task=p.task, context=p.context_tokens, depth=p.depth,
         seed=p.seed, needles=p.n_needles, mode=a.mode, curated=p.name,
         budget_pct=round(100 * a.budget, 1), page_size=a.page_size, n_sink=a.n_sink,
-        window=a.window, tau=a.tau, policy_a=a.policy, policy_b=b.policy, link_b=False,
+        window=a.window, tau=a.tau, policy_a=a.policy, policy_b=b.policy, link_b=linked,
         mode_b=b.mode, budget_b=round(100 * b.budget, 1), page_size_b=b.page_size,
-        n_sink_b=b.n_sink, window_b=b.window, tau_b=b.tau, layer=lesson.layer, lesson=title,
+        n_sink_b=b.n_sink, window_b=b.window, tau_b=b.tau, layer=layer, lesson=title,
     )  # fmt: skip
 
 
@@ -107,14 +116,34 @@ def pick_lesson(title, model="bundled", request: gr.Request = None):
             views = list(views)
             if views[i_obs] is None or isinstance(views[i_obs], dict):  # not checked yet
                 views[i_obs] = waiting
+            _open_lesson_layer(lesson, views)
             yield (*head, *views, *mech)
         return
-    views = {name: gr.update() for name in RUN_VIEWS}
-    if lesson.kind == "replay":
-        views["retention"] = replay_recall_figure()
+    # Constructed or replay: no live run belongs to this lesson, so nothing of the last
+    # one stays on screen (its status, answers and views are cleared).
+    where = {
+        "constructed": "the Mechanism tab shows it",
+        "replay": "the Replay tab shows the replay's committed results",
+    }[lesson.kind]
     checked = check_lesson(title, None)
-    views["observation"] = gr.update() if checked is None else checked
-    yield (*head, *(views[name] for name in RUN_VIEWS), *mech)
+    views = cleared_views(
+        f"Lesson {LESSON_TITLES.index(title) + 1} runs no model: {where}.",
+        status=message("info", f"This lesson runs no model; {where}."),
+        observation=gr.update() if checked is None else checked,
+    )
+    yield (*head, *views, *mech)
+
+
+def _open_lesson_layer(lesson, views: list) -> None:
+    """A finished live run of a lesson whose layer is a rule: open the head-weights
+    view on the layer the rule names for the model that ran (in place)."""
+    comp = views[RUN_VIEWS.index("last")]
+    if isinstance(lesson.layer, int) or comp is None or isinstance(comp, dict):
+        return
+    p = comp.plan_of("B")
+    layer = layer_for(lesson, p)
+    views[RUN_VIEWS.index("weights")] = update_layer(comp, layer)
+    views[RUN_VIEWS.index("layer")] = gr.update(maximum=int(p.keep.shape[0]) - 1, value=layer)
 
 
 def lesson_step(title, step: int):
@@ -140,17 +169,22 @@ def next_lesson(title, model="bundled", request: gr.Request = None):
 def warm_lessons(model: str = "bundled") -> int:
     """Run every live lesson once, as a visitor's pick would (its views then wait in
     memory for the class); returns how many ran. The app does this once it serves,
-    with requests arriving meanwhile taking their turns on the model."""
+    with requests arriving meanwhile taking their turns on the model. Logs a line when
+    it starts and one per lesson, with the seconds since the start."""
     t0 = time.perf_counter()
+    live = [(t, x) for t, x in zip(LESSON_TITLES, LESSONS, strict=True) if x.kind == "live"]
+    log.info("warming the %d live lessons on %s (a class then gets them from memory)",
+             len(live), model)  # fmt: skip
     n = 0
-    for title, lesson in zip(LESSON_TITLES, LESSONS, strict=True):
-        if lesson.kind == "live":
-            *_, last = run_comparison(**_lesson_run_args(lesson, title, model))
-            status = last[RUN_VIEWS.index("status")]
-            if str(status).startswith("**Error:**"):  # e.g. no model: the runs say why
-                log.warning("lessons not warmed: %s", status)
-                return n
-            n += 1
+    for title, lesson in live:
+        *_, last = run_comparison(**_lesson_run_args(lesson, title, model))
+        status = last[RUN_VIEWS.index("status")]
+        if str(status).startswith("**Error:**"):  # e.g. no model: the runs say why
+            log.warning("lessons not warmed: %s", status)
+            return n
+        n += 1
+        log.info("lesson ready (%d of %d): %s [%.1f s]", n, len(live), title,
+                 time.perf_counter() - t0)  # fmt: skip
     log.info("lessons ready: %d live lessons computed in %.1f s", n, time.perf_counter() - t0)
     return n
 

@@ -18,7 +18,13 @@ def lesson_markdown(lesson) -> str:
         "constructed": "Constructed: no model; a group of heads built to show the mechanism.",
         "replay": f"Measured earlier by the replay harness, not live here: {lesson.cites}.",
     }[lesson.kind]
-    return f"### {lesson.title}\n{lesson.text}\n\n*{kind}*"
+    from pagekv.views.lessons import lesson_text
+
+    try:
+        text = lesson_text(lesson)
+    except (OSError, ValueError) as e:  # the replay's results file missing or incomplete
+        text = f"{lesson.text}\n\n(The replay's numbers cannot be read: {e}.)"
+    return f"### {lesson.title}\n{text}\n\n*{kind}*"
 
 
 INTRO = """
@@ -28,8 +34,8 @@ Under grouped-query attention, the *r* query heads of a group share one KV cache
 needle; **Page-EntroKV** weights each head by how *focused* it is (collision entropy,
 after removing the attention-sink tokens) and keeps whole pages per (layer, group).
 **Start with the lessons**: each sets both sides, runs the real model, and checks its
-claim on what the model just did. Free exploration (presets and every control) is
-below them.
+claim on what the model just did. Free exploration (presets and every control) is in
+the left column, below the views on a narrow screen.
 """
 
 CAPTIONS = {
@@ -39,8 +45,10 @@ CAPTIONS = {
     "retention": "The fraction of the needle's answer tokens each (layer, group) kept. "
     "**Look for** layers where one policy holds the needle and the other lost it.",
     "answers": "The model's real greedy answers from the full and the evicted caches. "
-    "*stored*: tokens each (layer, group) stores; *needle*: fraction of the needle's tokens "
-    "kept; *needle pages*: (layer, group)s that keep every needle page. "
+    "*stored max*: tokens stored by the (layer, group) that stores the most; *needle kept*: "
+    "fraction of the needle's tokens kept, mean over every (layer, group); *needle pages*: "
+    "(layer, group)s that keep every needle page; *UOR max*: the union of the heads' picks "
+    "over the tokens one head keeps, in the (layer, group) where it is largest. "
     "**Look for** whether the needle survives eviction in the answer, not only in the cache.",
     "weights": "Head weights within each group for the chosen layer, with and without sink "
     "isolation; the dotted line is mean pooling's 1/r. **Look for** sink heads that gain "
@@ -53,6 +61,11 @@ CAPTIONS = {
     "uor": "Head-independent selection must store the union of its heads' picks: UOR = union "
     "/ the tokens each head keeps. **Look for** how far above 1 it climbs at small budgets; "
     "pooled policies stay at exactly 1.",
+    "replay": "Measured earlier by the replay harness on the bundled model, not live "
+    "(docs/results.md, table T4): the share of needle prompts each policy and each kvpress "
+    "press answered right, per budget and question position (the number on each bar; "
+    "0 % is a bar of no height). **Look for** how much lower every bar is when the "
+    "question is asked after compression.",
     "mechanism": "Edit a constructed group of heads. **Look for** the retrieval head's weight "
     "w*: when w* s* beats the distractor page, entropy pooling keeps the needle while mean "
     "pooling (1/r) may not. This is a construction, shown beside the live model's results.",

@@ -32,12 +32,12 @@ from pagekv.serving.model_registry import ModelRegistry
 from pagekv.serving.sessions import SessionGate
 from pagekv.serving.study import settings_text
 from pagekv.serving.worker import keep_this_thread_light
-from pagekv.views.answers import answers_table, ms, pending_table
+from pagekv.views.answers import answers_html, answers_table, ms, pending_table
 from pagekv.views.app_text import message
 from pagekv.views.comparison import Decoding, comparison_figures, export, plan_comparison
-from pagekv.views.inputs import parse_run
+from pagekv.views.inputs import min_budget_pct, parse_run
 from pagekv.views.lesson_checks import check_lesson
-from pagekv.views.presets import load_presets
+from pagekv.views.presets import check_preset, load_presets, preset_matches
 from pagekv.views.view_memo import (
     PLAN_VIEWS,
     SAME_AFTER_DECODING,
@@ -144,7 +144,10 @@ def _side_b_note(comp, cfg_a, cfg_b) -> str:
     if len(label) == 1:
         return ""
     n_b = comp.preps["B"].n
-    return f" (B: {label[1]}; {n_b} prompt tokens, budget {cfg_b.budget_tokens(n_b)} tokens)"
+    return (
+        f". Side B keeps its own settings ('Same settings as A' is unticked): {label[1]}; "
+        f"{n_b} prompt tokens, budget {cfg_b.budget_tokens(n_b)} tokens"
+    )
 
 
 EMPTY = None
@@ -152,18 +155,45 @@ EMPTY = None
 #: components of the same names); `_views` turns keyword values into that tuple.
 RUN_VIEWS = (
     "status", "answers", "frame", "retention", "weights", "overview", "sink_mass", "sink_adv",
-    "uor", "stored", "memory", "files", "layer", "observation", "last",
+    "uor", "stored", "memory", "files", "layer", "observation", "budget", "budget_b", "last",
 )  # fmt: skip
+#: The run's plot views (an error shows a placeholder in each: no empty frames).
+PLOTS = (
+    "frame", "retention", "weights", "overview", "sink_mass", "sink_adv", "uor", "stored",
+    "memory",
+)  # fmt: skip
+#: Run views a run leaves as they are unless it sets them.
+KEPT_UNLESS_SET = ("layer", "observation", "budget", "budget_b")
 
 
 def _views(**values):
     """The run's outputs in `RUN_VIEWS` order; views not given are cleared (the layer
-    slider and the lesson's observation are left as they are)."""
+    slider, the lesson's observation and the budget sliders are left as they are)."""
     unknown = set(values) - set(RUN_VIEWS)
     if unknown:
         raise KeyError(f"not a run view: {sorted(unknown)}")
-    default = {"layer": gr.update(), "observation": gr.update()}
+    default = {name: gr.update() for name in KEPT_UNLESS_SET}
     return tuple(values.get(name, default.get(name, EMPTY)) for name in RUN_VIEWS)
+
+
+def cleared_views(why: str, **values):
+    """Every run view cleared, each plot replaced by a figure that says `why` (a
+    lesson without a live run, a failed run): nothing of an earlier run stays."""
+    from pagekv.views.figures.placeholder import placeholder
+
+    figure = placeholder(why)
+    answers = f'<p class="no-answers">{html.escape(why, quote=False)}</p>'
+    return _views(**{name: figure for name in PLOTS}, answers=answers, **values)
+
+
+def _budget_limits(comp, cfg_a, cfg_b) -> dict:
+    """The budget sliders' lower limits: the smallest feasible budget of each side for
+    this prompt and these settings."""
+    n_a, n_b = comp.preps["A"].n, comp.preps["B"].n
+    return dict(
+        budget=gr.update(minimum=min_budget_pct(n_a, cfg_a)),
+        budget_b=gr.update(minimum=min_budget_pct(n_b, cfg_b)),
+    )
 
 
 def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> str:
@@ -270,9 +300,10 @@ def _run(v: dict, lesson):
                 plan_figs = plan_views(comp, key, layer)
                 yield _views(
                     status=_status(study, comp, cfg_a, cfg_b, decoded=False),
-                    answers=pending_table(comp),
+                    answers=answers_html(pending_table(comp)),
                     **{k: plan_figs.get(k) for k in PLAN_VIEWS},
                     layer=gr.update(maximum=n_layers - 1, value=layer),
+                    **_budget_limits(comp, cfg_a, cfg_b),
                 )
                 # Decoding changes no plan: the plan views drawn above stand, and the
                 # views of head weights and sinks are drawn while the model decodes;
@@ -281,7 +312,7 @@ def _run(v: dict, lesson):
                 figs |= comparison_figures(comp, layer=layer, skip={*figs, "retention"})
                 for tokens in decoding.stream(poll_s=STREAM_EVERY_S):
                     rows = pending_table(comp, tokens, study.tokenizer)
-                    yield _stream_views(rows)
+                    yield _stream_views(answers_html(rows))
                 figs |= comparison_figures(comp, layer=layer, only={"retention"})
                 comp = comp.detached()  # what is kept holds no prefill
                 done = dict(comp=comp, figs=figs, table=answers_table(comp), layer=layer,
@@ -301,12 +332,16 @@ def _run(v: dict, lesson):
     except Exception as e:  # bad input or an unexpected failure: say it on the page
         log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
         msg = html.escape(" ".join(str(e).split()) or type(e).__name__, quote=False)
-        yield _views(status=message("error", msg), observation=_observation(lesson, None))
+        yield cleared_views(
+            "No result: the run did not complete (the status line above says why).",
+            status=message("error", msg),
+            observation=_observation(lesson, None, failed=True),
+        )
         return
     comp, figs = done["comp"], done["figs"]
     yield _views(
         status=_status(study, comp, cfg_a, cfg_b, decoded=True, served=done["served"]),
-        answers=done["table"],
+        answers=answers_html(done["table"]),
         frame=figs["frame"],
         retention=figs.get("retention"),
         weights=figs["weights"],
@@ -320,12 +355,14 @@ def _run(v: dict, lesson):
         layer=gr.update(maximum=done["n_layers"] - 1, value=done["layer"]),
         observation=_observation(lesson, comp),
         last=comp,
+        **_budget_limits(comp, cfg_a, cfg_b),
     )
 
 
-def _observation(lesson, comp):
-    """The lesson's verdict on `comp`, or no change for an unknown lesson."""
-    checked = check_lesson(lesson, comp)
+def _observation(lesson, comp, failed: bool = False):
+    """The lesson's verdict on `comp` (`failed`: the run did not complete), or no change
+    for an unknown lesson."""
+    checked = check_lesson(lesson, comp, failed=failed)
     return gr.update() if checked is None else checked
 
 
@@ -354,9 +391,9 @@ def _export_folder() -> str:
     return tempfile.mkdtemp(prefix="run_", dir=root)
 
 
-def _stream_views(rows):
+def _stream_views(table: str):
     """Only the answers table changes while decoding streams."""
-    return tuple(rows if name == "answers" else gr.update() for name in RUN_VIEWS)
+    return tuple(table if name == "answers" else gr.update() for name in RUN_VIEWS)
 
 
 #: The run's inputs in order, and their defaults (the API's too): read from the
@@ -491,7 +528,29 @@ def run_preset(title, model, lesson_title, request: gr.Request = None):
     run = _preset_run_args(p, model, lesson_title)
     controls = control_values(run, PRESET_CONTROLS)
     for views in run_comparison(**run, request=request):
-        yield (*controls, True, *views)
+        yield (*controls, True, *_with_preset_verdict(p, views))
+
+
+def _with_preset_verdict(preset: dict, views) -> tuple:
+    """A finished run of a preset: the status line ends with what the preset shows and
+    whether its check holds on this run, with the figures it measured."""
+    comp = views[RUN_VIEWS.index("last")]
+    if comp is None or isinstance(comp, dict) or not preset_matches(preset, comp):
+        return views
+    try:
+        found = check_preset(preset, comp)
+    except Exception as e:  # never a traceback on the page
+        log.warning("preset check failed: %s", e, exc_info=True)
+        return views
+    mark = "**holds**" if found.holds else "**does not hold**"
+    verdict = (
+        f"**Preset:** {preset['shows']} Its check {mark}, checked now on this run.\n\n"
+        f"Measured: {_shown(found.measured)}"
+    )
+    views = list(views)
+    i = RUN_VIEWS.index("status")
+    views[i] = f"{views[i]}\n\n{verdict}"
+    return tuple(views)
 
 
 def curated_choices(task, name=None):

@@ -180,7 +180,22 @@ def plan_comparison(
         labels=side_labels(config_a, config_b, modes["A"], modes["B"]),
     )
     comp.notes.extend(mode_notes(modes))
+    comp.notes.extend(answer_notes(spec))
     return comp
+
+
+def answer_notes(spec: PromptSpec) -> list[str]:
+    """A custom prompt whose expected answer is not in its needle sentence: the run goes
+    on, and the status says what that means for the verdict and the needle figures."""
+    if spec.task != "custom" or not spec.needle or not spec.answer:
+        return []
+    if spec.answer.strip().lower() in spec.needle.lower():
+        return []
+    return [
+        "The expected answer does not appear in the needle sentence: the verdict checks the "
+        "answer, while 'needle kept' and 'needle pages' follow the needle sentence, so the "
+        "two may disagree."
+    ]
 
 
 def mode_notes(modes: dict) -> list[str]:

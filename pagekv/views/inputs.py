@@ -8,7 +8,10 @@ the range), so that a request with a wrong value becomes a message, never a trac
 
 from __future__ import annotations
 
+import math
+
 from pagekv.maths.config import POLICIES, EvictionConfig
+from pagekv.maths.paging import min_feasible_budget
 from pagekv.serving.study import MODES, PROMPT_TASKS, WINDOW_MAX, PromptSpec
 from pagekv.tasks import needle_depth, task_names
 
@@ -17,6 +20,22 @@ PAGE_SIZES = [1, 4, 8, 16, 32, 64]
 #: The longest needle context the page offers (tokens).
 MAX_CONTEXT = 8000
 TASKS = PROMPT_TASKS
+#: Every numeric control's range and step, for the page's sliders and the API alike
+#: (one place: a typed value, a slider and a request accept the same values). The
+#: budget's lower limit on the page is raised after each run to the smallest feasible
+#: budget of that prompt and those settings (`min_budget_pct`); below it a request gets
+#: a message naming that limit.
+LIMITS = {
+    "context": (100, MAX_CONTEXT, 100),
+    "depth": (0.0, 1.0, 0.05),
+    "seed": (0, 2**31 - 1, 1),
+    "needles": (1, 4, 1),
+    "budget": (0.5, 100.0, 0.5),
+    "n_sink": (0, 64, 1),
+    "window": (1, WINDOW_MAX, 1),
+    "tau": (0.1, 10.0, 0.1),
+    "layer": (0, 1024, 1),
+}
 
 
 class InputError(ValueError):
@@ -75,10 +94,10 @@ def parse_run(v: dict):
     mode = _choice("question position", v["mode"], MODES)
     kw = dict(
         task=task,
-        context_tokens=_num("context length", v["context"], 64, MAX_CONTEXT, integer=True),
-        depth=_num("needle depth", v["depth"], 0, 1),
-        seed=_num("seed", v["seed"], 0, 2**31 - 1, integer=True),
-        n_needles=_num("needles", v["needles"], 1, 4, integer=True),
+        context_tokens=_num("context length", v["context"], *_span("context"), integer=True),
+        depth=_num("needle depth", v["depth"], *_span("depth")),
+        seed=_num("seed", v["seed"], *_span("seed"), integer=True),
+        n_needles=_num("needles", v["needles"], *_span("needles"), integer=True),
         mode=mode,
     )
     if task in ("qa", "code"):
@@ -97,7 +116,7 @@ def parse_run(v: dict):
     else:
         cfg_b = _side_config(v, "_b", v["policy_b"])
         mode_b = _choice("question position B", v["mode_b"], MODES)
-    layer = _num("layer", v["layer"], 0, 1024, integer=True)
+    layer = _num("layer", v["layer"], *_span("layer"), integer=True)
     return spec, cfg_a, cfg_b, mode, mode_b, layer
 
 
@@ -105,10 +124,25 @@ def _side_config(v: dict, suffix: str, policy) -> EvictionConfig:
     side = "B" if suffix else "A"
     return EvictionConfig(
         policy=_choice(f"policy {side}", policy, POLICIES),
-        budget=_num(f"budget {side} (%)", v["budget_b" if suffix else "budget_pct"], 0.5, 100)
+        budget=_num(
+            f"budget {side} (%)", v["budget_b" if suffix else "budget_pct"], *_span("budget")
+        )
         / 100.0,
         page_size=_page_size(f"page size {side}", v["page_size" + suffix]),
-        n_sink=_num(f"n_sink {side}", v["n_sink" + suffix], 0, 64, integer=True),
-        window=_num(f"window {side}", v["window" + suffix], 1, WINDOW_MAX, integer=True),
-        tau=_num(f"tau {side}", v["tau" + suffix], 0.05, 100),
+        n_sink=_num(f"n_sink {side}", v["n_sink" + suffix], *_span("n_sink"), integer=True),
+        window=_num(f"window {side}", v["window" + suffix], *_span("window"), integer=True),
+        tau=_num(f"tau {side}", v["tau" + suffix], *_span("tau")),
     )
+
+
+def _span(name: str) -> tuple:
+    lo, hi, _step = LIMITS[name]
+    return lo, hi
+
+
+def min_budget_pct(n: int, cfg: EvictionConfig) -> float:
+    """The smallest budget (in %, on the page's step) whose `floor(beta n)` tokens hold
+    the protected pages of an `n`-token prompt under `cfg` (sinks and window)."""
+    lo, hi, step = LIMITS["budget"]
+    need = min_feasible_budget(n, cfg.page_size, cfg.n_sink, cfg.window) * 100
+    return min(hi, max(lo, math.ceil(need / step - 1e-9) * step))
