@@ -17,7 +17,8 @@ import logging
 import math
 import sys
 
-from pagekv.maths.config import POLICIES, EvictionConfig
+from pagekv.maths.config import ALLOCATIONS, POLICIES, EvictionConfig
+from pagekv.maths.policies import get_policy
 
 EXIT_USAGE = 2
 
@@ -58,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tau", type=float, default=1.0)
     run.add_argument("--smoothing", type=int, default=1, help="odd pooling width (1 = off)")
     run.add_argument("--page-reduction", default="max", choices=["max", "sum"])
+    run.add_argument(
+        "--allocation",
+        default="uniform",
+        choices=list(ALLOCATIONS),
+        help="uniform: k tokens per (layer, group); global: the L*G*k tokens shared across "
+        "them by normalised page scores (pooled policies; with --policy all, "
+        "head_independent stays uniform)",
+    )
     run.add_argument(
         "--max-new-tokens",
         type=int,
@@ -103,8 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _config_from(args, policy: str) -> EvictionConfig:
+def _config_from(args, policy: str, every: bool = False) -> EvictionConfig:
+    """The run's configuration for `policy`; with `every` (`--policy all`) a per-head
+    policy keeps the uniform allocation (a shared budget needs pooled page scores)."""
+    allocation = args.allocation
+    if every and get_policy(policy).per_head:
+        allocation = "uniform"
     return EvictionConfig(
+        allocation=allocation,
         policy=policy,
         budget=args.budget,
         page_size=args.page_size,
@@ -150,7 +165,8 @@ def cmd_run(args) -> int:
         raise UsageError(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
     if not (isinstance(args.budget, float) and math.isfinite(args.budget)):
         raise UsageError(f"--budget must be a number in (0, 1]; got {args.budget}")
-    configs = [_config_from(args, p) for p in policies]  # validates before loading a model
+    every = len(policies) > 1
+    configs = [_config_from(args, p, every) for p in policies]  # checked before a model loads
     spec = _spec_from(args)
 
     from pagekv.runtime.models import load_model

@@ -11,6 +11,9 @@ __all__ = ["POLICIES", "POOLED_POLICIES", "EvictionConfig"]
 
 SMOOTHING_KINDS = ("max", "avg")
 PAGE_REDUCTIONS = ("max", "sum")
+#: How the budget is spread: `k` tokens in every (layer, group), or the `L G k` tokens
+#: shared across them by normalised page scores (`pagekv.maths.paging.select_pages_global`).
+ALLOCATIONS = ("uniform", "global")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,10 @@ class EvictionConfig:
         smoothing_kind: "max" or "avg" pooling for that smoothing.
         page_reduction: "max" (default) or "sum" of token scores within a page.
         sink_threshold: a head whose sink mass is >= this is a sink head, in (0, 1].
+        allocation: "uniform" (default): every (layer, group) keeps at most `k` tokens;
+            "global": the `L G k` tokens are shared across the (layer, group)s by their
+            page scores, each normalised to sum to 1 over its free pages (pooled
+            policies only; every (layer, group) still keeps its protected pages).
     """
 
     policy: str = "entropy"
@@ -47,6 +54,7 @@ class EvictionConfig:
     smoothing_kind: str = "max"
     page_reduction: str = "max"
     sink_threshold: float = 0.5
+    allocation: str = "uniform"
 
     def __post_init__(self) -> None:
         get_policy(self.policy)  # ValueError naming the choices
@@ -69,11 +77,20 @@ class EvictionConfig:
                 f"got {self.page_reduction!r}"
             )
         _check_real("sink_threshold", self.sink_threshold, "in (0, 1]", lambda v: 0.0 < v <= 1.0)
+        if self.allocation not in ALLOCATIONS:
+            raise ValueError(
+                f"allocation must be one of {', '.join(ALLOCATIONS)}; got {self.allocation!r}"
+            )
+        if self.allocation == "global" and get_policy(self.policy).per_head:
+            raise ValueError(
+                f"allocation 'global' shares one budget by pooled page scores; policy "
+                f"{self.policy!r} selects per head (use allocation 'uniform')"
+            )
 
     @property
     def pooled(self) -> bool:
         """True when every (layer, group) keeps one dense page set of the same size."""
-        return get_policy(self.policy).pooled
+        return get_policy(self.policy).pooled and self.allocation == "uniform"
 
     def budget_tokens(self, n: int) -> int:
         """`k = floor(beta * n)`, the token budget per (layer, group) for a prompt of `n`.

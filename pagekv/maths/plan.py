@@ -22,6 +22,7 @@ from pagekv.maths.paging import (
     page_sizes,
     protected_pages,
     select_pages,
+    select_pages_global,
 )
 from pagekv.maths.policies import ScoreInputs, get_policy
 from pagekv.maths.pooling import uniform_weights
@@ -117,9 +118,10 @@ def plan(
             (`pagekv.runtime.backend.resolve_backend`).
 
     Returns:
-        A `Plan`. For every pooled policy each (layer, group) keeps exactly the same
-        number of tokens, `<= floor(budget * n)`, equal to the summed sizes of its
-        kept pages.
+        A `Plan`. For every pooled policy under the uniform allocation each (layer,
+        group) keeps exactly the same number of tokens, `<= floor(budget * n)`, equal
+        to the summed sizes of its kept pages; under `allocation="global"` the counts
+        vary and their total is `<= L G floor(budget * n)`.
 
     Raises:
         ValueError: malformed profiles or masses. BudgetError (a ValueError): the
@@ -197,7 +199,8 @@ def plan(
         uor = overlap.uor
     else:
         page_scores = scored
-        page_keep = select_pages(page_scores, prot, sizes, k)
+        select = select_pages_global if cfg.allocation == "global" else select_pages
+        page_keep = select(page_scores, prot, sizes, k)
         uor = torch.ones(L, G, dtype=torch.float64, device=dev)
     keep = expand_pages(page_keep, n, P)
     union_tokens = (page_keep.to(torch.int64) * sizes_d).sum(-1)

@@ -1,0 +1,154 @@
+"""The global allocation (`EvictionConfig(allocation="global")`): one budget of `L G k`
+tokens shared across the (layer, group)s by normalised page scores, whole pages, each
+(layer, group) keeping its protected pages. Hand-worked cases, properties, and a plan."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagekv import BudgetError, EvictionConfig, plan
+from pagekv.maths.paging import page_sizes, protected_pages, select_pages_global
+
+
+def test_the_docstring_example():
+    scores = torch.tensor([[9.0, 3, 1, 0], [9.0, 1, 1, 1]])
+    prot = torch.tensor([True, False, False, False])
+    keep = select_pages_global(scores, prot, torch.ones(4, dtype=torch.int64), 2)
+    assert keep.tolist() == [[True, True, False, False], [True, True, False, False]]
+
+
+def test_a_sharp_row_takes_more_than_a_flat_one():
+    # Row 0 puts all its free attention on pages 1 and 2; row 1 spreads it evenly.
+    # Total budget 2 x 3 = 6 one-token pages, 2 protected (page 0 of each row): 4 free
+    # slots. Shares: row 0 (.5, .5, 0, 0, 0), row 1 (.2 x 5): row 0's two pages first,
+    # then row 1's first two (ties toward the lower index).
+    scores = torch.tensor([[1.0, 5, 5, 0, 0, 0], [1.0, 1, 1, 1, 1, 1]])
+    prot = torch.tensor([True] + [False] * 5)
+    keep = select_pages_global(scores, prot, torch.ones(6, dtype=torch.int64), 3)
+    assert keep.tolist() == [
+        [True, True, True, False, False, False],
+        [True, True, True, False, False, False],
+    ]
+    # Row 1 now puts everything on page 5 (share 1): it goes first, then row 0's pages
+    # 1 and 2 (.5 each); the last slot is a tie of zero shares, won by the lowest flat
+    # index, row 0's page 3.
+    scores[1] = torch.tensor([1.0, 0, 0, 0, 0, 9])
+    keep = select_pages_global(scores, prot, torch.ones(6, dtype=torch.int64), 3)
+    assert keep.tolist() == [
+        [True, True, True, True, False, False],
+        [True, False, False, False, False, True],
+    ]
+
+
+def test_protected_pages_above_the_budget_raise():
+    prot = torch.tensor([True, True, False])
+    with pytest.raises(BudgetError):
+        select_pages_global(torch.rand(2, 3), prot, torch.ones(3, dtype=torch.int64), 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    n=st.integers(8, 80),
+    page=st.sampled_from([1, 2, 4, 8]),
+    frac=st.floats(0.3, 1.0),
+    seed=st.integers(0, 10_000),
+)
+def test_properties(rows, n, page, frac, seed):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = page_sizes(n, page)
+    prot = protected_pages(n, page, 2, 4)
+    prot_tokens = int(sizes[prot].sum())
+    k = max(prot_tokens, int(frac * n))
+    scores = torch.rand(rows, sizes.numel(), generator=gen) ** 4
+    keep = select_pages_global(scores, prot, sizes, k)
+    kept = (keep.long() * sizes).sum(-1)
+    total = int(kept.sum())
+    assert total <= rows * k  # the shared budget
+    assert bool(keep[:, prot].all())  # every row keeps its protected pages
+    free_left = (~keep) & ~prot
+    if bool(free_left.any()):  # no free page that fits is left out (pages are whole)
+        assert total + int(sizes[~prot].min()) > rows * k
+    # The kept free pages are the best by each row's share of its free attention.
+    mass = torch.where(prot, torch.zeros_like(scores), scores.double())
+    share = mass / mass.sum(-1, keepdim=True)
+    kept_free = keep & ~prot
+    if bool(kept_free.any()) and bool(free_left.any()):
+        assert float(share[kept_free].min()) >= float(share[free_left].max())
+
+
+def _profiles(L, H, n, sharp_layer):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(L, H, n, generator=gen) + 1.0  # flat everywhere
+    x[sharp_layer, :, 10] += 400.0  # one layer attends to token 10 only
+    x[sharp_layer, :, 20] += 400.0
+    return x / x.sum(-1, keepdim=True)
+
+
+def test_plan_shares_the_budget_across_layers():
+    L, H, G, n = 3, 4, 2, 64
+    prof = _profiles(L, H, n, sharp_layer=1)
+    uni = EvictionConfig(policy="entropy", budget=0.25, page_size=1, n_sink=2, window=4)
+    glo = uni.replace(allocation="global")
+    pu, pg = plan(prof, G, uni), plan(prof, G, glo)
+    k = uni.budget_tokens(n)
+    assert pu.union_tokens.tolist() == [[k] * G] * L and pu.dense
+    assert int(pg.union_tokens.sum()) == L * G * k  # one-token pages: the total is exact
+    assert not pg.dense
+    # The sharp layer needs only its two tokens beyond the protected ones; the flat
+    # layers take what it leaves.
+    protected = 2 + 4
+    assert pg.union_tokens[1].tolist() == [protected + 2] * G
+    assert bool(pg.keep[1, :, 10].all() and pg.keep[1, :, 20].all())
+    assert int(pg.union_tokens[0].sum() + pg.union_tokens[2].sum()) > 2 * G * k - 2
+
+
+def test_global_is_for_pooled_policies():
+    with pytest.raises(ValueError, match="selects per head"):
+        EvictionConfig(policy="head_independent", allocation="global")
+    with pytest.raises(ValueError, match="allocation must be one of"):
+        EvictionConfig(allocation="shared")
+    assert not EvictionConfig(allocation="global").pooled
+
+
+def test_the_runner_stores_and_decodes_a_global_plan():
+    """A global plan's (layer, group)s keep different amounts: each layer stores its
+    largest group's count (the others padded, as for head-independent unions), the
+    result counts that padding, and decoding runs on the ragged layers."""
+    from pagekv.runtime.runner import Runner
+
+    from .test_runner import prompt, tiny_model
+
+    runner = Runner(tiny_model("llama"))
+    pre = runner.prefill(prompt(96, seed=13), window_max=8)
+    cfg = EvictionConfig(policy="entropy", budget=0.25, page_size=1, window=8, n_sink=2)
+    glo = cfg.replace(allocation="global")
+    res = runner.evaluate(pre, glo, max_new_tokens=3)
+    k = cfg.budget_tokens(pre.n)
+    L, G = pre.n_layers, pre.n_groups
+    union = res.union_tokens
+    assert sum(map(sum, union)) == L * G * k  # one-token pages: the total is exact
+    assert len({u for row in union for u in row}) > 1  # and the counts vary
+    for layer in range(L):
+        assert res.stored_tokens[layer] == [max(union[layer])] * G
+    padding = sum(map(sum, res.stored_tokens)) - sum(map(sum, union))
+    assert res.padding_tokens == [
+        [s - u for s, u in zip(srow, urow, strict=True)]
+        for srow, urow in zip(res.stored_tokens, union, strict=True)
+    ]
+    assert padding >= 0 and len(res.tokens) == 3
+    uni = runner.evaluate(pre, cfg, max_new_tokens=3)
+    assert uni.union_tokens == [[k] * G] * L
+
+
+def test_the_cli_flag_sets_it_and_policy_all_keeps_per_head_uniform():
+    from pagekv.cli import _config_from, build_parser
+
+    args = build_parser().parse_args(["run", "--allocation", "global", "--policy", "mean"])
+    assert _config_from(args, "mean").allocation == "global"
+    assert _config_from(args, "head_independent", every=True).allocation == "uniform"
+    with pytest.raises(ValueError, match="selects per head"):
+        _config_from(args, "head_independent")
