@@ -12,6 +12,7 @@ head), same answer tokens), and the five-line example of docs/kvpress.md run as 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -258,12 +259,24 @@ def test_batch_gets_pages_per_sequence(tiny):
             assert torch.equal(k2[i : i + 1], k1) and torch.equal(v2[i : i + 1], v1), i
 
 
-def test_infeasible_budget_names_the_smallest(tiny):
+def test_infeasible_budget_names_the_smallest(tiny, caplog):
     # The module docstring's example: n = 100, P = 16, window 32: 52 protected tokens.
     attn, hidden, keys, values, pe = _layer_inputs(tiny, 100)
-    press = PageEntroKVPress(budget=0.3, page_size=16, window=32)
+    kw = {"position_embeddings": pe}
+    strict = PageEntroKVPress(budget=0.3, page_size=16, window=32, strict=True)
     with pytest.raises(BudgetError, match="0.52"):
-        press.compress(attn, hidden, keys, values, None, {"position_embeddings": pe})
+        strict.compress(attn, hidden, keys, values, None, kw)
+    # By default (a kvpress pipeline never aborts): exactly the protected pages, and ONE
+    # warning that names the smallest feasible budget, however many layers ask.
+    press = PageEntroKVPress(budget=0.3, page_size=16, window=32, record=True)
+    caplog.set_level(logging.WARNING, logger="pagekv")
+    for _ in range(3):
+        k2, v2 = press.compress(attn, hidden, keys, values, None, kw)
+        assert k2.shape[2] == v2.shape[2] == 52
+    pages = press.plans[1].page_keep[0]  # [G, 7]: pages 0, 4, 5, 6 and no other
+    assert pages[:, [0, 4, 5, 6]].all() and int(pages.sum()) == 4 * pages.shape[0]
+    warned = [r for r in caplog.records if "protected pages" in r.getMessage()]
+    assert len(warned) == 1 and "0.52" in warned[0].getMessage()
     ok = PageEntroKVPress(budget=0.7, page_size=16, window=32, record=True)
     k2, _ = ok.compress(attn, hidden, keys, values, None, {"position_embeddings": pe})
     assert k2.shape[2] == 68
@@ -507,3 +520,38 @@ def test_readme_example_is_the_tested_example():
     section = readme.split("## Using Page-EntroKV inside kvpress", 1)[1]
     block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert block == _readme_block()
+
+
+@pytest.mark.slow
+@pytest.mark.kvpress
+@OPT_IN
+def test_a_short_prompt_at_ratio_0_8_never_aborts_the_pipeline(tmp_path):
+    """As kvpress's own generic press tests do (every press at ratios 0.2 and 0.8 on short
+    prompts): through kvpress's pipeline, a budget below the sink and window pages keeps
+    those pages, warns once, and the pipeline answers."""
+    hub = _fake_hub(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", kp.bundled_model_dir())
+    python = kp.venv_python(kp.ensure_kvpress_env(progress=None))
+    script = tmp_path / "short.py"
+    script.write_text(
+        "import json, logging\n"
+        "from transformers import pipeline\n"
+        "from pagekv.measurement.integrations import PageEntroKVPress\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "pipe = pipeline('kv-press-text-generation', "
+        "model='HuggingFaceTB/SmolLM2-135M-Instruct')\n"
+        "out = {}\n"
+        "for ratio in (0.2, 0.8):\n"
+        "    press = PageEntroKVPress(compression_ratio=ratio, page_size=16)\n"
+        "    out[str(ratio)] = pipe('The sky is blue. The code is 7351.', "
+        "question='What is the code?', press=press, max_new_tokens=8)['answer']\n"
+        "print(json.dumps(out))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    out = subprocess.run(
+        [str(python), str(script)], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    answers = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(answers) == {"0.2", "0.8"} and all(isinstance(a, str) for a in answers.values())
+    assert out.stderr.count("keeps only the protected pages") >= 1, out.stderr[-2000:]

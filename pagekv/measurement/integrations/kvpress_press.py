@@ -21,10 +21,12 @@ Worked example, one layer of SmolLM2-135M (H = 9 query heads, G = 3 KV heads) on
 context of ``n = 100`` tokens, ``PageEntroKVPress(budget=0.3, page_size=16)``: pages
 ``[0..6]`` hold tokens ``[0..15], [16..31], ..., [96..99]``; the sinks (tokens 0-3) and
 the window (tokens 68-99) protect pages 0, 4, 5 and 6 = 16 + 16 + 16 + 4 = 52 tokens >
-``k = floor(0.3 * 100) = 30``, so this budget is infeasible (a ``BudgetError`` that names
-the smallest feasible budget, 0.52). With ``budget=0.7`` (``k = 70``) one more page fits
-(52 + 16 = 68 <= 70): each KV head keeps the 5 pages ``{0, j, 4, 5, 6}`` where ``j`` is
-its best-scoring free page, 68 tokens, and ``keys`` comes back ``[1, 3, 68, 64]``.
+``k = floor(0.3 * 100) = 30``, so this budget is infeasible: the press keeps the 52
+protected tokens and logs one warning that names the smallest feasible budget, 0.52
+(with ``strict=True`` it raises that ``BudgetError`` instead). With ``budget=0.7``
+(``k = 70``) one more page fits (52 + 16 = 68 <= 70): each KV head keeps the 5 pages
+``{0, j, 4, 5, 6}`` where ``j`` is its best-scoring free page, 68 tokens, and ``keys``
+comes back ``[1, 3, 68, 64]``.
 
 Budget. Give ``budget`` (pagekv's fraction KEPT, ``k = floor(budget * n)`` tokens per
 (layer, KV head)) or kvpress's ``compression_ratio`` (fraction REMOVED; ``k`` is then what
@@ -55,6 +57,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pagekv.maths.config import EvictionConfig
+from pagekv.maths.paging import BudgetError
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import POOLED_POLICIES, get_policy
 from pagekv.measurement.peer.kvpress_peer import kvpress_kept
@@ -150,6 +153,12 @@ class PageEntroKVPress(_Base):
         tau: temperature of the head-weight softmax.
         backend: "auto" (Triton kernels on CUDA when they import), "torch" or "triton".
         record: keep each layer's `Plan` in `plans` (for tests and inspection).
+        strict: raise `pagekv.BudgetError` when the protected pages (sinks and window)
+            alone exceed the budget. Off by default, so that a kvpress pipeline never
+            aborts (kvpress's own press tests run every press at ratio 0.8 on short
+            prompts): such a layer keeps exactly its protected pages, and the press logs
+            one warning naming the smallest feasible budget. `pagekv.plan` and the runner
+            always raise.
     """
 
     budget: float | None = None
@@ -161,7 +170,9 @@ class PageEntroKVPress(_Base):
     tau: float = 1.0
     backend: str = "auto"
     record: bool = False
+    strict: bool = False
     plans: dict[int, Plan] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _warned: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.check()
@@ -244,14 +255,16 @@ class PageEntroKVPress(_Base):
     def post_init_from_model(self, model) -> None:
         attention_modules(model)  # a clear ValueError for an architecture we cannot read
         self.plans = {}
+        self._warned = False  # one warning per use of the press on a model
 
     @torch.no_grad()
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         """Keep the planned pages of this layer: keys, values ``[B, G, n, d] -> [B, G, k', d]``.
 
-        Runs without autograd (eviction is not differentiated). Raises BudgetError (a
-        ValueError) when the protected pages (sinks and window) alone exceed the budget;
-        its message names the smallest feasible budget.
+        Runs without autograd (eviction is not differentiated). When the protected pages
+        (sinks and window) alone exceed the budget, keeps exactly them and logs one
+        warning per press naming the smallest feasible budget; with `strict`, raises
+        that BudgetError (a ValueError) instead.
         """
         self.check()  # kvpress's evaluation sets compression_ratio after construction
         if not self.compresses:
@@ -273,7 +286,16 @@ class PageEntroKVPress(_Base):
         profiles, masses, used = score_window(
             q_win, keys, cfg.n_sink, scale=attention_scale(module), backend=self.backend
         )
-        p = plan(profiles, n_groups=G, config=cfg, masses=masses, backend=used)
+        try:
+            p = plan(profiles, n_groups=G, config=cfg, masses=masses, backend=used)
+        except BudgetError as e:
+            if self.strict:
+                raise
+            if not self._warned:
+                self._warned = True
+                log.warning("PageEntroKVPress keeps only the protected pages: %s", e)
+            cfg = cfg.replace(budget=min(1.0, e.protected_tokens / n))
+            p = plan(profiles, n_groups=G, config=cfg, masses=masses, backend=used)
         kept = p.kept_indices().to(keys.device)  # [B, G, k']
         if B == 1:
             keys, values, _ = compact_kv(keys, values, kept[0], backend=used)
