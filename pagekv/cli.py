@@ -17,7 +17,7 @@ import logging
 import math
 import sys
 
-from pagekv.maths.config import ALLOCATIONS, POLICIES, EvictionConfig
+from pagekv.maths.config import ALLOCATIONS, POLICIES, SCORERS, EvictionConfig
 from pagekv.maths.policies import get_policy
 
 EXIT_USAGE = 2
@@ -59,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tau", type=float, default=1.0)
     run.add_argument("--smoothing", type=int, default=1, help="odd pooling width (1 = off)")
     run.add_argument("--page-reduction", default="max", choices=["max", "sum"])
+    run.add_argument(
+        "--scorer",
+        default="window",
+        choices=list(SCORERS),
+        help="window: the last --window prompt tokens' queries score the prompt; reconstruct: "
+        "the model's attention while it repeats the context (question-agnostic, one extra "
+        "pass over the context)",
+    )
     run.add_argument(
         "--allocation",
         default="uniform",
@@ -120,6 +128,7 @@ def _config_from(args, policy: str, every: bool = False) -> EvictionConfig:
         allocation = "uniform"
     return EvictionConfig(
         allocation=allocation,
+        scorer=args.scorer,
         policy=policy,
         budget=args.budget,
         page_size=args.page_size,

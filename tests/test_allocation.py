@@ -149,6 +149,9 @@ def test_the_cli_flag_sets_it_and_policy_all_keeps_per_head_uniform():
 
     args = build_parser().parse_args(["run", "--allocation", "global", "--policy", "mean"])
     assert _config_from(args, "mean").allocation == "global"
+    assert _config_from(args, "mean").scorer == "window"
+    args2 = build_parser().parse_args(["run", "--scorer", "reconstruct"])
+    assert _config_from(args2, "entropy").scorer == "reconstruct"
     assert _config_from(args, "head_independent", every=True).allocation == "uniform"
     with pytest.raises(ValueError, match="selects per head"):
         _config_from(args, "head_independent")

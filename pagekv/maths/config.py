@@ -14,6 +14,9 @@ PAGE_REDUCTIONS = ("max", "sum")
 #: How the budget is spread: `k` tokens in every (layer, group), or the `L G k` tokens
 #: shared across them by normalised page scores (`pagekv.maths.paging.select_pages_global`).
 ALLOCATIONS = ("uniform", "global")
+#: Whose attention scores the prompt: the last `window` prompt tokens' queries, or the
+#: queries of a pass that repeats the context (`pagekv.runtime.reconstruct`).
+SCORERS = ("window", "reconstruct")
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,10 @@ class EvictionConfig:
             "global": the `L G k` tokens are shared across the (layer, group)s by their
             page scores, each normalised to sum to 1 over its free pages (pooled
             policies only; every (layer, group) still keeps its protected pages).
+        scorer: "window" (default): the last `window` prompt tokens' queries score the
+            prompt; "reconstruct": the model's attention while it repeats the context
+            (question-agnostic; `pagekv.runtime.reconstruct`). The window's pages are
+            protected either way.
     """
 
     policy: str = "entropy"
@@ -55,6 +62,7 @@ class EvictionConfig:
     page_reduction: str = "max"
     sink_threshold: float = 0.5
     allocation: str = "uniform"
+    scorer: str = "window"
 
     def __post_init__(self) -> None:
         get_policy(self.policy)  # ValueError naming the choices
@@ -81,6 +89,8 @@ class EvictionConfig:
             raise ValueError(
                 f"allocation must be one of {', '.join(ALLOCATIONS)}; got {self.allocation!r}"
             )
+        if self.scorer not in SCORERS:
+            raise ValueError(f"scorer must be one of {', '.join(SCORERS)}; got {self.scorer!r}")
         if self.allocation == "global" and get_policy(self.policy).per_head:
             raise ValueError(
                 f"allocation 'global' shares one budget by pooled page scores; policy "

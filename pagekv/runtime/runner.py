@@ -51,6 +51,8 @@ from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
 from pagekv.runtime.backend import compact_kv, resolve_backend, score_cache
 from pagekv.runtime.capture import WindowQueryCapture
+from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
+from pagekv.runtime.reconstruct import REPEAT_PROMPT, reconstruction_profiles
 from pagekv.runtime.result import RunResult
 from pagekv.runtime.small_batch import small_batch_linears
 
@@ -269,10 +271,42 @@ class Runner:
         if not isinstance(config, EvictionConfig):
             raise TypeError(f"config must be an EvictionConfig; got {type(config).__name__}")
         t0 = _now(self.device)
-        profiles, masses, scored_on = pre.scores(config.window, config.n_sink)  # memoised
+        if config.scorer == "reconstruct":
+            profiles, masses, scored_on = self.reconstruction_scores(pre, config.n_sink)
+        else:
+            profiles, masses, scored_on = pre.scores(config.window, config.n_sink)  # memoised
         t1 = _now(self.device)
         p = plan(profiles, pre.n_groups, config, masses=masses, backend=self.backend)
         return Planned(plan=p, scored_on=scored_on, score_s=t1 - t0, plan_s=_now(self.device) - t1)
+
+    def reconstruction_scores(
+        self, pre: Prefill, n_sink: int, chunk: int = RECONSTRUCT_CHUNK
+    ) -> tuple[torch.Tensor, HeadMasses, str]:
+        """Profiles `[L, H, n]` of the reconstruction pass (`pagekv.runtime.reconstruct`)
+        and their masses for `n_sink` sinks; memoised on `pre` (the pass runs once per
+        prompt, on a copy of its cache; its seconds go in `pre.timings["reconstruct_s"]`)."""
+        key = ("reconstruct", int(n_sink))
+        if key not in pre._scores:
+            cached = next(
+                (v for (kind, _), v in pre._scores.items() if kind == "reconstruct"), None
+            )
+            if cached is None:
+                t0 = _now(self.device)
+                prompt = (
+                    self.tokenizer.encode(REPEAT_PROMPT, add_special_tokens=False)
+                    if (self.tokenizer is not None)
+                    else []
+                )
+                copy = _new_cache([(la.keys.clone(), la.values.clone()) for la in pre.cache.layers])
+                prof = reconstruction_profiles(
+                    self.model, copy, pre.ids, prompt, chunk=chunk, cache_kw=self._cache_kw
+                )
+                del copy
+                pre.timings["reconstruct_s"] = _now(self.device) - t0
+            else:
+                prof = cached[0]
+            pre._scores[key] = (prof, HeadMasses.from_profiles(prof, n_sink), "torch")
+        return pre._scores[key]
 
     def evict(
         self, pre: Prefill, config: EvictionConfig, planned: Planned | None = None

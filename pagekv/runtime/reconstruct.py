@@ -1,0 +1,143 @@
+"""The reconstruction scorer: how much the model attends to each context token while it
+repeats the context (the idea of KVzip, arXiv 2505.23416), as per-head profiles.
+
+Question-agnostic scoring for `EvictionConfig(scorer="reconstruct")`. After the prefill
+of a context of `n` tokens, on a COPY of its cache (the prefill's cache is never
+changed), the model reads an instruction to repeat the context and then the context
+itself again, in chunks of `chunk` tokens. For every layer and query head the score of
+context token `t` is the largest attention any reconstruction query gives it:
+
+    s_h(t) = max over reconstruction queries i of softmax_i(q_i . K / sqrt(d))[t]
+
+where the softmax runs over every key the query sees (the context, the instruction and
+the reconstruction so far, causally), exactly the model's own attention rows. The
+profile is `s_h` normalised to sum to 1 over the context, so the rest of the method
+(sink-isolated collision entropy, pooling per group, page selection) is unchanged.
+
+Memory stays bounded: a chunk's attention `[H, chunk, N]` (N the keys so far) is the
+largest tensor; the full `[L, H, n, n]` is never formed. The queries come from the
+module's own projection and rotary tables (`window_queries`), the keys from the cache
+after the module appended the chunk's own keys.
+
+The instruction (`REPEAT_PROMPT`), the choice to reconstruct every context token, and
+the max over queries are this module's choices; docs/design.md lists them.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
+
+#: What the model reads before it repeats the context (tokenised without special tokens).
+REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n"
+#: Reconstruction queries per forward: bounds the `[H, chunk, N]` attention of a chunk.
+CHUNK = 256
+
+
+def reconstruction_profiles(
+    model,
+    cache,
+    context_ids: list[int],
+    prompt_ids: list[int],
+    *,
+    chunk: int = CHUNK,
+    cache_kw: str | None = None,
+) -> torch.Tensor:
+    """Profiles `[L, H, n]` float32 (rows sum to 1) of the reconstruction pass.
+
+    Args:
+        model: the decoder whose prefill made `cache`.
+        cache: a DynamicCache holding the context's `n` keys and values per layer; it
+            is extended by the pass, so pass a copy.
+        context_ids: the `n` context ids (what is reconstructed).
+        prompt_ids: the instruction's ids, read before the reconstruction.
+        chunk: reconstruction queries per forward (>= 1).
+        cache_kw: the model's name for the cache argument (found from its signature
+            when None: `cache` in transformers 5.24, `past_key_values` before).
+    """
+    if cache_kw is None:
+        params = inspect.signature(model.forward).parameters
+        cache_kw = "cache" if "cache" in params else "past_key_values"
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be an integer >= 1; got {chunk!r}")
+    mods = attention_modules(model)
+    n = len(context_ids)
+    if n < 1:
+        raise ValueError("the context is empty: nothing to reconstruct")
+    if int(cache.layers[0].keys.shape[2]) != n:
+        raise ValueError(
+            f"the cache holds {int(cache.layers[0].keys.shape[2])} tokens, the context {n}"
+        )
+    dev = cache.layers[0].keys.device
+    best: list[torch.Tensor | None] = [None] * len(mods)  # [H, n] running max per layer
+    queries: list[torch.Tensor | None] = [None] * len(mods)
+    active = {"on": False}
+
+    def pre_hook(index):
+        def hook(module, args, kwargs):
+            if not active["on"]:
+                return None
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            cos, sin = kwargs.get("position_embeddings", args[1] if len(args) > 1 else None)
+            q = window_queries(module, hidden, cos, sin)  # [1, H, c, d]
+            queries[index] = q[0].float()
+            return None
+
+        return hook
+
+    def post_hook(index):
+        def hook(module, args, kwargs, output):
+            if not active["on"]:
+                return None
+            q = queries[index]  # [H, c, d]
+            keys = cache.layers[index].keys[0].float()  # [G, N, d], the chunk's included
+            H, c, _ = q.shape
+            G, N, _ = keys.shape
+            k = keys.repeat_interleave(H // G, dim=0)  # [H, N, d]
+            logits = torch.matmul(q, k.transpose(1, 2)) * attention_scale(module)  # [H, c, N]
+            # Causal: query i of the chunk sits at key index N - c + i.
+            rows = torch.arange(c, device=logits.device)[:, None] + (N - c)
+            cols = torch.arange(N, device=logits.device)[None, :]
+            logits = logits.masked_fill(cols > rows, float("-inf"))
+            probs = torch.softmax(logits, dim=-1)[:, :, :n]  # [H, c, n] over the context
+            top = probs.amax(1)  # [H, n]
+            best[index] = top if best[index] is None else torch.maximum(best[index], top)
+            queries[index] = None
+            return None
+
+        return hook
+
+    handles = []
+    for i, m in enumerate(mods):
+        handles.append(m.register_forward_pre_hook(pre_hook(i), with_kwargs=True))
+        handles.append(m.register_forward_hook(post_hook(i), with_kwargs=True))
+    try:
+        with torch.inference_mode():
+            pos = n
+            if prompt_ids:
+                _forward(model, prompt_ids, pos, cache, cache_kw, dev)
+                pos += len(prompt_ids)
+            active["on"] = True
+            for start in range(0, n, chunk):
+                part = context_ids[start : start + chunk]
+                _forward(model, part, pos, cache, cache_kw, dev)
+                pos += len(part)
+    finally:
+        for h in handles:
+            h.remove()
+    scores = torch.stack(best)  # [L, H, n]
+    return scores / scores.sum(-1, keepdim=True)
+
+
+def _forward(model, ids: list[int], pos: int, cache, cache_kw: str, dev) -> None:
+    x = torch.tensor([ids], dtype=torch.long, device=dev)
+    model(
+        input_ids=x,
+        position_ids=torch.arange(pos, pos + len(ids), device=dev)[None],
+        **{cache_kw: cache},
+        use_cache=True,
+        logits_to_keep=1,
+    )

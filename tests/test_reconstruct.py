@@ -1,0 +1,99 @@
+"""The reconstruction scorer (`pagekv.runtime.reconstruct`): its profiles are the
+model's own attention while it repeats the context, max over the reconstruction
+queries, whatever the chunking; the prefill's cache is left as it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagekv.runtime.reconstruct import reconstruction_profiles
+from pagekv.runtime.runner import Runner, _new_cache
+
+from .test_runner import prompt, tiny_model
+
+
+@pytest.fixture(scope="module")
+def eager():
+    return tiny_model("llama", attn="eager")
+
+
+def _copy(cache):
+    return _new_cache([(la.keys.clone(), la.values.clone()) for la in cache.layers])
+
+
+def _reference(model, ctx: list[int], instr: list[int]) -> torch.Tensor:
+    """The same scores from ONE eager forward of context + instruction + context with
+    every attention matrix returned: `[L, H, n]`."""
+    ids = ctx + instr + ctx
+    n, m = len(ctx), len(instr)
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([ids]), output_attentions=True)
+    rows = slice(n + m, n + m + n)
+    best = torch.stack([a[0, :, rows, :n].amax(1) for a in out.attentions]).float()
+    return best / best.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_profiles_are_the_models_attention_whatever_the_chunk(eager, chunk):
+    runner = Runner(eager)
+    ctx, instr = prompt(40, seed=3), prompt(5, seed=4)
+    pre = runner.prefill(ctx, window_max=8)
+    before = [la.keys.clone() for la in pre.cache.layers]
+    got = reconstruction_profiles(eager, _copy(pre.cache), ctx, instr, chunk=chunk)
+    want = _reference(eager, ctx, instr)
+    assert got.shape == (3, 8, 40)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    assert torch.allclose(got.sum(-1), torch.ones(3, 8))
+    assert all(torch.equal(a, la.keys) for a, la in zip(before, pre.cache.layers, strict=True))
+
+
+def test_the_check_can_fail_on_other_rows(eager):
+    """A reference over the WRONG rows (the first reading of the context, not the
+    reconstruction) differs: the comparison above is not vacuous."""
+    runner = Runner(eager)
+    ctx, instr = prompt(40, seed=3), prompt(5, seed=4)
+    pre = runner.prefill(ctx, window_max=8)
+    got = reconstruction_profiles(eager, _copy(pre.cache), ctx, instr, chunk=16)
+    ids = ctx + instr + ctx
+    with torch.inference_mode():
+        out = eager(input_ids=torch.tensor([ids]), output_attentions=True)
+    wrong = torch.stack([a[0, :, :40, :40].amax(1) for a in out.attentions]).float()
+    wrong = wrong / wrong.sum(-1, keepdim=True)
+    assert not torch.allclose(got, wrong, atol=1e-3)
+
+
+def test_bad_inputs(eager):
+    runner = Runner(eager)
+    ctx = prompt(12, seed=1)
+    pre = runner.prefill(ctx, window_max=4)
+    with pytest.raises(ValueError, match="chunk"):
+        reconstruction_profiles(eager, _copy(pre.cache), ctx, [], chunk=0)
+    with pytest.raises(ValueError, match="holds 12 tokens"):
+        reconstruction_profiles(eager, _copy(pre.cache), ctx[:5], [])
+
+
+def test_the_runner_plans_and_decodes_with_it_once_per_prompt(eager):
+    from pagekv import EvictionConfig
+
+    runner = Runner(eager)
+    ctx = prompt(64, seed=5)
+    pre = runner.prefill(ctx, window_max=8, question_ids=prompt(4, seed=6))
+    win = EvictionConfig(policy="entropy", budget=0.3, page_size=4, n_sink=2, window=8)
+    rec = win.replace(scorer="reconstruct")
+    p_rec = runner.plan_for(pre, rec).plan
+    first = pre._scores[("reconstruct", 2)][0]
+    # The same profiles as the module computes on its own (no instruction: no tokenizer).
+    want = reconstruction_profiles(eager, _copy(pre.cache), ctx, [])
+    torch.testing.assert_close(first, want)
+    seconds = pre.timings["reconstruct_s"]
+    for policy in ("mean", "max", "entropy_nosink"):  # every scoring policy can use it
+        runner.plan_for(pre, rec.replace(policy=policy))
+    runner.plan_for(pre, rec.replace(n_sink=0))
+    assert pre._scores[("reconstruct", 0)][0] is first  # one pass per prompt
+    assert pre.timings["reconstruct_s"] == seconds
+    p_win = runner.plan_for(pre, win).plan
+    assert not torch.equal(p_rec.page_keep, p_win.page_keep)  # another scorer, other pages
+    assert bool(p_rec.page_keep[..., p_rec.protected].all())  # window pages still protected
+    res = runner.evaluate(pre, rec, max_new_tokens=3)
+    assert len(res.tokens) == 3 and res.config["scorer"] == "reconstruct"
