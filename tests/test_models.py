@@ -248,8 +248,8 @@ def test_bundled_without_package_loads_the_same_model_from_the_hub(monkeypatch):
     _without_package(monkeypatch)
     asked = []
 
-    def fake_hub(name, device, dtype, attn):
-        asked.append((name, dtype))
+    def fake_hub(name, device, dtype, attn, suggest_bundled=True):
+        asked.append((name, dtype, suggest_bundled))
         cfg = LlamaConfig(
             num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
             intermediate_size=64, vocab_size=64, max_position_embeddings=512,
@@ -258,7 +258,8 @@ def test_bundled_without_package_loads_the_same_model_from_the_hub(monkeypatch):
 
     monkeypatch.setattr(models, "_load_hub", fake_hub)
     lm = load_model("bundled", device="cpu")
-    assert asked == [(BUNDLED_HUB_ID, torch.float32)]  # float32, as the bundled copy
+    # float32, as the bundled copy; a failure would not tell to "use 'bundled'"
+    assert asked == [(BUNDLED_HUB_ID, torch.float32, False)]
     assert (lm.name, lm.source, lm.fell_back) == (BUNDLED, "hub", False)
     assert lm.origin == f"hub: {BUNDLED_HUB_ID}" and lm.cache_path is None
     assert "Q4_1" in lm.caveat and "differ slightly" in lm.caveat
