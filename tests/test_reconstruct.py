@@ -22,7 +22,7 @@ def _copy(cache):
     return _new_cache([(la.keys.clone(), la.values.clone()) for la in cache.layers])
 
 
-def _reference(model, ctx: list[int], instr: list[int]) -> torch.Tensor:
+def _reference(model, ctx: list[int], instr: list[int], aggregation="max") -> torch.Tensor:
     """The same scores from ONE eager forward of context + instruction + context with
     every attention matrix returned: `[L, H, n]`."""
     ids = ctx + instr + ctx
@@ -30,7 +30,8 @@ def _reference(model, ctx: list[int], instr: list[int]) -> torch.Tensor:
     with torch.inference_mode():
         out = model(input_ids=torch.tensor([ids]), output_attentions=True)
     rows = slice(n + m, n + m + n)
-    best = torch.stack([a[0, :, rows, :n].amax(1) for a in out.attentions]).float()
+    agg = {"max": lambda a: a.amax(1), "mean": lambda a: a.mean(1)}[aggregation]
+    best = torch.stack([agg(a[0, :, rows, :n]) for a in out.attentions]).float()
     return best / best.sum(-1, keepdim=True)
 
 
@@ -46,6 +47,17 @@ def test_profiles_are_the_models_attention_whatever_the_chunk(eager, chunk):
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     assert torch.allclose(got.sum(-1), torch.ones(3, 8))
     assert all(torch.equal(a, la.keys) for a, la in zip(before, pre.cache.layers, strict=True))
+
+
+def test_the_mean_aggregation_too(eager):
+    runner = Runner(eager)
+    ctx, instr = prompt(40, seed=3), prompt(5, seed=4)
+    pre = runner.prefill(ctx, window_max=8)
+    got = reconstruction_profiles(eager, _copy(pre.cache), ctx, instr, chunk=9, aggregation="mean")
+    torch.testing.assert_close(got, _reference(eager, ctx, instr, "mean"), atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(got, _reference(eager, ctx, instr, "max"), atol=1e-3)
+    with pytest.raises(ValueError, match="aggregation"):
+        reconstruction_profiles(eager, _copy(pre.cache), ctx, instr, aggregation="sum")
 
 
 def test_the_check_can_fail_on_other_rows(eager):

@@ -37,6 +37,11 @@ REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n"
 CHUNK = 256
 
 
+#: How a head's attention over the reconstruction queries becomes one score per context
+#: token: the largest (the default, as KVzip) or the mean.
+AGGREGATIONS = ("max", "mean")
+
+
 def reconstruction_profiles(
     model,
     cache,
@@ -45,8 +50,32 @@ def reconstruction_profiles(
     *,
     chunk: int = CHUNK,
     cache_kw: str | None = None,
+    aggregation: str = "max",
 ) -> torch.Tensor:
-    """Profiles `[L, H, n]` float32 (rows sum to 1) of the reconstruction pass.
+    """Profiles `[L, H, n]` float32 (rows sum to 1) of the reconstruction pass, by
+    `aggregation` (`AGGREGATIONS`) over the reconstruction queries."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(
+            f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {aggregation!r}"
+        )
+    scores = reconstruction_scores(
+        model, cache, context_ids, prompt_ids, chunk=chunk, cache_kw=cache_kw
+    )[aggregation]
+    return scores / scores.sum(-1, keepdim=True)
+
+
+def reconstruction_scores(
+    model,
+    cache,
+    context_ids: list[int],
+    prompt_ids: list[int],
+    *,
+    chunk: int = CHUNK,
+    cache_kw: str | None = None,
+) -> dict[str, torch.Tensor]:
+    """Every aggregation of one reconstruction pass: `{"max": [L, H, n], "mean": ...}`
+    float32, not normalised (the largest and the mean attention of the reconstruction
+    queries on each context token).
 
     Args:
         model: the decoder whose prefill made `cache`.
@@ -73,6 +102,7 @@ def reconstruction_profiles(
         )
     dev = cache.layers[0].keys.device
     best: list[torch.Tensor | None] = [None] * len(mods)  # [H, n] running max per layer
+    total: list[torch.Tensor | None] = [None] * len(mods)  # [H, n] running sum per layer
     queries: list[torch.Tensor | None] = [None] * len(mods)
     active = {"on": False}
 
@@ -103,8 +133,9 @@ def reconstruction_profiles(
             cols = torch.arange(N, device=logits.device)[None, :]
             logits = logits.masked_fill(cols > rows, float("-inf"))
             probs = torch.softmax(logits, dim=-1)[:, :, :n]  # [H, c, n] over the context
-            top = probs.amax(1)  # [H, n]
+            top, summed = probs.amax(1), probs.sum(1)  # [H, n]
             best[index] = top if best[index] is None else torch.maximum(best[index], top)
+            total[index] = summed if total[index] is None else total[index] + summed
             queries[index] = None
             return None
 
@@ -128,8 +159,7 @@ def reconstruction_profiles(
     finally:
         for h in handles:
             h.remove()
-    scores = torch.stack(best)  # [L, H, n]
-    return scores / scores.sum(-1, keepdim=True)
+    return {"max": torch.stack(best), "mean": torch.stack(total) / n}  # [L, H, n] each
 
 
 def _forward(model, ids: list[int], pos: int, cache, cache_kw: str, dev) -> None:
