@@ -5,7 +5,7 @@ the uniform and the global allocation, at the budgets given. Entropy pooling, pa
 16, n_sink 4, window 32 (the replay's T4 settings).
 
     python benchmarks/reconstruct_ab.py [--contexts 500 1000 2000] [--budgets 0.2 0.5]
-                                         [--json out.json]
+                                         [--page-size 16] [--json out.json]
 
 Each prompt is prefilled once and reconstructed once (both aggregations come from the
 same pass); every setting then plans and decodes on that prefill. Prints one row per
@@ -49,11 +49,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--contexts", type=int, nargs="+", default=[500, 1000, 2000])
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.2, 0.5])
+    ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args(argv)
     study = Study.load("bundled")
     runner = study.runner
-    base = EvictionConfig(policy="entropy", page_size=16, n_sink=4, window=32)
+    base = EvictionConfig(policy="entropy", page_size=args.page_size, n_sink=4, window=32)
     rows: dict[str, dict] = {}
     times = {"prefill_s": [], "reconstruct_s": []}
     specs = t4_specs(set(args.contexts))
