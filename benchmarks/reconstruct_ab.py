@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pagekv import EvictionConfig, plan  # noqa: E402
 from pagekv.measurement.replay.grid import FULL  # noqa: E402
-from pagekv.runtime.reconstruct import REPEAT_PROMPT, reconstruction_scores  # noqa: E402
-from pagekv.runtime.runner import Planned, _new_cache  # noqa: E402
+from pagekv.runtime.reconstruct import as_profiles  # noqa: E402
+from pagekv.runtime.runner import Planned  # noqa: E402
 from pagekv.serving.study import PromptSpec, Study  # noqa: E402
 from pagekv.tasks import default_max_new_tokens, score  # noqa: E402
 
@@ -58,16 +57,12 @@ def main(argv=None) -> int:
     rows: dict[str, dict] = {}
     times = {"prefill_s": [], "reconstruct_s": []}
     specs = t4_specs(set(args.contexts))
-    prompt_ids = runner.tokenizer.encode(REPEAT_PROMPT, add_special_tokens=False)
     for spec in specs:
         prep = study.prepare(spec)
         pre = prep.prefill
         times["prefill_s"].append(pre.timings["prefill_s"])
-        t0 = time.perf_counter()
-        copy = _new_cache([(la.keys.clone(), la.values.clone()) for la in pre.cache.layers])
-        scores = reconstruction_scores(runner.model, copy, pre.ids, prompt_ids)
-        del copy
-        times["reconstruct_s"].append(time.perf_counter() - t0)
+        scores = runner.reconstruction(pre)  # both aggregations from one pass
+        times["reconstruct_s"].append(pre.timings["reconstruct_s"])
         for budget in args.budgets:
             settings = [("window", None, "uniform")]
             settings += [("reconstruct", agg, alloc) for agg in ("max", "mean")
@@ -79,7 +74,7 @@ def main(argv=None) -> int:
                     if scorer == "window":
                         planned = runner.plan_for(pre, cfg)
                     else:
-                        prof = scores[agg] / scores[agg].sum(-1, keepdim=True)
+                        prof = as_profiles(scores[agg])
                         p = plan(prof, pre.n_groups, cfg, backend=runner.backend)
                         planned = Planned(plan=p, scored_on="torch", score_s=0.0, plan_s=0.0)
                     res = runner.evaluate(

@@ -60,7 +60,12 @@ def reconstruction_profiles(
         )
     scores = reconstruction_scores(
         model, cache, context_ids, prompt_ids, chunk=chunk, cache_kw=cache_kw
-    )[aggregation]
+    )
+    return as_profiles(scores[aggregation])
+
+
+def as_profiles(scores: torch.Tensor) -> torch.Tensor:
+    """Scores `[L, H, n]` as profiles: each head's row normalised to sum to 1."""
     return scores / scores.sum(-1, keepdim=True)
 
 

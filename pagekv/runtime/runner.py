@@ -52,7 +52,7 @@ from pagekv.maths.policies import get_policy
 from pagekv.runtime.backend import compact_kv, resolve_backend, score_cache
 from pagekv.runtime.capture import WindowQueryCapture
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
-from pagekv.runtime.reconstruct import REPEAT_PROMPT, reconstruction_profiles
+from pagekv.runtime.reconstruct import REPEAT_PROMPT, as_profiles, reconstruction_scores
 from pagekv.runtime.result import RunResult
 from pagekv.runtime.small_batch import small_batch_linears
 
@@ -84,6 +84,8 @@ class Prefill:
     scales: list[float] = field(repr=False, default_factory=list)  # per layer
     backend: str = "torch"  # resolved backend of the runner that made it
     _scores: dict = field(default_factory=dict, repr=False)  # (w, n_sink) -> scores()
+    #: The reconstruction pass's scores by aggregation (`Runner.reconstruction`).
+    reconstruction: dict | None = field(default=None, repr=False)
 
     @property
     def window_max(self) -> int:
@@ -279,32 +281,36 @@ class Runner:
         p = plan(profiles, pre.n_groups, config, masses=masses, backend=self.backend)
         return Planned(plan=p, scored_on=scored_on, score_s=t1 - t0, plan_s=_now(self.device) - t1)
 
+    def reconstruction(self, pre: Prefill, chunk: int = RECONSTRUCT_CHUNK) -> dict:
+        """The reconstruction pass's scores on `pre` (`pagekv.runtime.reconstruct`):
+        `{"max": [L, H, n], "mean": [L, H, n]}`, not normalised. Runs once per prompt,
+        on a copy of its cache, and is memoised on `pre`; its seconds go in
+        `pre.timings["reconstruct_s"]`."""
+        if pre.reconstruction is None:
+            t0 = _now(self.device)
+            prompt = (
+                self.tokenizer.encode(REPEAT_PROMPT, add_special_tokens=False)
+                if self.tokenizer is not None
+                else []
+            )
+            copy = _new_cache([(la.keys.clone(), la.values.clone()) for la in pre.cache.layers])
+            pre.reconstruction = reconstruction_scores(
+                self.model, copy, pre.ids, prompt, chunk=chunk, cache_kw=self._cache_kw
+            )
+            pre.timings["reconstruct_s"] = _now(self.device) - t0
+        return pre.reconstruction
+
     def reconstruction_scores(
-        self, pre: Prefill, n_sink: int, chunk: int = RECONSTRUCT_CHUNK
+        self, pre: Prefill, n_sink: int
     ) -> tuple[torch.Tensor, HeadMasses, str]:
-        """Profiles `[L, H, n]` of the reconstruction pass (`pagekv.runtime.reconstruct`)
-        and their masses for `n_sink` sinks; memoised on `pre` (the pass runs once per
-        prompt, on a copy of its cache; its seconds go in `pre.timings["reconstruct_s"]`)."""
+        """Profiles `[L, H, n]` of the reconstruction pass (its "max" aggregation) and
+        their masses for `n_sink` sinks, memoised on `pre` like `Prefill.scores`."""
         key = ("reconstruct", int(n_sink))
         if key not in pre._scores:
             cached = next(
                 (v for (kind, _), v in pre._scores.items() if kind == "reconstruct"), None
             )
-            if cached is None:
-                t0 = _now(self.device)
-                prompt = (
-                    self.tokenizer.encode(REPEAT_PROMPT, add_special_tokens=False)
-                    if (self.tokenizer is not None)
-                    else []
-                )
-                copy = _new_cache([(la.keys.clone(), la.values.clone()) for la in pre.cache.layers])
-                prof = reconstruction_profiles(
-                    self.model, copy, pre.ids, prompt, chunk=chunk, cache_kw=self._cache_kw
-                )
-                del copy
-                pre.timings["reconstruct_s"] = _now(self.device) - t0
-            else:
-                prof = cached[0]
+            prof = as_profiles(self.reconstruction(pre)["max"]) if cached is None else cached[0]
             pre._scores[key] = (prof, HeadMasses.from_profiles(prof, n_sink), "torch")
         return pre._scores[key]
 
