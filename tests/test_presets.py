@@ -65,12 +65,6 @@ def test_every_curated_preset_names_a_difference_and_checks_it(p):
     assert preset_matches(p, None) is False  # nothing ran yet
 
 
-def test_check_kinds_are_the_builders():
-    from pagekv.views.presets import _builders
-
-    assert set(_builders()) == set(CHECK_KINDS)
-
-
 def test_a_preset_without_checks_is_refused():
     p = normalize({"title": "no difference"})
     assert p[CHECKS] == () and p[SHOWS] == ""

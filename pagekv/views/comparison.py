@@ -56,6 +56,16 @@ class Comparison:
     def modes(self) -> dict:
         return {k: p.spec.mode for k, p in self.preps.items()}
 
+    def ran(self, spec, config_a, config_b, mode_a: str, mode_b: str) -> bool:
+        """Whether this comparison ran exactly side A's prompt `spec` (asked `mode_a`)
+        and the two sides' configurations and question positions."""
+        return (
+            self.prep.spec == spec.replace(mode=mode_a)
+            and self.configs["A"] == config_a
+            and self.configs["B"] == config_b
+            and self.modes == {"A": mode_a, "B": mode_b}
+        )
+
     def needle_positions_of(self, key: str) -> list[int]:
         prep = self.preps.get(key, self.prep) if key != "full" else self.prep
         return list(prep.needle_positions)

@@ -23,13 +23,8 @@ def lesson_of(title):
 
 def settings_match(lesson, comp) -> bool:
     """Whether the last comparison ran exactly the lesson's prompt and two sides."""
-    if comp is None:
-        return False
-    return (
-        comp.prep.spec == lesson.prompt.spec(lesson.a.mode)
-        and comp.configs["A"] == lesson.a.config()
-        and comp.configs["B"] == lesson.b.config()
-        and comp.modes == {"A": lesson.a.mode, "B": lesson.b.mode}
+    return comp is not None and comp.ran(
+        lesson.prompt.spec(), lesson.a.config(), lesson.b.config(), lesson.a.mode, lesson.b.mode
     )
 
 

@@ -228,13 +228,18 @@ def sink_masquerade(layer: int, raw_at_least: float, isolated_below: float):
     )
 
 
+def kept_overlap(pa, pb) -> torch.Tensor:
+    """Float64 `[L, G]`: the share of plan `pa`'s kept tokens that plan `pb` keeps too."""
+    return (pa.keep & pb.keep).sum(-1).double() / pa.keep.sum(-1).double()
+
+
 def tie(min_overlap: float, mean_top_weight_below: float):
     """Entropy and mean pooling keep nearly the same tokens, the largest head weight of a
     group is on average close to 1/r, and the two answers are equal."""
 
     def check(ev: Evidence) -> Finding:
         pa, pb = ev.comparison.plan_of("A"), ev.comparison.plan_of("B")
-        shared = (pa.keep & pb.keep).sum(-1).double() / pa.keep.sum(-1).double()  # [L, G]
+        shared = kept_overlap(pa, pb)  # [L, G]
         overlap = float(shared.mean())
         L, H = pb.weights_isolated.shape
         G = pb.n_groups

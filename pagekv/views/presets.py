@@ -29,6 +29,8 @@ import json
 from pathlib import Path
 
 from pagekv.paths import PRESETS_PATH  # noqa: E402
+from pagekv.views import lessons
+from pagekv.views.lessons import Evidence, Finding, Observation, kept_overlap
 
 #: Keys of a preset that the app's controls take.
 FIELDS = (
@@ -233,8 +235,6 @@ def load_presets(path: Path | str | None = None) -> list[dict]:
 def needle_kept(side: str, at_least: float | None = None, at_most: float | None = None):
     """Side `side` keeps at least `at_least` / at most `at_most` of the needle's tokens,
     on average over (layer, group)."""
-    from pagekv.views.lessons import Finding, Observation
-
     bounds = []
     if at_least is not None:
         bounds.append(f"at least {at_least:g}")
@@ -262,7 +262,6 @@ def needle_kept(side: str, at_least: float | None = None, at_most: float | None 
 
 def within_budget(side: str):
     """Side `side` stores at most its budget in every (layer, group)."""
-    from pagekv.views.lessons import Finding, Observation
 
     def check(ev) -> Finding:
         rec = ev.comparison.records[side]
@@ -278,11 +277,9 @@ def within_budget(side: str):
 
 def kept_differ(overlap_below: float):
     """In some (layer, group), under `overlap_below` of A's kept tokens are kept by B."""
-    from pagekv.views.lessons import Finding, Observation
 
     def check(ev) -> Finding:
-        pa, pb = ev.comparison.plan_of("A"), ev.comparison.plan_of("B")
-        shared = (pa.keep & pb.keep).sum(-1).double() / pa.keep.sum(-1).double()  # [L, G]
+        shared = kept_overlap(ev.comparison.plan_of("A"), ev.comparison.plan_of("B"))  # [L, G]
         low, mean = float(shared.min()), float(shared.mean())
         layer, group = divmod(int(shared.argmin()), shared.shape[1])
         measured = (
@@ -297,35 +294,24 @@ def kept_differ(overlap_below: float):
     )
 
 
-def _builders() -> dict:
-    from pagekv.views import lessons
-
-    return {
-        "answers": lessons.answers,
-        "union_over_budget": lessons.union_over_budget,
-        "sink_masquerade": lessons.sink_masquerade,
-        "needle_kept": needle_kept,
-        "within_budget": within_budget,
-        "kept_differ": kept_differ,
-    }
-
-
-#: The kinds a preset's checks may name.
-CHECK_KINDS = (
-    "answers", "union_over_budget", "sink_masquerade", "needle_kept", "within_budget",
-    "kept_differ",
-)  # fmt: skip
+#: The checks a preset may name (its `CHECKS` entries' "kind"), and what builds each.
+CHECK_BUILDERS = {
+    "answers": lessons.answers,
+    "union_over_budget": lessons.union_over_budget,
+    "sink_masquerade": lessons.sink_masquerade,
+    "needle_kept": needle_kept,
+    "within_budget": within_budget,
+    "kept_differ": kept_differ,
+}
+CHECK_KINDS = tuple(CHECK_BUILDERS)
 
 
 def observation_of(preset: dict):
     """The preset's checks as one `Observation` (all of them must hold)."""
-    from pagekv.views.lessons import Finding, Observation
-
-    builders = _builders()
     parts = []
     for c in preset[CHECKS]:
         args = {k: v for k, v in c.items() if k != "kind"}
-        parts.append(builders[c["kind"]](**args))
+        parts.append(CHECK_BUILDERS[c["kind"]](**args))
     if not parts:
         raise ValueError(f"preset {preset['title']!r} has no checks: it shows no difference")
 
@@ -358,15 +344,7 @@ def preset_inputs(preset: dict):
 
 def preset_matches(preset: dict, comp) -> bool:
     """Whether the comparison `comp` ran exactly the preset's prompt and two sides."""
-    if comp is None:
-        return False
-    spec, cfg_a, cfg_b, mode_a, mode_b = preset_inputs(preset)
-    return (
-        comp.prep.spec == spec.replace(mode=mode_a)
-        and comp.configs["A"] == cfg_a
-        and comp.configs["B"] == cfg_b
-        and comp.modes == {"A": mode_a, "B": mode_b}
-    )
+    return comp is not None and comp.ran(*preset_inputs(preset))
 
 
 def compare_preset(study, preset: dict, max_new_tokens: int | None = None):
@@ -381,8 +359,6 @@ def compare_preset(study, preset: dict, max_new_tokens: int | None = None):
 
 def check_preset(preset: dict, comparison):
     """The preset's checks on a comparison of its settings: a `Finding`."""
-    from pagekv.views.lessons import Evidence
-
     return observation_of(preset).check(Evidence(comparison=comparison))
 
 
