@@ -289,7 +289,10 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
             **quiet,
         )
         # Prompt controls changed without a run: say the results are stale (in the
-        # browser only: no request to the server).
+        # browser only: no request to the server). The note is a run output: every run
+        # clears it (Gradio shows the run's progress over it until then). A browser-side
+        # clear on the run's own trigger does not work: Gradio does not run a JS-only
+        # listener on a trigger that also has a Python one.
         stale_js = (
             "() => '**Note:** the prompt controls changed; the results below are for the "
             "previous prompt until you press Run.'"
@@ -297,19 +300,6 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         for control in (task, context, depth, seed, needles, mode, curated, haystack, needle,
                         question, answer, model):  # fmt: skip
             control.input(None, None, stale_note, js=stale_js, **quiet)
-        # Any run starts: the note goes at once (the run's status follows).
-        clear_js = dict(fn=None, inputs=None, outputs=stale_note, js="() => ''", **quiet)
-        run_btn.click(**clear_js)
-        lesson.select(**clear_js)
-        preset.select(**clear_js)
-        for control in (prev_btn, next_btn):
-            control.click(**clear_js)
-        for control in (page_size, policy_a, policy_b, page_size_b):
-            control.select(**clear_js)
-        for control in (mode_b, link_b):
-            control.input(**clear_js)
-        for control in (budget, tau, window, n_sink, budget_b, tau_b, window_b, n_sink_b):
-            control.release(**clear_js)
         layer.release(update_layer, [last, layer], weights, api_name="layer")
         mech_io = dict(fn=run_mechanism, inputs=mech_inputs, outputs=mech_outputs)
         m_retr.release(api_name="mechanism", **mech_io)

@@ -46,8 +46,9 @@ pytestmark = [
 LAYERS, GROUPS, HEADS = 30, 3, 9
 #: status, answers, 9 plots, files, the layer slider (its range follows the run's model),
 #: the lesson's observation, the two budget sliders (their lower limits follow the
-#: prompt); the gr.State output stays server-side. app.RUN_VIEWS names them in order.
-N_OUT = 16
+#: prompt), the stale-results note (every run clears it); the gr.State output stays
+#: server-side. app.RUN_VIEWS names them in order.
+N_OUT = 17
 PLOTS = [
     "frame",
     "retention",

@@ -223,6 +223,13 @@ def test_first_lesson_then_one_request_per_action(browser_page):
         page.get_by_label("Seed", exact=True).press("Tab")
         page.get_by_text("the prompt controls changed").first.wait_for(timeout=30_000)
         assert queue.since(mark) == [], queue.since(mark)
+        # A run clears the note (it is one of the run's outputs).
+        page.get_by_role("button", name="Run", exact=True).click()
+        page.wait_for_function(
+            "() => !document.querySelector('#stale-note').innerText.includes('changed')",
+            timeout=UPDATE_MS,
+        )
+        wait_idle(page)
 
         # At 800 px every view stays reachable: all seven tabs visible, no clipped table.
         page.set_viewport_size({"width": 800, "height": 1000})

@@ -155,7 +155,8 @@ EMPTY = None
 #: components of the same names); `_views` turns keyword values into that tuple.
 RUN_VIEWS = (
     "status", "answers", "frame", "retention", "weights", "overview", "sink_mass", "sink_adv",
-    "uor", "stored", "memory", "files", "layer", "observation", "budget", "budget_b", "last",
+    "uor", "stored", "memory", "files", "layer", "observation", "budget", "budget_b",
+    "stale_note", "last",
 )  # fmt: skip
 #: The run's plot views (an error shows a placeholder in each: no empty frames).
 PLOTS = (
