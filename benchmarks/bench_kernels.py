@@ -13,7 +13,13 @@ groups, head dim 128, window 32, bfloat16) and prompts of 4k to 128k tokens:
 - the whole eviction step (score + pool + select + compact, all layers) per backend;
 - achieved GB/s against the byte model below, and its ratio to the GPU's memory
   bandwidth (`--peak-tbps`, 4.8 for an H200);
-- a parity check per size (profile error, kept pages equal, compacted cache equal).
+- a parity check per size (profile error, kept pages equal, compacted cache equal);
+- long query sets (`--long-windows`, 1024 and 2048 queries by default, at sizes up to
+  `--long-max-n`): the scoring kernel (`score_w{W}/...`) and its max output as the
+  reconstruction scorer uses it (`max_w{W}/...`, `pagekv.runtime.backend.attention_scores`),
+  each against its torch twin, with their parity; these are compute-bound, so their
+  entries also carry TFLOP/s (`4 L H W n d` multiply-adds counted as flops: two passes
+  of logits, the causal triangle counted full).
 
 Byte model: the bytes a kernel must move between HBM and the chip (e = 2 bytes
 for bf16, k' = kept tokens per (layer, group), n_pages = ceil(n / P)):
@@ -66,6 +72,13 @@ def byte_model(L, H, G, n, d, w, e, P, k_kept):
         "paged": paged,
         "eviction_step": score + pool + compact,
     }
+
+
+def long_window_model(L, H, G, n, d, W, e):
+    """Bytes and flops of the scoring kernel on `W` queries: the score byte model plus the
+    max output (`L H n 4`), and `4 L H W n d` flops (two passes, each `2 W n d` per head)."""
+    score = 2 * L * G * n * d * e + L * H * n * 4 + 2 * L * H * W * d * e
+    return {"score": score, "max": score + L * H * n * 4, "flops": 4 * L * H * W * n * d}
 
 
 def make_inputs(L, H, G, n, d, w, dtype, device, seed=0, rng_device="cpu"):
@@ -149,7 +162,8 @@ def timer(cuda: bool, warmup: int, rep: int):
     return bench_cpu
 
 
-def measure(results: dict, name: str, fn, bench, nbytes: int, peak_tbps: float | None) -> None:
+def measure(results: dict, name: str, fn, bench, nbytes: int, peak_tbps: float | None,
+            flops: int | None = None) -> None:  # fmt: skip
     """Time `fn` into `results[name]`; a failure is recorded, not raised."""
     try:
         ms = bench(fn)
@@ -161,6 +175,9 @@ def measure(results: dict, name: str, fn, bench, nbytes: int, peak_tbps: float |
     entry = {"ms": ms, "bytes": nbytes, "GB/s": gbps}
     if peak_tbps:
         entry["frac_of_peak"] = gbps / (peak_tbps * 1e3)
+    if flops:
+        entry["flops"] = flops
+        entry["TFLOP/s"] = flops / (ms * 1e-3) / 1e12
     results[name] = entry
     frac = f"  {100 * entry['frac_of_peak']:5.1f}% of peak" if peak_tbps else ""
     print(f"  {name:<28} {ms:10.3f} ms  {gbps:9.1f} GB/s{frac}", flush=True)
@@ -258,7 +275,52 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
                 nbytes["pool_pages"], peak)  # fmt: skip
         measure(m, "compact/torch.compile", lambda: c_compact(keys, values, idx), bench,
                 nbytes["compact"], peak)  # fmt: skip
+    long_windows(args, res, n, k4, device, bench, peak, e)
     return res
+
+
+def long_windows(args, res, n, k4, device, bench, peak, e) -> None:
+    """Long query sets over the same keys: the score kernel and the max output against
+    their twins (`res["times"]`), and their parity (`res["long_parity"]`)."""
+    from kernels.score import score_layers as k_score
+    from pagekv.runtime import backend as be
+
+    L, H, G, d = args.layers, args.heads, args.groups, args.head_dim
+    dtype = getattr(torch, args.dtype)
+    m, parity = res["times"], res.setdefault("long_parity", {})
+    for W in args.long_windows:
+        if W > n or n > args.long_max_n:
+            parity[f"w{W}"] = {"skipped": "W > n" if W > n else "n > --long-max-n"}
+            continue
+        rng = device if args.rng_device else "cpu"
+        gen = torch.Generator(device=rng).manual_seed(W)
+        q = torch.randn(L, H, W, d, generator=gen, device=rng).to(device, dtype)
+        model = long_window_model(L, H, G, n, d, W, e)
+        try:
+            prof, _, top = k_score(q, k4, args.n_sink, return_max=True)
+            t_prof, *_ = _twin_score(q, k4, args.n_sink)
+            t_mean, t_top, _ = be.attention_scores(q, k4, backend="torch")
+            parity[f"w{W}"] = {
+                "profiles_max_abs_err": float((prof - t_prof).abs().max()),
+                "max_max_abs_err": float((top - t_top).abs().max()),
+                "mean_twins_max_abs_err": float((t_mean - t_prof).abs().max()),
+            }
+            del prof, top, t_prof, t_mean, t_top
+        except Exception as ex:  # e.g. the twin out of memory
+            parity[f"w{W}"] = {"error": f"{type(ex).__name__}: {ex}"[:500]}
+        print(f"  parity w={W}: {parity[f'w{W}']}", flush=True)
+        fl = model["flops"]
+        measure(m, f"score_w{W}/triton", lambda q=q: k_score(q, k4, args.n_sink), bench,
+                model["score"], peak, fl)  # fmt: skip
+        measure(m, f"score_w{W}/torch", lambda q=q: _twin_score(q, k4, args.n_sink), bench,
+                model["score"], peak, fl)  # fmt: skip
+        for backend in ("triton", "torch"):
+            measure(m, f"max_w{W}/{backend}",
+                    lambda q=q, b=backend: be.attention_scores(q, k4, backend=b), bench,
+                    model["max"], peak, fl)  # fmt: skip
+        del q
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def main(argv=None) -> int:
@@ -271,6 +333,10 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--window", type=int, default=32)
+    ap.add_argument("--long-windows", type=int, nargs="*", default=[1024, 2048],
+                    help="long query sets timed per size (none: skip them)")  # fmt: skip
+    ap.add_argument("--long-max-n", type=int, default=16384,
+                    help="time the long query sets only up to this prompt length")  # fmt: skip
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--budget", type=float, default=0.2)
@@ -318,6 +384,8 @@ def main(argv=None) -> int:
                 "page_size",
                 "budget",
                 "n_sink",
+                "long_windows",
+                "long_max_n",
             )
         },  # fmt: skip
         "peak_tbps": args.peak_tbps if cuda else None,

@@ -9,7 +9,11 @@ runs, each stage in its own subprocess with a time limit, under a global deadlin
 (`--deadline`, 450 s by default, so the whole check ends within 8 minutes):
 
 1. `tests`: the kernel parity tests, `python -m pytest -q tests/test_kernels.py` (their
-   `[cuda]` copies run compiled on the GPU); pass/fail counts, overall and for `[cuda]`.
+   `[cuda]` copies run compiled on the GPU; long query sets cut into several query
+   blocks, the max output), and the reconstruction scorer's Triton path against its
+   torch path on a tiny random model (`TESTS_EXTRA`, on the GPU; the dry run leaves
+   it to the CPU test suite, which runs it interpreted); pass/fail counts, overall and
+   for `[cuda]`.
 2. `end_to_end`: a model with Qwen2.5-1.5B-Instruct's configuration and random weights
    (built from the config below, nothing downloaded; bfloat16, SDPA prefill) through
    `pagekv.runtime.runner.Runner(model, None, backend="triton")` at 4k, 16k and 32k random
@@ -21,7 +25,9 @@ runs, each stage in its own subprocess with a time limit, under a global deadlin
 3. `bench_kernels`: `benchmarks/bench_kernels.py` at 4k-128k tokens on the pilot
    model's shapes (28 layers, 12 query heads, 2 KV heads, head dim 128, bfloat16),
    eager torch twins only (`--bench-compile` adds the torch.compile twins), with the
-   time left; sizes that would not fit are skipped with the reason recorded.
+   time left; sizes that would not fit are skipped with the reason recorded. Up to 16k
+   tokens it also times long query sets (1024 and 2048 queries: the scoring kernel and
+   its max output, the reconstruction scorer's chunk, against their twins).
 
 Everything goes to ONE JSON file (written after each stage, so a kill keeps what was
 measured): `meta` (versions, GPU, date, mode), `tests`, `end_to_end`, `bench_kernels`,
@@ -81,6 +87,13 @@ from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere
+
+#: Tests the `tests` stage runs besides tests/test_kernels.py on a GPU: the reconstruction
+#: scorer's Triton path (the scoring kernel's max output over chunks of 7 and 300
+#: queries) against its torch path, on a tiny random model moved to the GPU. Not in the
+#: dry run: interpreted it takes ~20 s of the stage's 100 (tests/test_reconstruct.py
+#: runs it on the CPU anyway).
+TESTS_EXTRA = ("tests/test_reconstruct.py::test_the_triton_path_gives_the_torch_scores",)
 
 #: Packages the check must never import (the app's, and the GGUF loader's).
 FORBIDDEN = ("gradio", "plotly", "gguf", "accelerate")
@@ -337,7 +350,8 @@ def stage_tests(args, clock: Clock, dry: bool, limit: float) -> dict:
         xml_path = Path(tmp) / "junit.xml"
         # -v: one line per test, so a stage stopped at its limit still has its counts.
         cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
-               f"--junitxml={xml_path}", "tests/test_kernels.py"]  # fmt: skip
+               f"--junitxml={xml_path}", "tests/test_kernels.py",
+               *(() if dry else TESTS_EXTRA)]  # fmt: skip
         if args.tests_k:
             cmd += ["-k", args.tests_k]
         lines: list[str] = []
@@ -636,6 +650,14 @@ def bench_summary(bench: dict) -> list[dict]:
         row["eviction_step_triton_ms"] = ms("eviction_step/triton")
         row["eviction_step_torch_ms"] = ms("eviction_step/torch")
         row["parity"] = r.get("parity")
+        # Long query sets (bench_kernels --long-windows): kernel and twin per window.
+        for name, entry in sorted(t.items()):
+            if name.startswith(("score_w", "max_w")) and "ms" in entry:
+                row[name.replace("/", "_") + "_ms"] = entry["ms"]
+                if name.endswith("/triton"):
+                    row[name.replace("/", "_") + "_tflops"] = entry.get("TFLOP/s")
+        if r.get("long_parity"):
+            row["long_parity"] = r["long_parity"]
         rows.append(row)
     return rows
 
@@ -815,11 +837,17 @@ def _bench_line(row: dict) -> str:
     def f(x, unit="", scale=1.0, digits=3):
         return "n/a" if x is None else f"{x * scale:.{digits}f}{unit}"
 
+    long = [
+        f"; {key[: -len('_triton_ms')]} triton {f(row[key], ' ms')} vs torch "
+        f"{f(row.get(key.replace('_triton_', '_torch_')), ' ms')}"
+        for key in row
+        if key.startswith(("score_w", "max_w")) and key.endswith("_triton_ms")
+    ]
     return (
         f"score triton {f(row['score_triton_ms'], ' ms')} vs torch "
         f"{f(row['score_torch_ms'], ' ms')} ({f(row['score_speedup'], 'x', digits=1)}, "
         f"{f(row['score_frac_of_peak'], '% of peak', 100, 1)}); eviction step triton "
-        f"{f(row['eviction_step_triton_ms'], ' ms')}"
+        f"{f(row['eviction_step_triton_ms'], ' ms')}" + "".join(long)
     )
 
 

@@ -3,32 +3,65 @@
 Torch twin: `pagekv.maths.profiles.attention_profiles` followed by
 `pagekv.maths.entropy.mass_sums` (this module imports nothing from `pagekv`; the
 conversion of the sums into head weights, with its guard, lives in the core:
-`pagekv.maths.entropy.HeadMasses.from_sums`).
+`pagekv.maths.entropy.HeadMasses.from_sums`). With `return_max=True` it also gives the
+largest probability any query puts on each key (twin: the torch path of
+`pagekv.runtime.backend.attention_scores`, which the reconstruction scorer uses).
 
 For every layer `l`, group `g` and query head `h` of the group (GQA: head `h`
-reads KV group `h // r`), with window query `i` at position `n - w + i` seeing the
-keys `t <= n - w + i` (causal):
+reads KV group `h // r`), with query `i` of the `w` queries at position `n - w + i`
+seeing the keys `t <= n - w + i` (causal):
 
     a_h(t) = (1 / w) sum_i softmax_t(q_{h,i} . k_g(t) * scale)
+    top_h(t) = max_i softmax_t(q_{h,i} . k_g(t) * scale)        (return_max only)
 
-Pass 1 (`_stats_kernel`, grid `[L * G * head blocks, splits]`) streams key tiles
-`[BLOCK_N, d]` and keeps, per (head, query) row, the running max `m` and the
+Rows. A program's rows are `R_BLK` heads of one group times `W_BLK` queries,
+`M = R_BLK * W_BLK`, with `W_BLK = min(next_pow2(w), max_rows)` (at least 16, for
+`tl.dot`) and `R_BLK = max(1, min(next_pow2(r), max_rows // W_BLK))`. A window longer
+than `max_rows` (256 on a GPU) is cut into `n_qb = ceil(w / W_BLK)` query blocks, so
+`M <= max_rows` whatever `w` is (`row_blocks`): a 2048-query set is 8 blocks of 256
+rows, not one 2048-row tile. The usual short window (`w = 32`) is one query block,
+the same tiling as before the split.
+
+Pass 1 (`_stats_kernel`, grid `[L * G * head blocks * query blocks, splits]`) streams
+key tiles `[BLOCK_N, d]` and keeps, per (head, query) row, the running max `m` and the
 running sum `l = sum exp(s - m)` (online softmax: when the max grows by `D`, the old
-sum is rescaled by `exp(-D)`, so no `exp` ever sees a positive argument). Each split
-of the key axis writes its `(m, l)`; the host merges the splits into the row's
-log-sum-exp `lse = m + log(l)` (a `[L * G, splits, rows]` tensor, tiny next to K).
+sum is rescaled by `exp(-D)`, so no `exp` ever sees a positive argument). The stats are
+per row, so query blocks are independent programs; each stops at the last key tile
+its last query sees (the causal skip). Each split of the key axis writes its
+`(m, l)`; the host merges the splits into the row's log-sum-exp `lse = m + log(l)`
+(a `[L * G * head blocks, query blocks, M]` tensor, tiny next to K).
 
-Pass 2 (`_profile_kernel`, grid `[L * G * head blocks, key tiles]`) recomputes the
-logits of one key tile, turns them into probabilities `exp(s - lse)` (each <= 1,
-exact normalisation, no division), averages over the window's queries and writes
-the profile tile `[heads, BLOCK_N]`. In the same program it writes four partial
-sums of the tile per head: sink mass, non-sink mass, non-sink squares and all
-squares; the host adds the tiles (a `[L, H, tiles, 4]` buffer) into `[L, H, 4]`.
-No program holds more than one key tile.
+Pass 2 (`_profile_kernel`, grid `[L * G * head blocks, key tiles]`) loads one key tile
+and then LOOPS over the query blocks, in index order, from the first block whose last
+query sees the tile: per block it recomputes the logits `[M, BLOCK_N]`, turns them into
+probabilities `exp(s - lse)` (each <= 1, exact normalisation, no division) and adds
+their sum over the block's queries into a `[R_BLK, BLOCK_N]` accumulator (and, with
+`return_max`, takes the running max). After the loop it holds the tile of the
+averaged profile, writes it, and writes the tile's four partial sums per head: sink
+mass, non-sink mass, non-sink squares and all squares; the host adds the tiles (a
+`[L, H, tiles, 4]` buffer) into `[L, H, 4]`.
+
+Why the merge across query blocks happens inside one program (and not by writing one
+partial profile per query block and reducing them afterwards):
+- the four mass sums are functions of the AVERAGED profile (squares of the mean, not
+  means of squares), so they need the merged tile; merged in the program, they are
+  formed exactly as in the one-block case, with no second launch and no torch pass
+  over `[L, H, n]`;
+- it is deterministic (a fixed loop order, no atomics) and needs no extra memory,
+  where per-block partials would cost `n_qb` profile-sized buffers (`n_qb L H n 4`
+  bytes, 700 MB at 28 layers, 12 heads, 128k keys and 4 blocks);
+- the key tile is read from memory once and reused by every query block;
+- with one query block (the short window) the loop runs once: the same work as before.
+The price is parallelism: the grid does not grow with `n_qb`. It does not need to:
+the key-tile axis already gives `L G n_rb n / BLOCK_N` programs, and a long query set
+means more work per program, not fewer programs than before.
+
+No program holds more than one key tile and `M <= max(max_rows, 16)` query rows.
 
 Memory traffic (bytes a perfect implementation must move, element size `e`):
 pass 1 reads K once (`L G n d e`), pass 2 reads K again and writes the profiles
-(`L H n 4`); the queries (`L H w d e`) and the partial buffers are negligible.
+(`L H n 4`, and the maxima with `return_max`); the queries (`L H w d e`) are re-read
+by every key tile (from the cache hierarchy) and the partial buffers are negligible.
 
 All logits are kept in base 2 (`qk_scale = scale * log2(e)`, `exp2`), the usual
 trick that saves a multiply per element; the result is the same softmax.
@@ -59,13 +92,14 @@ NEG_BIG = -1.0e30
 
 
 @triton.jit
-def _load_q(q_ptr, i_l, i_g, i_rb, r, w, d, stride_ql, stride_qh, stride_qw,
-            R_BLK: tl.constexpr, W_PAD: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
-    # Rows of the query block: row m is head i_rb * R_BLK + m // W_PAD of the group,
-    # window query m % W_PAD. Padding rows (head >= r or query >= w) load zeros.
-    o_m = tl.arange(0, R_BLK * W_PAD)  # [M]
-    i_r = i_rb * R_BLK + o_m // W_PAD
-    i_w = o_m % W_PAD
+def _load_q(q_ptr, i_l, i_g, i_rb, i_qb, r, w, d, stride_ql, stride_qh, stride_qw,
+            R_BLK: tl.constexpr, W_BLK: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
+    # Rows of the (head block, query block): row m is head i_rb * R_BLK + m // W_BLK of
+    # the group, query i_qb * W_BLK + m % W_BLK. Padding rows (head >= r or query >= w)
+    # load zeros.
+    o_m = tl.arange(0, R_BLK * W_BLK)  # [M]
+    i_r = i_rb * R_BLK + o_m // W_BLK
+    i_w = i_qb * W_BLK + o_m % W_BLK
     m_m = (i_r < r) & (i_w < w)
     o_d = tl.arange(0, D_PAD)
     p_q = (
@@ -80,9 +114,9 @@ def _load_q(q_ptr, i_l, i_g, i_rb, r, w, d, stride_ql, stride_qh, stride_qw,
 
 
 @triton.jit
-def _logits(b_q, k_ptr, i_l, i_g, i_t, n, w, d, i_w, qk_scale, stride_kl, stride_kg, stride_kn,
-            BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DOT_FP32: tl.constexpr):  # fmt: skip
-    # Logits of one key tile in base 2, causal and length masked: [M, BLOCK_N].
+def _load_k(k_ptr, i_l, i_g, i_t, n, d, stride_kl, stride_kg, stride_kn,
+            BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
+    # One key tile [BLOCK_N, D]; reads BLOCK_N * d * e bytes of K.
     o_n = i_t * BLOCK_N + tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, D_PAD)
     p_k = (
@@ -92,8 +126,13 @@ def _logits(b_q, k_ptr, i_l, i_g, i_t, n, w, d, i_w, qk_scale, stride_kl, stride
         + o_n[:, None].to(tl.int64) * stride_kn
         + o_d[None, :]
     )
-    # Reads BLOCK_N * d * e bytes of K.
     b_k = tl.load(p_k, mask=(o_n < n)[:, None] & (o_d < d)[None, :], other=0.0)  # [N, D]
+    return b_k, o_n
+
+
+@triton.jit
+def _logits(b_q, b_k, o_n, n, w, i_w, qk_scale, DOT_FP32: tl.constexpr):
+    # Logits of one key tile in base 2, causal and length masked: [M, BLOCK_N].
     if DOT_FP32:
         # fp32 inputs (exact fp32 products, no tf32) and the interpreter (numpy has
         # no bfloat16 matmul) take this branch.
@@ -102,67 +141,89 @@ def _logits(b_q, k_ptr, i_l, i_g, i_t, n, w, d, i_w, qk_scale, stride_kl, stride
         # fp16/bf16 products are exact in fp32, and the dot accumulates in fp32.
         b_s = tl.dot(b_q, tl.trans(b_k))
     b_s = b_s * qk_scale  # [M, N]
-    pos_q = n - w + i_w  # [M] position of each window query
+    pos_q = n - w + i_w  # [M] position of each query
     visible = (o_n[None, :] <= pos_q[:, None]) & (o_n < n)[None, :]
-    return tl.where(visible, b_s, float("-inf")), o_n
+    return tl.where(visible, b_s, float("-inf"))
 
 
 @triton.jit
-def _stats_kernel(q_ptr, k_ptr, m_ptr, l_ptr, n, w, d, r, G, n_rb, n_tiles, tiles_per_split,
-                  qk_scale, stride_ql, stride_qh, stride_qw, stride_kl, stride_kg, stride_kn,
-                  R_BLK: tl.constexpr, W_PAD: tl.constexpr, D_PAD: tl.constexpr,
-                  BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):  # fmt: skip
-    i_lgr = tl.program_id(0)
+def _stats_kernel(q_ptr, k_ptr, m_ptr, l_ptr, n, w, d, r, G, n_rb, n_qb, n_tiles,
+                  tiles_per_split, qk_scale, stride_ql, stride_qh, stride_qw, stride_kl,
+                  stride_kg, stride_kn, R_BLK: tl.constexpr, W_BLK: tl.constexpr,
+                  D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):  # fmt: skip
+    i_p = tl.program_id(0)  # (layer, group, head block, query block)
     i_s = tl.program_id(1)
     n_splits = tl.num_programs(1)
+    i_qb = i_p % n_qb
+    i_lgr = i_p // n_qb
     i_l = i_lgr // (G * n_rb)
     i_g = (i_lgr // n_rb) % G
     i_rb = i_lgr % n_rb
-    b_q, i_w, m_m = _load_q(q_ptr, i_l, i_g, i_rb, r, w, d, stride_ql, stride_qh, stride_qw,
-                            R_BLK, W_PAD, D_PAD)  # fmt: skip
-    b_m = tl.full([R_BLK * W_PAD], NEG_BIG, tl.float32)  # running max (base-2 logits)
-    b_l = tl.full([R_BLK * W_PAD], 0.0, tl.float32)  # running sum of exp2(s - b_m)
+    b_q, i_w, m_m = _load_q(q_ptr, i_l, i_g, i_rb, i_qb, r, w, d, stride_ql, stride_qh,
+                            stride_qw, R_BLK, W_BLK, D_PAD)  # fmt: skip
+    b_m = tl.full([R_BLK * W_BLK], NEG_BIG, tl.float32)  # running max (base-2 logits)
+    b_l = tl.full([R_BLK * W_BLK], 0.0, tl.float32)  # running sum of exp2(s - b_m)
+    # Causal skip: no query of the block sees a key past its last row's position
+    # n - w + (i_qb + 1) * W_BLK - 1 (past n - 1 for a padded last block: n_tiles bounds).
+    t_end = (n - w + (i_qb + 1) * W_BLK - 1) // BLOCK_N + 1
     t_lo = i_s * tiles_per_split
-    t_hi = tl.minimum(t_lo + tiles_per_split, n_tiles)
+    t_hi = tl.minimum(tl.minimum(t_lo + tiles_per_split, n_tiles), t_end)
     for i_t in range(t_lo, t_hi):
-        b_s, o_n = _logits(b_q, k_ptr, i_l, i_g, i_t, n, w, d, i_w, qk_scale,
-                           stride_kl, stride_kg, stride_kn, BLOCK_N, D_PAD, DOT_FP32)  # fmt: skip
+        b_k, o_n = _load_k(k_ptr, i_l, i_g, i_t, n, d, stride_kl, stride_kg, stride_kn,
+                           BLOCK_N, D_PAD)  # fmt: skip
+        b_s = _logits(b_q, b_k, o_n, n, w, i_w, qk_scale, DOT_FP32)
         b_mn = tl.maximum(b_m, tl.reduce(b_s, 1, MAX))
         # Online update: rescale the old sum to the new max, then add this tile.
         b_l = b_l * tl.exp2(b_m - b_mn) + tl.reduce(tl.exp2(b_s - b_mn[:, None]), 1, SUM)
         b_m = b_mn
-    o_m = tl.arange(0, R_BLK * W_PAD)
-    p_out = (i_lgr * n_splits + i_s) * (R_BLK * W_PAD) + o_m
+    o_m = tl.arange(0, R_BLK * W_BLK)
+    p_out = (i_p * n_splits + i_s).to(tl.int64) * (R_BLK * W_BLK) + o_m
     tl.store(m_ptr + p_out, b_m)
     tl.store(l_ptr + p_out, b_l)
 
 
 @triton.jit
-def _profile_kernel(q_ptr, k_ptr, lse_ptr, prof_ptr, part_ptr, n, w, d, r, G, H, n_rb, n_tiles,
-                    n_sink, qk_scale, stride_ql, stride_qh, stride_qw, stride_kl, stride_kg,
-                    stride_kn, R_BLK: tl.constexpr, W_PAD: tl.constexpr, D_PAD: tl.constexpr,
-                    BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):  # fmt: skip
+def _profile_kernel(q_ptr, k_ptr, lse_ptr, prof_ptr, top_ptr, part_ptr, n, w, d, r, G, H,
+                    n_rb, n_qb, n_tiles, n_sink, qk_scale, stride_ql, stride_qh, stride_qw,
+                    stride_kl, stride_kg, stride_kn, R_BLK: tl.constexpr, W_BLK: tl.constexpr,
+                    D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+                    WITH_MAX: tl.constexpr):  # fmt: skip
     i_lgr = tl.program_id(0)
     i_t = tl.program_id(1)
     i_l = i_lgr // (G * n_rb)
     i_g = (i_lgr // n_rb) % G
     i_rb = i_lgr % n_rb
-    b_q, i_w, m_m = _load_q(q_ptr, i_l, i_g, i_rb, r, w, d, stride_ql, stride_qh, stride_qw,
-                            R_BLK, W_PAD, D_PAD)  # fmt: skip
-    b_s, o_n = _logits(b_q, k_ptr, i_l, i_g, i_t, n, w, d, i_w, qk_scale,
-                       stride_kl, stride_kg, stride_kn, BLOCK_N, D_PAD, DOT_FP32)  # fmt: skip
-    o_m = tl.arange(0, R_BLK * W_PAD)
-    b_lse = tl.load(lse_ptr + i_lgr * (R_BLK * W_PAD) + o_m)  # [M]
-    # exp2(s - lse) <= 1: the normalised probability, 0 where masked (exp2(-inf)).
-    b_p = tl.exp2(b_s - b_lse[:, None])
-    b_p = tl.where(m_m[:, None], b_p, 0.0)  # [M, N]
-    b_a = tl.reduce(tl.reshape(b_p, (R_BLK, W_PAD, BLOCK_N)), 1, SUM) / w  # [R_BLK, N]
+    b_k, o_n = _load_k(k_ptr, i_l, i_g, i_t, n, d, stride_kl, stride_kg, stride_kn,
+                       BLOCK_N, D_PAD)  # fmt: skip
+    o_m = tl.arange(0, R_BLK * W_BLK)
+    b_sum = tl.zeros([R_BLK, BLOCK_N], dtype=tl.float32)  # sum over the queries so far
+    b_top = tl.zeros([R_BLK, BLOCK_N], dtype=tl.float32)  # max over the queries so far
+    # Query blocks in index order, from the first one with a query that sees the tile
+    # (query i sees key t0 = i_t * BLOCK_N iff i >= t0 - (n - w)); the last block sees
+    # every key < n, so the loop runs at least once.
+    qb_lo = tl.maximum(i_t * BLOCK_N - (n - w), 0) // W_BLK
+    for i_qb in range(qb_lo, n_qb):
+        b_q, i_w, m_m = _load_q(q_ptr, i_l, i_g, i_rb, i_qb, r, w, d, stride_ql, stride_qh,
+                                stride_qw, R_BLK, W_BLK, D_PAD)  # fmt: skip
+        b_s = _logits(b_q, b_k, o_n, n, w, i_w, qk_scale, DOT_FP32)
+        b_lse = tl.load(lse_ptr + (i_lgr * n_qb + i_qb).to(tl.int64) * (R_BLK * W_BLK) + o_m)
+        # exp2(s - lse) <= 1: the normalised probability, 0 where masked (exp2(-inf)).
+        b_p = tl.exp2(b_s - b_lse[:, None])
+        b_p = tl.where(m_m[:, None], b_p, 0.0)  # [M, N]
+        b_p3 = tl.reshape(b_p, (R_BLK, W_BLK, BLOCK_N))
+        b_sum += tl.reduce(b_p3, 1, SUM)  # [R_BLK, N]
+        if WITH_MAX:
+            b_top = tl.maximum(b_top, tl.reduce(b_p3, 1, MAX))
+    b_a = b_sum / w  # [R_BLK, N] the averaged profile's tile
     o_r = i_rb * R_BLK + tl.arange(0, R_BLK)
     o_h = i_g * r + o_r  # [R_BLK] query heads
     m_r = o_r < r
     m_n = o_n < n
-    p_prof = prof_ptr + (i_l * H + o_h)[:, None].to(tl.int64) * n + o_n[None, :]
-    tl.store(p_prof, b_a, mask=m_r[:, None] & m_n[None, :])  # writes R_BLK * BLOCK_N * 4 bytes
+    p_prof = (i_l * H + o_h)[:, None].to(tl.int64) * n + o_n[None, :]
+    m_out = m_r[:, None] & m_n[None, :]
+    tl.store(prof_ptr + p_prof, b_a, mask=m_out)  # writes R_BLK * BLOCK_N * 4 bytes
+    if WITH_MAX:
+        tl.store(top_ptr + p_prof, b_top, mask=m_out)
     # Partial sums of this tile, per head: [sink, rest, rest^2, all^2].
     is_sink = (o_n < n_sink)[None, :]
     is_rest = ((o_n >= n_sink) & m_n)[None, :]
@@ -179,10 +240,31 @@ def _profile_kernel(q_ptr, k_ptr, lse_ptr, prof_ptr, part_ptr, n, w, d, r, G, H,
 
 def default_blocks(device: torch.device, interpreted: bool) -> tuple[int, int]:
     """(BLOCK_N, max rows per program): small tiles on a GPU, large in the interpreter
-    (it pays per program, not per element)."""
+    (it pays per program and per loop step, hardly per element: a 2048-row set in
+    2 blocks of 1024 costs a third of 8 blocks of 256 there). Tests that need several
+    query blocks on the CPU ask for them with `block_w`."""
     if interpreted:
         return 256, 1024
     return 64, 256
+
+
+def row_blocks(w: int, r: int, max_rows: int, block_w: int | None = None) -> tuple[int, ...]:
+    """How `w` queries of `r` heads per group are cut into program rows:
+    `(W_BLK, n_qb, R_BLK, n_rb)`, query rows per block, query blocks, heads per block,
+    head blocks. A program holds `R_BLK * W_BLK <= max(max_rows, 16, block_w)` rows.
+
+    `block_w` (a power of two >= 16) overrides `W_BLK = min(next_pow2(w), max_rows)`.
+    """
+    if block_w is None:
+        W_BLK = max(min(next_pow2(w), max_rows), 16)  # tl.dot needs >= 16 rows
+    else:
+        W_BLK = int(block_w)
+        if W_BLK < 16 or W_BLK & (W_BLK - 1):
+            raise ValueError(f"block_w must be a power of two >= 16; got {block_w}")
+    n_qb = -(-w // W_BLK)
+    R_BLK = max(1, min(next_pow2(r), max_rows // W_BLK))
+    n_rb = -(-r // R_BLK)
+    return W_BLK, n_qb, R_BLK, n_rb
 
 
 def score_layers(
@@ -192,11 +274,15 @@ def score_layers(
     scale: float | None = None,
     block_n: int | None = None,
     tiles_per_split: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    *,
+    block_w: int | None = None,
+    return_max: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Profiles and per-head mass sums of every layer in two launches.
 
     Args:
-        q_win: `[L, H, w, d]` (or `[H, w, d]` for one layer) window queries after RoPE.
+        q_win: `[L, H, w, d]` (or `[H, w, d]` for one layer) queries after RoPE, query
+            `i` at position `n - w + i` (the window, or a reconstruction chunk).
         keys: `[L, G, n, d]` (or `[G, n, d]`) cached keys; float32, float16 or
             bfloat16 (fp16/bf16 with matching queries use the native dot, fp32
             accumulation); `H % G == 0`, `1 <= w <= n`.
@@ -204,11 +290,16 @@ def score_layers(
         scale: softmax scale, default `1 / sqrt(d)`.
         block_n: key tile (a power of two >= 16); default by device.
         tiles_per_split: key tiles per pass-1 program; default fills the GPU.
+        block_w: query rows per query block (a power of two >= 16); default
+            `min(next_pow2(w), max rows)`, see `row_blocks`. Any value gives the same
+            results up to float rounding.
+        return_max: also return the largest probability of any query on each key.
 
     Returns:
-        `(profiles [L, H, n], sums [L, H, 4])`, float32; the columns of `sums` are the
-        sink mass, non-sink mass, non-sink squares and all squares of each head's
-        profile (`pagekv.maths.entropy.MASS_SUMS`; 3-D inputs give `L = 1`).
+        `(profiles [L, H, n], sums [L, H, 4])`, float32, and `top [L, H, n]` float32
+        third when `return_max`; the columns of `sums` are the sink mass, non-sink mass,
+        non-sink squares and all squares of each head's profile
+        (`pagekv.maths.entropy.MASS_SUMS`; 3-D inputs give `L = 1`).
     """
     if q_win.dim() == 3 and keys.dim() == 3:
         q_win, keys = q_win[None], keys[None]
@@ -230,19 +321,18 @@ def score_layers(
     if BLOCK_N < 16 or BLOCK_N & (BLOCK_N - 1):
         raise ValueError(f"block_n must be a power of two >= 16; got {BLOCK_N}")
     r = H // G
-    W_PAD = max(next_pow2(w), 16)  # tl.dot needs >= 16 rows
-    R_BLK = max(1, min(next_pow2(r), max_rows // W_PAD))
-    n_rb = triton.cdiv(r, R_BLK)
-    M = R_BLK * W_PAD
+    W_BLK, n_qb, R_BLK, n_rb = row_blocks(w, r, max_rows, block_w)
+    M = R_BLK * W_BLK
     D_PAD = max(next_pow2(d), 16)
     n_tiles = triton.cdiv(n, BLOCK_N)
+    rows = L * G * n_rb  # pass-2 programs per key tile
     if tiles_per_split is None:
         if interpreted:
             tiles_per_split = n_tiles  # one program per row block: fewest Python steps
         else:
             # Aim at ~8 programs per SM-ish worth of work; at least 4 tiles each.
             target = 1024
-            tiles_per_split = max(4, triton.cdiv(n_tiles * L * G * n_rb, target))
+            tiles_per_split = max(4, triton.cdiv(n_tiles * rows * n_qb, target))
     tiles_per_split = max(1, min(int(tiles_per_split), n_tiles))
     n_splits = triton.cdiv(n_tiles, tiles_per_split)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -251,31 +341,34 @@ def score_layers(
     dot_fp32 = (
         interpreted or torch.float32 in (q_win.dtype, keys.dtype) or q_win.dtype != keys.dtype
     )
-    rows = L * G * n_rb
 
-    part_m = torch.empty(rows, n_splits, M, dtype=torch.float32, device=device)
+    part_m = torch.empty(rows * n_qb, n_splits, M, dtype=torch.float32, device=device)
     part_l = torch.empty_like(part_m)
-    common = dict(R_BLK=R_BLK, W_PAD=W_PAD, D_PAD=D_PAD, BLOCK_N=BLOCK_N, DOT_FP32=dot_fp32)
+    common = dict(R_BLK=R_BLK, W_BLK=W_BLK, D_PAD=D_PAD, BLOCK_N=BLOCK_N, DOT_FP32=dot_fp32)
     if not interpreted:
         common["num_warps"] = 8 if M >= 128 else 4
-    _stats_kernel[(rows, n_splits)](
-        q_win, keys, part_m, part_l, n, w, d, r, G, n_rb, n_tiles, tiles_per_split, qk_scale,
-        q_win.stride(0), q_win.stride(1), q_win.stride(2),
+    _stats_kernel[(rows * n_qb, n_splits)](
+        q_win, keys, part_m, part_l, n, w, d, r, G, n_rb, n_qb, n_tiles, tiles_per_split,
+        qk_scale, q_win.stride(0), q_win.stride(1), q_win.stride(2),
         keys.stride(0), keys.stride(1), keys.stride(2),
         **common,
     )  # fmt: skip
-    # Merge the splits: lse = M + log2(sum_s l_s 2^(m_s - M)); empty splits have l_s = 0.
-    m_max = part_m.amax(1, keepdim=True)  # [rows, 1, M]
-    total = (part_l * torch.exp2(part_m - m_max)).sum(1)  # [rows, M]
-    lse = (m_max.squeeze(1) + torch.log2(total)).contiguous()  # [rows, M]
+    # Merge the splits: lse = M + log2(sum_s l_s 2^(m_s - M)); empty splits (past the
+    # causal end or the last tile) have l_s = 0 and m_s = NEG_BIG.
+    m_max = part_m.amax(1, keepdim=True)  # [rows * n_qb, 1, M]
+    total = (part_l * torch.exp2(part_m - m_max)).sum(1)  # [rows * n_qb, M]
+    lse = (m_max.squeeze(1) + torch.log2(total)).contiguous()  # [rows, n_qb, M] flat
     lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))  # padding rows only
 
     profiles = torch.empty(L, H, n, dtype=torch.float32, device=device)
+    top = torch.empty_like(profiles) if return_max else profiles  # unused pointer without
     part = torch.empty(L, H, n_tiles, 4, dtype=torch.float32, device=device)
     _profile_kernel[(rows, n_tiles)](
-        q_win, keys, lse, profiles, part, n, w, d, r, G, H, n_rb, n_tiles, n_sink, qk_scale,
-        q_win.stride(0), q_win.stride(1), q_win.stride(2),
+        q_win, keys, lse, profiles, top, part, n, w, d, r, G, H, n_rb, n_qb, n_tiles, n_sink,
+        qk_scale, q_win.stride(0), q_win.stride(1), q_win.stride(2),
         keys.stride(0), keys.stride(1), keys.stride(2),
-        **common,
+        WITH_MAX=bool(return_max), **common,
     )  # fmt: skip
+    if return_max:
+        return profiles, part.sum(2), top
     return profiles, part.sum(2)  # [L, H, 4]

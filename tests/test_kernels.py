@@ -22,6 +22,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pagekv import EvictionConfig, plan
 from pagekv.maths.entropy import (
@@ -30,6 +32,7 @@ from pagekv.maths.entropy import (
     collision_mass,
     entropy_head_weights,
     isolated_collision_mass,
+    mass_sums,
     sink_mass,
 )
 from pagekv.maths.paging import page_reduce, page_sizes, protected_pages, select_pages
@@ -194,6 +197,119 @@ def test_score_mixed_dtypes(kern, device):
     k = torch.randn(1, 2, 70, 32, generator=gen).to(device, torch.bfloat16)
     prof, *_ = kern.score.score_layers(q, k, 4, block_n=64)
     assert_close("profiles", prof, attention_profiles(q, k), floor=1e-6)
+
+
+# ---------------------------------------------------------------- long query sets, max output
+
+
+def scores_reference(q, k, dtype, scale=None):
+    """Mean and max over the `w` causal queries of the softmax, computed in `dtype`
+    (float64: the reference; the input dtype: what that precision loses)."""
+    L, H, w, d = q.shape
+    G, n = k.shape[1], k.shape[2]
+    qq, kk = q.to(dtype), k.to(dtype).repeat_interleave(H // G, dim=1)  # [L, H, n, d]
+    scale = d**-0.5 if scale is None else scale
+    logits = (qq @ kk.transpose(-1, -2)) * scale  # [L, H, w, n]
+    future = (
+        torch.arange(n, device=q.device)[None, :] > torch.arange(n - w, n, device=q.device)[:, None]
+    )
+    probs = torch.softmax(logits.masked_fill(future, float("-inf")), -1)
+    return probs.mean(2), probs.amax(2)  # [L, H, n] each
+
+
+# (w, block_w): the default row blocks (several query blocks on a GPU once w > 256), and
+# forced ones: an exact multiple of the block, a last block of one query, 3 blocks.
+LONG_CASES = [(1, None), (17, None), (256, None), (257, None), (600, None), (256, 64),
+              (257, 128), (600, 256)]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [DTYPES[0], DTYPES[2]])
+@pytest.mark.parametrize("w, block_w", LONG_CASES, ids=[f"w{w}-bw{b}" for w, b in LONG_CASES])
+def test_score_long_query_sets(kern, device, w, block_w, dtype):
+    """Any number of queries, in one or several query blocks: the mean profile, its masses
+    and the max output match the float64 reference within the input dtype's budget."""
+    L, H, G, d, n_sink = 1, 2, 1, 16, 4  # r = 2: the heads of a group share the programs
+    n = w + 23
+    gen = torch.Generator().manual_seed(w)
+    q = (torch.randn(L, H, w, d, generator=gen) * 2).to(device, dtype)
+    k = torch.randn(L, G, n, d, generator=gen).to(device, dtype)
+    W_BLK, n_qb, R_BLK, _ = kern.score.row_blocks(w, H // G, 256, block_w)
+    assert R_BLK * W_BLK <= 256 and (n_qb > 1) == (w > W_BLK)
+    prof, sums, top = kern.score.score_layers(q, k, n_sink, block_w=block_w, return_max=True)
+    ref, ref_top = scores_reference(q, k, torch.float64)
+    low, low_top = (x.float() for x in scores_reference(q, k, dtype))
+    assert_close("profiles", prof, ref, low, floor=1e-6)
+    assert_close("profile row sums", prof.sum(-1), torch.ones(L, H), floor=1e-5)
+    assert_close("max over queries", top, ref_top, low_top, floor=2e-6)
+    m = HeadMasses.from_sums(sums, n, n_sink)
+    assert_close("sink_mass", m.sink, sink_mass(ref, n_sink), sink_mass(low, n_sink))
+    assert_close("iso_collision", m.isolated, isolated_collision_mass(ref, n_sink),
+                 isolated_collision_mass(low, n_sink), floor=2e-6)  # fmt: skip
+    assert_close("collision", m.collision, collision_mass(ref), collision_mass(low))
+    # Every query counts: the max is at least the mean, and the last query's keys
+    # (the whole prompt) all get some attention.
+    assert bool((top >= prof - 1e-7).all()) and bool((top > 0).all())
+    if w == 257 and block_w is None:  # return_max changes nothing else
+        prof2, sums2 = kern.score.score_layers(q, k, n_sink, block_w=block_w)
+        assert_equal("profiles without return_max", prof2, prof)
+        assert_equal("sums without return_max", sums2, sums)
+
+
+def test_row_blocks_bound_the_rows(kern):
+    """A program holds at most max_rows query rows whatever w is (the old launcher made a
+    next_pow2(w)-row tile once w > max_rows), and the blocks cover every query and head."""
+    for max_rows in (256, 1024):
+        for r in (1, 2, 3, 4, 6, 8, 16):
+            for w in (1, 15, 16, 17, 255, 256, 257, 600, 1024, 2048, 4097, 100_000):
+                W_BLK, n_qb, R_BLK, n_rb = kern.score.row_blocks(w, r, max_rows)
+                assert 16 <= W_BLK <= max_rows and R_BLK * W_BLK <= max_rows, (w, r, max_rows)
+                assert (n_qb - 1) * W_BLK < w <= n_qb * W_BLK, (w, r, max_rows)
+                assert (n_rb - 1) * R_BLK < r <= n_rb * R_BLK, (w, r, max_rows)
+                assert W_BLK == max(min(1 << (w - 1).bit_length(), max_rows), 16)
+    with pytest.raises(ValueError, match="block_w"):
+        kern.score.row_blocks(40, 2, 256, block_w=24)
+
+
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(
+    w=st.integers(1, 70),
+    extra=st.integers(0, 40),
+    r=st.sampled_from([1, 2, 3]),
+    G=st.integers(1, 2),
+    block_w=st.sampled_from([16, 32, None]),
+    seed=st.integers(0, 2**16),
+)
+def test_score_query_blocks_property(kern, device, w, extra, r, G, block_w, seed):
+    """Random shapes and query-block sizes: the same mean and max as the reference."""
+    n, d, H = w + extra, 16, G * r
+    gen = torch.Generator().manual_seed(seed)
+    q = (torch.randn(1, H, w, d, generator=gen) * 2).to(device)
+    k = torch.randn(1, G, n, d, generator=gen).to(device)
+    prof, sums, top = kern.score.score_layers(q, k, 2, block_w=block_w, return_max=True)
+    ref, ref_top = scores_reference(q, k, torch.float64)
+    assert_close("profiles", prof, ref, floor=1e-6)
+    assert_close("max over queries", top, ref_top, floor=2e-6)
+    assert_close("mass sums", sums, mass_sums(ref, 2), floor=2e-6)
+
+
+@pytest.mark.parametrize("kdtype", [DTYPES[0], DTYPES[2]])
+def test_attention_scores_backends(kern, device, kdtype):
+    """`backend.attention_scores`: Triton and the torch twin agree on a 300-query set (a
+    reconstruction chunk), for float32 queries over a float32 or bfloat16 cache."""
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(4, 300, 16, generator=gen).to(device)  # [H, w, d], one layer
+    k = torch.randn(2, 330, 16, generator=gen).to(device, kdtype)
+    mean_t, top_t, used_t = be.attention_scores(q, k, 0.3, backend="torch")
+    mean_k, top_k, used_k = be.attention_scores(q, k, 0.3, backend="triton")
+    assert (used_t, used_k) == ("torch", "triton")
+    ref, ref_top = scores_reference(q[None], k[None], torch.float64, scale=0.3)
+    for name, got in (("mean (torch)", mean_t), ("mean (triton)", mean_k)):
+        assert_close(name, got, ref, floor=1e-6)
+    for name, got in (("max (torch)", top_t), ("max (triton)", top_k)):
+        assert_close(name, got, ref_top, floor=2e-6)
+    assert_close("mean twin vs attention_profiles", mean_t, attention_profiles(q[None], k[None],
+                 scale=0.3), floor=1e-6)  # fmt: skip
 
 
 # ---------------------------------------------------------------- pooling and pages

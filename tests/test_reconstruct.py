@@ -1,13 +1,17 @@
 """The reconstruction scorer (`pagekv.runtime.reconstruct`): its profiles are the
 model's own attention while it repeats the context, max over the reconstruction
-queries, whatever the chunking; the prefill's cache is left as it was."""
+queries, whatever the chunking; the prefill's cache is left as it was. Its Triton
+path (the scoring kernel with its max output) gives the torch path's scores; without
+CUDA it runs in the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
-from pagekv.runtime.reconstruct import reconstruction_profiles
+from pagekv.runtime.reconstruct import reconstruction_profiles, reconstruction_scores
 from pagekv.runtime.runner import Runner, _new_cache
 
 from .test_runner import prompt, tiny_model
@@ -109,3 +113,32 @@ def test_the_runner_plans_and_decodes_with_it_once_per_prompt(eager):
     assert bool(p_rec.page_keep[..., p_rec.protected].all())  # window pages still protected
     res = runner.evaluate(pre, rec, max_new_tokens=3)
     assert len(res.tokens) == 3 and res.config["scorer"] == "reconstruct"
+
+
+@pytest.mark.parametrize("chunk, n", [(7, 40), (300, 310)])
+def test_the_triton_path_gives_the_torch_scores(eager, chunk, n):
+    """backend="triton" equals the torch reference, both aggregations, for short chunks
+    and for a chunk of 300 queries (over 256: several query blocks on a GPU; one block of
+    512 rows in the interpreter, whose several-block path tests/test_kernels.py checks)."""
+    pytest.importorskip("triton")
+    cuda = torch.cuda.is_available()
+    model = copy.deepcopy(eager).to("cuda") if cuda else eager
+    runner = Runner(model)
+    ctx, instr = prompt(n, seed=3), prompt(5, seed=4)
+    pre = runner.prefill(ctx, window_max=8)
+    want = reconstruction_scores(model, _copy(pre.cache), ctx, instr, chunk=chunk)
+    got = reconstruction_scores(model, _copy(pre.cache), ctx, instr, chunk=chunk, backend="triton")
+    assert set(got) == {"max", "mean"}
+    for agg in ("max", "mean"):
+        assert got[agg].shape == (3, 8, n) and got[agg].dtype == torch.float32
+        torch.testing.assert_close(got[agg], want[agg], atol=2e-6, rtol=1e-5, msg=agg)
+    # The two aggregations differ, so each comparison checks its own output.
+    assert not torch.allclose(got["max"], got["mean"], atol=1e-3)
+
+
+def test_the_backend_is_checked_before_the_pass(eager):
+    runner = Runner(eager)
+    ctx = prompt(12, seed=1)
+    pre = runner.prefill(ctx, window_max=4)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        reconstruction_profiles(eager, _copy(pre.cache), ctx, [], backend="cuda")

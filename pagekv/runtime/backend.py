@@ -15,6 +15,8 @@ results can record it.
 Dispatch functions (the runner's entry points):
 
 - `score_window(q_win, keys, n_sink)`: profiles and per-head masses (`HeadMasses`).
+- `attention_scores(q, keys)`: the mean and the max attention of `w` causal queries on
+  every key (the reconstruction scorer's, one chunk of queries at a time).
 - `page_scores(scores, weights, n_groups, page_size, n_sink, window)`: pooled and
   page scores plus the protected pages; `select_pages` (torch) then decides.
 - `compact_kv(keys, values, kept_idx)`: the dense compacted cache.
@@ -32,7 +34,7 @@ import torch
 from pagekv.maths.entropy import HeadMasses, mass_sums
 from pagekv.maths.paging import page_reduce, protected_pages
 from pagekv.maths.pooling import max_pool, weighted_pool
-from pagekv.maths.profiles import attention_profiles
+from pagekv.maths.profiles import attention_profiles, check_window_shapes
 from pagekv.runtime.compaction import compact_layer
 from pagekv.runtime.paged import PagedKV, _layers, empty_paged
 from pagekv.runtime.paged import to_paged as _to_paged_torch
@@ -142,6 +144,69 @@ def score_window(
     masses = HeadMasses.from_sums(sums, prof.shape[-1], n_sink)
     _ran("score_window", used, keys.device)
     return prof, masses, used
+
+
+def attention_scores(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """The mean and the max over `w` causal queries of their attention on every key.
+
+    Query `i` sits at key index `n - w + i` and sees the keys `t <= n - w + i` (the
+    geometry of `score_window`, for any `w`: a window, or a chunk of a longer pass):
+
+        mean_h(t) = (1 / w) sum_i softmax_t(q_{h,i} . k(t) * scale)
+        top_h(t) = max_i softmax_t(q_{h,i} . k(t) * scale)
+
+    Args:
+        q: `[L, H, w, d]` queries after RoPE (or `[H, w, d]`), any float dtype.
+        keys: `[L, G, n, d]` keys (or `[G, n, d]`), the queries' own included.
+        scale: softmax scale (default `1/sqrt(d)`).
+
+    Returns:
+        `(mean [L, H, n], top [L, H, n], backend_used)`, float32. On Triton it is the
+        scoring kernel with `return_max` (its query axis tiled, so long `w` is fine);
+        the torch twin (`_attention_scores_torch`) computes in float32, one layer at a
+        time, so its largest tensor is one layer's `[H, w, n]` attention.
+    """
+    used = resolve_backend(backend, keys)
+    if q.dim() == 3 and keys.dim() == 3:
+        q, keys = q[None], keys[None]
+    if used == "triton":
+        from kernels.score import score_layers as kernel
+
+        mean, _, top = kernel(q, keys, 0, scale=scale, return_max=True)
+    else:
+        mean, top = _attention_scores_torch(q, keys, scale)
+    _ran("attention_scores", used, keys.device)
+    return mean, top, used
+
+
+def _attention_scores_torch(
+    q: torch.Tensor, keys: torch.Tensor, scale: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of `attention_scores` (the reference): float32 softmax per layer."""
+    L, H, w, d, G, n = check_window_shapes(q, keys)
+    r = H // G
+    scale = d**-0.5 if scale is None else float(scale)
+    # Causal: query i (key index n - w + i) sees t <= n - w + i.
+    future = (
+        torch.arange(n, device=keys.device)[None, :]
+        > torch.arange(n - w, n, device=keys.device)[:, None]
+    )  # [w, n]
+    mean = torch.empty(L, H, n, dtype=torch.float32, device=keys.device)
+    top = torch.empty_like(mean)
+    for layer in range(L):
+        qq = q[layer].float().reshape(G, r * w, d)  # heads of a group share its keys
+        logits = torch.bmm(qq, keys[layer].float().transpose(1, 2)).mul_(scale)
+        logits = logits.view(G, r, w, n).masked_fill_(future, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)  # [G, r, w, n]
+        del logits
+        mean[layer] = probs.mean(2).reshape(H, n)
+        top[layer] = probs.amax(2).reshape(H, n)
+    return mean, top
 
 
 def score_cache(

@@ -14,10 +14,16 @@ the reconstruction so far, causally), exactly the model's own attention rows. Th
 profile is `s_h` normalised to sum to 1 over the context, so the rest of the method
 (sink-isolated collision entropy, pooling per group, page selection) is unchanged.
 
-Memory stays bounded: a chunk's attention `[H, chunk, N]` (N the keys so far) is the
-largest tensor; the full `[L, H, n, n]` is never formed. The queries come from the
-module's own projection and rotary tables (`window_queries`), the keys from the cache
-after the module appended the chunk's own keys.
+Each chunk's scores come from `pagekv.runtime.backend.attention_scores` (its `c`
+queries over the `N` keys so far, query `i` at key index `N - c + i`: the scoring
+kernel's causal geometry with `w = c`), on the backend chosen by `backend`: the torch
+twin (the reference, the default) or the Triton scoring kernel with its max output,
+whose query axis is tiled so that long chunks (KVzip's 2048) need no more rows per
+program than the window. Memory stays bounded: on torch a chunk's attention
+`[H, chunk, N]` is the largest tensor, on Triton the `[H, N]` results are; the full
+`[L, H, n, n]` is never formed. The queries come from the module's own projection and
+rotary tables (`window_queries`), the keys from the cache after the module appended
+the chunk's own keys.
 
 The instruction (`REPEAT_PROMPT`), the choice to reconstruct every context token, and
 the max over queries are this module's choices; docs/design.md lists them.
@@ -26,10 +32,14 @@ the max over queries are this module's choices; docs/design.md lists them.
 from __future__ import annotations
 
 import inspect
+import logging
 
 import torch
 
+from pagekv.runtime.backend import attention_scores, resolve_backend
 from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
+
+log = logging.getLogger("pagekv")
 
 #: What the model reads before it repeats the context (tokenised without special tokens).
 REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n"
@@ -51,15 +61,17 @@ def reconstruction_profiles(
     chunk: int = CHUNK,
     cache_kw: str | None = None,
     aggregation: str = "max",
+    backend: str = "torch",
 ) -> torch.Tensor:
     """Profiles `[L, H, n]` float32 (rows sum to 1) of the reconstruction pass, by
-    `aggregation` (`AGGREGATIONS`) over the reconstruction queries."""
+    `aggregation` (`AGGREGATIONS`) over the reconstruction queries (`backend` as in
+    `reconstruction_scores`)."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(
             f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {aggregation!r}"
         )
     scores = reconstruction_scores(
-        model, cache, context_ids, prompt_ids, chunk=chunk, cache_kw=cache_kw
+        model, cache, context_ids, prompt_ids, chunk=chunk, cache_kw=cache_kw, backend=backend
     )
     return as_profiles(scores[aggregation])
 
@@ -77,6 +89,7 @@ def reconstruction_scores(
     *,
     chunk: int = CHUNK,
     cache_kw: str | None = None,
+    backend: str = "torch",
 ) -> dict[str, torch.Tensor]:
     """Every aggregation of one reconstruction pass: `{"max": [L, H, n], "mean": ...}`
     float32, not normalised (the largest and the mean attention of the reconstruction
@@ -91,6 +104,11 @@ def reconstruction_scores(
         chunk: reconstruction queries per forward (>= 1).
         cache_kw: the model's name for the cache argument (found from its signature
             when None: `cache` in transformers 5.24, `past_key_values` before).
+        backend: "torch" (the float32 twin, the reference), "triton" (the scoring
+            kernel with its max output; on CPU tensors the Triton interpreter) or
+            "auto" (Triton on CUDA), resolved by
+            `pagekv.runtime.backend.resolve_backend` (a BackendError where Triton
+            cannot run). Both give the same scores up to float32 rounding.
     """
     if cache_kw is None:
         params = inspect.signature(model.forward).parameters
@@ -106,6 +124,7 @@ def reconstruction_scores(
             f"the cache holds {int(cache.layers[0].keys.shape[2])} tokens, the context {n}"
         )
     dev = cache.layers[0].keys.device
+    used = resolve_backend(backend, dev)
     best: list[torch.Tensor | None] = [None] * len(mods)  # [H, n] running max per layer
     total: list[torch.Tensor | None] = [None] * len(mods)  # [H, n] running sum per layer
     queries: list[torch.Tensor | None] = [None] * len(mods)
@@ -117,8 +136,10 @@ def reconstruction_scores(
                 return None
             hidden = kwargs.get("hidden_states", args[0] if args else None)
             cos, sin = kwargs.get("position_embeddings", args[1] if len(args) > 1 else None)
-            q = window_queries(module, hidden, cos, sin)  # [1, H, c, d]
-            queries[index] = q[0].float()
+            # [1, H, c, d] in the model's dtype: the twin upcasts; the kernel takes bf16 or
+            # fp16 with a cache of the same dtype to its native dot (exact products,
+            # float32 sums) and anything else to its float32 dot.
+            queries[index] = window_queries(module, hidden, cos, sin)
             return None
 
         return hook
@@ -127,18 +148,12 @@ def reconstruction_scores(
         def hook(module, args, kwargs, output):
             if not active["on"]:
                 return None
-            q = queries[index]  # [H, c, d]
-            keys = cache.layers[index].keys[0].float()  # [G, N, d], the chunk's included
-            H, c, _ = q.shape
-            G, N, _ = keys.shape
-            k = keys.repeat_interleave(H // G, dim=0)  # [H, N, d]
-            logits = torch.matmul(q, k.transpose(1, 2)) * attention_scale(module)  # [H, c, N]
+            q = queries[index]  # [1, H, c, d]
+            keys = cache.layers[index].keys[:1]  # [1, G, N, d], the chunk's included
+            c = q.shape[2]
             # Causal: query i of the chunk sits at key index N - c + i.
-            rows = torch.arange(c, device=logits.device)[:, None] + (N - c)
-            cols = torch.arange(N, device=logits.device)[None, :]
-            logits = logits.masked_fill(cols > rows, float("-inf"))
-            probs = torch.softmax(logits, dim=-1)[:, :, :n]  # [H, c, n] over the context
-            top, summed = probs.amax(1), probs.sum(1)  # [H, n]
+            mean, top, _ = attention_scores(q, keys, attention_scale(module), backend=used)
+            top, summed = top[0, :, :n], mean[0, :, :n] * c  # [H, n] over the context
             best[index] = top if best[index] is None else torch.maximum(best[index], top)
             total[index] = summed if total[index] is None else total[index] + summed
             queries[index] = None
@@ -164,6 +179,7 @@ def reconstruction_scores(
     finally:
         for h in handles:
             h.remove()
+    log.debug("reconstruction_scores ran on the %s backend (%s)", used, dev)
     return {"max": torch.stack(best), "mean": torch.stack(total) / n}  # [L, H, n] each
 
 
