@@ -2,15 +2,20 @@
 
 Fast tests (default suite, no kvpress): the press's settings, its budget accounting and
 its hook on a tiny random Llama, checked against `pagekv.maths.plan` and against the runner
-(`Runner.prefill` + `Runner.evict`), with negative controls.
+(`Runner.prefill` + `Runner.evict`), with negative controls; ``scorer="reconstruct"`` on
+tiny random Llama and Qwen2 models, checked against pagekv's reconstruction pass computed
+on its own and against `Runner.evict`.
 
 Opt-in (``PAGEKV_TEST_KVPRESS=1``, builds or reuses the kvpress environment): parity with
 the runner on the bundled model in question-after mode (same pages in every (layer, KV
-head), same answer tokens), and the five-line example of docs/kvpress.md run as written.
+head), same answer tokens), the five-line example of docs/kvpress.md run as written, and
+``scorer="reconstruct"`` through kvpress's pipeline. kvpress's generic press tests:
+tests/test_kvpress_generic.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -344,6 +349,307 @@ def test_unsupported_model_is_refused():
             pass
 
 
+# ------------------------------------------------------------------ scorer="reconstruct"
+
+
+@pytest.fixture(scope="module")
+def gqa():
+    """Random GQA decoders from a config (tests/test_runner.py): 8 query heads over 2 KV
+    heads (r = 4), 3 layers; Llama and Qwen2 (biased projections)."""
+    from .test_runner import tiny_model
+
+    return {"llama": tiny_model("llama"), "qwen2": tiny_model("qwen2")}
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    from .test_runner import prompt
+
+    return prompt(n, seed=seed)
+
+
+def _prefill(model, ids, press=None):
+    """The cache of one prefill of `ids`, under `with press(model):` when given."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    ctx = press(model) if press is not None else contextlib.nullcontext()
+    with torch.inference_mode(), ctx:
+        model.model(input_ids=torch.tensor([ids]), cache=cache)
+    return cache
+
+
+def _reference_plan(model, ids, instr, cfg, chunk=None):
+    """What pagekv picks by reconstruction, computed without the press: the scores of
+    `reconstruction_scores` on a copy of an uncompressed prefill's cache, profiles
+    (`as_profiles`), masses (`HeadMasses.from_profiles`), then `plan`, as
+    `Runner.reconstruction_scores` + `Runner.plan_for` do; with that prefill's cache."""
+    from pagekv.maths.entropy import HeadMasses
+    from pagekv.runtime.reconstruct import CHUNK, as_profiles, reconstruction_scores
+    from pagekv.runtime.runner import _new_cache
+
+    full = _prefill(model, ids)
+    copy = _new_cache([(la.keys.clone(), la.values.clone()) for la in full.layers])
+    scores = reconstruction_scores(model, copy, ids, instr, chunk=chunk or CHUNK)
+    prof = as_profiles(scores["max"])
+    G = int(full.layers[0].keys.shape[1])
+    return plan(prof, G, cfg, masses=HeadMasses.from_profiles(prof, cfg.n_sink)), full
+
+
+def _assert_kept(press, cache, ref, full):
+    """Per layer: the press planned ref's pages, and the cache holds exactly the
+    uncompressed prefill's keys and values at ref's kept indices (no other token)."""
+    idx = ref.kept_indices()  # [L, G, k']
+    k = int(idx.shape[-1])
+    assert cache.get_seq_length() == k
+    for i, la in enumerate(cache.layers):
+        assert torch.equal(press.plans[i].page_keep[0], ref.page_keep[i]), f"pages of layer {i}"
+        assert la.keys.shape[2] == la.values.shape[2] == k, f"length of layer {i}"
+        g = idx[i][None, :, :, None].expand(1, -1, -1, la.keys.shape[-1])
+        assert torch.equal(la.keys, full.layers[i].keys.gather(2, g)), f"keys of layer {i}"
+        assert torch.equal(la.values, full.layers[i].values.gather(2, g)), f"values of {i}"
+
+
+@pytest.mark.parametrize(
+    "arch, n, budget, P, policy, chunk",
+    [
+        ("llama", 150, 0.4, 8, "entropy", None),
+        ("qwen2", 150, 0.4, 8, "entropy", None),
+        ("llama", 203, 0.3, 16, "mean", 64),
+        ("qwen2", 96, 0.5, 1, "entropy", 7),
+        ("llama", 120, 0.5, 4, "max", None),
+    ],
+    ids=lambda v: str(v),
+)
+def test_reconstruct_keeps_what_plan_picks(gqa, arch, n, budget, P, policy, chunk):
+    model, ids, instr = gqa[arch], _ids(n, seed=7), _ids(6, seed=8)
+    kw = {} if chunk is None else {"reconstruct_chunk": chunk}
+    press = PageEntroKVPress(
+        budget=budget, page_size=P, window=16, policy=policy, scorer="reconstruct",
+        reconstruct_prompt_ids=instr, record=True, backend="torch", **kw,
+    )  # fmt: skip
+    cache = _prefill(model, ids, press)
+    cfg = EvictionConfig(policy=policy, budget=budget, page_size=P, window=16, scorer="reconstruct")
+    ref, full = _reference_plan(model, ids, instr, cfg, chunk)
+    assert press.plans[0].config == cfg
+    _assert_kept(press, cache, ref, full)
+    assert int(ref.union_tokens[0, 0]) <= cfg.budget_tokens(n)
+    # negative control: the window scorer keeps other pages
+    window = PageEntroKVPress(budget=budget, page_size=P, window=16, policy=policy, record=True)
+    _prefill(model, ids, window)
+    assert any(
+        not torch.equal(window.plans[i].page_keep, press.plans[i].page_keep) for i in range(3)
+    )
+
+
+def test_reconstruct_reads_the_given_instruction(gqa):
+    """The instruction matters, so the comparison above would see a press that read
+    another one: token-level, another instruction keeps other tokens."""
+    model, ids = gqa["llama"], _ids(120, seed=7)
+    cfg = EvictionConfig(budget=0.3, page_size=1, window=16, scorer="reconstruct")
+    press = PageEntroKVPress(
+        budget=0.3, page_size=1, window=16, scorer="reconstruct",
+        reconstruct_prompt_ids=_ids(6, seed=8), record=True,
+    )  # fmt: skip
+    cache = _prefill(model, ids, press)
+    ref, full = _reference_plan(model, ids, _ids(6, seed=8), cfg)
+    _assert_kept(press, cache, ref, full)
+    other, _ = _reference_plan(model, ids, _ids(6, seed=9), cfg)
+    assert not torch.equal(other.page_keep, ref.page_keep)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("P, budget", [(8, 0.5), (4, 0.3)])
+def test_reconstruct_equals_runner_evict(gqa, arch, P, budget):
+    """Without a tokenizer the runner reads no instruction; the press with
+    ``reconstruct_prompt_ids=[]`` then keeps, in every layer, the runner's pages and its
+    compacted keys and values (`Runner.evict` under ``scorer="reconstruct"``)."""
+    from pagekv.runtime.runner import Runner
+
+    model, ids = gqa[arch], _ids(150, seed=5)
+    press = PageEntroKVPress(
+        budget=budget, page_size=P, window=16, scorer="reconstruct",
+        reconstruct_prompt_ids=[], record=True, backend="torch",
+    )  # fmt: skip
+    cache = _prefill(model, ids, press)
+    runner = Runner(model, None, backend="torch")
+    pre = runner.prefill(ids, window_max=32)
+    cfg = EvictionConfig(budget=budget, page_size=P, window=16, scorer="reconstruct")
+    ev = runner.evict(pre, cfg)
+    assert cache.get_seq_length() == ev.cache.get_seq_length() < 150
+    for i, layer in enumerate(cache.layers):
+        assert torch.equal(press.plans[i].page_keep[0], ev.plan.page_keep[i]), f"layer {i}"
+        assert torch.equal(layer.keys, ev.cache.layers[i].keys), f"keys of layer {i}"
+        assert torch.equal(layer.values, ev.cache.layers[i].values), f"values of layer {i}"
+    window = runner.evict(pre, cfg.replace(scorer="window"))  # negative control
+    assert not torch.equal(window.plan.page_keep, ev.plan.page_keep)
+
+
+def test_window_scorer_is_unchanged(gqa):
+    """``scorer="window"`` (explicit) is the default press: same pages, same cache."""
+    model, ids = gqa["llama"], _ids(150, seed=5)
+    a = PageEntroKVPress(budget=0.4, page_size=8, window=16, record=True)
+    b = PageEntroKVPress(budget=0.4, page_size=8, window=16, record=True, scorer="window")
+    assert a.scorer == "window" and a == b
+    ca, cb = _prefill(model, ids, a), _prefill(model, ids, b)
+    for i in range(3):
+        assert torch.equal(a.plans[i].page_keep, b.plans[i].page_keep)
+        assert torch.equal(ca.layers[i].keys, cb.layers[i].keys)
+    assert a.plans[0].config == EvictionConfig(budget=0.4, page_size=8, window=16)
+
+
+def test_reconstruct_cache_then_decodes_after_the_block(gqa):
+    """The cache ends at the kept length (no reconstruction token left) and decoding
+    after the block appends to it, untouched by the press."""
+    model, ids = gqa["llama"], _ids(128, seed=3)
+    press = PageEntroKVPress(
+        budget=0.5, page_size=8, window=16, scorer="reconstruct", reconstruct_prompt_ids=[5, 6]
+    )
+    cache = _prefill(model, ids, press)
+    k = cache.get_seq_length()
+    assert k == 64 and all(la.keys.shape[2] == 64 for la in cache.layers)
+    assert "forward" not in vars(model.model)  # the capture is gone
+    with torch.inference_mode():
+        model.model(
+            input_ids=torch.tensor([[5, 6]]), cache=cache, position_ids=torch.tensor([[128, 129]])
+        )
+    assert cache.get_seq_length() == k + 2
+    assert not press.plans  # record=False
+
+
+def test_reconstruct_instruction_from_the_models_tokenizer(gqa, tmp_path, monkeypatch):
+    """Without reconstruct_prompt_ids the instruction is REPEAT_PROMPT tokenised by
+    ``AutoTokenizer.from_pretrained(model.config.name_or_path)``; where that fails, a
+    ValueError says to pass reconstruct_prompt_ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from pagekv.runtime.reconstruct import REPEAT_PROMPT
+
+    words = ["[UNK]", "Repeat", "the", "previous", "context", "exactly."]
+    tok = Tokenizer(models.WordLevel({w: 10 + i for i, w in enumerate(words)}, "[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path)
+    model, ids = gqa["qwen2"], _ids(100, seed=2)
+    instr = [11, 12, 13, 14, 15]
+    monkeypatch.setattr(model.config, "name_or_path", str(tmp_path))
+    press = PageEntroKVPress(budget=0.5, page_size=8, window=16, scorer="reconstruct", record=True)
+    assert press.instruction_ids(model) == instr
+    cache = _prefill(model, ids, press)
+    cfg = EvictionConfig(budget=0.5, page_size=8, window=16, scorer="reconstruct")
+    ref, full = _reference_plan(model, ids, instr, cfg)
+    _assert_kept(press, cache, ref, full)
+    assert REPEAT_PROMPT.split() == words[1:]
+    monkeypatch.setattr(model.config, "name_or_path", str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match="reconstruct_prompt_ids"):
+        with PageEntroKVPress(budget=0.5, scorer="reconstruct")(model):
+            pass
+    monkeypatch.setattr(model.config, "name_or_path", "")
+    with pytest.raises(ValueError, match="reconstruct_prompt_ids"):
+        with PageEntroKVPress(budget=0.5, scorer="reconstruct")(model):
+            pass
+
+
+def test_reconstruct_budget_strict_and_not(gqa, caplog):
+    """As the window path: a budget below the protected pages raises with `strict`
+    (and leaves the prefill's cache whole), else keeps exactly them and warns once."""
+    model, ids = gqa["llama"], _ids(100, seed=4)
+    kw = dict(page_size=16, window=32, scorer="reconstruct", reconstruct_prompt_ids=[7])
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    with pytest.raises(BudgetError, match="0.52"):
+        with torch.inference_mode(), PageEntroKVPress(budget=0.3, strict=True, **kw)(model):
+            model.model(input_ids=torch.tensor([ids]), cache=cache)
+    assert cache.get_seq_length() == 100  # cut back to the context, nothing compacted
+    caplog.set_level(logging.WARNING, logger="pagekv")
+    press = PageEntroKVPress(budget=0.3, record=True, **kw)
+    cache = _prefill(model, ids, press)
+    assert cache.get_seq_length() == 52
+    for i in range(3):
+        pages = press.plans[i].page_keep[0]  # [G, 7]: pages 0, 4, 5, 6 only
+        assert pages[:, [0, 4, 5, 6]].all() and int(pages.sum()) == 4 * pages.shape[0]
+    warned = [r for r in caplog.records if "protected pages" in r.getMessage()]
+    assert len(warned) == 1 and "0.52" in warned[0].getMessage()
+
+
+def test_reconstruct_refusals(gqa):
+    from transformers import DynamicCache
+
+    model = gqa["llama"]
+    kw = dict(budget=0.5, page_size=4, window=8, scorer="reconstruct", reconstruct_prompt_ids=[])
+    with pytest.raises(ValueError, match="batch size 1"):
+        with torch.inference_mode(), PageEntroKVPress(**kw)(model):
+            model.model(input_ids=torch.tensor([_ids(40, 1), _ids(40, 2)]), cache=DynamicCache())
+    assert "forward" not in vars(model.model)
+    with pytest.raises(ValueError, match="one forward"):
+        with torch.inference_mode(), PageEntroKVPress(**kw)(model):
+            cache = DynamicCache()
+            model.model(input_ids=torch.tensor([_ids(40, 1)]), cache=cache)
+            model.model(input_ids=torch.tensor([[5]]), cache=cache)
+    cache = _prefill(model, _ids(20, 3))
+    with pytest.raises(ValueError, match="empty cache"):
+        with torch.inference_mode(), PageEntroKVPress(**kw)(model):
+            model.model(input_ids=torch.tensor([_ids(40, 1)]), cache=cache)
+    # an error inside the block: no compression, the forward is restored
+    cache = DynamicCache()
+    with pytest.raises(RuntimeError, match="boom"):
+        with torch.inference_mode(), PageEntroKVPress(**kw)(model):
+            model.model(input_ids=torch.tensor([_ids(40, 1)]), cache=cache)
+            raise RuntimeError("boom")
+    assert cache.get_seq_length() == 40 and "forward" not in vars(model.model)
+    # per-layer pressing (compress(), ComposedPress) cannot run the reconstruct scorer
+    attn, hidden, keys, values, pe = _layer_inputs_of(model, 40)
+    with pytest.raises(ValueError, match="one layer at a time"):
+        PageEntroKVPress(**kw).compress(
+            attn, hidden, keys, values, None, {"position_embeddings": pe}
+        )
+
+
+def test_reconstruct_without_compression_runs_no_pass(gqa):
+    model, ids = gqa["llama"], _ids(64, seed=1)
+    for press in (
+        PageEntroKVPress(scorer="reconstruct"),  # no budget: kvpress's default
+        PageEntroKVPress(compression_ratio=0.0, scorer="reconstruct"),
+        PageEntroKVPress(budget=0.5, policy="full", scorer="reconstruct"),
+    ):
+        with press(model):
+            assert "forward" not in vars(model.model)  # no capture, no tokenizer needed
+        assert _prefill(model, ids, press).get_seq_length() == 64
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"scorer": "query"}, "scorer must be one of"),
+        ({"reconstruct_chunk": 0}, "reconstruct_chunk"),
+        ({"reconstruct_chunk": True}, "reconstruct_chunk"),
+        ({"reconstruct_prompt_ids": "Repeat"}, "reconstruct_prompt_ids"),
+        ({"reconstruct_prompt_ids": [1, -2]}, "reconstruct_prompt_ids"),
+        ({"reconstruct_prompt_ids": [1.5]}, "reconstruct_prompt_ids"),
+    ],
+)
+def test_bad_reconstruct_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PageEntroKVPress(budget=0.5, **kwargs)
+
+
+def _layer_inputs_of(model, n):
+    """Layer 1's hidden states, keys, values and rotary tables for a random prompt."""
+    attn = model.model.layers[1].self_attn
+    captured = {}
+
+    def hook(module, args, kwargs, output):
+        captured["hidden"], captured["pe"] = kwargs["hidden_states"], kwargs["position_embeddings"]
+
+    h = attn.register_forward_hook(hook, with_kwargs=True)
+    try:
+        cache = _prefill(model, _ids(n, seed=11))
+    finally:
+        h.remove()
+    la = cache.layers[1]
+    return attn, captured["hidden"], la.keys, la.values, captured["pe"]
+
+
 # ------------------------------------------------------------------ the worker, without kvpress
 
 
@@ -429,7 +735,7 @@ def parity_report(max_new_tokens: int = MAX_NEW) -> list[dict]:
                 "layer_groups": L * G,
                 "pages_equal": int(equal),
                 "k_equal": r["pagekv"]["budget_tokens"] == [int(res.plan.budget_tokens)] * L,
-                "stored_equal": r["kept_tokens"] == [int(x) for x in res.plan.kept_tokens[:, 0]],
+                "stored_equal": r["kept_tokens"] == [int(x) for x in res.plan.union_tokens[:, 0]],
                 "answer_equal": r["tokens"] == res.tokens,
                 "runner_answer": res.answer,
                 "press_answer": r["answer"],
@@ -555,3 +861,81 @@ def test_a_short_prompt_at_ratio_0_8_never_aborts_the_pipeline(tmp_path):
     answers = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(answers) == {"0.2", "0.8"} and all(isinstance(a, str) for a in answers.values())
     assert out.stderr.count("keeps only the protected pages") >= 1, out.stderr[-2000:]
+
+
+RECONSTRUCT_PIPELINE = """
+import json, torch
+from transformers import DynamicCache, pipeline
+from pagekv import EvictionConfig, plan
+from pagekv.maths.entropy import HeadMasses
+from pagekv.measurement.integrations import PageEntroKVPress
+from pagekv.runtime.reconstruct import REPEAT_PROMPT, as_profiles, reconstruction_scores
+
+pipe = pipeline('kv-press-text-generation', model='HuggingFaceTB/SmolLM2-135M-Instruct')
+context = ('The grass is green. The sky is blue. ' * 10 + 'The secret passcode is 7351. '
+           + 'The sun is yellow. Here we go. ' * 10)
+question = 'What is the secret passcode?'
+press = PageEntroKVPress(budget=0.5, page_size=16, scorer='reconstruct', record=True)
+cache = DynamicCache()
+answer = pipe(context, question=question, press=press, cache=cache, max_new_tokens=12)['answer']
+
+# pagekv on its own: the pipeline's context ids, an uncompressed prefill, the
+# reconstruction pass with the instruction tokenised by the model's tokenizer, plan.
+ids = pipe.preprocess(context, [question], '', 10**9)['context_ids']
+model = pipe.model
+with torch.no_grad():
+    full = model.model(input_ids=ids, past_key_values=DynamicCache()).past_key_values
+copy = DynamicCache()
+for i, la in enumerate(full.layers):
+    copy.update(la.keys.clone(), la.values.clone(), i)
+instr = pipe.tokenizer.encode(REPEAT_PROMPT, add_special_tokens=False)
+prof = as_profiles(reconstruction_scores(model, copy, ids[0].tolist(), instr)['max'])
+cfg = EvictionConfig(budget=0.5, page_size=16, scorer='reconstruct')
+ref = plan(prof, full.layers[0].keys.shape[1], cfg, masses=HeadMasses.from_profiles(prof, 4))
+idx = ref.kept_indices()
+same = []
+for i, la in enumerate(cache.layers):
+    g = idx[i][None, :, :, None].expand(1, -1, -1, la.keys.shape[-1])
+    same.append(bool(torch.equal(press.plans[i].page_keep[0], ref.page_keep[i]))
+                and bool(torch.equal(la.keys, full.layers[i].keys.gather(2, g)))
+                and bool(torch.equal(la.values, full.layers[i].values.gather(2, g))))
+window = PageEntroKVPress(budget=0.5, page_size=16, record=True)
+pipe(context, question=question, press=window, max_new_tokens=1)
+print(json.dumps({
+    'answer': answer, 'n': int(ids.shape[1]),
+    'kept': [int(la.keys.shape[2]) for la in cache.layers],
+    'k_ref': int(idx.shape[-1]), 'same': same, 'layers': len(cache.layers),
+    'window_differs': sum(not torch.equal(window.plans[i].page_keep, press.plans[i].page_keep)
+                          for i in range(len(cache.layers))),
+    'instr': press.instruction_ids(model) == instr and len(instr) > 0,
+}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.kvpress
+@OPT_IN
+def test_reconstruct_scorer_through_kvpress_pipeline(tmp_path):
+    """scorer="reconstruct" in kvpress's real pipeline on the bundled model (SmolLM2-135M,
+    GQA 9/3): the question is asked after the press compressed the context when its block
+    exited; the compressed cache holds, in every layer, exactly the pages pagekv picks
+    from the reconstruction pass computed on its own (same ids, the instruction tokenised
+    by the model's tokenizer, as the press does by default); the window scorer keeps
+    other pages (negative control)."""
+    hub = _fake_hub(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", kp.bundled_model_dir())
+    python = kp.venv_python(kp.ensure_kvpress_env(progress=None))
+    script = tmp_path / "reconstruct.py"
+    script.write_text(RECONSTRUCT_PIPELINE)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    out = subprocess.run(
+        [str(python), str(script)], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    print("\nreconstruct answer:", repr(got["answer"]), "kept", got["kept"][0], "of", got["n"])
+    assert got["instr"]
+    assert got["same"] == [True] * got["layers"]
+    assert got["kept"] == [got["k_ref"]] * got["layers"] and got["k_ref"] <= got["n"] // 2
+    assert got["window_differs"] > 0
+    assert isinstance(got["answer"], str) and got["answer"]

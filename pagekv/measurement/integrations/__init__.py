@@ -1,7 +1,9 @@
 """Page-EntroKV inside other libraries' pipelines.
 
 ``kvpress_press``: `PageEntroKVPress` (and `MeanPoolPagePress`), NVIDIA kvpress presses
-that decide with `pagekv.maths.plan` (see docs/kvpress.md)::
+that decide with `pagekv.maths.plan`, scoring by the last window's queries during the
+prefill (``scorer="window"``) or by pagekv's reconstruction pass after it
+(``scorer="reconstruct"``); see docs/kvpress.md::
 
     from pagekv.measurement.integrations import PageEntroKVPress
 

@@ -37,14 +37,42 @@ neither means no compression, kvpress's default. Whole pages are kept, so the st
 kvpress's evaluation scripts set ``press.compression_ratio`` on a registered press, so
 the fields are mutable (like kvpress's presses) and checked again at every ``compress``.
 
+Scorer. ``scorer="window"`` (the default) is the per-layer hook above. With
+``scorer="reconstruct"`` (pagekv's question-agnostic scorer, `EvictionConfig(scorer=
+"reconstruct")`, the idea of KVzip) nothing is pressed during the prefill: ``with
+press(model):`` wraps ``model.model.forward`` to capture the ids and the cache of the one
+forward run inside the block (the prefill), and when the block exits
+
+1. the model reads ``REPEAT_PROMPT`` and then the whole prefilled sequence again, in
+   chunks of ``reconstruct_chunk`` tokens, on that very cache
+   (``pagekv.runtime.reconstruct.reconstruction_scores``, the runner's pass); each
+   head's score of token ``t`` is the largest attention a reconstruction query gives it,
+   normalised to a profile (``as_profiles``);
+2. every layer's cache is cut back to the ``n`` prefilled tokens (the reconstruction's
+   keys and values are dropped: the first ``n`` entries are the prefill's, untouched);
+3. each layer is planned with the same `EvictionConfig` as the window path (plus
+   ``scorer="reconstruct"``: the sinks and the window's pages stay protected) and its
+   keys and values are compacted in place to the planned pages.
+
+The context is everything that one forward prefilled: in kvpress's pipeline the
+chat-templated context (the question comes after the block, on the compressed cache),
+in ``with press(model): model.model(input_ids=ids, ...)`` the ids. The instruction's
+ids are ``reconstruct_prompt_ids`` when given (``[]``: no instruction, what the runner
+reads without a tokenizer); otherwise ``REPEAT_PROMPT`` is tokenised (no special tokens)
+with ``AutoTokenizer.from_pretrained(model.config.name_or_path)``, as kvpress's
+``KVzipPress`` loads its tokenizer, and a ``ValueError`` says to pass
+``reconstruct_prompt_ids`` where that tokenizer does not load. Batch size 1 only (a
+``ValueError`` otherwise); one forward per block (a second, e.g. ``model.generate``'s
+decoding steps inside the block, is refused: ask the question after the block).
+
 Where kvpress imports, ``PageEntroKVPress`` subclasses ``kvpress.BasePress`` and uses its
-forward hook and context manager unchanged, so ``isinstance(press, BasePress)`` holds and
-kvpress's wrappers that take any BasePress (``ComposedPress``) accept it. Where kvpress is
-missing (pagekv's own environment), the same class rests on ``HookProtocol``, pagekv's
-rendering of that hook protocol for transformers 5 (the cache arrives as ``cache`` or
-``past_key_values``), so the logic, ``compress`` and ``with press(model):`` still run.
-``KVPRESS_BASE`` says which one this process got. kvpress is imported when this module
-is, never by ``import pagekv``.
+forward hook and (for the window scorer) its context manager unchanged, so
+``isinstance(press, BasePress)`` holds and kvpress's wrappers that take any BasePress
+(``ComposedPress``) accept it. Where kvpress is missing (pagekv's own environment), the
+same class rests on ``HookProtocol``, pagekv's rendering of that hook protocol for
+transformers 5 (the cache arrives as ``cache`` or ``past_key_values``), so the logic,
+``compress`` and ``with press(model):`` still run. ``KVPRESS_BASE`` says which one this
+process got. kvpress is imported when this module is, never by ``import pagekv``.
 """
 
 from __future__ import annotations
@@ -56,13 +84,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pagekv.maths.config import EvictionConfig
+from pagekv.maths.config import SCORERS, EvictionConfig
+from pagekv.maths.entropy import HeadMasses
 from pagekv.maths.paging import BudgetError
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import POOLED_POLICIES, get_policy
 from pagekv.measurement.peer.kvpress_peer import kvpress_kept
 from pagekv.runtime.backend import BACKENDS, compact_kv, score_window
 from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
+from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
+from pagekv.runtime.reconstruct import REPEAT_PROMPT, as_profiles, reconstruction_scores
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +190,15 @@ class PageEntroKVPress(_Base):
             prompts): such a layer keeps exactly its protected pages, and the press logs
             one warning naming the smallest feasible budget. `pagekv.plan` and the runner
             always raise.
+        scorer: "window" (the last `window` tokens' queries, in a hook per layer during
+            the prefill) or "reconstruct" (the model's attention while it repeats the
+            prefilled sequence, after the prefill, when the `with press(model):` block
+            exits; batch size 1). See the module docstring.
+        reconstruct_prompt_ids: the ids of the instruction read before the
+            reconstruction (`pagekv.runtime.reconstruct.REPEAT_PROMPT` tokenised without
+            special tokens); None: tokenised with the model's own tokenizer
+            (`AutoTokenizer.from_pretrained(model.config.name_or_path)`). "reconstruct" only.
+        reconstruct_chunk: reconstruction queries per forward of the reconstruction pass.
     """
 
     budget: float | None = None
@@ -171,8 +211,15 @@ class PageEntroKVPress(_Base):
     backend: str = "auto"
     record: bool = False
     strict: bool = False
+    scorer: str = "window"
+    reconstruct_prompt_ids: list[int] | tuple[int, ...] | None = None
+    reconstruct_chunk: int = RECONSTRUCT_CHUNK
     plans: dict[int, Plan] = field(default_factory=dict, init=False, repr=False, compare=False)
     _warned: bool = field(default=False, init=False, repr=False, compare=False)
+    #: `REPEAT_PROMPT`'s ids per `model.config.name_or_path` (tokenised once).
+    _prompt_ids_of: dict[str, list[int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         self.check()
@@ -193,6 +240,20 @@ class PageEntroKVPress(_Base):
             raise ValueError(f"compression_ratio must be a number in [0, 1); got {ratio!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
+        if self.scorer not in SCORERS:
+            raise ValueError(f"scorer must be one of {', '.join(SCORERS)}; got {self.scorer!r}")
+        chunk = self.reconstruct_chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"reconstruct_chunk must be an integer >= 1; got {chunk!r}")
+        ids = self.reconstruct_prompt_ids
+        if ids is not None and (
+            not isinstance(ids, (list, tuple))
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
+        ):
+            raise ValueError(
+                "reconstruct_prompt_ids must be None or a list of token ids (integers >= 0); "
+                f"got {ids!r}"
+            )
         cfg = self._config(1.0)  # validates policy, page_size, n_sink, window, tau
         if not cfg.pooled:
             raise ValueError(
@@ -208,6 +269,7 @@ class PageEntroKVPress(_Base):
             n_sink=self.n_sink,
             window=self.window,
             tau=self.tau,
+            scorer=self.scorer,
         )
 
     @property
@@ -257,6 +319,22 @@ class PageEntroKVPress(_Base):
         self.plans = {}
         self._warned = False  # one warning per use of the press on a model
 
+    @contextmanager
+    def __call__(self, model):
+        """``with press(model):``: the prefill run inside the block is compressed.
+
+        ``scorer="window"``: kvpress's hook protocol unchanged (``BasePress.__call__`` or
+        ``HookProtocol.__call__``), every layer pressed during its prefill.
+        ``scorer="reconstruct"``: the prefill is captured and the cache compressed when
+        the block exits (`_reconstructing`).
+        """
+        if self.scorer == "reconstruct":
+            with self._reconstructing(model):
+                yield
+        else:
+            with super().__call__(model):
+                yield
+
     @torch.no_grad()
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         """Keep the planned pages of this layer: keys, values ``[B, G, n, d] -> [B, G, k', d]``.
@@ -264,9 +342,17 @@ class PageEntroKVPress(_Base):
         Runs without autograd (eviction is not differentiated). When the protected pages
         (sinks and window) alone exceed the budget, keeps exactly them and logs one
         warning per press naming the smallest feasible budget; with `strict`, raises
-        that BudgetError (a ValueError) instead.
+        that BudgetError (a ValueError) instead. ``scorer="window"`` only: the
+        reconstruction scorer needs the whole prefill first, so a caller that presses
+        layer by layer (``ComposedPress``) gets a ValueError.
         """
         self.check()  # kvpress's evaluation sets compression_ratio after construction
+        if self.scorer == "reconstruct":
+            raise ValueError(
+                "scorer='reconstruct' scores after the prefill, when `with press(model):` "
+                "exits; it cannot press one layer at a time (compress(), ComposedPress): "
+                "use scorer='window' there"
+            )
         if not self.compresses:
             return keys, values
         B, G, n, _ = keys.shape  # [B, G, n, d]
@@ -286,16 +372,7 @@ class PageEntroKVPress(_Base):
         profiles, masses, used = score_window(
             q_win, keys, cfg.n_sink, scale=attention_scale(module), backend=self.backend
         )
-        try:
-            p = plan(profiles, n_groups=G, config=cfg, masses=masses, backend=used)
-        except BudgetError as e:
-            if self.strict:
-                raise
-            if not self._warned:
-                self._warned = True
-                log.warning("PageEntroKVPress keeps only the protected pages: %s", e)
-            cfg = cfg.replace(budget=min(1.0, e.protected_tokens / n))
-            p = plan(profiles, n_groups=G, config=cfg, masses=masses, backend=used)
+        p = self._plan(profiles, G, cfg, masses, used)
         kept = p.kept_indices().to(keys.device)  # [B, G, k']
         if B == 1:
             keys, values, _ = compact_kv(keys, values, kept[0], backend=used)
@@ -310,6 +387,168 @@ class PageEntroKVPress(_Base):
             self.plans[getattr(module, "layer_idx", len(self.plans))] = p
         return keys.contiguous(), values.contiguous()
 
+    def _plan(self, profiles, n_groups: int, cfg: EvictionConfig, masses, backend: str) -> Plan:
+        """`plan`, or, when the protected pages alone exceed the budget, the plan that
+        keeps exactly them (one warning per use of the press) unless `strict`."""
+        try:
+            return plan(profiles, n_groups=n_groups, config=cfg, masses=masses, backend=backend)
+        except BudgetError as e:
+            if self.strict:
+                raise
+            if not self._warned:
+                self._warned = True
+                log.warning("PageEntroKVPress keeps only the protected pages: %s", e)
+            n = int(profiles.shape[-1])
+            cfg = cfg.replace(budget=min(1.0, e.protected_tokens / n))
+            return plan(profiles, n_groups=n_groups, config=cfg, masses=masses, backend=backend)
+
+    # ---------------------------------------------------------------- scorer="reconstruct"
+
+    @contextmanager
+    def _reconstructing(self, model):
+        """Capture the block's one prefill (its ids and cache) by wrapping
+        ``model.model.forward``; on a normal exit, score it by reconstruction and compact
+        the cache in place (`compress_by_reconstruction`)."""
+        self.check()
+        self.post_init_from_model(model)
+        if not self.compresses:  # nothing evicted: no capture, no reconstruction pass
+            yield
+            return
+        prompt_ids = self.instruction_ids(model)  # before the prefill: fail fast
+        inner = getattr(model, "model", None)
+        if inner is None or not callable(getattr(inner, "forward", None)):
+            raise ValueError(
+                f"{type(model).__name__} has no `model.model`; scorer='reconstruct' needs a "
+                "causal LM (Llama / Qwen2 / Mistral / Qwen3 style)"
+            )
+        captured: dict = {}
+        original = inner.forward
+        had_own = "forward" in vars(inner)
+
+        def forward(*args, **kwargs):
+            if captured:
+                raise ValueError(
+                    "scorer='reconstruct' compresses the one prefill run inside `with "
+                    "press(model):` when the block exits; run only the context's prefill in "
+                    "the block (one forward; decoding or the question comes after it)"
+                )
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if not isinstance(ids, torch.Tensor):
+                raise ValueError(
+                    "scorer='reconstruct' needs the prefill's input_ids (it reads them again); "
+                    "got none (inputs_embeds?)"
+                )
+            if ids.dim() != 2 or ids.shape[0] != 1:
+                raise ValueError(
+                    "scorer='reconstruct' runs on one sequence (batch size 1); got input_ids "
+                    f"of shape {tuple(ids.shape)}"
+                )
+            given = kwargs.get("past_key_values", kwargs.get("cache"))
+            if given is not None and given.get_seq_length() != 0:
+                raise ValueError(
+                    "scorer='reconstruct' needs an empty cache before the prefill: the whole "
+                    f"prefilled sequence is the context; the cache holds {given.get_seq_length()}"
+                )
+            out = original(*args, **kwargs)
+            cache = _output_cache(out)
+            captured["cache"] = given if cache is None else cache
+            captured["ids"] = [int(t) for t in ids[0].tolist()]
+            return out
+
+        inner.forward = forward
+        try:
+            yield
+        finally:
+            if had_own:
+                inner.forward = original
+            else:
+                del inner.forward
+        if captured:
+            if captured["cache"] is None:
+                raise ValueError(
+                    "the prefill kept no cache (use_cache=False?): nothing to compress"
+                )
+            self.compress_by_reconstruction(model, captured["cache"], captured["ids"], prompt_ids)
+
+    def instruction_ids(self, model) -> list[int]:
+        """The ids read before the reconstruction: `reconstruct_prompt_ids`, else
+        ``REPEAT_PROMPT`` tokenised (no special tokens) by the tokenizer of
+        ``model.config.name_or_path``. Raises ValueError where that does not load."""
+        if self.reconstruct_prompt_ids is not None:
+            return [int(t) for t in self.reconstruct_prompt_ids]
+        name = str(getattr(getattr(model, "config", None), "name_or_path", "") or "")
+        if name not in self._prompt_ids_of:
+            how = (
+                "pass PageEntroKVPress(..., reconstruct_prompt_ids=tokenizer.encode("
+                "pagekv.runtime.reconstruct.REPEAT_PROMPT, add_special_tokens=False)) "
+                "(or [] for no instruction)"
+            )
+            if not name:
+                raise ValueError(
+                    "scorer='reconstruct' reads an instruction before repeating the context, "
+                    f"and the model has no config.name_or_path to load its tokenizer from: {how}"
+                )
+            try:
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(name)
+            except Exception as e:  # offline hub, a model built from a config, ...
+                raise ValueError(
+                    f"scorer='reconstruct' could not load the tokenizer of {name!r} to "
+                    f"tokenise its instruction ({type(e).__name__}: {e}); {how}"
+                ) from e
+            self._prompt_ids_of[name] = list(tok.encode(REPEAT_PROMPT, add_special_tokens=False))
+        return list(self._prompt_ids_of[name])
+
+    @torch.no_grad()
+    def compress_by_reconstruction(self, model, cache, context_ids, prompt_ids) -> None:
+        """Score the prefilled `cache` (it holds exactly `context_ids`) by reconstruction
+        and compact every layer in place to its planned pages.
+
+        The pass runs on `cache` itself and every layer is cut back to its ``n`` prefilled
+        tokens afterwards (also when the pass fails), as kvpress's ``KVzipPress`` keeps
+        only the prefilled pairs: no copy of the cache. Each layer is planned as the
+        runner plans a reconstruct configuration (``Runner.plan_for``: profiles
+        ``as_profiles(scores["max"])``, ``HeadMasses.from_profiles``); every layer is
+        planned before any is compacted, so a strict BudgetError leaves the cache whole.
+        """
+        n = len(context_ids)
+        layers = list(cache.layers)
+        if n < 1:
+            raise ValueError("the prefill was empty: nothing to reconstruct")
+        for i, la in enumerate(layers):
+            if getattr(la, "is_sliding", False):
+                raise ValueError(
+                    f"layer {i} of the cache is a sliding-window layer; scorer='reconstruct' "
+                    "needs full-attention layers"
+                )
+            held = None if getattr(la, "keys", None) is None else int(la.keys.shape[-2])
+            if held != n:
+                raise ValueError(
+                    f"layer {i} of the cache holds {held} tokens, the prefill {n}; "
+                    "scorer='reconstruct' needs a plain DynamicCache (not quantized or static)"
+                )
+        try:
+            scores = reconstruction_scores(
+                model, cache, list(context_ids), list(prompt_ids), chunk=self.reconstruct_chunk
+            )
+        finally:
+            for la in layers:  # drop the reconstruction's keys and values
+                la.keys, la.values = la.keys[:, :, :n], la.values[:, :, :n]
+        profiles = as_profiles(scores["max"])  # [L, H, n], rows sum to 1
+        cfg = self.eviction_config(n)
+        plans = []
+        for i, la in enumerate(layers):
+            prof = profiles[i : i + 1]  # [1, H, n]: one layer on plan's layer axis
+            masses = HeadMasses.from_profiles(prof, cfg.n_sink)
+            plans.append(self._plan(prof, int(la.keys.shape[1]), cfg, masses, self.backend))
+        for i, (la, p) in enumerate(zip(layers, plans, strict=True)):
+            kept = p.kept_indices()[0].to(la.keys.device)  # [G, k']
+            keys, values, _ = compact_kv(la.keys, la.values, kept, backend=self.backend)
+            la.keys, la.values = keys.contiguous(), values.contiguous()
+            if self.record:
+                self.plans[i] = p
+
 
 @dataclass
 class MeanPoolPagePress(PageEntroKVPress):
@@ -317,6 +556,16 @@ class MeanPoolPagePress(PageEntroKVPress):
     side-by-side baseline, same pages and budget accounting, only the pooling differs."""
 
     policy: str = "mean"
+
+
+def _output_cache(out):
+    """The cache a model forward returned (``cache`` in transformers >= 5.24, whose
+    ``past_key_values`` alias warns; ``past_key_values`` before), or None."""
+    for name in ("cache", "past_key_values"):
+        cache = getattr(out, name, None)
+        if cache is not None and hasattr(cache, "layers"):
+            return cache
+    return None
 
 
 def _real_in(v, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> bool:
