@@ -1,6 +1,7 @@
 """The global allocation (`EvictionConfig(allocation="global")`): one budget of `L G k`
-tokens shared across the (layer, group)s by normalised page scores, whole pages, each
-(layer, group) keeping its protected pages. Hand-worked cases, properties, and a plan."""
+tokens shared across the (layer, group)s by page scores on the model's attention scale,
+whole pages, each (layer, group) keeping its protected pages. Hand-worked cases,
+properties, and plans (with the reconstruction scorer's `scales`)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ def test_the_docstring_example():
     scores = torch.tensor([[9.0, 3, 1, 0], [9.0, 1, 1, 1]])
     prot = torch.tensor([True, False, False, False])
     keep = select_pages_global(scores, prot, torch.ones(4, dtype=torch.int64), 2)
-    assert keep.tolist() == [[True, True, False, False], [True, True, False, False]]
+    assert keep.tolist() == [[True, True, True, False], [True, False, False, False]]
 
 
 def test_a_sharp_row_takes_more_than_a_flat_one():
     # Row 0 puts all its free attention on pages 1 and 2; row 1 spreads it evenly.
     # Total budget 2 x 3 = 6 one-token pages, 2 protected (page 0 of each row): 4 free
-    # slots. Shares: row 0 (.5, .5, 0, 0, 0), row 1 (.2 x 5): row 0's two pages first,
+    # slots. Scores: row 0 (5, 5, 0, 0, 0), row 1 (1 x 5): row 0's two pages first,
     # then row 1's first two (ties toward the lower index).
     scores = torch.tensor([[1.0, 5, 5, 0, 0, 0], [1.0, 1, 1, 1, 1, 1]])
     prot = torch.tensor([True] + [False] * 5)
@@ -32,9 +33,9 @@ def test_a_sharp_row_takes_more_than_a_flat_one():
         [True, True, True, False, False, False],
         [True, True, True, False, False, False],
     ]
-    # Row 1 now puts everything on page 5 (share 1): it goes first, then row 0's pages
-    # 1 and 2 (.5 each); the last slot is a tie of zero shares, won by the lowest flat
-    # index, row 0's page 3.
+    # Row 1 now puts everything on page 5 (9): it goes first, then row 0's pages 1 and
+    # 2 (5 each); the last slot is a tie of zeros, won by the lowest flat index, row 0's
+    # page 3.
     scores[1] = torch.tensor([1.0, 0, 0, 0, 0, 9])
     keep = select_pages_global(scores, prot, torch.ones(6, dtype=torch.int64), 3)
     assert keep.tolist() == [
@@ -72,12 +73,18 @@ def test_properties(rows, n, page, frac, seed):
     free_left = (~keep) & ~prot
     if bool(free_left.any()):  # no free page that fits is left out (pages are whole)
         assert total + int(sizes[~prot].min()) > rows * k
-    # The kept free pages are the best by each row's share of its free attention.
-    mass = torch.where(prot, torch.zeros_like(scores), scores.double())
-    share = mass / mass.sum(-1, keepdim=True)
+    # The kept free pages are the best of all rows by their scores as given.
     kept_free = keep & ~prot
     if bool(kept_free.any()) and bool(free_left.any()):
-        assert float(share[kept_free].min()) >= float(share[free_left].max())
+        assert float(scores[kept_free].min()) >= float(scores[free_left].max())
+    # Scaling every score by one factor changes nothing (one scale for all rows) ...
+    assert torch.equal(select_pages_global(scores * 7.0, prot, sizes, k), keep)
+    # ... while scaling one row up makes it keep at least as much.
+    if rows > 1:
+        boosted = scores.clone()
+        boosted[0] *= 1e3
+        kept0 = (select_pages_global(boosted, prot, sizes, k).long() * sizes).sum(-1)[0]
+        assert int(kept0) >= int(kept[0])
 
 
 def _profiles(L, H, n, sharp_layer):
@@ -104,6 +111,33 @@ def test_plan_shares_the_budget_across_layers():
     assert pg.union_tokens[1].tolist() == [protected + 2] * G
     assert bool(pg.keep[1, :, 10].all() and pg.keep[1, :, 20].all())
     assert int(pg.union_tokens[0].sum() + pg.union_tokens[2].sum()) > 2 * G * k - 2
+
+
+def test_scales_put_the_layers_on_the_models_attention_scale():
+    # Two layers with the same profiles (so the same head weights and the same uniform
+    # plan), but the reconstruction queries of layer 1 attended to its context ten times
+    # as much (its raw scores sum to 10x layer 0's): under the global allocation layer 1
+    # takes the free pages, and without scales the two layers split them evenly.
+    L, H, G, n = 2, 2, 1, 32
+    gen = torch.Generator().manual_seed(1)
+    row = torch.rand(n, generator=gen) + 0.5
+    prof = (row / row.sum()).expand(L, H, n).contiguous()
+    cfg = EvictionConfig(policy="entropy", budget=0.5, page_size=1, n_sink=2, window=4)
+    glo = cfg.replace(allocation="global")
+    scales = torch.tensor([[1.0, 1.0], [10.0, 10.0]])
+    k = cfg.budget_tokens(n)
+    even = plan(prof, G, glo)
+    tilted = plan(prof, G, glo, scales=scales)
+    assert even.union_tokens.flatten().tolist() == [k, k]
+    assert tilted.union_tokens.flatten().tolist() == [2 + 4, 2 * k - 6]
+    assert int(tilted.union_tokens.sum()) == L * G * k  # the total is unchanged
+    # The uniform allocation and the head weights do not see the scales.
+    assert torch.equal(plan(prof, G, cfg, scales=scales).keep, plan(prof, G, cfg).keep)
+    assert torch.equal(tilted.head_weights, even.head_weights)
+    with pytest.raises(ValueError, match="scales must be a"):
+        plan(prof, G, glo, scales=torch.ones(L))
+    with pytest.raises(ValueError, match="finite and positive"):
+        plan(prof, G, glo, scales=torch.zeros(L, H))
 
 
 def test_global_is_for_pooled_policies():
@@ -142,6 +176,54 @@ def test_the_runner_stores_and_decodes_a_global_plan():
     assert padding >= 0 and len(res.tokens) == 3
     uni = runner.evaluate(pre, cfg, max_new_tokens=3)
     assert uni.union_tokens == [[k] * G] * L
+
+
+def test_the_decode_attends_to_exactly_the_allocated_pages():
+    """A global plan's padding is storage only: each layer's mask hides it from the
+    decode, so what the padded slots hold cannot change a logit, while what an
+    allocated slot holds does. Without the masks (the negative control) the padding is
+    attended and the same garbage changes the logits."""
+    from pagekv.runtime.runner import Runner
+
+    from .test_runner import prompt, tiny_model
+
+    runner = Runner(tiny_model("llama"))
+    pre = runner.prefill(prompt(96, seed=13), window_max=8, question_ids=[5, 6, 7])
+    glo = EvictionConfig(
+        policy="entropy", budget=0.25, page_size=1, window=8, n_sink=2, allocation="global"
+    )
+
+    def decode(corrupt=None, masked=True):
+        ev = runner.evict(pre, glo)
+        assert ev.masks is not None and ev.ragged
+        if corrupt is not None:
+            gen = torch.Generator().manual_seed(0)
+            for layer, lay in enumerate(ev.cache.layers):
+                hit = corrupt(ev, layer)  # [G, k_l] bool: the slots to overwrite
+                noise = torch.randn(lay.keys.shape, generator=gen) * 5
+                lay.keys[0][hit] = noise[0][hit]
+                lay.values[0][hit] = noise[0][hit]
+        if not masked:
+            ev.masks = None
+        _, logits, _ = runner._decode(pre, ev, 4, stop_at_eos=False, keep_logits=True)
+        return logits
+
+    def padding(ev, layer):
+        return ev.masks[layer][0, :: pre.n_heads // pre.n_groups, 0] < 0  # [G, k_l]
+
+    def allocated_non_protected(ev, layer):
+        idx = ev.kept_indices[layer]
+        return (
+            (ev.masks[layer][0, :: pre.n_heads // pre.n_groups, 0] == 0)
+            & (idx > 2)
+            & (idx < pre.n - 8)
+        )
+
+    clean = decode()
+    assert any(bool(padding(runner.evict(pre, glo), i).any()) for i in range(pre.n_layers))
+    torch.testing.assert_close(decode(padding), clean, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(decode(allocated_non_protected), clean, atol=1e-3)
+    assert not torch.allclose(decode(padding, masked=False), clean, atol=1e-3)
 
 
 def test_the_cli_flag_sets_it_and_policy_all_keeps_per_head_uniform():

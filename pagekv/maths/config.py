@@ -12,7 +12,8 @@ __all__ = ["POLICIES", "POOLED_POLICIES", "EvictionConfig"]
 SMOOTHING_KINDS = ("max", "avg")
 PAGE_REDUCTIONS = ("max", "sum")
 #: How the budget is spread: `k` tokens in every (layer, group), or the `L G k` tokens
-#: shared across them by normalised page scores (`pagekv.maths.paging.select_pages_global`).
+#: shared across them by page scores on the model's attention scale
+#: (`pagekv.maths.paging.select_pages_global`).
 ALLOCATIONS = ("uniform", "global")
 #: Whose attention scores the prompt: the last `window` prompt tokens' queries, or the
 #: queries of a pass that repeats the context (`pagekv.runtime.reconstruct`).
@@ -43,8 +44,9 @@ class EvictionConfig:
         sink_threshold: a head whose sink mass is >= this is a sink head, in (0, 1].
         allocation: "uniform" (default): every (layer, group) keeps at most `k` tokens;
             "global": the `L G k` tokens are shared across the (layer, group)s by their
-            page scores, each normalised to sum to 1 over its free pages (pooled
-            policies only; every (layer, group) still keeps its protected pages).
+            pooled page scores, compared on the model's own attention scale (the
+            reconstruction scorer's raw attention: `plan`'s `scales`), pooled policies
+            only; every (layer, group) still keeps its protected pages.
         scorer: "window" (default): the last `window` prompt tokens' queries score the
             prompt; "reconstruct": the model's attention while it repeats the context
             (question-agnostic; `pagekv.runtime.reconstruct`). The window's pages are

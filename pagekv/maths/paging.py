@@ -137,17 +137,18 @@ def select_pages_global(
     """One budget shared by every row: keep each row's protected pages, then the best
     free pages of ALL rows while the total stays `<= rows * budget_tokens`.
 
-    Each row's free-page scores are first normalised to sum to 1 (a row with no score
-    on its free pages: uniform), so that rows whose scores live on different scales
-    (layers with sharper or flatter attention) compete by the share of their own
-    attention a page holds. Ties break toward the lower flat index (row-major, then
-    page), a stable descending sort. Rows keep different amounts; the total is the
-    most whole pages that fit.
+    The rows' scores are compared as they are, so the caller puts them on one scale:
+    `pagekv.maths.plan.plan` pools them from the model's own attention probabilities
+    (the window scorer's profiles, or the reconstruction scorer's raw attention through
+    `plan`'s `scales`), and a (layer, group) whose pages the model attends to more keeps
+    more of them. Ties break toward the lower flat index (row-major, then page), a
+    stable descending sort. Rows keep different amounts; the total is the most whole
+    pages that fit.
 
     Example: two rows of 4 one-token pages, page 0 protected, `k = 2` each (total 4):
-    rows scores `[[9, 3, 1, 0], [9, 1, 1, 1]]` normalise to `[[., .75, .25, 0],
-    [., 1/3, 1/3, 1/3]]`; the two free slots go to `(0, 1)` (.75) and `(1, 1)` (1/3,
-    the lowest index of a three-way tie), so row 0 keeps pages {0, 1} and row 1 {0, 1}.
+    scores `[[9, 3, 1, 0], [9, 1, 1, 1]]`; the two free slots go to `(0, 1)` (3) and
+    `(0, 2)` (1, the lowest index of a four-way tie), so row 0 keeps pages {0, 1, 2} and
+    row 1 only {0}.
 
     Args:
         page_scores: `[..., n_pages]` float, higher = keep (rows: every leading index).
@@ -167,12 +168,7 @@ def select_pages_global(
     R = rows.shape[0]
     prot_d, sizes_d = prot_h.to(dev), sizes_h.to(dev)
     free = (~prot_d).expand_as(rows)
-    mass = torch.where(free, rows.clamp_min(0), torch.zeros_like(rows))
-    total = mass.sum(-1, keepdim=True)
-    n_free = int((~prot_h).sum())
-    uniform = torch.full_like(mass, 1.0 / max(n_free, 1))
-    share = torch.where(total > 0, mass / total.clamp_min(1e-300), uniform)
-    key = torch.where(free, share, torch.full_like(share, float("inf"))).flatten()
+    key = torch.where(free, rows, torch.full_like(rows, float("inf"))).flatten()
     order = torch.sort(key, descending=True, stable=True).indices  # [R * n_pages]
     flat_sizes = sizes_d.repeat(R)
     cum = torch.cumsum(flat_sizes[order], dim=0)

@@ -97,6 +97,7 @@ def plan(
     config: EvictionConfig,
     *,
     masses: HeadMasses | None = None,
+    scales: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> Plan:
     """Select the pages each (layer, group) keeps under `config`.
@@ -114,6 +115,13 @@ def plan(
         masses: the per-head masses of these profiles (from the scoring kernel, so
             they are not recomputed); taken from the profiles when None. Their
             `n_sink` must be the configuration's.
+        scales: `[L, H]` positive, each head's attention mass before it was normalised
+            into its profile (the reconstruction scorer's raw scores sum to it; None:
+            the profiles are the attention itself, as the window scorer's). Under
+            `allocation="global"` the pages are pooled from `profiles * scales`, the
+            model's own attention, so that every (layer, group) competes on one scale
+            (`select_pages_global`); the head weights and the uniform allocation use the
+            profiles.
         backend: "auto", "torch" or "triton" for the pooling step
             (`pagekv.runtime.backend.resolve_backend`).
 
@@ -152,6 +160,8 @@ def plan(
         )
     w_iso = weights_from_mass(masses.isolated, G, cfg.tau)
     w_raw = weights_from_mass(masses.collision, G, cfg.tau)
+    if scales is not None and cfg.allocation == "global":
+        p32 = p32 * _checked_scales(scales, L, H).to(p32)[..., None]  # the raw attention
     scores = smooth_scores(p32, cfg.smoothing, cfg.smoothing_kind)  # [L, H, n]
     pooled_on: list[str] = []
 
@@ -232,6 +242,16 @@ def plan(
             "device": str(dev),
         },
     )
+
+
+def _checked_scales(scales, L: int, H: int) -> torch.Tensor:
+    if not isinstance(scales, torch.Tensor) or tuple(scales.shape) != (L, H):
+        shape = tuple(scales.shape) if isinstance(scales, torch.Tensor) else type(scales)
+        raise ValueError(f"scales must be a [{L}, {H}] tensor; got {shape}")
+    s = scales.float()
+    if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
+        raise ValueError("scales must be finite and positive")
+    return s
 
 
 def _check_profiles(profiles: torch.Tensor, n_groups: int) -> None:

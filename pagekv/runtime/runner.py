@@ -32,10 +32,18 @@ is stored, `padding_tokens` the difference. Layers then differ in length, which
 transformers' mask (sized from layer 0) cannot describe, so such a "ragged" cache is
 decoded one token at a time with a broadcastable all-zero mask (a single new token
 may see its whole cache).
+
+A global plan (`allocation="global"`) is stored the same way, but its padding is
+storage only: the decode attends to exactly the pages the plan allocated, as a paged
+cache holding only them would. Each layer gets an additive mask `[1, H, 1, k_l]`
+(0 on an allocated token, the dtype's lowest value on a padded one, per KV head and so
+per query head of its group), put in place of the attention mask by a pre-hook on each
+attention module while the cache decodes one token at a time (`Evicted.masks`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -50,7 +58,7 @@ from pagekv.maths.paging import expand_pages, select_pages
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
 from pagekv.runtime.backend import compact_kv, resolve_backend, score_cache
-from pagekv.runtime.capture import WindowQueryCapture
+from pagekv.runtime.capture import WindowQueryCapture, attention_modules
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
 from pagekv.runtime.reconstruct import REPEAT_PROMPT, as_profiles, reconstruction_scores
 from pagekv.runtime.result import RunResult
@@ -164,10 +172,13 @@ class Evicted:
     kept_indices: list[torch.Tensor] | None  # per layer [G, k_l] int64 (None: full)
     stored_tokens: list  # [L][G] what the compacted cache stores
     union_tokens: list  # [L][G] the policy's kept sets (Plan.union_tokens)
-    ragged: bool  # layers hold different lengths (head_independent)
+    ragged: bool  # layers hold different lengths (head_independent, global)
     compacted_bytes: int  # bytes of the compacted cache right after eviction
     score_s: float | None  # profiles and masses (memoised: ~0 after the first time)
     evict_s: float | None  # plan and compaction (None for `full`: nothing is evicted)
+    #: Per layer `[1, H, 1, k_l]` additive masks hiding a global plan's padding from the
+    #: decode (None: every stored token is attended).
+    masks: list[torch.Tensor] | None = None
 
 
 # --------------------------------------------------------------------------- runner
@@ -273,12 +284,14 @@ class Runner:
         if not isinstance(config, EvictionConfig):
             raise TypeError(f"config must be an EvictionConfig; got {type(config).__name__}")
         t0 = _now(self.device)
+        scales = None
         if config.scorer == "reconstruct":
             profiles, masses, scored_on = self.reconstruction_scores(pre, config.n_sink)
+            scales = self.reconstruction(pre)["max"].sum(-1)  # [L, H] the raw attention
         else:
             profiles, masses, scored_on = pre.scores(config.window, config.n_sink)  # memoised
         t1 = _now(self.device)
-        p = plan(profiles, pre.n_groups, config, masses=masses, backend=self.backend)
+        p = plan(profiles, pre.n_groups, config, masses=masses, scales=scales, backend=self.backend)
         return Planned(plan=p, scored_on=scored_on, score_s=t1 - t0, plan_s=_now(self.device) - t1)
 
     def reconstruction(self, pre: Prefill, chunk: int = RECONSTRUCT_CHUNK) -> dict:
@@ -295,7 +308,13 @@ class Runner:
             )
             copy = _new_cache([(la.keys.clone(), la.values.clone()) for la in pre.cache.layers])
             pre.reconstruction = reconstruction_scores(
-                self.model, copy, pre.ids, prompt, chunk=chunk, cache_kw=self._cache_kw
+                self.model,
+                copy,
+                pre.ids,
+                prompt,
+                chunk=chunk,
+                cache_kw=self._cache_kw,
+                backend=self.backend,
             )
             pre.timings["reconstruct_s"] = _now(self.device) - t0
         return pre.reconstruction
@@ -311,7 +330,7 @@ class Runner:
                 (v for (kind, _), v in pre._scores.items() if kind == "reconstruct"), None
             )
             prof = as_profiles(self.reconstruction(pre)["max"]) if cached is None else cached[0]
-            pre._scores[key] = (prof, HeadMasses.from_profiles(prof, n_sink), "torch")
+            pre._scores[key] = (prof, HeadMasses.from_profiles(prof, n_sink), self.backend)
         return pre._scores[key]
 
     def evict(
@@ -333,6 +352,7 @@ class Runner:
         L, G = pre.n_layers, pre.n_groups
         union = p.union_tokens.tolist()
         ragged = False
+        masks = None
         compacted_on = "none"
         if get_policy(config.policy).keeps_all:
             kept_idx = None
@@ -346,6 +366,10 @@ class Runner:
                 k, v, compacted_on = compact_kv(lay.keys, lay.values, kept_idx[i], self.backend)
                 layers.append((k, v))
             ragged = len({int(k.shape[1]) for k in kept_idx}) > 1
+            if config.allocation == "global" and not p.dense:
+                dtype = pre.cache.layers[0].keys.dtype
+                masks = padding_masks(p, kept_idx, pre.n_heads, dtype)
+                ragged = True  # one token at a time: each layer's mask is its own
         cache = _new_cache(layers)
         stored = [[int(layers[i][0].shape[2])] * G for i in range(L)]  # tensor lengths
         t2 = _now(self.device)
@@ -364,6 +388,7 @@ class Runner:
             stored_tokens=stored,
             union_tokens=union,
             ragged=ragged,
+            masks=masks,
             compacted_bytes=_cache_bytes(cache),
             score_s=None if keeps_all else planned.score_s,
             evict_s=None if keeps_all else planned.plan_s + (t2 - t1),
@@ -488,6 +513,11 @@ class Runner:
             device=str(self.device),
             timings={
                 "prefill_s": float(pre.timings.get("prefill_s", 0.0)),
+                **(
+                    {"reconstruct_s": float(pre.timings["reconstruct_s"])}
+                    if config.scorer == "reconstruct" and "reconstruct_s" in pre.timings
+                    else {}
+                ),
                 "score_s": ev.score_s,
                 "evict_s": ev.evict_s,
                 "decode_s": decode_s,
@@ -502,7 +532,8 @@ class Runner:
         )
         if needle_positions is not None:
             res.needle_positions = [int(t) for t in needle_positions]
-            stored_keep = _stored_keep(p, ev.kept_indices)  # bool [L, G, n]
+            # bool [L, G, n]: what the decode attends to (a global plan's padding is masked)
+            stored_keep = p.keep if ev.masks is not None else _stored_keep(p, ev.kept_indices)
             ret = needle_retention(stored_keep, needle_positions)
             res.needle_retention = ret.tolist()
             res.needle_kept_all = bool((ret == 1).all())
@@ -514,6 +545,39 @@ class Runner:
 
     def _decode(self, pre, ev, max_new, stop_at_eos, keep_logits):
         """Greedy decode on `ev.cache`; positions continue at `n` (see module docstring)."""
+        with self._masked(ev):
+            return self._decode_on(pre, ev, max_new, stop_at_eos, keep_logits)
+
+    @contextlib.contextmanager
+    def _masked(self, ev):
+        """While decoding `ev`, each attention module sees its layer's padding mask
+        (`Evicted.masks`) widened by zeros for the tokens appended since eviction."""
+        if ev.masks is None:
+            yield
+            return
+        masks, cache = ev.masks, ev.cache
+
+        def hook_for(index):
+            def hook(module, args, kwargs):
+                base = masks[index]  # [1, H, 1, k_l]
+                q = kwargs["hidden_states"].shape[1] if "hidden_states" in kwargs else 1
+                extra = int(cache.layers[index].keys.shape[2]) + q - base.shape[-1]
+                mask = torch.cat([base, base.new_zeros(1, base.shape[1], 1, extra)], dim=-1)
+                return args, dict(kwargs, attention_mask=mask.expand(-1, -1, q, -1))
+
+            return hook
+
+        handles = [
+            m.register_forward_pre_hook(hook_for(i), with_kwargs=True)
+            for i, m in enumerate(attention_modules(self.model))
+        ]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _decode_on(self, pre, ev, max_new, stop_at_eos, keep_logits):
         cache, pos = ev.cache, pre.n
         tokens: list[int] = []
         kept: list[torch.Tensor] = []
@@ -670,6 +734,21 @@ def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
         keep = expand_pages(page_keep, n, P)  # [G, n]
         idx = torch.arange(n, device=keep.device).expand(G, n)[keep].view(G, target)
         out.append(idx)
+    return out
+
+
+def padding_masks(p: Plan, kept_idx, n_heads: int, dtype) -> list[torch.Tensor]:
+    """Per layer the additive mask `[1, H, 1, k_l]` of a padded plan's stored tokens:
+    0 where the plan allocated the token to that KV head's group, the dtype's lowest
+    value where it is padding (each KV head's row repeated for the `H / G` query heads
+    of its group, in the order GQA groups them)."""
+    out = []
+    for layer, idx in enumerate(kept_idx):  # [G, k_l]
+        allocated = p.keep[layer].gather(1, idx.to(p.keep.device))  # [G, k_l] bool
+        r = n_heads // allocated.shape[0]
+        low = torch.finfo(dtype).min
+        add = torch.where(allocated, 0.0, low).to(dtype).repeat_interleave(r, dim=0)
+        out.append(add[None, :, None, :].to(idx.device))  # [1, H, 1, k_l]
     return out
 
 
