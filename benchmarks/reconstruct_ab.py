@@ -6,11 +6,24 @@ the uniform and the global allocation, at the budgets given. Entropy pooling, pa
 
     python benchmarks/reconstruct_ab.py [--contexts 500 1000 2000] [--budgets 0.2 0.5]
                                          [--page-size 16] [--json out.json]
+                                         [--peer kvzip kvzip_layerwise keydiff]
+                                         [--settings "reconstruct/max, global" ...]
 
 Each prompt is prefilled once and reconstructed once (both aggregations come from the
 same pass); every setting then plans and decodes on that prefill. Prints one row per
-setting: prompts right, stored tokens (mean per prompt, from the compacted caches), and
-the mean seconds of the prefill and of the reconstruction pass.
+setting: prompts right; stored tokens (mean per prompt, from the compacted dense caches,
+whose groups of a layer are padded to one length under the global allocation); the
+tokens of the kept pages (what a paged cache stores: no padding); and the mean seconds
+of the prefill and of the reconstruction pass.
+
+``--peer`` also runs kvpress's presses on the same token ids, question after the
+compressed context as in kvpress's pipeline (`pagekv.measurement.peer.kvpress_peer`, its
+own environment): ``kvzip`` (KVzipPress as it comes: one budget shared by every layer
+and head), ``kvzip_layerwise`` (``layerwise=True``: the same budget in every layer) and
+``keydiff`` (KeyDiffPress), each at the same budgets (kvpress keeps ``floor(budget * n)``
+tokens per KV head, pagekv's `ratio_for_budget`). Their stored tokens are what a decoding
+step attends to (KVzip masks evicted keys in a full cache; the peer's
+``attended_tokens``), summed over layers and KV heads like ours.
 """
 
 from __future__ import annotations
@@ -44,12 +57,77 @@ def t4_specs(contexts) -> list[PromptSpec]:
     return out
 
 
+#: pagekv's settings: name -> (scorer, aggregation, allocation, policy).
+SETTINGS = {
+    "window, uniform": ("window", None, "uniform", "entropy"),
+    "window, global": ("window", None, "global", "entropy"),
+    "reconstruct/max, uniform": ("reconstruct", "max", "uniform", "entropy"),
+    "reconstruct/max, global": ("reconstruct", "max", "global", "entropy"),
+    "reconstruct/mean, uniform": ("reconstruct", "mean", "uniform", "entropy"),
+    "reconstruct/mean, global": ("reconstruct", "mean", "global", "entropy"),
+    "reconstruct/max, global, mean pooling": ("reconstruct", "max", "global", "mean"),
+    "reconstruct/max, global, max pooling": ("reconstruct", "max", "global", "max"),
+}
+DEFAULT_SETTINGS = tuple(k for k in SETTINGS if "pooling" not in k and k != "window, global")
+
+#: kvpress presses for ``--peer``: (the peer's press name, its constructor arguments).
+PEER_PRESSES = {
+    "kvzip": ("kvzip", None),
+    "kvzip_layerwise": ("kvzip", {"layerwise": True}),
+    "keydiff": ("keydiff", None),
+}
+
+
+def run_peer(names, prompts, budgets, rows: dict, save=None) -> None:
+    """Run kvpress's presses `names` on `prompts` [(ids, question ids, task)] at `budgets`,
+    one peer batch per (press, budget) in that order, adding one row per batch to `rows`
+    (and calling `save()` after each, so a long run keeps what it finished)."""
+    from pagekv.measurement.peer import kvpress_peer as kp
+
+    for name in names:
+        press, kwargs = PEER_PRESSES[name]
+        for budget in budgets:
+            reqs = [
+                kp.make_request(
+                    f"{name}|{budget}|{i}",
+                    press,
+                    context_ids=ids,
+                    question_ids=q_ids,
+                    budget=budget,
+                    max_new_tokens=default_max_new_tokens(task),
+                    press_kwargs=kwargs,
+                )
+                for i, (ids, q_ids, task) in enumerate(prompts)
+            ]
+            key = f"kvpress {name}, {100 * budget:g}%"
+            out = kp.run_kvpress(kp.bundled_model_dir(), reqs, timeout=4 * 3600, progress=None)
+            row = rows.setdefault(key, {"right": 0, "prompts": 0, "stored": 0})
+            for (_, _, task), res in zip(prompts, out, strict=True):
+                if res.get("error"):
+                    print(f"{key}: {res['error']}", file=sys.stderr)
+                    continue
+                row["right"] += bool(score(res["answer"], task)["correct"])
+                row["prompts"] += 1
+                row["stored"] += sum(map(sum, res["attended_tokens"]))
+            print(f"{key}: {row['right']}/{row['prompts']}", file=sys.stderr)
+            if save is not None:
+                save()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--contexts", type=int, nargs="+", default=[500, 1000, 2000])
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.2, 0.5])
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--peer", nargs="*", default=[], choices=sorted(PEER_PRESSES))
+    ap.add_argument(
+        "--settings",
+        nargs="*",
+        default=list(DEFAULT_SETTINGS),
+        choices=sorted(SETTINGS),
+        help="pagekv's settings to run (none: only --peer)",
+    )
     args = ap.parse_args(argv)
     study = Study.load("bundled")
     runner = study.runner
@@ -57,25 +135,31 @@ def main(argv=None) -> int:
     rows: dict[str, dict] = {}
     times = {"prefill_s": [], "reconstruct_s": []}
     specs = t4_specs(set(args.contexts))
+    prompts = []
     for spec in specs:
         prep = study.prepare(spec)
         pre = prep.prefill
+        prompts.append((pre.ids, pre.question_ids, prep.task))
         times["prefill_s"].append(pre.timings["prefill_s"])
-        scores = runner.reconstruction(pre)  # both aggregations from one pass
-        times["reconstruct_s"].append(pre.timings["reconstruct_s"])
+        if any(SETTINGS[x][0] == "reconstruct" for x in args.settings):
+            scores = runner.reconstruction(pre)  # both aggregations from one pass
+            times["reconstruct_s"].append(pre.timings["reconstruct_s"])
         for budget in args.budgets:
-            settings = [("window", None, "uniform")]
-            settings += [("reconstruct", agg, alloc) for agg in ("max", "mean")
-                         for alloc in ("uniform", "global")]  # fmt: skip
-            for scorer, agg, alloc in settings:
-                cfg = base.replace(budget=budget, allocation=alloc)
-                name = f"{scorer}{'/' + agg if agg else ''}, {alloc}, {100 * budget:g}%"
+            for setting in args.settings:
+                scorer, agg, alloc, policy = SETTINGS[setting]
+                cfg = base.replace(budget=budget, allocation=alloc, policy=policy, scorer=scorer)
+                name = f"{setting}, {100 * budget:g}%"
                 try:
-                    if scorer == "window":
+                    if agg in (None, "max"):  # the runner's own path (max: its default)
                         planned = runner.plan_for(pre, cfg)
                     else:
-                        prof = as_profiles(scores[agg])
-                        p = plan(prof, pre.n_groups, cfg, backend=runner.backend)
+                        p = plan(
+                            as_profiles(scores[agg]),
+                            pre.n_groups,
+                            cfg,
+                            scales=scores[agg].sum(-1),
+                            backend=runner.backend,
+                        )
                         planned = Planned(plan=p, scored_on="torch", score_s=0.0, plan_s=0.0)
                     res = runner.evaluate(
                         pre, cfg, max_new_tokens=default_max_new_tokens(prep.task), planned=planned
@@ -84,18 +168,30 @@ def main(argv=None) -> int:
                     print(f"{spec.context_tokens}/{spec.depth}: {name}: {e}", file=sys.stderr)
                     continue
                 right = bool(score(res.answer, prep.task)["correct"])
-                row = rows.setdefault(name, {"right": 0, "prompts": 0, "stored": 0})
+                row = rows.setdefault(name, {"right": 0, "prompts": 0, "stored": 0, "pages": 0})
                 row["right"] += right
                 row["prompts"] += 1
                 row["stored"] += sum(map(sum, res.stored_tokens))
+                row["pages"] += int(planned.plan.union_tokens.sum())
         print(f"done {spec.context_tokens} tokens, depth {spec.depth}", file=sys.stderr)
-    print(f"{'setting':<34} {'right':>9} {'stored tokens (mean)':>22}")
+
+    def save():
+        if args.json:
+            Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
+
+    if args.peer:
+        run_peer(args.peer, prompts, args.budgets, rows, save)
+    print(f"{'setting':<34} {'right':>9} {'stored (dense)':>15} {'kept pages (paged)':>19}")
     for name, r in rows.items():
-        print(f"{name:<34} {r['right']:>4}/{r['prompts']:<4} {r['stored'] / r['prompts']:>22.0f}")
+        n = max(r["prompts"], 1)
+        print(
+            f"{name:<34} {r['right']:>4}/{r['prompts']:<4} {r['stored'] / n:>15.0f} "
+            f"{r.get('pages', r['stored']) / n:>19.0f}"
+        )
     mean = {k: sum(v) / len(v) for k, v in times.items() if v}
     print(
-        f"prefill {mean['prefill_s']:.2f} s, reconstruction {mean['reconstruct_s']:.2f} s "
-        f"(mean per prompt, {len(specs)} prompts)"
+        ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in mean.items())
+        + f" (mean per prompt, {len(specs)} prompts)"
     )
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "mean_s": mean}, indent=1))

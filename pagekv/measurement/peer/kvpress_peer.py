@@ -59,7 +59,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-PRESSES = ("snapkv", "expected_attention", "knorm", "streaming_llm")
+PRESSES = ("snapkv", "expected_attention", "knorm", "streaming_llm", "kvzip", "keydiff")
 """The kvpress presses the peer runs (``"none"`` is also accepted: no compression)."""
 PAGEKV_PRESSES = ("pagekv_entropy", "pagekv_mean")
 """pagekv's own presses run through kvpress (``pagekv.measurement.integrations.kvpress_press``:

@@ -30,7 +30,9 @@ Request::
 
 ``compression_ratio`` is kvpress's: the fraction of the cache REMOVED (our budget
 ``beta`` is the fraction kept, so ``compression_ratio = 1 - beta``). ``press`` is one of
-``snapkv``, ``expected_attention``, ``knorm``, ``streaming_llm`` or ``none``, or one of
+``snapkv``, ``expected_attention``, ``knorm``, ``streaming_llm``, ``kvzip``
+(``KVzipPress``; ``press_kwargs`` ``{"layerwise": true}`` for its uniform budget per
+layer), ``keydiff`` or ``none``, or one of
 pagekv's presses run through kvpress, ``pagekv_entropy`` (``PageEntroKVPress``) and
 ``pagekv_mean`` (``MeanPoolPagePress``); their ``press_kwargs`` are the press's fields
 (``page_size``, ``window``, ``n_sink``, ``tau``, ``backend``, or ``budget`` instead of the
@@ -44,6 +46,7 @@ Response::
      "results": [{"id": "a", "press": "snapkv", "mode": "inside",
                   "compression_ratio": 0.8, "prompt_tokens": 120,
                   "compressed_tokens": 120, "kept_tokens": [24, 24, ...],
+                  "attended_tokens": [[24, 24, 24], ...],
                   "answer": "...", "tokens": [...], "stop_reason": "eos",
                   "prefill_seconds": 0.1, "seconds": 0.4, "error": null}, ...]}
 
@@ -66,7 +69,9 @@ Modes (both greedy; both use exactly the token ids given, no re-tokenizing):
   ``<|im_end|>\\n<|im_start|>assistant\\n``, into the question part).
 
 ``kept_tokens`` is each layer's cache length right after the compressed prefill (before
-any question or answer token is appended). kvpress keeps ``max(1, int(k_len * (1 -
+any question or answer token is appended); ``attended_tokens`` is, per layer and KV head,
+that length less the keys the press masked (KVzip keeps every token and masks the
+evicted ones, so its ``kept_tokens`` is the whole context). kvpress keeps ``max(1, int(k_len * (1 -
 compression_ratio)))`` tokens per layer and KV head (``kvpress.utils.compute_n_kept``).
 
 Decoding stops after ``max_new_tokens`` tokens or after an EOS token (the tokenizer's or
@@ -95,6 +100,8 @@ PRESS_CLASSES = {
     "expected_attention": "ExpectedAttentionPress",
     "knorm": "KnormPress",
     "streaming_llm": "StreamingLLMPress",
+    "kvzip": "KVzipPress",
+    "keydiff": "KeyDiffPress",
 }
 #: pagekv's presses run inside kvpress (pagekv.measurement.integrations.kvpress_press).
 PAGEKV_PRESS_CLASSES = {
@@ -201,6 +208,23 @@ class Worker:
     def _positions(self, start: int, count: int):
         return self.torch.arange(start, start + count, device=self.device)[None]
 
+    def _attended(self, cache) -> list[list[int]]:
+        """Per layer and KV head, the context tokens a decoding step can attend to: the
+        cache length less the keys a press masked (kvpress's KVzip and AdaKV keep every
+        token in the cache and hide the evicted ones through ``masked_key_indices``,
+        read by kvpress's attention patch)."""
+        out = []
+        for layer, block in zip(cache.layers, self.model.model.layers, strict=False):
+            G, length = int(layer.keys.shape[1]), int(layer.keys.shape[-2])
+            counts = [length] * G
+            masked = getattr(block.self_attn, "masked_key_indices", None)
+            if masked is not None:
+                batch, head = masked[0], masked[1]
+                per_head = self.torch.bincount(head[batch == 0].cpu(), minlength=G).tolist()
+                counts = [length - int(m) for m in per_head]
+            out.append(counts)
+        return out
+
     def run(self, req: dict) -> dict:
         from transformers import DynamicCache
 
@@ -237,6 +261,7 @@ class Worker:
                 else:  # kvpress pipeline: prefill the context without the LM head
                     self.model.model(input_ids=self._tensor(prompt), past_key_values=cache)
             kept = [int(layer.keys.shape[-2]) for layer in cache.layers]
+            attended = self._attended(cache)
             t_prefill = time.perf_counter() - t0
             pos = n
             if question:
@@ -272,6 +297,7 @@ class Worker:
             "prompt_tokens": n + len(question),
             "compressed_tokens": n,
             "kept_tokens": kept,
+            "attended_tokens": attended,
             "answer": answer,
             "tokens": tokens,
             "stop_reason": stop,
@@ -324,6 +350,7 @@ def handle(payload: dict) -> dict:
             "answer": None,
             "tokens": [],
             "kept_tokens": None,
+            "attended_tokens": None,
             "seconds": None,
             "error": None,
         }

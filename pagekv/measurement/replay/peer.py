@@ -20,7 +20,7 @@ import logging
 log = logging.getLogger(__name__)
 
 #: kvpress's presses the replay asks for, in the bridge's `PRESSES` spelling.
-KVPRESS_WANTED = ("snapkv", "expected_attention", "knorm", "streaming_llm")
+KVPRESS_WANTED = ("snapkv", "expected_attention", "knorm", "streaming_llm", "kvzip", "keydiff")
 #: pagekv's presses run inside kvpress (the bridge's `PAGEKV_PRESSES`).
 PAGEKV_WANTED = ("pagekv_entropy", "pagekv_mean")
 #: Every press the replay asks for.

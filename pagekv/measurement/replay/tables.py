@@ -300,13 +300,21 @@ def _peer_rows(peer_units, table, decode_rows=()):
                 "prompts": len(rs),
                 "answered": len(ok),
                 "recall": _mean([1.0 if r.get("correct") else 0.0 for r in ok]),
-                "kept_tokens": _mean([_kept(r.get("kept_tokens")) for r in ok]),
+                "kept_tokens": _mean([_kept(_stored(r)) for r in ok]),
                 "same_answer_as_runner": _mean(same) if same else None,
                 "runner_matched": len(same) if policy else None,
                 "errors": sorted({r["error"] for r in rs if r.get("error")})[:3],
             }
         )
     return rows
+
+
+def _stored(r: dict):
+    """What a press's decode attends to: ``attended_tokens`` (per layer and KV head) where
+    the peer reports it (KVzip masks evicted keys and keeps the whole context in its
+    cache), else the cache length per layer."""
+    att = r.get("attended_tokens")
+    return att if att else r.get("kept_tokens")
 
 
 def _kept(v):
