@@ -32,7 +32,14 @@ from pagekv.views.app_lessons import (  # noqa: E402
     warm_in_background,
     warm_lessons,
 )
-from pagekv.views.app_text import CAPTIONS, INTRO, lesson_markdown, message  # noqa: E402
+from pagekv.views.app_text import (  # noqa: E402
+    ALLOCATION_INFO,
+    CAPTIONS,
+    INTRO,
+    SCORER_INFO,
+    lesson_markdown,
+    message,
+)
 from pagekv.views.app_ui import (  # noqa: E402
     MECH_CONTROLS,
     MECH_VIEWS,
@@ -57,7 +64,14 @@ from pagekv.views.app_ui import (  # noqa: E402
     run_preset,
     update_layer,
 )
-from pagekv.views.inputs import LIMITS, MODES, PAGE_SIZES, TASKS  # noqa: E402
+from pagekv.views.inputs import (  # noqa: E402
+    ALLOCATIONS,
+    LIMITS,
+    MODES,
+    PAGE_SIZES,
+    SCORERS,
+    TASKS,
+)
 from pagekv.views.lesson_checks import LESSON_TITLES, replay_recall_figure  # noqa: E402
 from pagekv.views.lessons import LESSONS  # noqa: E402
 from pagekv.views.view_memo import PLAN_VIEWS  # noqa: E402
@@ -120,6 +134,15 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                     policy_a = gr.Dropdown(
                         POLICY_CHOICES, value=first["policy_a"], label="Policy A"
                     )
+                    with gr.Row():
+                        scorer_a = gr.Radio(
+                            list(SCORERS), value=RUN_DEFAULTS["scorer_a"], label="Scorer A",
+                            info=SCORER_INFO,
+                        )  # fmt: skip
+                        allocation_a = gr.Radio(
+                            list(ALLOCATIONS), value=RUN_DEFAULTS["allocation_a"],
+                            label="Allocation A", info=ALLOCATION_INFO,
+                        )  # fmt: skip
                     mode = gr.Radio(
                         list(MODES),
                         value=first["mode"],
@@ -140,9 +163,18 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                     policy_b = gr.Dropdown(
                         POLICY_CHOICES, value=first["policy_b"], label="Policy B"
                     )
+                    with gr.Row():
+                        scorer_b = gr.Radio(
+                            list(SCORERS), value=RUN_DEFAULTS["scorer_b"], label="Scorer B",
+                            info=SCORER_INFO,
+                        )  # fmt: skip
+                        allocation_b = gr.Radio(
+                            list(ALLOCATIONS), value=RUN_DEFAULTS["allocation_b"],
+                            label="Allocation B", info=ALLOCATION_INFO,
+                        )  # fmt: skip
                     link_b = gr.Checkbox(
                         value=True,
-                        label="Same settings as A (only the policy differs)",
+                        label="Same settings as A (policy, scorer and allocation are B's own)",
                         info="untick to give B its own question position, budget and pages",
                     )
                     mode_b = gr.Radio(list(MODES), value=first["mode"], label="Question position B")
@@ -251,7 +283,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         budget.release(api_name="budget", **run_kw)
         for control in (page_size, policy_a, policy_b, page_size_b):  # dropdowns: one select
             control.select(**run_kw, **quiet)
-        for control in (mode_b, link_b):
+        for control in (mode_b, link_b, scorer_a, allocation_a, scorer_b, allocation_b):
             control.input(**run_kw, **quiet)
         for control in (tau, window, n_sink, budget_b, tau_b, window_b, n_sink_b):
             control.release(**run_kw, **quiet)

@@ -517,7 +517,9 @@ def test_preset_fills_the_controls(client):
             p["tau"],
             p["policy_a"],
             p["policy_b"],
-        ]
+            *(p.get(f"{w}_{s}", d) for s in ("a", "b")
+              for w, d in (("scorer", "window"), ("allocation", "uniform"))),
+        ]  # fmt: skip
 
 
 def test_unknown_preset_is_refused_and_the_next_works(client):

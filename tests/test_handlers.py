@@ -29,6 +29,12 @@ RUN = dict(
         (dict(mode="later"), "question position must be one of inside, after"),
         (dict(link_b="yes"), "same settings as A must be true or false"),
         (dict(link_b=False, window_b=500), "window B must be a whole number from 1 to 128"),
+        (dict(scorer_a="question"), "scorer A must be one of window, reconstruct"),
+        (dict(allocation_b="shared"), "allocation B must be one of uniform, global"),
+        (
+            dict(policy_b="head_independent", allocation_b="global"),
+            "side B: allocation 'global' shares one budget",
+        ),
     ],
 )
 def test_bad_inputs_name_the_control(change, words):
@@ -42,6 +48,16 @@ def test_good_inputs_make_both_sides():
     assert (spec.context_tokens, spec.mode, mode_a, mode_b, layer) == (200, "after", "after",
                                                                         "inside", 0)  # fmt: skip
     assert (a.policy, a.budget, b.policy, b.budget) == ("mean", 0.4, "entropy", 0.2)
+
+
+def test_scorer_and_allocation_are_each_sides_own_even_when_b_follows_a():
+    # Linked: B takes A's budget and pages but keeps its own method (the lesson and the
+    # student compare window against reconstruct at the same settings).
+    _, a, b, *_ = parse_run(RUN | dict(scorer_b="reconstruct", allocation_b="global"))
+    assert (a.scorer, a.allocation, a.budget) == ("window", "uniform", 0.4)
+    assert (b.scorer, b.allocation, b.budget) == ("reconstruct", "global", 0.4)
+    _, a, b, *_ = parse_run(RUN | dict(link_b=False, scorer_a="reconstruct", budget_b=20.0))
+    assert (a.scorer, b.scorer, b.budget) == ("reconstruct", "window", 0.2)
 
 
 def test_run_cells_read_the_record():

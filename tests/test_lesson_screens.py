@@ -45,18 +45,25 @@ def test_a_lesson_without_a_live_run_clears_the_last_runs_views(i):
 
 
 def test_side_b_follows_a_when_a_lesson_differs_only_in_the_policy():
+    """... or in its method: the policy, scorer and allocation are each side's own."""
     for title, lesson in zip(LESSON_TITLES, LESSONS, strict=True):
         if lesson.kind != "live":
             continue
         args = _lesson_run_args(lesson, title, "bundled")
-        only_policy = (lesson.a.config().replace(policy=lesson.b.policy), lesson.a.mode) == (
-            lesson.b.config(),
-            lesson.b.mode,
+        b = lesson.b
+        method = dict(policy=b.policy, scorer=b.scorer, allocation=b.allocation)
+        only_method = (lesson.a.config().replace(**method), lesson.a.mode) == (
+            b.config(),
+            b.mode,
         )
-        assert args["link_b"] is only_policy, lesson.id
+        assert args["link_b"] is only_method, lesson.id
+        assert (args["scorer_b"], args["allocation_b"]) == (b.scorer, b.allocation)
     by_id = {x.id: x for x in LESSONS}
     assert _lesson_run_args(by_id["gqa-cost"], LESSON_TITLES[0], "bundled")["link_b"] is True
     assert _lesson_run_args(by_id["strict-test"], LESSON_TITLES[3], "bundled")["link_b"] is False
+    shared = _lesson_run_args(by_id["reconstruct"], LESSON_TITLES[4], "bundled")
+    assert shared["link_b"] is True and shared["scorer_b"] == "reconstruct"
+    assert (shared["scorer_a"], shared["allocation_b"]) == ("window", "global")
 
 
 @pytest.mark.parametrize(

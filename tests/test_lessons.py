@@ -23,6 +23,7 @@ from pagekv.views.lessons import (
     load_replay,
     number,
     read_numbers,
+    shared_budget_answers,
     sink_masquerade,
     tie,
     union_over_budget,
@@ -49,7 +50,7 @@ def test_lesson_is_well_formed(lesson):
 
 def test_lesson_ids_unique_and_lookup():
     ids = [x.id for x in LESSONS]
-    assert len(set(ids)) == len(ids) == 7
+    assert len(set(ids)) == len(ids) == 8
     assert get_lesson("strict-test").b.mode == "after"
     with pytest.raises(ValueError, match="no lesson"):
         get_lesson("nope")
@@ -73,6 +74,34 @@ def test_answers_observation_holds_and_fails():
     assert not answers(full=True, a=False, b=True).check(ev).holds
     assert not answers(full=False).check(ev).holds
     assert answers(a=True).check(ev).holds  # None: not part of the claim
+
+
+def test_shared_budget_answers_checks_answers_and_totals():
+    recs = {
+        "A": {"union_tokens": [[8, 8], [8, 8]], "stored_tokens": [[8, 8], [8, 8]]},
+        "B": {
+            "union_tokens": [[4, 16], [12, 8]],
+            "stored_tokens": [[16, 16], [12, 12]],
+            "budget_tokens": 10,
+        },
+    }
+    right = {"full": True, "A": False, "B": True}
+    ev = Evidence(comparison=_fake_comparison(right, recs=recs))
+    found = shared_budget_answers(a=False, b=True).check(ev)
+    assert found.holds, found.measured
+    v = found.values
+    assert (v["kept_a"], v["kept_b"], v["budget_total"], v["stored_b"]) == (32, 40, 40, 56)
+    assert "B's (layer, group)s keep 4 to 16" in found.measured
+    # B over the budget's total fails it, and so does a wrong answer.
+    over = {k: dict(v) for k, v in recs.items()}
+    over["B"]["union_tokens"] = [[4, 16], [12, 9]]
+    assert (
+        not shared_budget_answers(False, True)
+        .check(Evidence(comparison=_fake_comparison(right, recs=over)))
+        .holds
+    )
+    wrong = Evidence(comparison=_fake_comparison(right | {"B": False}, recs=recs))
+    assert not shared_budget_answers(False, True).check(wrong).holds
 
 
 def _profiles(L=2, H=6, n=64, seed=0, sharp=None):
@@ -164,7 +193,7 @@ def test_replay_numbers_are_the_files():
 
 
 def test_replay_lesson_text_and_check_follow_the_file():
-    """Lesson 7's text prints the file's numbers, and its observation is decided on
+    """Lesson 8's text prints the file's numbers, and its observation is decided on
     them: a file where the recall does not drop after compression fails it."""
     import copy
 
@@ -226,3 +255,5 @@ def test_every_lesson_holds_on_the_bundled_model(capsys):
     assert rc == 0
     assert rows["gqa-cost"]["values"]["max_ratio"] >= 2.0
     assert rows["sink-masquerade"]["values"]["raw"] >= 2.0
+    shared = rows["reconstruct"]["values"]
+    assert shared["kept_b"] <= shared["budget_total"]

@@ -36,8 +36,9 @@ TABS = ("frame", "retention", "weights", "sinks", "uor", "mechanism", "replay", 
 LESSON_CONTROLS = (
     "task", "curated", "context", "depth", "seed", "needles", "mode", "budget", "page_size",
     "n_sink", "window", "tau", "policy_a", "policy_b", "link_b", "mode_b", "budget_b",
-    "page_size_b", "n_sink_b", "window_b", "tau_b", "layer", "m_heads", "m_retr", "m_dist",
-    "m_dstr", "m_sink", "m_n", "m_budget",
+    "page_size_b", "n_sink_b", "window_b", "tau_b", "layer", "scorer_a", "allocation_a",
+    "scorer_b", "allocation_b", "m_heads", "m_retr", "m_dist", "m_dstr", "m_sink", "m_n",
+    "m_budget",
 )  # fmt: skip
 
 
@@ -74,12 +75,13 @@ def apply_lesson(title):
 
 def _lesson_run_args(lesson, title, model) -> dict:
     """The run inputs of a live lesson (every control as the lesson sets it). Side B
-    follows A ("Same settings as A" ticked) when the two differ only in the policy, so
+    follows A ("Same settings as A" ticked) when the two differ only in their method
+    (policy, scorer, allocation), so
     that moving A's controls afterwards moves B's too; otherwise B keeps its own (the
     status line says so). A layer named by a rule ("last", "strongest") starts at 0
     and is resolved on the model once it has run (`pick_lesson`)."""
     p, a, b = lesson.prompt, lesson.a, lesson.b
-    linked = dataclasses.replace(a, policy=b.policy) == b
+    linked = dataclasses.replace(a, policy=b.policy, scorer=b.scorer, allocation=b.allocation) == b
     layer = lesson.layer if isinstance(lesson.layer, int) else 0
     return dict(
         RUN_DEFAULTS, model=model, task=p.task, context=p.context_tokens, depth=p.depth,
@@ -88,6 +90,8 @@ def _lesson_run_args(lesson, title, model) -> dict:
         window=a.window, tau=a.tau, policy_a=a.policy, policy_b=b.policy, link_b=linked,
         mode_b=b.mode, budget_b=round(100 * b.budget, 1), page_size_b=b.page_size,
         n_sink_b=b.n_sink, window_b=b.window, tau_b=b.tau, layer=layer, lesson=title,
+        scorer_a=a.scorer, allocation_a=a.allocation, scorer_b=b.scorer,
+        allocation_b=b.allocation,
     )  # fmt: skip
 
 

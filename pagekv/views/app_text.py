@@ -38,6 +38,17 @@ claim on what the model just did. Free exploration (presets and every control) i
 the left column, below the views on a narrow screen.
 """
 
+#: What the scorer and allocation controls mean (their `info` lines).
+SCORER_INFO = (
+    "window: the last `window` tokens' attention scores the prompt; reconstruct: the "
+    "model's attention while it repeats the prompt, which does not depend on the question "
+    "(one extra pass over the prompt, once per prompt)"
+)
+ALLOCATION_INFO = (
+    "uniform: every (layer, group) keeps the budget; global: the same total shared "
+    "across (layer, group)s by page score, whole pages (pooled policies only)"
+)
+
 CAPTIONS = {
     "frame": "Each row is one (layer, group), each column one page of the prompt. "
     "**Look for** the outlined needle page: blue (kept) under one policy, grey (evicted) "

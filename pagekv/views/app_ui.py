@@ -34,10 +34,17 @@ from pagekv.serving.study import settings_text
 from pagekv.serving.worker import keep_this_thread_light
 from pagekv.views.answers import answers_html, answers_table, ms, pending_table
 from pagekv.views.app_text import message
-from pagekv.views.comparison import Decoding, comparison_figures, export, plan_comparison
+from pagekv.views.comparison import (
+    METHOD_FIELDS,
+    SIDE_FIELDS,
+    Decoding,
+    comparison_figures,
+    export,
+    plan_comparison,
+)
 from pagekv.views.inputs import min_budget_pct, parse_run
 from pagekv.views.lesson_checks import check_lesson
-from pagekv.views.presets import check_preset, load_presets, preset_matches
+from pagekv.views.presets import check_preset, load_presets, preset_matches, preset_methods
 from pagekv.views.view_memo import (
     PLAN_VIEWS,
     SAME_AFTER_DECODING,
@@ -139,14 +146,22 @@ def light(fn):
 
 
 def _side_b_note(comp, cfg_a, cfg_b) -> str:
-    """What side B does differently, for the status line ("" when only the policy)."""
-    label = comp.labels["B"].split(", ", 1)
-    if len(label) == 1:
+    """What side B does differently, for the status line ("" when only its method: the
+    policy, scorer and allocation are each side's own)."""
+    mode_a, mode_b = comp.modes["A"], comp.modes["B"]
+    own = [
+        show(cfg_b, mode_b)
+        for name, show in SIDE_FIELDS
+        if name not in METHOD_FIELDS
+        and (mode_b if name == "mode" else getattr(cfg_b, name))
+        != (mode_a if name == "mode" else getattr(cfg_a, name))
+    ]
+    if not own:
         return ""
     n_b = comp.preps["B"].n
     return (
-        f". Side B keeps its own settings ('Same settings as A' is unticked): {label[1]}; "
-        f"{n_b} prompt tokens, budget {cfg_b.budget_tokens(n_b)} tokens"
+        f". Side B keeps its own settings ('Same settings as A' is unticked): "
+        f"{', '.join(own)}; {n_b} prompt tokens, budget {cfg_b.budget_tokens(n_b)} tokens"
     )
 
 
@@ -216,9 +231,12 @@ def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> s
     parts += [message("info", note) for note in comp.notes]
     if decoded:
         t = comp.records["B"]["timings"]
+        rec_s = [comp.records[s]["timings"].get("reconstruct_s") for s in ("A", "B")]
+        rec_s = next((x for x in rec_s if x is not None), None)
         parts.append(
             f"<small>prefill {t['prefill_s']:.2f}s (once per prompt), "
-            f"eviction {ms(t['evict_s'])}, decode {t['decode_s']:.2f}s"
+            + ("" if rec_s is None else f"reconstruction {rec_s:.2f}s (once per prompt), ")
+            + f"eviction {ms(t['evict_s'])}, decode {t['decode_s']:.2f}s"
             + (" (this run was computed earlier: served from memory)" if served else "")
             + "</small>"
         )
@@ -267,6 +285,10 @@ def run_comparison(
     tau_b=1.0,
     layer=0,
     lesson=None,
+    scorer_a="window",
+    allocation_a="uniform",
+    scorer_b="window",
+    allocation_b="uniform",
     request: gr.Request = None,
 ):
     """Prefill (memoised), plan both sides and show every plan view at once, then decode
@@ -276,8 +298,11 @@ def run_comparison(
     message and the next request works.
 
     Side A is the shared controls (question position, budget, page size, n_sink, window,
-    tau) with policy A; side B uses policy B and, with `link_b`, the same settings as A,
-    otherwise its own (`mode_b`, `budget_b`, ...): each side is a full configuration.
+    tau) with policy A, scorer A and allocation A; side B uses its own policy, scorer and
+    allocation and, with `link_b`, the same other settings as A, otherwise its own
+    (`mode_b`, `budget_b`, ...): each side is a full configuration. The scorer and
+    allocation inputs come last, so a caller that lists the inputs by position from
+    before they existed still gets the defaults (window, uniform).
     """
     v = {k: val for k, val in locals().items() if k in RUN_INPUTS}
     with SESSIONS.turn(getattr(request, "session_hash", None)):
@@ -492,7 +517,8 @@ MECH_VIEWS = ("m_text", "m_table", "m_plot")
 #: The controls a preset sets, in the order of `apply_preset`'s outputs.
 PRESET_CONTROLS = (
     "task", "curated", "context", "depth", "seed", "needles", "mode", "budget", "page_size",
-    "n_sink", "window", "tau", "policy_a", "policy_b",
+    "n_sink", "window", "tau", "policy_a", "policy_b", "scorer_a", "allocation_a", "scorer_b",
+    "allocation_b",
 )  # fmt: skip
 
 
@@ -515,7 +541,7 @@ def _preset_run_args(p, model="bundled", lesson_title=None) -> dict:
         depth=p["depth"], seed=p["seed"], needles=p["n_needles"], mode=p["mode"],
         curated=p["name"], budget_pct=round(100 * p["budget"], 1), page_size=p["page_size"],
         n_sink=p["n_sink"], window=p["window"], tau=p["tau"], policy_a=p["policy_a"],
-        policy_b=p["policy_b"], link_b=True, lesson=lesson_title,
+        policy_b=p["policy_b"], link_b=True, lesson=lesson_title, **preset_methods(p),
     )  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from pagekv.maths.constructed import Mechanism, mechanism_profiles
 from pagekv.maths.metrics import sink_advantage, summarize_sink_advantage
 from pagekv.maths.paging import BudgetError, check_budget, page_sizes, protected_pages
 from pagekv.maths.plan import Plan, plan
-from pagekv.maths.policies import POOLING_POLICIES
+from pagekv.maths.policies import POOLING_POLICIES, get_policy
 from pagekv.serving.study import Prepared, PromptSpec, Study, served_copy
 from pagekv.views import figures
 
@@ -109,8 +109,12 @@ class PromptShape:
     n_groups: int
 
 
-#: What a side's label names when it differs between A and B (field, how to show it).
+#: What a side's label names when it differs between A and B (field, how to show it);
+#: the first `METHOD_FIELDS` of them are, with the policy, each side's own method (the
+#: app's "Same settings as A" links the rest).
 SIDE_FIELDS = (
+    ("scorer", lambda c, m: f"{c.scorer} scorer"),
+    ("allocation", lambda c, m: f"{c.allocation} budget"),
     ("page_size", lambda c, m: f"page {c.page_size}"),
     ("budget", lambda c, m: f"budget {100 * c.budget:g}%"),
     ("mode", lambda c, m: f"question {m}"),
@@ -120,6 +124,9 @@ SIDE_FIELDS = (
     ("smoothing", lambda c, m: f"smoothing {c.smoothing}"),
     ("page_reduction", lambda c, m: f"page {c.page_reduction}"),
 )
+
+
+METHOD_FIELDS = ("scorer", "allocation")
 
 
 def side_labels(config_a, config_b, mode_a: str = "inside", mode_b: str = "inside") -> dict:
@@ -304,20 +311,24 @@ def compare(
 
 def uor_curve(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
     """Head-independent UOR at `CURVE_BUDGETS` (plan only: no decoding), planned on the
-    model worker. It does not depend on `base`'s budget or policy: kept with the prefill
-    (a dragged budget slider plans it once)."""
-    key = ("uor_curve", base.replace(budget=CURVE_BUDGETS[0], policy="head_independent"))
-    rows = study.derive(prep, key, lambda p: _uor_curve(p, base))
+    model worker with `base`'s scorer and geometry (per-head selection has no global
+    allocation: always uniform). It does not depend on `base`'s budget or policy: kept
+    with the prefill (a dragged budget slider plans it once)."""
+    first = _head_independent(base, CURVE_BUDGETS[0])
+    rows = study.derive(prep, ("uor_curve", first), lambda p: _uor_curve(study.runner, p, base))
     return [dict(row) for row in rows]
 
 
-def _uor_curve(prep: Prepared, base: EvictionConfig) -> list[dict]:
-    profiles = prep.prefill.profiles(base.window)
+def _head_independent(base: EvictionConfig, budget: float) -> EvictionConfig:
+    return base.replace(policy="head_independent", budget=budget, allocation="uniform")
+
+
+def _uor_curve(runner, prep: Prepared, base: EvictionConfig) -> list[dict]:
     rows = []
     for b in CURVE_BUDGETS:
-        cfg = base.replace(policy="head_independent", budget=b)
+        cfg = _head_independent(base, b)
         try:
-            p = plan(profiles, prep.prefill.n_groups, cfg)
+            p = runner.plan_for(prep.prefill, cfg).plan
         except BudgetError:
             rows.append({"budget": b, "feasible": False, "uor_mean": None, "uor_max": None})
             continue
@@ -336,31 +347,40 @@ def memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict
     """KV tokens and bytes each policy keeps at `base`'s budget (plan only, on the model
     worker, kept with the prefill).
 
-    Bytes = kept (layer, group) tokens x head_dim x 2 (K and V) x the cache's element
-    size. Head-independent counts its unions: what a server must hold.
+    Bytes = stored (layer, group) tokens x head_dim x 2 (K and V) x the cache's element
+    size. Head-independent counts its unions: what a server must hold. Under `base`'s
+    global allocation (pooled policies; per-head ones stay uniform) the (layer, group)s
+    of a layer store as many tokens as the largest of them (the compacted cache pads
+    them to one length, as the runner's does), so the padding is counted.
     """
     rows = study.derive(
-        prep, ("memory", base.replace(policy="full")), lambda p: _memory_rows(p, base)
+        prep,
+        ("memory", base.replace(policy="full")),
+        lambda p: _memory_rows(study.runner, p, base),
     )
     return [dict(row) for row in rows]
 
 
-def _memory_rows(prep: Prepared, base: EvictionConfig) -> list[dict]:
+def _memory_rows(runner, prep: Prepared, base: EvictionConfig) -> list[dict]:
     pre = prep.prefill
     elem = pre.cache.layers[0].keys.element_size()
     per_token = pre.head_dim * 2 * elem
-    profiles = pre.profiles(base.window)
     rows = []
     for policy in POLICIES:
+        per_head = get_policy(policy).per_head
+        cfg = base.replace(policy=policy, allocation="uniform" if per_head else base.allocation)
         try:
-            p = plan(profiles, pre.n_groups, base.replace(policy=policy))
+            p = runner.plan_for(pre, cfg).plan
         except BudgetError:
             continue
-        tokens = int(p.union_tokens.sum())
+        stored = p.union_tokens
+        if cfg.allocation == "global":  # padded to the layer's largest group
+            stored = stored.amax(-1, keepdim=True).expand_as(stored)
+        tokens = int(stored.sum())
         rows.append(
             {
                 "policy": policy,
-                "tokens": int(p.union_tokens.float().mean().round()),
+                "tokens": int(stored.float().mean().round()),
                 "bytes": tokens * per_token,
             }
         )

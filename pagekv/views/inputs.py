@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 
-from pagekv.maths.config import POLICIES, EvictionConfig
+from pagekv.maths.config import ALLOCATIONS, POLICIES, SCORERS, EvictionConfig
 from pagekv.maths.paging import min_feasible_budget
 from pagekv.serving.study import MODES, PROMPT_TASKS, WINDOW_MAX, PromptSpec
 from pagekv.tasks import needle_depth, task_names
+
+__all__ = ["ALLOCATIONS", "LIMITS", "MODES", "PAGE_SIZES", "SCORERS", "TASKS", "parse_run"]
 
 #: Page sizes offered by the page and accepted by the API.
 PAGE_SIZES = [1, 4, 8, 16, 32, 64]
@@ -110,20 +112,31 @@ def parse_run(v: dict):
         kw.update(texts)
         kw["depth"] = needle_depth(texts["haystack"], texts["needle"], kw["depth"])
     spec = PromptSpec(**kw)
-    cfg_a = _side_config(v, "", v["policy_a"])
+    cfg_a = _method(_side_config(v, ""), v, "A")
     if _flag("same settings as A", v["link_b"]):
-        cfg_b, mode_b = cfg_a.replace(policy=_choice("policy B", v["policy_b"], POLICIES)), mode
+        cfg_b, mode_b = _method(cfg_a, v, "B"), mode
     else:
-        cfg_b = _side_config(v, "_b", v["policy_b"])
+        cfg_b = _method(_side_config(v, "_b"), v, "B")
         mode_b = _choice("question position B", v["mode_b"], MODES)
     layer = _num("layer", v["layer"], *_span("layer"), integer=True)
     return spec, cfg_a, cfg_b, mode, mode_b, layer
 
 
-def _side_config(v: dict, suffix: str, policy) -> EvictionConfig:
+def _method(cfg: EvictionConfig, v: dict, side: str) -> EvictionConfig:
+    """`cfg` with side `side`'s own method: its policy, scorer and allocation."""
+    s = side.lower()
+    policy = _choice(f"policy {side}", v[f"policy_{s}"], POLICIES)
+    scorer = _choice(f"scorer {side}", v[f"scorer_{s}"], SCORERS)
+    allocation = _choice(f"allocation {side}", v[f"allocation_{s}"], ALLOCATIONS)
+    try:
+        return cfg.replace(policy=policy, scorer=scorer, allocation=allocation)
+    except ValueError as e:  # e.g. a global budget for a per-head policy
+        raise InputError(f"side {side}: {e}") from None
+
+
+def _side_config(v: dict, suffix: str) -> EvictionConfig:
     side = "B" if suffix else "A"
     return EvictionConfig(
-        policy=_choice(f"policy {side}", policy, POLICIES),
         budget=_num(
             f"budget {side} (%)", v["budget_b" if suffix else "budget_pct"], *_span("budget")
         )

@@ -47,6 +47,8 @@ class Side:
     window: int = 32
     tau: float = 1.0
     mode: str = "inside"
+    scorer: str = "window"
+    allocation: str = "uniform"
 
     def config(self) -> EvictionConfig:
         return EvictionConfig(
@@ -56,6 +58,8 @@ class Side:
             n_sink=self.n_sink,
             window=self.window,
             tau=self.tau,
+            scorer=self.scorer,
+            allocation=self.allocation,
         )
 
 
@@ -148,6 +152,45 @@ def answers(full: bool | None = True, a: bool | None = None, b: bool | None = No
         return Finding(holds, measured, {"correct": got})
 
     return Observation(" and ".join(said), check)
+
+
+def shared_budget_answers(a: bool, b: bool):
+    """The answers are as stated (the full cache right), and side B, whose budget is
+    shared across the (layer, group)s, keeps in all no more than the budget of every
+    (layer, group) together, `L G k` tokens: the allocated pages (what a paged cache
+    would store; a dense cache pads B's groups of a layer to one length, which its
+    decode does not attend to). Side A, `k` in each, keeps whole pages, so up to a page
+    less per (layer, group). Its measured line names the totals and B's largest and
+    smallest (layer, group)."""
+    said = answers(full=True, a=a, b=b)
+
+    def check(ev: Evidence) -> Finding:
+        first = said.check(ev)
+        recs = ev.comparison.records
+        tot = {k: int(sum(map(sum, recs[k]["union_tokens"]))) for k in ("A", "B")}
+        flat = [u for row in recs["B"]["union_tokens"] for u in row]
+        budget = len(flat) * int(recs["B"]["budget_tokens"])
+        stored_b = int(sum(map(sum, recs["B"]["stored_tokens"])))
+        holds = first.holds and tot["B"] <= budget
+        measured = (
+            f"{first.measured}. Kept in all: A {tot['A']} tokens, B {tot['B']} of the "
+            f"{budget} the budget allows (B's (layer, group)s keep {min(flat)} to "
+            f"{max(flat)}; its dense cache stores {stored_b} with the padding, which the "
+            f"decode does not attend to)"
+        )
+        values = first.values | {
+            "kept_a": tot["A"],
+            "kept_b": tot["B"],
+            "budget_total": budget,
+            "stored_b": stored_b,
+        }
+        return Finding(holds, measured, values)
+
+    return Observation(
+        f"{said.statement}, with B keeping no more tokens in all than the budget of every "
+        "(layer, group) together",
+        check,
+    )
 
 
 def union_over_budget(side: str, factor: float):
@@ -437,7 +480,7 @@ def lesson_text(lesson: Lesson, tables: dict | None = None) -> str:
 T4 = "docs/results.md, table T4 (python -m pagekv replay --model bundled, full grid)"
 T7 = "docs/results.md, table T7"
 
-#: Lesson 5's replay numbers: T7's answer-level comparison of entropy and mean, summed
+#: Lesson 6's replay numbers: T7's answer-level comparison of entropy and mean, summed
 #: over its settings (a tie is the same right/wrong verdict; the texts are not compared).
 T7_NUMBERS = (
     ("pairs", number("T7_answers", "prompts", total=True)),
@@ -446,7 +489,7 @@ T7_NUMBERS = (
     ("beats", number("T7_answers", "entropy_beats", total=True)),
     ("loses", number("T7_answers", "entropy_loses", total=True)),
 )
-#: Lesson 7's replay numbers: T4 at 20 %, question inside and after.
+#: Lesson 8's replay numbers: T4 at 20 %, question inside and after.
 T4_NUMBERS = (
     ("prompts", number("T4_peer", "prompts", press="snapkv", mode="inside", budget=0.2)),
     ("snap_inside", number("T4_peer", "recall", press="snapkv", mode="inside", budget=0.2)),
@@ -527,6 +570,29 @@ LESSONS: tuple[Lesson, ...] = (
         prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
         a=Side("entropy", budget=0.2, mode="inside"),
         b=Side("entropy", budget=0.2, mode="after"),
+    ),
+    Lesson(
+        id="reconstruct",
+        title="Without the question: score the prompt by reconstructing it",
+        text=(
+            "Asked after compression, the window's queries know nothing of the question "
+            "(the strict test). Here both sides are asked after compression at the same "
+            "budget. Side A scores the prompt with the window. Side B scores it with the "
+            "model's own attention while it reads 'Repeat the previous context exactly.' "
+            "and the prompt again (scorer reconstruct: the idea of KVzip, one extra pass "
+            "over the prompt), and shares the budget across the (layer, group)s by that "
+            "attention (allocation global): a layer that attends hard to the prompt while "
+            "repeating it keeps more of it. Both keep whole pages, and B no more tokens in "
+            "all than the budget of every (layer, group) together. A dense cache stores "
+            "B's groups of a layer at one length, padded, and B's decode attends only to "
+            "the pages it kept. The check decodes "
+            "both: A wrong, B right."
+        ),
+        observation=shared_budget_answers(a=False, b=True),
+        views=("frame", "retention"),
+        prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
+        a=Side("entropy", budget=0.2, mode="after"),
+        b=Side("entropy", budget=0.2, mode="after", scorer="reconstruct", allocation="global"),
     ),
     Lesson(
         id="entropy-vs-mean",

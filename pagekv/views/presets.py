@@ -325,6 +325,16 @@ def observation_of(preset: dict):
     return Observation("; ".join(o.statement for o in parts), check)
 
 
+def preset_methods(preset: dict) -> dict:
+    """A preset's scorer and allocation per side (the defaults, window and uniform, for
+    a preset that names none)."""
+    return {
+        f"{what}_{side}": preset.get(f"{what}_{side}", default)
+        for what, default in (("scorer", "window"), ("allocation", "uniform"))
+        for side in ("a", "b")
+    }
+
+
 def preset_inputs(preset: dict):
     """`(spec, cfg_a, cfg_b, mode_a, mode_b)` as the app runs the preset (its run inputs
     through `pagekv.views.inputs.parse_run`, side B with side A's settings)."""
@@ -336,7 +346,7 @@ def preset_inputs(preset: dict):
         needles=p["n_needles"], mode=p["mode"], curated=p["name"],
         budget_pct=round(100 * p["budget"], 1), page_size=p["page_size"], n_sink=p["n_sink"],
         window=p["window"], tau=p["tau"], policy_a=p["policy_a"], policy_b=p["policy_b"],
-        link_b=True, layer=0,
+        link_b=True, layer=0, **preset_methods(p),
     )  # fmt: skip
     spec, cfg_a, cfg_b, mode_a, mode_b, _ = parse_run(values)
     return spec, cfg_a, cfg_b, mode_a, mode_b
