@@ -80,6 +80,20 @@ log = logging.getLogger("pagekv.app")
 __all__ = ["build_demo", "main", "warm_lessons", "RUN_DEFAULTS", "TABS"]
 
 
+def method_controls(side: str) -> tuple[gr.Radio, gr.Radio]:
+    """Side `side`'s scorer and allocation, in one row, at the run's defaults."""
+    with gr.Row():
+        scorer = gr.Radio(
+            list(SCORERS), value=RUN_DEFAULTS[f"scorer_{side}"],
+            label=f"Scorer {side.upper()}", info=SCORER_INFO,
+        )  # fmt: skip
+        allocation = gr.Radio(
+            list(ALLOCATIONS), value=RUN_DEFAULTS[f"allocation_{side}"],
+            label=f"Allocation {side.upper()}", info=ALLOCATION_INFO,
+        )  # fmt: skip
+    return scorer, allocation
+
+
 def slider(name: str, value, label: str, **kw) -> gr.Slider:
     """A slider over the range and step the API accepts for `name` (`LIMITS`)."""
     lo, hi, step = LIMITS[name]
@@ -134,15 +148,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                     policy_a = gr.Dropdown(
                         POLICY_CHOICES, value=first["policy_a"], label="Policy A"
                     )
-                    with gr.Row():
-                        scorer_a = gr.Radio(
-                            list(SCORERS), value=RUN_DEFAULTS["scorer_a"], label="Scorer A",
-                            info=SCORER_INFO,
-                        )  # fmt: skip
-                        allocation_a = gr.Radio(
-                            list(ALLOCATIONS), value=RUN_DEFAULTS["allocation_a"],
-                            label="Allocation A", info=ALLOCATION_INFO,
-                        )  # fmt: skip
+                    scorer_a, allocation_a = method_controls("a")
                     mode = gr.Radio(
                         list(MODES),
                         value=first["mode"],
@@ -163,15 +169,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                     policy_b = gr.Dropdown(
                         POLICY_CHOICES, value=first["policy_b"], label="Policy B"
                     )
-                    with gr.Row():
-                        scorer_b = gr.Radio(
-                            list(SCORERS), value=RUN_DEFAULTS["scorer_b"], label="Scorer B",
-                            info=SCORER_INFO,
-                        )  # fmt: skip
-                        allocation_b = gr.Radio(
-                            list(ALLOCATIONS), value=RUN_DEFAULTS["allocation_b"],
-                            label="Allocation B", info=ALLOCATION_INFO,
-                        )  # fmt: skip
+                    scorer_b, allocation_b = method_controls("b")
                     link_b = gr.Checkbox(
                         value=True,
                         label="Same settings as A (policy, scorer and allocation are B's own)",

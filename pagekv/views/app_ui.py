@@ -36,9 +36,9 @@ from pagekv.views.answers import answers_html, answers_table, ms, pending_table
 from pagekv.views.app_text import message
 from pagekv.views.comparison import (
     METHOD_FIELDS,
-    SIDE_FIELDS,
     Decoding,
     comparison_figures,
+    differing,
     export,
     plan_comparison,
 )
@@ -148,14 +148,7 @@ def light(fn):
 def _side_b_note(comp, cfg_a, cfg_b) -> str:
     """What side B does differently, for the status line ("" when only its method: the
     policy, scorer and allocation are each side's own)."""
-    mode_a, mode_b = comp.modes["A"], comp.modes["B"]
-    own = [
-        show(cfg_b, mode_b)
-        for name, show in SIDE_FIELDS
-        if name not in METHOD_FIELDS
-        and (mode_b if name == "mode" else getattr(cfg_b, name))
-        != (mode_a if name == "mode" else getattr(cfg_a, name))
-    ]
+    own = differing(cfg_b, comp.modes["B"], cfg_a, comp.modes["A"], skip=METHOD_FIELDS)
     if not own:
         return ""
     n_b = comp.preps["B"].n

@@ -138,13 +138,20 @@ def side_labels(config_a, config_b, mode_a: str = "inside", mode_b: str = "insid
         ("A", config_a, mode_a, config_b, mode_b),
         ("B", config_b, mode_b, config_a, mode_a),
     ):
-        parts = [cfg.policy]
-        for name, show in SIDE_FIELDS:
-            mine = mode if name == "mode" else getattr(cfg, name)
-            theirs = other_mode if name == "mode" else getattr(other, name)
-            if mine != theirs:
-                parts.append(show(cfg, mode))
+        parts = [cfg.policy] + differing(cfg, mode, other, other_mode)
         out[key] = f"{key}: " + ", ".join(parts)
+    return out
+
+
+def differing(cfg, mode: str, other, other_mode: str, skip=()) -> list[str]:
+    """How `cfg` (asked `mode`) shows each `SIDE_FIELDS` setting in which it differs
+    from `other` (asked `other_mode`), leaving out the fields named in `skip`."""
+    out = []
+    for name, show in SIDE_FIELDS:
+        mine = mode if name == "mode" else getattr(cfg, name)
+        theirs = other_mode if name == "mode" else getattr(other, name)
+        if name not in skip and mine != theirs:
+            out.append(show(cfg, mode))
     return out
 
 
