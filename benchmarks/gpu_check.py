@@ -10,10 +10,14 @@ runs, each stage in its own subprocess with a time limit, under a global deadlin
 
 1. `tests`: the kernel parity tests, `python -m pytest -q tests/test_kernels.py` (their
    `[cuda]` copies run compiled on the GPU; long query sets cut into several query
-   blocks, the max output), and the reconstruction scorer's Triton path against its
-   torch path on a tiny random model (`TESTS_EXTRA`, on the GPU; the dry run leaves
-   it to the CPU test suite, which runs it interpreted); pass/fail counts, overall and
-   for `[cuda]`.
+   blocks, the max output), and on the GPU (`TESTS_EXTRA`, not slow-marked; the dry run
+   leaves them to the CPU test suite, which runs them interpreted) the reconstruction
+   scorer's Triton path against its torch path, the one-launch compaction of a whole
+   cache (tests/test_compact_layers.py), the whole runner on the Triton path
+   against the torch path (tests/test_triton_path.py) and the eviction step's host
+   waits, counted by `torch.cuda.set_sync_debug_mode`, the same at 2 and 6 layers
+   (tests/test_host_waits.py), each on a tiny random model; pass/fail counts, overall
+   and for `[cuda]`.
 2. `end_to_end`: a model with Qwen2.5-1.5B-Instruct's configuration and random weights
    (built from the config below, nothing downloaded; bfloat16, SDPA prefill) through
    `pagekv.runtime.runner.Runner(model, None, backend="triton")` at 4k, 16k and 32k random
@@ -88,12 +92,20 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
-#: Tests the `tests` stage runs besides tests/test_kernels.py on a GPU: the reconstruction
-#: scorer's Triton path (the scoring kernel's max output over chunks of 7 and 300
-#: queries) against its torch path, on a tiny random model moved to the GPU. Not in the
-#: dry run: interpreted it takes ~20 s of the stage's 100 (tests/test_reconstruct.py
-#: runs it on the CPU anyway).
-TESTS_EXTRA = ("tests/test_reconstruct.py::test_the_triton_path_gives_the_torch_scores",)
+#: Tests the `tests` stage runs besides tests/test_kernels.py on a GPU (slow-marked ones,
+#: which need the bundled model, deselected): the reconstruction scorer's Triton path
+#: (the scoring kernel's max output over chunks of 7 and 300 queries) against its torch
+#: path; the one-launch compaction of a whole cache against its twin; the runner's Triton
+#: path against its torch path (kept pages, compacted cache, answer tokens); the eviction
+#: step's host waits, constant in the depth; the models are tiny, random, on the GPU.
+#: Not in the dry run: interpreted they take about a minute and a half (the CPU test
+#: suite runs them anyway).
+TESTS_EXTRA = (
+    "tests/test_reconstruct.py::test_the_triton_path_gives_the_torch_scores",
+    "tests/test_compact_layers.py",
+    "tests/test_triton_path.py",
+    "tests/test_host_waits.py",
+)
 
 #: Packages the check must never import (the app's, and the GGUF loader's).
 FORBIDDEN = ("gradio", "plotly", "gguf", "accelerate")
@@ -351,7 +363,7 @@ def stage_tests(args, clock: Clock, dry: bool, limit: float) -> dict:
         # -v: one line per test, so a stage stopped at its limit still has its counts.
         cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
                f"--junitxml={xml_path}", "tests/test_kernels.py",
-               *(() if dry else TESTS_EXTRA)]  # fmt: skip
+               *(() if dry else (*TESTS_EXTRA, "-m", "not slow"))]  # fmt: skip
         if args.tests_k:
             cmd += ["-k", args.tests_k]
         lines: list[str] = []

@@ -2,7 +2,8 @@
 
 - `kernels.score`: attention profiles, sink mass and collision masses (two passes).
 - `kernels.pool_pages`: head pooling, page scores and protected pages.
-- `kernels.compact`: dense compaction and the paged write.
+- `kernels.compact`: dense compaction (one layer, stacked layers, or every layer of a
+  cache in one launch) and the paged write.
 
 Importing a submodule imports Triton; `pagekv.runtime.backend` does so lazily. On CPU the
 kernels run in the Triton interpreter, which needs `TRITON_INTERPRET=1` in the

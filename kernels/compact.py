@@ -5,6 +5,13 @@ Dense (`compact`): twin `pagekv.runtime.compaction.compact_layer`. keys/values
 or all layers at once, `[L, B, G, n, d]` with `[L, G, k']`, in one launch.
 One program copies `BLOCK_T` kept rows of K and of V for one (layer, batch, group).
 
+Per-layer tensors (`compact_layers`): a model's cache is one tensor per layer, and the
+layers may keep different counts `k_l` (a padded plan). One launch still gathers them
+all: the launcher writes a table of the layers' addresses and counts (int64 `[6, L]`:
+keys, values, indices, key out, value out, `k_l`), copied to the device without a
+host wait, and each program loads its layer's pointers from it (the pointer-array
+pattern of Triton's grouped GEMM). No stacked copy of the cache is made.
+
 Paged (`write_paged`): twin `pagekv.runtime.paged.to_paged`. Each program copies one
 kept page of one (layer, group) into its block of the pool (`pagekv.runtime.paged`
 documents the layout: pools `[num_blocks, P, d]`, block table `[L, G, max_pages]`).
@@ -17,6 +24,8 @@ indices.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -84,7 +93,7 @@ def compact(
         raise ValueError(f"kept_idx must be [L={L}, G={G}, k']; got {tuple(kept_idx.shape)}")
     device = check_same_device(keys=keys, values=values)
     kept_idx = kept_idx.to(device=device, dtype=torch.int64).contiguous()
-    if kept_idx.numel() and (int(kept_idx.min()) < 0 or int(kept_idx.max()) >= n):
+    if kept_idx.numel() and bool(((kept_idx < 0) | (kept_idx >= n)).any()):  # one read
         raise ValueError(f"kept_idx must lie in [0, n={n})")
     k_out = kept_idx.shape[2]
     if keys.stride() != values.stride() or keys.stride(-1) != 1:
@@ -105,6 +114,126 @@ def compact(
     if one_layer:
         return k_new[0], v_new[0]
     return k_new, v_new
+
+
+@triton.jit
+def _gather_layers_kernel(tab_ptr, L, B, G, d, s_b, s_g, s_n,
+                          ELEM: tl.constexpr, BLOCK_T: tl.constexpr,
+                          D_PAD: tl.constexpr):  # fmt: skip
+    # tab_ptr: int64 [6, L], rows: key, value, index, key out, value out addresses, k_l.
+    i_lbg = tl.program_id(0)
+    i_tb = tl.program_id(1)
+    i_l = i_lbg // (B * G)
+    i_b = (i_lbg // G) % B
+    i_g = i_lbg % G
+    k_out = tl.load(tab_ptr + 5 * L + i_l)  # this layer's kept count
+    p_k = tl.load(tab_ptr + i_l).to(tl.pointer_type(ELEM))
+    p_v = tl.load(tab_ptr + L + i_l).to(tl.pointer_type(ELEM))
+    p_i = tl.load(tab_ptr + 2 * L + i_l).to(tl.pointer_type(tl.int64))
+    p_ko = tl.load(tab_ptr + 3 * L + i_l).to(tl.pointer_type(ELEM))
+    p_vo = tl.load(tab_ptr + 4 * L + i_l).to(tl.pointer_type(ELEM))
+    o_t = i_tb * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT] slots of the layer's output
+    o_d = tl.arange(0, D_PAD)
+    m_t = o_t < k_out  # the grid covers the largest k_l; shorter layers mask the rest
+    m_td = m_t[:, None] & (o_d < d)[None, :]
+    b_idx = tl.load(p_i + i_g * k_out + o_t, mask=m_t, other=0)  # [BT] of [G, k_l]
+    src = (
+        i_b.to(tl.int64) * s_b
+        + i_g.to(tl.int64) * s_g
+        + b_idx[:, None].to(tl.int64) * s_n
+        + o_d[None, :]
+    )  # [BT, D]
+    # The output is a contiguous [B, G, k_l, d]: reads and writes 2 (K, V) * BT * d * e bytes.
+    dst = ((i_b * G + i_g).to(tl.int64) * k_out + o_t[:, None]) * d + o_d[None, :]
+    tl.store(p_ko + dst, tl.load(p_k + src, mask=m_td), mask=m_td)
+    tl.store(p_vo + dst, tl.load(p_v + src, mask=m_td), mask=m_td)
+
+
+#: The integer type the gather moves for each element size (`bits_view`).
+_ELEM = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
+
+
+def compact_layers(
+    keys: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    kept_idx: Sequence[torch.Tensor],
+    block_t: int | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Gather the kept tokens of every layer in one launch, each layer its own tensor.
+
+    Args:
+        keys, values: per layer `[B, G, n, d]`, one shape, dtype and device for all.
+        kept_idx: per layer sorted indices `[G, k_l]` in `[0, n)`; `k_l` may differ.
+        block_t: kept rows per program (a power of two); default by device.
+
+    Returns:
+        Per layer `(keys [B, G, k_l, d], values [B, G, k_l, d])`, contiguous, equal to
+        `compact` of that layer alone. The one host wait is the bounds check of all
+        the indices at once (one flag read back), whatever the number of layers.
+    """
+    L = len(keys)
+    if L == 0 or len(values) != L or len(kept_idx) != L:
+        raise ValueError(
+            f"need one keys, values and kept_idx tensor per layer; got {L}, {len(values)} "
+            f"and {len(kept_idx)}"
+        )
+    first = keys[0]
+    if first.dim() != 4:
+        raise ValueError(f"keys must be [B, G, n, d] per layer; got {tuple(first.shape)}")
+    B, G, n, d = first.shape
+    device = first.device
+    for i, (k, v, idx) in enumerate(zip(keys, values, kept_idx, strict=True)):
+        if k.shape != first.shape or v.shape != first.shape:
+            raise ValueError(
+                f"layer {i}: keys {tuple(k.shape)} and values {tuple(v.shape)} must both be "
+                f"{tuple(first.shape)}, layer 0's shape"
+            )
+        if k.dtype != first.dtype or v.dtype != first.dtype:
+            raise ValueError(f"layer {i}: dtypes {k.dtype}, {v.dtype}; layer 0 has {first.dtype}")
+        check_same_device(keys=k, values=v, first=first)
+        if idx.dim() != 2 or idx.shape[0] != G:
+            raise ValueError(f"layer {i}: kept_idx must be [G={G}, k']; got {tuple(idx.shape)}")
+    # One set of input strides for every layer: the cache's own (prefill layers are
+    # contiguous), else contiguous copies.
+    strides = first.stride()
+    if strides[-1] != 1 or any(t.stride() != strides for t in (*keys, *values)):
+        keys = [k.contiguous() for k in keys]
+        values = [v.contiguous() for v in values]
+        strides = keys[0].stride()
+    if first.element_size() not in _ELEM:
+        raise ValueError(f"unsupported element size {first.element_size()} for {first.dtype}")
+    idx = [i.to(device=device, dtype=torch.int64).contiguous() for i in kept_idx]
+    counts = [int(i.shape[1]) for i in idx]  # shapes: host ints, no wait
+    nonempty = [i for i in idx if i.numel()]
+    if nonempty:  # one flag for all layers, one read
+        bad = torch.stack([((i < 0) | (i >= n)).any() for i in nonempty]).any()
+        if bool(bad):
+            raise ValueError(f"kept_idx must lie in [0, n={n})")
+    out = [
+        (
+            torch.empty(B, G, k_l, d, dtype=first.dtype, device=device),
+            torch.empty(B, G, k_l, d, dtype=first.dtype, device=device),
+        )
+        for k_l in counts
+    ]
+    k_max = max(counts)
+    if k_max == 0:
+        return out
+    ptr = [[t.data_ptr() for t in col] for col in (keys, values, idx)]
+    ptr += [[o[0].data_ptr() for o in out], [o[1].data_ptr() for o in out], counts]
+    table = torch.tensor(ptr, dtype=torch.int64)  # [6, L] on the host
+    if device.type == "cuda":  # pinned, so the copy is queued, not waited for
+        table = table.pin_memory().to(device, non_blocking=True)
+    else:
+        table = table.to(device)
+    interpreted = is_interpreted(_gather_layers_kernel)
+    BLOCK_T = block_t or (256 if interpreted else 64)
+    extra = {} if interpreted else {"num_warps": 4}
+    _gather_layers_kernel[(L * B * G, triton.cdiv(k_max, BLOCK_T))](
+        table, L, B, G, d, strides[0], strides[1], strides[2],
+        ELEM=_ELEM[first.element_size()], BLOCK_T=BLOCK_T, D_PAD=next_pow2(d), **extra,
+    )  # fmt: skip
+    return out
 
 
 @triton.jit

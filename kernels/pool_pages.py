@@ -13,8 +13,10 @@ scores on both paths, ties included. The weighted pool is summed in head index
 order in float32, `((0 + w_0 s_0) + w_1 s_1) + ...`, each product rounded before
 the add: the launcher turns off fp contraction (`enable_fp_fusion=False`) so the
 compiler cannot fuse `w * s + acc` into an FMA. `max` pooling and the max page
-reduction are exact in any order. The sum page reduction adds a page's tokens with
-a tree reduction; it can differ from torch's order in the last bit.
+reduction are exact in any order. The sum page reduction adds a page's tokens in
+index order from 0, one float32 add at a time, as the twin does (`page_reduce`), so
+both reductions give the twin's bits and the two backends keep the same pages on
+exact and near ties.
 
 Memory traffic: reads the profiles once (`L H n 4` bytes) and the weights; writes
 the page scores (`L G n_pages 4`) and, when asked, the pooled scores (`L G n 4`).
@@ -61,7 +63,13 @@ def _pool_pages_kernel(s_ptr, w_ptr, pooled_ptr, page_ptr, prot_ptr, n, H, G, r,
     if WRITE_POOLED:
         tl.store(pooled_ptr + i_lg.to(tl.int64) * n + o_t, b_acc, mask=m_t)
     if SUM_PAGES:
-        b_page = tl.reduce(tl.where(m_t, b_acc, 0.0), 1, SUM)  # [BJ]
+        # A page's tokens in index order, one add at a time (the twin's order): column
+        # i_p of the tile, picked out by a sum of one value and zeros, which is exact.
+        # P passes over the tile; the sum is the ablation, not the default.
+        b_tok = tl.where(m_t, b_acc, 0.0)  # [BJ, PP], 0 past n
+        b_page = tl.full([BLOCK_J], 0.0, tl.float32)
+        for i_p in range(0, P):
+            b_page = b_page + tl.reduce(tl.where(o_p[None, :] == i_p, b_tok, 0.0), 1, SUM)
     else:
         b_page = tl.reduce(tl.where(m_t, b_acc, float("-inf")), 1, MAX)  # [BJ]
     m_j = o_j < n_pages

@@ -42,9 +42,11 @@ def group_overlap(head_keep: torch.Tensor, n_groups: int) -> GroupOverlap:
     L, H, n = head_keep.shape
     r = H // n_groups
     counts = head_keep.sum(-1)
-    k = int(counts.flatten()[0]) if counts.numel() else 0
-    if not bool((counts == k).all()):
+    # The smallest and largest count in one read (one host wait).
+    lo, hi = torch.stack([counts.amin(), counts.amax()]).tolist() if counts.numel() else (0, 0)
+    if lo != hi:
         raise ValueError("every head must keep the same number of tokens for UOR")
+    k = lo
     hk = head_keep.view(L, n_groups, r, n)
     union = hk.any(dim=2).sum(-1)  # [L, G]
     # Pairwise intersections as a Gram matrix of 0/1 rows: exact in float64 up to 2^53.

@@ -52,7 +52,15 @@ def page_reduce(scores: torch.Tensor, page_size: int, reduction: str = "max") ->
         return x.view(*scores.shape[:-1], pages, page_size).amax(-1)
     if reduction == "sum":
         x = torch.nn.functional.pad(scores, (0, pad), value=0.0)
-        return x.view(*scores.shape[:-1], pages, page_size).sum(-1)
+        x = x.view(*scores.shape[:-1], pages, page_size)
+        # A page's tokens added in index order, one float32 add at a time, from 0: the
+        # order kernels/pool_pages.py uses, so both backends give the same bits and a
+        # near-tie between pages cannot flip between them (torch's `sum` order is
+        # unspecified). The padding adds 0, which changes nothing.
+        acc = torch.zeros_like(x[..., 0])
+        for i in range(page_size):
+            acc = acc + x[..., i]
+        return acc
     raise ValueError(f"page reduction must be 'max' or 'sum'; got {reduction!r}")
 
 
@@ -114,17 +122,73 @@ def select_pages(
         BudgetError: when the protected pages alone hold more than `k` tokens.
     """
     sizes_h, prot_h = sizes.cpu(), protected.cpu()
-    prot_tokens = check_budget(sizes_h, prot_h, budget_tokens)
+    return _select(page_scores, prot_h, sizes_h, protected.to(page_scores.device), budget_tokens)
+
+
+def select_pages_padded(
+    page_scores: torch.Tensor,
+    page_keep: torch.Tensor,
+    protected: torch.Tensor,
+    sizes: torch.Tensor,
+    targets: list[int],
+) -> torch.Tensor:
+    """Pad every row's kept pages with its next-best pages up to its layer's target.
+
+    Row `(l, g)` keeps its pages `page_keep[l, g]` (ranked first), then its best other
+    pages by `page_scores[l, g]` while its count stays `<= targets[l]`: `select_pages`
+    itself, with the same tie rule (the lower page), per layer. The runner stores a
+    plan whose groups keep different counts this way (`padded_kept_indices`).
+
+    Args:
+        page_scores: `[L, G, n_pages]` float; page_keep: `[L, G, n_pages]` bool.
+        protected, sizes: `[n_pages]`, on the CPU (host arithmetic on `n` and `P`): the
+            protected mask goes to the device once for all layers, so the loop over
+            layers queues work and never waits on the device.
+        targets: `L` host ints, each `>=` its layer's largest kept count.
+
+    Returns:
+        Bool `[L, G, n_pages]`.
+    """
+    sizes_h, prot_h = sizes.cpu(), protected.cpu()
+    prot_d = prot_h.to(page_scores.device)
+    geometry = _free_pages(sizes_h, prot_h)  # read once: the loop is host ints only
+    ranked = page_scores.masked_fill(page_keep, float("inf"))  # kept pages first
+    rows = [
+        _select(ranked[i], prot_h, sizes_h, prot_d, int(t), geometry) for i, t in enumerate(targets)
+    ]
+    return torch.stack(rows)
+
+
+def _free_pages(sizes_h: torch.Tensor, prot_h: torch.Tensor) -> tuple[int, int | None, int]:
+    """`(protected tokens, the free pages' common size or None, free pages)` of host
+    geometry (None: no free page, or free pages of different sizes)."""
     free_sizes = sizes_h[~prot_h]
-    dev = page_scores.device
-    protected, sizes = protected.to(dev), sizes.to(dev)
-    if free_sizes.numel() and bool((free_sizes == free_sizes[0]).all()):
+    n_free = int(free_sizes.numel())
+    uniform = n_free > 0 and bool((free_sizes == free_sizes[0]).all())
+    return int(sizes_h[prot_h].sum()), int(free_sizes[0]) if uniform else None, n_free
+
+
+def _select(
+    page_scores: torch.Tensor,
+    prot_h: torch.Tensor,
+    sizes_h: torch.Tensor,
+    prot_d: torch.Tensor,
+    budget_tokens: int,
+    geometry: tuple[int, int | None, int] | None = None,
+) -> torch.Tensor:
+    """`select_pages` with the geometry on the host (`prot_h`, `sizes_h`, and
+    `_free_pages` of them when the caller has it) and the protected mask already on the
+    scores' device (`prot_d`): it queues device work and never waits."""
+    prot_tokens, free_size, n_free = geometry or _free_pages(sizes_h, prot_h)
+    if prot_tokens > budget_tokens:
+        check_budget(sizes_h, prot_h, budget_tokens)  # raises the BudgetError
+    if free_size is not None:
         return _select_uniform(
-            page_scores, protected, int(free_sizes[0]), budget_tokens - prot_tokens,
-            n_free=int(free_sizes.numel()),
-        )  # fmt: skip
+            page_scores, prot_d, free_size, budget_tokens - prot_tokens, n_free=n_free
+        )
     # General page sizes: protected first, then a stable descending sort of the scores.
-    key = torch.where(protected, torch.full_like(page_scores, float("inf")), page_scores)
+    sizes = sizes_h.to(page_scores.device)
+    key = torch.where(prot_d, torch.full_like(page_scores, float("inf")), page_scores)
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices  # [..., n_pages]
     cum = torch.cumsum(sizes[order], dim=-1)  # [..., n_pages]
     keep_sorted = cum <= budget_tokens
@@ -161,12 +225,26 @@ def select_pages_global(
         BudgetError: when a row's protected pages alone hold more than `k` tokens.
     """
     sizes_h, prot_h = sizes.cpu(), protected.cpu()
+    dev = page_scores.device
+    return _select_global(
+        page_scores, prot_h, sizes_h, prot_h.to(dev), sizes_h.to(dev), budget_tokens
+    )
+
+
+def _select_global(
+    page_scores: torch.Tensor,
+    prot_h: torch.Tensor,
+    sizes_h: torch.Tensor,
+    prot_d: torch.Tensor,
+    sizes_d: torch.Tensor,
+    budget_tokens: int,
+) -> torch.Tensor:
+    """`select_pages_global` with the geometry on the host and already on the scores'
+    device (`prot_d`, `sizes_d`): it queues device work and never waits."""
     check_budget(sizes_h, prot_h, budget_tokens)  # then every row's protected pages fit
     shape = page_scores.shape
-    dev = page_scores.device
     rows = page_scores.reshape(-1, shape[-1]).double()  # [R, n_pages]
     R = rows.shape[0]
-    prot_d, sizes_d = prot_h.to(dev), sizes_h.to(dev)
     free = (~prot_d).expand_as(rows)
     key = torch.where(free, rows, torch.full_like(rows, float("inf"))).flatten()
     order = torch.sort(key, descending=True, stable=True).indices  # [R * n_pages]
@@ -206,3 +284,18 @@ def _select_uniform(
 def expand_pages(page_keep: torch.Tensor, n: int, page_size: int) -> torch.Tensor:
     """Page mask `[..., n_pages]` -> token mask `[..., n]`."""
     return page_keep[..., page_of_token(n, page_size, page_keep.device)]
+
+
+def kept_token_indices(keep: torch.Tensor, k: int) -> torch.Tensor:
+    """The sorted indices of the kept tokens of every row: bool `[..., n]` -> int64
+    `[..., k]`, for a mask whose every row keeps exactly `k` tokens (the caller knows
+    `k`; a row keeping fewer gets `n` in its missing slots).
+
+    Without a boolean-mask index, which waits on the device for the count: the j-th
+    kept token is the first `t` whose running count reaches `j + 1`, a binary search in
+    the cumulative count. Example: `keep = [F, T, T, F, T]`, `k = 3`: the counts are
+    `[0, 1, 2, 2, 3]`, the first reaching 1, 2 and 3 are `[1, 2, 4]`.
+    """
+    cum = torch.cumsum(keep, dim=-1)  # int64 [..., n]
+    want = torch.arange(1, k + 1, device=keep.device).expand(*keep.shape[:-1], k)
+    return torch.searchsorted(cum, want.contiguous())  # [..., k]

@@ -17,12 +17,13 @@ from pagekv.maths.config import EvictionConfig
 from pagekv.maths.entropy import HeadMasses, weights_from_mass
 from pagekv.maths.metrics import GroupOverlap, group_overlap, needle_retention
 from pagekv.maths.paging import (
+    _select,
+    _select_global,
     check_budget,
     expand_pages,
+    kept_token_indices,
     page_sizes,
     protected_pages,
-    select_pages,
-    select_pages_global,
 )
 from pagekv.maths.policies import ScoreInputs, get_policy
 from pagekv.maths.pooling import uniform_weights
@@ -61,18 +62,31 @@ class Plan:
     weights_isolated: torch.Tensor  # float32 [L, H] Page-EntroKV's weights
     weights_nosink: torch.Tensor  # float32 [L, H] the same without sink isolation
     backends: dict = field(default_factory=dict)  # step -> "torch" / "triton", "device"
+    #: `union_tokens` read to the host once (`union_counts`); None until then.
+    _counts: list | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def n_pages(self) -> int:
         return int(self.page_sizes.numel())
 
+    def union_counts(self) -> list[list[int]]:
+        """`union_tokens` as host ints `[L][G]` (a fresh list): read from the device the
+        first time, then memoised, so `dense`, `kept_indices` and the runner share one
+        host wait."""
+        if self._counts is None:
+            self._counts = self.union_tokens.tolist()
+        return [list(row) for row in self._counts]
+
     @property
     def dense(self) -> bool:
         """True when every (layer, group) keeps the same number of tokens."""
-        return bool((self.union_tokens == self.union_tokens.flatten()[0]).all())
+        return len({c for row in self.union_counts() for c in row}) == 1
 
     def kept_indices(self) -> torch.Tensor:
         """Sorted kept token indices `[L, G, k']` (int64), for a dense plan.
+
+        Computed on the plan's device from `keep` and the host count `k'`
+        (`kept_token_indices`): no host wait beyond `union_counts`'s one read.
 
         Raises ValueError for a head-independent plan whose unions differ in size
         (its groups cannot share one dense tensor: that is the overspend UOR measures).
@@ -81,10 +95,7 @@ class Plan:
             raise ValueError(
                 "kept sets differ in size across (layer, group); no dense index tensor"
             )
-        L, G, n = self.keep.shape
-        k = int(self.union_tokens.flatten()[0])
-        idx = torch.arange(n, device=self.keep.device).expand(L, G, n)
-        return idx[self.keep].view(L, G, k)
+        return kept_token_indices(self.keep, self.union_counts()[0][0])
 
     def needle_retention(self, needle_positions) -> torch.Tensor:
         """Fraction of the needle tokens kept per (layer, group), float64 `[L, G]`."""
@@ -151,6 +162,7 @@ def plan(
     sizes = page_sizes(n, P)
     prot = protected_pages(n, P, cfg.n_sink, window)
     check_budget(sizes, prot, k)  # before any work on the device
+    sizes_d, prot_d = sizes.to(dev), prot.to(dev)  # copied once, before work is queued
     if masses is None:
         masses = HeadMasses.from_profiles(p32, cfg.n_sink)
     elif masses.n_sink != cfg.n_sink or tuple(masses.sink.shape) != (L, H):
@@ -198,10 +210,9 @@ def plan(
     )
     weights = policy.head_weights(inputs)
     scored = policy.page_scores(inputs)
-    sizes_d, prot_d = sizes.to(dev), prot.to(dev)
     head_keep = head_page_keep = overlap = None
     if policy.per_head:
-        head_page_keep = select_pages(scored, prot, sizes, k)  # [L, H, n_pages]
+        head_page_keep = _select(scored, prot, sizes, prot_d, k)  # [L, H, n_pages]
         head_keep = expand_pages(head_page_keep, n, P)
         overlap = group_overlap(head_keep, G)
         page_scores = scored.view(L, G, H // G, -1).amax(2)
@@ -209,8 +220,11 @@ def plan(
         uor = overlap.uor
     else:
         page_scores = scored
-        select = select_pages_global if cfg.allocation == "global" else select_pages
-        page_keep = select(page_scores, prot, sizes, k)
+        # `select_pages` and `select_pages_global`, given the geometry on both sides.
+        if cfg.allocation == "global":
+            page_keep = _select_global(page_scores, prot, sizes, prot_d, sizes_d, k)
+        else:
+            page_keep = _select(page_scores, prot, sizes, prot_d, k)
         uor = torch.ones(L, G, dtype=torch.float64, device=dev)
     keep = expand_pages(page_keep, n, P)
     union_tokens = (page_keep.to(torch.int64) * sizes_d).sum(-1)
@@ -249,7 +263,7 @@ def _checked_scales(scales, L: int, H: int) -> torch.Tensor:
         shape = tuple(scales.shape) if isinstance(scales, torch.Tensor) else type(scales)
         raise ValueError(f"scales must be a [{L}, {H}] tensor; got {shape}")
     s = scales.float()
-    if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
+    if not bool((torch.isfinite(s) & (s > 0)).all()):  # one host wait
         raise ValueError("scales must be finite and positive")
     return s
 
@@ -268,9 +282,13 @@ def _check_profiles(profiles: torch.Tensor, n_groups: int) -> None:
     if H % n_groups:
         raise ValueError(f"H={H} query heads are not a multiple of n_groups={n_groups}")
     p = profiles.float()
-    if not bool(torch.isfinite(p).all()) or bool((p < 0).any()):
-        raise ValueError("profiles must be finite and non-negative")
     sums = p.sum(-1)
-    if not bool(((sums - 1).abs() <= ROW_SUM_TOL).all()):
+    # The checks reduce on the device and come back in one read (one host wait).
+    values_ok = (torch.isfinite(p) & (p >= 0)).all()
+    rows_ok = ((sums - 1).abs() <= ROW_SUM_TOL).all()
+    values_ok, rows_ok = torch.stack([values_ok, rows_ok]).tolist()
+    if not values_ok:
+        raise ValueError("profiles must be finite and non-negative")
+    if not rows_ok:
         worst = float((sums - 1).abs().max())
         raise ValueError(f"profile rows must sum to 1 (worst row is off by {worst:.3g})")

@@ -20,6 +20,8 @@ Dispatch functions (the runner's entry points):
 - `page_scores(scores, weights, n_groups, page_size, n_sink, window)`: pooled and
   page scores plus the protected pages; `select_pages` (torch) then decides.
 - `compact_kv(keys, values, kept_idx)`: the dense compacted cache.
+- `compact_layers(keys, values, kept_idx)`: every layer's compacted cache, one tensor per
+  layer (the layers may keep different counts), in one launch on Triton.
 - `to_paged(keys, values, page_keep, page_size)`: the paged layout of `pagekv.runtime.paged`.
 """
 
@@ -268,8 +270,9 @@ def page_scores(
     Returns:
         `(pooled [L, G, n] or None, page_scores [L, G, n_pages], protected [n_pages] bool,
         backend_used)`. Feed `page_scores` and `protected` to
-        `pagekv.maths.paging.select_pages`: both backends give bit-identical max-reduced
-        scores when the twin sums heads in index order (see `kernels/pool_pages.py`).
+        `pagekv.maths.paging.select_pages`: both backends give bit-identical page scores,
+        max- or sum-reduced, since both add the heads, and a page's tokens, in index
+        order (see `kernels/pool_pages.py`), so they keep the same pages on ties.
     """
     used = resolve_backend(backend, scores)
     n = scores.shape[-1]
@@ -323,6 +326,35 @@ def compact_kv(
         k, v = compact_layer(keys, values, kept_idx)
     _ran("compact_kv", used, keys.device)
     return k, v, used
+
+
+def compact_layers(
+    keys: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    kept_idx: Sequence[torch.Tensor],
+    backend: str = "auto",
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], str]:
+    """Gather the kept tokens of a whole cache, kept as one tensor per layer.
+
+    Args:
+        keys, values: per layer `[B, G, n, d]` (a cache's layers, one shape and dtype).
+        kept_idx: per layer sorted kept indices `[G, k_l]`; `k_l` may differ by layer.
+
+    Returns:
+        `(per layer (keys [B, G, k_l, d], values [B, G, k_l, d]), backend_used)`,
+        bit-identical across backends. On Triton it is one launch for all layers
+        (`kernels.compact.compact_layers`) and one host wait (the bounds check), however
+        many layers; the twin runs `compact_layer` per layer and never waits.
+    """
+    used = resolve_backend(backend, keys[0])
+    if used == "triton":
+        from kernels.compact import compact_layers as kernel
+
+        out = kernel(keys, values, kept_idx)
+    else:
+        out = [compact_layer(k, v, i) for k, v, i in zip(keys, values, kept_idx, strict=True)]
+    _ran("compact_layers", used, keys[0].device)
+    return out, used
 
 
 def to_paged(

@@ -1,0 +1,71 @@
+"""`compact_layers`: a whole cache, one tensor per layer, compacted in one launch.
+
+Against the twin (`compact_layer` per layer), bit for bit, for every dtype, with
+layers that keep different counts (a padded plan), one that keeps nothing, a
+non-contiguous layer and a batch of two; and the one bounds check still refuses an
+index past the prompt. CPU: the Triton interpreter; CUDA: compiled.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagekv.runtime import backend as be
+from pagekv.runtime.compaction import compact_layer
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+#: (B, G, n, d, kept per layer)
+SHAPES = [
+    (1, 2, 37, 16, (5, 30, 12)),  # layers of different lengths
+    (2, 3, 50, 24, (0, 7)),  # a layer keeping nothing, batch 2, d not 2^k
+    (1, 1, 300, 8, (300, 1)),  # every token; one token
+]
+IDS = ["B{}-G{}-n{}-d{}-k{}".format(*s[:4], "-".join(map(str, s[4]))) for s in SHAPES]
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    """CPU (the Triton interpreter) without CUDA; CUDA (compiled) where it is present."""
+    cuda = torch.cuda.is_available()
+    if request.param == "cuda" and not cuda:
+        pytest.skip("no CUDA device")
+    if request.param == "cpu" and cuda:
+        pytest.skip("CUDA present: the kernels are compiled, not interpreted")
+    return torch.device(request.param)
+
+
+def _cache(shape, dtype, device, seed=0):
+    B, G, n, d, kept = shape
+    g = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(B, G, n, d, generator=g).to(device, dtype) for _ in kept]
+    values = [torch.randn(B, G, n, d, generator=g).to(device, dtype) for _ in kept]
+    idx = [
+        torch.stack([torch.randperm(n, generator=g)[:k].sort().values for _ in range(G)])
+        for k in kept
+    ]  # [G, k_l] sorted
+    return keys, values, [i.to(device) for i in idx]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_compact_layers_matches_the_twin(device, shape, dtype):
+    keys, values, idx = _cache(shape, dtype, device)
+    keys[-1] = keys[-1].transpose(2, 3).contiguous().transpose(2, 3)  # other strides
+    got, used = be.compact_layers(keys, values, idx, backend="triton")
+    twin, used_t = be.compact_layers(keys, values, idx, backend="torch")
+    assert (used, used_t) == ("triton", "torch")
+    for i, ((k, v), (kt, vt)) in enumerate(zip(got, twin, strict=True)):
+        want_k, want_v = compact_layer(keys[i], values[i], idx[i])
+        assert torch.equal(kt, want_k) and torch.equal(vt, want_v), f"twin, layer {i}"
+        assert torch.equal(k, want_k), f"keys of layer {i}"
+        assert torch.equal(v, want_v), f"values of layer {i}"
+        assert k.is_contiguous() and v.is_contiguous() and k.device == keys[i].device
+
+
+def test_compact_layers_checks_the_bounds(device):
+    keys, values, idx = _cache(SHAPES[0], torch.float32, device)
+    idx[1] = idx[1].clone()
+    idx[1][0, -1] = keys[0].shape[2]  # one past the prompt, in the second layer
+    with pytest.raises(ValueError, match="must lie in"):
+        be.compact_layers(keys, values, idx, backend="triton")

@@ -1,0 +1,183 @@
+"""The eviction step waits on the device a fixed number of times, whatever the depth.
+
+A host wait is a point where the host needs a device result in hand: a value read back
+(`item`, `tolist`, `bool`, `int`, `float`, `__index__`) or an operation whose output
+size depends on the data (a boolean-mask index, `nonzero`, `masked_select`). Scoring,
+weights, pooling, selection and compaction (`Runner.evict`, with its `plan_for`) must
+make as many with 2 layers as with 6: the plan's counts are read once, the compaction
+is one launch for all layers with one bounds check, and the page geometry is host
+arithmetic on `n` and `P`.
+
+Counted two ways. Everywhere, by wrapping those points on `torch.Tensor` (`HostReads`);
+on the CPU the count also takes in reads of the small host tensors of the page geometry,
+which wait on nothing: an upper bound, and constant too. On CUDA, in addition, by
+`torch.cuda.set_sync_debug_mode("warn")`, which reports every synchronising operation,
+copies to and from the device included. A negative control plants the old per-layer
+wait (a bounds check read back per layer) and the count grows with the layers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+
+from pagekv import EvictionConfig
+from pagekv.runtime import runner as runner_mod
+from pagekv.runtime.runner import Runner
+from tests.test_runner import prompt, tiny_model
+
+#: (policy, allocation): dense plans, per-head unions and a global plan (both padded).
+CASES = [
+    ("entropy", "uniform"),
+    ("max", "uniform"),
+    ("streaming", "uniform"),
+    ("head_independent", "uniform"),
+    ("entropy", "global"),
+]
+DEPTHS = (2, 6)
+#: The most host reads one eviction step may make (all of them constant in the depth).
+MAX_READS = 24
+
+#: Tensor methods that hand a device value to the host.
+READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero")
+
+
+class HostReads:
+    """Counts the host reads of tensors made inside `with` (see the module docstring)."""
+
+    def __init__(self, monkeypatch):
+        self.monkeypatch = monkeypatch
+        self.counts: Counter = Counter()
+        self.active = False
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def install(self) -> HostReads:
+        for name in READS:
+            self._wrap(torch.Tensor, name, name)
+        self._wrap(torch.Tensor, "masked_select", "masked_select")
+        self._wrap(torch, "nonzero", "nonzero")
+        self._wrap(torch, "masked_select", "masked_select")
+        getitem = torch.Tensor.__getitem__
+
+        def indexed(tensor, index):
+            items = index if isinstance(index, tuple) else (index,)
+            if self.active and any(_is_mask(i) for i in items):
+                self.counts["boolean-mask index"] += 1
+            return getitem(tensor, index)
+
+        self.monkeypatch.setattr(torch.Tensor, "__getitem__", indexed)
+        return self
+
+    def _wrap(self, owner, name: str, label: str) -> None:
+        original = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            if self.active:
+                self.counts[label] += 1
+            return original(*args, **kwargs)
+
+        self.monkeypatch.setattr(owner, name, counted)
+
+    def __enter__(self) -> HostReads:
+        self.counts.clear()
+        self.active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.active = False
+
+
+def _is_mask(index) -> bool:
+    return isinstance(index, torch.Tensor) and index.dtype == torch.bool and index.dim() > 0
+
+
+class CudaSyncs:
+    """Counts what `torch.cuda.set_sync_debug_mode("warn")` reports inside `with`."""
+
+    def __enter__(self) -> CudaSyncs:
+        torch.cuda.synchronize()
+        self._caught = warnings.catch_warnings(record=True)
+        self.records = self._caught.__enter__()
+        warnings.simplefilter("always")  # every report, not the first per line
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+        self._caught.__exit__(*exc)
+        self.total = sum("synchronizing" in str(w.message) for w in self.records)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    """CPU (the Triton interpreter) without CUDA; CUDA (compiled) where it is present."""
+    cuda = torch.cuda.is_available()
+    if request.param == "cuda" and not cuda:
+        pytest.skip("no CUDA device")
+    if request.param == "cpu" and cuda:
+        pytest.skip("CUDA present: the kernels are compiled, not interpreted")
+    return torch.device(request.param)
+
+
+@pytest.fixture(scope="module")
+def models():
+    """One tiny GQA model per depth (2 KV heads of 4 query heads each), on the CPU."""
+    return {L: tiny_model("llama", layers=L, seed=L) for L in DEPTHS}
+
+
+def _step_reads(model, device, backend, cfg, reads) -> tuple[int, Counter, int | None]:
+    """Host reads (and CUDA syncs) of one eviction step on a fresh prefill, after a
+    warm-up step (CUDA compiles the kernels on first use)."""
+    runner = Runner(model.to(device), None, backend=backend)
+    ids = prompt(150, seed=3)
+    runner.evict(runner.prefill(ids, window_max=16), cfg)  # warm-up
+    pre = runner.prefill(ids, window_max=16)  # fresh: scoring is counted too
+    syncs = None
+    if device.type == "cuda":
+        with reads, CudaSyncs() as cuda:
+            runner.evict(pre, cfg)
+        syncs = cuda.total
+    else:
+        with reads:
+            runner.evict(pre, cfg)
+    return reads.total, Counter(reads.counts), syncs
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("case", CASES, ids=[f"{p}-{a}" for p, a in CASES])
+def test_host_waits_do_not_grow_with_the_layers(models, device, monkeypatch, backend, case):
+    policy, allocation = case
+    cfg = EvictionConfig(policy=policy, budget=0.4, page_size=8, window=16, allocation=allocation)
+    reads = HostReads(monkeypatch).install()
+    got = {L: _step_reads(models[L], device, backend, cfg, reads) for L in DEPTHS}
+    (n2, c2, s2), (n6, c6, s6) = got[2], got[6]
+    assert n2 == n6, f"host reads grow with the layers: {dict(c2)} at L=2, {dict(c6)} at L=6"
+    assert n6 <= MAX_READS, dict(c6)
+    if device.type == "cuda":
+        assert s2 == s6, f"CUDA syncs grow with the layers: {s2} at L=2, {s6} at L=6"
+
+
+def test_the_count_sees_a_per_layer_wait(models, device, monkeypatch):
+    """Negative control: compaction as it was before issue 20, one launch per layer,
+    each launcher checking its indices' bounds with a read, makes the count grow by at
+    least one per layer (and so fails the test above)."""
+    from pagekv.runtime.backend import compact_kv
+
+    def per_layer(keys, values, kept_idx, backend):
+        out = []
+        for k, v, idx in zip(keys, values, kept_idx, strict=True):
+            kk, vv, used = compact_kv(k, v, idx, backend)  # its launcher reads the bounds
+            out.append((kk, vv))
+        return out, used
+
+    monkeypatch.setattr(runner_mod, "compact_layers", per_layer)
+    cfg = EvictionConfig(policy="entropy", budget=0.4, page_size=8, window=16)
+    reads = HostReads(monkeypatch).install()
+    n = {L: _step_reads(models[L], device, "triton", cfg, reads)[0] for L in DEPTHS}
+    assert n[6] - n[2] >= 6 - 2, n
