@@ -22,6 +22,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from pagekv.paths import CSS_PATH  # noqa: E402
+from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.serving.worker import WORKER  # noqa: E402
 from pagekv.views.app_lessons import (  # noqa: E402
     LESSON_CONTROLS,
@@ -375,9 +376,17 @@ def main(argv=None):
         help="also load hub models or local folders not in the model list (off by default: "
         "a public server loads only what it offers; PAGEKV_ALLOW_HUB_MODELS=1 turns it on)",
     )
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DECODE_DTYPES,
+        help="how answers decode: auto (default; float16 linear weights in a lean step on "
+        "the CPU, about twice as fast), float32 (the model's own forward, the prefill's "
+        "numerics), float16 or bfloat16",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    configure(args.model, allow_hub_models=args.allow_hub_models)
+    configure(args.model, allow_hub_models=args.allow_hub_models, decode_dtype=args.dtype)
     demo = build_demo(default_model=MODELS.default)
     demo.queue(default_concurrency_limit=1, max_size=128)  # a class: ~30 pages x a few events
     css = CSS_PATH.read_text() if CSS_PATH.exists() else None

@@ -1,13 +1,20 @@
 """Prefill, eviction and decode on the bundled model for 1k, 2k and 4k-token prompts.
 
 Usage: python benchmarks/bench_decode.py [--sizes 1000 2000 4000] [--policy entropy]
-       [--budget 0.2] [--page-size 16] [--new-tokens 24] [--model bundled] [--json PATH]
+       [--budget 0.2] [--page-size 16] [--new-tokens 24] [--model bundled] [--dtype auto]
+       [--repeats 3] [--json PATH]
 
 Per prompt size: prefill seconds; eviction (plan + compaction, profiles included)
 in ms and as a fraction of the prefill; decode tokens/s with the full cache and
 with the evicted cache (same process, same prompt); cache bytes before and after;
 and the whole needle run (prefill + every policy + decoding) in seconds. Also the
 model's load time (from the converted cache after the first run).
+
+Then the decode on both paths, on the same prefill in the same process: ms per token
+of the model's own float32 forward (`--dtype float32`: plain transformers with a
+DynamicCache, the baseline) and of the runner's default (`--dtype`, "auto": the lean
+step with float16 linear weights on the CPU), full cache and evicted, their ratio,
+and whether both decoded the same tokens.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import POLICIES, EvictionConfig  # noqa: E402
+from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
+from pagekv.runtime.runner import Runner  # noqa: E402
 from pagekv.serving.study import PromptSpec, Study  # noqa: E402
 
 
@@ -36,17 +45,26 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=0.2)
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help="the runner's decode")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="decodes per path, alternated; the fastest kept"
+    )
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
     loaded = load_model(args.model)
     load_s = time.perf_counter() - t0
-    study = Study(loaded, result_memo_bytes=0)  # time every run: no result memo
+    # time every run: no result memo
+    study = Study(loaded, result_memo_bytes=0, decode_dtype=args.dtype)
+    base = Runner(
+        loaded.model, loaded.tokenizer, backend=study.runner.backend, decode_dtype="float32"
+    )
+    base.warm_up()
     print(
         f"model {loaded.name} ({loaded.source}) on {loaded.device}, {loaded.dtype}; "
         f"load {load_s:.2f}s; torch {torch.__version__}, {torch.get_num_threads()} threads; "
-        f"backend {study.runner.backend}"
+        f"backend {study.runner.backend}; decode: {study.runner.decode_path}"
     )
     cfg = EvictionConfig(policy=args.policy, budget=args.budget, page_size=args.page_size)
     full = cfg.replace(policy="full")
@@ -81,6 +99,21 @@ def main(argv=None):
             "needle_run_all_policies_s": all_s,
             "answers": {p: (r["answer"], r["correct"]) for p, r in runs.items()},
         }
+        # Both decode paths on this prefill, alternated so that both see the same machine.
+        pairs = {"full": full, "evicted": cfg}
+        for label, c in pairs.items():
+            times = {"float32": [], "default": []}
+            toks = {}
+            for _ in range(args.repeats):
+                for name, runner in (("float32", base), ("default", study.runner)):
+                    r = runner.evaluate(prep.prefill, c, args.new_tokens, stop_at_eos=False)
+                    times[name].append(r.timings["decode_s"] / _forwards(r))
+                    toks[name] = r.tokens
+            f32, dft = min(times["float32"]), min(times["default"])
+            row[f"decode_ms_{label}_float32"] = 1000 * f32
+            row[f"decode_ms_{label}_default"] = 1000 * dft
+            row[f"decode_ratio_{label}"] = f32 / dft
+            row[f"same_tokens_{label}"] = toks["float32"] == toks["default"]
         rows.append(row)
         print(
             f"{row['prompt_tokens']:>7}{prefill_s:>11.2f}{row['evict_ms']:>10.1f}"
@@ -88,6 +121,24 @@ def main(argv=None):
             f"{row['decode_tok_s_evicted']:>15.1f}{row['cache_bytes_before'] / 2**20:>12.1f}"
             f"{row['cache_bytes_after'] / 2**20:>11.1f}{all_s:>16.1f}"
         )
+    hdr2 = (
+        f"{'tokens':>7}{'cache':>9}{'float32 ms/tok':>16}{'default ms/tok':>16}{'ratio':>8}"
+        f"{'same tokens':>13}"
+    )
+    print(f"\ndecode: float32 = transformers' own forward; default = {study.runner.decode_path}")
+    print(hdr2)
+    print("-" * len(hdr2))
+    for row in rows:
+        for label in ("full", "evicted"):
+            print(
+                f"{row['prompt_tokens']:>7}{label:>9}{row[f'decode_ms_{label}_float32']:>16.1f}"
+                f"{row[f'decode_ms_{label}_default']:>16.1f}{row[f'decode_ratio_{label}']:>8.2f}"
+                f"{str(row[f'same_tokens_{label}']):>13}"
+            )
+    print(
+        f"{args.new_tokens} tokens without stopping at EOS, on one prefill per size; each path "
+        f"decoded {args.repeats} times, alternating, the fastest kept"
+    )
     print(
         f"policy {args.policy}, budget {args.budget}, page size {args.page_size}, "
         f"{args.new_tokens} new tokens; 'all policies' = prefill + {len(POLICIES)} policies "
@@ -95,8 +146,14 @@ def main(argv=None):
     )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"load_s": load_s, "device": loaded.device, "rows": rows}, f, indent=1)
+            meta = {"load_s": load_s, "device": loaded.device, "decode": study.runner.decode_path}
+            json.dump({**meta, "torch_threads": torch.get_num_threads(), "rows": rows}, f, indent=1)
     return rows
+
+
+def _forwards(res) -> int:
+    """Decode forwards of a RunResult (see `_tok_s`)."""
+    return max(1, len(res.tokens) - (1 if res.mode == "inside" else 0))
 
 
 def _tok_s(rec: dict) -> float:

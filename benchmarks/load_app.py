@@ -180,7 +180,9 @@ def disk_bytes(folder: Path) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def running_app(log_path: Path, tmp: Path, start_timeout: float = 300.0, warm: bool = True):
+def running_app(
+    log_path: Path, tmp: Path, start_timeout: float = 300.0, warm: bool = True, dtype: str = "auto"
+):
     """Start `python app.py` on a free local port; yield `(url, process)`; always stop it
     (SIGTERM to its process group, then SIGKILL after 10 s).
 
@@ -188,10 +190,12 @@ def running_app(log_path: Path, tmp: Path, start_timeout: float = 300.0, warm: b
     it serves) go under `tmp` (TMPDIR, GRADIO_TEMP_DIR), so that what a class writes
     to disk can be measured apart from other processes and removed afterwards. With
     `warm` the app computes its live lessons once it serves (its default), and this
-    waits for its "lessons ready" line; without, the app starts with `--no-warm`."""
+    waits for its "lessons ready" line; without, the app starts with `--no-warm`.
+    `dtype` is the app's `--dtype` (how answers decode)."""
     port = free_port()
     cmd = [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port)]
     cmd += [] if warm else ["--no-warm"]
+    cmd += ["--dtype", dtype]
     env = dict(os.environ, TMPDIR=str(tmp), GRADIO_TEMP_DIR=str(tmp / "gradio"))
     log = open(log_path, "w")  # noqa: SIM115  (closed in finally)
     proc = subprocess.Popen(
@@ -613,6 +617,12 @@ def main(argv=None) -> int:
         help="start the app with --no-warm: the class's first request of each lesson computes",
     )
     ap.add_argument("--keep-tmp", action="store_true", help="keep the app's temporary files")
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "float16", "bfloat16"),
+        help="the app's --dtype: how answers decode (default auto)",
+    )
     args = ap.parse_args(argv)
     if not 1 <= args.lessons <= len(LESSONS):
         ap.error(f"--lessons must be 1 to {len(LESSONS)}")
@@ -658,7 +668,7 @@ def main(argv=None) -> int:
 def _measure(args, moves, contexts, result: dict, log_path: Path, app_tmp: Path):
     """The three phases against one app process; fills `result`."""
     solo_budgets = tuple(float(x) for x in args.solo_budgets.split(",") if x.strip())
-    with running_app(log_path, app_tmp, warm=not args.no_warm) as (url, proc):
+    with running_app(log_path, app_tmp, warm=not args.no_warm, dtype=args.dtype) as (url, proc):
         result["app_pid"] = proc.pid
         sampler = MemorySampler(proc.pid)
         sampler.start()

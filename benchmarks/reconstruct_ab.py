@@ -2,12 +2,15 @@
 AFTER compression (the strict test): recall of the window scorer against the
 reconstruction scorer's aggregations (max, mean over the reconstruction queries), with
 the uniform and the global allocation, at the budgets given. Entropy pooling, pages of
-16, n_sink 4, window 32 (the replay's T4 settings).
+16, n_sink 4, window 32 (the replay's T4 settings; `--page-size`, `--n-sink` and
+`--window` change them). `--dtype` is the runner's decode (`auto`: float16 linear
+weights on the CPU; the first measurements, before it existed, decoded in float32).
 
     python benchmarks/reconstruct_ab.py [--contexts 500 1000 2000] [--budgets 0.2 0.5]
                                          [--page-size 16] [--json out.json]
                                          [--peer kvzip kvzip_layerwise keydiff]
                                          [--settings "reconstruct/max, global" ...]
+                                         [--window 32] [--n-sink 4] [--dtype auto]
 
 Each prompt is prefilled once and reconstructed once (both aggregations come from the
 same pass); every setting then plans and decodes on that prefill. Prints one row per
@@ -39,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pagekv import EvictionConfig, plan  # noqa: E402
 from pagekv.measurement.replay.grid import FULL  # noqa: E402
+from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.reconstruct import as_profiles  # noqa: E402
 from pagekv.runtime.runner import Planned  # noqa: E402
 from pagekv.serving.study import PromptSpec, Study  # noqa: E402
@@ -119,6 +123,9 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", type=int, nargs="+", default=[500, 1000, 2000])
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.2, 0.5])
     ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--window", type=int, default=32, help="protected window (tokens)")
+    ap.add_argument("--n-sink", type=int, default=4, help="protected sink tokens")
+    ap.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help="the decode")
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--peer", nargs="*", default=[], choices=sorted(PEER_PRESSES))
     ap.add_argument(
@@ -129,9 +136,11 @@ def main(argv=None) -> int:
         help="pagekv's settings to run (none: only --peer)",
     )
     args = ap.parse_args(argv)
-    study = Study.load("bundled")
+    study = Study.load("bundled", decode_dtype=args.dtype)
     runner = study.runner
-    base = EvictionConfig(policy="entropy", page_size=args.page_size, n_sink=4, window=32)
+    base = EvictionConfig(
+        policy="entropy", page_size=args.page_size, n_sink=args.n_sink, window=args.window
+    )
     rows: dict[str, dict] = {}
     times = {"prefill_s": [], "reconstruct_s": []}
     specs = t4_specs(set(args.contexts))
@@ -177,8 +186,9 @@ def main(argv=None) -> int:
 
     def save():
         if args.json:
-            Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
+            Path(args.json).write_text(json.dumps({"rows": rows, **meta}, indent=1))
 
+    meta = {"settings": {**vars(args), "decode": runner.decode_path}}
     if args.peer:
         run_peer(args.peer, prompts, args.budgets, rows, save)
     print(f"{'setting':<34} {'right':>9} {'stored (dense)':>15} {'kept pages (paged)':>19}")
@@ -194,7 +204,7 @@ def main(argv=None) -> int:
         + f" (mean per prompt, {len(specs)} prompts)"
     )
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "mean_s": mean}, indent=1))
+        Path(args.json).write_text(json.dumps({"rows": rows, "mean_s": mean, **meta}, indent=1))
     return 0
 
 

@@ -19,8 +19,13 @@ import sys
 
 from pagekv.maths.config import ALLOCATIONS, POLICIES, SCORERS, EvictionConfig
 from pagekv.maths.policies import get_policy
+from pagekv.runtime.lean_decode import DECODE_DTYPES
 
 EXIT_USAGE = 2
+DTYPE_HELP = (
+    "how answers decode: auto (default: float16 linear weights in a lean step on the CPU), "
+    "float32 (the model's own forward, the prefill's numerics), float16 or bfloat16"
+)
 
 
 class UsageError(Exception):
@@ -82,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer tokens to decode (default: the task's own, enough for its answer)",
     )
     run.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    run.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help=DTYPE_HELP)
     run.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.add_argument("-v", "--verbose", action="store_true")
@@ -104,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--device", default=None)
     rep.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    rep.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help=DTYPE_HELP)
     rep.add_argument("-v", "--verbose", action="store_true")
 
     les = sub.add_parser("lessons", help="the app's lessons, each checked on the model")
@@ -116,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     les.add_argument("--only", nargs="+", metavar="ID", help="these lessons only")
     les.add_argument("--model", default="bundled")
     les.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    les.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help=DTYPE_HELP)
     les.add_argument("-v", "--verbose", action="store_true")
     return ap
 
@@ -182,7 +190,7 @@ def cmd_run(args) -> int:
     from pagekv.serving.study import Study
 
     loaded = load_model(args.model, device=args.device)
-    study = Study(loaded, backend=args.backend)
+    study = Study(loaded, backend=args.backend, decode_dtype=args.dtype)
     prep = study.prepare(spec)
     runs = []
     for cfg in configs:
@@ -245,6 +253,7 @@ def cmd_replay(args) -> int:
         peer=not args.no_peer,
         device=args.device,
         backend=args.backend,
+        decode_dtype=args.dtype,
         update_presets=args.update_presets,
     )
     return 0
@@ -270,7 +279,9 @@ def cmd_lessons(args) -> int:
     if any(x.kind == "live" for x in lessons):
         from pagekv.serving.study import Study
 
-        study = Study.load(args.model, backend=args.backend, allow_fallback=False)
+        study = Study.load(
+            args.model, backend=args.backend, allow_fallback=False, decode_dtype=args.dtype
+        )
     runs = [run_lesson(study, x) for x in lessons]
     failed = [r.lesson.id for r in runs if not r.finding.holds]
     if args.json:

@@ -218,12 +218,30 @@ def test_compacted_cache_holds_exactly_the_kept_tokens(llama, policy, page_size)
         assert ev.stored_tokens == ev.union_tokens == [[k, k]] * 3
 
 
+def runner_decoding(model, decode: str) -> Runner:
+    """A runner on `model` that decodes with `decode`: "float32" (transformers' own
+    forward), "float16" (the lean step's default weights) or "lean32" (the lean step
+    with float32 weights: its arithmetic alone, to compare at float32 tolerance)."""
+    if decode != "lean32":
+        return Runner(model, decode_dtype=decode)
+    runner = Runner(model, decode_dtype="float16")
+    runner.decode_weights = torch.float32
+    return runner
+
+
+#: Decode paths and the logits' tolerance against the masked float32 reference. Half
+#: weights round every linear's input and weights (10 mantissa bits): under 1e-2 of a
+#: logit here (logits up to about 4), where a wrong position or mask moves them by ~1.
+DECODES = {"float32": 1e-5, "lean32": 1e-5, "float16": 2e-2}
+
+
+@pytest.mark.parametrize("decode", DECODES)
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("mode", ["inside", "after"])
 @pytest.mark.parametrize("policy", ["entropy", "streaming", "head_independent"])
-def test_decode_on_compacted_cache_equals_masked_reference(family, mode, policy):
+def test_decode_on_compacted_cache_equals_masked_reference(family, mode, policy, decode):
     model = tiny_model(family)
-    runner = Runner(model)
+    runner = runner_decoding(model, decode)
     ids = prompt(70, seed=5)
     if mode == "after":
         pre = runner.prefill(ids[:60], window_max=8, question_ids=ids[60:])
@@ -242,8 +260,9 @@ def test_decode_on_compacted_cache_equals_masked_reference(family, mode, policy)
         torch.testing.assert_close(res.logits[0], pre.first_logits)
         ref = masked_reference_logits(model, pre, keep, [[t] for t in res.tokens[:-1]])
         got = res.logits[1:]
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
-    assert res.tokens[-len(ref) :] == ref.argmax(-1).tolist()
+    torch.testing.assert_close(got, ref, atol=DECODES[decode], rtol=0)
+    if decode != "float16":  # half weights may flip a near-tie of the argmax
+        assert res.tokens[-len(ref) :] == ref.argmax(-1).tolist()
     assert res.first_token_from_full_prefill == (mode == "inside")
     assert res.prompt_tokens == 70 and res.context_tokens == pre.n
 
@@ -365,11 +384,13 @@ def test_padded_indices_worked_example():
     assert idx.tolist() == [[0, 1, 4, 5, 6, 7], [0, 1, 2, 3, 6, 7]]
 
 
+@pytest.mark.parametrize("decode", DECODES)
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_ragged_head_independent_cache_decodes_like_reference(attn):
-    """Layers of different lengths: decoded token by token, still exact."""
+def test_ragged_head_independent_cache_decodes_like_reference(attn, decode):
+    """Layers of different lengths: decoded token by token (transformers) or each
+    layer at its own length (the lean step), still exact."""
     model = tiny_model("llama", attn=attn, layers=4, seed=3)
-    runner = Runner(model)
+    runner = runner_decoding(model, decode)
     ids = prompt(100, seed=17)
     pre = runner.prefill(ids[:92], window_max=8, question_ids=ids[92:])
     for budget in (0.2, 0.25, 0.3, 0.35, 0.4):
@@ -384,7 +405,7 @@ def test_ragged_head_independent_cache_decodes_like_reference(attn):
     keep = stored_keep_of(runner, pre, cfg)
     feed = [pre.question_ids] + [[t] for t in res.tokens[:-1]]
     ref = masked_reference_logits(model, pre, keep, feed)
-    torch.testing.assert_close(res.logits, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(res.logits, ref, atol=DECODES[decode], rtol=0)
 
 
 def test_budget_error_names_the_minimal_budget(llama):

@@ -54,11 +54,16 @@ import torch
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.entropy import HeadMasses
 from pagekv.maths.metrics import needle_retention
-from pagekv.maths.paging import expand_pages, select_pages
+from pagekv.maths.paging import (
+    expand_pages,
+    kept_token_indices,
+    select_pages_padded,
+)
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
-from pagekv.runtime.backend import compact_kv, resolve_backend, score_cache
+from pagekv.runtime.backend import compact_layers, resolve_backend, score_cache
 from pagekv.runtime.capture import WindowQueryCapture, attention_modules
+from pagekv.runtime.lean_decode import LeanCache, LeanDecoder, resolve_decode
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
 from pagekv.runtime.reconstruct import REPEAT_PROMPT, as_profiles, reconstruction_scores
 from pagekv.runtime.result import RunResult
@@ -196,9 +201,14 @@ class Runner:
             or "triton", resolved by `pagekv.runtime.backend.resolve_backend` (a BackendError
             where Triton cannot run). Scoring and compaction dispatch through
             `pagekv.runtime.backend`; the choice is logged and reported in every result.
+        decode_dtype: how the answer is decoded (`resolve_decode`): "auto" (the default:
+            float16 linear weights in `pagekv.runtime.lean_decode` for a float32 model
+            on the CPU that it supports, else the model's own forward), "float32" (the
+            model's own forward: the prefill's numerics), "float16" or "bfloat16" (the
+            lean step with those weights; a ValueError for a model it cannot run).
     """
 
-    def __init__(self, model, tokenizer=None, backend: str = "auto"):
+    def __init__(self, model, tokenizer=None, backend: str = "auto", decode_dtype="auto"):
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -212,6 +222,10 @@ class Runner:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.eos_ids = set(eos_token_ids(model, tokenizer))
+        #: The lean step's weight dtype (None: transformers' own forward decodes).
+        self.decode_weights, self.decode_path = resolve_decode(decode_dtype, model)
+        self._lean: LeanDecoder | None = None  # built on the first decode
+        log.info("pagekv runner: decode with %s", self.decode_path)
 
     def warm_up(self) -> float:
         """Run one tiny prefill, eviction and decode step, so that the first real run's
@@ -350,7 +364,9 @@ class Runner:
         p, scored_on = planned.plan, planned.scored_on
         t1 = _now(self.device)
         L, G = pre.n_layers, pre.n_groups
-        union = p.union_tokens.tolist()
+        # The plan's counts, read once (`Plan.union_counts`): dense, k' and the padding
+        # targets come from this one host wait, whatever the number of layers.
+        union = p.union_counts()
         ragged = False
         masks = None
         compacted_on = "none"
@@ -358,13 +374,13 @@ class Runner:
             kept_idx = None
             layers = [(lay.keys.clone(), lay.values.clone()) for lay in pre.cache.layers]
         else:
-            kept_idx = p.kept_indices() if p.dense else padded_kept_indices(p)
-            if isinstance(kept_idx, torch.Tensor):
-                kept_idx = list(kept_idx.unbind(0))
-            layers = []
-            for i, lay in enumerate(pre.cache.layers):
-                k, v, compacted_on = compact_kv(lay.keys, lay.values, kept_idx[i], self.backend)
-                layers.append((k, v))
+            kept_idx = list(p.kept_indices().unbind(0)) if p.dense else padded_kept_indices(p)
+            layers, compacted_on = compact_layers(
+                [lay.keys for lay in pre.cache.layers],
+                [lay.values for lay in pre.cache.layers],
+                kept_idx,
+                self.backend,
+            )  # one launch for all layers on Triton
             ragged = len({int(k.shape[1]) for k in kept_idx}) > 1
             if config.allocation == "global" and not p.dense:
                 dtype = pre.cache.layers[0].keys.dtype
@@ -454,7 +470,11 @@ class Runner:
             (tuple(la.keys.shape), tuple(lb.keys.shape))
             for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
         ]
-        same = not (ev_a.ragged or ev_b.ragged) and all(x == y for x, y in shapes)
+        if self.decode_weights is not None:  # the lean step attends each layer's own length
+            same = ev_a.masks is None and ev_b.masks is None
+        else:
+            same = not (ev_a.ragged or ev_b.ragged)
+        same = same and all(x == y for x, y in shapes)
         if not same or max_new_tokens == 0:
             out = []
             for config, ev in ((config_a, ev_a), (config_b, ev_b)):
@@ -469,7 +489,8 @@ class Runner:
                 on_token(out[0].tokens, out[1].tokens)
             return out[0], out[1]
         # Two rows per linear layer: on the CPU, computed as W @ x^T (pagekv.runtime.small_batch).
-        with torch.inference_mode(), small_batch_linears(self.model):
+        small = contextlib.nullcontext() if self.decode_weights else small_batch_linears(self.model)
+        with torch.inference_mode(), small:
             t0 = _now(self.device)
             (tok_a, tok_b), (stop_a, stop_b) = self._decode_pair(
                 pre, ev_a, ev_b, max_new_tokens, stop_at_eos, on_token
@@ -509,7 +530,7 @@ class Runner:
             uor={"mean": float(uor.mean()), "max": float(uor.max())},
             uor_per_group=uor.tolist(),
             backend=self.backend,
-            backends=ev.backends,
+            backends={**ev.backends, "decode": self.decode_path},
             device=str(self.device),
             timings={
                 "prefill_s": float(pre.timings.get("prefill_s", 0.0)),
@@ -545,8 +566,37 @@ class Runner:
 
     def _decode(self, pre, ev, max_new, stop_at_eos, keep_logits):
         """Greedy decode on `ev.cache`; positions continue at `n` (see module docstring)."""
+        if self.decode_weights is not None:
+            cache = self._lean_cache([ev.cache], ev.masks, pre, max_new)
+            ev.cache = None  # the lean cache holds its own copy
+            step = self._lean_decoder().step
+            forward = lambda ids, pos: step(self._ids([ids]), pos, cache)[0]  # noqa: E731
+            return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
         with self._masked(ev):
-            return self._decode_on(pre, ev, max_new, stop_at_eos, keep_logits)
+            forward = lambda ids, pos: self._forward(ids, pos, ev.cache, ev.ragged)  # noqa: E731
+            return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
+
+    def _lean_decoder(self) -> LeanDecoder:
+        if self._lean is None:
+            self._lean = LeanDecoder(self.model, self.decode_weights)
+        return self._lean
+
+    def _lean_cache(self, caches, masks, pre, max_new) -> LeanCache:
+        """The prompt caches (one per batch row, same shapes) in a `LeanCache` with room
+        for the question and the answer."""
+        extra = (len(pre.question_ids) if pre.question_ids else 0) + max_new
+        layers = []
+        for rows in zip(*(c.layers for c in caches), strict=True):
+            if len(rows) == 1:
+                layers.append((rows[0].keys, rows[0].values))
+            else:
+                layers.append(
+                    (torch.cat([r.keys for r in rows]), torch.cat([r.values for r in rows]))
+                )
+        return LeanCache(layers, extra, masks)
+
+    def _ids(self, rows: list[list[int]]) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
 
     @contextlib.contextmanager
     def _masked(self, ev):
@@ -577,14 +627,15 @@ class Runner:
             for h in handles:
                 h.remove()
 
-    def _decode_on(self, pre, ev, max_new, stop_at_eos, keep_logits):
-        cache, pos = ev.cache, pre.n
+    def _greedy(self, pre, forward, max_new, stop_at_eos, keep_logits):
+        """Greedy decode with `forward(ids, pos) -> logits [V]` appending to the cache."""
+        pos = pre.n
         tokens: list[int] = []
         kept: list[torch.Tensor] = []
         if max_new == 0:
             return tokens, (torch.empty(0) if keep_logits else None), "max_new_tokens"
         if pre.question_ids:
-            logits = self._forward(pre.question_ids, pos, cache, ev.ragged)
+            logits = forward(pre.question_ids, pos)
             pos += len(pre.question_ids)
         else:
             logits = pre.first_logits  # the prefill saw the whole prompt
@@ -599,33 +650,40 @@ class Runner:
                 break
             if len(tokens) >= max_new:
                 break
-            logits = self._forward([tok], pos, cache, ev.ragged)
+            logits = forward([tok], pos)
             pos += 1
         return tokens, (torch.stack(kept) if keep_logits else None), stop
 
     def _decode_pair(self, pre, ev_a, ev_b, max_new, stop_at_eos, on_token):
         """Greedy decode of two same-shape compacted caches as one batch of 2."""
-        layers = [
-            (torch.cat([la.keys, lb.keys]), torch.cat([la.values, lb.values]))
-            for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
-        ]  # [2, G, k, d] per layer
-        cache, pos = _new_cache(layers), pre.n
+        if self.decode_weights is not None:
+            lean = self._lean_cache([ev_a.cache, ev_b.cache], None, pre, max_new)
+            step = self._lean_decoder().step
+            forward = lambda rows, pos: step(self._ids(rows), pos, lean)  # noqa: E731
+        else:
+            layers = [
+                (torch.cat([la.keys, lb.keys]), torch.cat([la.values, lb.values]))
+                for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
+            ]  # [2, G, k, d] per layer
+            cache = _new_cache(layers)
+            forward = lambda rows, pos: self._forward_batch(rows, pos, cache)  # noqa: E731
         ev_a.cache = ev_b.cache = None  # the batched copy replaces them
+        pos = pre.n
         tokens: list[list[int]] = [[], []]
         stops = ["max_new_tokens", "max_new_tokens"]
         done = [False, False]
         if pre.question_ids:
-            logits = self._forward_batch([pre.question_ids] * 2, pos, cache)
+            logits = forward([pre.question_ids] * 2, pos)
             pos += len(pre.question_ids)
         else:
             logits = torch.stack([pre.first_logits, pre.first_logits])  # [2, V]
         while True:
-            step = [int(t) for t in torch.argmax(logits, dim=-1)]
+            step_ids = [int(t) for t in torch.argmax(logits, dim=-1)]
             for row in (0, 1):
                 if done[row]:
                     continue
-                tokens[row].append(step[row])
-                if stop_at_eos and step[row] in self.eos_ids:
+                tokens[row].append(step_ids[row])
+                if stop_at_eos and step_ids[row] in self.eos_ids:
                     done[row], stops[row] = True, "eos"
                 elif len(tokens[row]) >= max_new:
                     done[row] = True
@@ -634,7 +692,7 @@ class Runner:
             if all(done):
                 break
             feed = [[tokens[row][-1]] for row in (0, 1)]  # a finished row repeats its last
-            logits = self._forward_batch(feed, pos, cache)
+            logits = forward(feed, pos)
             pos += 1
         return (tokens[0], tokens[1]), (stops[0], stops[1])
 
@@ -709,10 +767,14 @@ def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
     Per layer `l`, every group keeps its own kept pages (for head_independent, the
     union of its heads' pages) and is padded up to the layer's largest kept count with
     its next-best pages by `p.page_scores[l, g]`: the selection rule itself
-    (`pagekv.maths.paging.select_pages`) with the group's kept pages ranked first and
-    the layer's largest count as the budget, so ties go to the lower page as in every
-    selection. Only the last page can be partial and it is always protected, so the
-    deficits are whole pages and the padding is exact.
+    (`pagekv.maths.paging.select_pages_padded`) with the group's kept pages ranked
+    first and the layer's largest count as the budget, so ties go to the lower page as
+    in every selection. Only the last page can be partial and it is always protected,
+    so the deficits are whole pages and the padding is exact.
+
+    Host waits: the plan's counts (`Plan.union_counts`, read once and shared with the
+    runner), the page geometry (one read) and one check that every layer reached its
+    target, for any number of layers.
 
     Example: `P = 2`, group 0 keeps pages {0, 3} (4 tokens), group 1 keeps
     {0, 1, 3} (6 tokens); group 0 gains its best remaining page, say 2, and both
@@ -722,19 +784,18 @@ def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
     """
     L, G, n = p.keep.shape
     P = p.config.page_size
-    ranked = p.page_scores.masked_fill(p.page_keep, float("inf"))  # kept pages first
-    targets = p.union_tokens.amax(-1).tolist()  # [L] host ints: one read for all layers
-    out = []
-    for layer in range(L):
-        target = int(targets[layer])
-        page_keep = select_pages(ranked[layer], p.protected, p.page_sizes, target)  # [G, pages]
-        stored = (page_keep.to(torch.int64) * p.page_sizes).sum(-1)
-        if not bool((stored == target).all()):
-            raise AssertionError(f"cannot pad layer {layer} to exactly {target} tokens")
-        keep = expand_pages(page_keep, n, P)  # [G, n]
-        idx = torch.arange(n, device=keep.device).expand(G, n)[keep].view(G, target)
-        out.append(idx)
-    return out
+    counts = p.union_counts() if isinstance(p, Plan) else p.union_tokens.tolist()
+    targets = [max(row) for row in counts]  # [L] host ints
+    geometry = torch.stack([p.page_sizes, p.protected.to(torch.int64)]).cpu()  # one read
+    sizes, prot = geometry[0], geometry[1].bool()
+    page_keep = select_pages_padded(p.page_scores, p.page_keep, prot, sizes, targets)
+    stored = (page_keep.to(torch.int64) * p.page_sizes).sum(-1)  # [L, G] on the device
+    reached = stored == p.union_tokens.amax(-1, keepdim=True)
+    if not bool(reached.all()):  # one wait for all layers
+        layer = int((~reached).any(-1).to(torch.int64).argmax())
+        raise AssertionError(f"cannot pad layer {layer} to exactly {targets[layer]} tokens")
+    keep = expand_pages(page_keep, n, P)  # [L, G, n]
+    return [kept_token_indices(keep[layer], t) for layer, t in enumerate(targets)]
 
 
 def padding_masks(p: Plan, kept_idx, n_heads: int, dtype) -> list[torch.Tensor]:

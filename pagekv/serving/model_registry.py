@@ -65,11 +65,11 @@ def model_key(name: str | None) -> str:
     return BUNDLED if not name or is_bundled(name) else name
 
 
-def _load_study(name: str):
+def _load_study(name: str, decode_dtype: str = "auto"):
     from pagekv.runtime.models import load_model
     from pagekv.serving.study import Study
 
-    return Study(load_model(name, allow_fallback=False))
+    return Study(load_model(name, allow_fallback=False), decode_dtype=decode_dtype)
 
 
 def _one_line(e: BaseException) -> str:
@@ -109,7 +109,10 @@ class ModelRegistry:
             raise ValueError(f"max_others must be >= 0; got {max_others}")
         self.default = model_key(default)
         self.max_others = int(max_others)
-        self.factory = factory or _load_study
+        self.factory = factory or (lambda name: _load_study(name, self.decode_dtype))
+        #: How the default factory's studies decode (`Runner(decode_dtype=)`); set it
+        #: before the first load (`python app.py --dtype`).
+        self.decode_dtype = "auto"
         self.retry_after_s = float(retry_after_s)
         self.known = frozenset(model_key(k) for k in (KNOWN_MODELS if known is None else known))
         self.allow_hub = bool(allow_hub)

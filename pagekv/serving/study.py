@@ -178,10 +178,13 @@ class Study:
         prefill_memo_bytes: int = PREFILL_MEMO_BYTES,
         result_memo_bytes: int = RESULT_MEMO_BYTES,
         worker: ModelWorker | None = None,
+        decode_dtype: str = "auto",
     ):
         self.loaded = loaded
         self.worker = worker or WORKER
-        self.runner = Runner(loaded.model, loaded.tokenizer, backend=backend)
+        self.runner = Runner(
+            loaded.model, loaded.tokenizer, backend=backend, decode_dtype=decode_dtype
+        )
         self._tag = next(_STUDY_IDS)  # jobs of different studies never share a key
         # Timings of the first real run are warm (eviction time is not its first call).
         self.warm_up_s = self.worker.run(("warm_up", self._tag), self.runner.warm_up)
@@ -193,9 +196,15 @@ class Study:
 
     @classmethod
     def load(
-        cls, model: str = "bundled", backend: str = "auto", allow_fallback: bool = True, **kw
+        cls,
+        model: str = "bundled",
+        backend: str = "auto",
+        allow_fallback: bool = True,
+        decode_dtype: str = "auto",
+        **kw,
     ) -> Study:
-        return cls(load_model(model, allow_fallback=allow_fallback, **kw), backend=backend)
+        loaded = load_model(model, allow_fallback=allow_fallback, **kw)
+        return cls(loaded, backend=backend, decode_dtype=decode_dtype)
 
     @property
     def tokenizer(self):

@@ -86,11 +86,15 @@ MODELS = ModelRegistry(default="bundled", max_others=2)
 SESSIONS = SessionGate()
 
 
-def configure(default_model: str = "bundled", allow_hub_models: bool = False) -> None:
+def configure(
+    default_model: str = "bundled", allow_hub_models: bool = False, decode_dtype: str = "auto"
+) -> None:
     """The server's model settings: `default_model` stays loaded (the warm-up uses it);
-    other hub names load only with `allow_hub_models`."""
+    other hub names load only with `allow_hub_models`; every model decodes with
+    `decode_dtype` (`pagekv.runtime.lean_decode.resolve_decode`)."""
     MODELS.set_default(default_model)
     MODELS.allow_hub = bool(allow_hub_models)
+    MODELS.decode_dtype = decode_dtype
 
 
 def get_study(model_name: str):

@@ -39,8 +39,8 @@ def _say(msg: str) -> None:
 class _Lazy:
     """Loads the model only when a unit actually needs it (a fully cached re-run never does)."""
 
-    def __init__(self, model, device, backend):
-        self.args = (model, device, backend)
+    def __init__(self, model, device, backend, decode_dtype="auto"):
+        self.args = (model, device, backend, decode_dtype)
         self._study = None
 
     @property
@@ -48,16 +48,17 @@ class _Lazy:
         if self._study is None:
             from pagekv.runtime.models import load_model
 
-            model, device, backend = self.args
+            model, device, backend, decode_dtype = self.args
             _say(f"loading model {model!r} ...")
             loaded = load_model(model, device=device, allow_fallback=True)
             if loaded.fell_back:
                 _say(loaded.note)
-            self._study = Study(loaded, backend=backend, memo_size=1)
+            self._study = Study(loaded, backend=backend, memo_size=1, decode_dtype=decode_dtype)
             _say(
                 f"model {loaded.name} ({loaded.n_layers} layers, {loaded.n_heads} heads, "
                 f"{loaded.n_kv_heads} KV heads) on {loaded.device}, "
-                f"{self._study.runner.backend} backend, load {loaded.load_s:.1f}s"
+                f"{self._study.runner.backend} backend, decode: {self._study.runner.decode_path}, "
+                f"load {loaded.load_s:.1f}s"
             )
         return self._study
 
@@ -71,12 +72,15 @@ def run_replay(
     backend: str = "auto",
     grid: Grid | None = None,
     update_presets: bool = False,
+    decode_dtype: str = "auto",
 ) -> dict:
     """Run the replay grid (`QUICK` or `FULL`, or `grid`) and write everything to `out`.
 
     With `update_presets` the measured presets also replace the app's tracked
-    `assets/presets.json` (never otherwise). Returns the results dict that is also
-    written to `out/results.json`.
+    `assets/presets.json` (never otherwise). `decode_dtype` is the runner's
+    (`--dtype`); decode units made with another than "float32" carry it in their key,
+    so units cached from the float32 decode are reused only by a float32 run. Returns
+    the results dict that is also written to `out/results.json`.
     """
     t_start = time.perf_counter()
     torch.manual_seed(SEED)
@@ -84,7 +88,7 @@ def run_replay(
     out = Path(out)
     store = UnitStore(out)
     _say(f"grid {grid.name}, output {out} ({store.loaded} cached units)")
-    lazy = _Lazy(model, device, backend)
+    lazy = _Lazy(model, device, backend, decode_dtype)
     from pagekv.tasks import task_names
 
     jobs = build_jobs(grid, {"qa": task_names("qa"), "code": task_names("code")})
@@ -95,7 +99,7 @@ def run_replay(
     _say(f"{len(jobs)} prompts, {n_decodes} decodes")
     bar = _progress(len(jobs))
     for i, job in enumerate(jobs):
-        keys = _job_keys(model_key, grid, job)
+        keys = _job_keys(model_key, grid, job, decode_dtype)
         missing = [k for k in keys.values() if k not in store]
         if missing:
             try:
@@ -157,8 +161,9 @@ def run_replay(
 # --------------------------------------------------------------------------- units
 
 
-def _job_keys(model: str, grid: Grid, job: Job) -> dict:
+def _job_keys(model: str, grid: Grid, job: Job, decode_dtype: str = "float32") -> dict:
     spec = job.spec_dict()
+    decode = {} if decode_dtype == "float32" else {"decode": decode_dtype}
     keys = {
         "profile": unit_key(
             unit="profile",
@@ -175,8 +180,9 @@ def _job_keys(model: str, grid: Grid, job: Job) -> dict:
         )
     for tag, cfg, label in job.decodes:
         keys[("decode", tag, cfg, label)] = unit_key(
-            unit="decode", model=model, spec=spec, config=cfg.to_dict(), m=grid.max_new_tokens, v=1
-        )
+            unit="decode", model=model, spec=spec, config=cfg.to_dict(), m=grid.max_new_tokens, v=1,
+            **decode,
+        )  # fmt: skip
     return keys
 
 
@@ -302,6 +308,7 @@ def _environment(lazy: _Lazy, model: str) -> dict:
             "device": ld.device,
             "dtype": str(ld.dtype),
             "backend": lazy._study.runner.backend,
+            "decode": lazy._study.runner.decode_path,
             "fell_back": ld.fell_back,
             "note": ld.note,
         }

@@ -1,0 +1,283 @@
+"""A lean decode step for Llama-family models on the CPU: half-precision linear weights,
+a preallocated cache, few ops per layer.
+
+Why. Decoding one token on the CPU reads every weight of the model once, and on 2 cores
+that read is the cost: float32 weights give about 10.6 GB/s whatever the kernel (the
+linear layers of the bundled model, 30 layers and its head, take 51 ms per token;
+`benchmarks/bench_decode.py` and docs/performance.md). Half-precision weights halve
+the bytes. Two more costs are per step and not arithmetic: a transformers
+`DynamicCache` concatenates every layer's keys and values into new tensors at each
+token (a copy of the whole cache), and a layer's forward is some 40 small ops.
+
+What. `LeanDecoder(model, weight_dtype)` keeps a copy of the model's linear weights
+in `weight_dtype` (float16 by default: 10 mantissa bits, where bfloat16 has 7; on a
+CPU without native bfloat16 instructions both run at the speed of their bytes), with
+q/k/v fused into one matrix and gate/up into another. Everything else stays float32:
+the residual stream, the norms, RoPE, the attention and the KV cache (the prefill's
+cache, unchanged). Each linear casts its input to `weight_dtype` and its output back.
+`LeanCache` holds each layer's keys and values in a buffer with room for the new
+tokens, written in place.
+
+The step is the model's own computation, op for op (`LlamaDecoderLayer`: pre-norm
+attention and MLP with residuals; RoPE from the model's own `rotary_emb`, so scaled
+variants stay right; the attention's own `scaling`; the MLP's own `act_fn`), checked
+against the transformers forward in `tests/test_lean_decode.py`: float32 weights
+match it to 1e-5, half weights to the tolerance of their rounding. Which models:
+`unsupported_reason(model)` accepts Llama, Mistral and Qwen2 decoders (biases
+included) whose layers have exactly these parts; anything else decodes with
+transformers, and the runner says which path ran.
+
+Attention. Each layer attends its own cache length (layers may differ: padded and
+global plans), with an optional additive mask per layer `[1, H, 1, k_l]` over the
+tokens stored at eviction (a global plan's padding), zeros beyond; new tokens are
+causal among themselves. Several new tokens (the question, in "after" mode) are one
+forward, not one per token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["DECODE_DTYPES", "LeanCache", "LeanDecoder", "resolve_decode", "unsupported_reason"]
+
+#: Model types whose decoder layers `LeanDecoder` reproduces (checked part by part).
+FAMILIES = ("llama", "mistral", "qwen2")
+
+
+#: What `resolve_decode` (and `--dtype`) accept.
+DECODE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+_HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_decode(decode_dtype, model) -> tuple[torch.dtype | None, str]:
+    """The lean step's weight dtype for `decode_dtype` on `model` (None: the model's
+    own transformers forward decodes), and a label that says which path runs.
+
+    "auto" is float16 for a float32 model on the CPU that `LeanDecoder` supports, else
+    the model's own forward; "float32" is always the model's own forward (today's
+    numerics: the prefill's); "float16" / "bfloat16" ask for the lean step and raise
+    ValueError, in one sentence, for a model it cannot run.
+    """
+    key = str(decode_dtype).lower().removeprefix("torch.")
+    if key not in DECODE_DTYPES:
+        raise ValueError(
+            f"unknown decode dtype {decode_dtype!r}: use one of {', '.join(DECODE_DTYPES)}"
+        )
+    param = next(model.parameters())
+    own = f"transformers forward, {str(param.dtype).removeprefix('torch.')}"
+    if key == "float32":
+        return None, own
+    reason = unsupported_reason(model)
+    if key == "auto":
+        if param.device.type != "cpu" or param.dtype != torch.float32 or reason is not None:
+            return None, own
+        key = "float16"
+    elif reason is not None:
+        raise ValueError(
+            f"decode dtype {key} needs the lean decode step, but {reason}; use float32"
+        )
+    return _HALF[key], f"lean step, {key} linear weights"
+
+
+def unsupported_reason(model) -> str | None:
+    """Why `LeanDecoder` cannot run `model` (a one-line reason), or None if it can."""
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in FAMILIES:
+        return f"model type {kind!r} is not one of {', '.join(FAMILIES)}"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "no model.layers / model.rotary_emb"
+    if not isinstance(getattr(model, "lm_head", None), torch.nn.Linear):
+        return "no linear lm_head"
+    for i, layer in enumerate(inner.layers):
+        att, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        names = ("q_proj", "k_proj", "v_proj", "o_proj")
+        if att is None or not all(type(getattr(att, n, None)) is torch.nn.Linear for n in names):
+            return f"layer {i}: attention is not q/k/v/o linear projections"
+        if any(hasattr(att, n) for n in ("q_norm", "k_norm", "sinks")):
+            return f"layer {i}: attention has per-head norms or sinks"
+        names = ("gate_proj", "up_proj", "down_proj")
+        if mlp is None or not all(type(getattr(mlp, n, None)) is torch.nn.Linear for n in names):
+            return f"layer {i}: the MLP is not a gated gate/up/down MLP"
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            if _norm_eps(getattr(layer, n, None)) is None:
+                return f"layer {i}: {n} is not an RMSNorm"
+        if getattr(att, "sliding_window", None):
+            return f"layer {i}: sliding-window attention"
+    if _norm_eps(getattr(inner, "norm", None)) is None:
+        return "the final norm is not an RMSNorm"
+    return None
+
+
+def _norm_eps(norm) -> float | None:
+    """The epsilon of a Llama-style RMSNorm (`weight * x / rms(x)`), else None."""
+    if norm is None or type(norm).__name__ not in {
+        "LlamaRMSNorm",
+        "MistralRMSNorm",
+        "Qwen2RMSNorm",
+    }:
+        return None
+    eps = getattr(norm, "variance_epsilon", None)
+    return float(eps) if eps is not None else None
+
+
+def _fuse(linears, dtype, scale=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight `[sum(out), in]` in `dtype` (and float32 bias, or None) for linears
+    applied to the same input; `scale` `[in]` (an RMSNorm's weight) is folded into the
+    columns first, in float32: `W (s * x) = (W diag(s)) x`."""
+    w = torch.cat([m.weight.detach().float() for m in linears])
+    if scale is not None:
+        w = w * scale.detach().float()[None, :]
+    w = w.to(dtype).contiguous()
+    if all(m.bias is None for m in linears):
+        return w, None
+    b = [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears]
+    return w, torch.cat([x.detach() for x in b]).float()
+
+
+class LeanCache:
+    """Per layer the keys and values `[B, G, capacity, d]` (float32) with `lengths[l]`
+    of them filled, and optional additive masks `[1, H, 1, k_l]` over the first `k_l`
+    (the tokens stored at eviction)."""
+
+    def __init__(self, layers, extra: int, masks=None):
+        self.keys, self.values, self.lengths = [], [], []
+        for k, v in layers:
+            B, G, n, d = k.shape
+            kb = k.new_empty(B, G, n + extra, d)
+            vb = v.new_empty(B, G, n + extra, d)
+            kb[:, :, :n].copy_(k)
+            vb[:, :, :n].copy_(v)
+            self.keys.append(kb)
+            self.values.append(vb)
+            self.lengths.append(n)
+        self.masks = masks
+
+    def room(self) -> int:
+        """How many more tokens fit (the least over the layers)."""
+        return min(k.shape[2] - n for k, n in zip(self.keys, self.lengths, strict=True))
+
+
+class LeanDecoder:
+    """The decode step of a Llama-family model, with linear weights in `weight_dtype`
+    (see the module docstring). Build once per model; `step` is thread-compatible but
+    one `LeanCache` is one sequence's."""
+
+    def __init__(self, model, weight_dtype: torch.dtype = torch.float16):
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"LeanDecoder: {reason}")
+        inner = model.model
+        self.weight_dtype = weight_dtype
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        # Each RMSNorm's weight is folded into the linear that reads it (`_fuse`).
+        self.final_eps = _norm_eps(inner.norm)
+        self.head = _fuse([model.lm_head], weight_dtype, inner.norm.weight)
+        self.layers = []
+        for layer in inner.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            self.layers.append(
+                {
+                    "eps1": _norm_eps(layer.input_layernorm),
+                    "eps2": _norm_eps(layer.post_attention_layernorm),
+                    "qkv": _fuse([att.q_proj, att.k_proj, att.v_proj], weight_dtype,
+                                 layer.input_layernorm.weight),
+                    "o": _fuse([att.o_proj], weight_dtype),
+                    "gate_up": _fuse([mlp.gate_proj, mlp.up_proj], weight_dtype,
+                                     layer.post_attention_layernorm.weight),
+                    "down": _fuse([mlp.down_proj], weight_dtype),
+                    "act": mlp.act_fn,
+                    "scaling": float(att.scaling),
+                    "split": (att.q_proj.out_features, att.k_proj.out_features),
+                    "inter": mlp.gate_proj.out_features,
+                }
+            )  # fmt: skip
+        self.head_dim = int(inner.layers[0].self_attn.head_dim)
+        self._swap: torch.Tensor | None = None  # rotate_half as a 0/1 matrix (`_rope`)
+
+    def _linear(self, x: torch.Tensor, wb) -> torch.Tensor:
+        """`x` `[rows, in]` float32 through a `_fuse`d linear: float32 `[rows, out]`."""
+        w, b = wb
+        y = torch.mm(x.to(w.dtype), w.t()).float()
+        return y if b is None else y + b
+
+    @staticmethod
+    def _norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+        """`x / rms(x)`, as LlamaRMSNorm computes it in float32, without its weight (folded
+        into the next linear); written with few, cheap ops (`F.rms_norm` and `mean` cost
+        more per call on the CPU)."""
+        r = (x * x).sum(-1, keepdim=True).mul_(1.0 / x.shape[-1]).add_(eps).rsqrt_()
+        return x * r
+
+    @torch.inference_mode()
+    def step(self, ids: torch.Tensor, pos: int, cache: LeanCache) -> torch.Tensor:
+        """Append `ids` `[B, t]` at positions `pos..pos+t-1` to `cache`; float32 logits
+        `[B, V]` of the last position."""
+        B, t = ids.shape
+        if cache.room() < t:
+            raise ValueError(f"LeanCache is full: {t} new tokens, room for {cache.room()}")
+        d = self.head_dim
+        x = self.embed(ids).float().view(B * t, -1)  # [rows, D], the residual stream
+        rope = self._rope(x, pos, B, t)  # [B, t, d, d]
+        for i, lay in enumerate(self.layers):
+            qkv = self._linear(self._norm(x, lay["eps1"]), lay["qkv"])
+            nq, nk = lay["split"]
+            H = nq // d
+            # RoPE on q and k at once (adjacent in qkv): one product with `rope`.
+            qk = torch.matmul(qkv[:, : nq + nk].view(B, t, -1, d), rope)  # [B, t, H + G, d]
+            q = qk[:, :, :H].transpose(1, 2)  # [B, H, t, d]
+            k = qk[:, :, H:].transpose(1, 2)  # [B, G, t, d]
+            v = qkv[:, nq + nk :].view(B, t, -1, d).transpose(1, 2)
+            n0 = cache.lengths[i]
+            cache.keys[i].narrow(2, n0, t).copy_(k)
+            cache.values[i].narrow(2, n0, t).copy_(v)
+            cache.lengths[i] = n = n0 + t
+            mask = _mask(cache.masks[i] if cache.masks is not None else None, n0, t, q)
+            a = F.scaled_dot_product_attention(
+                q, cache.keys[i].narrow(2, 0, n), cache.values[i].narrow(2, 0, n),
+                attn_mask=mask, scale=lay["scaling"], enable_gqa=True,
+            )  # fmt: skip
+            x.add_(self._linear(a.transpose(1, 2).reshape(B * t, -1), lay["o"]))
+            gu = self._linear(self._norm(x, lay["eps2"]), lay["gate_up"])
+            m = lay["inter"]
+            x.add_(self._linear(lay["act"](gu[:, :m]) * gu[:, m:], lay["down"]))
+        x = self._norm(x.view(B, t, -1)[:, -1], self.final_eps)
+        return self._linear(x, self.head)
+
+    def _rope(self, x: torch.Tensor, pos: int, B: int, t: int) -> torch.Tensor:
+        """RoPE at positions `pos..pos+t-1` as matrices `R` `[B, t, d, d]`, so that a
+        head's `x @ R` is `apply_rotary_pos_emb`'s `x * cos + rotate_half(x) * sin` (the
+        model's own `rotary_emb` gives cos and sin, its scaling included)."""
+        d = self.head_dim
+        positions = torch.arange(pos, pos + t, device=x.device).expand(B, t)
+        cos, sin = self.rotary(x, positions)  # [B, t, d]
+        cos, sin = cos.float(), sin.float()
+        if self._swap is None or self._swap.device != x.device:
+            # swap[i, j] = 1 where rotate_half moves x[i] to j: i = (j + d/2) mod d
+            j = torch.arange(d, device=x.device)
+            self._swap = torch.zeros(d, d, device=x.device)
+            self._swap[(j + d // 2) % d, j] = 1.0
+        half = d // 2
+        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign
+        return torch.diag_embed(cos) + self._swap * signed[..., None, :]
+
+
+def _mask(stored: torch.Tensor | None, n0: int, t: int, q: torch.Tensor) -> torch.Tensor | None:
+    """The additive mask `[1 or B, H, t, n0 + t]` of `t` new tokens over a cache of
+    `n0`: the stored tokens' mask (zeros beyond it) and causality among the new ones;
+    None when nothing is masked (one new token, no stored mask)."""
+    if stored is None and t == 1:
+        return None
+    H = q.shape[1]
+    low = torch.finfo(q.dtype).min
+    mask = q.new_zeros(1, H, t, n0 + t)
+    if stored is not None:
+        k = stored.shape[-1]
+        mask[..., :k] = stored.to(q.dtype)
+    if t > 1:
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+        mask[..., n0:] = mask[..., n0:].masked_fill(causal, low)
+    return mask

@@ -1,0 +1,147 @@
+"""The lean decode step (`pagekv.runtime.lean_decode`) against transformers' forward.
+
+With float32 weights the step is the model's own arithmetic and matches its forward
+to float32 tolerance, token by token and for several new tokens at once; with half
+weights it matches to the rounding of the weights. The runner's decode on compacted
+caches is checked against a masked reference in tests/test_runner.py and
+tests/test_allocation.py, on every decode path.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from pagekv import EvictionConfig
+from pagekv.runtime.lean_decode import (
+    DECODE_DTYPES,
+    LeanCache,
+    LeanDecoder,
+    resolve_decode,
+    unsupported_reason,
+)
+from pagekv.runtime.runner import Runner
+from tests.test_runner import prompt, tiny_model
+
+
+def _reference(model, ids, feeds):
+    """transformers' own logits `[steps, V]`: prefill `ids`, then each feed in turn."""
+    cache = DynamicCache()
+    out = []
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
+        pos = len(ids)
+        for feed in feeds:
+            x = torch.tensor([feed])
+            p = torch.arange(pos, pos + len(feed))[None]
+            o = model(input_ids=x, position_ids=p, cache=cache, use_cache=True)
+            out.append(o.logits[0, -1])
+            pos += len(feed)
+    return torch.stack(out), cache
+
+
+def _lean(model, ids, feeds, weights):
+    ref_cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([ids]), cache=ref_cache, use_cache=True)
+    layers = [(lay.keys, lay.values) for lay in ref_cache.layers]
+    cache = LeanCache(layers, extra=sum(len(f) for f in feeds))
+    dec = LeanDecoder(model, weights)
+    out, pos = [], len(ids)
+    for feed in feeds:
+        out.append(dec.step(torch.tensor([feed]), pos, cache)[0])
+        pos += len(feed)
+    return torch.stack(out), cache
+
+
+FEEDS = [[5, 9, 11, 3], [7], [8], [12, 4], [6]]  # several tokens at once, and one
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_float32_weights_give_the_models_own_logits(family):
+    model = tiny_model(family, seed=4)
+    ids = prompt(40, seed=8)
+    ref, ref_cache = _reference(model, ids, FEEDS)
+    got, cache = _lean(model, ids, FEEDS, torch.float32)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    for i, lay in enumerate(ref_cache.layers):  # the cache holds the same keys and values
+        n = cache.lengths[i]
+        assert n == lay.keys.shape[2] == 40 + sum(len(f) for f in FEEDS)
+        torch.testing.assert_close(cache.keys[i][:, :, :n], lay.keys, atol=1e-5, rtol=0)
+        torch.testing.assert_close(cache.values[i][:, :, :n], lay.values, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("weights", [torch.float16, torch.bfloat16])
+def test_half_weights_stay_within_their_rounding(weights):
+    model = tiny_model("llama", seed=4)
+    ids = prompt(40, seed=8)
+    ref, _ = _reference(model, ids, FEEDS)
+    got, _ = _lean(model, ids, FEEDS, weights)
+    err = float((got - ref).abs().max())
+    # bfloat16 keeps 7 mantissa bits, float16 10: 8x coarser, and so is the bound.
+    bound = 2e-2 if weights == torch.float16 else 1.6e-1
+    assert 0 < err < bound, err
+    assert got.dtype == torch.float32
+
+
+def test_the_cache_reports_when_it_is_full():
+    model = tiny_model("llama")
+    pre_cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([prompt(20)]), cache=pre_cache, use_cache=True)
+    cache = LeanCache([(lay.keys, lay.values) for lay in pre_cache.layers], extra=2)
+    dec = LeanDecoder(model, torch.float16)
+    dec.step(torch.tensor([[5, 6]]), 20, cache)
+    assert cache.room() == 0 and cache.lengths == [22, 22, 22]
+    with pytest.raises(ValueError, match="LeanCache is full: 1 new tokens, room for 0"):
+        dec.step(torch.tensor([[7]]), 22, cache)
+
+
+def test_which_decode_runs():
+    llama, qwen3 = tiny_model("llama"), tiny_model("qwen3")
+    assert resolve_decode("auto", llama) == (torch.float16, "lean step, float16 linear weights")
+    assert resolve_decode("bfloat16", llama)[0] == torch.bfloat16
+    assert resolve_decode(torch.float16, llama)[0] == torch.float16
+    assert resolve_decode("float32", llama) == (None, "transformers forward, float32")
+    # Qwen3 normalises q and k per head: the lean step does not reproduce it.
+    assert "q_norm" not in (unsupported_reason(llama) or "")
+    assert unsupported_reason(qwen3) == "model type 'qwen3' is not one of llama, mistral, qwen2"
+    assert resolve_decode("auto", qwen3) == (None, "transformers forward, float32")
+    with pytest.raises(ValueError, match="needs the lean decode step, but model type 'qwen3'"):
+        resolve_decode("float16", qwen3)
+    with pytest.raises(ValueError, match="unknown decode dtype 'int4'"):
+        resolve_decode("int4", llama)
+    assert set(DECODE_DTYPES) == {"auto", "float32", "float16", "bfloat16"}
+    # A model already in half precision decodes with its own forward under "auto".
+    assert resolve_decode("auto", tiny_model("llama").to(torch.bfloat16))[0] is None
+
+
+def test_a_part_the_step_does_not_know_is_refused():
+    model = tiny_model("llama")
+    model.model.layers[1].self_attn.q_norm = torch.nn.Identity()
+    assert unsupported_reason(model) == "layer 1: attention has per-head norms or sinks"
+    model = tiny_model("llama")
+    model.model.layers[2].mlp.up_proj = torch.nn.Identity()
+    assert unsupported_reason(model) == "layer 2: the MLP is not a gated gate/up/down MLP"
+    with pytest.raises(ValueError, match="LeanDecoder: layer 2"):
+        LeanDecoder(model)
+
+
+def test_the_runner_names_its_decode_and_leaves_the_prefill_alone():
+    model = tiny_model("llama")
+    ids = prompt(64, seed=3)
+    cfg = EvictionConfig(policy="full", page_size=4, window=8, n_sink=2)
+    answers = {}
+    for decode in ("float32", "auto"):
+        runner = Runner(model, decode_dtype=decode)
+        pre = runner.prefill(ids, window_max=8)
+        before = [lay.keys.clone() for lay in pre.cache.layers]
+        res = runner.evaluate(pre, cfg, max_new_tokens=6, stop_at_eos=False)
+        answers[decode] = res
+        after = [lay.keys for lay in pre.cache.layers]
+        assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
+        assert res.backends["decode"] == runner.decode_path
+    assert answers["float32"].backends["decode"] == "transformers forward, float32"
+    assert answers["auto"].backends["decode"] == "lean step, float16 linear weights"
+    assert answers["auto"].tokens == answers["float32"].tokens
