@@ -123,18 +123,34 @@ def _norm_eps(norm) -> float | None:
     return float(eps) if eps is not None else None
 
 
-def _fuse(linears, dtype, scale=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight `[sum(out), in]` in `dtype` (and float32 bias, or None) for linears
-    applied to the same input; `scale` `[in]` (an RMSNorm's weight) is folded into the
-    columns first, in float32: `W (s * x) = (W diag(s)) x`."""
-    w = torch.cat([m.weight.detach().float() for m in linears])
-    if scale is not None:
-        w = w * scale.detach().float()[None, :]
-    w = w.to(dtype).contiguous()
-    if all(m.bias is None for m in linears):
-        return w, None
-    b = [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears]
-    return w, torch.cat([x.detach() for x in b]).float()
+class _Linear:
+    """Linears applied to the same input, fused: the weight `[sum(out), in]` in `dtype`
+    with `scale` `[in]` (an RMSNorm's weight) folded into its columns in float32
+    (`W (s * x) = (W diag(s)) x`), and the model's own float32 modules for inputs of
+    many rows (`LeanDecoder.step`)."""
+
+    def __init__(self, linears, dtype, scale=None):
+        w = torch.cat([m.weight.detach().float() for m in linears])
+        if scale is not None:
+            w = w * scale.detach().float()[None, :]
+        self.weight = w.to(dtype).contiguous()
+        self.modules = list(linears)
+        self.scale = None if scale is None else scale.detach().float()
+        self.bias = None
+        if any(m.bias is not None for m in linears):
+            b = [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
+                 for m in linears]  # fmt: skip
+            self.bias = torch.cat([x.detach() for x in b]).float()
+
+    def __call__(self, x: torch.Tensor, own: bool = False) -> torch.Tensor:
+        """`x` `[rows, in]` float32 -> float32 `[rows, out]`: in the fused half-precision
+        weight, or (`own`) in the model's own float32 weights."""
+        if own:
+            h = x if self.scale is None else x * self.scale
+            ys = [F.linear(h, m.weight, m.bias) for m in self.modules]
+            return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        y = torch.mm(x.to(self.weight.dtype), self.weight.t()).float()
+        return y if self.bias is None else y + self.bias
 
 
 class LeanCache:
@@ -173,9 +189,9 @@ class LeanDecoder:
         self.weight_dtype = weight_dtype
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
-        # Each RMSNorm's weight is folded into the linear that reads it (`_fuse`).
+        # Each RMSNorm's weight is folded into the linear that reads it (`_Linear`).
         self.final_eps = _norm_eps(inner.norm)
-        self.head = _fuse([model.lm_head], weight_dtype, inner.norm.weight)
+        self.head = _Linear([model.lm_head], weight_dtype, inner.norm.weight)
         self.layers = []
         for layer in inner.layers:
             att, mlp = layer.self_attn, layer.mlp
@@ -183,12 +199,12 @@ class LeanDecoder:
                 {
                     "eps1": _norm_eps(layer.input_layernorm),
                     "eps2": _norm_eps(layer.post_attention_layernorm),
-                    "qkv": _fuse([att.q_proj, att.k_proj, att.v_proj], weight_dtype,
-                                 layer.input_layernorm.weight),
-                    "o": _fuse([att.o_proj], weight_dtype),
-                    "gate_up": _fuse([mlp.gate_proj, mlp.up_proj], weight_dtype,
-                                     layer.post_attention_layernorm.weight),
-                    "down": _fuse([mlp.down_proj], weight_dtype),
+                    "qkv": _Linear([att.q_proj, att.k_proj, att.v_proj], weight_dtype,
+                                   layer.input_layernorm.weight),
+                    "o": _Linear([att.o_proj], weight_dtype),
+                    "gate_up": _Linear([mlp.gate_proj, mlp.up_proj], weight_dtype,
+                                       layer.post_attention_layernorm.weight),
+                    "down": _Linear([mlp.down_proj], weight_dtype),
                     "act": mlp.act_fn,
                     "scaling": float(att.scaling),
                     "split": (att.q_proj.out_features, att.k_proj.out_features),
@@ -197,12 +213,6 @@ class LeanDecoder:
             )  # fmt: skip
         self.head_dim = int(inner.layers[0].self_attn.head_dim)
         self._swap: torch.Tensor | None = None  # rotate_half as a 0/1 matrix (`_rope`)
-
-    def _linear(self, x: torch.Tensor, wb) -> torch.Tensor:
-        """`x` `[rows, in]` float32 through a `_fuse`d linear: float32 `[rows, out]`."""
-        w, b = wb
-        y = torch.mm(x.to(w.dtype), w.t()).float()
-        return y if b is None else y + b
 
     @staticmethod
     def _norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -220,10 +230,14 @@ class LeanDecoder:
         if cache.room() < t:
             raise ValueError(f"LeanCache is full: {t} new tokens, room for {cache.room()}")
         d = self.head_dim
+        # Several tokens per row (the question) use the model's own float32 weights: a
+        # product of many rows reads the weights once in either dtype, and on a CPU
+        # without native half-precision arithmetic float32 is the faster one there.
+        own = t > 1
         x = self.embed(ids).float().view(B * t, -1)  # [rows, D], the residual stream
         rope = self._rope(x, pos, B, t)  # [B, t, d, d]
         for i, lay in enumerate(self.layers):
-            qkv = self._linear(self._norm(x, lay["eps1"]), lay["qkv"])
+            qkv = lay["qkv"](self._norm(x, lay["eps1"]), own)
             nq, nk = lay["split"]
             H = nq // d
             # RoPE on q and k at once (adjacent in qkv): one product with `rope`.
@@ -240,12 +254,12 @@ class LeanDecoder:
                 q, cache.keys[i].narrow(2, 0, n), cache.values[i].narrow(2, 0, n),
                 attn_mask=mask, scale=lay["scaling"], enable_gqa=True,
             )  # fmt: skip
-            x.add_(self._linear(a.transpose(1, 2).reshape(B * t, -1), lay["o"]))
-            gu = self._linear(self._norm(x, lay["eps2"]), lay["gate_up"])
+            x.add_(lay["o"](a.transpose(1, 2).reshape(B * t, -1), own))
+            gu = lay["gate_up"](self._norm(x, lay["eps2"]), own)
             m = lay["inter"]
-            x.add_(self._linear(lay["act"](gu[:, :m]) * gu[:, m:], lay["down"]))
+            x.add_(lay["down"](lay["act"](gu[:, :m]) * gu[:, m:], own))
         x = self._norm(x.view(B, t, -1)[:, -1], self.final_eps)
-        return self._linear(x, self.head)
+        return self.head(x)  # one row per batch row: the half-precision head
 
     def _rope(self, x: torch.Tensor, pos: int, B: int, t: int) -> torch.Tensor:
         """RoPE at positions `pos..pos+t-1` as matrices `R` `[B, t, d, d]`, so that a
