@@ -11,18 +11,23 @@ token (a copy of the whole cache), and a layer's forward is some 40 small ops.
 
 What. `LeanDecoder(model, weight_dtype)` keeps a copy of the model's linear weights
 in `weight_dtype` (float16 by default: 10 mantissa bits, where bfloat16 has 7; on a
-CPU without native bfloat16 instructions both run at the speed of their bytes), with
-q/k/v fused into one matrix and gate/up into another. Everything else stays float32:
-the residual stream, the norms, RoPE, the attention and the KV cache (the prefill's
-cache, unchanged). Each linear casts its input to `weight_dtype` and its output back.
-`LeanCache` holds each layer's keys and values in a buffer with room for the new
-tokens, written in place.
+CPU without native half-precision instructions both run at the speed of their bytes),
+with q/k/v fused into one matrix, gate/up into another, and each RMSNorm's weight
+folded into the columns of the linear that reads it (in float32, before the cast).
+Everything else stays float32: the residual stream, the norms, RoPE, the attention and
+the KV cache (the prefill's cache, unchanged). Each linear casts its input to
+`weight_dtype` and its output back. A forward of several tokens per row (the question,
+asked after compression) runs its linears in the model's own float32 weights instead:
+a product of many rows reads the weights once either way, and half-precision products
+of many rows are slow on such a CPU. `LeanCache` holds each layer's keys and values
+in a buffer with room for the new tokens, written in place.
 
-The step is the model's own computation, op for op (`LlamaDecoderLayer`: pre-norm
-attention and MLP with residuals; RoPE from the model's own `rotary_emb`, so scaled
-variants stay right; the attention's own `scaling`; the MLP's own `act_fn`), checked
-against the transformers forward in `tests/test_lean_decode.py`: float32 weights
-match it to 1e-5, half weights to the tolerance of their rounding. Which models:
+The step is the model's own computation (`LlamaDecoderLayer`: pre-norm attention and
+MLP with residuals; RoPE from the model's own `rotary_emb`, so scaled variants stay
+right, applied as one product with a per-position matrix whose entries are its cos and
+±sin; the attention's own `scaling`; the MLP's own `act_fn`), checked against the
+transformers forward in `tests/test_lean_decode.py`: float32 weights match it to
+1e-5, half weights to the tolerance of their rounding. Which models:
 `unsupported_reason(model)` accepts Llama, Mistral and Qwen2 decoders (biases
 included) whose layers have exactly these parts; anything else decodes with
 transformers, and the runner says which path ran.
