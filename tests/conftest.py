@@ -65,6 +65,19 @@ def _record_skip(report) -> None:
         _SKIPPED.append((report.nodeid, str(reason)))
 
 
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    """The device a kernel test runs on: CPU (the Triton interpreter) without CUDA; CUDA
+    (compiled) where it is present. Shared by the kernel, compaction, host-wait and
+    Triton-path tests."""
+    cuda = torch.cuda.is_available()
+    if request.param == "cuda" and not cuda:
+        pytest.skip("no CUDA device")
+    if request.param == "cpu" and cuda:
+        pytest.skip("CUDA present: the kernels are compiled, not interpreted")
+    return torch.device(request.param)
+
+
 @pytest.fixture(scope="session")
 def bundled_study():
     """One `Study` of the bundled model for the tests that only run it (memos shared);

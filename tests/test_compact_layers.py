@@ -24,17 +24,6 @@ SHAPES = [
 IDS = ["B{}-G{}-n{}-d{}-k{}".format(*s[:4], "-".join(map(str, s[4]))) for s in SHAPES]
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request):
-    """CPU (the Triton interpreter) without CUDA; CUDA (compiled) where it is present."""
-    cuda = torch.cuda.is_available()
-    if request.param == "cuda" and not cuda:
-        pytest.skip("no CUDA device")
-    if request.param == "cpu" and cuda:
-        pytest.skip("CUDA present: the kernels are compiled, not interpreted")
-    return torch.device(request.param)
-
-
 def _cache(shape, dtype, device, seed=0):
     B, G, n, d, kept = shape
     g = torch.Generator().manual_seed(seed)

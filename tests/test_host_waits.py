@@ -114,17 +114,6 @@ class CudaSyncs:
         self.total = sum("synchronizing" in str(w.message) for w in self.records)
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request):
-    """CPU (the Triton interpreter) without CUDA; CUDA (compiled) where it is present."""
-    cuda = torch.cuda.is_available()
-    if request.param == "cuda" and not cuda:
-        pytest.skip("no CUDA device")
-    if request.param == "cpu" and cuda:
-        pytest.skip("CUDA present: the kernels are compiled, not interpreted")
-    return torch.device(request.param)
-
-
 @pytest.fixture(scope="module")
 def models():
     """One tiny GQA model per depth (2 KV heads of 4 query heads each), on the CPU."""

@@ -67,15 +67,10 @@ def kern():
     return mods
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request, kern):
-    """CPU (interpreter) where there is no CUDA; CUDA (compiled) where there is."""
-    cuda = torch.cuda.is_available()
-    if request.param == "cuda" and not cuda:
-        pytest.skip("no CUDA device")
-    if request.param == "cpu" and cuda:
-        pytest.skip("CUDA present: the kernels are compiled, not interpreted")
-    return torch.device(request.param)
+@pytest.fixture
+def device(device, kern):
+    """conftest's `device`, once the kernels are imported (and checked interpreted)."""
+    return device
 
 
 def assert_close(name, got, ref, lowp=None, floor=1e-6, factor=2.0):

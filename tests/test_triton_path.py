@@ -25,17 +25,6 @@ KERNEL_STEPS = ("score", "pool", "compact")
 POLICIES = ("entropy", "mean", "max", "head_independent", "streaming")
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request):
-    """CPU (the Triton interpreter) without CUDA; CUDA (compiled) where it is present."""
-    cuda = torch.cuda.is_available()
-    if request.param == "cuda" and not cuda:
-        pytest.skip("no CUDA device")
-    if request.param == "cpu" and cuda:
-        pytest.skip("CUDA present: the kernels are compiled, not interpreted")
-    return torch.device(request.param)
-
-
 @pytest.fixture(scope="module")
 def cpu_llama():
     return tiny_model("llama", layers=3)
