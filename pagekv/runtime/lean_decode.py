@@ -161,24 +161,37 @@ class _Linear:
 class LeanCache:
     """Per layer the keys and values `[B, G, capacity, d]` (float32) with `lengths[l]`
     of them filled, and optional additive masks `[1, H, 1, k_l]` over the first `k_l`
-    (the tokens stored at eviction)."""
+    (the tokens stored at eviction).
+
+    `layers` holds per layer `(keys, values)`, each `[B, G, n, d]` or a list of batch
+    rows of the same shape (two compacted caches decoded as a pair), copied straight
+    into the buffer with room for `extra` more tokens."""
 
     def __init__(self, layers, extra: int, masks=None):
         self.keys, self.values, self.lengths = [], [], []
         for k, v in layers:
-            B, G, n, d = k.shape
-            kb = k.new_empty(B, G, n + extra, d)
-            vb = v.new_empty(B, G, n + extra, d)
-            kb[:, :, :n].copy_(k)
-            vb[:, :, :n].copy_(v)
-            self.keys.append(kb)
-            self.values.append(vb)
+            k = [k] if isinstance(k, torch.Tensor) else list(k)
+            v = [v] if isinstance(v, torch.Tensor) else list(v)
+            B = sum(x.shape[0] for x in k)
+            _, G, n, d = k[0].shape
+            self.keys.append(_filled(k, B, G, n + extra, d))
+            self.values.append(_filled(v, B, G, n + extra, d))
             self.lengths.append(n)
         self.masks = masks
 
     def room(self) -> int:
         """How many more tokens fit (the least over the layers)."""
         return min(k.shape[2] - n for k, n in zip(self.keys, self.lengths, strict=True))
+
+
+def _filled(rows, B, G, capacity, d) -> torch.Tensor:
+    """A `[B, G, capacity, d]` buffer whose first tokens are `rows` stacked on dim 0."""
+    buf = rows[0].new_empty(B, G, capacity, d)
+    b = 0
+    for r in rows:
+        buf[b : b + r.shape[0], :, : r.shape[2]].copy_(r)
+        b += r.shape[0]
+    return buf
 
 
 class LeanDecoder:

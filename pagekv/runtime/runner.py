@@ -585,14 +585,10 @@ class Runner:
         """The prompt caches (one per batch row, same shapes) in a `LeanCache` with room
         for the question and the answer."""
         extra = (len(pre.question_ids) if pre.question_ids else 0) + max_new
-        layers = []
-        for rows in zip(*(c.layers for c in caches), strict=True):
-            if len(rows) == 1:
-                layers.append((rows[0].keys, rows[0].values))
-            else:
-                layers.append(
-                    (torch.cat([r.keys for r in rows]), torch.cat([r.values for r in rows]))
-                )
+        layers = [
+            ([r.keys for r in rows], [r.values for r in rows])
+            for rows in zip(*(c.layers for c in caches), strict=True)
+        ]  # each row copied once, into its slot of the lean cache
         return LeanCache(layers, extra, masks)
 
     def _ids(self, rows: list[list[int]]) -> torch.Tensor:
