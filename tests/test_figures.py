@@ -262,3 +262,19 @@ def test_strip_pages_clips_and_merges():
     assert fp.strip_pages(1, [0], 3) == [0]  # a one-page prompt
     with pytest.raises(ValueError, match="margin"):
         fp.strip_pages(10, [5], -1)
+
+
+def test_long_side_titles_wrap_onto_two_lines():
+    """A side label that names several differing settings wraps (at 800 px it ran into
+    the next column's title); a short one is left as it is."""
+    p = spiked_plan([[33, 13], [50, 34]])
+    long_a = "A: entropy, window scorer, uniform budget"
+    fig = fp.page_frame({long_a: p, "B: entropy": p}, [33])
+    titles = [a.text for a in fig.layout.annotations]
+    assert "A: entropy, window<br>scorer, uniform budget" in titles
+    assert "B: entropy" in titles
+    for t in titles:
+        lines = t.split("<br>")
+        assert len(lines) <= 2
+        if not t.startswith("needle"):
+            assert all(len(line) <= fp.SIDE_TITLE_CHARS for line in lines)

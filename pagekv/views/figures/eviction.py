@@ -5,6 +5,7 @@ plotly figures (see `pagekv.views.figures`)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -105,6 +106,12 @@ def _runs(xs: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
+#: Characters per line of a side's title over its overview: a label naming several
+#: differing settings ("B: entropy, reconstruct scorer, global budget") wraps onto the
+#: two lines the strips' titles use, instead of running into the next column at 800 px.
+SIDE_TITLE_CHARS = 24
+
+
 def page_frame(
     plans: dict,
     needle_positions: Sequence[int] | dict | None = None,
@@ -156,7 +163,7 @@ def page_frame(
             n_strip = len(side["strip"])
             frac = min(0.5, max(0.25, n_strip / (n_strip + 20)))
         widths.append(1.0 - frac)
-        titles.append(side["label"])
+        titles.append("<br>".join(textwrap.wrap(side["label"], SIDE_TITLE_CHARS)))
         cols.append(("overview", side))
         if has_strip:
             kept, total = side["count"]
