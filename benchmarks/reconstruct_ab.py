@@ -41,6 +41,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pagekv import EvictionConfig, plan  # noqa: E402
+from pagekv.maths.entropy import HeadMasses  # noqa: E402
 from pagekv.measurement.replay.grid import FULL  # noqa: E402
 from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.reconstruct import as_profiles  # noqa: E402
@@ -71,6 +72,8 @@ SETTINGS = {
     "reconstruct/mean, global": ("reconstruct", "mean", "global", "entropy"),
     "reconstruct/max, global, mean pooling": ("reconstruct", "max", "global", "mean"),
     "reconstruct/max, global, max pooling": ("reconstruct", "max", "global", "max"),
+    # Entropy weights of the aggregated profile (before `reconstruction_masses`).
+    "reconstruct/max, global, profile entropy": ("reconstruct", "max", "global", "profile"),
 }
 DEFAULT_SETTINGS = tuple(k for k in SETTINGS if "pooling" not in k and k != "window, global")
 
@@ -156,10 +159,26 @@ def main(argv=None) -> int:
         for budget in args.budgets:
             for setting in args.settings:
                 scorer, agg, alloc, policy = SETTINGS[setting]
-                cfg = base.replace(budget=budget, allocation=alloc, policy=policy, scorer=scorer)
+                cfg = base.replace(
+                    budget=budget,
+                    allocation=alloc,
+                    policy="entropy" if policy == "profile" else policy,
+                    scorer=scorer,
+                )
                 name = f"{setting}, {100 * budget:g}%"
                 try:
-                    if agg in (None, "max"):  # the runner's own path (max: its default)
+                    if policy == "profile":  # entropy weights of the max profile
+                        prof = as_profiles(scores[agg])
+                        p = plan(
+                            prof,
+                            pre.n_groups,
+                            cfg,
+                            masses=HeadMasses.from_profiles(prof, cfg.n_sink),
+                            scales=scores[agg].sum(-1),
+                            backend=runner.backend,
+                        )
+                        planned = Planned(plan=p, scored_on="torch", score_s=0.0, plan_s=0.0)
+                    elif agg in (None, "max"):  # the runner's own path (max: its default)
                         planned = runner.plan_for(pre, cfg)
                     else:
                         p = plan(

@@ -22,6 +22,7 @@ from pagekv.maths.entropy import (
     entropy_head_weights,
     isolate_sinks,
     isolated_collision_mass,
+    row_focus_sums,
     sink_mass,
 )
 from tests.strategies import random_profiles
@@ -187,3 +188,75 @@ def test_all_mass_on_sinks_worked_example(n, n_sink):
     w = entropy_head_weights(p, 1, n_sink)
     # w proportional to the masses: (1/rest, 1) -> (1/(1+rest), rest/(1+rest)).
     assert w[0].tolist() == pytest.approx([1 / (1 + rest), rest / (1 + rest)], rel=1e-5)
+
+
+# ---------------------------------------------------------------- row_focus_sums
+
+
+@st.composite
+def attention_rows(draw):
+    """Rows of attention over N keys (softmax of random logits, some rows spiked or
+    all on the first keys), a context length n_ctx <= N and a largest sink count."""
+    R = draw(st.integers(1, 5))
+    N = draw(st.integers(1, 24))
+    n_ctx = draw(st.integers(1, N))
+    max_sink = draw(st.integers(0, 30))
+    seed = draw(st.integers(0, 2**16))
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, R, N, generator=g) * draw(st.sampled_from([0.1, 1.0, 8.0]))
+    if draw(st.booleans()):  # one row all on its first key (a pure sink row)
+        logits[0, 0] = -1e4
+        logits[0, 0, 0] = 0.0
+    return torch.softmax(logits, -1), n_ctx, max_sink
+
+
+@SETTINGS
+@given(case=attention_rows())
+def test_row_focus_sums_equal_isolate_sinks_row_by_row(case):
+    """For every sink count s: the summed masses are `sum_rows ||isolate_sinks(b, s)||^2`
+    of each row `b` renormalised over the context, and the sink shares `sum_rows
+    sum_{t<s} b(t)` (the plain, obviously right definitions)."""
+    probs, n_ctx, max_sink = case
+    masses, sinks = row_focus_sums(probs, n_ctx, max_sink)
+    assert masses.shape == sinks.shape == (2, max_sink + 1)
+    b = probs[..., :n_ctx].double()
+    b = b / b.sum(-1, keepdim=True)
+    for s in range(max_sink + 1):
+        iso = isolate_sinks(b, s).double()
+        torch.testing.assert_close(
+            masses[..., s].double(), (iso * iso).sum(-1).sum(-1), atol=1e-5, rtol=1e-4
+        )
+        torch.testing.assert_close(
+            sinks[..., s].double(), b[..., : min(s, n_ctx)].sum(-1).sum(-1), atol=1e-5, rtol=1e-4
+        )
+
+
+def test_row_focus_sums_worked_values():
+    """A one-hot row (a copying query) has mass 1 for every s below its key; a uniform
+    row over 8 context keys 1/(8 - s); a row all on the first 2 keys is uniform after
+    isolating them (1/6 at s = 2); with s >= n_ctx the plain mass (column 0)."""
+    N, n_ctx = 10, 8
+    onehot = torch.zeros(N)
+    onehot[5] = 1.0
+    uniform = torch.cat([torch.full((n_ctx,), 0.1), torch.full((2,), 0.1)])
+    sinks_only = torch.zeros(N)
+    sinks_only[:2] = 0.5
+    rows = torch.stack([onehot, uniform, sinks_only])
+    for r, want in [
+        (0, [1.0, 1.0, 1.0, 1.0]),
+        (1, [1 / 8, 1 / 7, 1 / 6, 1 / 5]),
+        (2, [0.5, 1.0, 1 / 6, 1 / 5]),
+    ]:
+        masses, _ = row_focus_sums(rows[r : r + 1], n_ctx, 3)
+        torch.testing.assert_close(masses, torch.tensor(want), msg=str(r))
+    masses, sinks = row_focus_sums(rows[1:2], n_ctx, 12)  # s = 8..12: nothing left
+    torch.testing.assert_close(masses[8:], torch.full((5,), 1 / 8))
+    torch.testing.assert_close(sinks[8:], torch.ones(5))
+    torch.testing.assert_close(sinks[:3], torch.tensor([0.0, 1 / 8, 2 / 8]))
+    # Two rows sum.
+    masses, _ = row_focus_sums(rows[:2], n_ctx, 0)
+    torch.testing.assert_close(masses, torch.tensor([1.0 + 1 / 8]))
+    with pytest.raises(ValueError, match="n_ctx"):
+        row_focus_sums(rows, 11, 2)
+    with pytest.raises(ValueError, match="max_sink"):
+        row_focus_sums(rows, 4, -1)

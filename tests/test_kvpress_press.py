@@ -381,10 +381,14 @@ def _prefill(model, ids, press=None):
 def _reference_plan(model, ids, instr, cfg, chunk=None):
     """What pagekv picks by reconstruction, computed without the press: the scores of
     `reconstruction_scores` on a copy of an uncompressed prefill's cache, profiles
-    (`as_profiles`), masses (`HeadMasses.from_profiles`), then `plan`, as
-    `Runner.reconstruction_scores` + `Runner.plan_for` do; with that prefill's cache."""
-    from pagekv.maths.entropy import HeadMasses
-    from pagekv.runtime.reconstruct import CHUNK, as_profiles, reconstruction_scores
+    (`as_profiles`), masses (the queries' focus, `reconstruction_masses`), then `plan`,
+    as `Runner.reconstruction_scores` + `Runner.plan_for` do; with that prefill's cache."""
+    from pagekv.runtime.reconstruct import (
+        CHUNK,
+        as_profiles,
+        reconstruction_masses,
+        reconstruction_scores,
+    )
     from pagekv.runtime.runner import _new_cache
 
     full = _prefill(model, ids)
@@ -392,7 +396,7 @@ def _reference_plan(model, ids, instr, cfg, chunk=None):
     scores = reconstruction_scores(model, copy, ids, instr, chunk=chunk or CHUNK)
     prof = as_profiles(scores["max"])
     G = int(full.layers[0].keys.shape[1])
-    return plan(prof, G, cfg, masses=HeadMasses.from_profiles(prof, cfg.n_sink)), full
+    return plan(prof, G, cfg, masses=reconstruction_masses(scores, prof, cfg.n_sink)), full
 
 
 def _assert_kept(press, cache, ref, full):

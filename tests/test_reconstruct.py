@@ -11,7 +11,13 @@ import copy
 import pytest
 import torch
 
-from pagekv.runtime.reconstruct import reconstruction_profiles, reconstruction_scores
+from pagekv.maths.entropy import isolate_sinks, weights_from_mass
+from pagekv.runtime.reconstruct import (
+    FOCUS_SINKS,
+    reconstruction_masses,
+    reconstruction_profiles,
+    reconstruction_scores,
+)
 from pagekv.runtime.runner import Runner, _new_cache
 
 from .test_runner import prompt, tiny_model
@@ -128,10 +134,12 @@ def test_the_triton_path_gives_the_torch_scores(eager, chunk, n):
     pre = runner.prefill(ctx, window_max=8)
     want = reconstruction_scores(model, _copy(pre.cache), ctx, instr, chunk=chunk)
     got = reconstruction_scores(model, _copy(pre.cache), ctx, instr, chunk=chunk, backend="triton")
-    assert set(got) == {"max", "mean"}
+    assert set(got) == {"max", "mean", "focus_mass", "focus_sink"}
     for agg in ("max", "mean"):
         assert got[agg].shape == (3, 8, n) and got[agg].dtype == torch.float32
         torch.testing.assert_close(got[agg], want[agg], atol=2e-6, rtol=1e-5, msg=agg)
+    for part in ("focus_mass", "focus_sink"):  # torch ops on both backends, same rows
+        torch.testing.assert_close(got[part], want[part], atol=2e-6, rtol=1e-5, msg=part)
     # The two aggregations differ, so each comparison checks its own output.
     assert not torch.allclose(got["max"], got["mean"], atol=1e-3)
 
@@ -142,3 +150,64 @@ def test_the_backend_is_checked_before_the_pass(eager):
     pre = runner.prefill(ctx, window_max=4)
     with pytest.raises(ValueError, match="backend must be one of"):
         reconstruction_profiles(eager, _copy(pre.cache), ctx, [], backend="cuda")
+
+
+def _reference_focus(model, ctx: list[int], instr: list[int], n_sink: int):
+    """Each head's mean over the reconstruction queries of the sink-isolated collision
+    mass of its attention row on the context (renormalised there), and of its sink
+    share, written out row by row with `isolate_sinks`: `([L, H], [L, H])`."""
+    ids = ctx + instr + ctx
+    n, m = len(ctx), len(instr)
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([ids]), output_attentions=True)
+    masses, sinks = [], []
+    for a in out.attentions:
+        rows = a[0, :, n + m :, :n].double()  # [H, n queries, n context keys]
+        rows = rows / rows.sum(-1, keepdim=True)
+        iso = isolate_sinks(rows, n_sink).double()  # one "profile" per query row
+        masses.append((iso * iso).sum(-1).mean(-1))
+        sinks.append(rows[..., :n_sink].sum(-1).mean(-1))
+    return torch.stack(masses).float(), torch.stack(sinks).float()
+
+
+@pytest.mark.parametrize("n_sink", [0, 2, 5])
+def test_the_head_masses_are_the_reconstruction_queries_focus(eager, n_sink):
+    """`reconstruction_masses` gives, per head, the mean over the reconstruction queries
+    of each query's sink-isolated collision mass on the context, against a reference
+    from the full eager attention; it is not the collision mass of the max profile."""
+    runner = Runner(eager)
+    ctx, instr = prompt(40, seed=3), prompt(5, seed=4)
+    pre = runner.prefill(ctx, window_max=8)
+    scores = reconstruction_scores(eager, _copy(pre.cache), ctx, instr, chunk=16)
+    assert scores["focus_mass"].shape == (3, 8, FOCUS_SINKS + 1)
+    prof = scores["max"] / scores["max"].sum(-1, keepdim=True)
+    got = reconstruction_masses(scores, prof, n_sink)
+    want_mass, want_sink = _reference_focus(eager, ctx, instr, n_sink)
+    torch.testing.assert_close(got.isolated, want_mass, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(got.sink, want_sink, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(got.collision, _reference_focus(eager, ctx, instr, 0)[0])
+    assert got.n_sink == n_sink
+    # The profile's own collision mass is another quantity (the check can fail).
+    profile_mass = (isolate_sinks(prof, n_sink) ** 2).sum(-1)
+    assert not torch.allclose(got.isolated, profile_mass, rtol=0.1)
+    with pytest.raises(ValueError, match=f"n_sink 0..{FOCUS_SINKS}"):
+        reconstruction_masses(scores, prof, FOCUS_SINKS + 1)
+
+
+def test_the_runner_weights_heads_by_the_queries_focus(eager):
+    """The runner's reconstruct plan weights each group's heads by the focus masses
+    (softmax of -H2 within a group), memoised per n_sink on the one pass."""
+    from pagekv import EvictionConfig
+
+    runner = Runner(eager)
+    ctx = prompt(48, seed=7)
+    pre = runner.prefill(ctx, window_max=8)
+    cfg = EvictionConfig(policy="entropy", budget=0.4, page_size=4, n_sink=3, window=8,
+                         scorer="reconstruct")  # fmt: skip
+    p = runner.plan_for(pre, cfg).plan
+    scores = pre.reconstruction
+    want = weights_from_mass(scores["focus_mass"][..., 3], pre.n_groups, cfg.tau)
+    torch.testing.assert_close(p.head_weights, want)
+    prof = pre._scores[("reconstruct", 3)][0]
+    other = weights_from_mass((isolate_sinks(prof, 3) ** 2).sum(-1), pre.n_groups, cfg.tau)
+    assert not torch.allclose(p.head_weights, other, atol=1e-3)

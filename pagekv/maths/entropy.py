@@ -152,6 +152,55 @@ def isolated_collision_mass(profiles: torch.Tensor, n_sink: int) -> torch.Tensor
     return HeadMasses.from_profiles(profiles, n_sink).isolated
 
 
+def row_focus_sums(
+    probs: torch.Tensor, n_ctx: int, max_sink: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """How focused each attention row is on the first `n_ctx` keys, for every sink count.
+
+    `probs` `[..., R, N]` are `R` attention rows (each a softmax over its `N` keys). Row
+    `i` restricted to the keys `t < n_ctx` and renormalised there is `b_i`; for a sink
+    count `s` its sink-isolated collision mass is `sum_{s <= t < n_ctx} b~_i(t)^2` with
+    `b~_i` the row renormalised over `s <= t < n_ctx` (`isolate_sinks` of one row), and
+    its sink share is `sum_{t < s} b_i(t)`. Returns both summed over the `R` rows, for
+    every `s = 0 .. max_sink`: `(masses [..., max_sink + 1], sinks [..., max_sink + 1])`
+    float32. Divide by the row count for the means the reconstruction scorer's head
+    weights use (`pagekv.runtime.reconstruct`).
+
+    As `isolated_mass_from_sums`: the non-sink mass is summed directly (never `1 -`
+    the sink share, so no cancellation); a row whose non-sink mass is below `SINK_EPS`
+    of its context mass gets the uniform value `1 / (n_ctx - s)`; and `s >= n_ctx`
+    (nothing left to isolate) gives the plain collision mass, column 0.
+    """
+    if isinstance(max_sink, bool) or not isinstance(max_sink, int) or max_sink < 0:
+        raise ValueError(f"max_sink must be an integer >= 0; got {max_sink!r}")
+    if not 1 <= n_ctx <= probs.shape[-1]:
+        raise ValueError(f"n_ctx must be in 1..{probs.shape[-1]} (the keys); got {n_ctx}")
+    p = probs[..., :n_ctx].float()
+    s = min(max_sink, n_ctx)
+    head, tail = p[..., :s], p[..., s:]
+    tail_sum, tail_sq = tail.sum(-1, keepdim=True), (tail * tail).sum(-1, keepdim=True)
+    # rest(j) = sum_{j <= t < n_ctx} p(t), j = 0..s, as suffix sums (all additions).
+    rest = torch.cat([head.flip(-1).cumsum(-1).flip(-1) + tail_sum, tail_sum], dim=-1)
+    sq = torch.cat([(head * head).flip(-1).cumsum(-1).flip(-1) + tail_sq, tail_sq], dim=-1)
+    total = rest[..., :1]  # the row's context mass
+    left = n_ctx - torch.arange(s + 1, device=p.device)  # tokens after the sinks
+    degenerate = rest < SINK_EPS * total
+    mass = torch.where(
+        degenerate,
+        1.0 / left.clamp_min(1).to(p.dtype),
+        sq / rest.clamp_min(torch.finfo(p.dtype).tiny).square(),
+    )
+    mass = torch.where(left == 0, mass[..., :1], mass)  # s >= n_ctx: the plain mass
+    sink = torch.cat([torch.zeros_like(total), head.cumsum(-1)], dim=-1) / total.clamp_min(
+        torch.finfo(p.dtype).tiny
+    )
+    if s < max_sink:  # fewer keys than sink counts: the rest as s >= n_ctx
+        pad = max_sink - s
+        mass = torch.cat([mass, mass[..., :1].expand(*mass.shape[:-1], pad)], dim=-1)
+        sink = torch.cat([sink, sink[..., -1:].expand(*sink.shape[:-1], pad)], dim=-1)
+    return mass.sum(-2), sink.sum(-2)
+
+
 def weights_from_mass(mass: torch.Tensor, n_groups: int, tau: float) -> torch.Tensor:
     """Head weights `[L, H]` from collision masses `[L, H]`: `H2 = -log(mass)`, then
     `head_weights_from_entropy`. The one place masses become weights."""

@@ -16,7 +16,8 @@ Dispatch functions (the runner's entry points):
 
 - `score_window(q_win, keys, n_sink)`: profiles and per-head masses (`HeadMasses`).
 - `attention_scores(q, keys)`: the mean and the max attention of `w` causal queries on
-  every key (the reconstruction scorer's, one chunk of queries at a time).
+  every key (the reconstruction scorer's, one chunk of queries at a time);
+  `attention_scores_focus` adds how focused each query is (its head weights).
 - `page_scores(scores, weights, n_groups, page_size, n_sink, window)`: pooled and
   page scores plus the protected pages; `select_pages` (torch) then decides.
 - `compact_kv(keys, values, kept_idx)`: the dense compacted cache.
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
-from pagekv.maths.entropy import HeadMasses, mass_sums
+from pagekv.maths.entropy import HeadMasses, mass_sums, row_focus_sums
 from pagekv.maths.paging import page_reduce, protected_pages
 from pagekv.maths.pooling import max_pool, weighted_pool
 from pagekv.maths.profiles import attention_profiles, check_window_shapes
@@ -186,10 +187,50 @@ def attention_scores(
     return mean, top, used
 
 
+def attention_scores_focus(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    n_ctx: int,
+    max_sink: int,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, str]:
+    """`attention_scores`, and how focused each query is on the first `n_ctx` keys.
+
+    Returns `(mean [L, H, n], top [L, H, n], masses [L, H, S + 1], sinks [L, H, S + 1],
+    backend_used)` with `S = max_sink`: `masses` / `sinks` are `row_focus_sums` of the
+    `w` queries' attention rows (summed over the queries, per head, for every sink count
+    `0 .. S`). The focus is a reduction along each query's row, which the scoring kernel
+    (a reduction over queries per key) does not make: on Triton the kernel gives `mean`
+    and `top` and torch ops give the focus, one layer's `[H, w, n]` attention at a time;
+    on torch one pass of the twin gives all four.
+    """
+    used = resolve_backend(backend, keys)
+    if q.dim() == 3 and keys.dim() == 3:
+        q, keys = q[None], keys[None]
+    if used == "triton":
+        from kernels.score import score_layers as kernel
+
+        mean, _, top = kernel(q, keys, 0, scale=scale, return_max=True)
+        _, _, masses, sinks = _attention_scores_torch(
+            q, keys, scale, focus=(n_ctx, max_sink), reduce=False
+        )
+    else:
+        mean, top, masses, sinks = _attention_scores_torch(q, keys, scale, focus=(n_ctx, max_sink))
+    _ran("attention_scores", used, keys.device)
+    return mean, top, masses, sinks, used
+
+
 def _attention_scores_torch(
-    q: torch.Tensor, keys: torch.Tensor, scale: float | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch twin of `attention_scores` (the reference): float32 softmax per layer."""
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    scale: float | None,
+    focus: tuple[int, int] | None = None,
+    reduce: bool = True,
+) -> tuple[torch.Tensor, ...]:
+    """Torch twin of `attention_scores` (the reference): float32 softmax per layer. With
+    `focus=(n_ctx, max_sink)` also `row_focus_sums` of every layer's rows (`[L, H, S+1]`
+    twice); `reduce=False` skips the mean and max (returned as None)."""
     L, H, w, d, G, n = check_window_shapes(q, keys)
     r = H // G
     scale = d**-0.5 if scale is None else float(scale)
@@ -198,17 +239,28 @@ def _attention_scores_torch(
         torch.arange(n, device=keys.device)[None, :]
         > torch.arange(n - w, n, device=keys.device)[:, None]
     )  # [w, n]
-    mean = torch.empty(L, H, n, dtype=torch.float32, device=keys.device)
-    top = torch.empty_like(mean)
+    mean = top = masses = sinks = None
+    if reduce:
+        mean = torch.empty(L, H, n, dtype=torch.float32, device=keys.device)
+        top = torch.empty_like(mean)
+    if focus is not None:
+        masses = torch.empty(L, H, focus[1] + 1, dtype=torch.float32, device=keys.device)
+        sinks = torch.empty_like(masses)
     for layer in range(L):
         qq = q[layer].float().reshape(G, r * w, d)  # heads of a group share its keys
         logits = torch.bmm(qq, keys[layer].float().transpose(1, 2)).mul_(scale)
         logits = logits.view(G, r, w, n).masked_fill_(future, float("-inf"))
         probs = torch.softmax(logits, dim=-1)  # [G, r, w, n]
         del logits
-        mean[layer] = probs.mean(2).reshape(H, n)
-        top[layer] = probs.amax(2).reshape(H, n)
-    return mean, top
+        if reduce:
+            mean[layer] = probs.mean(2).reshape(H, n)
+            top[layer] = probs.amax(2).reshape(H, n)
+        if focus is not None:
+            m, s = row_focus_sums(probs.view(H, w, n), *focus)
+            masses[layer], sinks[layer] = m, s
+    if focus is None:
+        return mean, top
+    return mean, top, masses, sinks
 
 
 def score_cache(

@@ -25,8 +25,14 @@ program than the window. Memory stays bounded: on torch a chunk's attention
 rotary tables (`window_queries`), the keys from the cache after the module appended
 the chunk's own keys.
 
-The instruction (`REPEAT_PROMPT`), the choice to reconstruct every context token, and
-the max over queries are this module's choices; docs/design.md lists them.
+Head weights. The plan's head weights stay sink-isolated collision entropy, taken of the
+reconstruction queries' own attention rather than of the aggregated profile: a head's
+mass is the mean, over the reconstruction queries, of the sink-isolated collision mass
+of the query's attention renormalised over the context (`reconstruction_masses`).
+
+The instruction (`REPEAT_PROMPT`), the choice to reconstruct every context token, the
+max over queries and the queries' focus as head weights are this module's choices;
+docs/design.md lists them.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ import logging
 
 import torch
 
-from pagekv.runtime.backend import attention_scores, resolve_backend
+from pagekv.maths.entropy import HeadMasses
+from pagekv.runtime.backend import attention_scores_focus, resolve_backend
 from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
 
 log = logging.getLogger("pagekv")
@@ -45,6 +52,9 @@ log = logging.getLogger("pagekv")
 REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n"
 #: Reconstruction queries per forward: bounds the `[H, chunk, N]` attention of a chunk.
 CHUNK = 256
+#: The head weights' focus is kept for every sink count up to this (the app's n_sink
+#: range, `pagekv.views.inputs.LIMITS`); `reconstruction_masses` refuses more.
+FOCUS_SINKS = 64
 
 
 #: How a head's attention over the reconstruction queries becomes one score per context
@@ -91,9 +101,13 @@ def reconstruction_scores(
     cache_kw: str | None = None,
     backend: str = "torch",
 ) -> dict[str, torch.Tensor]:
-    """Every aggregation of one reconstruction pass: `{"max": [L, H, n], "mean": ...}`
-    float32, not normalised (the largest and the mean attention of the reconstruction
-    queries on each context token).
+    """Every aggregation of one reconstruction pass, float32: `"max"` and `"mean"`
+    `[L, H, n]`, not normalised (the largest and the mean attention of the reconstruction
+    queries on each context token), and the queries' focus, `"focus_mass"` and
+    `"focus_sink"` `[L, H, FOCUS_SINKS + 1]`: the mean over the reconstruction queries of
+    `pagekv.maths.entropy.row_focus_sums` (each query's sink-isolated collision mass on
+    the context, and its sink share, for every sink count), what `reconstruction_masses`
+    makes the head weights of.
 
     Args:
         model: the decoder whose prefill made `cache`.
@@ -127,6 +141,7 @@ def reconstruction_scores(
     used = resolve_backend(backend, dev)
     best: list[torch.Tensor | None] = [None] * len(mods)  # [H, n] running max per layer
     total: list[torch.Tensor | None] = [None] * len(mods)  # [H, n] running sum per layer
+    focus: list[list[torch.Tensor] | None] = [None] * len(mods)  # [H, S + 1] sums x 2
     queries: list[torch.Tensor | None] = [None] * len(mods)
     active = {"on": False}
 
@@ -152,10 +167,17 @@ def reconstruction_scores(
             keys = cache.layers[index].keys[:1]  # [1, G, N, d], the chunk's included
             c = q.shape[2]
             # Causal: query i of the chunk sits at key index N - c + i.
-            mean, top, _ = attention_scores(q, keys, attention_scale(module), backend=used)
+            mean, top, masses, sinks, _ = attention_scores_focus(
+                q, keys, n, FOCUS_SINKS, attention_scale(module), backend=used
+            )
             top, summed = top[0, :, :n], mean[0, :, :n] * c  # [H, n] over the context
             best[index] = top if best[index] is None else torch.maximum(best[index], top)
             total[index] = summed if total[index] is None else total[index] + summed
+            if focus[index] is None:
+                focus[index] = [masses[0], sinks[0]]
+            else:
+                focus[index][0] += masses[0]
+                focus[index][1] += sinks[0]
             queries[index] = None
             return None
 
@@ -180,7 +202,45 @@ def reconstruction_scores(
         for h in handles:
             h.remove()
     log.debug("reconstruction_scores ran on the %s backend (%s)", used, dev)
-    return {"max": torch.stack(best), "mean": torch.stack(total) / n}  # [L, H, n] each
+    return {
+        "max": torch.stack(best),  # [L, H, n]
+        "mean": torch.stack(total) / n,
+        "focus_mass": torch.stack([f[0] for f in focus]) / n,  # [L, H, S + 1], n queries
+        "focus_sink": torch.stack([f[1] for f in focus]) / n,
+    }
+
+
+def reconstruction_masses(scores: dict, profiles: torch.Tensor, n_sink: int) -> HeadMasses:
+    """The head masses of the reconstruction scorer for `n_sink` sinks: the focus of the
+    reconstruction queries (`scores["focus_mass"]`: each head's mean, over the queries,
+    of the sink-isolated collision mass of its attention on the context), not the
+    collision mass of the aggregated `profiles`.
+
+    Why: a head's profile here is its LARGEST attention over some n repeating queries,
+    and a head that copies the context (what the reconstruction needs kept) gives a high
+    maximum to every token it copies: its profile is flat, its collision entropy high, its
+    weight low; a head whose maximum sits on a few tokens whatever is repeated gets the
+    weight instead. The queries' own focus ranks them the other way round. Measured on
+    the replay's after-mode needles, docs/reconstruct_ab.md. The sink masses are the
+    queries' mean sink share (`scores["focus_sink"]`). `profiles` `[L, H, n]` give the
+    shape and `n` only.
+    """
+    masses, sinks = scores["focus_mass"], scores["focus_sink"]
+    most = masses.shape[-1] - 1
+    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or not 0 <= n_sink <= most:
+        raise ValueError(
+            f"the reconstruction scorer's head weights are kept for n_sink 0..{most}; "
+            f"got {n_sink!r}"
+        )
+    L, H, _ = profiles.shape
+    if tuple(masses.shape[:2]) != (L, H):
+        raise ValueError(f"focus of shape {tuple(masses.shape)} for profiles of [{L}, {H}, n]")
+    return HeadMasses(
+        sink=sinks[..., n_sink].float(),
+        isolated=masses[..., n_sink].float(),
+        collision=masses[..., 0].float(),
+        n_sink=n_sink,
+    )
 
 
 def _forward(model, ids: list[int], pos: int, cache, cache_kw: str, dev) -> None:

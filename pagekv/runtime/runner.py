@@ -65,7 +65,12 @@ from pagekv.runtime.backend import compact_layers, resolve_backend, score_cache
 from pagekv.runtime.capture import WindowQueryCapture, attention_modules
 from pagekv.runtime.lean_decode import LeanCache, LeanDecoder, resolve_decode
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
-from pagekv.runtime.reconstruct import REPEAT_PROMPT, as_profiles, reconstruction_scores
+from pagekv.runtime.reconstruct import (
+    REPEAT_PROMPT,
+    as_profiles,
+    reconstruction_masses,
+    reconstruction_scores,
+)
 from pagekv.runtime.result import RunResult
 from pagekv.runtime.small_batch import small_batch_linears
 
@@ -337,14 +342,17 @@ class Runner:
         self, pre: Prefill, n_sink: int
     ) -> tuple[torch.Tensor, HeadMasses, str]:
         """Profiles `[L, H, n]` of the reconstruction pass (its "max" aggregation) and
-        their masses for `n_sink` sinks, memoised on `pre` like `Prefill.scores`."""
+        the head masses for `n_sink` sinks (the reconstruction queries' focus,
+        `reconstruction_masses`), memoised on `pre` like `Prefill.scores`."""
         key = ("reconstruct", int(n_sink))
         if key not in pre._scores:
             cached = next(
                 (v for (kind, _), v in pre._scores.items() if kind == "reconstruct"), None
             )
-            prof = as_profiles(self.reconstruction(pre)["max"]) if cached is None else cached[0]
-            pre._scores[key] = (prof, HeadMasses.from_profiles(prof, n_sink), self.backend)
+            scores = self.reconstruction(pre)
+            prof = as_profiles(scores["max"]) if cached is None else cached[0]
+            masses = reconstruction_masses(scores, prof, n_sink)
+            pre._scores[key] = (prof, masses, self.backend)
         return pre._scores[key]
 
     def evict(

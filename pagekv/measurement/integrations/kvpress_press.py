@@ -85,7 +85,6 @@ from dataclasses import dataclass, field
 import torch
 
 from pagekv.maths.config import SCORERS, EvictionConfig
-from pagekv.maths.entropy import HeadMasses
 from pagekv.maths.paging import BudgetError
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import POOLED_POLICIES, get_policy
@@ -93,7 +92,12 @@ from pagekv.measurement.peer.kvpress_peer import kvpress_kept
 from pagekv.runtime.backend import BACKENDS, compact_kv, score_window
 from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
-from pagekv.runtime.reconstruct import REPEAT_PROMPT, as_profiles, reconstruction_scores
+from pagekv.runtime.reconstruct import (
+    REPEAT_PROMPT,
+    as_profiles,
+    reconstruction_masses,
+    reconstruction_scores,
+)
 
 log = logging.getLogger(__name__)
 
@@ -509,7 +513,7 @@ class PageEntroKVPress(_Base):
         tokens afterwards (also when the pass fails), as kvpress's ``KVzipPress`` keeps
         only the prefilled pairs: no copy of the cache. Each layer is planned as the
         runner plans a reconstruct configuration (``Runner.plan_for``: profiles
-        ``as_profiles(scores["max"])``, ``HeadMasses.from_profiles``); every layer is
+        ``as_profiles(scores["max"])``, ``reconstruction_masses``); every layer is
         planned before any is compacted, so a strict BudgetError leaves the cache whole.
         """
         n = len(context_ids)
@@ -540,7 +544,11 @@ class PageEntroKVPress(_Base):
         plans = []
         for i, la in enumerate(layers):
             prof = profiles[i : i + 1]  # [1, H, n]: one layer on plan's layer axis
-            masses = HeadMasses.from_profiles(prof, cfg.n_sink)
+            masses = reconstruction_masses(
+                {k: v[i : i + 1] for k, v in scores.items() if k.startswith("focus")},
+                prof,
+                cfg.n_sink,
+            )
             plans.append(self._plan(prof, int(la.keys.shape[1]), cfg, masses, self.backend))
         for i, (la, p) in enumerate(zip(layers, plans, strict=True)):
             kept = p.kept_indices()[0].to(la.keys.device)  # [G, k']
