@@ -268,11 +268,23 @@ class LeanDecoder:
             cache.values[i].narrow(2, n0, t).copy_(v)
             cache.lengths[i] = n = n0 + t
             mask = _mask(cache.masks[i] if cache.masks is not None else None, n0, t, q)
-            a = F.scaled_dot_product_attention(
-                q, cache.keys[i].narrow(2, 0, n), cache.values[i].narrow(2, 0, n),
-                attn_mask=mask, scale=lay["scaling"], enable_gqa=True,
-            )  # fmt: skip
-            x.add_(lay["o"](a.transpose(1, 2).reshape(B * t, -1), own))
+            keys, values = cache.keys[i].narrow(2, 0, n), cache.values[i].narrow(2, 0, n)
+            if t == 1:
+                # One new token: a group's r query heads are r query rows over the group's
+                # keys (no causal mask among them), so each group's keys and values are
+                # read once, not once per query head as the GQA kernel does.
+                G = k.shape[1]
+                folded = None if mask is None else mask.reshape(mask.shape[0], G, H // G, n)
+                a = F.scaled_dot_product_attention(
+                    q.reshape(B, G, H // G, d), keys, values, attn_mask=folded,
+                    scale=lay["scaling"],
+                )  # fmt: skip
+                a = a.reshape(B, H * d)  # [B, G, r, d] is [B, H, 1, d] in order
+            else:
+                a = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=mask, scale=lay["scaling"], enable_gqa=True
+                ).transpose(1, 2).reshape(B * t, -1)  # fmt: skip
+            x.add_(lay["o"](a, own))
             gu = lay["gate_up"](self._norm(x, lay["eps2"]), own)
             m = lay["inter"]
             x.add_(lay["down"](lay["act"](gu[:, :m]) * gu[:, m:], own))
