@@ -3,7 +3,9 @@ AFTER compression (the strict test): recall of the window scorer against the
 reconstruction scorer's aggregations (max, mean over the reconstruction queries), with
 the uniform and the global allocation, at the budgets given. Entropy pooling, pages of
 16, n_sink 4, window 32 (the replay's T4 settings; `--page-size`, `--n-sink` and
-`--window` change them). `--dtype` is the runner's decode (`auto`: float16 linear
+`--window` change them). `--mode inside` asks the question inside the prompt instead
+(the issue's question-inside check; the peer presses are for after mode). `--dtype` is
+the runner's decode (`auto`: float16 linear
 weights on the CPU; the first measurements, before it existed, decoded in float32).
 
     python benchmarks/reconstruct_ab.py [--contexts 500 1000 2000] [--budgets 0.2 0.5]
@@ -11,6 +13,7 @@ weights on the CPU; the first measurements, before it existed, decoded in float3
                                          [--peer kvzip kvzip_layerwise keydiff]
                                          [--settings "reconstruct/max, global" ...]
                                          [--window 32] [--n-sink 4] [--dtype auto]
+                                         [--mode after|inside]
 
 Each prompt is prefilled once and reconstructed once (both aggregations come from the
 same pass); every setting then plans and decodes on that prefill. Prints one row per
@@ -50,15 +53,16 @@ from pagekv.serving.study import PromptSpec, Study  # noqa: E402
 from pagekv.tasks import default_max_new_tokens, score  # noqa: E402
 
 
-def t4_specs(contexts) -> list[PromptSpec]:
-    """The replay's T4 after-mode prompts (its seeds), for the given context lengths."""
+def t4_specs(contexts, mode: str = "after") -> list[PromptSpec]:
+    """The replay's T4 prompts (its seeds) for the given context lengths, the question
+    asked `mode` ("after" compression: the strict test; "inside" the prompt)."""
     out = []
     for ci, ctx in enumerate(FULL.t4_contexts):
         if ctx not in contexts:
             continue
         for di, depth in enumerate(FULL.t4_depths):
             seed = 100 * ci + 10 * di
-            out.append(PromptSpec(context_tokens=ctx, depth=depth, seed=seed, mode="after"))
+            out.append(PromptSpec(context_tokens=ctx, depth=depth, seed=seed, mode=mode))
     return out
 
 
@@ -129,6 +133,12 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=32, help="protected window (tokens)")
     ap.add_argument("--n-sink", type=int, default=4, help="protected sink tokens")
     ap.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help="the decode")
+    ap.add_argument(
+        "--mode",
+        default="after",
+        choices=("after", "inside"),
+        help="the question asked after compression (default) or inside the prompt",
+    )
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--peer", nargs="*", default=[], choices=sorted(PEER_PRESSES))
     ap.add_argument(
@@ -146,7 +156,7 @@ def main(argv=None) -> int:
     )
     rows: dict[str, dict] = {}
     times = {"prefill_s": [], "reconstruct_s": []}
-    specs = t4_specs(set(args.contexts))
+    specs = t4_specs(set(args.contexts), args.mode)
     prompts = []
     for spec in specs:
         prep = study.prepare(spec)
