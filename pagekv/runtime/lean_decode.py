@@ -24,10 +24,10 @@ in a buffer with room for the new tokens, written in place.
 
 The step is the model's own computation (`LlamaDecoderLayer`: pre-norm attention and
 MLP with residuals; RoPE from the model's own `rotary_emb`, so scaled variants stay
-right, applied as one product with a per-position matrix whose entries are its cos and
-±sin; the attention's own `scaling`; the MLP's own `act_fn`), checked against the
-transformers forward in `tests/test_lean_decode.py`: float32 weights match it to
-1e-5, half weights to the tolerance of their rounding. Which models:
+right, applied elementwise with a roll for `rotate_half`; the attention's own
+`scaling`; the MLP's own `act_fn`), checked against the transformers forward in
+`tests/test_lean_decode.py`: float32 weights match it to 1e-5, half weights to the
+tolerance of their rounding. Which models:
 `unsupported_reason(model)` accepts Llama, Mistral and Qwen2 decoders (biases
 included) whose layers have exactly these parts; anything else decodes with
 transformers, and the runner says which path ran.
@@ -139,6 +139,7 @@ class _Linear:
         if scale is not None:
             w = w * scale.detach().float()[None, :]
         self.weight = w.to(dtype).contiguous()
+        self.weight_t = self.weight.t()  # the view `mm` reads, made once
         self.modules = list(linears)
         self.scale = None if scale is None else scale.detach().float()
         self.bias = None
@@ -148,13 +149,19 @@ class _Linear:
             self.bias = torch.cat([x.detach() for x in b]).float()
 
     def __call__(self, x: torch.Tensor, own: bool = False) -> torch.Tensor:
-        """`x` `[rows, in]` float32 -> float32 `[rows, out]`: in the fused half-precision
-        weight, or (`own`) in the model's own float32 weights."""
+        """`x` `[rows, in]` -> `[rows, out]`: in the fused half-precision weight (`x` cast
+        to it unless it is in it already; the product in the weight's dtype, float32 with
+        a bias added), or (`own`, `x` float32) in the model's own float32 weights.
+
+        The half-precision product is not cast back here: its values are what the
+        float32 copy would hold, and the op that reads them (an add into the float32
+        residual, a product with float32 RoPE tables, a copy into the float32 cache)
+        promotes them itself, one op fewer per linear."""
         if own:
             h = x if self.scale is None else x * self.scale
             ys = [F.linear(h, m.weight, m.bias) for m in self.modules]
             return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
-        y = torch.mm(x.to(self.weight.dtype), self.weight.t()).float()
+        y = torch.mm(x if x.dtype == self.weight.dtype else x.to(self.weight.dtype), self.weight_t)
         return y if self.bias is None else y + self.bias
 
 
@@ -208,15 +215,16 @@ class LeanDecoder:
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
         # Each RMSNorm's weight is folded into the linear that reads it (`_Linear`).
-        self.final_eps = _norm_eps(inner.norm)
+        dev = inner.embed_tokens.weight.device
+        self.final_eps = torch.tensor(_norm_eps(inner.norm), device=dev)
         self.head = _Linear([model.lm_head], weight_dtype, inner.norm.weight)
         self.layers = []
         for layer in inner.layers:
             att, mlp = layer.self_attn, layer.mlp
             self.layers.append(
                 {
-                    "eps1": _norm_eps(layer.input_layernorm),
-                    "eps2": _norm_eps(layer.post_attention_layernorm),
+                    "eps1": torch.tensor(_norm_eps(layer.input_layernorm), device=dev),
+                    "eps2": torch.tensor(_norm_eps(layer.post_attention_layernorm), device=dev),
                     "qkv": _Linear([att.q_proj, att.k_proj, att.v_proj], weight_dtype,
                                    layer.input_layernorm.weight),
                     "o": _Linear([att.o_proj], weight_dtype),
@@ -230,15 +238,17 @@ class LeanDecoder:
                 }
             )  # fmt: skip
         self.head_dim = int(inner.layers[0].self_attn.head_dim)
-        self._swap: torch.Tensor | None = None  # rotate_half as a 0/1 matrix (`_rope`)
 
     @staticmethod
-    def _norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    def _norm(x: torch.Tensor, eps: torch.Tensor, out: torch.Tensor | None = None):
         """`x / rms(x)`, as LlamaRMSNorm computes it in float32, without its weight (folded
-        into the next linear); written with few, cheap ops (`F.rms_norm` and `mean` cost
-        more per call on the CPU)."""
-        r = (x * x).sum(-1, keepdim=True).mul_(1.0 / x.shape[-1]).add_(eps).rsqrt_()
-        return x * r
+        into the next linear), into `out` when given (a half-precision buffer: the cast
+        the next linear needs, in the same op). `eps` is a 0-dim float32 tensor: an op
+        given a Python number wraps and converts it at every call, which cost as much as
+        the op on these tiny rows (so did `F.rms_norm` and `mean`)."""
+        r = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        r = torch.addcmul(eps, r, r, value=1.0 / x.shape[-1]).rsqrt_()
+        return x * r if out is None else torch.mul(x, r, out=out)
 
     @torch.inference_mode()
     def step(self, ids: torch.Tensor, pos: int, cache: LeanCache) -> torch.Tensor:
@@ -253,13 +263,21 @@ class LeanDecoder:
         # without native half-precision arithmetic float32 is the faster one there.
         own = t > 1
         x = self.embed(ids).float().view(B * t, -1)  # [rows, D], the residual stream
-        rope = self._rope(x, pos, B, t)  # [B, t, d, d]
+        cos, signed = self._rope(x, pos, B, t)  # [B, t, 1, d] each
+        half = d // 2
+        # The inputs of the half-precision linears, written in place (each is read by its
+        # product before the next write); None: float32 inputs for the model's weights.
+        normed = None if own else x.new_empty(x.shape, dtype=self.weight_dtype)
+        mid = None if own else x.new_empty(B * t, self.layers[0]["inter"], dtype=self.weight_dtype)
         for i, lay in enumerate(self.layers):
-            qkv = lay["qkv"](self._norm(x, lay["eps1"]), own)
+            qkv = lay["qkv"](self._norm(x, lay["eps1"], normed), own)
             nq, nk = lay["split"]
             H = nq // d
-            # RoPE on q and k at once (adjacent in qkv): one product with `rope`.
-            qk = torch.matmul(qkv[:, : nq + nk].view(B, t, -1, d), rope)  # [B, t, H + G, d]
+            # RoPE on q and k at once (adjacent in qkv): x cos + rotate_half(x) sin, with
+            # rotate_half(x) sin = roll(x, d/2) * signed (`_rope`). Elementwise: a
+            # [12, 64] x [64, 64] matrix product here cost more than a linear layer.
+            qk = qkv[:, : nq + nk].view(B, t, -1, d)
+            qk = torch.addcmul(qk * cos, qk.roll(half, -1), signed)  # [B, t, H + G, d]
             q = qk[:, :, :H].transpose(1, 2)  # [B, H, t, d]
             k = qk[:, :, H:].transpose(1, 2)  # [B, G, t, d]
             v = qkv[:, nq + nk :].view(B, t, -1, d).transpose(1, 2)
@@ -284,29 +302,27 @@ class LeanDecoder:
                 a = F.scaled_dot_product_attention(
                     q, keys, values, attn_mask=mask, scale=lay["scaling"], enable_gqa=True
                 ).transpose(1, 2).reshape(B * t, -1)  # fmt: skip
-            x.add_(lay["o"](a, own))
-            gu = lay["gate_up"](self._norm(x, lay["eps2"]), own)
+            x.add_(lay["o"](a, own))  # the add promotes a half-precision product
+            gu = lay["gate_up"](self._norm(x, lay["eps2"], normed), own)
             m = lay["inter"]
-            x.add_(lay["down"](lay["act"](gu[:, :m]) * gu[:, m:], own))
+            act = lay["act"](gu[:, :m].float())  # the activation in float32, as before
+            h = act * gu[:, m:] if own else torch.mul(act, gu[:, m:], out=mid)
+            x.add_(lay["down"](h, own))
         x = self._norm(x.view(B, t, -1)[:, -1], self.final_eps)
-        return self.head(x)  # one row per batch row: the half-precision head
+        return self.head(x).float()  # one row per batch row: the half-precision head
 
-    def _rope(self, x: torch.Tensor, pos: int, B: int, t: int) -> torch.Tensor:
-        """RoPE at positions `pos..pos+t-1` as matrices `R` `[B, t, d, d]`, so that a
-        head's `x @ R` is `apply_rotary_pos_emb`'s `x * cos + rotate_half(x) * sin` (the
-        model's own `rotary_emb` gives cos and sin, its scaling included)."""
-        d = self.head_dim
+    def _rope(self, x: torch.Tensor, pos: int, B: int, t: int):
+        """RoPE at positions `pos..pos+t-1`: `(cos, signed)` `[B, t, 1, d]` float32 such
+        that a head's `x * cos + x.roll(d/2, -1) * signed` is `apply_rotary_pos_emb`'s
+        `x * cos + rotate_half(x) * sin` (`rotate_half(x) = (-x2, x1)` and `roll` gives
+        `(x2, x1)`, so `signed = (-sin1, sin2)`); the model's own `rotary_emb` gives cos
+        and sin, its scaling included."""
         positions = torch.arange(pos, pos + t, device=x.device).expand(B, t)
         cos, sin = self.rotary(x, positions)  # [B, t, d]
         cos, sin = cos.float(), sin.float()
-        if self._swap is None or self._swap.device != x.device:
-            # swap[i, j] = 1 where rotate_half moves x[i] to j: i = (j + d/2) mod d
-            j = torch.arange(d, device=x.device)
-            self._swap = torch.zeros(d, d, device=x.device)
-            self._swap[(j + d // 2) % d, j] = 1.0
-        half = d // 2
-        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign
-        return torch.diag_embed(cos) + self._swap * signed[..., None, :]
+        half = self.head_dim // 2
+        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        return cos[:, :, None, :], signed[:, :, None, :]
 
 
 def _mask(stored: torch.Tensor | None, n0: int, t: int, q: torch.Tensor) -> torch.Tensor | None:
