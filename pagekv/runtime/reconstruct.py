@@ -14,16 +14,17 @@ the reconstruction so far, causally), exactly the model's own attention rows. Th
 profile is `s_h` normalised to sum to 1 over the context, so the rest of the method
 (sink-isolated collision entropy, pooling per group, page selection) is unchanged.
 
-Each chunk's scores come from `pagekv.runtime.backend.attention_scores` (its `c`
+Each chunk's scores come from `pagekv.runtime.backend.attention_scores_focus` (its `c`
 queries over the `N` keys so far, query `i` at key index `N - c + i`: the scoring
 kernel's causal geometry with `w = c`), on the backend chosen by `backend`: the torch
 twin (the reference, the default) or the Triton scoring kernel with its max output,
 whose query axis is tiled so that long chunks (KVzip's 2048) need no more rows per
-program than the window. Memory stays bounded: on torch a chunk's attention
-`[H, chunk, N]` is the largest tensor, on Triton the `[H, N]` results are; the full
-`[L, H, n, n]` is never formed. The queries come from the module's own projection and
-rotary tables (`window_queries`), the keys from the cache after the module appended
-the chunk's own keys.
+program than the window; the queries' focus (the head weights, below) is a reduction
+along each query's row, made by torch ops on both backends. Memory stays bounded: one
+layer's chunk attention `[H, chunk, N]` is the largest tensor (on Triton too, for the
+focus); the full `[L, H, n, n]` is never formed. The queries come from the module's own
+projection and rotary tables (`window_queries`), the keys from the cache after the
+module appended the chunk's own keys.
 
 Head weights. The plan's head weights stay sink-isolated collision entropy, taken of the
 reconstruction queries' own attention rather than of the aggregated profile: a head's
