@@ -871,9 +871,10 @@ RECONSTRUCT_PIPELINE = """
 import json, torch
 from transformers import DynamicCache, pipeline
 from pagekv import EvictionConfig, plan
-from pagekv.maths.entropy import HeadMasses
 from pagekv.measurement.integrations import PageEntroKVPress
-from pagekv.runtime.reconstruct import REPEAT_PROMPT, as_profiles, reconstruction_scores
+from pagekv.runtime.reconstruct import (
+    REPEAT_PROMPT, as_profiles, reconstruction_masses, reconstruction_scores,
+)
 
 pipe = pipeline('kv-press-text-generation', model='HuggingFaceTB/SmolLM2-135M-Instruct')
 context = ('The grass is green. The sky is blue. ' * 10 + 'The secret passcode is 7351. '
@@ -893,9 +894,10 @@ copy = DynamicCache()
 for i, la in enumerate(full.layers):
     copy.update(la.keys.clone(), la.values.clone(), i)
 instr = pipe.tokenizer.encode(REPEAT_PROMPT, add_special_tokens=False)
-prof = as_profiles(reconstruction_scores(model, copy, ids[0].tolist(), instr)['max'])
+scores = reconstruction_scores(model, copy, ids[0].tolist(), instr)
+prof = as_profiles(scores['max'])
 cfg = EvictionConfig(budget=0.5, page_size=16, scorer='reconstruct')
-ref = plan(prof, full.layers[0].keys.shape[1], cfg, masses=HeadMasses.from_profiles(prof, 4))
+ref = plan(prof, full.layers[0].keys.shape[1], cfg, masses=reconstruction_masses(scores, prof, 4))
 idx = ref.kept_indices()
 same = []
 for i, la in enumerate(cache.layers):

@@ -35,14 +35,18 @@ from kvpress import (
 )
 
 from pagekv import EvictionConfig, plan
-from pagekv.maths.entropy import HeadMasses
 from pagekv.measurement.integrations.kvpress_press import (
     KVPRESS_BASE,
     MeanPoolPagePress,
     PageEntroKVPress,
 )
 from pagekv.measurement.peer.kvpress_peer import kvpress_kept
-from pagekv.runtime.reconstruct import REPEAT_PROMPT, as_profiles, reconstruction_scores
+from pagekv.runtime.reconstruct import (
+    REPEAT_PROMPT,
+    as_profiles,
+    reconstruction_masses,
+    reconstruction_scores,
+)
 
 VOCAB = 1024  # kvpress's tests draw ids from randint(0, 1024)
 LOGGER = "pagekv.measurement.integrations.kvpress_press"
@@ -574,7 +578,7 @@ def keep_planned_cases(models):
 def reconstruct_reference_cases(models):
     """Not a kvpress test: pagekv's reconstruct scorer under kvpress's BasePress, checked
     against pagekv computed independently (``reconstruction_scores`` on an uncompressed
-    prefill, ``as_profiles``, ``HeadMasses.from_profiles``, ``plan``, as
+    prefill, ``as_profiles``, ``reconstruction_masses``, ``plan``, as
     ``Runner.plan_for`` plans a reconstruct configuration), with the instruction
     tokenised by the model's own tokenizer (the press's default), per layer; and a
     negative control: the window scorer keeps other pages."""
@@ -603,7 +607,7 @@ def reconstruct_reference_cases(models):
                     policy=press.policy, budget=0.4, page_size=8, window=16, scorer="reconstruct"
                 )
                 want = plan(prof, cache.layers[0].keys.shape[1], cfg,
-                            masses=HeadMasses.from_profiles(prof, cfg.n_sink))  # fmt: skip
+                            masses=reconstruction_masses(scores, prof, cfg.n_sink))  # fmt: skip
                 idx = want.kept_indices()  # [L, G, k']
                 for i, la in enumerate(cache.layers):
                     assert torch.equal(press.plans[i].page_keep[0], want.page_keep[i]), i
