@@ -44,7 +44,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pagekv import EvictionConfig, plan  # noqa: E402
-from pagekv.maths.entropy import HeadMasses  # noqa: E402
 from pagekv.measurement.replay.grid import FULL  # noqa: E402
 from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.reconstruct import as_profiles  # noqa: E402
@@ -177,20 +176,12 @@ def main(argv=None) -> int:
                 )
                 name = f"{setting}, {100 * budget:g}%"
                 try:
-                    if policy == "profile":  # entropy weights of the max profile
-                        prof = as_profiles(scores[agg])
-                        p = plan(
-                            prof,
-                            pre.n_groups,
-                            cfg,
-                            masses=HeadMasses.from_profiles(prof, cfg.n_sink),
-                            scales=scores[agg].sum(-1),
-                            backend=runner.backend,
-                        )
-                        planned = Planned(plan=p, scored_on="torch", score_s=0.0, plan_s=0.0)
-                    elif agg in (None, "max"):  # the runner's own path (max: its default)
-                        planned = runner.plan_for(pre, cfg)
+                    if agg in (None, "max") and policy != "profile":
+                        planned = runner.plan_for(pre, cfg)  # the runner's own path
                     else:
+                        # `plan` without masses weights heads by the entropy of the
+                        # profile itself (the "profile" setting, and the mean rows,
+                        # measured so before `reconstruction_masses`).
                         p = plan(
                             as_profiles(scores[agg]),
                             pre.n_groups,

@@ -209,15 +209,13 @@ def attention_scores_focus(
     if q.dim() == 3 and keys.dim() == 3:
         q, keys = q[None], keys[None]
     if used == "triton":
-        from kernels.score import score_layers as kernel
-
-        mean, _, top = kernel(q, keys, 0, scale=scale, return_max=True)
+        mean, top, _ = attention_scores(q, keys, scale, backend=used)
         _, _, masses, sinks = _attention_scores_torch(
             q, keys, scale, focus=(n_ctx, max_sink), reduce=False
         )
     else:
         mean, top, masses, sinks = _attention_scores_torch(q, keys, scale, focus=(n_ctx, max_sink))
-    _ran("attention_scores", used, keys.device)
+        _ran("attention_scores", used, keys.device)
     return mean, top, masses, sinks, used
 
 
