@@ -29,6 +29,7 @@ from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import POOLING_POLICIES, get_policy
 from pagekv.serving.study import Prepared, PromptSpec, Study, served_copy
 from pagekv.views import figures
+from pagekv.views.figure_memo import memo_figure
 
 #: Budgets of the UOR-across-budgets view.
 CURVE_BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
@@ -419,16 +420,34 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
             {label_a: pa, label_b: pb},
             {lab: comp.needle_positions_of(key) for key, lab in both},
         ),
-        "weights": lambda: figures.head_weights_bars(pb, layer),
-        "weights_overview": lambda: figures.layer_head_heatmap(
-            pb.weights_isolated, G, "Page-EntroKV head weights, every layer x head", zmax=1.0
+        # Side B's head weights and sink mass: the budget changes none of them, so
+        # they are drawn once per content (`figure_memo`), not on every release.
+        "weights": lambda: memo_figure(
+            "weights",
+            (pb.weights_isolated, pb.weights_nosink, pb.sink_heads, G, layer),
+            lambda: figures.head_weights_bars(pb, layer),
         ),
-        "sink_mass": lambda: figures.layer_head_heatmap(
-            pb.sink_mass, G, "Sink mass per layer x head (first n_sink tokens)", zmax=1.0
+        "weights_overview": lambda: memo_figure(
+            "weights_overview",
+            (pb.weights_isolated, G),
+            lambda: figures.layer_head_heatmap(
+                pb.weights_isolated, G, "Page-EntroKV head weights, every layer x head", zmax=1.0
+            ),
         ),
-        "sink_advantage": lambda: figures.sink_advantage_lines(
-            sink_advantage(pb.weights_isolated, pb.sink_heads, G),
-            sink_advantage(pb.weights_nosink, pb.sink_heads, G),
+        "sink_mass": lambda: memo_figure(
+            "sink_mass",
+            (pb.sink_mass, G),
+            lambda: figures.layer_head_heatmap(
+                pb.sink_mass, G, "Sink mass per layer x head (first n_sink tokens)", zmax=1.0
+            ),
+        ),
+        "sink_advantage": lambda: memo_figure(
+            "sink_advantage",
+            (pb.weights_isolated, pb.weights_nosink, pb.sink_heads, G),
+            lambda: figures.sink_advantage_lines(
+                sink_advantage(pb.weights_isolated, pb.sink_heads, G),
+                sink_advantage(pb.weights_nosink, pb.sink_heads, G),
+            ),
         ),
         "uor": lambda: _uor_figure(
             tuple(x["budget"] for x in feasible),

@@ -8,10 +8,9 @@ sends draws only what decoding adds. Nothing here touches the model.
 
 from __future__ import annotations
 
-import numpy as np
-
 from pagekv.serving.memo import ByteLRU, nbytes
 from pagekv.views.comparison import comparison_figures
+from pagekv.views.figure_memo import BYTES_PER_VALUE, figure_values
 
 #: Views that planning alone draws (a dragged slider updates these, without decoding).
 PLAN_VIEWS = ("frame", "retention", "uor", "stored", "memory")
@@ -51,19 +50,4 @@ def view_size(comp, figs: dict) -> int:
     and the figures' data arrays at 64 bytes a value (plotly objects of numbers and
     hover strings; measuring their JSON instead would cost as much as drawing them)."""
     held = 0 if comp is None else nbytes(comp)
-    return held + 64 * sum(_figure_values(f) for f in figs.values() if f is not None)
-
-
-def _figure_values(fig) -> int:
-    """How many values a figure's traces hold (z, x, y, text, customdata)."""
-    n = 0
-    for trace in fig.data:
-        for name in ("z", "x", "y", "text", "customdata"):
-            v = trace[name] if name in trace else None
-            if v is not None and not isinstance(v, str):
-                n += int(np.size(v)) if isinstance(v, np.ndarray) else _count(v)
-    return n
-
-
-def _count(v) -> int:
-    return sum(_count(x) for x in v) if isinstance(v, (list, tuple)) else 1
+    return held + BYTES_PER_VALUE * sum(figure_values(f) for f in figs.values() if f is not None)

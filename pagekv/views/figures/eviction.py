@@ -389,7 +389,7 @@ def head_weights_bars(p, layer: int, title=None):
         font=dict(size=11),
     )
     fig.update_layout(barmode="group", yaxis_title="weight within group", yaxis_range=[0, 1])
-    layout(fig, title or f"Head weights at layer {layer}", 360)
+    fig = layout(fig, title or f"Head weights at layer {layer}", 360)
     return fig.update_layout(margin_r=HEAD_WEIGHTS_RIGHT)
 
 

@@ -96,18 +96,32 @@ LEGEND = dict(
 
 def layout(fig, title, height=None, above=0):
     """Title, white template, margins and legend, the same for every figure. Returns
-    `fig`.
+    the figure to use from here on (a new one: see below).
 
     The title is at the top left, `TITLE_PAD` px down and `TITLE_X` of the width in,
     so no badge in the frame's corner covers its first characters; the top margin
     holds its lines (`<br>`) and `above` more px between it and the plot area, for
     what a figure draws there (subplot titles, notes, pointers). The legend is
     `LEGEND`: below the x-axis title, never on it.
+
+    Plotly's `update_layout` checks every property path it is given against its
+    schema, and that cost tens of milliseconds a figure, on the thread that shares
+    the CPU with the decode. Here the figure's layout JSON (already checked when it
+    was set) gets these settings merged in as plotly's own update would, and the
+    traces and that layout become a new figure without the check. `tests/test_figures_valid.py`
+    re-checks every figure the app draws against plotly's schema.
     """
+    lay = merge(fig.layout.to_plotly_json(), layout_settings(title, height, above))
+    lay["template"] = _template_json()
+    return _go().Figure(data=fig.data, layout=lay, _validate=False)
+
+
+def layout_settings(title, height=None, above=0) -> dict:
+    """What `layout` sets (the template apart), as `update_layout` arguments."""
     lines = title.count("<br>") + 1
     pad = TITLE_PAD + (TITLE_CAP if lines > 1 else 0)
     margin = dict(l=60, r=20, t=pad + TITLE_LINE * lines + TITLE_GAP + above, b=40)
-    fig.update_layout(
+    settings = dict(
         title=dict(
             text=title,
             x=TITLE_X,
@@ -119,10 +133,31 @@ def layout(fig, title, height=None, above=0):
             pad=dict(t=pad),
             font=dict(size=15),
         ),
-        template=_template(),
         margin=margin,
         legend=LEGEND,
     )
     if height:
-        fig.update_layout(height=height)
-    return fig
+        settings["height"] = height
+    return settings
+
+
+def merge(into: dict, update: dict) -> dict:
+    """`update` merged into `into` as plotly's `update_layout` merges: nested dicts key
+    by key, anything else replaced. Returns `into`."""
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            merge(into[k], v)
+        else:
+            into[k] = v
+    return into
+
+
+_TEMPLATE_JSON = []
+
+
+def _template_json() -> dict:
+    """`_template()` as the JSON a figure holds, made once (a figure built from JSON
+    copies what it is given, so figures share nothing through it)."""
+    if not _TEMPLATE_JSON:
+        _TEMPLATE_JSON.append(_template().to_plotly_json())
+    return _TEMPLATE_JSON[0]
