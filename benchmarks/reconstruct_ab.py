@@ -1,14 +1,16 @@
-"""A/B of the reconstruction scorer on the replay's T4 needle prompts, question asked
-AFTER compression (the strict test): recall of the window scorer against the
-reconstruction scorer's aggregations (max, mean over the reconstruction queries), with
-the uniform and the global allocation, at the budgets given. Entropy pooling, pages of
-16, n_sink 4, window 32 (the replay's T4 settings; `--page-size`, `--n-sink` and
-`--window` change them). `--mode inside` asks the question inside the prompt instead
-(the issue's question-inside check; the peer presses are for after mode). `--dtype` is
-the runner's decode (`auto`: float16 linear
-weights on the CPU; the first measurements, before it existed, decoded in float32).
+"""A/B of the reconstruction scorer on the replay's T4 needle prompts (or, with
+`--curated`, its T6 curated tasks), question asked AFTER compression (the strict
+test): recall of the window scorer against the reconstruction scorer's aggregations
+(max, mean over the reconstruction queries), with the uniform and the global
+allocation, at the budgets given. Entropy pooling, pages of 16, n_sink 4, window 32
+(the replay's T4 settings; `--page-size`, `--n-sink` and `--window` change them).
+`--mode inside` asks the question inside the prompt instead (the issue's
+question-inside check; the peer presses are for after mode). `--dtype` is the runner's
+decode (`auto`: float16 linear weights on the CPU; the first measurements, before it
+existed, decoded in float32).
 
-    python benchmarks/reconstruct_ab.py [--contexts 500 1000 2000] [--budgets 0.2 0.5]
+    python benchmarks/reconstruct_ab.py [--contexts 500 1000 2000 | --curated qa|code|all]
+                                         [--budgets 0.2 0.5]
                                          [--page-size 16] [--json out.json]
                                          [--peer kvzip kvzip_layerwise keydiff]
                                          [--settings "reconstruct/max, global" ...]
@@ -50,6 +52,13 @@ from pagekv.runtime.reconstruct import as_profiles  # noqa: E402
 from pagekv.runtime.runner import Planned  # noqa: E402
 from pagekv.serving.study import PromptSpec, Study  # noqa: E402
 from pagekv.tasks import default_max_new_tokens, score  # noqa: E402
+from pagekv.tasks.curated import load_tasks  # noqa: E402
+
+
+def curated_specs(kind: str, mode: str = "after") -> list[PromptSpec]:
+    """The curated tasks of `kind` ("qa", "code" or "all": the replay's T6 prompts), the
+    question asked `mode`."""
+    return [PromptSpec(task=t.kind, name=t.name, mode=mode) for t in load_tasks(kind)]
 
 
 def t4_specs(contexts, mode: str = "after") -> list[PromptSpec]:
@@ -127,6 +136,12 @@ def run_peer(names, prompts, budgets, rows: dict, save=None) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--contexts", type=int, nargs="+", default=[500, 1000, 2000])
+    ap.add_argument(
+        "--curated",
+        default=None,
+        choices=("qa", "code", "all"),
+        help="the curated tasks of this kind (the replay's T6) instead of T4's needles",
+    )
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.2, 0.5])
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--window", type=int, default=32, help="protected window (tokens)")
@@ -155,7 +170,11 @@ def main(argv=None) -> int:
     )
     rows: dict[str, dict] = {}
     times = {"prefill_s": [], "reconstruct_s": []}
-    specs = t4_specs(set(args.contexts), args.mode)
+    specs = (
+        curated_specs(args.curated, args.mode)
+        if args.curated
+        else t4_specs(set(args.contexts), args.mode)
+    )
     prompts = []
     for spec in specs:
         prep = study.prepare(spec)
@@ -194,7 +213,7 @@ def main(argv=None) -> int:
                         pre, cfg, max_new_tokens=default_max_new_tokens(prep.task), planned=planned
                     )
                 except ValueError as e:  # an infeasible budget for a short prompt
-                    print(f"{spec.context_tokens}/{spec.depth}: {name}: {e}", file=sys.stderr)
+                    print(f"{spec.name or spec.depth}: {name}: {e}", file=sys.stderr)
                     continue
                 right = bool(score(res.answer, prep.task)["correct"])
                 row = rows.setdefault(name, {"right": 0, "prompts": 0, "stored": 0, "pages": 0})
@@ -202,7 +221,8 @@ def main(argv=None) -> int:
                 row["prompts"] += 1
                 row["stored"] += sum(map(sum, res.stored_tokens))
                 row["pages"] += int(planned.plan.union_tokens.sum())
-        print(f"done {spec.context_tokens} tokens, depth {spec.depth}", file=sys.stderr)
+        what = spec.name if spec.task != "needle" else f"depth {spec.depth}"
+        print(f"done {pre.n} tokens, {what}", file=sys.stderr)
 
     def save():
         if args.json:
