@@ -79,6 +79,7 @@ SETTINGS = {
     "window, uniform": ("window", None, "uniform", "entropy"),
     "window, global": ("window", None, "global", "entropy"),
     "reconstruct/max, uniform": ("reconstruct", "max", "uniform", "entropy"),
+    "reconstruct/max, layer": ("reconstruct", "max", "layer", "entropy"),
     "reconstruct/max, global": ("reconstruct", "max", "global", "entropy"),
     "reconstruct/mean, uniform": ("reconstruct", "mean", "uniform", "entropy"),
     "reconstruct/mean, global": ("reconstruct", "mean", "global", "entropy"),
@@ -87,7 +88,9 @@ SETTINGS = {
     # Entropy weights of the aggregated profile (before `reconstruction_masses`).
     "reconstruct/max, global, profile entropy": ("reconstruct", "max", "global", "profile"),
 }
-DEFAULT_SETTINGS = tuple(k for k in SETTINGS if "pooling" not in k and k != "window, global")
+#: Not run by default: the settings added after the first measurements.
+LATER = ("window, global", "reconstruct/max, layer")
+DEFAULT_SETTINGS = tuple(k for k in SETTINGS if "pooling" not in k and k not in LATER)
 
 #: kvpress presses for ``--peer``: (the peer's press name, its constructor arguments).
 PEER_PRESSES = {

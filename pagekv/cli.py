@@ -77,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="uniform",
         choices=list(ALLOCATIONS),
         help="uniform: k tokens per (layer, group); global: the L*G*k tokens shared across "
-        "them by normalised page scores (pooled policies; with --policy all, "
-        "head_independent stays uniform)",
+        "them by normalised page scores; layer: each layer's G*k tokens shared across its "
+        "groups (global and layer: pooled policies; with --policy all, head_independent "
+        "stays uniform)",
     )
     run.add_argument(
         "--max-new-tokens",

@@ -237,3 +237,113 @@ def test_the_cli_flag_sets_it_and_policy_all_keeps_per_head_uniform():
     assert _config_from(args, "head_independent", every=True).allocation == "uniform"
     with pytest.raises(ValueError, match="selects per head"):
         _config_from(args, "head_independent")
+
+
+# ---------------------------------------------------------------- allocation="layer"
+
+
+def test_per_layer_hand_worked():
+    """Two layers of two one-token-page rows, page 0 protected, k = 2 per row: each
+    layer has 2 free slots of its own. Layer 0: row 0 is sharp (9, 8, 7), so it takes
+    both slots (9, 8); layer 1: one each (3 in row 0, 2 in row 1). Shared across both
+    layers instead, the four free slots go to 9, 8, 7 (layer 0, row 0) and 3 (layer 1,
+    row 0): layer 1's row 1 keeps only its protected page."""
+    scores = torch.tensor(
+        [
+            [[0.0, 9, 8, 7], [0.0, 1, 1, 1]],
+            [[0.0, 3, 0, 0], [0.0, 2, 0, 0]],
+        ]
+    )
+    prot = torch.tensor([True, False, False, False])
+    ones = torch.ones(4, dtype=torch.int64)
+    per_layer = select_pages_global(scores, prot, ones, 2, per_layer=True)
+    assert per_layer.tolist() == [
+        [[True, True, True, False], [True, False, False, False]],
+        [[True, True, False, False], [True, True, False, False]],
+    ]
+    shared = select_pages_global(scores, prot, ones, 2)
+    assert shared.tolist() == [
+        [[True, True, True, True], [True, False, False, False]],
+        [[True, True, False, False], [True, False, False, False]],
+    ]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    L=st.integers(1, 4),
+    G=st.integers(1, 4),
+    n=st.integers(8, 64),
+    page=st.sampled_from([1, 2, 4]),
+    frac=st.floats(0.3, 1.0),
+    seed=st.integers(0, 10_000),
+)
+def test_per_layer_is_global_within_each_layer(L, G, n, page, frac, seed):
+    """Layer by layer, `per_layer` is exactly the global selection of that layer alone
+    (each layer keeps at most `G k`); with one layer the two are the same."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = page_sizes(n, page)
+    prot = protected_pages(n, page, 2, 4)
+    k = max(int(sizes[prot].sum()), int(frac * n))
+    scores = torch.rand(L, G, sizes.numel(), generator=gen) ** 4
+    keep = select_pages_global(scores, prot, sizes, k, per_layer=True)
+    for layer in range(L):
+        alone = select_pages_global(scores[layer], prot, sizes, k)
+        assert torch.equal(keep[layer], alone)
+        assert int((keep[layer].long() * sizes).sum()) <= G * k
+    if L == 1:
+        assert torch.equal(keep, select_pages_global(scores, prot, sizes, k))
+
+
+def test_plan_layer_allocation_keeps_each_layers_total():
+    """With a sharp layer (as in the global test above): under "layer" every layer keeps
+    exactly `G k` one-token pages, so the sharp layer keeps the best of its free tokens
+    and lends nothing; under "global" it kept only its two tokens. Within the sharp
+    layer the groups still share: both keep tokens 10 and 20."""
+    L, H, G, n = 3, 4, 2, 64
+    prof = _profiles(L, H, n, sharp_layer=1)
+    cfg = EvictionConfig(
+        policy="entropy", budget=0.25, page_size=1, n_sink=2, window=4, allocation="layer"
+    )
+    k = cfg.budget_tokens(n)
+    p = plan(prof, G, cfg)
+    assert p.union_tokens.sum(-1).tolist() == [G * k] * L
+    assert bool(p.keep[1, :, 10].all() and p.keep[1, :, 20].all())
+    glo = plan(prof, G, cfg.replace(allocation="global"))
+    assert not torch.equal(p.keep, glo.keep)
+    with pytest.raises(ValueError, match="allocation 'layer' shares one budget"):
+        EvictionConfig(policy="head_independent", allocation="layer")
+
+
+def test_plan_layer_allocation_follows_the_scales_within_a_layer():
+    """One layer, two groups with the same profiles but group 1's raw attention 10x
+    group 0's: under "layer" group 1 takes the free pages of the layer (as "global"
+    does across layers), and without scales the groups split evenly."""
+    L, H, G, n = 1, 2, 2, 32
+    gen = torch.Generator().manual_seed(1)
+    row = torch.rand(n, generator=gen) + 0.5
+    prof = (row / row.sum()).expand(L, H, n).contiguous()
+    cfg = EvictionConfig(
+        policy="entropy", budget=0.5, page_size=1, n_sink=2, window=4, allocation="layer"
+    )
+    k = cfg.budget_tokens(n)
+    assert plan(prof, G, cfg).union_tokens.flatten().tolist() == [k, k]
+    tilted = plan(prof, G, cfg, scales=torch.tensor([[1.0, 10.0]]))
+    assert tilted.union_tokens.flatten().tolist() == [2 + 4, 2 * k - 6]
+
+
+def test_the_runner_decodes_a_layer_plan():
+    from pagekv.runtime.runner import Runner
+
+    from .test_runner import prompt, tiny_model
+
+    runner = Runner(tiny_model("llama"))
+    pre = runner.prefill(prompt(96, seed=13), window_max=8)
+    cfg = EvictionConfig(
+        policy="entropy", budget=0.25, page_size=1, window=8, n_sink=2, allocation="layer"
+    )
+    res = runner.evaluate(pre, cfg, max_new_tokens=3)
+    k = cfg.budget_tokens(pre.n)
+    assert [sum(row) for row in res.union_tokens] == [pre.n_groups * k] * pre.n_layers
+    for layer in range(pre.n_layers):
+        assert res.stored_tokens[layer] == [max(res.union_tokens[layer])] * pre.n_groups
+    assert len(res.tokens) == 3

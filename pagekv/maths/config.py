@@ -14,7 +14,7 @@ PAGE_REDUCTIONS = ("max", "sum")
 #: How the budget is spread: `k` tokens in every (layer, group), or the `L G k` tokens
 #: shared across them by page scores on the model's attention scale
 #: (`pagekv.maths.paging.select_pages_global`).
-ALLOCATIONS = ("uniform", "global")
+ALLOCATIONS = ("uniform", "global", "layer")
 #: Whose attention scores the prompt: the last `window` prompt tokens' queries, or the
 #: queries of a pass that repeats the context (`pagekv.runtime.reconstruct`).
 SCORERS = ("window", "reconstruct")
@@ -46,7 +46,9 @@ class EvictionConfig:
             "global": the `L G k` tokens are shared across the (layer, group)s by their
             pooled page scores, compared on the model's own attention scale (the
             reconstruction scorer's raw attention: `plan`'s `scales`), pooled policies
-            only; every (layer, group) still keeps its protected pages.
+            only; every (layer, group) still keeps its protected pages. "layer": the
+            same within each layer: its `G k` tokens shared across its groups (every
+            layer keeps the same total, as kvpress's KVzip with `layerwise=True`).
         scorer: "window" (default): the last `window` prompt tokens' queries score the
             prompt; "reconstruct": the model's attention while it repeats the context
             (question-agnostic; `pagekv.runtime.reconstruct`). The window's pages are
@@ -93,9 +95,9 @@ class EvictionConfig:
             )
         if self.scorer not in SCORERS:
             raise ValueError(f"scorer must be one of {', '.join(SCORERS)}; got {self.scorer!r}")
-        if self.allocation == "global" and get_policy(self.policy).per_head:
+        if self.allocation != "uniform" and get_policy(self.policy).per_head:
             raise ValueError(
-                f"allocation 'global' shares one budget by pooled page scores; policy "
+                f"allocation {self.allocation!r} shares one budget by pooled page scores; policy "
                 f"{self.policy!r} selects per head (use allocation 'uniform')"
             )
 

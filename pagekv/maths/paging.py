@@ -196,7 +196,11 @@ def _select(
 
 
 def select_pages_global(
-    page_scores: torch.Tensor, protected: torch.Tensor, sizes: torch.Tensor, budget_tokens: int
+    page_scores: torch.Tensor,
+    protected: torch.Tensor,
+    sizes: torch.Tensor,
+    budget_tokens: int,
+    per_layer: bool = False,
 ) -> torch.Tensor:
     """One budget shared by every row: keep each row's protected pages, then the best
     free pages of ALL rows while the total stays `<= rows * budget_tokens`.
@@ -214,9 +218,15 @@ def select_pages_global(
     `(0, 2)` (1, the lowest index of a four-way tie), so row 0 keeps pages {0, 1, 2} and
     row 1 only {0}.
 
+    With `per_layer`, the budget is shared within each index of the first dimension
+    (a layer: `allocation="layer"`) instead: layer `l`'s rows keep the most whole
+    pages that fit in `rows_l * k`, by the same rule. Two layers of one row each are
+    then two uniform rows.
+
     Args:
         page_scores: `[..., n_pages]` float, higher = keep (rows: every leading index).
         protected: `[n_pages]` bool; sizes: `[n_pages]` int64; budget_tokens: `k` per row.
+        per_layer: share within each index of dim 0 (`[L, G, n_pages]`: per layer).
 
     Returns:
         Bool `[..., n_pages]`.
@@ -227,7 +237,7 @@ def select_pages_global(
     sizes_h, prot_h = sizes.cpu(), protected.cpu()
     dev = page_scores.device
     return _select_global(
-        page_scores, prot_h, sizes_h, prot_h.to(dev), sizes_h.to(dev), budget_tokens
+        page_scores, prot_h, sizes_h, prot_h.to(dev), sizes_h.to(dev), budget_tokens, per_layer
     )
 
 
@@ -238,20 +248,22 @@ def _select_global(
     prot_d: torch.Tensor,
     sizes_d: torch.Tensor,
     budget_tokens: int,
+    per_layer: bool = False,
 ) -> torch.Tensor:
     """`select_pages_global` with the geometry on the host and already on the scores'
     device (`prot_d`, `sizes_d`): it queues device work and never waits."""
     check_budget(sizes_h, prot_h, budget_tokens)  # then every row's protected pages fit
     shape = page_scores.shape
-    rows = page_scores.reshape(-1, shape[-1]).double()  # [R, n_pages]
-    R = rows.shape[0]
+    S = shape[0] if per_layer and len(shape) > 1 else 1  # budgets shared within each
+    rows = page_scores.reshape(S, -1, shape[-1]).double()  # [S, R, n_pages]
+    R = rows.shape[1]
     free = (~prot_d).expand_as(rows)
-    key = torch.where(free, rows, torch.full_like(rows, float("inf"))).flatten()
-    order = torch.sort(key, descending=True, stable=True).indices  # [R * n_pages]
+    key = torch.where(free, rows, torch.full_like(rows, float("inf"))).reshape(S, -1)
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices  # [S, R * n_pages]
     flat_sizes = sizes_d.repeat(R)
-    cum = torch.cumsum(flat_sizes[order], dim=0)
+    cum = torch.cumsum(flat_sizes[order], dim=-1)
     keep_sorted = cum <= R * budget_tokens
-    keep = torch.zeros_like(keep_sorted).scatter(0, order, keep_sorted)
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     return keep.view(shape)
 
 

@@ -129,10 +129,10 @@ def plan(
         scales: `[L, H]` positive, each head's attention mass before it was normalised
             into its profile (the reconstruction scorer's raw scores sum to it; None:
             the profiles are the attention itself, as the window scorer's). Under
-            `allocation="global"` the pages are pooled from `profiles * scales`, the
-            model's own attention, so that every (layer, group) competes on one scale
-            (`select_pages_global`); the head weights and the uniform allocation use the
-            profiles.
+            `allocation="global"` (and `"layer"`) the pages are pooled from `profiles *
+            scales`, the model's own attention, so that every (layer, group) competes
+            on one scale (`select_pages_global`); the head weights and the uniform
+            allocation use the profiles.
         backend: "auto", "torch" or "triton" for the pooling step
             (`pagekv.runtime.backend.resolve_backend`).
 
@@ -140,7 +140,8 @@ def plan(
         A `Plan`. For every pooled policy under the uniform allocation each (layer,
         group) keeps exactly the same number of tokens, `<= floor(budget * n)`, equal
         to the summed sizes of its kept pages; under `allocation="global"` the counts
-        vary and their total is `<= L G floor(budget * n)`.
+        vary and their total is `<= L G floor(budget * n)`; under `"layer"` they vary
+        within a layer and each layer's total is `<= G floor(budget * n)`.
 
     Raises:
         ValueError: malformed profiles or masses. BudgetError (a ValueError): the
@@ -172,7 +173,7 @@ def plan(
         )
     w_iso = weights_from_mass(masses.isolated, G, cfg.tau)
     w_raw = weights_from_mass(masses.collision, G, cfg.tau)
-    if scales is not None and cfg.allocation == "global":
+    if scales is not None and cfg.allocation != "uniform":
         p32 = p32 * _checked_scales(scales, L, H).to(p32)[..., None]  # the raw attention
     scores = smooth_scores(p32, cfg.smoothing, cfg.smoothing_kind)  # [L, H, n]
     pooled_on: list[str] = []
@@ -221,8 +222,9 @@ def plan(
     else:
         page_scores = scored
         # `select_pages` and `select_pages_global`, given the geometry on both sides.
-        if cfg.allocation == "global":
-            page_keep = _select_global(page_scores, prot, sizes, prot_d, sizes_d, k)
+        if cfg.allocation != "uniform":  # "global", or "layer": shared within a layer
+            per_layer = cfg.allocation == "layer"
+            page_keep = _select_global(page_scores, prot, sizes, prot_d, sizes_d, k, per_layer)
         else:
             page_keep = _select(page_scores, prot, sizes, prot_d, k)
         uor = torch.ones(L, G, dtype=torch.float64, device=dev)

@@ -390,7 +390,7 @@ class Runner:
                 self.backend,
             )  # one launch for all layers on Triton
             ragged = len({int(k.shape[1]) for k in kept_idx}) > 1
-            if config.allocation == "global" and not p.dense:
+            if config.allocation != "uniform" and not p.dense:
                 dtype = pre.cache.layers[0].keys.dtype
                 masks = padding_masks(p, kept_idx, pre.n_heads, dtype)
                 ragged = True  # one token at a time: each layer's mask is its own

@@ -46,7 +46,8 @@ SCORER_INFO = (
 )
 ALLOCATION_INFO = (
     "uniform: every (layer, group) keeps the budget; global: the same total shared "
-    "across (layer, group)s by page score, whole pages (pooled policies only)"
+    "across (layer, group)s by page score, whole pages; layer: shared within each layer "
+    "(pooled policies only)"
 )
 
 CAPTIONS = {

@@ -382,7 +382,7 @@ def _memory_rows(runner, prep: Prepared, base: EvictionConfig) -> list[dict]:
         except BudgetError:
             continue
         stored = p.union_tokens
-        if cfg.allocation == "global":  # padded to the layer's largest group
+        if cfg.allocation != "uniform":  # padded to the layer's largest group
             stored = stored.amax(-1, keepdim=True).expand_as(stored)
         tokens = int(stored.sum())
         rows.append(
