@@ -84,3 +84,22 @@ def test_head_weights_keeps_its_right_margin():
 
     fig = fp.head_weights_bars(random_plan(), 0)
     assert fig.layout.margin.r == fp.HEAD_WEIGHTS_RIGHT
+
+
+def test_a_figure_is_sent_as_gradio_would_send_it_once():
+    """`app_ui.sent`: the `PlotData` gr.Plot makes of a figure (its JSON), made once per
+    figure object; Gradio passes it through; other values are left as they are."""
+    import gradio as gr
+
+    from pagekv.views import app_ui
+
+    fig = every_figure()["page_frame_needle"]
+    data = app_ui.sent(fig)
+    assert data.type == "plotly" and data.plot == fig.to_json()
+    assert gr.Plot().postprocess(fig) == data  # what Gradio itself would send
+    assert gr.Plot().postprocess(data) is data
+    assert app_ui.sent(fig) is data  # not serialised again
+    other = style.layout(go.Figure(), "another")
+    assert app_ui.sent(other) is not data and app_ui.sent(other).plot == other.to_json()
+    update = gr.update()
+    assert app_ui.sent(update) is update and app_ui.sent(None) is None

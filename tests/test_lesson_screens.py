@@ -38,7 +38,7 @@ def test_a_lesson_without_a_live_run_clears_the_last_runs_views(i):
     assert answer_rows(views["answers"]) == [] and "runs no model" in views["answers"]
     assert views["last"] is None and views["files"] is None
     for name in app_ui.PLOTS:  # no figure of an earlier lesson: each says why it is empty
-        fig = json.loads(views[name].to_json())
+        fig = json.loads(views[name].plot)  # sent as gr.Plot sends it (app_ui.sent)
         assert fig["data"] == [], name
         assert "runs no model" in fig["layout"]["annotations"][0]["text"], name
     assert "holds" in views["observation"], views["observation"]

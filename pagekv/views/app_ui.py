@@ -24,6 +24,7 @@ import tempfile
 import time
 
 import gradio as gr
+from gradio.components.plot import PlotData
 
 from pagekv.maths.config import POLICIES
 from pagekv.runtime.models import KNOWN_MODELS
@@ -186,7 +187,26 @@ def _views(**values):
     if unknown:
         raise KeyError(f"not a run view: {sorted(unknown)}")
     default = {name: gr.update() for name in KEPT_UNLESS_SET}
-    return tuple(values.get(name, default.get(name, EMPTY)) for name in RUN_VIEWS)
+    return tuple(sent(values.get(name, default.get(name, EMPTY))) for name in RUN_VIEWS)
+
+
+def sent(value):
+    """A plotly figure as `gr.Plot` sends it (`PlotData`: its JSON), made once per
+    figure object and kept on it; anything else as it is. A run's plan views are sent
+    by the preview, again by the release's first update and again with its answers,
+    and a finished run's by every request it is served to: the page frame's JSON alone
+    took tens of milliseconds each time, on the thread that shares the CPU with the
+    decode. Figures are never changed once drawn (`pagekv.views.figure_memo`), so the
+    JSON stays theirs."""
+    from plotly.basedatatypes import BaseFigure
+
+    if not isinstance(value, BaseFigure):
+        return value
+    data = getattr(value, "_pagekv_sent", None)
+    if data is None:
+        data = PlotData(type="plotly", plot=value.to_json())
+        value._pagekv_sent = data
+    return data
 
 
 def cleared_views(why: str, **values):
@@ -463,7 +483,7 @@ def preview_plans(*args):
     except Exception as e:
         log.debug("preview skipped: %s", e)
         return tuple(gr.update() for _ in PLAN_VIEWS)
-    return tuple(figs.get(k) for k in PLAN_VIEWS)
+    return tuple(sent(figs.get(k)) for k in PLAN_VIEWS)
 
 
 @light
