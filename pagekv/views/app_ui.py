@@ -43,6 +43,7 @@ from pagekv.views.comparison import (
     export,
     plan_comparison,
 )
+from pagekv.views.figures.style import is_figure
 from pagekv.views.inputs import min_budget_pct, parse_run
 from pagekv.views.lesson_checks import check_lesson
 from pagekv.views.presets import check_preset, load_presets, preset_matches, preset_methods
@@ -198,9 +199,7 @@ def sent(value):
     took tens of milliseconds each time, on the thread that shares the CPU with the
     decode. Figures are never changed once drawn (`pagekv.views.figure_memo`), so the
     JSON stays theirs."""
-    from plotly.basedatatypes import BaseFigure
-
-    if not isinstance(value, BaseFigure):
+    if not is_figure(value):
         return value
     data = getattr(value, "_pagekv_sent", None)
     if data is None:

@@ -41,6 +41,16 @@ def _go():
     return go
 
 
+def is_figure(value) -> bool:
+    """Whether `value` is a plotly figure (without importing plotly for other values'
+    sake: plotly stays inside `pagekv/views/figures/`)."""
+    if not type(value).__module__.startswith("plotly"):
+        return False
+    from plotly.basedatatypes import BaseFigure
+
+    return isinstance(value, BaseFigure)
+
+
 _TEMPLATE = []
 #: What our figures take of plotly's "plotly_white": its page look (backgrounds, grid,
 #: font, colour scales), not its per-trace defaults for the dozens of trace types we
