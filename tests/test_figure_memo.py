@@ -131,3 +131,18 @@ def test_app_views_redrawn_when_what_they_draw_changes(change):
         "sink_heads": {"weights", "sink_advantage"},
     }[change]
     assert redrawn == expected
+
+
+def test_the_layer_control_redraws_from_the_same_memo():
+    """`app_ui.update_layer` (the layer slider) sends the run's own weights view: the
+    layer clamped to the model's, drawn once per content, the same JSON as a fresh draw."""
+    from pagekv.views import app_ui
+
+    p = random_plan()  # 2 layers
+    comp = fake_comparison(p)
+    sent = app_ui.update_layer(comp, 99)
+    assert sent.plot == fp.head_weights_bars(p, 1).to_json()
+    assert app_ui.update_layer(comp, 1) is sent  # memoised figure, its JSON made once
+    drawn = comparison_figures(comp, layer=1, only={"weights"})["weights"]
+    assert app_ui.sent(drawn) is sent
+    assert app_ui.update_layer(None, 0) is None

@@ -487,14 +487,11 @@ def preview_plans(*args):
 
 @light
 def update_layer(comp, layer):
-    """Redraw the per-layer head weights from the last comparison (no model work)."""
-    from pagekv.views import figures
-
+    """The per-layer head weights of the last comparison (no model work): the run's own
+    view, drawn once per content (`comparison_figures` clamps the layer)."""
     if comp is None:
         return None
-    p = comp.plan_of("B")
-    layer = max(0, min(int(layer), p.keep.shape[0] - 1))
-    return figures.head_weights_bars(p, layer)
+    return sent(comparison_figures(comp, layer=int(layer), only={"weights"})["weights"])
 
 
 @light
