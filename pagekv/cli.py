@@ -99,9 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--quick", action="store_true", help="a small grid (minutes)")
     rep.add_argument(
         "--grid",
-        choices=["quick", "shared-cpu", "extended", "full"],
+        choices=["quick", "shared-cpu", "extended", "full", "agnostic"],
         default=None,
-        help="the grid (default: full, or quick with --quick); see pagekv/replay/grid.py",
+        help="the grid (default: full, or quick with --quick); see "
+        "pagekv/measurement/replay/grid.py",
     )
     rep.add_argument("--no-peer", action="store_true", help="skip the kvpress peer")
     rep.add_argument(

@@ -173,6 +173,21 @@ def test_quick_replay_files_and_invariants(quick_run):
     assert len(tabs["T3_sinks_per_layer"]) == 30
     # T4: every policy decoded; the full cache is the reference.
     assert {r["policy"] for r in tabs["T4_recall"]} >= {"entropy", "mean", "full"}
+    # QUICK also decodes the question-agnostic setting (issue 19) beside the window scorer.
+    got = {(r["budget"], r["scoring"]) for r in tabs["T4_recall"] if r["policy"] == "entropy"}
+    assert got == {(b, s) for b in (0.2, 0.5) for s in ("window/uniform", "reconstruct/global, w8")}
+    # Stored tokens: a uniform pooled plan stores its pages exactly; a global one keeps
+    # L G k tokens of pages at most, its dense layers padded to their longest group.
+    for u in units:
+        key = json.loads(u["key"])
+        if key["unit"] != "decode" or key["config"]["policy"] == "full":
+            continue
+        d, c = u["data"], key["config"]
+        assert d["feasible"] and d["page_tokens"] <= 30 * 3 * d["k"], c
+        if c["allocation"] == "uniform":
+            assert d["stored_tokens"] == d["page_tokens"], c
+        else:
+            assert d["stored_tokens"] >= d["page_tokens"], c
     assert tabs["T4_cache"]
     # T5: exact cardinality wherever feasible, every page size present.
     t5 = tabs["T5_cardinality"]

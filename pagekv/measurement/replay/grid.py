@@ -57,6 +57,28 @@ T7_SETTINGS = (
     Setting("tau 4", 0.10, tau=4.0),
 )
 
+
+@dataclass(frozen=True)
+class Scoring:
+    """A question-agnostic setting (issue 19) decoded in T4 and T6 beside the window
+    scorer, with entropy pooling at every budget of the table and both question modes:
+    the reconstruction scorer, its allocation of the budget and its observation window
+    (`EvictionConfig.scorer`, `allocation`, `window`; pages of 16, n_sink 4, tau 1)."""
+
+    label: str
+    scorer: str = "reconstruct"
+    allocation: str = "global"
+    window: int = 8
+
+    def config_fields(self) -> dict:
+        return {"scorer": self.scorer, "allocation": self.allocation, "window": self.window}
+
+
+#: The settings `benchmarks/reconstruct_ab.py` chose (docs/reconstruct_ab.md): the
+#: reconstruction's max over queries, the budget shared by pooled page scores, window 8.
+AGNOSTIC = (Scoring("reconstruct, global, w8"),)
+
+
 #: T7 cache-level sweep (plans only, no decode): every combination below.
 T7_CACHE_BUDGETS = (0.02, 0.05, 0.10, 0.20, 0.50)
 T7_CACHE_PAGES = (1, 4, 16, 64)
@@ -79,7 +101,7 @@ class Grid:
     # T6: curated tasks (None = all of them).
     t6_tasks: tuple[str, ...] | None
     t6_modes: tuple[str, ...]
-    t6_budget: float = 0.2
+    t6_budgets: tuple[float, ...] = (0.2,)
     # T7: (context, n_needles, seed, mode) prompts and the decoded settings.
     t7_prompts: tuple[tuple[int, int, int, str], ...] = ()
     t7_settings: tuple[Setting, ...] = T7_SETTINGS
@@ -92,6 +114,8 @@ class Grid:
     policies: tuple[str, ...] = POLICIES
     max_new_tokens: int = 24
     peer_tables: tuple[str, ...] = ("T4", "T6")  # which tables' prompts kvpress also runs
+    peer_presses: tuple[str, ...] | None = None  # which presses (None: every one it has)
+    scorings: tuple[Scoring, ...] = ()  # question-agnostic settings decoded in T4 / T6
     tables: tuple[str, ...] = field(default=("T1", "T2", "T3", "T4", "T5", "T6", "T7"))
 
 
@@ -107,6 +131,7 @@ QUICK = Grid(
     t6_modes=(),
     t7_prompts=((500, 2, 0, "after"),),
     t7_settings=(T7_SETTINGS[3],),
+    scorings=AGNOSTIC,
     t5_prompts=1,
     t5_budgets=(0.5,),
     t1_budgets=(0.05, 0.2, 0.5),
@@ -178,4 +203,33 @@ EXTENDED = replace(
     t6_tasks=None,
 )
 
-GRIDS = {"quick": QUICK, "shared-cpu": SHARED_CPU, "extended": EXTENDED, "full": FULL}
+#: Issue 19's comparison: the question asked after (and inside) the prompt, T4's needles
+#: at 500, 1000 and 2000 tokens x 5 depths and every curated task (T6), at 10, 20 and
+#: 50 %: entropy pooling with the window scorer and with `AGNOSTIC`, against kvpress's
+#: KVzip (its default: one budget shared by every layer and head) and KeyDiff, at the
+#: same budgets. Its T4 / T6 prompts are FULL's (same keys).
+AGNOSTIC_GRID = Grid(
+    name="agnostic",
+    t4_contexts=(500, 1000, 2000),
+    t4_depths=(0.1, 0.5, 0.9, 0.3, 0.7),
+    t4_seeds_per_cell=1,
+    t4_budgets=(0.1, 0.2, 0.5),
+    t4_modes=("after", "inside"),
+    t4_inside_budgets=(0.1, 0.2, 0.5),
+    t6_tasks=None,
+    t6_modes=("after", "inside"),
+    t6_budgets=(0.1, 0.2, 0.5),
+    t5_prompts=0,
+    policies=("entropy",),
+    scorings=AGNOSTIC,
+    peer_presses=("kvzip", "keydiff"),
+    tables=("T4", "T6"),
+)
+
+GRIDS = {
+    "quick": QUICK,
+    "shared-cpu": SHARED_CPU,
+    "extended": EXTENDED,
+    "full": FULL,
+    "agnostic": AGNOSTIC_GRID,
+}

@@ -240,6 +240,8 @@ def _run_peer(adapter: PeerAdapter, lazy, store, model, jobs, grid) -> list[dict
     """kvpress on the same token ids and budgets (T4 and T6 prompts), cached per request."""
     requests, meta = [], {}
     presses = adapter.presses or list(WANTED)  # cached results are reported either way
+    if grid.peer_presses is not None:
+        presses = [p for p in presses if p in grid.peer_presses]
     for job in jobs:
         if not job.peer_budgets or not (set(grid.peer_tables) & job.tables):
             continue
@@ -326,6 +328,7 @@ def _cpu_count() -> int:
 def _grid_dict(grid: Grid) -> dict:
     d = asdict(grid)
     d["t7_settings"] = [asdict(s) for s in grid.t7_settings]
+    d["scorings"] = [asdict(s) for s in grid.scorings]
     return d
 
 

@@ -23,9 +23,15 @@ class Job:
         return {k: v for k, v in asdict(self.spec).items() if v is not None}
 
 
-def _decodes(tag: str, policies, budgets, base: EvictionConfig | None = None, label=""):
+def _decodes(tag: str, policies, budgets, base: EvictionConfig | None = None, label="",
+             scorings=()):  # fmt: skip
+    """Every policy at every budget, each `Scoring` (entropy pooling) at every budget
+    (labelled by it), and the full cache once."""
     base = base or EvictionConfig()
     out = [(tag, base.replace(policy=p, budget=b), label) for b in budgets for p in policies]
+    for sc in scorings:
+        cfg = base.replace(policy="entropy", **sc.config_fields())
+        out += [(tag, cfg.replace(budget=b), sc.label) for b in budgets]
     if budgets:
         out.append((tag, base.replace(policy="full", budget=1.0), label or "full"))
     return out
@@ -49,7 +55,7 @@ def build_jobs(grid: Grid, curated_names: dict[str, list[str]]) -> list[Job]:
                     j = job(PromptSpec(context_tokens=ctx, depth=depth, seed=seed, mode=mode))
                     j.tables.add("T4")
                     budgets = grid.t4_budgets if mode == "after" else grid.t4_inside_budgets
-                    j.decodes += _decodes("T4", grid.policies, budgets)
+                    j.decodes += _decodes("T4", grid.policies, budgets, scorings=grid.scorings)
                     j.peer_budgets = tuple(budgets)
     t4_jobs = [j for j in jobs.values() if "T4" in j.tables]
     for j in t4_jobs[: grid.t5_prompts]:
@@ -64,8 +70,8 @@ def build_jobs(grid: Grid, curated_names: dict[str, list[str]]) -> list[Job]:
             for mode in grid.t6_modes:
                 j = job(PromptSpec(task=kind, name=name, mode=mode))
                 j.tables.add("T6")
-                j.decodes += _decodes("T6", grid.policies, (grid.t6_budget,))
-                j.peer_budgets = (grid.t6_budget,)
+                j.decodes += _decodes("T6", grid.policies, grid.t6_budgets, scorings=grid.scorings)
+                j.peer_budgets = tuple(grid.t6_budgets)
 
     for ctx, n_needles, seed, mode in grid.t7_prompts:
         spec = PromptSpec(context_tokens=ctx, depth=0.5, seed=seed, n_needles=n_needles, mode=mode)

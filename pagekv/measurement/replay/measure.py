@@ -282,6 +282,10 @@ def decode_unit(study, prep, cfg: EvictionConfig, max_new_tokens: int) -> dict:
         "prompt_tokens": rec["prompt_tokens"],
         "k": rec["budget_tokens"],
         "kept": rec["kept_tokens"][0],
+        # Over every (layer, group): what the compacted caches store (a global plan's
+        # layers padded to their longest group) and the tokens of the kept pages.
+        "stored_tokens": sum(map(sum, rec["stored_tokens"])),
+        "page_tokens": sum(map(sum, rec["union_tokens"])),
         "needle_retention": round(sum(vals) / len(vals), ROUND) if vals else None,
         "needle_kept_all": rec.get("needle_kept_all"),
         "first_token_from_full_prefill": rec["first_token_from_full_prefill"],

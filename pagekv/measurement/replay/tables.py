@@ -199,6 +199,10 @@ def _recall_row(recs):
         "prompts": len(recs),
         "feasible": len(feas),
         "recall": _mean([1.0 if r["correct"] else 0.0 for r in feas]),
+        "right": sum(1 for r in feas if r["correct"]),
+        # per prompt, over every (layer, group): the compacted caches and the kept pages
+        "stored_tokens": _mean([r.get("stored_tokens") for r in feas]),
+        "page_tokens": _mean([r.get("page_tokens") for r in feas]),
         "needle_retention": _mean([r.get("needle_retention") for r in feas]),
         "needle_kept_all": _mean(
             [1.0 if r.get("needle_kept_all") else 0.0 for r in feas if "needle_kept_all" in r]
@@ -221,19 +225,43 @@ def _flat_decodes(decode_units, table):
                 "policy": c["policy"],
                 "budget": c["budget"] if c["policy"] != "full" else 1.0,
                 "page_size": c["page_size"],
+                "scoring": scoring(c),
                 "spec_id": _spec_id(s),
             }
         )
     return rows
 
 
+#: The `scoring` of a decode made with the defaults (the last window's queries score the
+#: prompt, a budget per (layer, group)): every row of the tables before issue 19.
+WINDOW_SCORING = "window/uniform"
+
+
+def shown_policy(row: dict) -> str:
+    """A T4 / T6 row's policy as a chart names it: with its scoring unless the default
+    (so a question-agnostic entropy bar is not a second "entropy")."""
+    sc = row.get("scoring", WINDOW_SCORING)
+    return row["policy"] if sc == WINDOW_SCORING else f"{row['policy']} ({sc})"
+
+
+def scoring(config: dict) -> str:
+    """How a decode's prompt was scored and its budget allocated, `scorer/allocation`
+    (`WINDOW_SCORING` by default), with the window when a non-default scorer or
+    allocation ran at another than 32 (the replay's question-agnostic settings)."""
+    label = f"{config.get('scorer', 'window')}/{config.get('allocation', 'uniform')}"
+    if label != WINDOW_SCORING and config.get("window", 32) != 32:
+        label += f", w{config['window']}"
+    return label
+
+
 def t4(decode_units, profile_units, peer_units):
     rows = _flat_decodes(decode_units, "T4")
     summary = []
-    for (mode, b, pol), recs in sorted(_group(rows, ("mode", "budget", "policy")).items()):
-        summary.append({"mode": mode, "budget": b, "policy": pol} | _recall_row(recs))
+    keys = ("mode", "budget", "policy", "scoring")
+    for key, recs in sorted(_group(rows, keys).items()):
+        summary.append(dict(zip(keys, key, strict=True)) | _recall_row(recs))
     detail = []
-    keys = ("mode", "context", "depth", "budget", "policy")
+    keys = ("mode", "context", "depth", "budget", "policy", "scoring")
     for key, recs in sorted(_group(rows, keys).items()):
         detail.append(dict(zip(keys, key, strict=True)) | _recall_row(recs))
     # Cache-level retention: the plan sweep at the default geometry (page 16, window 32).
@@ -275,6 +303,8 @@ def _peer_rows(peer_units, table, decode_rows=()):
     runner = {}
     for r in decode_rows:
         c = r["config"]
+        if r["scoring"] != WINDOW_SCORING:
+            continue
         if r.get("feasible") and (c["page_size"], c["window"], c["tau"]) == (16, 32, 1.0):
             runner[(r["spec_id"], r["mode"], r["budget"], r["policy"])] = r.get("answer")
     rows = []
@@ -301,6 +331,7 @@ def _peer_rows(peer_units, table, decode_rows=()):
                 "answered": len(ok),
                 "recall": _mean([1.0 if r.get("correct") else 0.0 for r in ok]),
                 "kept_tokens": _mean([_kept(_stored(r)) for r in ok]),
+                "stored_tokens": _mean([_total(r.get("attended_tokens")) for r in ok]),
                 "same_answer_as_runner": _mean(same) if same else None,
                 "runner_matched": len(same) if policy else None,
                 "errors": sorted({r["error"] for r in rs if r.get("error")})[:3],
@@ -315,6 +346,13 @@ def _stored(r: dict):
     cache), else the cache length per layer."""
     att = r.get("attended_tokens")
     return att if att else r.get("kept_tokens")
+
+
+def _total(v):
+    """Tokens summed over layers and KV heads (a peer's `attended_tokens`), else None."""
+    if isinstance(v, list) and v and all(isinstance(x, list) for x in v):
+        return float(sum(map(sum, v)))
+    return None
 
 
 def _kept(v):
@@ -360,17 +398,17 @@ def t6(decode_units, peer_units):
         r["kind"] = r["spec"]["task"]
         r["task"] = r["spec"]["name"]
     summary = []
-    for (mode, kind, pol), recs in sorted(_group(rows, ("mode", "kind", "policy")).items()):
+    keys = ("mode", "kind", "budget", "policy", "scoring")
+    for key, recs in sorted(_group(rows, keys).items()):
         feas = [r for r in recs if r.get("feasible")]
         summary.append(
-            {
-                "mode": mode,
-                "kind": kind,
-                "policy": pol,
+            dict(zip(keys, key, strict=True))
+            | {
                 "tasks": len(recs),
                 "feasible": len(feas),
                 "solved": sum(1 for r in feas if r["correct"]),
                 "solved_fraction": _mean([1.0 if r["correct"] else 0.0 for r in feas]),
+                "stored_tokens": _mean([r.get("stored_tokens") for r in feas]),
             }
         )
     detail = [
@@ -378,12 +416,15 @@ def t6(decode_units, peer_units):
             "mode": r["mode"],
             "task": r["task"],
             "policy": r["policy"],
+            "scoring": r["scoring"],
             "budget": r["budget"],
             "correct": r.get("correct"),
             "answer": (r.get("answer") or r.get("error") or "")[:80],
             "expected": r.get("expected"),
         }
-        for r in sorted(rows, key=lambda r: (r["mode"], r["task"], r["policy"]))
+        for r in sorted(
+            rows, key=lambda r: (r["mode"], r["task"], r["budget"], r["policy"], r["scoring"])
+        )
     ]
     return summary, detail, _peer_rows(peer_units, "T6", rows)
 
@@ -397,6 +438,7 @@ def _outcome(e: bool, m: bool) -> str:
 
 def t7(decode_units, profile_units, grid: Grid):
     rows = _flat_decodes(decode_units, "T7") + _flat_decodes(decode_units, "T4")
+    rows = [r for r in rows if r["scoring"] == WINDOW_SCORING]  # entropy against mean
     # Answer level: pairs (entropy, mean) on the same prompt and setting.
     by = {}
     for r in rows:
@@ -600,7 +642,12 @@ def _headline(t1, t2, t3s, t4s, t5, t6s, t7a, t7c) -> dict:
         return [r for r in rows if all(r.get(k) == v for k, v in kw.items())]
 
     low = [r for r in t1 if r["budget"] == min(x["budget"] for x in t1)] if t1 else []
-    recall20 = {f"{r['mode']}|{r['policy']}": r["recall"] for r in t4s if r["budget"] in (0.2, 1.0)}
+
+    def tag(r, *keys):  # window-scored rows keep the keys they had before issue 19
+        extra = () if r["scoring"] == WINDOW_SCORING else (r["scoring"],)
+        return "|".join([*(str(r[k]) for k in keys), *extra])
+
+    recall20 = {tag(r, "mode", "policy"): r["recall"] for r in t4s if r["budget"] in (0.2, 1.0)}
     return {
         "uor_max_lowest_budget": {r["geometry"]: r["uor_max"] for r in low},
         "uor_max_overall": max((r["uor_max"] or 0 for r in t1), default=None),
@@ -621,7 +668,9 @@ def _headline(t1, t2, t3s, t4s, t5, t6s, t7a, t7c) -> dict:
         "needle_recall_20pct": recall20,
         "cardinality_exact": all(r["exact"] in (True, None) for r in t5) if t5 else None,
         "qa_code_20pct": {
-            f"{r['mode']}|{r['kind']}|{r['policy']}": r["solved_fraction"] for r in t6s
+            tag(r, "mode", "kind", "policy"): r["solved_fraction"]
+            for r in t6s
+            if r["budget"] in (0.2, 1.0)
         },
         "t7_answer_totals": {
             k: sum(r[k] for r in t7a) for k in ("entropy_beats", "ties", "entropy_loses")

@@ -1,0 +1,152 @@
+"""The replay's question-agnostic rows (issue 19): the jobs a grid with `scorings` makes,
+and how T4, T6, T7 and the peer's table keep them apart from the window scorer's.
+
+No model here: the jobs are built from the grid, the tables from hand-made units.
+"""
+
+from __future__ import annotations
+
+from pagekv import EvictionConfig
+from pagekv.measurement.replay import tables
+from pagekv.measurement.replay.grid import AGNOSTIC, AGNOSTIC_GRID, FULL, QUICK, Scoring
+from pagekv.measurement.replay.jobs import build_jobs
+
+CURATED = {"qa": ["qa_one", "qa_two"], "code": ["code_one"]}
+
+
+def test_scoring_labels():
+    assert tables.scoring(EvictionConfig().to_dict()) == "window/uniform"
+    assert tables.scoring({}) == "window/uniform"  # units stored before issue 19
+    rec = EvictionConfig(scorer="reconstruct", allocation="global", window=8).to_dict()
+    assert tables.scoring(rec) == "reconstruct/global, w8"
+    rec32 = EvictionConfig(scorer="reconstruct", allocation="global").to_dict()
+    assert tables.scoring(rec32) == "reconstruct/global"
+    assert tables.scoring(EvictionConfig(window=8).to_dict()) == "window/uniform"
+
+
+def test_the_agnostic_grid_decodes_every_setting_at_every_budget():
+    jobs = build_jobs(AGNOSTIC_GRID, CURATED)
+    t4 = [j for j in jobs if "T4" in j.tables]
+    t6 = [j for j in jobs if "T6" in j.tables]
+    assert len(t4) == 3 * 5 * 2 and len(t6) == 3 * 2  # contexts x depths x modes; tasks x modes
+    for j in t4 + t6:
+        got = sorted(
+            (cfg.policy, cfg.budget, cfg.scorer, cfg.allocation, cfg.window, label)
+            for _, cfg, label in j.decodes
+        )
+        want = sorted(
+            [("entropy", b, "window", "uniform", 32, "") for b in (0.1, 0.2, 0.5)]
+            + [
+                ("entropy", b, "reconstruct", "global", 8, AGNOSTIC[0].label)
+                for b in (0.1, 0.2, 0.5)
+            ]  # fmt: skip
+            + [("full", 1.0, "window", "uniform", 32, "full")]
+        )
+        assert got == want, j.spec
+        assert j.peer_budgets == (0.1, 0.2, 0.5)
+    # The T4 prompts are FULL's: same specs, so their units are shared.
+    full_t4 = {j.spec for j in build_jobs(FULL, CURATED) if "T4" in j.tables}
+    assert {j.spec for j in t4} == full_t4
+
+
+def test_grids_without_scorings_decode_as_before():
+    for j in build_jobs(FULL, CURATED):
+        cfgs = [cfg for _, cfg, _ in j.decodes]
+        assert all(c.scorer == "window" and c.allocation == "uniform" for c in cfgs)
+    quick = build_jobs(QUICK, CURATED)
+    assert any(cfg.scorer == "reconstruct" for j in quick for _, cfg, _ in j.decodes)
+
+
+def _unit(table, spec, cfg, correct, label="", stored=900, pages=900):
+    return {
+        "spec": spec,
+        "table": table,
+        "label": label,
+        "config": cfg.to_dict(),
+        "feasible": True,
+        "correct": correct,
+        "answer": "right" if correct else "wrong",
+        "stored_tokens": stored,
+        "page_tokens": pages,
+    }
+
+
+def test_window_and_reconstruct_rows_stay_apart():
+    spec = {"task": "needle", "context_tokens": 500, "depth": 0.5, "seed": 0, "mode": "after"}
+    spec2 = spec | {"seed": 1}
+    win = EvictionConfig(budget=0.2)
+    rec = win.replace(**Scoring("r").config_fields())
+    units = [
+        _unit("T4", spec, win, False),
+        _unit("T4", spec2, win, False),
+        _unit("T4", spec, rec, True, "r", stored=1000, pages=880),
+        _unit("T4", spec2, rec, True, "r", stored=960, pages=860),
+        _unit("T4", spec, win.replace(policy="mean"), False),
+        _unit("T4", spec2, win.replace(policy="mean"), True),
+    ]
+    summary, detail, _, _ = tables.t4(units, [], [])
+    by = {(r["policy"], r["scoring"]): r for r in summary}
+    assert set(by) == {
+        ("entropy", "window/uniform"),
+        ("entropy", "reconstruct/global, w8"),
+        ("mean", "window/uniform"),
+    }
+    assert by[("entropy", "window/uniform")]["recall"] == 0.0
+    rrow = by[("entropy", "reconstruct/global, w8")]
+    assert (rrow["recall"], rrow["right"], rrow["prompts"]) == (1.0, 2, 2)
+    assert (rrow["stored_tokens"], rrow["page_tokens"]) == (980, 870)
+    assert len(detail) == 3  # one cell (context, depth): a row per policy and scoring
+    # T7 pairs entropy with mean under the window scorer only: one loss, one tie.
+    answers, _ = tables.t7(units, [], QUICK)[:2]
+    assert sum(r["prompts"] for r in answers) == 2
+    assert sum(r["entropy_loses"] for r in answers) == 1
+    assert sum(r["ties"] for r in answers) == 1
+    # The headline keeps its old keys for the window scorer, and names the other.
+    head = tables._headline([], [], {}, summary, [], [], [], [])
+    assert head["needle_recall_20pct"] == {
+        "after|entropy": 0.0,
+        "after|entropy|reconstruct/global, w8": 1.0,
+        "after|mean": 0.5,
+    }
+
+
+def test_the_peer_is_matched_to_the_window_scorer_only():
+    spec = {"task": "needle", "context_tokens": 500, "depth": 0.5, "seed": 0, "mode": "after"}
+    win = EvictionConfig(budget=0.2)
+    rec = win.replace(scorer="reconstruct", allocation="global")  # window 32: same geometry
+    rows = tables._flat_decodes(
+        [_unit("T4", spec, rec, True, "r"), _unit("T4", spec, win, False)], "T4"
+    )
+    peer = [
+        {"spec": spec, "table": "T4", "press": "pagekv_entropy", "budget": 0.2,
+         "answer": "wrong", "attended_tokens": [[10, 20], [30, 40]]},
+        {"spec": spec, "table": "T4", "press": "kvzip", "budget": 0.2, "answer": "right",
+         "correct": True, "attended_tokens": [[1, 2], [3, 4]]},
+    ]  # fmt: skip
+    out = {r["press"]: r for r in tables._peer_rows(peer, "T4", rows)}
+    assert out["pagekv_entropy"]["same_answer_as_runner"] == 1.0  # the window decode's
+    assert out["pagekv_entropy"]["stored_tokens"] == 100
+    assert out["kvzip"]["stored_tokens"] == 10 and out["kvzip"]["recall"] == 1.0
+
+
+def test_t6_rows_by_budget_and_scoring():
+    spec = {"task": "qa", "name": "qa_one", "mode": "after"}
+    win = EvictionConfig(budget=0.1)
+    rec = win.replace(**Scoring("r").config_fields())
+    units = [
+        _unit("T6", spec, win, False),
+        _unit("T6", spec, win.replace(budget=0.5), True),
+        _unit("T6", spec, rec, True, "r"),
+    ]
+    summary, detail, _ = tables.t6(units, [])
+    got = {(r["budget"], r["scoring"]): r["solved"] for r in summary}
+    assert got == {
+        (0.1, "window/uniform"): 0,
+        (0.5, "window/uniform"): 1,
+        (0.1, "reconstruct/global, w8"): 1,
+    }
+    assert [(d["budget"], d["scoring"]) for d in detail] == [
+        (0.1, "reconstruct/global, w8"),
+        (0.1, "window/uniform"),
+        (0.5, "window/uniform"),
+    ]
