@@ -106,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--no-peer", action="store_true", help="skip the kvpress peer")
     rep.add_argument(
+        "--peer-minutes",
+        type=float,
+        default=None,
+        help="start no kvpress batch after this many minutes (what finished is kept; "
+        "the next run resumes)",
+    )
+    rep.add_argument(
         "--update-presets",
         action="store_true",
         help="also copy the measured presets over the app's assets/presets.json",
@@ -257,6 +264,7 @@ def cmd_replay(args) -> int:
         backend=args.backend,
         decode_dtype=args.dtype,
         update_presets=args.update_presets,
+        peer_minutes=args.peer_minutes,
     )
     return 0
 

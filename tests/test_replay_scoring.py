@@ -150,3 +150,80 @@ def test_t6_rows_by_budget_and_scoring():
         (0.1, "window/uniform"),
         (0.5, "window/uniform"),
     ]
+
+
+class _Task:
+    def build_prompt_ids(self, tokenizer, mode):
+        return {"input_ids": [1, 2, 3], "context_ids": [1, 2], "question_ids": [3]}
+
+
+class _Study:
+    tokenizer = None
+
+    def make_task(self, spec):
+        return _Task()
+
+
+class _Lazy:
+    study = _Study()
+
+
+class _Adapter:
+    available = True
+    presses = ["kvzip", "keydiff", "snapkv"]
+
+    def __init__(self, fail_from=None):
+        self.batches = []
+        self.fail_from = fail_from
+
+    def request(self, rid, press, budget, ids, max_new):
+        return {"id": rid, "press": press, "budget": budget}
+
+    def run(self, batch):
+        self.batches.append([(r["press"], r["budget"]) for r in batch])
+        if self.fail_from is not None and len(self.batches) > self.fail_from:
+            raise KeyboardInterrupt  # the run stopped while this batch ran
+        return [{"id": r["id"], "answer": "right", "attended_tokens": [[1]]} for r in batch]
+
+
+def _peer_setup(tmp_path, monkeypatch):
+    import pagekv.tasks
+    from pagekv.measurement.replay import harness
+    from pagekv.measurement.replay.store import UnitStore
+
+    monkeypatch.setattr(pagekv.tasks, "score", lambda answer, task: {"correct": True})
+    monkeypatch.setattr(harness, "PEER_BATCH", 4)
+    jobs = build_jobs(AGNOSTIC_GRID, CURATED)[:6]  # 3 after and 3 inside needle prompts
+    return harness, UnitStore(tmp_path), jobs
+
+
+def test_the_peer_runs_in_stored_batches_after_mode_first(tmp_path, monkeypatch):
+    """The grid's presses only (snapkv is not asked), question-after prompts first, then
+    press and budget; batches of PEER_BATCH; every result stored as its batch returns,
+    so a run stopped in the third batch keeps the first two and the next run sends only
+    what is missing."""
+    from pagekv.measurement.replay.store import UnitStore
+
+    harness, store, jobs = _peer_setup(tmp_path, monkeypatch)
+    modes = [j.spec.mode for j in jobs]
+    assert modes.count("after") == 3 and modes.count("inside") == 3
+    stopped = _Adapter(fail_from=2)
+    try:
+        harness._run_peer(stopped, _Lazy(), store, "m", jobs, AGNOSTIC_GRID)
+    except KeyboardInterrupt:
+        pass
+    assert [len(b) for b in stopped.batches] == [4, 4, 4]
+    assert UnitStore(tmp_path).loaded == 8  # the two finished batches, on disk
+    # 3 prompts x 2 presses x 3 budgets per mode: after first, kvzip before keydiff.
+    first = stopped.batches[0] + stopped.batches[1]
+    assert first[:4] == [("kvzip", 0.1)] * 3 + [("kvzip", 0.2)]
+    again = _Adapter()
+    out = harness._run_peer(again, _Lazy(), store, "m", jobs, AGNOSTIC_GRID)
+    sent = [x for b in again.batches for x in b]
+    assert len(sent) == 36 - 8 and len(out) == 36 and UnitStore(tmp_path).loaded == 36
+    assert {p for p, _ in sent} == {"kvzip", "keydiff"}
+    assert all(len(b) <= 4 for b in again.batches)
+    # A time budget of zero starts no batch: nothing sent, the stored results reported.
+    idle = _Adapter()
+    fresh = harness._run_peer(idle, _Lazy(), store, "m", jobs, AGNOSTIC_GRID, minutes=0)
+    assert idle.batches == [] and len(fresh) == 36

@@ -73,6 +73,7 @@ def run_replay(
     grid: Grid | None = None,
     update_presets: bool = False,
     decode_dtype: str = "auto",
+    peer_minutes: float | None = None,
 ) -> dict:
     """Run the replay grid (`QUICK` or `FULL`, or `grid`) and write everything to `out`.
 
@@ -80,7 +81,9 @@ def run_replay(
     `assets/presets.json` (never otherwise). `decode_dtype` is the runner's
     (`--dtype`); decode units made with another than "float32" carry it in their key,
     so units cached from the float32 decode are reused only by a float32 run. Returns
-    the results dict that is also written to `out/results.json`.
+    the results dict that is also written to `out/results.json`. `peer_minutes` stops
+    sending kvpress batches after that long (`_run_peer`); what finished is kept and
+    reported, the rest runs on the next call.
     """
     t_start = time.perf_counter()
     torch.manual_seed(SEED)
@@ -127,7 +130,7 @@ def run_replay(
         bar(i, job, "cached" if not missing else "done")
 
     peer_adapter = PeerAdapter(peer, quick, model_dir=_peer_model_dir(model), progress=_say)
-    peer_units = _run_peer(peer_adapter, lazy, store, model_key, jobs, grid)
+    peer_units = _run_peer(peer_adapter, lazy, store, model_key, jobs, grid, peer_minutes)
 
     wall = time.perf_counter() - t_start
     env = _environment(lazy, model)
@@ -236,8 +239,19 @@ def _peer_model_dir(model: str):
     return bundled_cache_dir() if is_bundled(model) else model
 
 
-def _run_peer(adapter: PeerAdapter, lazy, store, model, jobs, grid) -> list[dict]:
-    """kvpress on the same token ids and budgets (T4 and T6 prompts), cached per request."""
+#: Requests per kvpress batch: each batch is one worker process, and its results are
+#: stored when it returns, so a stopped run loses at most one batch.
+PEER_BATCH = 16
+
+
+def _run_peer(
+    adapter: PeerAdapter, lazy, store, model, jobs, grid, minutes: float | None = None
+) -> list[dict]:
+    """kvpress on the same token ids and budgets (T4 and T6 prompts), cached per request.
+
+    The requests go in batches of `PEER_BATCH`, question-after prompts first, then by
+    press (the grid's order) and budget, each batch stored as it returns; with `minutes`
+    no batch starts after that long."""
     requests, meta = [], {}
     presses = adapter.presses or list(WANTED)  # cached results are reported either way
     if grid.peer_presses is not None:
@@ -261,9 +275,21 @@ def _run_peer(adapter: PeerAdapter, lazy, store, model, jobs, grid) -> list[dict
                     ids = {"input_ids": ids["input_ids"]}
                 req = adapter.request(key, press, b, ids, grid.max_new_tokens)
                 requests.append(req)
-    if requests:
-        _say(f"kvpress peer: {len(requests)} requests ...")
-        for res in adapter.run(requests):
+    order = {p: i for i, p in enumerate(presses)}
+
+    def rank(req):
+        job, _, press, b = meta[req["id"]]
+        return (job.spec.mode != "after", order[press], b)
+
+    requests.sort(key=rank)  # stable: prompts keep the jobs' order within a rank
+    t0 = time.perf_counter()
+    for start in range(0, len(requests), PEER_BATCH):
+        if minutes is not None and time.perf_counter() - t0 > 60 * minutes:
+            _say(f"kvpress peer: stopped after {minutes:g} min, {len(requests) - start} left")
+            break
+        batch = requests[start : start + PEER_BATCH]
+        _say(f"kvpress peer: requests {start + 1}-{start + len(batch)} of {len(requests)}")
+        for res in adapter.run(batch):
             key = res.get("id")
             if key not in meta:
                 continue
