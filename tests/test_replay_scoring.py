@@ -145,6 +145,7 @@ def test_t6_rows_by_budget_and_scoring():
         (0.5, "window/uniform"): 1,
         (0.1, "reconstruct/global, w8"): 1,
     }
+    assert {r["page_tokens"] for r in summary} == {900}
     assert [(d["budget"], d["scoring"]) for d in detail] == [
         (0.1, "reconstruct/global, w8"),
         (0.1, "window/uniform"),

@@ -409,6 +409,7 @@ def t6(decode_units, peer_units):
                 "solved": sum(1 for r in feas if r["correct"]),
                 "solved_fraction": _mean([1.0 if r["correct"] else 0.0 for r in feas]),
                 "stored_tokens": _mean([r.get("stored_tokens") for r in feas]),
+                "page_tokens": _mean([r.get("page_tokens") for r in feas]),
             }
         )
     detail = [
