@@ -316,3 +316,27 @@ def test_recall_bars_policy_names_break_onto_lines():
     assert "kvpress snapkv" in fig.data[0].x
     assert fr._wrap_name("entropy_nosink") == "entropy_<br>nosink"
     assert fr._wrap_name("kvpress streaming_llm") == "kvpress<br>streaming_<br>llm"
+
+
+def test_recall_bars_name_a_question_agnostic_row_by_its_scoring():
+    """Two entropy rows of one budget, the default scoring and the reconstruction's:
+    two bars, the second named by its scoring (the replay's tables, not the figure,
+    define the default label)."""
+    from pagekv.measurement.replay.tables import WINDOW_SCORING
+
+    assert fr.WINDOW_SCORING == WINDOW_SCORING
+    rows = [
+        {"mode": "after", "budget": 0.2, "policy": "entropy", "recall": 0.1,
+         "scoring": WINDOW_SCORING},
+        {"mode": "after", "budget": 0.2, "policy": "entropy", "recall": 0.9,
+         "scoring": "reconstruct/global, w8"},
+        {"mode": "after", "budget": 0.2, "policy": "kvpress kvzip", "recall": 1.0},
+    ]  # fmt: skip
+    fig = fr.recall_bars(rows, "T4")
+    (bars,) = fig.data
+    assert dict(zip(bars.x, bars.y, strict=True)) == {
+        "entropy": 0.1,
+        "entropy (reconstruct/global, w8)": 0.9,
+        "kvpress kvzip": 1.0,
+    }
+    assert list(fig.layout.xaxis.tickvals) == list(bars.x)

@@ -76,14 +76,7 @@ def replay_recall_figure():
         tables = load_replay()["tables"]
     except (OSError, ValueError, KeyError) as e:
         return placeholder(f"The replay's results cannot be read: {e}")
-    rows = [
-        # a question-agnostic row (its `scoring` not the default) is named by it
-        r | {"policy": f"{r['policy']} ({r['scoring']})"}
-        if r.get("scoring", "window/uniform") != "window/uniform"
-        else r
-        for r in tables["T4_recall"]
-        if r["recall"] is not None
-    ]
+    rows = [r for r in tables["T4_recall"] if r["recall"] is not None]
     rows += [
         {**r, "policy": f"kvpress {r['press']}"}
         for r in tables.get("T4_peer", [])

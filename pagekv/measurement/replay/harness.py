@@ -354,7 +354,6 @@ def _cpu_count() -> int:
 def _grid_dict(grid: Grid) -> dict:
     d = asdict(grid)
     d["t7_settings"] = [asdict(s) for s in grid.t7_settings]
-    d["scorings"] = [asdict(s) for s in grid.scorings]
     return d
 
 

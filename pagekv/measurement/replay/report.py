@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 
 from pagekv.measurement.replay.store import clean
-from pagekv.measurement.replay.tables import shown_policy
 
 
 def _fmt(v) -> str:
@@ -103,7 +102,7 @@ def figures(out: Path, results: dict) -> dict:
         figs["t3_sink_advantage"] = F.sink_advantage_lines(
             t_iso, t_raw, title="T3: sink advantage per layer, with and without isolation"
         )
-    rec = [x | {"policy": shown_policy(x)} for x in tabs["T4_recall"] if x["recall"] is not None]
+    rec = [x for x in tabs["T4_recall"] if x["recall"] is not None]
     if rec:
         figs["t4_recall"] = F.recall_bars(rec, "T4: needle recall by policy, budget and mode")
     if tabs["T7_answers"]:

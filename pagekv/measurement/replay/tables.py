@@ -237,13 +237,6 @@ def _flat_decodes(decode_units, table):
 WINDOW_SCORING = "window/uniform"
 
 
-def shown_policy(row: dict) -> str:
-    """A T4 / T6 row's policy as a chart names it: with its scoring unless the default
-    (so a question-agnostic entropy bar is not a second "entropy")."""
-    sc = row.get("scoring", WINDOW_SCORING)
-    return row["policy"] if sc == WINDOW_SCORING else f"{row['policy']} ({sc})"
-
-
 def scoring(config: dict) -> str:
     """How a decode's prompt was scored and its budget allocated, `scorer/allocation`
     (`WINDOW_SCORING` by default), with the window when a non-default scorer or

@@ -92,10 +92,23 @@ def _percent(v: float) -> str:
     return f"{100 * v:.0f} %"
 
 
+#: The `scoring` of the replay's default decodes (`pagekv.measurement.replay.tables`).
+WINDOW_SCORING = "window/uniform"
+
+
+def _bar_name(row: dict) -> str:
+    """A row's policy, with its `scoring` where it has another than the default (so a
+    question-agnostic entropy bar is not a second "entropy")."""
+    sc = row.get("scoring", WINDOW_SCORING)
+    return row["policy"] if sc == WINDOW_SCORING else f"{row['policy']} ({sc})"
+
+
 def recall_bars(rows: Sequence[dict], title: str):
     """T4: needle recall per policy, one bar group per (question mode, budget).
 
-    `rows`: dicts with `mode`, `budget`, `policy` and `recall` (not None). Every bar
+    `rows`: dicts with `mode`, `budget`, `policy` and `recall` (not None), and
+    optionally `scoring` (a bar of another scoring than the default is named by it,
+    `_bar_name`). Every bar
     carries its value ("60 %"), above it and upright, so a recall of 0 (a bar of no
     height) still reads "0 %"; the y range leaves room for the labels. Policy names
     such as "kvpress expected_attention" are broken onto lines (`_wrap_name`) so the
@@ -109,7 +122,7 @@ def recall_bars(rows: Sequence[dict], title: str):
             name = f"{mode}, budget {100 * b:g}%"
             fig.add_trace(
                 go.Bar(
-                    x=[x["policy"] for x in sel],
+                    x=[_bar_name(x) for x in sel],
                     y=[x["recall"] for x in sel],
                     name=name,
                     text=[_percent(x["recall"]) for x in sel],
@@ -123,7 +136,7 @@ def recall_bars(rows: Sequence[dict], title: str):
                     hovertemplate="%{x}: %{text}<extra>" + name + "</extra>",
                 )
             )
-    policies = list(dict.fromkeys(x["policy"] for x in rows))
+    policies = list(dict.fromkeys(_bar_name(x) for x in rows))
     fig.update_layout(
         barmode="group",
         yaxis_title="needle recall",
