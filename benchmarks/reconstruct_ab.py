@@ -15,6 +15,7 @@ existed, decoded in float32).
                                          [--peer kvzip kvzip_layerwise keydiff]
                                          [--settings "reconstruct/max, global" ...]
                                          [--window 32] [--n-sink 4] [--dtype auto]
+                                         [--page-reduction max|sum]
                                          [--mode after|inside]
 
 Each prompt is prefilled once and reconstructed once (both aggregations come from the
@@ -22,7 +23,11 @@ same pass); every setting then plans and decodes on that prefill. Prints one row
 setting: prompts right; stored tokens (mean per prompt, from the compacted dense caches,
 whose groups of a layer are padded to one length under the global allocation); the
 tokens of the kept pages (what a paged cache stores: no padding); and the mean seconds
-of the prefill and of the reconstruction pass.
+of the prefill and of the reconstruction pass. The JSON's rows also name the prompts
+each setting answered wrong (`wrong`: a curated task's name, or a needle prompt's
+length and depth) and, per prompt, the fraction of its answer tokens stored, the mean
+over (layer, group) (`retention`: the needle's code, a curated task's answer within its
+evidence line).
 
 ``--peer`` also runs kvpress's presses on the same token ids, question after the
 compressed context as in kvpress's pipeline (`pagekv.measurement.peer.kvpress_peer`, its
@@ -100,10 +105,12 @@ PEER_PRESSES = {
 }
 
 
-def run_peer(names, prompts, budgets, rows: dict, save=None) -> None:
+def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None) -> None:
     """Run kvpress's presses `names` on `prompts` [(ids, question ids, task)] at `budgets`,
     one peer batch per (press, budget) in that order, adding one row per batch to `rows`
-    (and calling `save()` after each, so a long run keeps what it finished)."""
+    (and calling `save()` after each, so a long run keeps what it finished). `labels`
+    names the prompts in a row's `wrong` list (their indices when None)."""
+    labels = labels or [str(i) for i in range(len(prompts))]
     from pagekv.measurement.peer import kvpress_peer as kp
 
     for name in names:
@@ -123,12 +130,15 @@ def run_peer(names, prompts, budgets, rows: dict, save=None) -> None:
             ]
             key = f"kvpress {name}, {100 * budget:g}%"
             out = kp.run_kvpress(kp.bundled_model_dir(), reqs, timeout=4 * 3600, progress=None)
-            row = rows.setdefault(key, {"right": 0, "prompts": 0, "stored": 0})
-            for (_, _, task), res in zip(prompts, out, strict=True):
+            row = rows.setdefault(key, {"right": 0, "prompts": 0, "stored": 0, "wrong": []})
+            for (_, _, task), res, label in zip(prompts, out, labels, strict=True):
                 if res.get("error"):
                     print(f"{key}: {res['error']}", file=sys.stderr)
                     continue
-                row["right"] += bool(score(res["answer"], task)["correct"])
+                right = bool(score(res["answer"], task)["correct"])
+                row["right"] += right
+                if not right:
+                    row["wrong"].append(label)
                 row["prompts"] += 1
                 row["stored"] += sum(map(sum, res["attended_tokens"]))
             print(f"{key}: {row['right']}/{row['prompts']}", file=sys.stderr)
@@ -149,6 +159,12 @@ def main(argv=None) -> int:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--window", type=int, default=32, help="protected window (tokens)")
     ap.add_argument("--n-sink", type=int, default=4, help="protected sink tokens")
+    ap.add_argument(
+        "--page-reduction",
+        default="max",
+        choices=("max", "sum"),
+        help="a page's score from its tokens' (EvictionConfig.page_reduction)",
+    )
     ap.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help="the decode")
     ap.add_argument(
         "--mode",
@@ -169,7 +185,11 @@ def main(argv=None) -> int:
     study = Study.load("bundled", decode_dtype=args.dtype)
     runner = study.runner
     base = EvictionConfig(
-        policy="entropy", page_size=args.page_size, n_sink=args.n_sink, window=args.window
+        policy="entropy",
+        page_size=args.page_size,
+        n_sink=args.n_sink,
+        window=args.window,
+        page_reduction=args.page_reduction,
     )
     rows: dict[str, dict] = {}
     times = {"prefill_s": [], "reconstruct_s": []}
@@ -178,8 +198,14 @@ def main(argv=None) -> int:
         if args.curated
         else t4_specs(set(args.contexts), args.mode)
     )
-    prompts = []
+    prompts, labels = [], []
     for spec in specs:
+        what = (
+            spec.name
+            if spec.task != "needle"
+            else f"{spec.context_tokens} tokens, depth {spec.depth}"
+        )
+        labels.append(what)
         prep = study.prepare(spec)
         pre = prep.prefill
         prompts.append((pre.ids, pre.question_ids, prep.task))
@@ -213,18 +239,28 @@ def main(argv=None) -> int:
                         )
                         planned = Planned(plan=p, scored_on="torch", score_s=0.0, plan_s=0.0)
                     res = runner.evaluate(
-                        pre, cfg, max_new_tokens=default_max_new_tokens(prep.task), planned=planned
+                        pre,
+                        cfg,
+                        max_new_tokens=default_max_new_tokens(prep.task),
+                        planned=planned,
+                        needle_positions=prep.needle_positions or None,
                     )
                 except ValueError as e:  # an infeasible budget for a short prompt
                     print(f"{spec.name or spec.depth}: {name}: {e}", file=sys.stderr)
                     continue
                 right = bool(score(res.answer, prep.task)["correct"])
-                row = rows.setdefault(name, {"right": 0, "prompts": 0, "stored": 0, "pages": 0})
+                row = rows.setdefault(
+                    name, {"right": 0, "prompts": 0, "stored": 0, "pages": 0, "wrong": []}
+                )
                 row["right"] += right
+                if not right:
+                    row["wrong"].append(what)
+                if res.needle_retention is not None:  # the answer tokens stored, mean (l, g)
+                    kept = [x for per_layer in res.needle_retention for x in per_layer]
+                    row.setdefault("retention", {})[what] = round(sum(kept) / len(kept), 4)
                 row["prompts"] += 1
                 row["stored"] += sum(map(sum, res.stored_tokens))
                 row["pages"] += int(planned.plan.union_tokens.sum())
-        what = spec.name if spec.task != "needle" else f"depth {spec.depth}"
         print(f"done {pre.n} tokens, {what}", file=sys.stderr)
 
     def save():
@@ -233,7 +269,7 @@ def main(argv=None) -> int:
 
     meta = {"settings": {**vars(args), "decode": runner.decode_path}}
     if args.peer:
-        run_peer(args.peer, prompts, args.budgets, rows, save)
+        run_peer(args.peer, prompts, args.budgets, rows, save, labels)
     print(f"{'setting':<34} {'right':>9} {'stored (dense)':>15} {'kept pages (paged)':>19}")
     for name, r in rows.items():
         n = max(r["prompts"], 1)
