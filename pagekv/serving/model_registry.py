@@ -42,7 +42,7 @@ from pagekv.runtime.models import (
     BUNDLED_DESCRIPTION,
     KNOWN_MODELS,
     ModelLoadError,
-    is_bundled,
+    bundled_model,
 )
 from pagekv.serving.worker import WORKER
 
@@ -59,10 +59,10 @@ class ModelRefused(ModelLoadError):
 
 
 def model_key(name: str | None) -> str:
-    """The registry's key of a model name: ``"bundled"`` for every alias of the bundled
-    model (and an empty name), else the name without surrounding spaces."""
-    name = (name or "").strip()
-    return BUNDLED if not name or is_bundled(name) else name
+    """The registry's key of a model name: a bundled model's key for every alias of it
+    (``"bundled"`` for an empty name), else the name without surrounding spaces."""
+    spec = bundled_model(name)
+    return spec.key if spec is not None else (name or "").strip()
 
 
 def _load_study(name: str, decode_dtype: str = "auto"):

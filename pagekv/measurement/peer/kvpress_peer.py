@@ -417,14 +417,14 @@ def kvpress_available(
 # ------------------------------------------------------------------ running
 
 
-def bundled_model_dir() -> Path:
-    """The converted (``save_pretrained``) copy of the bundled model, built if needed;
+def bundled_model_dir(model: str = "bundled") -> Path:
+    """The converted (``save_pretrained``) copy of a bundled model, built if needed;
     the folder kvpress loads, since it cannot read GGUF."""
     from pagekv.runtime.models import build_bundled_cache, bundled_cache_dir, cache_problem
 
-    if cache_problem() is not None:
-        build_bundled_cache()
-    return bundled_cache_dir()
+    if cache_problem(model=model) is not None:
+        build_bundled_cache(model=model)
+    return bundled_cache_dir(model)
 
 
 def run_kvpress(

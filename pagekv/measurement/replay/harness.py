@@ -234,9 +234,11 @@ def _progress(total: int):
 
 
 def _peer_model_dir(model: str):
-    from pagekv.runtime.models import bundled_cache_dir, is_bundled
+    from pagekv.measurement.peer.kvpress_peer import bundled_model_dir
+    from pagekv.runtime.models import bundled_model
 
-    return bundled_cache_dir() if is_bundled(model) else model
+    spec = bundled_model(model)
+    return bundled_model_dir(spec.key) if spec is not None else model
 
 
 #: Requests per kvpress batch: each batch is one worker process, and its results are

@@ -1,0 +1,81 @@
+"""The second bundled model, qwen-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct, r = 7), on
+its real weights. Opt-in: `PAGEKV_TEST_QWEN=1` (after `bash scripts/setup.sh --models`);
+a few minutes on 2 cores. Opted in, a missing model fails these tests (never a skip);
+not opted in, they skip with a reason that says how to run them, and the run's summary
+counts them (tests/conftest.py).
+
+    PAGEKV_TEST_QWEN=1 python -m pytest -q tests/test_qwen_coder.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from pagekv import EvictionConfig
+from pagekv.runtime.models import QWEN_CODER, ModelLoadError, bundled_cache_dir
+from pagekv.serving.study import PromptSpec, Study
+from pagekv.views.comparison import comparison_figures, plan_comparison
+from pagekv.views.lessons import get_lesson, run_lesson
+
+OPT_IN = "PAGEKV_TEST_QWEN"
+pytestmark = pytest.mark.skipif(
+    os.environ.get(OPT_IN) != "1",
+    reason=f"opt-in: {OPT_IN}=1 runs the qwen-coder-0.5b tests "
+    "(install the model with bash scripts/setup.sh --models)",
+)
+
+
+@pytest.fixture(scope="module")
+def qwen() -> Study:
+    try:
+        return Study.load(QWEN_CODER, allow_fallback=False)
+    except ModelLoadError as e:  # opted in: a missing model is a failure, not a skip
+        pytest.fail(f"{OPT_IN}=1 but qwen-coder-0.5b does not load: {e}")
+
+
+def test_facts_of_the_model(qwen):
+    lm = qwen.loaded
+    assert (lm.name, lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.group_size) == (
+        QWEN_CODER, 24, 14, 2, 7
+    )  # fmt: skip
+    assert lm.source in ("cache", "gguf") and "registry parts" in lm.origin and not lm.caveat
+    manifest = json.loads((bundled_cache_dir(QWEN_CODER) / "manifest.json").read_text())
+    assert (manifest["source_file"], manifest["source_size"]) == (
+        "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf", 491_400_064
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["inside", "after"])
+def test_full_cache_finds_the_needle(qwen, mode):
+    prep = qwen.prepare(PromptSpec(task="needle", context_tokens=1000, depth=0.5, mode=mode))
+    rec = qwen.run_full(prep)
+    assert rec["correct"], rec["answer"]
+
+
+def test_uor_view_follows_r(qwen):
+    """The UOR chart's worst case and the stored heatmap's scale are r = 7 here."""
+    spec = PromptSpec(task="needle", context_tokens=1000, depth=0.5)
+    comp = plan_comparison(
+        qwen, spec, EvictionConfig(policy="head_independent"), EvictionConfig(policy="entropy")
+    )
+    figs = comparison_figures(comp, only={"uor"})
+    fig = figs["uor"]
+    assert [s["y0"] for s in fig.layout.shapes] == [7]
+    assert fig.layout.yaxis.range[1] == pytest.approx(7.2)
+    uor_max = max(max(t.y) for t in fig.data if t.name == "head-independent, max")
+    assert 1.0 < uor_max <= 7.0
+
+
+@pytest.mark.parametrize("lesson_id", ["gqa-cost", "sink-masquerade"])
+def test_lessons_1_and_3_hold_on_this_model(qwen, lesson_id):
+    """The figures README.md reports for lessons 1 and 3 on qwen-coder-0.5b."""
+    run = run_lesson(qwen, get_lesson(lesson_id))
+    assert run.finding.holds, run.finding.measured
+    v = run.finding.values
+    if lesson_id == "gqa-cost":
+        assert v["r"] == 7 and 2.0 <= v["max_ratio"] <= 7.0
+    else:
+        assert v["raw"] >= 2.0 > 1.5 > v["isolated"]
