@@ -347,7 +347,7 @@ def check_screen(page, lesson) -> None:
         most = re.search(r"holds (\d+) tokens", observed).group(1)
         assert cells[3] == most, (cells, observed)
         assert f"the budget of {k} tokens" in observed, observed
-    if lesson.layer in ("last", "strongest"):  # the verdict names the layer the view shows
+    if lesson.layer in ("last", "strongest", "sink"):  # the verdict names the layer the view shows
         shown = page.locator('input[aria-label="number input for Layer"]').input_value()
         said = re.search(r"layer (\d+)", observed).group(1)
         assert shown == said, (shown, observed)

@@ -3,6 +3,7 @@ checked on the bundled model (`python -m pagekv lessons --check`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from types import SimpleNamespace
@@ -24,6 +25,7 @@ from pagekv.views.lessons import (
     number,
     read_numbers,
     shared_budget_answers,
+    sink_layer,
     sink_masquerade,
     tie,
     union_over_budget,
@@ -228,9 +230,27 @@ def test_layer_rules_resolve_on_the_model_that_ran():
     prof[1, 1, 5] += 500.0  # layer 1, group 0: the most focused head of all
     prof = prof / prof.sum(-1, keepdim=True)
     p = plan(prof, 2, EvictionConfig(policy="entropy", budget=0.4, page_size=4, window=4))
-    assert layer_for(get_lesson("sink-masquerade"), p) == 2  # "last" of 3 layers
+    assert layer_for(get_lesson("sink-masquerade"), p) == sink_layer(p)  # "sink"
     assert layer_for(get_lesson("entropy-vs-mean"), p) == 1  # "strongest"
     assert layer_for(get_lesson("gqa-cost"), p) == 0
+    last = dataclasses.replace(get_lesson("gqa-cost"), layer="last")
+    assert layer_for(last, p) == 2  # "last" of 3 layers
+
+
+def test_sink_layer_is_where_sinks_outweigh_the_others_most():
+    """Hand-worked: 3 layers, 4 heads in 2 groups (r = 2). Layer 1, group 0: a sink head
+    of weight 0.8 beside one of 0.2 (advantage 4); layer 2, group 1: 0.6 beside 0.4
+    (1.5); layer 0 has no sink head. Without any sink head: layer 0."""
+    w = torch.full((3, 4), 0.5)
+    w[1, :2] = torch.tensor([0.8, 0.2])
+    w[2, 2:] = torch.tensor([0.6, 0.4])
+    sinks = torch.zeros(3, 4, dtype=torch.bool)
+    sinks[1, 0] = sinks[2, 2] = True
+    p = SimpleNamespace(weights_nosink=w, sink_heads=sinks, n_groups=2)
+    assert sink_layer(p) == 1
+    w[2, 2:] = torch.tensor([0.9, 0.1])  # now layer 2's group: advantage 9
+    assert sink_layer(p) == 2
+    assert sink_layer(SimpleNamespace(weights_nosink=w, sink_heads=sinks & False, n_groups=2)) == 0
 
 
 def test_lessons_list_without_model(capsys):

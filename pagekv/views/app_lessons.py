@@ -78,7 +78,7 @@ def _lesson_run_args(lesson, title, model) -> dict:
     follows A ("Same settings as A" ticked) when the two differ only in their method
     (policy, scorer, allocation), so
     that moving A's controls afterwards moves B's too; otherwise B keeps its own (the
-    status line says so). A layer named by a rule ("last", "strongest") starts at 0
+    status line says so). A layer named by a rule ("last", "strongest", "sink") starts at 0
     and is resolved on the model once it has run (`pick_lesson`)."""
     p, a, b = lesson.prompt, lesson.a, lesson.b
     linked = dataclasses.replace(a, policy=b.policy, scorer=b.scorer, allocation=b.allocation) == b

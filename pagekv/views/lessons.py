@@ -239,30 +239,41 @@ def union_over_budget(side: str, factor: float):
     )
 
 
-def sink_masquerade(layer: int, raw_at_least: float, isolated_below: float):
-    """In `layer` (negative: counted from the model's last layer, -1 the last), the sink
-    heads of some group outweigh its other heads by at least `raw_at_least` without sink
-    isolation and by less than `isolated_below` with it."""
-    where = "the last layer" if layer == -1 else f"layer {layer}"
+def sink_masquerade(layer: int | str, raw_at_least: float, isolated_below: float):
+    """In `layer` (negative: counted from the model's last layer, -1 the last; "sink":
+    the layer whose group has the largest sink advantage without isolation, the
+    masquerade at its strongest, `sink_layer`), the sink heads of some group outweigh
+    its other heads by at least `raw_at_least` without sink isolation and by less than
+    `isolated_below` with it. The measured line also counts, over every layer, the
+    groups with sink and other heads that isolation brings under `isolated_below`."""
+    where = {-1: "the last layer", "sink": "the layer where it is strongest"}.get(
+        layer, f"layer {layer}"
+    )
 
     def check(ev: Evidence) -> Finding:
         p = ev.comparison.plan_of("B")
         G = p.n_groups
         L = p.weights_nosink.shape[0]
-        at = layer_index(layer, L)
-        raw = sink_advantage(p.weights_nosink, p.sink_heads, G)[at]  # [G], NaN: no mix
-        iso = sink_advantage(p.weights_isolated, p.sink_heads, G)[at]
+        raw_all = sink_advantage(p.weights_nosink, p.sink_heads, G)  # [L, G], NaN: no mix
+        iso_all = sink_advantage(p.weights_isolated, p.sink_heads, G)
+        at = sink_layer(p) if layer == "sink" else layer_index(layer, L)
+        raw, iso = raw_all[at], iso_all[at]
         mixed = ~torch.isnan(raw)
         if not bool(mixed.any()):
             return Finding(False, f"layer {at} has no group with sink and other heads")
         g = int(torch.where(mixed, raw, torch.full_like(raw, -1.0)).argmax())
         r_raw, r_iso = float(raw[g]), float(iso[g])
         holds = r_raw >= raw_at_least and r_iso < isolated_below
+        n_mixed = int((~torch.isnan(raw_all)).sum())
+        n_fixed = int((iso_all < isolated_below).sum())  # NaN compares False
         measured = (
             f"layer {at} (of layers 0-{L - 1}), group {g}: sink heads weigh {r_raw:.2f}x the "
-            f"others without isolation, {r_iso:.2f}x with it"
+            f"others without isolation, {r_iso:.2f}x with it; over every layer, isolation "
+            f"brings {n_fixed} of the {n_mixed} groups with sink and other heads under "
+            f"{isolated_below:g}x"
         )
-        return Finding(holds, measured, {"layer": at, "group": g, "raw": r_raw, "isolated": r_iso})
+        values = {"layer": at, "group": g, "raw": r_raw, "isolated": r_iso}
+        return Finding(holds, measured, values | {"mixed": n_mixed, "fixed": n_fixed})
 
     return Observation(
         f"in {where} a group's sink heads weigh at least {raw_at_least:g}x its other heads "
@@ -412,10 +423,11 @@ def _pct(x: float) -> str:
 
 
 #: How a lesson names the layer its head-weights view opens on, besides a fixed index:
-#: "last" (the model's last layer) or "strongest" (the layer of the group whose largest
-#: head weight is the highest, where pooling matters most). Resolved on the model that
-#: ran (`layer_for`).
-LAYER_RULES = ("last", "strongest")
+#: "last" (the model's last layer), "strongest" (the layer of the group whose largest
+#: head weight is the highest, where pooling matters most) or "sink" (the layer where
+#: sink heads outweigh the others most without isolation, `sink_layer`). Resolved on
+#: the model that ran (`layer_for`).
+LAYER_RULES = ("last", "strongest", "sink")
 
 
 @dataclass(frozen=True)
@@ -454,12 +466,23 @@ def layer_index(layer: int, n_layers: int) -> int:
     return at
 
 
+def sink_layer(plan) -> int:
+    """The layer of the group whose sink heads outweigh its other heads the most without
+    sink isolation (the masquerade at its strongest); 0 if no group mixes sink and
+    other heads."""
+    raw = sink_advantage(plan.weights_nosink, plan.sink_heads, plan.n_groups)  # [L, G]
+    raw = torch.nan_to_num(raw, nan=-1.0)
+    return int(raw.argmax()) // raw.shape[1] if bool((raw >= 0).any()) else 0
+
+
 def layer_for(lesson: Lesson, plan) -> int:
     """The layer `lesson`'s head-weights view opens on, for the plan of the model that
     ran (side B's: the pooled side of every live lesson)."""
     L, H = plan.weights_isolated.shape
     if lesson.layer == "last":
         return L - 1
+    if lesson.layer == "sink":
+        return sink_layer(plan)
     if lesson.layer == "strongest":
         G = plan.n_groups
         top = plan.weights_isolated.view(L, G, H // G).amax(-1)  # [L, G]
@@ -542,17 +565,18 @@ LESSONS: tuple[Lesson, ...] = (
             "sinks). Measured by collision entropy, such a head looks sharply focused, so an "
             "entropy weighting without care would trust it most. Page-EntroKV removes the "
             "sink tokens before taking the entropy. The check reads the head weights of the "
-            "model's last layer, the one the view opens on: without isolation a group's sink "
-            "heads outweigh its other heads at least twice, with isolation by less than 1.5x. "
-            "Over the replay's grid isolation fixes the average, not every group "
-            "(docs/results.md, table T3)."
+            "layer where sink heads outweigh the others most without isolation, the one the "
+            "view opens on: there a group's sink heads outweigh its other heads at least "
+            "twice without isolation, by less than 1.5x with it. Isolation does not fix "
+            "every group: the check also counts, over every layer, the groups it brings "
+            "under 1.5x (and docs/results.md, table T3, has the replay's grid)."
         ),
-        observation=sink_masquerade(layer=-1, raw_at_least=2.0, isolated_below=1.5),
+        observation=sink_masquerade(layer="sink", raw_at_least=2.0, isolated_below=1.5),
         views=("weights", "sinks"),
         prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
         a=Side("entropy_nosink", budget=0.2),
         b=Side("entropy", budget=0.2),
-        layer="last",
+        layer="sink",
     ),
     Lesson(
         id="strict-test",
