@@ -161,7 +161,9 @@ class ModelRegistry:
         failure = self._recent_failure(key)
         if failure is None:
             try:  # one load per name at a time: a job on the model worker
-                return WORKER.run(("load", id(self), key), lambda: self._load_job(key))
+                return WORKER.run(
+                    ("load", id(self), key), lambda: self._load_job(key), owner=("load", key)
+                )
             except Exception as e:
                 failure = e
         if key == self.default:

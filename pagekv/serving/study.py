@@ -187,7 +187,9 @@ class Study:
         )
         self._tag = next(_STUDY_IDS)  # jobs of different studies never share a key
         # Timings of the first real run are warm (eviction time is not its first call).
-        self.warm_up_s = self.worker.run(("warm_up", self._tag), self.runner.warm_up)
+        self.warm_up_s = self.worker.run(
+            ("warm_up", self._tag), self.runner.warm_up, owner=self._tag
+        )
         #: The memos (module docstring), public so that tools and tests can look at them.
         self.prefills = ByteLRU(prefill_memo_bytes, max_entries=memo_size)
         self.plans = ByteLRU(PLAN_MEMO_BYTES if result_memo_bytes else 0)
@@ -258,7 +260,9 @@ class Study:
         prep = self.prefills.get(spec)
         if prep is not None:
             return prep
-        return self.worker.run(("prefill", self._tag, spec), lambda: self._prepare_job(spec))
+        return self.worker.run(
+            ("prefill", self._tag, spec), lambda: self._prepare_job(spec), owner=self._tag
+        )
 
     def prepared(self, spec: PromptSpec) -> Prepared:
         """The memoised prefill of `spec`; LookupError if it is not in memory (nothing
@@ -320,7 +324,9 @@ class Study:
         hit = self.plans.get(key)
         if hit is not None:
             return hit
-        return self.worker.run(("plan", self._tag, key), lambda: self._plan_job(prep, config))
+        return self.worker.run(
+            ("plan", self._tag, key), lambda: self._plan_job(prep, config), owner=self._tag
+        )
 
     def _plan_job(self, prep: Prepared, config: EvictionConfig) -> Planned:
         key = (_prompt_key(prep), config)
@@ -343,7 +349,7 @@ class Study:
                 prep.derived[key] = fn(prep)
             return prep.derived[key]
 
-        return self.worker.run(("derive", self._tag, _prompt_key(prep), key), job)
+        return self.worker.run(("derive", self._tag, _prompt_key(prep), key), job, owner=self._tag)
 
     # ------------------------------------------------------------------ runs
 
@@ -389,7 +395,9 @@ class Study:
         if stored is not None:
             return Job.finished((stored, False))
         return self.worker.submit(
-            ("run", self._tag, key), lambda _job: self._run_job(prep, config, max_new_tokens)
+            ("run", self._tag, key),
+            lambda _job: self._run_job(prep, config, max_new_tokens),
+            owner=self._tag,
         )
 
     def _run_job(self, prep, config, max_new_tokens) -> tuple[dict, bool]:
@@ -435,6 +443,7 @@ class Study:
         return self.worker.submit(
             ("pair", self._tag, key_a, key_b),
             lambda job: self._pair_job(job, prep, config_a, config_b, max_new_tokens),
+            owner=self._tag,
         )
 
     def _pair_job(self, job: Job, prep, config_a, config_b, max_new_tokens) -> tuple[dict, dict]:

@@ -53,11 +53,14 @@ class Job:
     waiters may read it; it is replaced, never queued. `version` counts reports.
     """
 
-    __slots__ = ("key", "fn", "done", "value", "error", "started", "progress", "version")
+    __slots__ = (
+        "key", "fn", "done", "value", "error", "started", "progress", "version", "owner"
+    )  # fmt: skip
 
-    def __init__(self, key: Hashable, fn: Callable[[Job], Any] | None):
+    def __init__(self, key: Hashable, fn: Callable[[Job], Any] | None, owner: Hashable = None):
         self.key = key
         self.fn = fn
+        self.owner = owner  # whose job it is (a model's Study): the worker takes turns
         self.done = threading.Event()
         self.value: Any = None
         self.error: BaseException | None = None
@@ -106,6 +109,12 @@ class ModelWorker:
     (then that job is returned: single flight); `wait(job, timeout)` waits for it, owning
     the worker meanwhile if nobody does; `run(key, fn)` is both. `key=None` never
     shares. A job's function receives its `Job` (to `report` progress).
+
+    Turns: a job may name its `owner` (a `Study` names itself, a model load its model).
+    The next job is the oldest queued job of another owner than the job that ran last,
+    else the oldest: each owner's jobs run in the order they came, and a job of one model
+    waits for at most one job of each other model (a run on a slow model never holds up
+    the runs on another for more than the one job it is in).
     """
 
     def __init__(self):
@@ -114,6 +123,7 @@ class ModelWorker:
         self._jobs: dict[Hashable, Job] = {}  # key -> job queued or running
         self._owner: threading.Thread | None = None
         self._forever = False
+        self._last: Hashable = None  # the owner of the job that ran last
         self.jobs_run = 0
 
     # ------------------------------------------------------------------ state
@@ -139,7 +149,7 @@ class ModelWorker:
 
     # ------------------------------------------------------------------ calls
 
-    def submit(self, key: Hashable, fn: Callable[[Job], Any]) -> Job:
+    def submit(self, key: Hashable, fn: Callable[[Job], Any], owner: Hashable = None) -> Job:
         """Queue `fn(job)` under `key` and return its job, or the job already queued or
         running under `key`. From a job on the worker, the new job runs at once, inline
         (a job never waits for another): the returned job is then done."""
@@ -148,7 +158,7 @@ class ModelWorker:
         with self._cv:
             if key is not None and key in self._jobs:
                 return self._jobs[key]
-            job = Job(key, fn)
+            job = Job(key, fn, owner)
             if key is not None:
                 self._jobs[key] = job
             self._queue.append(job)
@@ -194,10 +204,16 @@ class ModelWorker:
         if final and job.version != seen and job.progress is not None:
             yield job.progress
 
-    def run(self, key: Hashable, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+    def run(
+        self,
+        key: Hashable,
+        fn: Callable[[], Any],
+        timeout: float | None = None,
+        owner: Hashable = None,
+    ) -> Any:
         """`fn()` as a job under `key` (shared with an identical job in flight): its
         value, or its exception raised here. WorkerTimeout after `timeout` seconds."""
-        job = self.submit(key, lambda _job: fn())
+        job = self.submit(key, lambda _job: fn(), owner)
         if not self.wait(job, timeout):
             raise WorkerTimeout(f"no result for {key!r} within {timeout} s")
         return job.result()
@@ -227,13 +243,22 @@ class ModelWorker:
         with self._cv:
             if not self._queue:
                 self._cv.wait(poll_s)
-            return self._queue.popleft() if self._queue else None
+            return self._pop_locked()
+
+    def _pop_locked(self) -> Job | None:
+        """The next job to run (the class docstring's turns), taken off the queue."""
+        if not self._queue:
+            return None
+        job = next((j for j in self._queue if j.owner != self._last), self._queue[0])
+        self._queue.remove(job)
+        self._last = job.owner
+        return job
 
     def _serve(self, until: Job) -> None:
         """Run queued jobs in order until `until` is done (the caller owns the worker)."""
         while not until.done.is_set():
             with self._cv:
-                job = self._queue.popleft() if self._queue else None
+                job = self._pop_locked()
             if job is None:  # cannot happen: an unfinished job is queued or running here
                 raise RuntimeError(f"job {until.key!r} is neither queued nor done")
             self._execute(job)

@@ -29,10 +29,10 @@ from gradio.components.plot import PlotData
 from pagekv.maths.config import POLICIES
 from pagekv.runtime.models import KNOWN_MODELS
 from pagekv.serving import allocator
-from pagekv.serving.model_registry import ModelRegistry
+from pagekv.serving.model_registry import ModelRegistry, model_key
 from pagekv.serving.sessions import SessionGate
 from pagekv.serving.study import settings_text
-from pagekv.serving.worker import keep_this_thread_light
+from pagekv.serving.worker import WORKER, keep_this_thread_light
 from pagekv.views.answers import answers_html, answers_table, ms, pending_table
 from pagekv.views.app_text import message
 from pagekv.views.comparison import (
@@ -328,13 +328,20 @@ def run_comparison(
 def _run(v: dict, lesson):
     try:
         spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
-        study = get_study(v["model"] if isinstance(v["model"], str) else "")
+        name = model_key(v["model"] if isinstance(v["model"], str) else "")
+        if MODELS.offered(name) and name not in MODELS.loaded_names():
+            yield _status_views(_working(f"Loading the model {name} (once)"))
+        study = get_study(name)
         key = view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer)
         t0 = time.perf_counter()
         waited = key not in view_memo  # another request may be computing it
         done = view_memo.get_or_wait(key, timeout=SAME_RUN_WAIT_S)
         if done is None:
             with view_memo.computing(key):
+                if not all(spec.replace(mode=m) in study.prefills for m in {mode_a, mode_b}):
+                    yield _status_views(
+                        _working(f"Prefilling the prompt on {study.loaded.name}, then planning")
+                    )
                 comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
                 n_layers = int(comp.plan_of("B").keep.shape[0])  # from the model that ran
                 layer = min(layer, n_layers - 1)
@@ -431,6 +438,19 @@ def _export_folder() -> str:
         except OSError:
             pass
     return tempfile.mkdtemp(prefix="run_", dir=root)
+
+
+def _working(what: str) -> str:
+    """The status line while a run's longer steps go on, with the model worker's queue
+    (each step is one job on it: a run on another model waits for one job at most)."""
+    ahead = WORKER.pending()
+    queue = f"; {ahead} job{'s' if ahead != 1 else ''} on the model worker now" if ahead else ""
+    return message("info", f"{what}...{queue}")
+
+
+def _status_views(status: str):
+    """Only the status line changes (a step of a run has begun)."""
+    return tuple(status if name == "status" else gr.update() for name in RUN_VIEWS)
 
 
 def _stream_views(table: str):

@@ -1,0 +1,130 @@
+"""The model worker takes turns between owners (pagekv/serving/worker.py, "Turns"): a
+job of one model waits for at most one job of each other model, and each owner's jobs
+keep their order. So a run on the slow qwen-coder-0.5b never holds up a run on the
+bundled model for more than the one job it is in; and a run on a model not loaded yet,
+or a prompt not prefilled yet, says so on its status line before the long step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pagekv import EvictionConfig, PromptSpec
+from pagekv.serving.model_registry import ModelRegistry
+from pagekv.serving.worker import WORKER, ModelWorker
+from pagekv.views import app_ui
+from pagekv.views.comparison import compare
+from pagekv.views.view_memo import view_memo
+
+from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
+
+
+def _queued(worker: ModelWorker, order: list, name: str, owner) -> object:
+    return worker.submit(name, lambda _job: order.append(name), owner=owner)
+
+
+def test_another_owner_goes_next_and_each_owner_keeps_its_order():
+    """Hand-worked: X queues three jobs, then Y one. Waiting for Y's job runs X1 (the
+    oldest), then Y1 (X ran last), not X2 and X3 first as a plain queue would."""
+    worker, order = ModelWorker(), []
+    jobs = [_queued(worker, order, f"X{i}", "x") for i in (1, 2, 3)]
+    y1 = _queued(worker, order, "Y1", "y")
+    assert worker.wait(y1, timeout=5)
+    assert order == ["X1", "Y1"]
+    assert worker.wait(jobs[-1], timeout=5)
+    assert order == ["X1", "Y1", "X2", "X3"]
+
+
+def test_one_owner_alone_is_a_plain_queue():
+    worker, order = ModelWorker(), []
+    jobs = [_queued(worker, order, f"A{i}", "a") for i in range(5)]
+    assert worker.wait(jobs[-1], timeout=5)
+    assert order == ["A0", "A1", "A2", "A3", "A4"]
+    order.clear()  # no owner is an owner too (None): it takes its turn like the others
+    jobs = [_queued(worker, order, name, owner) for name, owner in (("n1", None), ("n2", None))]
+    jobs.append(_queued(worker, order, "A5", "a"))
+    assert worker.wait(jobs[-1], timeout=5)
+    assert order == ["n1", "A5"]
+
+
+def test_three_owners_take_turns_oldest_first():
+    worker, order = ModelWorker(), []
+    for name, owner in (("A1", "a"), ("A2", "a"), ("B1", "b"), ("C1", "c"), ("A3", "a")):
+        last = _queued(worker, order, name, owner)
+    assert worker.wait(last, timeout=5)
+    assert order == ["A1", "B1", "A2", "C1", "A3"]
+
+
+@pytest.mark.slow
+def test_a_slow_models_run_holds_up_another_for_one_job_at_a_time(tokenizer):  # noqa: F811
+    """Two models on one worker served forever (as the app does). X's prefill is slowed;
+    Y's run starts while it goes on. Between Y's consecutive jobs, and before its first,
+    at most one job of X runs, and both runs give the answers they give alone."""
+    worker, stop = ModelWorker(), threading.Event()
+    server = threading.Thread(target=worker.serve_forever, args=(stop,), daemon=True)
+    server.start()
+    try:
+        x, y = _tiny_study(tokenizer, worker), _tiny_study(tokenizer, worker)
+        order: list = []
+        pop = worker._pop_locked
+
+        def recording_pop():
+            job = pop()
+            if job is not None:
+                order.append(job.owner)
+            return job
+
+        worker._pop_locked = recording_pop
+        started = threading.Event()
+        prefill = x.runner.prefill
+
+        def slow_prefill(*a, **k):
+            started.set()
+            time.sleep(0.4)
+            return prefill(*a, **k)
+
+        x.runner.prefill = slow_prefill
+        a, b = EvictionConfig(policy="mean", budget=0.4), EvictionConfig(policy="entropy")
+        b = b.replace(budget=0.4)
+        spec = PromptSpec(task="needle", context_tokens=200, depth=0.5, seed=4)
+        out = {}
+        tx = threading.Thread(target=lambda: out.update(x=compare(x, spec, a, b, 4)))
+        tx.start()
+        assert started.wait(30)
+        order.append("Y starts")
+        out["y"] = compare(y, spec.replace(seed=5), a, b, 4)
+        tx.join(60)
+    finally:
+        stop.set()
+        server.join(10)
+    assert not tx.is_alive() and {"x", "y"} <= set(out)
+    i = order.index("Y starts")
+    ys = [j for j, owner in enumerate(order) if owner == y._tag and j > i]
+    assert len(ys) >= 3  # prefill, plans, decoding: several jobs
+    for before, after in zip([i, *ys], ys, strict=False):
+        between = [o for o in order[before + 1 : after] if o == x._tag]
+        assert len(between) <= 1, order
+    for key in ("full", "A", "B"):  # what each run gives alone, on a worker of its own
+        alone = compare(_tiny_study(tokenizer, ModelWorker()), spec.replace(seed=5), a, b, 4)
+        assert out["y"].records[key]["tokens"] == alone.records[key]["tokens"]
+
+
+@pytest.mark.slow
+def test_a_run_on_a_model_not_loaded_says_so_first(tokenizer, monkeypatch):  # noqa: F811
+    registry = ModelRegistry(
+        default="bundled",
+        factory=lambda name: _tiny_study(tokenizer, WORKER),
+        known={"tiny-other"},
+    )
+    monkeypatch.setattr(app_ui, "MODELS", registry)
+    view_memo.clear()
+    run = dict(app_ui.RUN_DEFAULTS, model="tiny-other", context=300, budget_pct=40.0)
+    status = [s[app_ui.RUN_VIEWS.index("status")] for s in app_ui.run_comparison(**run)]
+    assert status[0].startswith("**Note:** Loading the model tiny-other (once)"), status
+    assert status[1].startswith("**Note:** Prefilling the prompt on tiny-llama"), status
+    assert status[-1].startswith("**Done:**"), status[-1]
+    again = [s[app_ui.RUN_VIEWS.index("status")] for s in app_ui.run_comparison(**run)]
+    assert len(again) == 1 and "Loading" not in again[0] and "Prefilling" not in again[0]
