@@ -6,16 +6,19 @@ import json
 
 import pytest
 
+from pagekv.views.app_ui import _preset_run_args
 from pagekv.views.presets import (
     CHECK_KINDS,
     CHECKS,
     CURATED,
     FIELDS,
     KEYS,
+    QWEN_CODER_PRESETS,
     SHOWS,
     load_presets,
     normalize,
     observation_of,
+    preset_inputs,
     preset_matches,
 )
 
@@ -52,7 +55,9 @@ def test_curated_presets_are_complete():
     assert presets[0]["task"] == "needle"  # the app's first preset is a needle prompt
 
 
-@pytest.mark.parametrize("p", [normalize(e) for e in CURATED], ids=lambda p: p["title"][:40])
+@pytest.mark.parametrize(
+    "p", [normalize(e) for e in CURATED + QWEN_CODER_PRESETS], ids=lambda p: p["title"][:40]
+)
 def test_every_curated_preset_names_a_difference_and_checks_it(p):
     """Two different policies, both named in the title; a sentence for the page; checks
     of known kinds that build into one observation (without running anything)."""
@@ -83,7 +88,8 @@ def test_replay_format_is_mapped(tmp_path):
     )
     assert p[CHECKS] == ({"kind": "answers", "full": True, "a": False, "b": True},)
     assert "entropy answered right, mean wrong" in p[SHOWS]
-    assert [r["title"] for r in rest] == [c["title"] for c in CURATED]  # curated follow
+    curated = [c["title"] for c in CURATED + QWEN_CODER_PRESETS]
+    assert [r["title"] for r in rest] == curated  # curated follow
 
 
 def test_a_tie_is_no_preset(tmp_path):
@@ -96,7 +102,7 @@ def test_a_tie_is_no_preset(tmp_path):
         dict(ENTRY, seed=5),  # observed {}
     ]
     assert [p["title"] for p in load_presets(_write(tmp_path, ties))] == [
-        c["title"] for c in CURATED
+        c["title"] for c in CURATED + QWEN_CODER_PRESETS
     ]
 
 
@@ -107,7 +113,31 @@ def test_the_committed_replay_presets_are_all_ties():
 
     raw = json.loads(PRESETS_PATH.read_text(encoding="utf-8"))
     assert raw and all(e["winner"] == "tie" for e in raw)
-    assert [p["title"] for p in load_presets()] == [c["title"] for c in CURATED]
+    want = [c["title"] for c in CURATED + QWEN_CODER_PRESETS]
+    assert [p["title"] for p in load_presets()] == want
+
+
+def test_a_preset_of_another_model_runs_there_and_is_checked_only_there():
+    """A qwen-coder-0.5b preset sets the model control; its verdict is given only for a
+    comparison that ran on that model (not on the bundled model standing in for it)."""
+    qwen = next(p for p in load_presets() if p["model"] == "qwen-coder-0.5b")
+    assert _preset_run_args(qwen, model="bundled")["model"] == "qwen-coder-0.5b"
+    curated = load_presets()[0]
+    assert curated["model"] is None
+    assert _preset_run_args(curated, model="qwen-coder-0.5b")["model"] == "qwen-coder-0.5b"
+    spec, cfg_a, cfg_b, mode_a, mode_b = preset_inputs(qwen)
+
+    class Ran:
+        def __init__(self, model):
+            self.model = model
+
+        def ran(self, *args):
+            return args == (spec, cfg_a, cfg_b, mode_a, mode_b)
+
+    assert preset_matches(qwen, Ran("qwen-coder-0.5b"))
+    assert not preset_matches(qwen, Ran("bundled"))
+    assert preset_matches(curated, Ran("qwen-coder-0.5b")) is False  # other settings
+    assert preset_matches(dict(qwen, model=None), Ran("bundled"))
 
 
 def test_missing_or_broken_file_falls_back(tmp_path):

@@ -19,8 +19,10 @@ from pagekv.runtime.models import QWEN_CODER, ModelLoadError, bundled_cache_dir
 from pagekv.serving.study import PromptSpec, Study
 from pagekv.views.comparison import comparison_figures, plan_comparison
 from pagekv.views.lessons import get_lesson, run_lesson
+from pagekv.views.presets import check_preset, compare_preset, load_presets, preset_matches
 
 OPT_IN = "PAGEKV_TEST_QWEN"
+QWEN_PRESETS = [p for p in load_presets() if p["model"] == QWEN_CODER]
 pytestmark = pytest.mark.skipif(
     os.environ.get(OPT_IN) != "1",
     reason=f"opt-in: {OPT_IN}=1 runs the qwen-coder-0.5b tests "
@@ -79,3 +81,13 @@ def test_lessons_1_and_3_hold_on_this_model(qwen, lesson_id):
         assert v["r"] == 7 and 2.0 <= v["max_ratio"] <= 7.0
     else:
         assert v["raw"] >= 2.0 > 1.5 > v["isolated"]
+
+
+@pytest.mark.parametrize("preset", QWEN_PRESETS, ids=[p["title"][:50] for p in QWEN_PRESETS])
+def test_the_models_presets_show_their_difference(qwen, preset):
+    """Each qwen-coder-0.5b preset, run as the app's preset picker runs it, on this model:
+    the verdicts its title names (one where mean wins, one where entropy wins)."""
+    comp = compare_preset(qwen, preset)
+    assert preset_matches(preset, comp)
+    found = check_preset(preset, comp)
+    assert found.holds, found.measured

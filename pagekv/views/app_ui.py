@@ -549,9 +549,9 @@ MECH_VIEWS = ("m_text", "m_table", "m_plot")
 
 #: The controls a preset sets, in the order of `apply_preset`'s outputs.
 PRESET_CONTROLS = (
-    "task", "curated", "context", "depth", "seed", "needles", "mode", "budget", "page_size",
-    "n_sink", "window", "tau", "policy_a", "policy_b", "scorer_a", "allocation_a", "scorer_b",
-    "allocation_b",
+    "model", "task", "curated", "context", "depth", "seed", "needles", "mode", "budget",
+    "page_size", "n_sink", "window", "tau", "policy_a", "policy_b", "scorer_a", "allocation_a",
+    "scorer_b", "allocation_b",
 )  # fmt: skip
 
 
@@ -568,9 +568,10 @@ def apply_preset(title):
 
 
 def _preset_run_args(p, model="bundled", lesson_title=None) -> dict:
-    """The run inputs of a preset (side B follows A; only the policy differs)."""
+    """The run inputs of a preset (side B follows A; only the policy differs), on the
+    preset's model where it names one, else on `model`."""
     return dict(
-        RUN_DEFAULTS, model=model, task=p["task"], context=p["context_tokens"],
+        RUN_DEFAULTS, model=p.get("model") or model, task=p["task"], context=p["context_tokens"],
         depth=p["depth"], seed=p["seed"], needles=p["n_needles"], mode=p["mode"],
         curated=p["name"], budget_pct=round(100 * p["budget"], 1), page_size=p["page_size"],
         n_sink=p["n_sink"], window=p["window"], tau=p["tau"], policy_a=p["policy_a"],

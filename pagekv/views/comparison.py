@@ -52,6 +52,7 @@ class Comparison:
     notes: list = field(default_factory=list)
     preps: dict = field(default_factory=dict)  # "A", "B" -> Prepared
     labels: dict = field(default_factory=dict)  # "A", "B" -> "A: entropy, page 16"
+    model: str = ""  # the model that ran (`LoadedModel.name`; "bundled" when one fell back)
 
     @property
     def modes(self) -> dict:
@@ -203,6 +204,7 @@ def plan_comparison(
         memory=memory_rows(study, preps["B"], config_b),
         preps=preps,
         labels=side_labels(config_a, config_b, modes["A"], modes["B"]),
+        model=study.loaded.name,
     )
     comp.notes.extend(mode_notes(modes))
     comp.notes.extend(answer_notes(spec))

@@ -35,7 +35,7 @@ from pagekv.views.lessons import Evidence, Finding, Observation, kept_overlap
 #: Keys of a preset that the app's controls take.
 FIELDS = (
     "title", "task", "name", "context_tokens", "depth", "seed", "n_needles", "mode",
-    "budget", "page_size", "n_sink", "window", "tau", "policy_a", "policy_b",
+    "budget", "page_size", "n_sink", "window", "tau", "policy_a", "policy_b", "model",
 )  # fmt: skip
 #: The key of the sentence that says what a preset shows (for the page).
 SHOWS = "shows"
@@ -47,6 +47,7 @@ KEYS = FIELDS + (SHOWS, CHECKS)
 _DEFAULTS = dict(
     task="needle", name=None, context_tokens=1500, depth=0.5, seed=0, n_needles=1, mode="after",
     budget=0.1, page_size=16, n_sink=4, window=32, tau=1.0, policy_a="mean", policy_b="entropy",
+    model=None,  # None: the model the app has chosen; a name: the model it was measured on
 )  # fmt: skip
 
 #: One prompt for the curated presets (the full cache answers it right, MARLIN-86), so
@@ -116,6 +117,39 @@ CURATED = [
         ),
     ),
 ]
+
+
+#: Presets measured on the second bundled model (r = 7), where mean and entropy pooling
+#: give different verdicts (`python benchmarks/pooling_search.py`,
+#: docs/pooling_search.md): one where mean pooling wins and one where entropy pooling
+#: wins, both question inside and the window scorer. Choosing one switches the model.
+#: Checked on that model by `tests/test_qwen_coder.py` (opt-in).
+QWEN_CODER_PRESETS = [
+    dict(
+        task="needle", context_tokens=1000, depth=0.7, seed=307, n_needles=1, mode="inside",
+        title="qwen-coder-0.5b (r = 7): mean right, entropy wrong at 10 %, pages of 16",
+        policy_a="mean", policy_b="entropy", budget=0.1, model="qwen-coder-0.5b",
+        shows=(
+            "On qwen-coder-0.5b, where a group has 7 query heads, both sides keep 10 % of a "
+            "1000-token prompt in pages of 16 with the question inside. Mean pooling answers "
+            "right and entropy pooling wrong: on this model the settings where the two differ "
+            "mostly go to mean (docs/pooling_search.md has the counts)."
+        ),
+        checks=({"kind": "answers", "full": True, "a": True, "b": False},),
+    ),
+    dict(
+        task="code", name="code_sample_interval", mode="inside",
+        title="qwen-coder-0.5b (r = 7): entropy right, mean wrong at 10 %, token-level pages",
+        policy_a="mean", policy_b="entropy", budget=0.1, page_size=1, model="qwen-coder-0.5b",
+        shows=(
+            "On qwen-coder-0.5b both sides keep 10 % of a curated code task, token by token "
+            "(pages of 1), with the question inside. Here entropy pooling answers right and "
+            "mean pooling wrong: one of the few settings of the search where entropy wins "
+            "(docs/pooling_search.md)."
+        ),
+        checks=({"kind": "answers", "full": True, "a": False, "b": True},),
+    ),
+]  # fmt: skip
 
 
 # ------------------------------------------------------------------ shape
@@ -222,7 +256,7 @@ def load_presets(path: Path | str | None = None) -> list[dict]:
     except (OSError, ValueError, TypeError):
         pass
     out, seen = [], set()
-    for p in measured + [normalize(e) for e in CURATED]:
+    for p in measured + [normalize(e) for e in CURATED + QWEN_CODER_PRESETS]:
         if p["title"] not in seen:  # titles key the app's dropdown
             seen.add(p["title"])
             out.append(p)
@@ -353,8 +387,11 @@ def preset_inputs(preset: dict):
 
 
 def preset_matches(preset: dict, comp) -> bool:
-    """Whether the comparison `comp` ran exactly the preset's prompt and two sides."""
-    return comp is not None and comp.ran(*preset_inputs(preset))
+    """Whether the comparison `comp` ran exactly the preset's prompt and two sides (on
+    the preset's model, where it names one: not on a model that stood in for it)."""
+    if comp is None or preset.get("model") not in (None, comp.model):
+        return False
+    return comp.ran(*preset_inputs(preset))
 
 
 def compare_preset(study, preset: dict, max_new_tokens: int | None = None):
@@ -373,9 +410,11 @@ def check_preset(preset: dict, comparison):
 
 
 def run_presets(study, presets: list[dict] | None = None) -> list[tuple[dict, object]]:
-    """Run every preset (default `load_presets()`) on `study` and check it:
-    `[(preset, Finding), ...]`."""
+    """Run every preset (default: those of `load_presets()` measured on `study`'s model
+    or on any) on `study` and check it: `[(preset, Finding), ...]`."""
+    if presets is None:
+        presets = [p for p in load_presets() if p["model"] in (None, study.loaded.name)]
     out = []
-    for p in load_presets() if presets is None else presets:
+    for p in presets:
         out.append((p, check_preset(p, compare_preset(study, p))))
     return out
