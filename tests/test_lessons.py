@@ -15,6 +15,7 @@ from pagekv import EvictionConfig, plan
 from pagekv.cli import main
 from pagekv.views.lessons import (
     LESSONS,
+    POOLING_SEARCH,
     VIEWS,
     Evidence,
     answers,
@@ -277,3 +278,18 @@ def test_every_lesson_holds_on_the_bundled_model(capsys):
     assert rows["sink-masquerade"]["values"]["raw"] >= 2.0
     shared = rows["reconstruct"]["values"]
     assert shared["kept_b"] <= shared["budget_total"]
+
+
+def test_tie_lesson_cites_the_pooling_search_from_its_file():
+    """Lesson 6's qwen-coder-0.5b counts are the search summary's totals
+    (docs/pooling_search/qwen-coder-0.5b.json), never a copy."""
+    lesson = get_lesson("entropy-vs-mean")
+    total = json.loads(POOLING_SEARCH.read_text())["total"]
+    text = lesson_text(lesson)
+    differ = total["only_mean"] + total["only_entropy"]
+    assert f"a search of {total['measured']} prompt-settings" in text, text
+    assert f"different verdicts on {differ}: mean alone right on {total['only_mean']}" in text
+    made_up = dict(total, measured=7, only_mean=1, only_entropy=5)
+    text = lesson_text(lesson, search=made_up)
+    assert "a search of 7 prompt-settings found different verdicts on 6" in text
+    assert "entropy alone right on 5" in text
