@@ -1,0 +1,51 @@
+"""The UOR chart's worst case and the stored heatmap's colour scale follow the model's r:
+a small random Qwen2 decoder with 14 query heads over 2 KV heads (r = 7, the shape of
+qwen-coder-0.5b's groups) under the bundled model's tokenizer, planned as the app plans
+a run (`plan_comparison`, `comparison_figures`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagekv import EvictionConfig, PromptSpec, Study
+from pagekv.runtime.models import LoadedModel
+from pagekv.serving.worker import ModelWorker
+from pagekv.views.comparison import comparison_figures, plan_comparison
+
+from .test_worker_stress import tokenizer  # noqa: F401 (a fixture)
+
+
+@pytest.fixture(scope="module")
+def study_r7(tokenizer):  # noqa: F811
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=112, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=14, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
+        initializer_range=0.15, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    loaded = LoadedModel(
+        model=Qwen2ForCausalLM(cfg).eval(), tokenizer=tokenizer, name="tiny-qwen2-r7",
+        device="cpu", dtype=torch.float32, n_layers=2, n_heads=14, n_kv_heads=2, head_dim=8,
+        max_context=1024, load_s=0.0,
+    )  # fmt: skip
+    return Study(loaded, backend="torch", worker=ModelWorker())
+
+
+def test_uor_worst_case_and_stored_scale_are_r(study_r7):
+    assert study_r7.loaded.group_size == 7
+    spec = PromptSpec(task="needle", context_tokens=300, depth=0.5, seed=2)
+    base = EvictionConfig(budget=0.3, page_size=4, window=8)
+    comp = plan_comparison(
+        study_r7, spec, base.replace(policy="head_independent"), base.replace(policy="entropy")
+    )
+    figs = comparison_figures(comp, only={"uor", "stored"})
+    uor = figs["uor"]
+    assert [s["y0"] for s in uor.layout.shapes] == [7]
+    assert "r = 7" in uor.layout.annotations[0].text
+    assert uor.layout.yaxis.range[1] == pytest.approx(7.2)
+    top = max(max(t.y) for t in uor.data if t.name == "head-independent, max")
+    assert 1.0 < top <= 7.0  # the union of 7 heads' picks: above 1, at most r
+    assert {t.zmax for t in figs["stored"].data if t.type == "heatmap"} == {7.0}
