@@ -519,6 +519,7 @@ def test_preset_fills_the_controls(client):
             p["policy_b"],
             *(p.get(f"{w}_{s}", d) for s in ("a", "b")
               for w, d in (("scorer", "window"), ("allocation", "uniform"))),
+            p["model"] or "bundled",  # a preset's own model, else the server's default
         ]  # fmt: skip
 
 

@@ -549,9 +549,9 @@ MECH_VIEWS = ("m_text", "m_table", "m_plot")
 
 #: The controls a preset sets, in the order of `apply_preset`'s outputs.
 PRESET_CONTROLS = (
-    "model", "task", "curated", "context", "depth", "seed", "needles", "mode", "budget",
-    "page_size", "n_sink", "window", "tau", "policy_a", "policy_b", "scorer_a", "allocation_a",
-    "scorer_b", "allocation_b",
+    "task", "curated", "context", "depth", "seed", "needles", "mode", "budget", "page_size",
+    "n_sink", "window", "tau", "policy_a", "policy_b", "scorer_a", "allocation_a", "scorer_b",
+    "allocation_b", "model",
 )  # fmt: skip
 
 
@@ -564,7 +564,7 @@ def apply_preset(title):
     p = _preset_of(title)
     if p is None:
         return [gr.update()] * len(PRESET_CONTROLS)
-    return control_values(_preset_run_args(p), PRESET_CONTROLS)
+    return control_values(_preset_run_args(p, MODELS.default), PRESET_CONTROLS)
 
 
 def _preset_run_args(p, model="bundled", lesson_title=None) -> dict:
