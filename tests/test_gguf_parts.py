@@ -147,3 +147,27 @@ def test_corrupt_parts_are_refused_not_replaced_by_the_hub(tmp_path, monkeypatch
     assert not isinstance(e.value, GGUFMissing)
     leftovers = [p.name for p in (tmp_path / "cache" / "models").iterdir()]
     assert leftovers == []  # no half-built cache, no joined file
+
+
+def test_the_app_falls_back_and_says_what_to_run(monkeypatch, bundled_study):
+    """As the app's registry serves it: without the parts (and no converted copy, no
+    hub), a request for qwen-coder-0.5b gets the bundled model, and the note that the
+    status line shows names what to run."""
+    absent = dataclasses.replace(QWEN_CODER_PARTS, packages=("pagekv_no_such_part_1",))
+    spec = dataclasses.replace(
+        models.BUNDLED_MODELS[QWEN_CODER], parts=absent, cache_name="pagekv-test-not-converted"
+    )
+    monkeypatch.setitem(models.BUNDLED_MODELS, QWEN_CODER, spec)
+    registry = ModelRegistry(
+        factory=lambda name: bundled_study if name == "bundled" else _load(name)
+    )
+    study = registry.get("Qwen2.5-Coder-0.5B")
+    assert study.loaded.fell_back and study.loaded.name == "bundled"
+    assert study.loaded.note.startswith(QWEN_CODER_MISSING + " -> fell back to the bundled")
+    assert registry.loaded_names() == ["bundled"]  # nothing else loaded or evicted
+
+
+def _load(name):
+    from pagekv.serving.study import Study
+
+    return Study(load_model(name, device="cpu"))
