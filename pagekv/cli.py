@@ -342,7 +342,7 @@ def cmd_models(args) -> int:
             continue
         spec.source()  # GGUFMissing: what to install, in one sentence
         t0 = time.perf_counter()
-        print(f"{spec.key}: joining, checking and converting its GGUF (about a minute)")
+        print(f"{spec.key}: joining, checking and converting its GGUF (about two minutes)")
         path = m.build_bundled_cache(model=spec.key)
         print(f"{spec.key}: converted in {time.perf_counter() - t0:.0f} s to {path}")
     return 0
