@@ -73,7 +73,11 @@ from pagekv.views.inputs import (  # noqa: E402
     SCORERS,
     TASKS,
 )
-from pagekv.views.lesson_checks import LESSON_TITLES, replay_recall_figure  # noqa: E402
+from pagekv.views.lesson_checks import (  # noqa: E402
+    LESSON_TITLES,
+    replay_caption,
+    replay_recall_figure,
+)
 from pagekv.views.lessons import LESSONS  # noqa: E402
 from pagekv.views.view_memo import PLAN_VIEWS  # noqa: E402
 
@@ -244,7 +248,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         )
                         m_plot = plot()
                     with gr.Tab("Replay", id="replay"):
-                        gr.Markdown(CAPTIONS["replay"])
+                        gr.Markdown(replay_caption())
                         plot(value=replay_recall_figure(), elem_id="replay-recall")
                     with gr.Tab("Export", id="export"):
                         gr.Markdown(

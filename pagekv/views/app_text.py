@@ -76,8 +76,7 @@ CAPTIONS = {
     "replay": "Measured earlier by the replay harness on the bundled model, not live "
     "(docs/results.md, table T4): the share of needle prompts each policy and each kvpress "
     "press answered right, per budget and question position (the number on each bar; "
-    "0 % is a bar of no height). **Look for** how much lower every bar is when the "
-    "question is asked after compression.",
+    "0 % is a bar of no height).",
     "mechanism": "Edit a constructed group of heads. **Look for** the retrieval head's weight "
     "w*: when w* s* beats the distractor page, entropy pooling keeps the needle while mean "
     "pooling (1/r) may not. This is a construction, shown beside the live model's results.",

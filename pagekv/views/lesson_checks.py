@@ -66,6 +66,44 @@ def check_lesson(title, comp, failed: bool = False):
     )
 
 
+def _recall_rows(tables: dict) -> list[dict]:
+    """T4's recall rows of our policies and of kvpress's presses (named "kvpress X")."""
+    rows = [r for r in tables["T4_recall"] if r["recall"] is not None]
+    rows += [
+        {**r, "policy": f"kvpress {r['press']}"}
+        for r in tables.get("T4_peer", [])
+        if r.get("recall") is not None and "press" in r
+    ]
+    return rows
+
+
+def replay_caption(tables: dict | None = None) -> str:
+    """The replay view's caption, its "look for" counted on the file's bars (`tables`,
+    read when not given): of the (policy, budget) pairs measured with the question
+    inside and after (the full cache aside), how many score lower, the same and higher
+    after compression."""
+    from pagekv.views.app_text import CAPTIONS
+
+    try:
+        rows = _recall_rows(load_replay()["tables"] if tables is None else tables)
+    except (OSError, ValueError, KeyError):
+        return CAPTIONS["replay"]
+    by: dict = {}
+    for r in rows:
+        if r["policy"] != "full":
+            by.setdefault((r["policy"], r["budget"]), {})[r["mode"]] = r["recall"]
+    both = [v for v in by.values() if {"inside", "after"} <= set(v)]
+    lower = sum(v["after"] < v["inside"] for v in both)
+    higher = sum(v["after"] > v["inside"] for v in both)
+    same = len(both) - lower - higher
+    return (
+        f"{CAPTIONS['replay']} **Look for** the bars with the question asked after "
+        f"compression: of the {len(both)} policies and presses measured both ways at a "
+        f"budget, {lower} score lower after, {same} the same and {higher} higher (counted "
+        "on the file's numbers)."
+    )
+
+
 def replay_recall_figure():
     """Needle recall of our policies and kvpress's presses from the committed replay
     (table T4), not a live run."""
@@ -76,12 +114,7 @@ def replay_recall_figure():
         tables = load_replay()["tables"]
     except (OSError, ValueError, KeyError) as e:
         return placeholder(f"The replay's results cannot be read: {e}")
-    rows = [r for r in tables["T4_recall"] if r["recall"] is not None]
-    rows += [
-        {**r, "policy": f"kvpress {r['press']}"}
-        for r in tables.get("T4_peer", [])
-        if r.get("recall") is not None and "press" in r
-    ]
+    rows = _recall_rows(tables)
     return figures.recall_bars(
         rows, "Replay, table T4 (measured earlier, not live): needle recall by policy"
     )
