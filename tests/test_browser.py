@@ -332,6 +332,12 @@ def check_screen(page, lesson) -> None:
     if lesson.kind != "live":  # no live run: no row, no status of an earlier run
         assert rows == [], (lesson.id, rows)
         assert "runs no model" in status and "prompt tokens" not in status, status
+        if lesson.kind == "replay":  # the caption's "look for" is counted on the bars
+            from pagekv.views.lesson_checks import replay_caption
+
+            counted = replay_caption().split("**Look for** ")[1].split(":")[1].strip()
+            page_text = page.locator("body").inner_text()
+            assert counted in page_text and "every bar" not in page_text, counted
         return
     assert len(rows) == 3, rows
     assert rows[1].startswith(f"A: {lesson.a.policy}") and rows[2].startswith(
