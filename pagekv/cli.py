@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="NAME",
         help="join and check the GGUF of these bundled models and convert it once (what "
-        "scripts/setup.sh --models runs); exit 1 if one is not installed",
+        "scripts/setup.sh --models runs); exit 2, saying what to run, if one is not installed",
     )
 
     les = sub.add_parser("lessons", help="the app's lessons, each checked on the model")
@@ -326,10 +326,11 @@ def cmd_models(args) -> int:
     if not args.prepare:
         for spec in m.BUNDLED_MODELS.values():
             converted = m.cache_problem(model=spec.key) is None
-            state = "installed" if spec.installed() else "not installed"
+            installed = spec.installed()
+            state = "installed" if installed else "not installed"
             state += ", converted" if converted else ""
             print(f"{spec.key:<18}{spec.description}: {state}")
-            if not spec.installed() and not converted:
+            if not installed and not converted:
                 print(f"{'':<18}{spec.missing}")
         return 0
     for name in args.prepare:

@@ -6,32 +6,17 @@ a run (`plan_comparison`, `comparison_figures`)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from pagekv import EvictionConfig, PromptSpec, Study
-from pagekv.runtime.models import LoadedModel
+from pagekv import EvictionConfig, PromptSpec
 from pagekv.serving.worker import ModelWorker
 from pagekv.views.comparison import comparison_figures, plan_comparison
 
-from .test_worker_stress import tokenizer  # noqa: F401 (a fixture)
+from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(scope="module")
 def study_r7(tokenizer):  # noqa: F811
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=112, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=14, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
-        initializer_range=0.15, tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    loaded = LoadedModel(
-        model=Qwen2ForCausalLM(cfg).eval(), tokenizer=tokenizer, name="tiny-qwen2-r7",
-        device="cpu", dtype=torch.float32, n_layers=2, n_heads=14, n_kv_heads=2, head_dim=8,
-        max_context=1024, load_s=0.0,
-    )  # fmt: skip
-    return Study(loaded, backend="torch", worker=ModelWorker())
+    return _tiny_study(tokenizer, ModelWorker(), n_heads=14, family="qwen2")
 
 
 def test_uor_worst_case_and_stored_scale_are_r(study_r7):

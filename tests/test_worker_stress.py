@@ -42,19 +42,25 @@ CONFIGS = [
 NEW = 4  # answer tokens per run
 
 
-def _tiny_study(tokenizer, worker: ModelWorker) -> Study:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _tiny_study(tokenizer, worker: ModelWorker, n_heads: int = 8, family: str = "llama") -> Study:
+    """A random 2-layer decoder of `family` ("llama" or "qwen2"): `n_heads` query heads of
+    8 dims over 2 KV heads, named "tiny-<family>"."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    cfg = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
-        initializer_range=0.15, tie_word_embeddings=False,
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    }[family]  # fmt: skip
+    cfg = config_cls(
+        vocab_size=len(tokenizer), hidden_size=8 * n_heads, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=n_heads, num_key_value_heads=2, head_dim=8,
+        max_position_embeddings=1024, initializer_range=0.15, tie_word_embeddings=False,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).eval()
+    model = model_cls(cfg).eval()
     loaded = LoadedModel(
-        model=model, tokenizer=tokenizer, name="tiny-llama", device="cpu", dtype=torch.float32,
-        n_layers=2, n_heads=8, n_kv_heads=2, head_dim=8, max_context=1024, load_s=0.0,
+        model=model, tokenizer=tokenizer, name=f"tiny-{family}", device="cpu",
+        dtype=torch.float32, n_layers=2, n_heads=n_heads, n_kv_heads=2, head_dim=8,
+        max_context=1024, load_s=0.0,
     )  # fmt: skip
     return Study(loaded, backend="torch", worker=worker)
 

