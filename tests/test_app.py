@@ -396,7 +396,7 @@ def test_layer_out_of_range_is_refused(fresh_client):
         ),
         pytest.param(
             dict(budget_pct=5),
-            ["below the", "smallest feasible budget for this", "raise the budget"],
+            ["Budget A must be a number from", "to 100 (% of the prompt)", "got 5."],
             id="budget-below-protected",
         ),
         pytest.param(
@@ -409,7 +409,7 @@ def test_layer_out_of_range_is_refused(fresh_client):
                 page_size=64,
                 budget_pct=60,
             ),
-            ["smallest feasible budget", "100.0% of the prompt", "page size"],
+            ["Budget A must be a number from 100 to 100", "in pages of 64", "got 60."],
             id="page-larger-than-prompt",
         ),
     ],
@@ -423,11 +423,11 @@ def test_budget_message_names_the_smallest_feasible_budget(client, first_run):
     out = run(client, budget_pct=5)
     n = prompt_tokens(first_run[0][0])
     prot = protected_tokens(n, 16, 4, 32)
-    m = re.search(r"smallest feasible budget for this (\d+)-token prompt is ([\d.]+) \(", out[0])
-    assert m and int(m.group(1)) == n, out[0]
-    named = float(m.group(2))  # rounded up, so that the named budget itself is feasible
-    assert prot / n <= named < prot / n + 0.001 and math.floor(named * n) >= prot
-    assert f"of the prompt, {prot} tokens)" in out[0], out[0]
+    m = re.search(r"from ([\d.]+) to 100 .* in this (\d+)-token prompt; got 5\.", out[0])
+    assert m and int(m.group(2)) == n, out[0]
+    named = float(m.group(1)) / 100  # on the page's step, rounded up: itself feasible
+    assert prot / n <= named < prot / n + 0.005 and math.floor(named * n + 1e-9) >= prot
+    assert "the first 4 tokens and the last 32, in pages of 16" in out[0], out[0]
 
 
 @pytest.mark.slow
@@ -576,9 +576,14 @@ def test_mechanism_adjusts_impossible_values_and_says_so(client, changes, phrase
     assert len(table["data"]) == 4 and plot is not None
 
 
-def test_mechanism_out_of_range_is_refused(client):
-    with pytest.raises(AppError, match="maximum"):
-        mechanism(client, retrieval=1.9)
+def test_mechanism_out_of_range_is_taken_at_the_nearest_end_and_said(client):
+    """As the page's box shows it after leaving it: the nearest end of the range."""
+    text, table, plot = mechanism(client, retrieval=1.9, n=5000)
+    assert "Retrieval s*: 1.9 is above its range (0 to 1), using 1." in text, text
+    assert "Tokens: 5000 is above its range (32 to 1024), using 1024." in text, text
+    assert table["data"] and plot is not None
+    text, *_ = mechanism(client, heads=None)
+    assert "Heads per group: no number, using 2." in text, text
     assert mechanism(client)[0].startswith("**Note:**")
 
 

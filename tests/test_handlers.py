@@ -14,16 +14,20 @@ from pagekv.views.view_memo import view_memo
 from .app_server import answer_rows
 
 RUN = dict(
-    app_ui.RUN_DEFAULTS, task="needle", context=200, depth=0.5, mode="after", budget_pct=40.0
+    app_ui.RUN_DEFAULTS, task="needle", context=300, depth=0.5, mode="after", budget_pct=40.0
 )
 
 
 @pytest.mark.parametrize(
     "change, words",
     [
-        (dict(context=10), "context length must be a whole number from 100 to 8000"),
+        (dict(context=10), "context length must be a whole number from 300 to 8000"),
         (dict(seed=-1), "seed must be a whole number from 0 to 2147483647; got -1"),
-        (dict(budget_pct="lots"), "budget A (%) must be a number from 0.5 to 100"),
+        (dict(budget_pct="lots"), "Budget A must be a number from the smallest budget whose"),
+        (dict(budget_pct=0), "up to 100 (% of the prompt); got 0."),
+        (dict(budget_pct=None), "; got no number."),
+        (dict(link_b=False, budget_b=150), "Budget B must be a number from"),
+        (dict(seed=1e21), "seed must be a whole number from 0 to 2147483647; got a number too "),
         (dict(page_size=3), "page size A must be one of 1, 4, 8, 16, 32, 64"),
         (dict(policy_b="best"), "policy B must be one of entropy"),
         (dict(mode="later"), "question position must be one of inside, after"),
@@ -45,7 +49,7 @@ def test_bad_inputs_name_the_control(change, words):
 
 def test_good_inputs_make_both_sides():
     spec, a, b, mode_a, mode_b, layer = parse_run(RUN | dict(link_b=False, budget_b=20.0))
-    assert (spec.context_tokens, spec.mode, mode_a, mode_b, layer) == (200, "after", "after",
+    assert (spec.context_tokens, spec.mode, mode_a, mode_b, layer) == (300, "after", "after",
                                                                         "inside", 0)  # fmt: skip
     assert (a.policy, a.budget, b.policy, b.budget) == ("mean", 0.4, "entropy", 0.2)
 
@@ -136,7 +140,43 @@ def test_a_preset_run_says_whether_its_difference_holds():
     """Picking a preset runs it and ends the status with its check, done on that run."""
     preset = app_ui.PRESETS[1]
     *_, last = app_ui.run_preset(preset["title"], "bundled", None)
-    status = last[len(app_ui.PRESET_CONTROLS) + 1 + app_ui.RUN_VIEWS.index("status")]
+    status = last[len(app_ui.PRESET_CONTROLS) + 2 + app_ui.RUN_VIEWS.index("status")]
     assert status.startswith("**Done:**"), status
     assert f"**Preset:** {preset['shows']} Its check **holds**, checked now on this run" in status
     assert "Measured: " in status.split("**Preset:**")[1]
+
+
+@pytest.mark.slow
+def test_a_budget_below_the_floor_is_refused_and_a_session_keeps_its_results():
+    """The budget's one rule with this prompt's floor; in a session whose last run
+    finished, nothing else changes and the boxes go back to that run's budget."""
+    import re
+    from types import SimpleNamespace
+
+    from pagekv import EvictionConfig
+    from pagekv.views.inputs import min_budget_pct
+
+    i_status, i_budget = app_ui.RUN_VIEWS.index("status"), app_ui.RUN_VIEWS.index("budget")
+    (out,) = list(app_ui.run_comparison(**(RUN | dict(budget_pct=1))))[-1:]
+    status = out[i_status]
+    n = int(re.search(r"in this (\d+)-token prompt", status).group(1))
+    floor = min_budget_pct(n, EvictionConfig(page_size=16, n_sink=4, window=32))
+    assert status.startswith(f"**Error:** Budget A must be a number from {floor:g} to 100"), status
+    assert status.endswith("; got 1.") and "Nothing ran" not in status, status
+    assert out[app_ui.RUN_VIEWS.index("last")] is None  # no session: every view cleared
+
+    request = SimpleNamespace(session_hash="budget-rule-test")
+    try:
+        *_, done = app_ui.run_comparison(**RUN, request=request)
+        assert done[i_status].startswith("**Done:**")
+        assert done[i_budget]["value"] == 40.0  # the box shows what ran
+        for typed in (0, -5, None, "abc"):
+            (out,) = list(app_ui.run_comparison(**(RUN | dict(budget_pct=typed)), request=request))
+            status = out[i_status]
+            assert f"Budget A must be a number from {floor:g} to 100" in status, status
+            assert "Nothing ran: the budget is back at 40 %" in status, status
+            assert out[i_budget]["value"] == 40.0
+            kept = [out[app_ui.RUN_VIEWS.index(k)] for k in ("answers", "frame", "last")]
+            assert all(isinstance(v, dict) and v.get("__type__") == "update" for v in kept)
+    finally:
+        app_ui.SESSIONS.end(request.session_hash)

@@ -14,6 +14,10 @@ locks are taken by request threads only, and no job on the model worker takes on
     with gate.turn(request.session_hash):   # None (a Python caller): no turn needed
         ...                                 # the session's run
     gate.end(request.session_hash)          # the tab closed
+
+A session's entry also keeps a few values of its last finished run (`remember`,
+`recall`): the budgets its results were computed at, which a refused budget puts back
+in the boxes (pagekv/views/app_ui.py).
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ MAX_SESSIONS = 256
 
 
 class _Entry:
-    __slots__ = ("lock", "users")
+    __slots__ = ("lock", "users", "values")
 
     def __init__(self):
         self.lock = threading.Lock()
         self.users = 0  # threads holding or waiting for the turn
+        self.values: dict = {}  # of the session's last finished run (`remember`)
 
 
 class SessionGate:
@@ -68,6 +73,21 @@ class SessionGate:
             with self._guard:
                 entry.users -= 1
                 self._trim_locked()
+
+    def remember(self, session_id: str | None, **values) -> None:
+        """Keep `values` for the session (a live entry only: its turn holds one)."""
+        if session_id is None:
+            return
+        with self._guard:
+            entry = self._entries.get(session_id)
+            if entry is not None:
+                entry.values = dict(values)
+
+    def recall(self, session_id: str | None) -> dict:
+        """What `remember` kept for the session ({} if nothing)."""
+        with self._guard:
+            entry = self._entries.get(session_id) if session_id is not None else None
+            return dict(entry.values) if entry is not None else {}
 
     def end(self, session_id: str | None) -> None:
         """Forget a session (its tab closed). A run still going keeps its own entry."""

@@ -34,7 +34,7 @@ from pagekv.serving.sessions import SessionGate
 from pagekv.serving.study import settings_text
 from pagekv.serving.worker import WORKER, keep_this_thread_light
 from pagekv.views.answers import answers_html, answers_table, ms, pending_table
-from pagekv.views.app_text import message
+from pagekv.views.app_text import STALE_NOTE, message
 from pagekv.views.comparison import (
     METHOD_FIELDS,
     Decoding,
@@ -44,8 +44,15 @@ from pagekv.views.comparison import (
     plan_comparison,
 )
 from pagekv.views.figures.style import is_figure
-from pagekv.views.inputs import min_budget_pct, parse_run
-from pagekv.views.lesson_checks import check_lesson
+from pagekv.views.inputs import (
+    LIMITS,
+    BudgetInputError,
+    check_budgets,
+    min_budget_pct,
+    parse_run,
+    shown_value,
+)
+from pagekv.views.lesson_checks import check_lesson, lesson_of
 from pagekv.views.presets import check_preset, load_presets, preset_matches, preset_methods
 from pagekv.views.view_memo import (
     PLAN_VIEWS,
@@ -219,13 +226,19 @@ def cleared_views(why: str, **values):
 
 
 def _budget_limits(comp, cfg_a, cfg_b) -> dict:
-    """The budget sliders' lower limits: the smallest feasible budget of each side for
-    this prompt and these settings."""
+    """The budget sliders: each shows the budget that ran (so a box never holds a value
+    other than its results'), from the smallest feasible budget of its side for this
+    prompt and these settings."""
     n_a, n_b = comp.preps["A"].n, comp.preps["B"].n
     return dict(
-        budget=gr.update(minimum=min_budget_pct(n_a, cfg_a)),
-        budget_b=gr.update(minimum=min_budget_pct(n_b, cfg_b)),
+        budget=gr.update(minimum=min_budget_pct(n_a, cfg_a), value=budget_pct(cfg_a)),
+        budget_b=gr.update(minimum=min_budget_pct(n_b, cfg_b), value=budget_pct(cfg_b)),
     )
+
+
+def budget_pct(cfg) -> float:
+    """A side's budget as its box shows it (% of the prompt)."""
+    return round(100 * cfg.budget, 2)
 
 
 def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> str:
@@ -321,17 +334,25 @@ def run_comparison(
     before they existed still gets the defaults (window, uniform).
     """
     v = {k: val for k, val in locals().items() if k in RUN_INPUTS}
-    with SESSIONS.turn(getattr(request, "session_hash", None)):
-        yield from _run(v, lesson)
+    session = getattr(request, "session_hash", None)
+    with SESSIONS.turn(session):
+        yield from _run(v, lesson, session)
 
 
-def _run(v: dict, lesson):
+def _run(v: dict, lesson, session=None):
+    study = None
     try:
-        spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
+        try:
+            spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
+            refused = None
+        except BudgetInputError as e:  # said with the prompt's floor: the model tells it
+            refused = e
         name = model_key(v["model"] if isinstance(v["model"], str) else "")
         if MODELS.offered(name) and name not in MODELS.loaded_names():
-            yield _status_views(_working(f"Loading the model {name} (once)"))
+            yield _status_views(_working(f"Loading the model {name} (once)"), lesson)
         study = get_study(name)
+        if refused is not None:
+            raise refused
         key = view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer)
         t0 = time.perf_counter()
         waited = key not in view_memo  # another request may be computing it
@@ -340,8 +361,13 @@ def _run(v: dict, lesson):
             with view_memo.computing(key):
                 if not all(spec.replace(mode=m) in study.prefills for m in {mode_a, mode_b}):
                     yield _status_views(
-                        _working(f"Prefilling the prompt on {study.loaded.name}, then planning")
+                        _working(f"Prefilling the prompt on {study.loaded.name}, then planning"),
+                        lesson,
                     )
+                check_budgets(
+                    (side, cfg, spec.replace(mode=m), study.prepare(spec.replace(mode=m)).n)
+                    for side, cfg, m in (("A", cfg_a, mode_a), ("B", cfg_b, mode_b))
+                )
                 comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
                 n_layers = int(comp.plan_of("B").keep.shape[0])  # from the model that ran
                 layer = min(layer, n_layers - 1)
@@ -352,6 +378,7 @@ def _run(v: dict, lesson):
                     answers=answers_html(pending_table(comp)),
                     **{k: plan_figs.get(k) for k in PLAN_VIEWS},
                     layer=gr.update(maximum=n_layers - 1, value=layer),
+                    observation=_checking(lesson),
                     **_budget_limits(comp, cfg_a, cfg_b),
                 )
                 # Decoding changes no plan: the plan views drawn above stand, and the
@@ -378,6 +405,9 @@ def _run(v: dict, lesson):
                 f"in {1000 * (time.perf_counter() - t0):.0f} ms"
                 + (" (waiting for the same run, started by another request)" if waited else ""),
             )
+    except BudgetInputError as e:  # the budget's one rule, with this prompt's floor
+        yield _refused_budget(study, e, session, lesson)
+        return
     except Exception as e:  # bad input or an unexpected failure: say it on the page
         log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
         msg = html.escape(" ".join(str(e).split()) or type(e).__name__, quote=False)
@@ -388,6 +418,7 @@ def _run(v: dict, lesson):
         )
         return
     comp, figs = done["comp"], done["figs"]
+    SESSIONS.remember(session, budget=budget_pct(cfg_a), budget_b=budget_pct(cfg_b))
     yield _views(
         status=_status(study, comp, cfg_a, cfg_b, decoded=True, served=done["served"]),
         answers=answers_html(done["table"]),
@@ -406,6 +437,39 @@ def _run(v: dict, lesson):
         last=comp,
         **_budget_limits(comp, cfg_a, cfg_b),
     )
+
+
+def _refused_budget(study, e: BudgetInputError, session, lesson):
+    """A budget outside its rule: the sentence with this prompt's floor (the prompt is
+    prepared for it, as the run would have been). Nothing runs. In a session whose last
+    run finished, its results stay and the boxes go back to the budgets they were
+    computed at (the browser's box would otherwise show the refused or a clamped
+    value); otherwise every view is cleared, as for any failed run."""
+    if e.n is None and study is not None:
+        try:
+            e = e.for_prompt(study.prepare(e.spec).n)
+        except Exception:  # the prompt's own error is said by the next run
+            pass
+    log.info("run refused: %s", e)
+    before = SESSIONS.recall(session)
+    text = html.escape(str(e), quote=False)
+    if not before:
+        return cleared_views(
+            "No result: the run did not complete (the status line above says why).",
+            status=message("error", text),
+            observation=_observation(lesson, None, failed=True),
+        )
+    a, b = before["budget"], before["budget_b"]
+    text += (
+        f" Nothing ran: the budget is back at {a:g} %, the budget of the results below."
+        if a == b
+        else f" Nothing ran: the budgets are back at {a:g} % (A) and {b:g} % (B), those of "
+        "the results below."
+    )
+    views = dict(zip(RUN_VIEWS, _status_views(message("error", text)), strict=True))
+    views["budget"] = gr.update(value=before["budget"])
+    views["budget_b"] = gr.update(value=before["budget_b"])
+    return tuple(views[name] for name in RUN_VIEWS)
 
 
 def _observation(lesson, comp, failed: bool = False):
@@ -448,9 +512,21 @@ def _working(what: str) -> str:
     return message("info", f"{what}...{queue}")
 
 
-def _status_views(status: str):
-    """Only the status line changes (a step of a run has begun)."""
-    return tuple(status if name == "status" else gr.update() for name in RUN_VIEWS)
+def _status_views(status: str, lesson=None):
+    """Only the status line changes (a step of a run has begun), and the lesson's
+    verdict, which is of the run before, says it is being checked."""
+    views = {name: gr.update() for name in RUN_VIEWS}
+    views["status"], views["observation"] = status, _checking(lesson)
+    return tuple(views[name] for name in RUN_VIEWS)
+
+
+def _checking(lesson):
+    """While a run goes on: a live lesson's observation says it is being checked on
+    this run (its verdict on screen was of the run before); no change otherwise."""
+    x = lesson_of(lesson)
+    if x is None or x.kind != "live":
+        return gr.update()
+    return "**Observation:** " + x.observation.statement + " - *checking on this run...*"
 
 
 def _stream_views(table: str):
@@ -514,21 +590,59 @@ def update_layer(comp, layer):
     return sent(comparison_figures(comp, layer=int(layer), only={"weights"})["weights"])
 
 
+#: The mechanism's sliders: (label, lowest, highest, step, whole numbers), by input.
+MECH_LIMITS = {
+    "heads": ("Heads per group", 2, 8, 1, True),
+    "retrieval": ("Retrieval s*", 0.0, 1.0, 0.05, False),
+    "distractors": ("Distractor heads", 0, 6, 1, True),
+    "distractor_strength": ("Distractor", 0.0, 0.5, 0.01, False),
+    "n": ("Tokens", 32, 1024, 32, True),
+    "budget_pct": ("Budget %", 5, 60, 1, False),
+}
+
+
+def _in_range(name: str, value, notes: list):
+    """A mechanism input within its slider's range: a value outside it (or no number)
+    becomes the nearest end, as the browser's box shows it, and `notes` says so."""
+    label, lo, hi, _step, whole = MECH_LIMITS[name]
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = float("nan")
+    if x != x:
+        notes.append(f"{label}: no number, using {lo:g}.")
+        x = lo
+    elif not lo <= x <= hi:
+        end = lo if x < lo else hi
+        notes.append(
+            f"{label}: {shown_value(value)} is {'below' if x < lo else 'above'} its range "
+            f"({lo:g} to {hi:g}), using {end:g}."
+        )
+        x = end
+    return int(round(x)) if whole else x
+
+
 @light
 def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head, n, budget_pct):
-    """The constructed instance of the retention bound (no model involved)."""
+    """The constructed instance of the retention bound (no model involved). Every input
+    gives a view: one outside its slider's range is taken at the nearest end, and the
+    text says so (no error badge, no silent change)."""
     from pagekv.views import figures
     from pagekv.views.comparison import mechanism_view
 
+    raw = dict(heads=heads, retrieval=retrieval, distractors=distractors,
+               distractor_strength=distractor_strength, n=n, budget_pct=budget_pct)  # fmt: skip
+    clamped: list[str] = []
+    v = {name: _in_range(name, value, clamped) for name, value in raw.items()}
     try:
         view = mechanism_view(
-            heads=int(heads),
-            retrieval=float(retrieval),
-            distractors=int(distractors),
-            distractor_strength=float(distractor_strength),
-            sink_head=bool(sink_head),
-            n=int(n),
-            budget=float(budget_pct) / 100,
+            heads=v["heads"],
+            retrieval=v["retrieval"],
+            distractors=v["distractors"],
+            distractor_strength=v["distractor_strength"],
+            sink_head=sink_head is True,
+            n=v["n"],
+            budget=v["budget_pct"] / 100,
         )
     except (ValueError, TypeError) as e:
         return message("error", " ".join(str(e).split())), None, None
@@ -539,7 +653,7 @@ def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head,
         f"needle; its entropy weight is w* = {w:.3f} (mean pooling: 1/r = "
         f"{1 / int(heads):.3f}). The needle page is kept whenever w* s* = {w * s:.3f} "
         "beats the page that would otherwise be kept last."
-        + ("".join(f" {note}" for note in view.notes) if getattr(view, "notes", None) else ""),
+        + "".join(f" {note}" for note in [*clamped, *(getattr(view, "notes", None) or [])]),
     )
     return text, view.rows, figures.mechanism_figure(view.mech, view.plans)
 
@@ -575,21 +689,25 @@ def _preset_run_args(p, model="bundled", lesson_title=None) -> dict:
         depth=p["depth"], seed=p["seed"], needles=p["n_needles"], mode=p["mode"],
         curated=p["name"], budget_pct=round(100 * p["budget"], 1), page_size=p["page_size"],
         n_sink=p["n_sink"], window=p["window"], tau=p["tau"], policy_a=p["policy_a"],
-        policy_b=p["policy_b"], link_b=True, lesson=lesson_title, **preset_methods(p),
+        policy_b=p["policy_b"], link_b=True, lesson=lesson_title, layer=p["layer"],
+        **preset_methods(p),
     )  # fmt: skip
 
 
 @light
 def run_preset(title, model, lesson_title, request: gr.Request = None):
-    """Pick a preset: set the controls and run, in ONE request (a generator)."""
+    """Pick a preset: set the controls, open the view where what it shows can be seen
+    (its `view`, on its `layer`) and run, in ONE request (a generator). Outputs:
+    PRESET_CONTROLS, "Same settings as A", the tabs, RUN_VIEWS."""
     p = _preset_of(title)
     if p is None:
-        yield (*([gr.update()] * (len(PRESET_CONTROLS) + 1)), *_views())
+        yield (*([gr.update()] * (len(PRESET_CONTROLS) + 2)), *_views())
         return
     run = _preset_run_args(p, model, lesson_title)
     controls = control_values(run, PRESET_CONTROLS)
+    tabs = gr.Tabs(selected=p["view"])
     for views in run_comparison(**run, request=request):
-        yield (*controls, True, *_with_preset_verdict(p, views))
+        yield (*controls, True, tabs, *_with_preset_verdict(p, views))
 
 
 def _with_preset_verdict(preset: dict, views) -> tuple:
@@ -612,6 +730,50 @@ def _with_preset_verdict(preset: dict, views) -> tuple:
     i = RUN_VIEWS.index("status")
     views[i] = f"{views[i]}\n\n{verdict}"
     return tuple(views)
+
+
+def linked_b(link, *a_values):
+    """Side B's own settings (question position, budget, page size, n_sink, window,
+    tau) while "Same settings as A" is ticked: A's values, not editable; unticked,
+    editable (starting from A's values, which they show)."""
+    if link is True:
+        return tuple(gr.update(value=v, interactive=False) for v in a_values)
+    return tuple(gr.update(interactive=True) for _ in a_values)
+
+
+#: The prompt's sliders and their labels: a value typed outside the range is said.
+PROMPT_SLIDERS = {"context": "Context length", "depth": "Needle depth", "needles": "Needles"}
+
+
+def prompt_range_note(name: str):
+    """The handler of a prompt slider's release (no model work): the stale-results note,
+    and where the value typed is outside the slider's range, which the browser's box
+    then replaces by the nearest end, a sentence that says so."""
+    label = PROMPT_SLIDERS[name]
+    lo, hi, _step = LIMITS[name]
+
+    def note(value):
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            x = float("nan")
+        if x == x and lo <= x <= hi:
+            return STALE_NOTE
+        if x != x:
+            said = f"the box held no number (its range is {lo:g} to {hi:g}); it now holds {lo:g}"
+        else:
+            side, end = ("below", lo) if x < lo else ("above", hi)
+            said = (
+                f"{shown_value(value)} is {side} its range ({lo:g} to {hi:g}); the box now "
+                f"holds {end:g}"
+            )
+        return (
+            f"**Note:** {label}: {said}. The results below are for the previous prompt until "
+            "you press Run."
+        )
+
+    note.__name__ = f"{name}_range_note"
+    return note
 
 
 def curated_choices(task, name=None):

@@ -4,6 +4,13 @@ Every control's value is checked in plain words (`InputError` names the control 
 the range), so that a request with a wrong value becomes a message, never a traceback.
 
     spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(values)
+
+A budget has one rule, on the page and in the API alike: a number from the smallest
+budget whose protected pages fit the prompt (`min_budget_pct`, which needs the
+prompt's length) up to 100. `parse_run` refuses what is not a number in (0, 100];
+`check_budgets` refuses what is below the prompt's floor once its length is known.
+Both raise `BudgetInputError`, whose `for_prompt(n)` says the rule in one sentence
+with that floor (`budget_rule`).
 """
 
 from __future__ import annotations
@@ -15,7 +22,10 @@ from pagekv.maths.paging import min_feasible_budget
 from pagekv.serving.study import MODES, PROMPT_TASKS, WINDOW_MAX, PromptSpec
 from pagekv.tasks import needle_depth, task_names
 
-__all__ = ["ALLOCATIONS", "LIMITS", "MODES", "PAGE_SIZES", "SCORERS", "TASKS", "parse_run"]
+__all__ = [
+    "ALLOCATIONS", "LIMITS", "MODES", "PAGE_SIZES", "SCORERS", "TASKS", "BudgetInputError",
+    "budget_rule", "check_budgets", "parse_run",
+]  # fmt: skip
 
 #: Page sizes offered by the page and accepted by the API.
 PAGE_SIZES = [1, 4, 8, 16, 32, 64]
@@ -26,9 +36,11 @@ TASKS = PROMPT_TASKS
 #: (one place: a typed value, a slider and a request accept the same values). The
 #: budget's lower limit on the page is raised after each run to the smallest feasible
 #: budget of that prompt and those settings (`min_budget_pct`); below it a request gets
-#: a message naming that limit.
+#: a message naming that limit (`budget_rule`). The shortest context is one whose
+#: prompt the default settings fit (20 %, pages of 16, 4 sinks, a 32-token window:
+#: about 370 prompt tokens keep 74, the protected pages need at most 64).
 LIMITS = {
-    "context": (100, MAX_CONTEXT, 100),
+    "context": (300, MAX_CONTEXT, 100),
     "depth": (0.0, 1.0, 0.05),
     "seed": (0, 2**31 - 1, 1),
     "needles": (1, 4, 1),
@@ -44,6 +56,53 @@ class InputError(ValueError):
     """A control's value has the wrong type or is out of range (API callers)."""
 
 
+class BudgetInputError(InputError):
+    """A budget outside its rule (`budget_rule`): `side` ("A" or "B"), the value `got`,
+    the side's settings `cfg` (its budget aside) and the prompt `spec` it was for."""
+
+    def __init__(self, side: str, got, cfg: EvictionConfig, spec: PromptSpec, n: int | None = None):
+        self.side, self.got, self.cfg, self.spec, self.n = side, got, cfg, spec, n
+        super().__init__(budget_rule(side, got, cfg, n))
+
+    def for_prompt(self, n: int) -> BudgetInputError:
+        """The same refusal, said with the floor of an `n`-token prompt."""
+        return BudgetInputError(self.side, self.got, self.cfg, self.spec, n)
+
+
+def shown_value(value) -> str:
+    """A refused value as the message quotes it: numbers as typed (whole numbers in
+    full), no number as "no number", a number too long to be read exactly (a browser
+    keeps 15-17 digits) said so instead of echoed rounded."""
+    if value is None or value == "":
+        return "no number"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return repr(value)
+    if value != value:
+        return "no number"
+    if abs(value) >= 2**53:
+        return "a number too long to read exactly"
+    return _bound(value)
+
+
+def budget_rule(side: str, got, cfg: EvictionConfig, n: int | None = None) -> str:
+    """The budget's one rule, in one sentence: a number from the smallest feasible
+    budget of an `n`-token prompt at `cfg`'s pages, sinks and window up to 100 (% of
+    the prompt); without `n`, the floor in words."""
+    tail = f"; got {shown_value(got)}."
+    if n is None:
+        return (
+            f"Budget {side} must be a number from the smallest budget whose protected pages "
+            f"fit the prompt up to 100 (% of the prompt){tail}"
+        )
+    floor = min_budget_pct(n, cfg)
+    return (
+        f"Budget {side} must be a number from {_bound(floor)} to 100 (% of the prompt): below "
+        f"{_bound(floor)} % the protected pages (the first {cfg.n_sink} tokens and the last "
+        f"{cfg.window}, in pages of {cfg.page_size}) do not fit in this {n}-token "
+        f"prompt{tail}"
+    )
+
+
 def _bound(v: float) -> str:
     """A range limit as a person writes it: whole numbers in full (2147483647, never
     2.14748e+09), others as short as they read."""
@@ -53,15 +112,15 @@ def _bound(v: float) -> str:
 def _num(name: str, value, lo: float, hi: float, integer: bool = False):
     """`value` as a number in [lo, hi], or an InputError that names the control."""
     span = f"from {_bound(lo)} to {_bound(hi)}"
+    kind = "a whole number" if integer else "a number"
     if isinstance(value, bool) or value is None:
-        raise InputError(f"{name} must be a number {span}; got {value!r}")
+        raise InputError(f"{name} must be {kind} {span}; got {shown_value(value)}")
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise InputError(f"{name} must be a number {span}; got {value!r}") from None
+        raise InputError(f"{name} must be {kind} {span}; got {shown_value(value)}") from None
     if x != x or not lo <= x <= hi or (integer and x != int(x)):
-        kind = "a whole number" if integer else "a number"
-        raise InputError(f"{name} must be {kind} {span}; got {value!r}")
+        raise InputError(f"{name} must be {kind} {span}; got {shown_value(value)}")
     return int(x) if integer else x
 
 
@@ -112,14 +171,33 @@ def parse_run(v: dict):
         kw.update(texts)
         kw["depth"] = needle_depth(texts["haystack"], texts["needle"], kw["depth"])
     spec = PromptSpec(**kw)
-    cfg_a = _method(_side_config(v, ""), v, "A")
+    refused: list[bool] = []
+    cfg_a = _method(_side_config(v, "", refused), v, "A")
     if _flag("same settings as A", v["link_b"]):
         cfg_b, mode_b = _method(cfg_a, v, "B"), mode
     else:
-        cfg_b = _method(_side_config(v, "_b"), v, "B")
+        cfg_b = _method(_side_config(v, "_b", refused), v, "B")
         mode_b = _choice("question position B", v["mode_b"], MODES)
     layer = _num("layer", v["layer"], *_span("layer"), integer=True)
+    # The budgets last: their message needs the side's other settings and the prompt.
+    sides = (("A", cfg_a, mode, "budget_pct"), ("B", cfg_b, mode_b, "budget_b"))
+    for (side, cfg, m, key), no in zip(sides, refused, strict=False):  # linked: A only
+        if no:
+            raise BudgetInputError(side, v[key], cfg, spec.replace(mode=m))
     return spec, cfg_a, cfg_b, mode, mode_b, layer
+
+
+def check_budgets(sides) -> None:
+    """`sides`: `(side, cfg, spec, n)` per side; BudgetInputError (with the floor of that
+    prompt) for the first whose budget is below `min_budget_pct(n, cfg)`."""
+    for side, cfg, spec, n in sides:
+        if 100 * cfg.budget < min_budget_pct(n, cfg) - 1e-9:
+            raise BudgetInputError(side, _pct_value(cfg.budget), cfg, spec, n)
+
+
+def _pct_value(budget: float):
+    pct = round(100 * budget, 6)
+    return int(pct) if pct.is_integer() else pct
 
 
 def _method(cfg: EvictionConfig, v: dict, side: str) -> EvictionConfig:
@@ -134,13 +212,24 @@ def _method(cfg: EvictionConfig, v: dict, side: str) -> EvictionConfig:
         raise InputError(f"side {side}: {e}") from None
 
 
-def _side_config(v: dict, suffix: str) -> EvictionConfig:
+def _budget(value) -> float | None:
+    """A budget in % as a fraction, or None when it is no number in (0, 100]."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x / 100.0 if 0 < x <= 100 else None
+
+
+def _side_config(v: dict, suffix: str, refused: list) -> EvictionConfig:
+    """A side's settings; a refused budget appends True to `refused` (and 1.0 stands in)."""
     side = "B" if suffix else "A"
+    budget = _budget(v["budget_b" if suffix else "budget_pct"])
+    refused.append(budget is None)
     return EvictionConfig(
-        budget=_num(
-            f"budget {side} (%)", v["budget_b" if suffix else "budget_pct"], *_span("budget")
-        )
-        / 100.0,
+        budget=1.0 if budget is None else budget,  # refused: `parse_run` raises for it
         page_size=_page_size(f"page size {side}", v["page_size" + suffix]),
         n_sink=_num(f"n_sink {side}", v["n_sink" + suffix], *_span("n_sink"), integer=True),
         window=_num(f"window {side}", v["window" + suffix], *_span("window"), integer=True),
