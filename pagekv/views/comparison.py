@@ -384,12 +384,15 @@ def _memory_rows(runner, prep: Prepared, base: EvictionConfig) -> list[dict]:
         except BudgetError:
             continue
         stored = p.union_tokens
-        if cfg.allocation != "uniform":  # padded to the layer's largest group
+        padded = cfg.allocation != "uniform"
+        if padded:  # padded to the layer's largest group
             stored = stored.amax(-1, keepdim=True).expand_as(stored)
         tokens = int(stored.sum())
         rows.append(
             {
                 "policy": policy,
+                "label": f"{policy}<br>{cfg.scorer}, {cfg.allocation}"
+                + (", padded" if padded else ""),
                 "tokens": int(stored.float().mean().round()),
                 "bytes": tokens * per_token,
             }

@@ -176,17 +176,24 @@ def shared_budget_answers(a: bool, b: bool):
         budget = len(flat) * int(recs["B"]["budget_tokens"])
         stored_b = int(sum(map(sum, recs["B"]["stored_tokens"])))
         holds = first.holds and tot["B"] <= budget
+        kept = {k: _mean_kept(recs[k]) for k in ("A", "B")}
+        whole = {k: _whole_needle(recs[k]) for k in ("A", "B")}
         measured = (
             f"{first.measured}. Kept in all: A {tot['A']} tokens, B {tot['B']} of the "
             f"{budget} the budget allows (B's (layer, group)s keep {min(flat)} to "
             f"{max(flat)}; its dense cache stores {stored_b} with the padding, which the "
-            f"decode does not attend to)"
+            f"decode does not attend to). Needle kept, the mean over every (layer, group): "
+            f"A {kept['A']:.2f}, B {kept['B']:.2f}; the whole needle is kept by "
+            f"{len(whole['A'])} (layer, group)s of A ({_layer_span(whole['A'])}) and "
+            f"{len(whole['B'])} of B ({_layer_span(whole['B'])})"
         )
         values = first.values | {
             "kept_a": tot["A"],
             "kept_b": tot["B"],
             "budget_total": budget,
             "stored_b": stored_b,
+            "needle_kept": kept,
+            "whole_needle": {k: len(v) for k, v in whole.items()},
         }
         return Finding(holds, measured, values)
 
@@ -195,6 +202,24 @@ def shared_budget_answers(a: bool, b: bool):
         "(layer, group) together",
         check,
     )
+
+
+def _mean_kept(rec: dict) -> float:
+    """The share of the needle's tokens kept, the mean over every (layer, group)."""
+    flat = [v for row in rec["needle_retention"] for v in row]
+    return sum(flat) / len(flat)
+
+
+def _whole_needle(rec: dict) -> list[int]:
+    """The layers of the (layer, group)s that keep every token of the needle, one entry
+    per such (layer, group)."""
+    return [i for i, row in enumerate(rec["needle_retention"]) for v in row if v >= 1.0 - 1e-9]
+
+
+def _layer_span(layers: list[int]) -> str:
+    if not layers:
+        return "none"
+    return f"layers {min(layers)}-{max(layers)}" if len(set(layers)) > 1 else f"layer {layers[0]}"
 
 
 def union_over_budget(side: str, factor: float):
@@ -215,11 +240,15 @@ def union_over_budget(side: str, factor: float):
         r = p.head_weights.shape[1] // p.n_groups
         top, mean = float(ratio.max()), float(ratio.mean())
         holds = top >= factor and top <= r + 1e-9
+        uor_max = float(rec["uor"]["max"])
         measured = (
             f"side {side}: the (layer, group) that stores the most (layer {layer}, group "
-            f"{group}) holds {int(union.max())} tokens, {top:.2f}x the budget of {k} tokens; "
-            f"the mean over the {union.numel()} (layer, group)s is {float(union.mean()):.0f} "
-            f"tokens, {mean:.2f}x; worst case r = {r}x"
+            f"{group}) holds {int(union.max())} tokens (the table's stored max), {top:.2f}x "
+            f"the budget of {k} tokens; over the {union.numel()} (layer, group)s it stores "
+            f"{float(union.mean()):.0f} tokens on average (the number on the "
+            f"{rec['policy']} bar of the memory chart, UOR & memory), {mean:.2f}x the budget; "
+            f"worst case r = {r}x. The table's UOR max ({uor_max:.2f}) divides a union by the "
+            "tokens one head keeps, not by the budget"
         )
         return Finding(
             holds,
@@ -233,6 +262,7 @@ def union_over_budget(side: str, factor: float):
                 "r": r,
                 "layer": layer,
                 "group": group,
+                "uor_max": uor_max,
             },
         )
 
@@ -270,13 +300,19 @@ def sink_masquerade(layer: int | str, raw_at_least: float, isolated_below: float
         holds = r_raw >= raw_at_least and r_iso < isolated_below
         n_mixed = int((~torch.isnan(raw_all)).sum())
         n_fixed = int((iso_all < isolated_below).sum())  # NaN compares False
+        gain = p.weights_isolated[at] - p.weights_nosink[at]  # [H]
+        h = int(gain.argmax())
+        r = gain.numel() // G
         measured = (
             f"layer {at} (of layers 0-{L - 1}), group {g}: sink heads weigh {r_raw:.2f}x the "
             f"others without isolation, {r_iso:.2f}x with it; over every layer, isolation "
             f"brings {n_fixed} of the {n_mixed} groups with sink and other heads under "
-            f"{isolated_below:g}x"
+            f"{isolated_below:g}x. The weight isolation takes from the sink heads goes to "
+            f"the others: in this layer head g{h // r} h{h} gains most, "
+            f"{float(p.weights_nosink[at, h]):.2f} to {float(p.weights_isolated[at, h]):.2f} "
+            "(marked in the view)"
         )
-        values = {"layer": at, "group": g, "raw": r_raw, "isolated": r_iso}
+        values = {"layer": at, "group": g, "raw": r_raw, "isolated": r_iso, "gains_most": h}
         return Finding(holds, measured, values | {"mixed": n_mixed, "fixed": n_fixed})
 
     return Observation(
@@ -594,7 +630,9 @@ LESSONS: tuple[Lesson, ...] = (
             "sink tokens before taking the entropy. The check reads the head weights of the "
             "layer where sink heads outweigh the others most without isolation, the one the "
             "view opens on: there a group's sink heads outweigh its other heads at least "
-            "twice without isolation, by less than 1.5x with it. Isolation does not fix "
+            "twice without isolation, by less than 1.5x with it. The weight isolation "
+            "takes from the sink heads goes to the others; the view marks the head that "
+            "gains most, which is not a sink head. Isolation does not fix "
             "every group: the check also counts, over every layer, the groups it brings "
             "under 1.5x (and docs/results.md, table T3, has the replay's grid)."
         ),
@@ -637,7 +675,10 @@ LESSONS: tuple[Lesson, ...] = (
             "all than the budget of every (layer, group) together. A dense cache stores "
             "B's groups of a layer at one length, padded, and B's decode attends only to "
             "the pages it kept. The check decodes "
-            "both: A wrong, B right."
+            "both: A wrong, B right. The table's needle kept is a mean over every (layer, "
+            "group): a side can keep less of the needle on average than the other and still "
+            "answer right, so the measured line gives both sides' shares and the layers "
+            "where each keeps the whole needle (the page frame shows them)."
         ),
         observation=shared_budget_answers(a=False, b=True),
         views=("frame", "retention"),

@@ -41,13 +41,17 @@ FIELDS = (
 SHOWS = "shows"
 #: The key of a preset's checks: a tuple of `{"kind": ..., **arguments}` (`observation_of`).
 CHECKS = "checks"
+#: The view a preset opens (a tab id of app.py, `pagekv.views.lessons.VIEWS`) and the
+#: layer its head-weights view shows: the view where what it shows can be seen.
+VIEW, LAYER = "view", "layer"
 #: Every key of a normalised preset.
-KEYS = FIELDS + (SHOWS, CHECKS)
+KEYS = FIELDS + (SHOWS, CHECKS, VIEW, LAYER)
 
 _DEFAULTS = dict(
     task="needle", name=None, context_tokens=1500, depth=0.5, seed=0, n_needles=1, mode="after",
     budget=0.1, page_size=16, n_sink=4, window=32, tau=1.0, policy_a="mean", policy_b="entropy",
     model=None,  # None: the model the app has chosen; a name: the model it was measured on
+    view="frame", layer=0,
 )  # fmt: skip
 
 #: One prompt for the curated presets (the full cache answers it right, MARLIN-86), so
@@ -64,6 +68,7 @@ CURATED = [
         policy_a="streaming",
         policy_b="entropy",
         budget=0.1,
+        view="retention",
         shows=(
             "Both sides keep 10 % of the prompt, with the question inside it. Streaming keeps "
             "the attention sinks and the most recent tokens, so none of the needle's tokens "
@@ -83,6 +88,7 @@ CURATED = [
         policy_a="head_independent",
         policy_b="entropy",
         budget=0.1,
+        view="uor",
         shows=(
             "Both sides get the same budget and both answer right. Head-independent eviction "
             "lets each of a group's r query heads pick its own pages, but the heads share one "
@@ -102,6 +108,8 @@ CURATED = [
         policy_a="entropy_nosink",
         policy_b="entropy",
         budget=0.1,
+        view="weights",
+        layer=28,
         shows=(
             "Both sides weight a group's heads by their collision entropy; side A takes the "
             "entropy over the whole row, side B (Page-EntroKV) leaves the sink tokens out "
@@ -160,7 +168,7 @@ def normalize(entry: dict) -> dict:
     format. A replay entry gets a title, `shows` and `checks` from what it observed
     (`checks` is empty when it observed no difference)."""
     p = dict(_DEFAULTS)
-    p.update({k: v for k, v in entry.items() if k in FIELDS and v is not None})
+    p.update({k: v for k, v in entry.items() if k in FIELDS + (VIEW, LAYER) and v is not None})
     if "policy" in entry:  # the replay's format: policy (B) against compare_policy (A)
         p["policy_b"] = entry["policy"]
         p["policy_a"] = entry.get("compare_policy", "mean")

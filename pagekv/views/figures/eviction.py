@@ -329,12 +329,11 @@ def page_frame(
             )
         )
     text = title or "Page frame: what each (layer, group) keeps"
-    if with_needle:
-        counts = " · ".join(
-            f"{s['label']}: needle page kept in {s['count'][0]} of {s['count'][1]} (layer, group)s"
-            for s in with_needle
+    for s in with_needle:  # a line per side: two on one line ran past the figure's edge
+        text += (
+            f"<br><span style='font-size:12px'>{s['label']}: needle page kept in "
+            f"{s['count'][0]} of {s['count'][1]} (layer, group)s</span>"
         )
-        text += f"<br><span style='font-size:12px'>{counts}</span>"
     # Above the plot area: the subplot titles, and with a needle the strips' two-line
     # titles lifted over the needle pointers. The height gives every row 10 px (the
     # plot area at least 100 px) besides the top margin and about 90 px below the plot
@@ -372,6 +371,19 @@ def head_weights_bars(p, layer: int, title=None):
             x=heads, y=p.weights_nosink[layer].tolist(), name="without isolation", marker_color=SKY
         )
     )
+    gain = p.weights_isolated[layer] - p.weights_nosink[layer]
+    h = int(gain.argmax())
+    if float(gain[h]) > 0:  # where isolation moves the sinks' weight to
+        fig.add_annotation(
+            x=heads[h],
+            y=float(max(p.weights_isolated[layer, h], p.weights_nosink[layer, h])),
+            text="gains most<br>with isolation",
+            showarrow=True,
+            arrowhead=2,
+            ax=0,
+            ay=-34,
+            font=dict(size=11),
+        )
     fig.add_hline(y=1 / r, line_dash="dot", line_color=ORANGE)
     # The line's label sits outside the plot area, right of the line's end, in a right
     # margin kept for it: inside, it lay on the last bars.
@@ -607,41 +619,51 @@ def union_over_budget_heatmap(sides: dict, budget_tokens: dict, r: int, title=No
     from plotly.subplots import make_subplots
 
     labels = list(sides)
-    fig = make_subplots(rows=1, cols=len(labels), subplot_titles=labels, shared_yaxes=True)
+    ratios = {
+        label: [[u / max(int(budget_tokens[label]), 1) for u in row] for row in sides[label]]
+        for label in labels
+    }  # [L][G] each
+    top = max(max(map(max, z)) for z in ratios.values())
+    # The scale ends at r, or higher where a shared (global) budget gives one (layer,
+    # group) more than r budgets: no cell is beyond its end.
+    zmax = float(max(r, math.ceil(top)))
+    step = 1 if zmax <= 10 else math.ceil(zmax / 10)
+    titles = ["<br>".join(textwrap.wrap(label, SIDE_TITLE_CHARS)) for label in labels]
+    fig = make_subplots(rows=1, cols=len(labels), subplot_titles=titles, shared_yaxes=True)
     for i, label in enumerate(labels):
-        k = max(int(budget_tokens[label]), 1)
-        z = [[u / k for u in row] for row in sides[label]]  # [L][G]
+        z = ratios[label]
         fig.add_trace(
             go.Heatmap(
                 z=z,
                 x=[f"g{g}" for g in range(len(z[0]))],
                 y=list(range(len(z))),
                 zmin=0.0,
-                zmax=float(r),
+                zmax=zmax,
                 colorscale="Cividis",
                 showscale=i == len(labels) - 1,
-                colorbar=dict(title="x budget", tickvals=list(range(r + 1))),
+                colorbar=dict(title="x budget", tickvals=list(range(0, int(zmax) + 1, step))),
                 hovertemplate="layer %{y}, group %{x}: %{z:.2f}x the budget<extra></extra>",
             ),
             row=1,
             col=i + 1,
         )
     fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
-    return layout(
-        fig,
-        title
-        or f"Tokens each (layer, group) stores, as a multiple of the budget (worst case r = {r})",
-        420,
-        above=22,
+    lines = max(t.count("<br>") + 1 for t in titles)
+    text = title or (
+        "Tokens each (layer, group) stores, as a multiple of the budget<br>"
+        f"<span style='font-size:12px'>head-independent: at most r = {r}x; a shared (global) "
+        "budget may give one (layer, group) more, the total stays within</span>"
     )
+    return layout(fig, text, 420, above=8 + 16 * lines)
 
 
 def memory_bars(rows: Sequence[dict], title=None):
-    """Cache kept per policy: rows of {policy, tokens, bytes}."""
+    """Cache kept per policy: rows of {policy, tokens, bytes} and, where given, a
+    `label` naming how it was planned (scorer, allocation, padding)."""
     go = _go()
     fig = go.Figure(
         go.Bar(
-            x=[r["policy"] for r in rows],
+            x=[r.get("label", r["policy"]) for r in rows],
             y=[r["bytes"] / 2**20 for r in rows],
             marker_color=[POLICY_COLOURS.get(r["policy"], BLACK) for r in rows],
             text=[str(r["tokens"]) for r in rows],
@@ -651,12 +673,16 @@ def memory_bars(rows: Sequence[dict], title=None):
         )
     )
     top = max((r["bytes"] for r in rows), default=1) / 2**20
-    fig.update_layout(yaxis_title="KV cache kept (MiB)", yaxis_range=[0, 1.15 * top])
-    return layout(
-        fig,
-        title or "Cache each policy must hold (on each bar: mean tokens per (layer, group))",
-        320,
+    fig.update_layout(
+        yaxis_title="KV cache kept (MiB)", yaxis_range=[0, 1.15 * top], xaxis_tickfont_size=10
     )
+    text = title or (
+        "Cache each policy must hold at side B's settings<br><span style='font-size:12px'>"
+        "on each bar: mean tokens per (layer, group); under each: its scorer and allocation"
+        "</span><br><span style='font-size:12px'>padded: a shared budget stores a layer's "
+        "groups at the length of its largest</span>"
+    )
+    return layout(fig, text, 340)
 
 
 def profile_groups(prof: torch.Tensor) -> list[list[int]]:
