@@ -21,13 +21,14 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from pagekv.paths import CSS_PATH  # noqa: E402
+from pagekv.paths import ASSETS_DIR, CSS_PATH  # noqa: E402
 from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.serving.worker import WORKER  # noqa: E402
 from pagekv.views.app_lessons import (  # noqa: E402
     LESSON_CONTROLS,
     TABS,
     next_lesson,
+    open_page,
     pick_lesson,
     previous_lesson,
     warm_in_background,
@@ -36,18 +37,22 @@ from pagekv.views.app_lessons import (  # noqa: E402
 from pagekv.views.app_text import (  # noqa: E402
     ALLOCATION_INFO,
     CAPTIONS,
+    GLOSSARY,
     INTRO,
     SCORER_INFO,
+    STALE_NOTE,
     lesson_markdown,
     message,
 )
 from pagekv.views.app_ui import (  # noqa: E402
     MECH_CONTROLS,
+    MECH_LIMITS,
     MECH_VIEWS,
     MODELS,
     POLICY_CHOICES,
     PRESET_CONTROLS,
     PRESETS,
+    PROMPT_SLIDERS,
     RUN_CONCURRENCY,
     RUN_DEFAULTS,
     RUN_INPUTS,
@@ -59,7 +64,9 @@ from pagekv.views.app_ui import (  # noqa: E402
     export_run,
     get_study,
     known_models,
+    linked_b,
     preview_plans,
+    prompt_range_note,
     run_comparison,
     run_mechanism,
     run_preset,
@@ -79,10 +86,24 @@ from pagekv.views.lesson_checks import (  # noqa: E402
     replay_recall_figure,
 )
 from pagekv.views.lessons import LESSONS  # noqa: E402
+from pagekv.views.share import share_js, shared_names  # noqa: E402
 from pagekv.views.view_memo import PLAN_VIEWS  # noqa: E402
 
+#: The page's own script (assets/app.js: number boxes, presenter view, share links).
+JS_PATH = ASSETS_DIR / "app.js"
+#: Side B's own settings and the side A controls they show while linked.
+B_OWN = ("mode_b", "budget_b", "page_size_b", "n_sink_b", "window_b", "tau_b")
+A_SHARED = ("mode", "budget", "page_size", "n_sink", "window", "tau")
+
 log = logging.getLogger("pagekv.app")
-__all__ = ["build_demo", "main", "warm_lessons", "RUN_DEFAULTS", "TABS"]
+__all__ = ["build_demo", "launch_assets", "main", "warm_lessons", "RUN_DEFAULTS", "TABS"]
+
+
+def launch_assets() -> dict:
+    """The page's stylesheet and script, as `launch` takes them."""
+    css = CSS_PATH.read_text() if CSS_PATH.exists() else None
+    head = f"<script>{JS_PATH.read_text()}</script>" if JS_PATH.exists() else None
+    return dict(css=css, head=head)
 
 
 def method_controls(side: str) -> tuple[gr.Radio, gr.Radio]:
@@ -105,6 +126,12 @@ def slider(name: str, value, label: str, **kw) -> gr.Slider:
     return gr.Slider(lo, hi, value=value, step=step, label=label, **kw)
 
 
+def mech_slider(name: str, value) -> gr.Slider:
+    """A mechanism slider over its range (`MECH_LIMITS`)."""
+    label, lo, hi, step, _whole = MECH_LIMITS[name]
+    return gr.Slider(lo, hi, value=value, step=step, label=label)
+
+
 def plot(**kw) -> gr.Plot:
     """A plot without Gradio's "Plot" badge (it covered the start of the title)."""
     return gr.Plot(show_label=False, **kw)
@@ -114,7 +141,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
     first = PRESETS[0]
     # Gradio's own copies of served files are removed after 30 minutes (checked every 10).
     with gr.Blocks(title="Page-EntroKV", delete_cache=(600, 1800)) as demo:
-        gr.Markdown(INTRO)
+        gr.Markdown(INTRO, elem_id="intro")
         last = gr.State(None)
         with gr.Row(elem_id="main-row"):
             with gr.Column(scale=1, min_width=320, elem_id="explore-col"):
@@ -127,6 +154,11 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                     "it shows, checked after the run",
                 )
                 run_btn = gr.Button("Run", variant="primary")
+                with gr.Row(equal_height=True):
+                    share_btn = gr.Button("Link to these settings", size="sm", scale=1)
+                    share_link = gr.Textbox(
+                        label="Link (copy it)", interactive=False, scale=3, elem_id="share-link"
+                    )
                 with gr.Accordion("Prompt", open=False):
                     model = gr.Dropdown(
                         known_models(),
@@ -180,15 +212,20 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                         label="Same settings as A (policy, scorer and allocation are B's own)",
                         info="untick to give B its own question position, budget and pages",
                     )
-                    mode_b = gr.Radio(list(MODES), value=first["mode"], label="Question position B")
-                    budget_b = slider("budget", 100 * first["budget"], "Budget B (%)")
+                    # While linked, B's own settings show A's and cannot be edited
+                    # (`linked_b`, on every change of the link or of A's settings).
+                    linked = dict(interactive=False)
+                    mode_b = gr.Radio(
+                        list(MODES), value=first["mode"], label="Question position B", **linked
+                    )
+                    budget_b = slider("budget", 100 * first["budget"], "Budget B (%)", **linked)
                     page_size_b = gr.Dropdown(
-                        PAGE_SIZES, value=first["page_size"], label="Page size B"
+                        PAGE_SIZES, value=first["page_size"], label="Page size B", **linked
                     )
                     with gr.Row():
-                        n_sink_b = slider("n_sink", first["n_sink"], "n_sink B")
-                        window_b = slider("window", first["window"], "Window B")
-                    tau_b = slider("tau", first["tau"], "tau B")
+                        n_sink_b = slider("n_sink", first["n_sink"], "n_sink B", **linked)
+                        window_b = slider("window", first["window"], "Window B", **linked)
+                    tau_b = slider("tau", first["tau"], "tau B", **linked)
             with gr.Column(scale=3, elem_id="lesson-col"):
                 with gr.Row(elem_id="lesson-picker"):
                     lesson = gr.Dropdown(
@@ -196,19 +233,25 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                     )
                     prev_btn = gr.Button("Previous lesson", size="sm", scale=1)
                     next_btn = gr.Button("Next lesson", size="sm", scale=1)
+                    presenter = gr.Checkbox(
+                        value=False, label="Presenter view", scale=1, elem_id="presenter",
+                        info="the lesson and its chart only; Next keeps the chart in view",
+                    )  # fmt: skip
                 with gr.Row(equal_height=False, elem_id="lesson-row"):
                     lesson_text = gr.Markdown(lesson_markdown(LESSONS[0]), elem_id="lesson-text")
                     observation = gr.Markdown(
                         "**Observation:** " + LESSONS[0].observation.statement,
                         elem_id="lesson-observation",
                     )
+                with gr.Accordion("Glossary", open=False, elem_id="glossary"):
+                    gr.Markdown(GLOSSARY)
                 status = gr.Markdown(
                     message("info", "Loading the first lesson..."), elem_id="run-status"
                 )
                 stale_note = gr.Markdown(elem_id="stale-note")
-                gr.Markdown(CAPTIONS["answers"])
+                gr.Markdown(CAPTIONS["answers"], elem_id="answers-caption")
                 answers = gr.HTML(elem_id="answers-table")
-                with gr.Tabs() as tabs:
+                with gr.Tabs(elem_id="lesson-views") as tabs:
                     with gr.Tab("Pages", id="frame"):
                         gr.Markdown(CAPTIONS["frame"])
                         frame = plot(elem_id="page-frame")
@@ -234,14 +277,14 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                     with gr.Tab("Mechanism", id="mechanism"):
                         gr.Markdown(CAPTIONS["mechanism"])
                         with gr.Row():
-                            m_heads = gr.Slider(2, 8, value=3, step=1, label="Heads per group")
-                            m_retr = gr.Slider(0, 1, value=0.9, step=0.05, label="Retrieval s*")
-                            m_dist = gr.Slider(0, 6, value=2, step=1, label="Distractor heads")
+                            m_heads = mech_slider("heads", 3)
+                            m_retr = mech_slider("retrieval", 0.9)
+                            m_dist = mech_slider("distractors", 2)
                         with gr.Row():
-                            m_dstr = gr.Slider(0, 0.5, value=0.48, step=0.01, label="Distractor")
+                            m_dstr = mech_slider("distractor_strength", 0.48)
                             m_sink = gr.Checkbox(value=False, label="Add a sink head")
-                            m_n = gr.Slider(32, 1024, value=64, step=32, label="Tokens")
-                            m_budget = gr.Slider(5, 60, value=19, step=1, label="Budget %")
+                            m_n = mech_slider("n", 64)
+                            m_budget = mech_slider("budget_pct", 19)
                         m_text = gr.Markdown()
                         m_table = gr.Dataframe(
                             headers=["policy", "needle page", "weights"], interactive=False
@@ -307,7 +350,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         preset.select(
             run_preset,
             [preset, model, lesson],
-            [*preset_targets, link_b, *run_outputs],
+            [*preset_targets, link_b, tabs, *run_outputs],
             trigger_mode="always_last",
             **model_kw,
             **quiet,
@@ -328,15 +371,36 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         # clears it (Gradio shows the run's progress over it until then). A browser-side
         # clear on the run's own trigger does not work: Gradio does not run a JS-only
         # listener on a trigger that also has a Python one.
-        stale_js = (
-            "() => '**Note:** the prompt controls changed; the results below are for the "
-            "previous prompt until you press Run.'"
-        )
+        stale_js = f"() => {STALE_NOTE!r}"
         for control in (task, context, depth, seed, needles, mode, curated, haystack, needle,
                         question, answer, model):  # fmt: skip
             control.input(None, None, stale_note, js=stale_js, **quiet)
+        # A prompt slider's value typed outside its range: the box then holds the nearest
+        # end, and the note says so (no model work, outside the queue).
+        for name in PROMPT_SLIDERS:
+            components[name].release(
+                prompt_range_note(name), components[name], stale_note, queue=False,
+                preprocess=False, show_progress="hidden", **quiet,
+            )  # fmt: skip
+        # Linked, B's own settings show A's (outside the queue: no model work).
+        link_io = dict(
+            fn=linked_b,
+            inputs=[link_b, *(components[n] for n in A_SHARED)],
+            outputs=[components[n] for n in B_OWN],
+            queue=False,
+            preprocess=False,  # a value out of range is the run's to refuse, not a badge
+            show_progress="hidden",
+            **quiet,
+        )
+        for control in (link_b, *(components[n] for n in A_SHARED)):
+            control.change(**link_io)
+        share_btn.click(
+            None, [components[n] for n in shared_names(RUN_DEFAULTS)], share_link,
+            js=share_js(RUN_DEFAULTS),
+        )  # fmt: skip
         layer.release(update_layer, [last, layer], weights, api_name="layer")
-        mech_io = dict(fn=run_mechanism, inputs=mech_inputs, outputs=mech_outputs)
+        # Raw values: a value typed outside a slider's range is said, never an error badge.
+        mech_io = dict(fn=run_mechanism, inputs=mech_inputs, outputs=mech_outputs, preprocess=False)
         m_retr.release(api_name="mechanism", **mech_io)
         for control in (m_heads, m_dist, m_dstr, m_n, m_budget):
             control.release(**mech_io, **quiet)
@@ -345,14 +409,22 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         lesson_outputs = [*lesson_targets, tabs, lesson_text, *run_outputs, *mech_outputs]
         lesson_kw = dict(trigger_mode="always_last", **model_kw)
         export_btn.click(export_run, last, files, api_name="export")
-        lesson.select(pick_lesson, [lesson, model], lesson_outputs, api_name="lesson", **lesson_kw)
+        # In the presenter view, a lesson picked brings its chart into view (browser only).
+        show_chart = dict(fn=None, js="() => pagekvShowChart()")
+        lesson.select(
+            pick_lesson, [lesson, model], lesson_outputs, api_name="lesson", **lesson_kw
+        ).then(**show_chart)
         prev_btn.click(
             previous_lesson, [lesson, model], [lesson, *lesson_outputs], **quiet, **lesson_kw
-        )
+        ).then(**show_chart)
         next_btn.click(
             next_lesson, [lesson, model], [lesson, *lesson_outputs], **quiet, **lesson_kw
+        ).then(**show_chart)
+        presenter.change(None, presenter, None, js="(on) => pagekvPresenter(on)")
+        # The page's load: a link's lesson or settings (`?lesson=3`), else the first lesson.
+        demo.load(
+            open_page, [lesson, model], [lesson, model, *lesson_outputs], **quiet, **lesson_kw
         )
-        demo.load(pick_lesson, [lesson, model], lesson_outputs, **quiet, **lesson_kw)
         demo.unload(end_session)  # what the server holds for a closed tab goes
     return demo
 
@@ -393,7 +465,6 @@ def main(argv=None):
     configure(args.model, allow_hub_models=args.allow_hub_models, decode_dtype=args.dtype)
     demo = build_demo(default_model=MODELS.default)
     demo.queue(default_concurrency_limit=1, max_size=128)  # a class: ~30 pages x a few events
-    css = CSS_PATH.read_text() if CSS_PATH.exists() else None
     # The model worker runs on this (the main) thread, the first to compute with torch:
     # its OpenMP workers stay hot (pagekv/serving/worker.py). Load the default model here.
     import torch
@@ -406,8 +477,8 @@ def main(argv=None):
     demo.launch(
         server_name=args.host,
         server_port=args.port,
-        css=css,
         show_error=False,
+        **launch_assets(),
         prevent_thread_lock=True,
     )
     if not args.no_warm:

@@ -47,14 +47,13 @@ def launched_app(cold: bool = False):
         view_memo.clear()
     demo = app.build_demo()
     demo.queue(default_concurrency_limit=1)
-    css = app.CSS_PATH.read_text() if app.CSS_PATH.exists() else None
     _, url, _ = demo.launch(
         prevent_thread_lock=True,
         server_name="127.0.0.1",
         server_port=free_port(),
-        css=css,
         show_error=False,
         quiet=True,
+        **app.launch_assets(),
     )
     try:
         yield demo, url.rstrip("/")

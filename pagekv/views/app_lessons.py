@@ -19,6 +19,7 @@ from pagekv.views.app_ui import (
     RUN_VIEWS,
     cleared_views,
     control_values,
+    known_models,
     light,
     run_comparison,
     run_mechanism,
@@ -26,6 +27,7 @@ from pagekv.views.app_ui import (
 )
 from pagekv.views.lesson_checks import LESSON_TITLES, check_lesson, lesson_of
 from pagekv.views.lessons import LESSONS, layer_for
+from pagekv.views.share import lesson_in_query, settings_in_query
 
 log = logging.getLogger("pagekv.app")
 
@@ -168,6 +170,38 @@ def next_lesson(title, model="bundled", request: gr.Request = None):
     new = lesson_step(title, 1)
     for out in pick_lesson(new, model, request):
         yield (new, *out)
+
+
+#: The lesson text of a page opened by a link to settings.
+SHARED_TEXT = (
+    "### Shared settings\nThis page was opened by a link to settings: every control holds "
+    "them and the run below is theirs. The lesson picker above starts a lesson."
+)
+
+
+@light
+def open_page(title, model="bundled", request: gr.Request = None):
+    """The page's load, in ONE request: a link's lesson (`?lesson=3`) or settings
+    (`?budget_pct=25&...`, `pagekv.views.share`) set, run and checked, else the first
+    lesson. Outputs: the lesson picker, the model, then `pick_lesson`'s."""
+    query = dict(getattr(request, "query_params", None) or {})
+    settings = settings_in_query(query)
+    if settings is None:
+        title = lesson_in_query(query) or title
+        for out in pick_lesson(title, model, request):
+            yield (title, gr.update(), *out)
+        return
+    run = dict(RUN_DEFAULTS, model=model) | settings | {"lesson": None}
+    names = [n for n in LESSON_CONTROLS if n not in MECH_CONTROLS]
+    controls = dict(zip(LESSON_CONTROLS, [gr.update()] * len(LESSON_CONTROLS), strict=True))
+    controls.update(zip(names, control_values(run, names), strict=True))
+    shown_model = run["model"] if run["model"] in known_models() else gr.update()
+    head = (gr.update(value=None), shown_model, *controls.values(), gr.update(), SHARED_TEXT)
+    keep_mech = tuple(gr.update() for _ in MECH_VIEWS)
+    for views in run_comparison(**run, request=request):
+        views = list(views)
+        views[RUN_VIEWS.index("observation")] = "**Observation:** none: no lesson is picked."
+        yield (*head, *views, *keep_mech)
 
 
 def warm_lessons(model: str = "bundled") -> int:

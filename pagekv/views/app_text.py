@@ -12,19 +12,25 @@ def message(kind: str, text: str) -> str:
 
 
 def lesson_markdown(lesson) -> str:
-    """A lesson's heading, text and kind (live, constructed or replay)."""
+    """A lesson's place ("Lesson 3 of 8", with a link that opens it: `?lesson=3`), its
+    heading, text and kind (live, constructed or replay)."""
     kind = {
         "live": "Live on the model: both sides decode now.",
         "constructed": "Constructed: no model; a group of heads built to show the mechanism.",
         "replay": f"Measured earlier by the replay harness, not live here: {lesson.cites}.",
     }[lesson.kind]
-    from pagekv.views.lessons import lesson_text
+    from pagekv.views.lessons import LESSONS, lesson_text
 
     try:
         text = lesson_text(lesson)
     except (OSError, ValueError) as e:  # the replay's results file missing or incomplete
         text = f"{lesson.text}\n\n(The replay's numbers cannot be read: {e}.)"
-    return f"### {lesson.title}\n{text}\n\n*{kind}*"
+    i = next(j for j, x in enumerate(LESSONS) if x.id == lesson.id) + 1
+    place = (
+        f"<small>Lesson {i} of {len(LESSONS)} · link to this lesson: "
+        f"[?lesson={i}](?lesson={i}) · terms: Glossary, below</small>"
+    )
+    return f"{place}\n\n### {lesson.title}\n{text}\n\n*{kind}*"
 
 
 INTRO = """
@@ -36,6 +42,42 @@ after removing the attention-sink tokens) and keeps whole pages per (layer, grou
 **Start with the lessons**: each sets both sides, runs the real model, and checks its
 claim on what the model just did. Free exploration (presets and every control) is in
 the left column, below the views on a narrow screen.
+"""
+
+#: The note over the results when a prompt control changed without a run.
+STALE_NOTE = (
+    "**Note:** the prompt controls changed; the results below are for the previous prompt "
+    "until you press Run."
+)
+
+#: The words the lessons use, for the Glossary under every lesson (`app.py`).
+GLOSSARY = """
+- **GQA, r**: grouped-query attention. The query heads of a layer come in groups; the
+  *r* heads of a group (3 on SmolLM2, 7 on qwen-coder-0.5b) read one shared KV cache.
+- **(layer, group)**: one group of one layer, the unit that keeps its own cache. Every
+  figure row, table count ("27 of 90") and budget here is per (layer, group).
+- **page**: a run of consecutive prompt tokens (16 by default) that a paged cache
+  allocates and frees together; eviction keeps or drops whole pages. Page size 1 is
+  token-level eviction.
+- **budget**: the share of the prompt each (layer, group) keeps, `floor(budget x n)`
+  tokens of an *n*-token prompt (a global allocation shares the same total across them).
+- **protected pages**: the pages of the first *n_sink* tokens and of the last *window*
+  tokens, always kept; the smallest budget is the one that holds them.
+- **needle**: a sentence with the answer, hidden in a long text (the haystack); the
+  question asks for it. *Needle kept* is the share of its answer tokens a cache kept.
+- **attention sink**: the first few tokens, where many heads park attention they do not
+  need. A **sink head** puts at least half of its attention there.
+- **sink isolation**: the sink tokens left out of a head's attention row before its
+  entropy is taken, so that a sink head does not look focused.
+- **collision entropy**: of an attention row *a*, `-log sum_t a_t^2`: low when the row is
+  focused on a few tokens, high when it is spread. Page-EntroKV weights the heads of a
+  group by `softmax(-entropy / tau)`.
+- **mean pooling**: every head of a group weighted 1/r.
+- **head_independent**: every head picks its own pages, and the group stores the union.
+- **UOR (union overhead ratio)**: the tokens that union holds over the tokens one head
+  keeps; 1 for pooled policies, at most r.
+- **question position**: *inside* the prompt (the observation window sees it) or *after*
+  compression (the strict test: the cache is chosen without the question).
 """
 
 #: What the scorer and allocation controls mean (their `info` lines).

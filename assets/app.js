@@ -1,0 +1,66 @@
+// Page-EntroKV app: the page's own script (app.py puts it in the page's head).
+//
+// 1. A slider's number box: Enter commits the typed value, as leaving the box does
+//    (Gradio's box commits on blur only, so a value typed + Enter ran nothing and the
+//    box showed a budget the results were not computed at).
+// 2. Clicking into a number box runs nothing: Gradio's box sends a "release" on
+//    pointerup, with the value it held before the typing (a budget of 10 typed after
+//    a click ran the 100 the box held).
+// 3. The presenter view (a class on the body, app.css) and, after a lesson is picked,
+//    its chart scrolled into view under the lesson bar (fixed at the top there).
+// 4. The link to the current settings (the "Link to these settings" button).
+(() => {
+  const isSliderBox = (t) =>
+    t instanceof HTMLInputElement && t.type === "number" && t.dataset.testid === "number-input";
+  document.addEventListener(
+    "keydown",
+    (e) => {
+      if (e.key === "Enter" && isSliderBox(e.target)) {
+        e.preventDefault();
+        e.target.blur();
+      }
+    },
+    true,
+  );
+  document.addEventListener(
+    "pointerup",
+    (e) => {
+      if (isSliderBox(e.target)) e.stopPropagation();
+    },
+    true,
+  );
+
+  window.pagekvPresenter = (on) => {
+    document.body.classList.toggle("pagekv-presenter", Boolean(on));
+    if (on) window.pagekvShowChart();
+  };
+  // After a lesson's request ends, Gradio still redraws its outputs (and the page
+  // scrolls back while it does): the scroll waits until the page has settled.
+  window.pagekvShowChart = () => {
+    if (!document.body.classList.contains("pagekv-presenter")) return;
+    let tries = 0;
+    const place = () => {
+      const views = document.querySelector("#lesson-views");
+      const bar = document.querySelector("#lesson-picker");
+      if (!views) return;
+      const below = bar ? bar.getBoundingClientRect().height : 0;
+      const top = views.getBoundingClientRect().top + window.scrollY - below - 8;
+      window.scrollTo({ top: Math.max(0, top), behavior: "instant" });
+      if (++tries < 6) setTimeout(place, 250);
+    };
+    setTimeout(place, 100);
+  };
+  // names: the run inputs in the order of the values; defaults: theirs. A value equal
+  // to its default is left out of the link (the page fills it in).
+  window.pagekvShareLink = (names, defaults, values) => {
+    const q = new URLSearchParams();
+    names.forEach((name, i) => {
+      const v = values[i];
+      if (v === null || v === undefined || v === "") return;
+      if (String(v) === String(defaults[name])) return;
+      q.set(name, String(v));
+    });
+    const query = q.toString();
+    return location.origin + location.pathname + (query ? "?" + query : "?settings=default");
+  };
+})();
