@@ -1,0 +1,452 @@
+"""What a newcomer misread in the browser (issue 31), each checked in chromium.
+
+One test per item: linked side B shows A's values; the budget's one rule (and Enter
+commits a typed budget, a click into the box runs nothing); lesson 5's figures fit,
+name what they measure and end their colour scale past the data; presets open their
+view; the mechanism says what it did with a value out of range; lesson 1 and 3 say
+which figure is which, and a verdict never says "checked now" during a run; the
+prompt's ranges are said; `?lesson=3`, a link to settings, "Lesson n of 8", the
+glossary and the presenter view. Layout items run at 1280 and 800 px.
+
+Needs `playwright` and /usr/bin/chromium, as tests/test_browser.py (its fixture).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+import app
+
+from .app_server import launched_app
+from .test_browser import (
+    FIRST_RESULT_MS,
+    UPDATE_MS,
+    QueueLog,
+    browser_page,  # noqa: F401  (the fixture)
+    observation_text,
+    pick_lesson,
+    status_text,
+    table_rows,
+    wait_checked,
+)
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:.*no_silent_downcasting"),
+    pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
+]
+
+WIDTHS = (1280, 800)
+#: A step that must follow at once (a run of a cached prompt, or no run at all).
+SOON_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def served(browser_page):  # noqa: F811
+    """`(page, demo, url)`: the app launched, its live lessons computed once (as
+    `python app.py` does), the page at 1280 px."""
+    with launched_app() as (demo, url):
+        assert app.warm_lessons() == sum(x.kind == "live" for x in app.LESSONS)
+        browser_page.set_viewport_size({"width": 1280, "height": 1000})
+        yield browser_page, demo, url
+
+
+def open_app(page, url, query: str = "") -> None:
+    page.goto(url + "/" + query, wait_until="domcontentloaded")
+    wait_checked(page)
+
+
+def wait_status(page, pattern: str, timeout=UPDATE_MS) -> str:
+    """Until the status line matches `pattern` (a regex) and no longer decodes."""
+    page.wait_for_function(
+        "([p]) => { const el = document.querySelector('#run-status');"
+        " return el && new RegExp(p, 's').test(el.innerText)"
+        " && !el.innerText.includes('Decoding'); }",
+        arg=[pattern],
+        timeout=timeout,
+    )
+    return page.locator("#run-status").inner_text()
+
+
+def number_box(page, label: str):
+    return page.locator(f'input[aria-label="number input for {label}"]').first
+
+
+def type_into(box, text: str, key: str = "Enter") -> None:
+    """Click into a number box, replace its text by `text` as typed keys, press `key`."""
+    box.click()
+    box.press("Control+A")
+    box.press("Backspace")
+    if text:
+        box.press_sequentially(text)
+    box.press(key)
+
+
+def prompt_tokens(page) -> int:
+    return int(re.search(r"(\d+) prompt tokens", status_text(page)).group(1))
+
+
+def open_accordion(page, name: str) -> None:
+    button = page.get_by_text(name, exact=True).first
+    if button.locator("xpath=..").get_attribute("class") and "open" in (
+        button.locator("xpath=..").get_attribute("class") or ""
+    ):
+        return
+    button.click()
+
+
+def wait_plot(page, title_start: str) -> dict:
+    """Until a visible figure whose title starts with `title_start` is drawn; it."""
+    page.wait_for_function(
+        """([t]) => [...document.querySelectorAll('#lesson-views .js-plotly-plot')].some(
+            p => p.offsetParent && p.layout && String(p.layout.title.text).startsWith(t))""",
+        arg=[title_start],
+        timeout=SOON_MS,
+    )
+    return next(
+        f
+        for f in plot_json(page, "#lesson-views")
+        if str(f["layout"]["title"]["text"]).startswith(title_start)
+    )
+
+
+def plot_json(page, selector: str) -> list[dict]:
+    """Every drawn figure under `selector` that is visible: its data and layout."""
+    return page.evaluate(
+        """(sel) => [...document.querySelectorAll(sel + ' .js-plotly-plot')]
+            .filter(p => p.offsetParent)
+            .map(p => ({data: p.data, layout: p.layout}))""",
+        selector,
+    )
+
+
+#: Every visible figure's title and subtitle lines, and its subplot titles, inside the
+#: figure (none cut at its edge) and apart from each other (none over another).
+FIT_JS = """() => {
+  const out = [];
+  const overlap = (a, b) =>
+    a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  for (const plot of document.querySelectorAll('.js-plotly-plot')) {
+    if (!plot.offsetParent) continue;
+    const box = plot.querySelector('svg.main-svg').getBoundingClientRect();
+    const texts = [...plot.querySelectorAll('.gtitle tspan, .gtitle, .annotation-text')];
+    for (const t of texts) {
+      const r = t.getBoundingClientRect();
+      if (!r.width) continue;
+      if (r.right > box.right + 1 || r.left < box.left - 1)
+        out.push(['cut', t.textContent, Math.round(r.left), Math.round(r.right),
+                  Math.round(box.left), Math.round(box.right)]);
+    }
+    const notes = [...plot.querySelectorAll('.annotation-text')].map(
+      t => [t.textContent, t.getBoundingClientRect()]).filter(([, r]) => r.width);
+    for (let i = 0; i < notes.length; i++)
+      for (let j = i + 1; j < notes.length; j++)
+        if (overlap(notes[i][1], notes[j][1]))
+          out.push(['titles collide', notes[i][0], notes[j][0]]);
+  }
+  return out;
+}"""
+
+
+# ---------------------------------------------------------------- item 1
+
+
+def test_linked_side_b_shows_a_values_and_cannot_be_edited(served):
+    page, _, url = served
+    open_app(page, url)
+    open_accordion(page, "Side A")
+    open_accordion(page, "Side B")
+    a_box, b_box = (
+        number_box(page, "Budget (% of the prompt kept per layer and group)"),
+        (number_box(page, "Budget B (%)")),
+    )
+    lesson = app.LESSONS[0]
+    assert a_box.input_value() == b_box.input_value() == f"{100 * lesson.a.budget:g}"
+    assert b_box.is_disabled(), "a linked B budget must not take typed values"
+    type_into(a_box, "25")
+    n = prompt_tokens(page)
+    wait_status(page, rf"Done:.*budget {math.floor(0.25 * n + 1e-9)} tokens")
+    page.wait_for_function(
+        "() => document.querySelector('input[aria-label=\"number input for Budget B (%)\"]')"
+        ".value === '25'",
+        timeout=SOON_MS,
+    )
+    assert b_box.is_disabled()
+    # Unticked: B's own budget, editable, starting from A's; the status names it.
+    page.get_by_label("Same settings as A (policy, scorer and allocation are B's own)").uncheck()
+    page.wait_for_function(
+        "() => !document.querySelector('input[aria-label=\"number input for Budget B (%)\"]')"
+        ".disabled",
+        timeout=SOON_MS,
+    )
+    wait_status(page, r"Done:")
+    type_into(b_box, "30")
+    status = wait_status(page, r"Side B keeps its own settings.*budget")
+    assert f"budget {math.floor(0.30 * n + 1e-9)} tokens" in status, status
+
+
+# ---------------------------------------------------------------- item 2
+
+
+def test_a_budget_has_one_rule_and_the_box_shows_what_ran(served):
+    page, demo, url = served
+    queue = QueueLog(page, demo)
+    open_app(page, url)
+    open_accordion(page, "Side A")
+    box = number_box(page, "Budget (% of the prompt kept per layer and group)")
+    ran = box.input_value()
+    floor = box.get_attribute("min")  # the slider's minimum: this prompt's floor
+    n = prompt_tokens(page)
+    for typed, said in (("0", "got 0"), ("-5", "got -5"), ("abc", "got no number")):
+        mark = len(queue.seen)
+        type_into(box, typed)
+        status = wait_status(page, rf"Error:.*Budget A must be.*{said}\.", timeout=SOON_MS)
+        assert f"Budget A must be a number from {float(floor):g} to 100" in status, status
+        assert said in status and f"{n}-token prompt" in status, status
+        assert "got None" not in status and "0.5" not in status, status
+        assert f"back at {float(ran):g} %" in status, status
+        page.wait_for_function(
+            "([v]) => document.querySelector("
+            "'input[aria-label=\"number input for Budget (% of the prompt kept per layer and "
+            "group)\"]').value === v",
+            arg=[ran],
+            timeout=SOON_MS,
+        )
+        runs = [x for x in queue.since(mark) if x != "preview_plans"]  # typing previews
+        assert runs == ["run_comparison"], queue.since(mark)
+        assert len(table_rows(page)) == 3, "the last results stay on screen"
+    # A click into the box runs nothing; Enter commits what was typed (once a budget of
+    # 10 ran as the 100 the box held before).
+    type_into(box, "100")
+    wait_status(page, rf"Done:.*budget {n} tokens", timeout=SOON_MS)
+    mark = len(queue.seen)
+    type_into(box, "10")
+    status = wait_status(page, rf"Done:.*budget {math.floor(0.1 * n + 1e-9)} tokens", SOON_MS)
+    runs = [x for x in queue.since(mark) if x != "preview_plans"]
+    assert runs == ["run_comparison"], queue.since(mark)  # none of the 100 the box held
+    assert box.input_value() == "10"
+
+
+# ---------------------------------------------------------------- item 3
+
+
+def test_lesson_5_figures_fit_and_name_what_they_measure(served):
+    page, _, url = served
+    lesson = next(x for x in app.LESSONS if x.id == "reconstruct")
+    title = app.LESSON_TITLES[app.LESSONS.index(lesson)]
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 1000})
+        open_app(page, url)
+        pick_lesson(page, title)
+        page.wait_for_function(
+            "([s]) => { const o = document.querySelector('#lesson-observation');"
+            " return o.innerText.includes(s) && o.innerText.includes('checked now on'); }",
+            arg=[lesson.observation.statement],
+            timeout=FIRST_RESULT_MS,
+        )
+        page.wait_for_timeout(700)
+        assert page.evaluate(FIT_JS) == [], (width, page.evaluate(FIT_JS))
+        (frame,) = plot_json(page, "#page-frame")
+        subtitle = frame["layout"]["title"]["text"]
+        assert subtitle.count("needle page kept in") == 2 and subtitle.count("<br>") >= 2
+        observed = observation_text(page)
+        assert "Needle kept, the mean over every (layer, group): A" in observed, observed
+        assert (
+            "needle kept is a mean over every (layer, group)"
+            in page.locator("#lesson-text").inner_text()
+        )
+        page.get_by_role("tab", name="UOR & memory").click()
+        page.wait_for_timeout(700)
+        assert page.evaluate(FIT_JS) == [], (width, page.evaluate(FIT_JS))
+        figs = plot_json(page, "#lesson-views")
+        heat = next(f for f in figs if f["data"][0]["type"] == "heatmap")
+        top = max(max(max(row) for row in t["z"]) for t in heat["data"])
+        assert all(t["zmax"] >= top for t in heat["data"]), (top, heat["data"][0]["zmax"])
+        bars = next(f for f in figs if f["data"][0]["type"] == "bar")
+        labels = [str(x) for x in bars["data"][0]["x"]]
+        assert any("reconstruct, global, padded" in x for x in labels), labels
+        assert any(x.startswith("head_independent") and "uniform" in x for x in labels), labels
+        assert "side B's settings" in bars["layout"]["title"]["text"]
+        page.get_by_role("tab", name="Pages").click()
+    page.set_viewport_size({"width": 1280, "height": 1000})
+
+
+# ---------------------------------------------------------------- item 5
+
+
+def test_a_preset_opens_its_view_on_its_layer(served):
+    page, _, url = served
+    open_app(page, url)
+    preset = next(p for p in app.PRESETS if p["policy_a"] == "entropy_nosink")
+    page.get_by_label("Preset", exact=True).click()
+    page.get_by_role("option", name=preset["title"], exact=True).click()
+    wait_status(page, r"Done:.*\*?Preset:?", timeout=FIRST_RESULT_MS)
+    assert page.get_by_role("tab", selected=True).inner_text() == "Weights"
+    assert number_box(page, "Layer").input_value() == str(preset["layer"])
+    weights = wait_plot(page, "Head weights")
+    assert f"layer {preset['layer']}" in weights["layout"]["title"]["text"]
+    assert weights["data"][0]["y"] != weights["data"][1]["y"], "both bars the same"
+    for p in app.PRESETS:  # every preset names a view the page has
+        assert p["view"] in app.TABS, p["title"]
+
+
+# ---------------------------------------------------------------- item 6
+
+
+def test_the_mechanism_says_what_it_did_with_a_value_out_of_range(served):
+    page, _, url = served
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 1000})
+        open_app(page, url)
+        page.get_by_role("tab", name="Mechanism").click()
+        for label, typed, said in (
+            ("Tokens", "5000", "Tokens: 5000 is above its range (32 to 1024), using 1024."),
+            ("Budget %", "1", "Budget %: 1 is below its range (5 to 60), using 5."),
+        ):
+            type_into(number_box(page, label), typed)
+            page.get_by_text(said).first.wait_for(timeout=SOON_MS)
+            assert number_box(page, label).input_value() == said.split("using ")[1][:-1]
+            badges = page.locator(".error, [data-testid='error']").filter(has_text="Error")
+            assert badges.count() == 0 or not badges.first.is_visible()
+    page.set_viewport_size({"width": 1280, "height": 1000})
+
+
+# ---------------------------------------------------------------- item 7
+
+
+def test_lessons_1_and_3_name_their_figures_and_a_run_is_never_checked_early(served):
+    page, _, url = served
+    open_app(page, url)
+    observed = observation_text(page)
+    rows = [r.split("\t") for r in table_rows(page)]
+    stored, uor = rows[1][3], rows[1][6]
+    assert f"holds {stored} tokens (the table's stored max)" in observed, observed
+    assert f"The table's UOR max ({uor}) divides a union by the tokens one head keeps" in observed
+    mean = re.search(r"stores (\d+) tokens on average", observed).group(1)
+    page.get_by_role("tab", name="UOR & memory").click()
+    bars = next(f for f in plot_json(page, "#lesson-views") if f["data"][0]["type"] == "bar")
+    on_bar = dict(zip((str(x).split("<br>")[0] for x in bars["data"][0]["x"]),
+                      bars["data"][0]["text"], strict=True))  # fmt: skip
+    assert on_bar["head_independent"] == mean, (on_bar, mean)
+    # Lesson 3: the head that gains most with isolation is marked and named.
+    page.get_by_role("button", name="Next lesson").click()
+    page.get_by_role("button", name="Next lesson").click()
+    lesson3 = app.LESSONS[2]
+    page.wait_for_function(
+        "([s]) => { const o = document.querySelector('#lesson-observation');"
+        " return o.innerText.includes(s) && o.innerText.includes('checked now on'); }",
+        arg=[lesson3.observation.statement],
+        timeout=FIRST_RESULT_MS,
+    )
+    head = re.search(r"head (g\d+ h\d+) gains most", observation_text(page)).group(1)
+    weights = wait_plot(page, "Head weights")
+    marks = [a for a in weights["layout"]["annotations"] if "gains most" in a["text"]]
+    assert len(marks) == 1 and marks[0]["x"].startswith(head), (marks, head)
+    # A run that changes the lesson's settings: while it runs, no verdict says "checked
+    # now"; at its end, "not checked".
+    open_accordion(page, "Side A")
+    page.get_by_label("Policy A", exact=True).click()
+    page.get_by_role("option", name="streaming", exact=True).click()
+    page.wait_for_function(
+        "() => document.querySelector('#run-status').innerText.includes('Decoding')",
+        timeout=SOON_MS,
+        polling=50,
+    )
+    during = observation_text(page)
+    assert "checked now" not in during and "checking on this run" in during, during
+    wait_status(page, r"Done:", timeout=SOON_MS)
+    page.get_by_text("not checked").first.wait_for(timeout=SOON_MS)
+
+
+# ---------------------------------------------------------------- item 8
+
+
+def test_the_prompts_ranges_are_said(served):
+    page, demo, url = served
+    open_app(page, url)
+    open_accordion(page, "Prompt")
+    box = number_box(page, "Context length (tokens)")
+    for typed, said, holds in (
+        ("50", "50 is below its range (300 to 8000)", "300"),
+        ("9000", "9000 is above its range (300 to 8000)", "8000"),
+    ):
+        type_into(box, typed)
+        page.locator("#stale-note", has_text=said).wait_for(timeout=SOON_MS)
+        assert box.input_value() == holds
+    type_into(box, "300")
+    page.locator("#stale-note", has_text="the prompt controls changed").wait_for(timeout=SOON_MS)
+    # The shortest context runs at the default settings (a budget of 20 %; lesson 1's
+    # 10 % is refused there, in the budget's one sentence).
+    page.get_by_role("button", name="Run", exact=True).click()
+    wait_status(page, r"Error:.*Budget A must be a number from .* got 10\.", SOON_MS)
+    open_accordion(page, "Side A")
+    type_into(number_box(page, "Budget (% of the prompt kept per layer and group)"), "20")
+    wait_status(page, r"Done:", timeout=FIRST_RESULT_MS)
+    assert prompt_tokens(page) < 400
+    seed = page.get_by_label("Seed", exact=True)
+    seed.fill("123456789012345678901")
+    seed.press("Tab")
+    page.get_by_role("button", name="Run", exact=True).click()
+    status = wait_status(page, r"Error:.*seed", timeout=SOON_MS)
+    assert "too long to read exactly" in status and "123456789012345680000" not in status
+
+
+# ---------------------------------------------------------------- item 9
+
+
+def test_links_the_glossary_and_the_presenter_view(served):
+    page, _, url = served
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 1000})
+        open_app(page, url, "?lesson=3")
+        text = page.locator("#lesson-text").inner_text()
+        assert app.LESSONS[2].title in text and "Lesson 3 of 8" in text, text
+        glossary = page.locator("#glossary")
+        assert glossary.is_visible()
+        page.get_by_text("Glossary", exact=True).first.click()
+        words = glossary.inner_text()
+        for term in ("UOR", "collision entropy", "attention sink", "(layer, group)", "needle"):
+            assert term in words, term
+        page.get_by_text("Glossary", exact=True).first.click()
+        # The presenter view: after Next, the lesson's chart and Next are in view.
+        page.get_by_label("Presenter view").check()
+        page.get_by_role("button", name="Next lesson").click()
+        lesson4 = app.LESSONS[3]
+        page.wait_for_function(
+            "([s]) => { const o = document.querySelector('#lesson-observation');"
+            " return o.innerText.includes(s) && o.innerText.includes('checked now on'); }",
+            arg=[lesson4.observation.statement],
+            timeout=FIRST_RESULT_MS,
+        )
+        page.wait_for_timeout(700)
+        chart = page.locator("#lesson-views .js-plotly-plot").filter(has=page.locator("svg"))
+        visible = [chart.nth(i) for i in range(chart.count()) if chart.nth(i).is_visible()]
+        top = visible[0].bounding_box()["y"]
+        assert 0 <= top < 0.6 * 1000, (width, top)  # the chart in view, its top half at least
+        nxt = page.get_by_role("button", name="Next lesson").bounding_box()
+        assert nxt and 0 <= nxt["y"] and nxt["y"] + nxt["height"] <= top, (width, nxt, top)
+        assert not page.locator("#explore-col").is_visible()
+        assert not page.locator("#intro").is_visible()
+        page.get_by_label("Presenter view").uncheck()
+    page.set_viewport_size({"width": 1280, "height": 1000})
+    # A link to settings: written by the page, opened as a new page, run as it says.
+    open_app(page, url)
+    open_accordion(page, "Side A")
+    type_into(number_box(page, "Budget (% of the prompt kept per layer and group)"), "15")
+    n = prompt_tokens(page)
+    wait_status(page, rf"Done:.*budget {math.floor(0.15 * n + 1e-9)} tokens", SOON_MS)
+    page.get_by_role("button", name="Link to these settings").click()
+    link = page.locator("#share-link textarea, #share-link input").first
+    page.wait_for_function(
+        "() => { const el = document.querySelector('#share-link textarea, #share-link input');"
+        " return el && el.value.includes('budget_pct='); }",
+        timeout=SOON_MS,
+    )
+    shared = link.input_value()
+    assert "budget_pct=15" in shared and "policy_a=head_independent" in shared, shared
+    page.goto(shared, wait_until="domcontentloaded")
+    wait_status(page, rf"Done:.*budget {math.floor(0.15 * n + 1e-9)} tokens", FIRST_RESULT_MS)
+    assert "Shared settings" in page.locator("#lesson-text").inner_text()
