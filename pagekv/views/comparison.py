@@ -391,8 +391,9 @@ def _memory_rows(runner, prep: Prepared, base: EvictionConfig) -> list[dict]:
         rows.append(
             {
                 "policy": policy,
-                "label": f"{policy}<br>{cfg.scorer}, {cfg.allocation}"
-                + (", padded" if padded else ""),
+                "label": policy  # the full cache is not planned: no scorer, no allocation
+                if policy == "full"
+                else f"{policy}<br>{cfg.scorer}, {cfg.allocation}" + (", padded" if padded else ""),
                 "tokens": int(stored.float().mean().round()),
                 "bytes": tokens * per_token,
             }

@@ -641,7 +641,10 @@ def union_over_budget_heatmap(sides: dict, budget_tokens: dict, r: int, title=No
                 zmax=zmax,
                 colorscale="Cividis",
                 showscale=i == len(labels) - 1,
-                colorbar=dict(title="x budget", tickvals=list(range(0, int(zmax) + 1, step))),
+                colorbar=dict(
+                    title=dict(text="x budget", side="right"),  # on top it met the last tick
+                    tickvals=list(range(0, int(zmax) + 1, step)),
+                ),
                 hovertemplate="layer %{y}, group %{x}: %{z:.2f}x the budget<extra></extra>",
             ),
             row=1,
