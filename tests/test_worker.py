@@ -105,6 +105,55 @@ def test_a_wait_times_out_without_losing_the_job():
         server.join(30)
 
 
+def test_a_timed_wait_holds_its_timeout_when_nobody_serves():
+    """Caller-runs (no `serve_forever`): a wait with a timeout does not run the job on
+    its own thread (it could not stop it midway), a helper thread does, and the wait
+    returns at its timeout while the job still runs. An untimed wait still runs jobs on
+    its own thread."""
+    w = ModelWorker()
+    gate, started = threading.Event(), threading.Event()
+
+    def slow(_job):
+        started.set()
+        return gate.wait(5) and "done"
+
+    job = w.submit("slow", slow)
+    with pytest.raises(WorkerTimeout):
+        w.run("slow", lambda: "not run: shares the job in flight", timeout=0.1)
+    assert started.wait(5) and not job.done.is_set(), "the wait returned before the job ended"
+    assert w.owner is not None and w.owner is not threading.current_thread()
+    assert not w.wait(job, 0.05)
+    gate.set()
+    assert w.wait(job) and job.result() == "done"
+    for _ in range(5000):  # the helper lets go once the queue is empty
+        if w.owner is None:
+            break
+        time.sleep(0.001)
+    ran_on = []
+    assert w.run("here", lambda: ran_on.append(threading.current_thread()) or 1) == 1
+    assert ran_on == [threading.current_thread()]
+    assert w.owner is None and w.pending() == 0
+
+
+def test_progress_streams_when_nobody_serves():
+    """Caller-runs: `progress` yields a job's reports while it runs (the helper runs it),
+    not only once it is done."""
+    w = ModelWorker()
+    seen_while_running = []
+
+    def counting(job):
+        for i in range(1, 4):
+            job.report(i)
+            time.sleep(0.05)
+        return "done"
+
+    job = w.submit("count", counting)
+    for value in w.progress(job, 0.01):
+        seen_while_running.append((value, job.done.is_set()))
+    assert job.result() == "done"
+    assert seen_while_running and not any(done for _, done in seen_while_running)
+
+
 def test_a_job_reports_progress_that_waiters_can_read():
     w = ModelWorker()
 

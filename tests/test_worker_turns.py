@@ -32,21 +32,21 @@ def test_another_owner_goes_next_and_each_owner_keeps_its_order():
     worker, order = ModelWorker(), []
     jobs = [_queued(worker, order, f"X{i}", "x") for i in (1, 2, 3)]
     y1 = _queued(worker, order, "Y1", "y")
-    assert worker.wait(y1, timeout=5)
+    assert worker.wait(y1)  # untimed: this thread runs the jobs, up to this one
     assert order == ["X1", "Y1"]
-    assert worker.wait(jobs[-1], timeout=5)
+    assert worker.wait(jobs[-1])
     assert order == ["X1", "Y1", "X2", "X3"]
 
 
 def test_one_owner_alone_is_a_plain_queue():
     worker, order = ModelWorker(), []
     jobs = [_queued(worker, order, f"A{i}", "a") for i in range(5)]
-    assert worker.wait(jobs[-1], timeout=5)
+    assert worker.wait(jobs[-1])
     assert order == ["A0", "A1", "A2", "A3", "A4"]
     order.clear()  # no owner is an owner too (None): it takes its turn like the others
     jobs = [_queued(worker, order, name, owner) for name, owner in (("n1", None), ("n2", None))]
     jobs.append(_queued(worker, order, "A5", "a"))
-    assert worker.wait(jobs[-1], timeout=5)
+    assert worker.wait(jobs[-1])
     assert order == ["n1", "A5"]
 
 
@@ -54,7 +54,7 @@ def test_three_owners_take_turns_oldest_first():
     worker, order = ModelWorker(), []
     for name, owner in (("A1", "a"), ("A2", "a"), ("B1", "b"), ("C1", "c"), ("A3", "a")):
         last = _queued(worker, order, name, owner)
-    assert worker.wait(last, timeout=5)
+    assert worker.wait(last)
     assert order == ["A1", "B1", "A2", "C1", "A3"]
 
 

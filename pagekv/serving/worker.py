@@ -19,10 +19,13 @@ So every queued job eventually runs, and every waiter eventually returns.
 Who owns the worker: the thread in `serve_forever` (the app gives it its main thread:
 on the CPU, torch's OpenMP workers stay fast only on the first thread that computes,
 `python benchmarks/bench_pair_decode.py --threads`). Where nothing serves forever (the
-CLI, tests, a notebook), a caller that finds the worker free owns it while it waits:
-it runs the queued jobs in order, its own among them, then lets go (caller-runs), so a
-single-threaded program computes on its own thread and concurrent callers still get
-one computation at a time.
+CLI, tests, a notebook), a caller that finds the worker free and waits without a
+timeout owns it while it waits: it runs the queued jobs in order, its own among them,
+then lets go (caller-runs), so a single-threaded program computes on its own thread and
+concurrent callers still get one computation at a time. A caller that waits with a
+timeout never runs a job itself (a job cannot be stopped midway, so its timeout could
+not hold): if nobody owns the worker it starts a helper thread that owns it until the
+queue is empty, and returns when its job is done or its time is up, whichever is first.
 
     from pagekv.serving.worker import WORKER
     out = WORKER.run(("prefill", spec), lambda: runner.prefill(ids))   # anywhere
@@ -167,20 +170,19 @@ class ModelWorker:
 
     def wait(self, job: Job, timeout: float | None = None) -> bool:
         """Wait until `job` is done (True) or `timeout` seconds pass (False). Holds
-        nothing while it waits; if no thread owns the worker, this one does until `job`
-        is done, running the queued jobs in order (caller-runs)."""
+        nothing while it waits. If no thread owns the worker: without a timeout this one
+        does until `job` is done, running the queued jobs in order (caller-runs); with
+        one, a helper thread does (`_help`), so that the timeout holds."""
         if self.on_worker():  # a job waiting for a job: run what is queued, inline
             self._serve(until=job)
             return True
-        deadline = None if timeout is None else time.monotonic() + timeout
+        if timeout is not None:
+            return self._wait_until(job, time.monotonic() + timeout)
         me = threading.current_thread()
         while not job.done.is_set():
             with self._cv:
                 while not job.done.is_set() and self._owner is not None:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return False
-                    self._cv.wait(left)
+                    self._cv.wait()
                 if job.done.is_set():
                     return True
                 self._owner = me  # nobody runs jobs: this thread does, until job is done
@@ -238,6 +240,38 @@ class ModelWorker:
                 self._cv.notify_all()  # waiters left: they run their jobs themselves
 
     # ------------------------------------------------------------------ internals
+
+    def _wait_until(self, job: Job, deadline: float) -> bool:
+        """A timed wait: never runs a job on this thread; starts the helper when nobody
+        owns the worker."""
+        with self._cv:
+            while not job.done.is_set():
+                if self._owner is None:
+                    self._owner = helper = threading.Thread(
+                        target=self._help, name="pagekv-worker-helper", daemon=True
+                    )
+                    helper.start()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+            return True
+
+    def _help(self) -> None:
+        """The helper thread: owns the worker (set by `_wait_until`) and runs the queued
+        jobs in turn until none is left, then lets go."""
+        try:
+            while True:
+                with self._cv:
+                    job = self._pop_locked()
+                    if job is None:
+                        return
+                self._execute(job)
+        finally:
+            with self._cv:
+                if self._owner is threading.current_thread():
+                    self._owner = None
+                self._cv.notify_all()
 
     def _next(self, poll_s: float) -> Job | None:
         with self._cv:
