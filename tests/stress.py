@@ -51,19 +51,29 @@ def stress(
     call_timeout_s: float = 60.0,
     seed: int = 0,
     tolerated=(),
+    calls_per_thread: int | None = None,
 ) -> Report:
-    """Fire random calls from `threads` threads for `duration_s` seconds. A call in
-    flight longer than `call_timeout_s` is reported hung (its thread is a daemon and is
-    left behind). Exceptions of a type in `tolerated` count as calls, not errors."""
+    """Fire random calls from `threads` threads for `duration_s` seconds, or with
+    `calls_per_thread`, that many calls from each thread (however long they take, so
+    that the count is the test's, not the machine's). A call in flight longer than
+    `call_timeout_s` is reported hung (its thread is a daemon and is left behind).
+    Exceptions of a type in `tolerated` count as calls, not errors."""
     report = Report()
     lock = threading.Lock()  # the harness's own bookkeeping, never held across a call
     in_flight: dict[int, tuple] = {}
     keys = list(calls)
     stop_at = time.monotonic() + duration_s
 
+    def more(made: int) -> bool:
+        if calls_per_thread is not None:
+            return made < calls_per_thread
+        return time.monotonic() < stop_at
+
     def client(i: int):
         rng = random.Random(seed * 1000 + i)
-        while time.monotonic() < stop_at:
+        made = 0
+        while more(made):
+            made += 1
             key = rng.choice(keys)
             with lock:
                 in_flight[i] = (key, time.monotonic())
@@ -89,6 +99,8 @@ def stress(
     for w in workers:
         w.start()
     deadline = stop_at + call_timeout_s
+    if calls_per_thread is not None:  # each call gets its timeout, one after the other
+        deadline = time.monotonic() + calls_per_thread * call_timeout_s
     for w in workers:
         w.join(max(0.0, deadline - time.monotonic()))
     now = time.monotonic()

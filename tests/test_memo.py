@@ -175,16 +175,16 @@ def test_get_or_wait_waits_for_a_computation_announced_with_computing():
 
     def waiter():
         entered.wait()
-        t0 = time.perf_counter()
-        got.append((memo.get_or_wait("k", timeout=5), time.perf_counter() - t0))
+        got.append(memo.get_or_wait("k", timeout=5))
 
     threads = [threading.Thread(target=owner), threading.Thread(target=waiter)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    ((value, waited),) = got
-    assert value == "done" and waited > 0.15  # it waited for the owner, then read
+    # The waiter asked while the owner computed, when "k" held nothing: it has the
+    # owner's value only because it waited for it.
+    assert got == ["done"]
     with memo.computing("k") as first, memo.computing("k") as second:
         assert first and not second  # a second caller computes without announcing
 
@@ -414,9 +414,8 @@ def test_registry_loading_does_not_block_other_models():
     for t in slow:
         t.start()
     time.sleep(0.1)
-    t0 = time.perf_counter()
     assert reg.get("bundled") is bundled  # served while org/slow is still loading
-    assert time.perf_counter() - t0 < 0.05
+    assert not gate.is_set() and all(t.is_alive() for t in slow)  # they still wait on it
     gate.set()
     for t in slow:
         t.join()

@@ -4,32 +4,36 @@ what it holds for a session dropped when the session ends."""
 from __future__ import annotations
 
 import threading
-import time
 
 from pagekv.serving.sessions import SessionGate
 
 
 def test_a_sessions_turns_never_overlap_and_other_sessions_do_not_wait():
+    """Four turns of session a, one at a time; session b's turn ends while a's first turn
+    is still held (it waits for nothing of a's)."""
     gate = SessionGate()
     inside, overlaps = {"a": 0, "b": 0}, []
-    b_done = threading.Event()
+    a_in, a_release, b_done = threading.Event(), threading.Event(), threading.Event()
 
-    def turn(sid, hold_s):
+    def turn(sid):
         with gate.turn(sid):
             inside[sid] += 1
             overlaps.append(inside[sid])
-            time.sleep(hold_s)
+            if sid == "a":
+                a_in.set()
+                a_release.wait(10)
             inside[sid] -= 1
         if sid == "b":
             b_done.set()
 
-    threads = [threading.Thread(target=turn, args=("a", 0.05)) for _ in range(4)]
+    threads = [threading.Thread(target=turn, args=("a",)) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(0.01)
-    t0 = time.perf_counter()
-    threading.Thread(target=turn, args=("b", 0.0)).start()
-    assert b_done.wait(5) and time.perf_counter() - t0 < 0.1  # not behind session a
+    assert a_in.wait(5)
+    threading.Thread(target=turn, args=("b",)).start()
+    assert b_done.wait(5), "session b waited behind session a"
+    assert inside["a"] == 1 and not a_release.is_set()  # a's turn was held all along
+    a_release.set()
     for t in threads:
         t.join(10)
     assert max(overlaps) == 1 and len(overlaps) == 5
