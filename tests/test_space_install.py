@@ -9,6 +9,10 @@ with an empty pip cache). Then `python app.py --port P` runs in it with `HF_HUB_
 empty `PAGEKV_CACHE_DIR` and `HF_HOME`, and this test's own `gradio_client` calls
 `/run`. The app process is always stopped.
 
+It uses the network (pip's index), so it is opt-in: `PAGEKV_TEST_SPACE_INSTALL=1`
+runs it; otherwise it is skipped with an "opt-in:" reason, counted in the run's summary
+(tests/conftest.py). The helpers it uses are tested always, without a network.
+
 Offline, the install cannot be done: when pip fails (or runs out of time) showing
 network errors and pip's index really cannot be reached, the test is skipped, naming
 the index; any other install failure fails it. Nothing is probed unless pip failed.
@@ -209,7 +213,16 @@ def _status_of(out) -> str:
     return texts[0]
 
 
+#: The variable that runs the install test (it downloads the requirements).
+OPT_IN = "PAGEKV_TEST_SPACE_INSTALL"
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get(OPT_IN) != "1",
+    reason=f"opt-in: {OPT_IN}=1 runs the Space install test (pip install -r "
+    "requirements.txt into a new environment, from the package index: the network)",
+)
 def test_space_install_starts_and_says_what_to_install(space_app):
     from gradio_client import Client
 
