@@ -133,6 +133,26 @@ class QueueLog:
         return self.seen[mark:]
 
 
+#: Every visible figure drawn at the page's width (plotly done: its layout computed, no
+#: transition running, its svg inside the window, which a resize redraws to) and no
+#: Gradio progress bar over an output.
+DRAWN_JS = """() => {
+  const plots = [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.offsetParent);
+  const drawn = plots.every(p => {
+    const svg = p.querySelector('.main-svg');
+    const queue = p._transitionData && p._transitionData._frameQueue;
+    return p._fullLayout && svg && !p._transitioning && !(queue && queue.length)
+      && svg.getBoundingClientRect().right <= window.innerWidth + 1;
+  });
+  return drawn && !document.querySelector('.eta-bar, .progress-bar');
+}"""
+
+
+def wait_drawn(page, timeout=UPDATE_MS):
+    """Until every visible figure is drawn (`DRAWN_JS`): in place of a fixed sleep."""
+    page.wait_for_function(DRAWN_JS, timeout=timeout, polling=100)
+
+
 def wait_idle(page):
     """Until the last run has decoded (its status no longer says "Decoding...")."""
     page.wait_for_function(
@@ -170,7 +190,7 @@ def test_first_lesson_then_one_request_per_action(browser_page):
         assert len(rows) == 3, rows
         assert rows[0].startswith("full cache") and rows[1].startswith("A: " + first.a.policy)
 
-        page.wait_for_timeout(500)  # let plotly finish its transitions
+        wait_drawn(page)  # plotly done with its transitions
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOT), full_page=True)
         assert SCREENSHOT.stat().st_size > 10_000
@@ -182,7 +202,7 @@ def test_first_lesson_then_one_request_per_action(browser_page):
         page.get_by_role("option", name="mean", exact=True).click()
         page.get_by_text("A: mean").first.wait_for(timeout=UPDATE_MS)
         wait_idle(page)
-        page.wait_for_timeout(500)
+        wait_drawn(page)
         assert queue.since(mark) == ["run_comparison"], queue.since(mark)
 
         # The budget: typing previews the plan views (no decoding), leaving the box is
@@ -204,7 +224,7 @@ def test_first_lesson_then_one_request_per_action(browser_page):
             f"in {t_done - t_change:.2f}s"
         )
         wait_idle(page)
-        page.wait_for_timeout(500)
+        wait_drawn(page)
         sent = queue.since(mark)
         assert sent.count("run_comparison") == 1, sent
         assert set(sent) <= {"run_comparison", "preview_plans"}, sent
@@ -233,7 +253,7 @@ def test_first_lesson_then_one_request_per_action(browser_page):
 
         # At 800 px every view stays reachable: all seven tabs visible, no clipped table.
         page.set_viewport_size({"width": 800, "height": 1000})
-        page.wait_for_timeout(800)
+        wait_drawn(page)  # redrawn at the new width
         tabs = page.get_by_role("tab")
         assert tabs.count() == len(app.TABS), tabs.count()
         assert all(tabs.nth(i).is_visible() for i in range(tabs.count()))
@@ -393,7 +413,7 @@ def test_every_lesson_at_both_widths(browser_page):
                     arg=[lesson.title, lesson.observation.statement],
                     timeout=FIRST_RESULT_MS,
                 )
-                page.wait_for_timeout(700)  # the last figures drawn
+                wait_drawn(page)  # the last figures drawn
                 observed = observation_text(page)
                 if i:  # Next is ONE request (set, run, check)
                     assert queue.since(mark) == ["next_lesson"], queue.since(mark)

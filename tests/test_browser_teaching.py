@@ -31,6 +31,7 @@ from .test_browser import (
     status_text,
     table_rows,
     wait_checked,
+    wait_drawn,
 )
 
 pytestmark = [
@@ -247,7 +248,7 @@ def test_lesson_5_figures_fit_and_name_what_they_measure(served):
             arg=[lesson.observation.statement],
             timeout=FIRST_RESULT_MS,
         )
-        page.wait_for_timeout(700)
+        wait_drawn(page)
         assert page.evaluate(FIT_JS) == [], (width, page.evaluate(FIT_JS))
         (frame,) = plot_json(page, "#page-frame")
         subtitle = frame["layout"]["title"]["text"]
@@ -259,7 +260,7 @@ def test_lesson_5_figures_fit_and_name_what_they_measure(served):
             in page.locator("#lesson-text").inner_text()
         )
         page.get_by_role("tab", name="UOR & memory").click()
-        page.wait_for_timeout(700)
+        wait_drawn(page)
         assert page.evaluate(FIT_JS) == [], (width, page.evaluate(FIT_JS))
         figs = plot_json(page, "#lesson-views")
         heat = next(f for f in figs if f["data"][0]["type"] == "heatmap")
@@ -421,7 +422,7 @@ def test_links_the_glossary_and_the_presenter_view(served):
             arg=[lesson4.observation.statement],
             timeout=FIRST_RESULT_MS,
         )
-        page.wait_for_timeout(700)
+        wait_drawn(page)
         chart = page.locator("#lesson-views .js-plotly-plot").filter(has=page.locator("svg"))
         visible = [chart.nth(i) for i in range(chart.count()) if chart.nth(i).is_visible()]
         top = visible[0].bounding_box()["y"]
