@@ -293,7 +293,8 @@ def test_run_other_plots(first_run):
     assert len(ratios) == 2 * LAYERS * GROUPS
     assert all(v == pytest.approx(kept / k) for v in ratios), "pooled: the same count everywhere"
     mem = plotly(figs["memory"])["data"][0]
-    assert mem["type"] == "bar" and "entropy" in mem["x"] and "full" in mem["x"]
+    # Each bar names its policy, and how it was planned (at side B's settings).
+    assert mem["type"] == "bar" and "entropy<br>window, uniform" in mem["x"] and "full" in mem["x"]
 
 
 @pytest.mark.slow
@@ -394,6 +395,16 @@ def test_layer_out_of_range_is_refused(fresh_client):
             ["more than the model's context of 8192", "shorten it"],
             id="too-long",
         ),
+    ],
+)
+def test_run_bad_input_gives_a_message(client, first_run, changes, phrases):
+    assert_error(run(client, **changes), *phrases)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "changes, phrases",
+    [
         pytest.param(
             dict(budget_pct=5),
             ["Budget A must be a number from", "to 100 (% of the prompt)", "got 5."],
@@ -414,8 +425,21 @@ def test_layer_out_of_range_is_refused(fresh_client):
         ),
     ],
 )
-def test_run_bad_input_gives_a_message(client, first_run, changes, phrases):
-    assert_error(run(client, **changes), *phrases)
+def test_a_refused_budget_keeps_the_sessions_last_results(client, first_run, changes, phrases):
+    """The session's last run finished (at 30 %): its results stay, nothing else is
+    sent, and the budget box goes back to 30."""
+    assert run(client)[0].startswith("**Done:**")  # GOOD: 30 %, served from memory
+    out = run(client, **changes)
+    status = out[0]
+    assert status.startswith("**Error:**") and "Traceback" not in status, status
+    for phrase in phrases:
+        assert phrase in status, (phrase, status)
+    assert "Nothing ran: the budget is back at 30 %" in status, status
+    views = dict(zip(app.RUN_VIEWS, out, strict=False))
+    assert views["budget"]["value"] == 30 and views["budget_b"]["value"] == 30
+    kept = [views[name] for name in ("answers", *PLOTS)]  # updates that change nothing
+    assert all(isinstance(v, dict) and v.get("__type__") == "update" for v in kept), kept
+    assert not any("value" in v or "value" in v.get("props", {}) for v in kept), kept
 
 
 @pytest.mark.slow

@@ -651,7 +651,7 @@ def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head,
         "info",
         f"Constructed profiles, not a model. The retrieval head puts s* = {s:.3f} on the "
         f"needle; its entropy weight is w* = {w:.3f} (mean pooling: 1/r = "
-        f"{1 / int(heads):.3f}). The needle page is kept whenever w* s* = {w * s:.3f} "
+        f"{1 / v['heads']:.3f}). The needle page is kept whenever w* s* = {w * s:.3f} "
         "beats the page that would otherwise be kept last."
         + "".join(f" {note}" for note in [*clamped, *(getattr(view, "notes", None) or [])]),
     )

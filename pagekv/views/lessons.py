@@ -176,17 +176,22 @@ def shared_budget_answers(a: bool, b: bool):
         budget = len(flat) * int(recs["B"]["budget_tokens"])
         stored_b = int(sum(map(sum, recs["B"]["stored_tokens"])))
         holds = first.holds and tot["B"] <= budget
-        kept = {k: _mean_kept(recs[k]) for k in ("A", "B")}
-        whole = {k: _whole_needle(recs[k]) for k in ("A", "B")}
+        needle = all(recs[k].get("needle_retention") for k in ("A", "B"))
+        kept = {k: _mean_kept(recs[k]) if needle else None for k in ("A", "B")}
+        whole = {k: _whole_needle(recs[k]) if needle else [] for k in ("A", "B")}
         measured = (
             f"{first.measured}. Kept in all: A {tot['A']} tokens, B {tot['B']} of the "
             f"{budget} the budget allows (B's (layer, group)s keep {min(flat)} to "
             f"{max(flat)}; its dense cache stores {stored_b} with the padding, which the "
-            f"decode does not attend to). Needle kept, the mean over every (layer, group): "
-            f"A {kept['A']:.2f}, B {kept['B']:.2f}; the whole needle is kept by "
-            f"{len(whole['A'])} (layer, group)s of A ({_layer_span(whole['A'])}) and "
-            f"{len(whole['B'])} of B ({_layer_span(whole['B'])})"
+            f"decode does not attend to)"
         )
+        if needle:
+            measured += (
+                f". Needle kept, the mean over every (layer, group): A {kept['A']:.2f}, "
+                f"B {kept['B']:.2f}; the whole needle is kept by {len(whole['A'])} (layer, "
+                f"group)s of A ({_layer_span(whole['A'])}) and {len(whole['B'])} of B "
+                f"({_layer_span(whole['B'])})"
+            )
         values = first.values | {
             "kept_a": tot["A"],
             "kept_b": tot["B"],
@@ -240,13 +245,14 @@ def union_over_budget(side: str, factor: float):
         r = p.head_weights.shape[1] // p.n_groups
         top, mean = float(ratio.max()), float(ratio.mean())
         holds = top >= factor and top <= r + 1e-9
-        uor_max = float(rec["uor"]["max"])
+        uor_max = float(rec.get("uor", {}).get("max", 1.0))
+        policy = rec.get("policy") or p.config.policy
         measured = (
             f"side {side}: the (layer, group) that stores the most (layer {layer}, group "
             f"{group}) holds {int(union.max())} tokens (the table's stored max), {top:.2f}x "
             f"the budget of {k} tokens; over the {union.numel()} (layer, group)s it stores "
             f"{float(union.mean()):.0f} tokens on average (the number on the "
-            f"{rec['policy']} bar of the memory chart, UOR & memory), {mean:.2f}x the budget; "
+            f"{policy} bar of the memory chart, UOR & memory), {mean:.2f}x the budget; "
             f"worst case r = {r}x. The table's UOR max ({uor_max:.2f}) divides a union by the "
             "tokens one head keeps, not by the budget"
         )
@@ -675,10 +681,10 @@ LESSONS: tuple[Lesson, ...] = (
             "all than the budget of every (layer, group) together. A dense cache stores "
             "B's groups of a layer at one length, padded, and B's decode attends only to "
             "the pages it kept. The check decodes "
-            "both: A wrong, B right. The table's needle kept is a mean over every (layer, "
-            "group): a side can keep less of the needle on average than the other and still "
-            "answer right, so the measured line gives both sides' shares and the layers "
-            "where each keeps the whole needle (the page frame shows them)."
+            "both, A wrong and B right; the table's needle kept is a mean over every (layer, "
+            "group), so a side can keep less of the needle than the other and still answer "
+            "right (the measured line gives both shares and the layers where each keeps the "
+            "whole needle)."
         ),
         observation=shared_budget_answers(a=False, b=True),
         views=("frame", "retention"),
