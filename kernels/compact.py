@@ -5,7 +5,7 @@ Dense (`compact`): twin `pagekv.runtime.compaction.compact_layer`. keys/values
 or all layers at once, `[L, B, G, n, d]` with `[L, G, k']`, in one launch.
 One program copies `BLOCK_T` kept rows of K and of V for one (layer, batch, group).
 
-Per-layer tensors (`compact_layers`): a model's cache is one tensor per layer, and the
+Per-layer tensors (`compact_every_layer`): a model's cache is one tensor per layer, and the
 layers may keep different counts `k_l` (a padded plan). One launch still gathers them
 all: the launcher writes a table of the layers' addresses and counts (int64 `[6, L]`:
 keys, values, indices, key out, value out, `k_l`), copied to the device without a
@@ -153,7 +153,7 @@ def _gather_layers_kernel(tab_ptr, L, B, G, d, s_b, s_g, s_n,
 _ELEM = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
 
 
-def compact_layers(
+def compact_every_layer(
     keys: Sequence[torch.Tensor],
     values: Sequence[torch.Tensor],
     kept_idx: Sequence[torch.Tensor],

@@ -451,8 +451,8 @@ def test_paged_matches_twin(kern, device, shape, dtype):
     keys = torch.randn(L, G, n, d, generator=gen).to(device, dtype)
     values = torch.randn(L, G, n, d, generator=gen).to(device, dtype)
     ref = to_paged(keys, values, p.page_keep, P)
-    got, used = be.to_paged(keys, values, p.page_keep, P, backend="triton")
-    per_layer, _ = be.to_paged(list(keys), list(values), p.page_keep, P, backend="triton")
+    got, used = be.paged_layout(keys, values, p.page_keep, P, backend="triton")
+    per_layer, _ = be.paged_layout(list(keys), list(values), p.page_keep, P, backend="triton")
     assert used == "triton"
     for name in ("block_table", "src_pages", "kept_pages", "stored_tokens", "k_pool", "v_pool"):
         assert_equal(name, getattr(got, name), getattr(ref, name))

@@ -23,7 +23,7 @@ Dispatch functions (the runner's entry points):
 - `compact_kv(keys, values, kept_idx)`: the dense compacted cache.
 - `compact_layers(keys, values, kept_idx)`: every layer's compacted cache, one tensor per
   layer (the layers may keep different counts), in one launch on Triton.
-- `to_paged(keys, values, page_keep, page_size)`: the paged layout of `pagekv.runtime.paged`.
+- `paged_layout(keys, values, page_keep, page_size)`: the paged layout of `pagekv.runtime.paged`.
 """
 
 from __future__ import annotations
@@ -393,12 +393,12 @@ def compact_layers(
     Returns:
         `(per layer (keys [B, G, k_l, d], values [B, G, k_l, d]), backend_used)`,
         bit-identical across backends. On Triton it is one launch for all layers
-        (`kernels.compact.compact_layers`) and one host wait (the bounds check), however
+        (`kernels.compact.compact_every_layer`) and one host wait (the bounds check), however
         many layers; the twin runs `compact_layer` per layer and never waits.
     """
     used = resolve_backend(backend, keys[0])
     if used == "triton":
-        from kernels.compact import compact_layers as kernel
+        from kernels.compact import compact_every_layer as kernel
 
         out = kernel(keys, values, kept_idx)
     else:
@@ -407,7 +407,7 @@ def compact_layers(
     return out, used
 
 
-def to_paged(
+def paged_layout(
     keys: torch.Tensor | Sequence[torch.Tensor],
     values: torch.Tensor | Sequence[torch.Tensor],
     page_keep: torch.Tensor,
@@ -436,5 +436,5 @@ def to_paged(
                             out.k_pool, out.v_pool, page_size)  # fmt: skip
     else:
         out = _to_paged_torch(ks, vs, page_keep, page_size)
-    _ran("to_paged", used, ks[0].device)
+    _ran("paged_layout", used, ks[0].device)
     return out, used

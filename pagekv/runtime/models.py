@@ -79,6 +79,7 @@ from typing import Any
 import torch
 
 from pagekv.runtime.gguf_parts import QWEN_CODER_PARTS, GGUFParts, join_parts
+from pagekv.runtime.messages import one_line
 
 log = logging.getLogger(__name__)
 
@@ -479,7 +480,7 @@ def load_gguf(gguf_path: str | Path | None = None) -> tuple[Any, Any]:
                 folder, gguf_file=fname, dtype=torch.float32
             )
     except Exception as e:
-        raise ModelLoadError(f"could not read the bundled GGUF {path}: {_one_line(e)}") from e
+        raise ModelLoadError(f"could not read the bundled GGUF {path}: {one_line(e)}") from e
     # The GGUF quantizer only did the dequantisation; left attached it blocks
     # save_pretrained ("quantized with gguf and is not serializable") and .to(dtype).
     model.hf_quantizer = None
@@ -515,7 +516,7 @@ def tokenizer_mismatch(candidate: Any, reference: Any, texts: tuple[str, ...] = 
         try:
             got = candidate.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         except Exception as e:
-            return f"chat template fails: {_one_line(e)}"
+            return f"chat template fails: {one_line(e)}"
         want = reference.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         if got != want:
             return f"chat template renders {got[:40]!r} instead of {want[:40]!r}"
@@ -558,7 +559,7 @@ def cache_problem(
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as e:
-        return f"manifest missing or unreadable: {_one_line(e)}"
+        return f"manifest missing or unreadable: {one_line(e)}"
     if manifest.get("format") != CACHE_FORMAT_VERSION:
         return f"cache format {manifest.get('format')!r} != {CACHE_FORMAT_VERSION}"
     try:
@@ -701,7 +702,7 @@ def _load_cached(
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:
-        raise ModelLoadError(f"cached tokenizer does not load: {_one_line(e)}") from e
+        raise ModelLoadError(f"cached tokenizer does not load: {one_line(e)}") from e
     why = _probe_mismatch(tokenizer, manifest)
     if why is not None:
         raise ModelLoadError(why)
@@ -711,7 +712,7 @@ def _load_cached(
                 path, local_files_only=True, dtype=dtype, attn_implementation=attn
             )
     except Exception as e:
-        raise ModelLoadError(f"cached weights do not load: {_one_line(e)}") from e
+        raise ModelLoadError(f"cached weights do not load: {one_line(e)}") from e
     return lm.to(device).eval(), tokenizer
 
 
@@ -780,7 +781,7 @@ def _looks_local(name: str) -> bool:
 def _hub_error(name: str, e: BaseException, suggest: bool = True) -> ModelLoadError:
     """One-line :class:`ModelLoadError` for a failed hub/local load, suggesting bundled
     (not when it is the bundled model's own hub copy that failed)."""
-    msg = _one_line(e)
+    msg = one_line(e)
     low = msg.lower()
     if "repo id must" in low:
         why = "invalid model name (expected 'org/name' or a local folder)"
@@ -949,11 +950,6 @@ def _finish(
         caveat=caveat,
         eos_token_ids=eos,
     )
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _transformers_version() -> str:

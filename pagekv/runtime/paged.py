@@ -27,7 +27,7 @@ and block 5 tokens `[20, 21]` in its slots 0 and 1 (slots 2 and 3 stay zero);
 `stored_tokens[0, 1] = 4 + 4 + 2 = 10`. Reading blocks `[3, 4, 5]` back and cutting at
 10 tokens gives exactly `compact_layer`'s dense rows for the same kept tokens.
 
-The Triton twin is `kernels.compact.write_paged`; `pagekv.runtime.backend.to_paged`
+The Triton twin is `kernels.compact.write_paged`; `pagekv.runtime.backend.paged_layout`
 chooses between them.
 """
 

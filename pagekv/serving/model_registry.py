@@ -37,6 +37,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from pagekv.runtime.messages import one_line
 from pagekv.runtime.models import (
     BUNDLED,
     BUNDLED_DESCRIPTION,
@@ -70,13 +71,6 @@ def _load_study(name: str, decode_dtype: str = "auto"):
     from pagekv.serving.study import Study
 
     return Study(load_model(name, allow_fallback=False), decode_dtype=decode_dtype)
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    if isinstance(e, ModelLoadError):
-        return text or type(e).__name__
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 class ModelRegistry:
@@ -169,7 +163,7 @@ class ModelRegistry:
         if key == self.default:
             if isinstance(failure, ModelLoadError):
                 raise failure
-            raise ModelLoadError(_one_line(failure)) from failure
+            raise ModelLoadError(one_line(failure, bare=(ModelLoadError,))) from failure
         return self._fallback(key, failure)
 
     # ------------------------------------------------------------------ internals
@@ -209,7 +203,7 @@ class ModelRegistry:
                 self._failed[key] = (time.monotonic(), e)
                 while len(self._failed) > MAX_FAILURES:
                     self._failed.popitem(last=False)
-            log.warning("model %r could not load: %s", key, _one_line(e))
+            log.warning("model %r could not load: %s", key, one_line(e, bare=(ModelLoadError,)))
             raise
         with self.lock:
             self.studies[key] = study
@@ -240,7 +234,7 @@ class ModelRegistry:
         memos; nothing is loaded or evicted)."""
         base = self.get(self.default)
         what = f"the bundled {BUNDLED_DESCRIPTION}" if self.default == BUNDLED else self.default
-        note = f"{_one_line(failure)} -> fell back to {what}"
+        note = f"{one_line(failure, bare=(ModelLoadError,))} -> fell back to {what}"
         view = copy.copy(base)
         view.loaded = dataclasses.replace(base.loaded, fell_back=True, note=note)
         return view

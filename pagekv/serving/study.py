@@ -139,7 +139,7 @@ class Prepared:
     needle_positions: list[int]
     prepare_s: float
     #: What planning alone derives from this prompt and reuses (e.g. the UOR curve of a
-    #: configuration, `compare.uor_curve`): small, kept with the prefill.
+    #: configuration, `pagekv.views.comparison.uor_rows`): small, kept with the prefill.
     derived: dict = field(default_factory=dict, repr=False)
 
     @property

@@ -200,7 +200,7 @@ def plan_comparison(
         prep=preps["A"],
         configs=configs,
         records=records,
-        curve=uor_curve(study, preps["B"], config_b),
+        curve=uor_rows(study, preps["B"], config_b),
         memory=memory_rows(study, preps["B"], config_b),
         preps=preps,
         labels=side_labels(config_a, config_b, modes["A"], modes["B"]),
@@ -319,13 +319,13 @@ def compare(
     return decode_comparison(study, comp, max_new_tokens, progress)
 
 
-def uor_curve(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
+def uor_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
     """Head-independent UOR at `CURVE_BUDGETS` (plan only: no decoding), planned on the
     model worker with `base`'s scorer and geometry (per-head selection has no global
     allocation: always uniform). It does not depend on `base`'s budget or policy: kept
     with the prefill (a dragged budget slider plans it once)."""
     first = _head_independent(base, CURVE_BUDGETS[0])
-    rows = study.derive(prep, ("uor_curve", first), lambda p: _uor_curve(study.runner, p, base))
+    rows = study.derive(prep, ("uor_rows", first), lambda p: _uor_rows(study.runner, p, base))
     return [dict(row) for row in rows]
 
 
@@ -333,7 +333,7 @@ def _head_independent(base: EvictionConfig, budget: float) -> EvictionConfig:
     return base.replace(policy="head_independent", budget=budget, allocation="uniform")
 
 
-def _uor_curve(runner, prep: Prepared, base: EvictionConfig) -> list[dict]:
+def _uor_rows(runner, prep: Prepared, base: EvictionConfig) -> list[dict]:
     rows = []
     for b in CURVE_BUDGETS:
         cfg = _head_independent(base, b)

@@ -93,7 +93,7 @@ class Prompt:
 
 
 @dataclass(frozen=True)
-class Mechanism:
+class MechanismSettings:
     """Settings of the constructed mechanism view (`pagekv.views.comparison.mechanism_view`)."""
 
     heads: int = 3
@@ -488,7 +488,7 @@ class Lesson:
     a: Side | None = None
     b: Side | None = None
     layer: int | str = 0  # the layer the head-weights view shows: an index or a LAYER_RULES
-    mechanism: Mechanism | None = None
+    mechanism: MechanismSettings | None = None
     cites: str | None = None  # where the replay's numbers are
     numbers: tuple = ()  # ((name, ReplayNumber), ...): the replay numbers `text` names
 
@@ -733,7 +733,7 @@ LESSONS: tuple[Lesson, ...] = (
         ),
         observation=constructed_bound(),
         views=("mechanism",),
-        mechanism=Mechanism(),
+        mechanism=MechanismSettings(),
     ),
     Lesson(
         id="kvpress-same-memory",

@@ -21,7 +21,7 @@ import torch
 
 from pagekv.measurement.replay import report, tables
 from pagekv.measurement.replay.grid import FULL, QUICK, Grid
-from pagekv.measurement.replay.jobs import Job, build_jobs
+from pagekv.measurement.replay.jobs import PromptJob, build_jobs
 from pagekv.measurement.replay.measure import cardinality_unit, decode_unit, profile_unit
 from pagekv.measurement.replay.peer import WANTED, PeerAdapter
 from pagekv.measurement.replay.store import UnitStore, unit_key
@@ -164,7 +164,7 @@ def run_replay(
 # --------------------------------------------------------------------------- units
 
 
-def _job_keys(model: str, grid: Grid, job: Job, decode_dtype: str = "float32") -> dict:
+def _job_keys(model: str, grid: Grid, job: PromptJob, decode_dtype: str = "float32") -> dict:
     spec = job.spec_dict()
     decode = {} if decode_dtype == "float32" else {"decode": decode_dtype}
     keys = {
@@ -189,7 +189,7 @@ def _job_keys(model: str, grid: Grid, job: Job, decode_dtype: str = "float32") -
     return keys
 
 
-def _compute_job(lazy: _Lazy, store: UnitStore, grid: Grid, job: Job, keys: dict) -> None:
+def _compute_job(lazy: _Lazy, store: UnitStore, grid: Grid, job: PromptJob, keys: dict) -> None:
     study = lazy.study
     prep = study.prepare(job.spec)
     if keys["profile"] not in store:
@@ -216,7 +216,7 @@ def _progress(total: int):
     except ImportError:
         bar = None
 
-    def step(i: int, job: Job, state: str) -> None:
+    def step(i: int, job: PromptJob, state: str) -> None:
         s = job.spec
         what = f"{s.task} {s.name or ''} ctx={s.context_tokens} needles={s.n_needles} {s.mode}"
         if bar is not None:

@@ -1,4 +1,4 @@
-"""The work list: one `Job` per prompt, with every unit to compute on its prefill."""
+"""The work list: one `PromptJob` per prompt, with every unit to compute on its prefill."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pagekv.serving.study import PromptSpec
 
 
 @dataclass
-class Job:
+class PromptJob:
     """A prompt and what the replay computes on it (the prefill is shared)."""
 
     spec: PromptSpec
@@ -37,15 +37,15 @@ def _decodes(tag: str, policies, budgets, base: EvictionConfig | None = None, la
     return out
 
 
-def build_jobs(grid: Grid, curated_names: dict[str, list[str]]) -> list[Job]:
+def build_jobs(grid: Grid, curated_names: dict[str, list[str]]) -> list[PromptJob]:
     """Every prompt of the grid, in the order they run (cheap prompts first).
 
     `curated_names` maps "qa" / "code" to the curated task names (T6).
     """
-    jobs: dict[PromptSpec, Job] = {}
+    jobs: dict[PromptSpec, PromptJob] = {}
 
-    def job(spec: PromptSpec) -> Job:
-        return jobs.setdefault(spec, Job(spec))
+    def job(spec: PromptSpec) -> PromptJob:
+        return jobs.setdefault(spec, PromptJob(spec))
 
     for ci, ctx in enumerate(grid.t4_contexts):
         for di, depth in enumerate(grid.t4_depths):

@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 import logging
 
+from pagekv.runtime.messages import one_line
+
 log = logging.getLogger(__name__)
 
 #: kvpress's presses the replay asks for, in the bridge's `PRESSES` spelling.
@@ -52,7 +54,9 @@ class PeerAdapter:
         try:
             self.module = importlib.import_module("pagekv.measurement.peer.kvpress_peer")
         except Exception as e:  # ImportError, or the module failing at import
-            self.reason = f"pagekv.measurement.peer.kvpress_peer is not importable: {_one_line(e)}"
+            self.reason = (
+                f"pagekv.measurement.peer.kvpress_peer is not importable: {one_line(e, limit=300)}"
+            )
             return
         if self.quick and not _installed(self.module):
             self.reason = "skipped in --quick: the kvpress environment is not installed yet"
@@ -61,12 +65,12 @@ class PeerAdapter:
             try:
                 self.module.ensure_kvpress_env(progress=self.progress)
             except Exception as e:  # PeerUnavailable or anything else
-                self.reason = f"kvpress environment not ready: {_one_line(e)}"
+                self.reason = f"kvpress environment not ready: {one_line(e, limit=300)}"
                 return
         try:
             ok, why = self.module.kvpress_available()
         except Exception as e:
-            self.reason = f"kvpress_available() failed: {_one_line(e)}"
+            self.reason = f"kvpress_available() failed: {one_line(e, limit=300)}"
             return
         if not ok:
             self.reason = f"kvpress unavailable: {why}"
@@ -103,7 +107,7 @@ class PeerAdapter:
         try:
             return list(self.module.run_kvpress(self.model_dir, requests, timeout=timeout))
         except Exception as e:
-            msg = f"run_kvpress failed: {_one_line(e)}"
+            msg = f"run_kvpress failed: {one_line(e, limit=300)}"
             self.reason = msg
             return [{"id": r["id"], "error": msg} for r in requests]
 
@@ -119,7 +123,3 @@ def _installed(module) -> bool:
             except Exception:
                 return False
     return False
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(f"{type(e).__name__}: {e}".split())[:300]
