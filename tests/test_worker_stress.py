@@ -180,3 +180,55 @@ def test_the_stress_catches_a_planted_lock_order_inversion(tokenizer, expected, 
     assert report.settle(120), "the planted jobs give up on the lock: every thread ends"
     assert not report.sound
     assert report.hung or any("lock its caller holds" in e for _, e in report.errors), report
+
+
+def test_the_apps_run_path_holds_its_session_turn_across_worker_waits(tokenizer, monkeypatch):
+    """The app's run (`app_ui.run_comparison`) holds its session's turn while it waits
+    for the worker's jobs: safe because no job takes a session turn (docs/design.md,
+    "One model worker"). 8 threads on 2 sessions, 4 settings: every run ends, none
+    hangs, and each equals the serial result."""
+    from types import SimpleNamespace
+
+    from pagekv.serving.model_registry import ModelRegistry
+    from pagekv.serving.worker import WORKER
+    from pagekv.views import app_ui
+    from pagekv.views.view_memo import view_memo
+
+    settings = [
+        dict(policy_a=policy, budget_pct=pct)
+        for policy in ("mean", "head_independent")
+        for pct in (40.0, 60.0)
+    ]
+
+    def call(i: int, session: str):
+        run = dict(app_ui.RUN_DEFAULTS, model="tiny-llama", context=300, **settings[i])
+        *_, last = app_ui.run_comparison(**run, request=SimpleNamespace(session_hash=session))
+        status = last[app_ui.RUN_VIEWS.index("status")]
+        assert status.startswith("**Done:**"), status
+        comp = last[app_ui.RUN_VIEWS.index("last")]
+        return tuple(tuple(comp.records[k]["tokens"]) for k in ("full", "A", "B"))
+
+    def fresh_model():  # a registry whose one model is a new tiny study (empty memos)
+        monkeypatch.setattr(app_ui, "MODELS", ModelRegistry(
+            default="bundled", factory=lambda name: _tiny_study(tokenizer, WORKER),
+            known={"tiny-llama"},
+        ))  # fmt: skip
+        view_memo.clear()
+
+    sessions = ("stress-s1", "stress-s2")
+    calls = {
+        ("session", i, s): (lambda _study, i=i, s=s: call(i, s))
+        for i in range(len(settings))
+        for s in sessions
+    }
+    try:
+        fresh_model()
+        expected = {key: fn(None) for key, fn in calls.items()}  # one at a time
+        fresh_model()  # so that the stress computes (prefill, plans, decoding) again
+        report = stress(None, calls, expected, threads=8, calls_per_thread=3, call_timeout_s=60)
+    finally:
+        for s in sessions:
+            app_ui.SESSIONS.end(s)
+        view_memo.clear()
+    assert report.sound, report
+    assert report.calls == 8 * 3

@@ -192,10 +192,19 @@ def _job_keys(model: str, grid: Grid, job: PromptJob, decode_dtype: str = "float
 def _compute_job(lazy: _Lazy, store: UnitStore, grid: Grid, job: PromptJob, keys: dict) -> None:
     study = lazy.study
     prep = study.prepare(job.spec)
+    # Work on the model and the prefill's tensors runs as jobs on the model worker, as
+    # every model job does (docs/design.md, "One model worker"); the decodes are jobs
+    # of `Study.run` already.
     if keys["profile"] not in store:
-        store.put(keys["profile"], profile_unit(study.runner, prep, grid))
+        unit = study.derive(
+            prep, ("replay-profile", grid), lambda p: profile_unit(study.runner, p, grid)
+        )
+        store.put(keys["profile"], unit)
     if job.cardinality and keys["t5"] not in store:
-        store.put(keys["t5"], cardinality_unit(study.runner, prep, grid))
+        unit = study.derive(
+            prep, ("replay-t5", grid), lambda p: cardinality_unit(study.runner, p, grid)
+        )
+        store.put(keys["t5"], unit)
     for tag, cfg, label in job.decodes:
         k = keys[("decode", tag, cfg, label)]
         if k in store:
