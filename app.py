@@ -3,7 +3,9 @@
     python app.py [--host 127.0.0.1] [--port 7860] [--model bundled] [--no-warm]
                   [--allow-hub-models]
 
-Layout and wiring only: `build_demo()` lays out the page and connects each control to
+Layout and wiring only: `build_demo()` lays out the page (a function per part:
+`explore_controls`, `prompt_controls`, `side_a_controls`, `side_b_controls`,
+`lesson_header`, `view_tabs`) and the `wire_*` functions connect each control to
 its handler in `pagekv.views.app_ui` (runs, previews, presets, layer, mechanism,
 export) and `pagekv.views.app_lessons` (lessons, warm-up); inputs are checked in
 `pagekv.views.inputs`. The model's work runs on the model worker, which `main` gives
@@ -137,296 +139,325 @@ def plot(**kw) -> gr.Plot:
     return gr.Plot(show_label=False, **kw)
 
 
+def _blocks(scope: dict) -> dict:
+    """The Gradio blocks among a function's locals, by name (what it laid out)."""
+    return {k: v for k, v in scope.items() if isinstance(v, gr.blocks.Block)}
+
+
 def build_demo(default_model: str = "bundled") -> gr.Blocks:
-    first = PRESETS[0]
+    """The page: free exploration on the left (below on a narrow screen), the lesson and
+    its views on the right; each control wired to its handler (`wire_*`)."""
     # Gradio's own copies of served files are removed after 30 minutes (checked every 10).
     with gr.Blocks(title="Page-EntroKV", delete_cache=(600, 1800)) as demo:
         gr.Markdown(INTRO, elem_id="intro")
-        last = gr.State(None)
+        c = {"last": gr.State(None)}
         with gr.Row(elem_id="main-row"):
             with gr.Column(scale=1, min_width=320, elem_id="explore-col"):
                 gr.Markdown("#### Free exploration")
-                preset = gr.Dropdown(
-                    [p["title"] for p in PRESETS],
-                    value=None,
-                    label="Preset",
-                    info="two policies at the same settings; each title names the difference "
-                    "it shows, checked after the run",
-                )
-                run_btn = gr.Button("Run", variant="primary")
-                with gr.Row(equal_height=True):
-                    share_btn = gr.Button("Link to these settings", size="sm", scale=1)
-                    share_link = gr.Textbox(
-                        label="Link (copy it)", interactive=False, scale=3, elem_id="share-link"
-                    )
+                c |= explore_controls()
                 with gr.Accordion("Prompt", open=False):
-                    model = gr.Dropdown(
-                        known_models(),
-                        value=default_model,
-                        allow_custom_value=MODELS.allow_hub,
-                        label="Model",
-                        info="bundled runs anywhere; hub models need a reachable hub",
-                    )
-                    task = gr.Radio(list(TASKS), value=first["task"], label="Task")
-                    curated = gr.Dropdown([], label="Curated task", visible=False)
-                    context = slider("context", first["context_tokens"], "Context length (tokens)")
-                    depth = slider("depth", first["depth"], "Needle depth")
-                    needles = slider("needles", first["n_needles"], "Needles")
-                    seed = gr.Number(
-                        value=first["seed"], precision=0, label="Seed",
-                        minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1],
-                    )  # fmt: skip
-                    with gr.Accordion("Custom text", open=False, visible=False) as custom_box:
-                        haystack = gr.Textbox(value="", lines=5, label="Haystack text")
-                        needle = gr.Textbox(value="", label="Needle sentence")
-                        question = gr.Textbox(value="", label="Question")
-                        answer = gr.Textbox(value="", label="Expected answer")
+                    c |= prompt_controls(default_model)
                 with gr.Accordion("Side A", open=False):
-                    policy_a = gr.Dropdown(
-                        POLICY_CHOICES, value=first["policy_a"], label="Policy A"
-                    )
-                    scorer_a, allocation_a = method_controls("a")
-                    mode = gr.Radio(
-                        list(MODES),
-                        value=first["mode"],
-                        label="Question position",
-                        info="after = asked after compression (the strict test)",
-                    )
-                    budget = slider(
-                        "budget", 100 * first["budget"],
-                        "Budget (% of the prompt kept per layer and group)",
-                        info="its lower limit follows the prompt: the protected pages must fit",
-                    )  # fmt: skip
-                    page_size = gr.Dropdown(PAGE_SIZES, value=first["page_size"], label="Page size")
-                    with gr.Row():
-                        n_sink = slider("n_sink", first["n_sink"], "n_sink")
-                        window = slider("window", first["window"], "Window")
-                    tau = slider("tau", first["tau"], "tau")
+                    c |= side_a_controls()
                 with gr.Accordion("Side B", open=False):
-                    policy_b = gr.Dropdown(
-                        POLICY_CHOICES, value=first["policy_b"], label="Policy B"
-                    )
-                    scorer_b, allocation_b = method_controls("b")
-                    link_b = gr.Checkbox(
-                        value=True,
-                        label="Same settings as A (policy, scorer and allocation are B's own)",
-                        info="untick to give B its own question position, budget and pages",
-                    )
-                    # While linked, B's own settings show A's and cannot be edited
-                    # (`linked_b`, on every change of the link or of A's settings).
-                    linked = dict(interactive=False)
-                    mode_b = gr.Radio(
-                        list(MODES), value=first["mode"], label="Question position B", **linked
-                    )
-                    budget_b = slider("budget", 100 * first["budget"], "Budget B (%)", **linked)
-                    page_size_b = gr.Dropdown(
-                        PAGE_SIZES, value=first["page_size"], label="Page size B", **linked
-                    )
-                    with gr.Row():
-                        n_sink_b = slider("n_sink", first["n_sink"], "n_sink B", **linked)
-                        window_b = slider("window", first["window"], "Window B", **linked)
-                    tau_b = slider("tau", first["tau"], "tau B", **linked)
+                    c |= side_b_controls()
             with gr.Column(scale=3, elem_id="lesson-col"):
-                with gr.Row(elem_id="lesson-picker"):
-                    lesson = gr.Dropdown(
-                        LESSON_TITLES, value=LESSON_TITLES[0], label="Lesson", scale=4
-                    )
-                    prev_btn = gr.Button("Previous lesson", size="sm", scale=1)
-                    next_btn = gr.Button("Next lesson", size="sm", scale=1)
-                    presenter = gr.Checkbox(
-                        value=False, label="Presenter view", scale=1, elem_id="presenter",
-                        info="the lesson and its chart only; Next keeps the chart in view",
-                    )  # fmt: skip
-                with gr.Row(equal_height=False, elem_id="lesson-row"):
-                    lesson_text = gr.Markdown(lesson_markdown(LESSONS[0]), elem_id="lesson-text")
-                    observation = gr.Markdown(
-                        "**Observation:** " + LESSONS[0].observation.statement,
-                        elem_id="lesson-observation",
-                    )
-                with gr.Accordion("Glossary", open=False, elem_id="glossary"):
-                    gr.Markdown(GLOSSARY)
-                status = gr.Markdown(
-                    message("info", "Loading the first lesson..."), elem_id="run-status"
-                )
-                stale_note = gr.Markdown(elem_id="stale-note")
-                gr.Markdown(CAPTIONS["answers"], elem_id="answers-caption")
-                answers = gr.HTML(elem_id="answers-table")
+                c |= lesson_header()
                 with gr.Tabs(elem_id="lesson-views") as tabs:
-                    with gr.Tab("Pages", id="frame"):
-                        gr.Markdown(CAPTIONS["frame"])
-                        frame = plot(elem_id="page-frame")
-                    with gr.Tab("Needle", id="retention"):
-                        gr.Markdown(CAPTIONS["retention"])
-                        retention = plot()
-                    with gr.Tab("Weights", id="weights"):
-                        gr.Markdown(CAPTIONS["overview"])
-                        overview = plot()
-                        gr.Markdown(CAPTIONS["weights"])
-                        # Its range comes from the model of each run (RUN_VIEWS "layer").
-                        layer = gr.Slider(0, 1, value=0, step=1, label="Layer")
-                        weights = plot()
-                    with gr.Tab("Sinks", id="sinks"):
-                        gr.Markdown(CAPTIONS["sink"])
-                        sink_mass = plot()
-                        sink_adv = plot()
-                    with gr.Tab("UOR & memory", id="uor"):
-                        gr.Markdown(CAPTIONS["uor"])
-                        uor = plot()
-                        stored = plot()
-                        memory = plot()
-                    with gr.Tab("Mechanism", id="mechanism"):
-                        gr.Markdown(CAPTIONS["mechanism"])
-                        with gr.Row():
-                            m_heads = mech_slider("heads", 3)
-                            m_retr = mech_slider("retrieval", 0.9)
-                            m_dist = mech_slider("distractors", 2)
-                        with gr.Row():
-                            m_dstr = mech_slider("distractor_strength", 0.48)
-                            m_sink = gr.Checkbox(value=False, label="Add a sink head")
-                            m_n = mech_slider("n", 64)
-                            m_budget = mech_slider("budget_pct", 19)
-                        m_text = gr.Markdown()
-                        m_table = gr.Dataframe(
-                            headers=["policy", "needle page", "weights"], interactive=False
-                        )
-                        m_plot = plot()
-                    with gr.Tab("Replay", id="replay"):
-                        gr.Markdown(replay_caption())
-                        plot(value=replay_recall_figure(), elem_id="replay-recall")
-                    with gr.Tab("Export", id="export"):
-                        gr.Markdown(
-                            "The last run's numbers (JSON, CSV) and every figure (HTML), "
-                            "written when you ask."
-                        )
-                        export_btn = gr.Button("Write the files of the last run")
-                        files = gr.File(label="Downloads", file_count="multiple")
-
-        components = locals()
-        components["budget_pct"] = budget  # the API names side A's budget budget_pct
-        run_inputs = [components[name] for name in RUN_INPUTS]
-        run_outputs = [components[name] for name in RUN_VIEWS]
-        preset_targets = [components[name] for name in PRESET_CONTROLS]
-        lesson_targets = [components[name] for name in LESSON_CONTROLS]
-        mech_inputs = [components[name] for name in MECH_CONTROLS]
-        mech_outputs = [components[name] for name in MECH_VIEWS]
-        quiet = dict(api_visibility="undocumented")  # the same handler under another trigger
-        # One request per action: a run is one generator event (plan views, then the
-        # answers and the lesson's verdict); while a run is busy, a trigger keeps only its
-        # last request (always_last), and a session's runs go one at a time. Runs of
-        # different sessions share RUN_CONCURRENCY workers: a run finished before is
-        # served from memory at once, while the model itself computes one run at a time
-        # (Study's lock).
-        model_kw = dict(concurrency_id="model", concurrency_limit=RUN_CONCURRENCY)
-        run_kw = dict(
-            fn=run_comparison,
-            inputs=run_inputs,
-            outputs=run_outputs,
-            preprocess=False,  # raw values: parse_run names a wrong one in plain words
-            trigger_mode="always_last",
-            **model_kw,
-        )
-        run_btn.click(api_name="run", **run_kw)
-        budget.release(api_name="budget", **run_kw)
-        for control in (page_size, policy_a, policy_b, page_size_b):  # dropdowns: one select
-            control.select(**run_kw, **quiet)
-        for control in (mode_b, link_b, scorer_a, allocation_a, scorer_b, allocation_b):
-            control.input(**run_kw, **quiet)
-        for control in (tau, window, n_sink, budget_b, tau_b, window_b, n_sink_b):
-            control.release(**run_kw, **quiet)
-        # Live while dragging: planning alone, on the cached prefill (no decoding).
-        preview_kw = dict(
-            fn=preview_plans,
-            inputs=run_inputs,
-            outputs=[components[name] for name in PLAN_VIEWS],
-            preprocess=False,
-            concurrency_id="preview",
-            concurrency_limit=2,
-            trigger_mode="always_last",
-            show_progress="hidden",
-            **quiet,
-        )
-        for control in (budget, tau, window, n_sink, budget_b, tau_b, window_b, n_sink_b):
-            control.input(**preview_kw)
-        preset.select(
-            run_preset,
-            [preset, model, lesson],
-            [*preset_targets, link_b, tabs, *run_outputs],
-            trigger_mode="always_last",
-            **model_kw,
-            **quiet,
-        )
-        # The API's /preset fills the controls only (no run), for scripts; the page's
-        # preset picker above sets and runs in one request. A hidden trigger carries it.
-        preset_api = gr.Button(visible=False)
-        preset_api.click(apply_preset, preset, preset_targets, api_name="preset")
-        task.input(
-            curated_choices,
-            task,
-            [curated, depth, needles, seed, custom_box],
-            show_progress="hidden",
-            **quiet,
-        )
-        # Prompt controls changed without a run: say the results are stale (in the
-        # browser only: no request to the server). The note is a run output: every run
-        # clears it (Gradio shows the run's progress over it until then). A browser-side
-        # clear on the run's own trigger does not work: Gradio does not run a JS-only
-        # listener on a trigger that also has a Python one.
-        stale_js = f"() => {STALE_NOTE!r}"
-        for control in (task, context, depth, seed, needles, mode, curated, haystack, needle,
-                        question, answer, model):  # fmt: skip
-            control.input(None, None, stale_note, js=stale_js, **quiet)
-        # A prompt slider's value typed outside its range: the box then holds the nearest
-        # end, and the note says so (no model work, outside the queue).
-        for name in PROMPT_SLIDERS:
-            components[name].release(
-                prompt_range_note(name), components[name], stale_note, queue=False,
-                preprocess=False, show_progress="hidden", **quiet,
-            )  # fmt: skip
-        # Linked, B's own settings show A's (outside the queue: no model work).
-        link_io = dict(
-            fn=linked_b,
-            inputs=[link_b, *(components[n] for n in A_SHARED)],
-            outputs=[components[n] for n in B_OWN],
-            queue=False,
-            preprocess=False,  # a value out of range is the run's to refuse, not a badge
-            show_progress="hidden",
-            **quiet,
-        )
-        for control in (link_b, *(components[n] for n in A_SHARED)):
-            control.change(**link_io)
-        share_btn.click(
-            None, [components[n] for n in shared_names(RUN_DEFAULTS)], share_link,
-            js=share_js(RUN_DEFAULTS),
-        )  # fmt: skip
-        layer.release(update_layer, [last, layer], weights, api_name="layer")
-        # Raw values: a value typed outside a slider's range is said, never an error badge.
-        mech_io = dict(fn=run_mechanism, inputs=mech_inputs, outputs=mech_outputs, preprocess=False)
-        m_retr.release(api_name="mechanism", **mech_io)
-        for control in (m_heads, m_dist, m_dstr, m_n, m_budget):
-            control.release(**mech_io, **quiet)
-        m_sink.input(**mech_io, **quiet)
-
-        lesson_outputs = [*lesson_targets, tabs, lesson_text, *run_outputs, *mech_outputs]
-        lesson_kw = dict(trigger_mode="always_last", **model_kw)
-        export_btn.click(export_run, last, files, api_name="export")
-        # In the presenter view, a lesson picked brings its chart into view (browser only).
-        show_chart = dict(fn=None, js="() => pagekvShowChart()")
-        lesson.select(
-            pick_lesson, [lesson, model], lesson_outputs, api_name="lesson", **lesson_kw
-        ).then(**show_chart)
-        prev_btn.click(
-            previous_lesson, [lesson, model], [lesson, *lesson_outputs], **quiet, **lesson_kw
-        ).then(**show_chart)
-        next_btn.click(
-            next_lesson, [lesson, model], [lesson, *lesson_outputs], **quiet, **lesson_kw
-        ).then(**show_chart)
-        presenter.change(None, presenter, None, js="(on) => pagekvPresenter(on)")
-        # The page's load: a link's lesson or settings (`?lesson=3`), else the first lesson.
-        demo.load(
-            open_page, [lesson, model], [lesson, model, *lesson_outputs], **quiet, **lesson_kw
-        )
-        demo.unload(end_session)  # what the server holds for a closed tab goes
+                    c |= view_tabs()
+                c["tabs"] = tabs
+        c["budget_pct"] = c["budget"]  # the API names side A's budget budget_pct
+        wire_runs(c)
+        wire_prompt(c)
+        wire_mechanism(c)
+        wire_lessons(c, demo)
     return demo
+
+
+def explore_controls() -> dict:
+    preset = gr.Dropdown(
+        [p["title"] for p in PRESETS],
+        value=None,
+        label="Preset",
+        info="two policies at the same settings; each title names the difference it shows, "
+        "checked after the run",
+    )
+    run_btn = gr.Button("Run", variant="primary")
+    with gr.Row(equal_height=True):
+        share_btn = gr.Button("Link to these settings", size="sm", scale=1)
+        share_link = gr.Textbox(
+            label="Link (copy it)", interactive=False, scale=3, elem_id="share-link"
+        )
+    return _blocks(locals())
+
+
+def prompt_controls(default_model: str) -> dict:
+    first = PRESETS[0]
+    model = gr.Dropdown(
+        known_models(),
+        value=default_model,
+        allow_custom_value=MODELS.allow_hub,
+        label="Model",
+        info="bundled runs anywhere; hub models need a reachable hub",
+    )
+    task = gr.Radio(list(TASKS), value=first["task"], label="Task")
+    curated = gr.Dropdown([], label="Curated task", visible=False)
+    context = slider("context", first["context_tokens"], "Context length (tokens)")
+    depth = slider("depth", first["depth"], "Needle depth")
+    needles = slider("needles", first["n_needles"], "Needles")
+    seed = gr.Number(
+        value=first["seed"], precision=0, label="Seed",
+        minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1],
+    )  # fmt: skip
+    with gr.Accordion("Custom text", open=False, visible=False) as custom_box:
+        haystack = gr.Textbox(value="", lines=5, label="Haystack text")
+        needle = gr.Textbox(value="", label="Needle sentence")
+        question = gr.Textbox(value="", label="Question")
+        answer = gr.Textbox(value="", label="Expected answer")
+    return _blocks(locals())
+
+
+def side_a_controls() -> dict:
+    first = PRESETS[0]
+    policy_a = gr.Dropdown(POLICY_CHOICES, value=first["policy_a"], label="Policy A")
+    scorer_a, allocation_a = method_controls("a")
+    mode = gr.Radio(
+        list(MODES),
+        value=first["mode"],
+        label="Question position",
+        info="after = asked after compression (the strict test)",
+    )
+    budget = slider(
+        "budget", 100 * first["budget"], "Budget (% of the prompt kept per layer and group)",
+        info="its lower limit follows the prompt: the protected pages must fit",
+    )  # fmt: skip
+    page_size = gr.Dropdown(PAGE_SIZES, value=first["page_size"], label="Page size")
+    with gr.Row():
+        n_sink = slider("n_sink", first["n_sink"], "n_sink")
+        window = slider("window", first["window"], "Window")
+    tau = slider("tau", first["tau"], "tau")
+    return _blocks(locals())
+
+
+def side_b_controls() -> dict:
+    first = PRESETS[0]
+    policy_b = gr.Dropdown(POLICY_CHOICES, value=first["policy_b"], label="Policy B")
+    scorer_b, allocation_b = method_controls("b")
+    link_b = gr.Checkbox(
+        value=True,
+        label="Same settings as A (policy, scorer and allocation are B's own)",
+        info="untick to give B its own question position, budget and pages",
+    )
+    # While linked, B's own settings show A's and cannot be edited (`linked_b`, on every
+    # change of the link or of A's settings).
+    linked = dict(interactive=False)
+    mode_b = gr.Radio(list(MODES), value=first["mode"], label="Question position B", **linked)
+    budget_b = slider("budget", 100 * first["budget"], "Budget B (%)", **linked)
+    page_size_b = gr.Dropdown(PAGE_SIZES, value=first["page_size"], label="Page size B", **linked)
+    with gr.Row():
+        n_sink_b = slider("n_sink", first["n_sink"], "n_sink B", **linked)
+        window_b = slider("window", first["window"], "Window B", **linked)
+    tau_b = slider("tau", first["tau"], "tau B", **linked)
+    return _blocks(locals())
+
+
+def lesson_header() -> dict:
+    """The lesson picker, its text and verdict, the glossary, the status and answers."""
+    with gr.Row(elem_id="lesson-picker"):
+        lesson = gr.Dropdown(LESSON_TITLES, value=LESSON_TITLES[0], label="Lesson", scale=4)
+        prev_btn = gr.Button("Previous lesson", size="sm", scale=1)
+        next_btn = gr.Button("Next lesson", size="sm", scale=1)
+        presenter = gr.Checkbox(
+            value=False, label="Presenter view", scale=1, elem_id="presenter",
+            info="the lesson and its chart only; Next keeps the chart in view",
+        )  # fmt: skip
+    with gr.Row(equal_height=False, elem_id="lesson-row"):
+        lesson_text = gr.Markdown(lesson_markdown(LESSONS[0]), elem_id="lesson-text")
+        observation = gr.Markdown(
+            "**Observation:** " + LESSONS[0].observation.statement,
+            elem_id="lesson-observation",
+        )
+    with gr.Accordion("Glossary", open=False, elem_id="glossary"):
+        gr.Markdown(GLOSSARY)
+    status = gr.Markdown(message("info", "Loading the first lesson..."), elem_id="run-status")
+    stale_note = gr.Markdown(elem_id="stale-note")
+    gr.Markdown(CAPTIONS["answers"], elem_id="answers-caption")
+    answers = gr.HTML(elem_id="answers-table")
+    return _blocks(locals())
+
+
+def view_tabs() -> dict:
+    """Every view, a tab each (`TABS` are their ids)."""
+    with gr.Tab("Pages", id="frame"):
+        gr.Markdown(CAPTIONS["frame"])
+        frame = plot(elem_id="page-frame")
+    with gr.Tab("Needle", id="retention"):
+        gr.Markdown(CAPTIONS["retention"])
+        retention = plot()
+    with gr.Tab("Weights", id="weights"):
+        gr.Markdown(CAPTIONS["overview"])
+        overview = plot()
+        gr.Markdown(CAPTIONS["weights"])
+        layer = gr.Slider(0, 1, value=0, step=1, label="Layer")  # a run sets its range
+        weights = plot()
+    with gr.Tab("Sinks", id="sinks"):
+        gr.Markdown(CAPTIONS["sink"])
+        sink_mass = plot()
+        sink_adv = plot()
+    with gr.Tab("UOR & memory", id="uor"):
+        gr.Markdown(CAPTIONS["uor"])
+        uor = plot()
+        stored = plot()
+        memory = plot()
+    with gr.Tab("Mechanism", id="mechanism"):
+        mech = mechanism_controls()
+    with gr.Tab("Replay", id="replay"):
+        gr.Markdown(replay_caption())
+        plot(value=replay_recall_figure(), elem_id="replay-recall")
+    with gr.Tab("Export", id="export"):
+        gr.Markdown("The last run's numbers (JSON, CSV) and every figure (HTML), written when "
+                    "you ask.")  # fmt: skip
+        export_btn = gr.Button("Write the files of the last run")
+        files = gr.File(label="Downloads", file_count="multiple")
+    return _blocks(locals()) | mech
+
+
+def mechanism_controls() -> dict:
+    gr.Markdown(CAPTIONS["mechanism"])
+    with gr.Row():
+        m_heads = mech_slider("heads", 3)
+        m_retr = mech_slider("retrieval", 0.9)
+        m_dist = mech_slider("distractors", 2)
+    with gr.Row():
+        m_dstr = mech_slider("distractor_strength", 0.48)
+        m_sink = gr.Checkbox(value=False, label="Add a sink head")
+        m_n = mech_slider("n", 64)
+        m_budget = mech_slider("budget_pct", 19)
+    m_text = gr.Markdown()
+    m_table = gr.Dataframe(headers=["policy", "needle page", "weights"], interactive=False)
+    m_plot = plot()
+    return _blocks(locals())
+
+
+#: The same handler under another trigger: not listed in the API.
+QUIET = dict(api_visibility="undocumented")
+#: Runs of different sessions share RUN_CONCURRENCY request workers: a run finished
+#: before is served from memory at once, while the model computes one job at a time.
+MODEL_KW = dict(concurrency_id="model", concurrency_limit=RUN_CONCURRENCY)
+
+
+def wire_runs(c: dict) -> None:
+    """One request per action: a run is one generator event (plan views, then the
+    answers and the lesson's verdict); while a run is busy, a trigger keeps only its
+    last request (always_last), and a session's runs go one at a time."""
+    run_inputs = [c[name] for name in RUN_INPUTS]
+    run_kw = dict(
+        fn=run_comparison,
+        inputs=run_inputs,
+        outputs=[c[name] for name in RUN_VIEWS],
+        preprocess=False,  # raw values: parse_run names a wrong one in plain words
+        trigger_mode="always_last",
+        **MODEL_KW,
+    )
+    c["run_btn"].click(api_name="run", **run_kw)
+    c["budget"].release(api_name="budget", **run_kw)
+    for name in ("page_size", "policy_a", "policy_b", "page_size_b"):  # dropdowns: one select
+        c[name].select(**run_kw, **QUIET)
+    for name in ("mode_b", "link_b", "scorer_a", "allocation_a", "scorer_b", "allocation_b"):
+        c[name].input(**run_kw, **QUIET)
+    sliders = ("budget", "tau", "window", "n_sink", "budget_b", "tau_b", "window_b", "n_sink_b")
+    for name in sliders[1:]:
+        c[name].release(**run_kw, **QUIET)
+    # Live while dragging: planning alone, on the cached prefill (no decoding).
+    preview_kw = dict(
+        fn=preview_plans, inputs=run_inputs, outputs=[c[name] for name in PLAN_VIEWS],
+        preprocess=False, concurrency_id="preview", concurrency_limit=2,
+        trigger_mode="always_last", show_progress="hidden", **QUIET,
+    )  # fmt: skip
+    for name in sliders:
+        c[name].input(**preview_kw)
+    preset_targets = [c[name] for name in PRESET_CONTROLS]
+    c["preset"].select(
+        run_preset,
+        [c["preset"], c["model"], c["lesson"]],
+        [*preset_targets, c["link_b"], c["tabs"], *run_kw["outputs"]],
+        trigger_mode="always_last",
+        **MODEL_KW,
+        **QUIET,
+    )
+    # The API's /preset fills the controls only (no run), for scripts; the page's preset
+    # picker above sets and runs in one request. A hidden trigger carries it.
+    gr.Button(visible=False).click(apply_preset, c["preset"], preset_targets, api_name="preset")
+    # Linked, B's own settings show A's (outside the queue: no model work).
+    link_io = dict(
+        fn=linked_b, inputs=[c["link_b"], *(c[n] for n in A_SHARED)],
+        outputs=[c[n] for n in B_OWN], queue=False,
+        preprocess=False,  # a value out of range is the run's to refuse, not a badge
+        show_progress="hidden", **QUIET,
+    )  # fmt: skip
+    for name in ("link_b", *A_SHARED):
+        c[name].change(**link_io)
+    names = shared_names(RUN_DEFAULTS)
+    c["share_btn"].click(None, [c[n] for n in names], c["share_link"], js=share_js(RUN_DEFAULTS))
+    c["layer"].release(update_layer, [c["last"], c["layer"]], c["weights"], api_name="layer")
+    c["export_btn"].click(export_run, c["last"], c["files"], api_name="export")
+
+
+def wire_prompt(c: dict) -> None:
+    """The prompt's controls: the task's own controls, and the note that the results are
+    stale (in the browser only: no request to the server). The note is a run output:
+    every run clears it. A browser-side clear on the run's own trigger does not work:
+    Gradio does not run a JS-only listener on a trigger that also has a Python one."""
+    c["task"].input(
+        curated_choices,
+        c["task"],
+        [c[n] for n in ("curated", "depth", "needles", "seed", "custom_box")],
+        show_progress="hidden",
+        **QUIET,
+    )
+    prompt = ("task", "context", "depth", "seed", "needles", "mode", "curated", "haystack",
+              "needle", "question", "answer", "model")  # fmt: skip
+    for name in prompt:
+        c[name].input(None, None, c["stale_note"], js=f"() => {STALE_NOTE!r}", **QUIET)
+    # A prompt slider's value typed outside its range: the box then holds the nearest
+    # end, and the note says so (no model work, outside the queue).
+    for name in PROMPT_SLIDERS:
+        c[name].release(
+            prompt_range_note(name), c[name], c["stale_note"], queue=False, preprocess=False,
+            show_progress="hidden", **QUIET,
+        )  # fmt: skip
+
+
+def wire_mechanism(c: dict) -> None:
+    # Raw values: a value typed outside a slider's range is said, never an error badge.
+    mech_io = dict(
+        fn=run_mechanism,
+        inputs=[c[name] for name in MECH_CONTROLS],
+        outputs=[c[name] for name in MECH_VIEWS],
+        preprocess=False,
+    )
+    c["m_retr"].release(api_name="mechanism", **mech_io)
+    for name in ("m_heads", "m_dist", "m_dstr", "m_n", "m_budget"):
+        c[name].release(**mech_io, **QUIET)
+    c["m_sink"].input(**mech_io, **QUIET)
+
+
+def wire_lessons(c: dict, demo: gr.Blocks) -> None:
+    lesson, model = c["lesson"], c["model"]
+    outputs = [
+        *(c[name] for name in LESSON_CONTROLS), c["tabs"], c["lesson_text"],
+        *(c[name] for name in RUN_VIEWS), *(c[name] for name in MECH_VIEWS),
+    ]  # fmt: skip
+    kw = dict(trigger_mode="always_last", **MODEL_KW)
+    # In the presenter view, a lesson picked brings its chart into view (browser only).
+    show_chart = dict(fn=None, js="() => pagekvShowChart()")
+    lesson.select(pick_lesson, [lesson, model], outputs, api_name="lesson", **kw).then(**show_chart)
+    for button, step in (("prev_btn", previous_lesson), ("next_btn", next_lesson)):
+        c[button].click(step, [lesson, model], [lesson, *outputs], **QUIET, **kw).then(**show_chart)
+    c["presenter"].change(None, c["presenter"], None, js="(on) => pagekvPresenter(on)")
+    # The page's load: a link's lesson or settings (`?lesson=3`), else the first lesson.
+    demo.load(open_page, [lesson, model], [lesson, model, *outputs], **QUIET, **kw)
+    demo.unload(end_session)  # what the server holds for a closed tab goes
 
 
 def main(argv=None):
