@@ -31,6 +31,7 @@ import pytest
 import torch
 
 from pagekv import BudgetError, EvictionConfig, min_feasible_budget, plan
+from pagekv.maths.entropy import HeadMasses
 from pagekv.maths.paging import page_sizes, protected_pages, select_pages
 
 H0 = [1, 1, 0, 0, 0, 0, 8, 0, 0, 0, 6, 0]
@@ -196,3 +197,35 @@ def test_window_larger_than_prompt_is_clipped():
 def test_malformed_profiles_raise(bad, msg):
     with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]")):
         plan(bad, 2, EvictionConfig())
+
+
+def test_a_policy_computes_its_own_head_weights(monkeypatch):
+    """A new weighting lives in its policy alone: here one read from the heads' sink
+    masses (`ScoreInputs.masses`), which `plan` never computes a weighting from; the
+    plan pools and reports exactly those weights."""
+    import pagekv.maths.plan as plan_module
+    from pagekv.maths.policies.base import Policy
+
+    def by_sink_mass(x):
+        w = x.masses.sink.float() + 1e-3
+        L, H = w.shape
+        return (w.view(L, x.n_groups, -1) / w.view(L, x.n_groups, -1).sum(-1, keepdim=True)).view(
+            L, H
+        )
+
+    policy = Policy(
+        name="sink_weighted", order=99, summary="test", weights=by_sink_mass,
+        page_scores=lambda x: x.weighted_pages(by_sink_mass(x)),
+    )  # fmt: skip
+    monkeypatch.setattr(plan_module, "get_policy", lambda name: policy)
+    torch.manual_seed(0)
+    profiles = torch.rand(2, 4, 64)
+    profiles[:, 0, :4] += 20.0  # head 0 of group 0 a sink head
+    profiles = profiles / profiles.sum(-1, keepdim=True)
+    cfg = EvictionConfig(policy="entropy", budget=0.5, page_size=4, window=8)
+    p = plan(profiles, 2, cfg)
+    masses = HeadMasses.from_profiles(profiles.float(), 4)
+    w = masses.sink.float() + 1e-3
+    want = (w.view(2, 2, 2) / w.view(2, 2, 2).sum(-1, keepdim=True)).view(2, 4)
+    assert torch.allclose(p.head_weights, want)
+    assert not torch.allclose(p.head_weights, p.weights_isolated)  # not entropy's

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pagekv.maths.config import EvictionConfig
-from pagekv.maths.entropy import HeadMasses, weights_from_mass
+from pagekv.maths.entropy import HeadMasses
 from pagekv.maths.metrics import GroupOverlap, group_overlap, needle_retention
 from pagekv.maths.paging import (
     _select,
@@ -26,7 +26,6 @@ from pagekv.maths.paging import (
     protected_pages,
 )
 from pagekv.maths.policies import ScoreInputs, get_policy
-from pagekv.maths.pooling import uniform_weights
 from pagekv.maths.profiles import smooth_scores
 
 #: Rows of a profile must sum to 1 within this (float32 accumulation over 128k terms).
@@ -171,8 +170,6 @@ def plan(
             f"masses were taken with n_sink={masses.n_sink} for shape "
             f"{tuple(masses.sink.shape)}; this plan needs n_sink={cfg.n_sink}, [{L}, {H}]"
         )
-    w_iso = weights_from_mass(masses.isolated, G, cfg.tau)
-    w_raw = weights_from_mass(masses.collision, G, cfg.tau)
     if scales is not None and cfg.allocation != "uniform":
         p32 = p32 * _checked_scales(scales, L, H).to(p32)[..., None]  # the raw attention
     scores = smooth_scores(p32, cfg.smoothing, cfg.smoothing_kind)  # [L, H, n]
@@ -200,16 +197,8 @@ def plan(
         pooled_on.append(used)
         return pages
 
-    inputs = ScoreInputs(
-        scores=scores,
-        n_groups=G,
-        config=cfg,
-        weights_isolated=w_iso,
-        weights_nosink=w_raw,
-        weights_uniform=uniform_weights(L, H, G, dev),
-        pool=pool,
-    )
-    weights = policy.head_weights(inputs)
+    inputs = ScoreInputs(scores=scores, n_groups=G, config=cfg, masses=masses, pool=pool)
+    weights = policy.head_weights(inputs)  # the policy's own weighting
     scored = policy.page_scores(inputs)
     head_keep = head_page_keep = overlap = None
     if policy.per_head:
@@ -249,8 +238,8 @@ def plan(
         overlap=overlap,
         sink_mass=masses.sink,
         sink_heads=masses.sink >= cfg.sink_threshold,
-        weights_isolated=w_iso,
-        weights_nosink=w_raw,
+        weights_isolated=inputs.weights_isolated,  # what the views show, for any policy
+        weights_nosink=inputs.weights_nosink,
         backends={
             "weights": "torch",
             "pool": pooled_on[0] if pooled_on else "none",

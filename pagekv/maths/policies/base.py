@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:  # config imports this package for the list of policies
     from pagekv.maths.config import EvictionConfig
+    from pagekv.maths.entropy import HeadMasses
 
 
 @dataclass
@@ -32,15 +34,38 @@ class ScoreInputs:
     """Everything a policy may read, for one prompt and one configuration.
 
     Shapes: `L` layers, `H` heads, `G` groups, `n` tokens, `n_pages = ceil(n / P)`.
+    A policy computes its own head weights from what is here (the heads' masses, the
+    scores): the three weightings the policies share are computed on first use, so a
+    new weighting is written in its policy's file, never in `plan`.
     """
 
     scores: torch.Tensor  # float32 [L, H, n] token scores (profiles, maybe smoothed)
     n_groups: int  # G
     config: EvictionConfig
-    weights_isolated: torch.Tensor  # float32 [L, H] Page-EntroKV's weights
-    weights_nosink: torch.Tensor  # float32 [L, H] the same without sink isolation
-    weights_uniform: torch.Tensor  # float32 [L, H] 1/r
+    masses: HeadMasses  # every head's sink, collision and isolated collision mass
     pool: Callable  # (weights [L, H] | None, n_groups) -> page scores [L, G', n_pages]
+
+    @cached_property
+    def weights_isolated(self) -> torch.Tensor:
+        """float32 `[L, H]`: Page-EntroKV's weights (entropy after sink isolation)."""
+        from pagekv.maths.entropy import weights_from_mass
+
+        return weights_from_mass(self.masses.isolated, self.n_groups, self.config.tau)
+
+    @cached_property
+    def weights_nosink(self) -> torch.Tensor:
+        """float32 `[L, H]`: the same without sink isolation."""
+        from pagekv.maths.entropy import weights_from_mass
+
+        return weights_from_mass(self.masses.collision, self.n_groups, self.config.tau)
+
+    @cached_property
+    def weights_uniform(self) -> torch.Tensor:
+        """float32 `[L, H]`: 1/r (mean pooling)."""
+        from pagekv.maths.pooling import uniform_weights
+
+        L, H, _ = self.scores.shape
+        return uniform_weights(L, H, self.n_groups, self.scores.device)
 
     @property
     def shape(self) -> tuple[int, int, int]:
