@@ -56,7 +56,7 @@ def main(argv=None):
     loaded = load_model(args.model)
     load_s = time.perf_counter() - t0
     # time every run: no result memo
-    study = Study(loaded, result_memo_bytes=0, decode_dtype=args.dtype)
+    study = Study(loaded, result_memo_bytes=0, plan_memo_bytes=0, decode_dtype=args.dtype)
     base = Runner(
         loaded.model, loaded.tokenizer, backend=study.runner.backend, decode_dtype="float32"
     )

@@ -26,14 +26,17 @@ the same lesson costs one computation:
   `RESULT_MEMO_BYTES` (64 MiB). `run_full` goes through the same memo;
 - plans (`Study.plans`, keyed by the prompt and the `EvictionConfig`): what the
   views draw while a slider moves and what the run then compacts, so each run is
-  planned once; default cap `PLAN_MEMO_BYTES` (32 MiB).
+  planned once; its own cap, `PLAN_MEMO_BYTES` (32 MiB) by default, whatever the
+  other two memos'. The rows derived from many plans (a UOR curve, memory rows) read
+  it and plan what it lacks without keeping it (`plan_unkept`), so they never crowd
+  a run's own plans out.
 
 The defaults aim at an app under about 2.5 GB resident with the bundled model
 (0.5 GiB once loaded): with a 640 MiB prefill cap, ten varied runs on 1000-8000-token
 prompts left 2.24 GiB resident (peak 2.45 GiB, during an 8000-token prefill), hence
 512 MiB (measured on the engine alone; the app adds Gradio and its requests).
-`Study(..., prefill_memo_bytes=0, result_memo_bytes=0)` turns both off (benchmarks
-that time repeated runs).
+`Study(..., prefill_memo_bytes=0, result_memo_bytes=0, plan_memo_bytes=0)` turns all
+three off (benchmarks that time repeated runs).
 
 Every `run` logs one INFO line (logger `pagekv.serving.study`) with its settings, the
 backend and the timings, and whether it was computed or served from memory.
@@ -157,6 +160,7 @@ class Study:
         memo_size: at most this many prefills kept (None: bounded by bytes only).
         prefill_memo_bytes: cap of the prefill memo in bytes (0: no memo).
         result_memo_bytes: cap of the result memo in bytes (0: no memo).
+        plan_memo_bytes: cap of the plan memo in bytes (0: no memo).
         worker: the model worker (default: the process's `WORKER`).
 
     Safe to share between threads. Every call reads as: a memo lookup, else a job on
@@ -179,6 +183,7 @@ class Study:
         result_memo_bytes: int = RESULT_MEMO_BYTES,
         worker: ModelWorker | None = None,
         decode_dtype: str = "auto",
+        plan_memo_bytes: int = PLAN_MEMO_BYTES,
     ):
         self.loaded = loaded
         self.worker = worker or WORKER
@@ -192,7 +197,7 @@ class Study:
         )
         #: The memos (module docstring), public so that tools and tests can look at them.
         self.prefills = ByteLRU(prefill_memo_bytes, max_entries=memo_size)
-        self.plans = ByteLRU(PLAN_MEMO_BYTES if result_memo_bytes else 0)
+        self.plans = ByteLRU(plan_memo_bytes)
         self.results = ByteLRU(result_memo_bytes)
         self.memo_size = memo_size
 
@@ -317,6 +322,21 @@ class Study:
         """The plan of `config` on `prep` (scored and planned once, on the worker; the
         run of the same configuration reuses it). BudgetError when infeasible."""
         return self._planned(prep, config).plan
+
+    def plan_unkept(self, prep: Prepared, config: EvictionConfig) -> Plan:
+        """The plan of `config` on `prep` from the plan memo, else planned on the worker
+        without keeping it: for rows derived from many configurations (a UOR curve,
+        memory rows), which must neither plan a run's configuration twice nor crowd its
+        plans out of the memo. BudgetError when infeasible."""
+        self._check_window(prep, config)
+        hit = self.plans.get((_prompt_key(prep), config))
+        if hit is not None:
+            return hit.plan
+        return self.worker.run(
+            ("plan-unkept", self._tag, _prompt_key(prep), config),
+            lambda: self.runner.plan_for(prep.prefill, config).plan,
+            owner=self._tag,
+        )
 
     def _planned(self, prep: Prepared, config: EvictionConfig) -> Planned:
         self._check_window(prep, config)

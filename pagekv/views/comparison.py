@@ -325,20 +325,32 @@ def uor_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
     allocation: always uniform). It does not depend on `base`'s budget or policy: kept
     with the prefill (a dragged budget slider plans it once)."""
     first = _head_independent(base, CURVE_BUDGETS[0])
-    rows = study.derive(prep, ("uor_rows", first), lambda p: _uor_rows(study.runner, p, base))
+    rows = study.derive(prep, ("uor_rows", first), lambda p: _uor_rows(study, p, base))
     return [dict(row) for row in rows]
+
+
+def _plan_summary(study: Study, prep: Prepared, cfg: EvictionConfig) -> dict:
+    """What the derived rows read of a plan (its UOR and stored tokens, `[L, G]` each),
+    planned once per prompt and configuration: from the plan memo where a side planned
+    it (`Study.plan_unkept`), else planned and its summary kept with the prefill, so
+    that the curve and the memory rows share the configurations they both need."""
+    key = ("plan-summary", cfg)
+    if key not in prep.derived:
+        p = study.plan_unkept(prep, cfg)
+        prep.derived[key] = {"uor": p.uor, "union_tokens": p.union_tokens}
+    return prep.derived[key]
 
 
 def _head_independent(base: EvictionConfig, budget: float) -> EvictionConfig:
     return base.replace(policy="head_independent", budget=budget, allocation="uniform")
 
 
-def _uor_rows(runner, prep: Prepared, base: EvictionConfig) -> list[dict]:
+def _uor_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
     rows = []
     for b in CURVE_BUDGETS:
         cfg = _head_independent(base, b)
         try:
-            p = runner.plan_for(prep.prefill, cfg).plan
+            p = _plan_summary(study, prep, cfg)
         except BudgetError:
             rows.append({"budget": b, "feasible": False, "uor_mean": None, "uor_max": None})
             continue
@@ -346,8 +358,8 @@ def _uor_rows(runner, prep: Prepared, base: EvictionConfig) -> list[dict]:
             {
                 "budget": b,
                 "feasible": True,
-                "uor_mean": float(p.uor.mean()),
-                "uor_max": float(p.uor.max()),
+                "uor_mean": float(p["uor"].mean()),
+                "uor_max": float(p["uor"].max()),
             }
         )
     return rows
@@ -366,12 +378,12 @@ def memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict
     rows = study.derive(
         prep,
         ("memory", base.replace(policy="full")),
-        lambda p: _memory_rows(study.runner, p, base),
+        lambda p: _memory_rows(study, p, base),
     )
     return [dict(row) for row in rows]
 
 
-def _memory_rows(runner, prep: Prepared, base: EvictionConfig) -> list[dict]:
+def _memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
     pre = prep.prefill
     elem = pre.cache.layers[0].keys.element_size()
     per_token = pre.head_dim * 2 * elem
@@ -380,10 +392,10 @@ def _memory_rows(runner, prep: Prepared, base: EvictionConfig) -> list[dict]:
         per_head = get_policy(policy).per_head
         cfg = base.replace(policy=policy, allocation="uniform" if per_head else base.allocation)
         try:
-            p = runner.plan_for(pre, cfg).plan
+            p = _plan_summary(study, prep, cfg)
         except BudgetError:
             continue
-        stored = p.union_tokens
+        stored = p["union_tokens"]
         padded = cfg.allocation != "uniform"
         if padded:  # padded to the layer's largest group
             stored = stored.amax(-1, keepdim=True).expand_as(stored)
