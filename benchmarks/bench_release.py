@@ -35,10 +35,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402
 from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
+from pagekv.serving.comparison import Decoding, plan_comparison
 from pagekv.serving.worker import WORKER  # noqa: E402
 from pagekv.views import app_ui, figure_memo  # noqa: E402
-from pagekv.views.comparison import Decoding, comparison_figures, plan_comparison  # noqa: E402
 from pagekv.views.inputs import parse_run  # noqa: E402
+from pagekv.views.run_figures import comparison_figures  # noqa: E402
 from pagekv.views.view_memo import SAME_AFTER_DECODING  # noqa: E402
 
 #: The views `run_comparison` draws while the pair decodes (the plan views come from

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from pagekv.views import figure_memo as fm
-from pagekv.views.comparison import comparison_figures
 from pagekv.views.figures import eviction as fp
+from pagekv.views.run_figures import comparison_figures
 from tests.test_figures_readable import random_plan
 
 pytest.importorskip("plotly")

@@ -24,7 +24,7 @@ import torch
 import pagekv
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.constructed import mechanism_profiles
-from pagekv.views.comparison import mechanism_view
+from pagekv.maths.mechanism import mechanism_view
 from pagekv.views.figures import eviction as fp
 from pagekv.views.figures import replay as fr
 from pagekv.views.figures import style

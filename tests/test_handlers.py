@@ -14,7 +14,13 @@ from pagekv.views.view_memo import view_memo
 from .app_server import answer_rows
 
 RUN = dict(
-    app_ui.RUN_DEFAULTS, task="needle", context=300, depth=0.5, mode="after", budget_pct=40.0
+    app_ui.RUN_DEFAULTS,
+    task="needle",
+    context=300,
+    depth=0.5,
+    mode="after",
+    budget_pct=40.0,
+    seed=11,  # a prompt of its own: no other test prefills it
 )
 
 
@@ -108,7 +114,7 @@ def test_a_refused_model_is_one_sentence_and_the_next_run_is_unaffected(monkeypa
 
 
 def test_the_status_says_which_side_asks_inside():
-    from pagekv.views.comparison import mode_notes
+    from pagekv.serving.comparison import mode_notes
 
     assert mode_notes({"A": "after", "B": "after"}) == []
     (both,) = mode_notes({"A": "inside", "B": "inside"})

@@ -12,11 +12,11 @@ import torch
 
 from pagekv import EvictionConfig, plan
 from pagekv.maths.paging import BudgetError
+from pagekv.serving.comparison import answer_notes
 from pagekv.serving.study import PromptSpec
 from pagekv.views import app_ui
 from pagekv.views.answers import ANSWER_HEADERS, answers_html
 from pagekv.views.app_lessons import LESSON_CONTROLS, _lesson_run_args, pick_lesson
-from pagekv.views.comparison import answer_notes
 from pagekv.views.inputs import LIMITS, min_budget_pct
 from pagekv.views.lesson_checks import LESSON_TITLES, check_lesson
 from pagekv.views.lessons import LESSONS

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagekv.views.comparison import mechanism_view
+from pagekv.maths.mechanism import mechanism_view
 
 
 @settings(max_examples=60, deadline=None)

@@ -483,13 +483,8 @@ def test_a_detached_comparison_keeps_the_views_but_not_the_prefill(study):
     """What the app keeps after a run (a session's last run, the memo of finished views)
     must not pin the prefill's KV cache; every view and the export read the same."""
     from pagekv.runtime.runner import Prefill
-    from pagekv.views.comparison import (
-        PromptShape,
-        comparison_figures,
-        decode_comparison,
-        plan_comparison,
-        summary,
-    )
+    from pagekv.serving.comparison import PromptShape, decode_comparison, plan_comparison, summary
+    from pagekv.views.run_figures import comparison_figures
 
     prep = prepared(study, seed=7)
     study.prefills.put(prep.spec, prep)

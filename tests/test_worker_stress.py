@@ -20,8 +20,8 @@ import torch
 from pagekv import EvictionConfig, PromptSpec, Study
 from pagekv.runtime import models
 from pagekv.runtime.models import LoadedModel
+from pagekv.serving.comparison import Decoding, compare, plan_comparison
 from pagekv.serving.worker import ModelWorker
-from pagekv.views.comparison import Decoding, compare, plan_comparison
 
 from .stress import serial, stress
 

@@ -13,10 +13,10 @@ import time
 import pytest
 
 from pagekv import EvictionConfig, PromptSpec
+from pagekv.serving.comparison import compare
 from pagekv.serving.model_registry import ModelRegistry
 from pagekv.serving.worker import WORKER, ModelWorker
 from pagekv.views import app_ui
-from pagekv.views.comparison import compare
 from pagekv.views.view_memo import view_memo
 
 from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)

@@ -142,7 +142,7 @@ class Prepared:
     needle_positions: list[int]
     prepare_s: float
     #: What planning alone derives from this prompt and reuses (e.g. the UOR curve of a
-    #: configuration, `pagekv.views.comparison.uor_rows`): small, kept with the prefill.
+    #: configuration, `pagekv.serving.comparison.uor_rows`): small, kept with the prefill.
     derived: dict = field(default_factory=dict, repr=False)
 
     @property

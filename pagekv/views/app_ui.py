@@ -29,20 +29,13 @@ from gradio.components.plot import PlotData
 from pagekv.maths.config import POLICIES
 from pagekv.runtime.models import KNOWN_MODELS
 from pagekv.serving import allocator
+from pagekv.serving.comparison import METHOD_FIELDS, Decoding, differing, plan_comparison
 from pagekv.serving.model_registry import ModelRegistry, model_key
 from pagekv.serving.sessions import SessionGate
 from pagekv.serving.study import settings_text
 from pagekv.serving.worker import WORKER, keep_this_thread_light
 from pagekv.views.answers import answers_html, answers_table, ms, pending_table
 from pagekv.views.app_text import STALE_NOTE, message
-from pagekv.views.comparison import (
-    METHOD_FIELDS,
-    Decoding,
-    comparison_figures,
-    differing,
-    export,
-    plan_comparison,
-)
 from pagekv.views.figures.style import is_figure
 from pagekv.views.inputs import (
     LIMITS,
@@ -54,6 +47,7 @@ from pagekv.views.inputs import (
 )
 from pagekv.views.lesson_checks import check_lesson, lesson_of
 from pagekv.views.presets import check_preset, load_presets, preset_matches, preset_methods
+from pagekv.views.run_figures import comparison_figures, export
 from pagekv.views.view_memo import (
     PLAN_VIEWS,
     SAME_AFTER_DECODING,
@@ -627,8 +621,8 @@ def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head,
     """The constructed instance of the retention bound (no model involved). Every input
     gives a view: one outside its slider's range is taken at the nearest end, and the
     text says so (no error badge, no silent change)."""
+    from pagekv.maths.mechanism import mechanism_view
     from pagekv.views import figures
-    from pagekv.views.comparison import mechanism_view
 
     raw = dict(heads=heads, retrieval=retrieval, distractors=distractors,
                distractor_strength=distractor_strength, n=n, budget_pct=budget_pct)  # fmt: skip

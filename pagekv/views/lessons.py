@@ -94,7 +94,7 @@ class Prompt:
 
 @dataclass(frozen=True)
 class MechanismSettings:
-    """Settings of the constructed mechanism view (`pagekv.views.comparison.mechanism_view`)."""
+    """Settings of the constructed mechanism view (`pagekv.maths.mechanism.mechanism_view`)."""
 
     heads: int = 3
     retrieval: float = 0.9
@@ -112,8 +112,8 @@ class MechanismSettings:
 class Evidence:
     """What a lesson's observation is checked against (one of the three is set)."""
 
-    comparison: object | None = None  # pagekv.views.comparison.Comparison (live lessons)
-    mechanism: object | None = None  # pagekv.views.comparison.MechanismView (constructed)
+    comparison: object | None = None  # pagekv.serving.comparison.Comparison (live lessons)
+    mechanism: object | None = None  # pagekv.maths.mechanism.MechanismView (constructed)
     replay: dict | None = None  # the committed replay results (cited lessons)
 
 
@@ -803,7 +803,7 @@ def run_lesson(
     """Run `lesson` (live on `study`'s model, or on the constructed group / the committed
     replay) and check its observation."""
     if lesson.kind == "live":
-        from pagekv.views.comparison import compare
+        from pagekv.serving.comparison import compare
 
         evidence = Evidence(
             comparison=compare(
@@ -818,7 +818,7 @@ def run_lesson(
             )
         )
     elif lesson.kind == "constructed":
-        from pagekv.views.comparison import mechanism_view
+        from pagekv.maths.mechanism import mechanism_view
 
         m = lesson.mechanism
         evidence = Evidence(

@@ -404,7 +404,7 @@ def preset_matches(preset: dict, comp) -> bool:
 
 def compare_preset(study, preset: dict, max_new_tokens: int | None = None):
     """Run the preset's comparison on `study`'s model, as the app runs it."""
-    from pagekv.views.comparison import compare
+    from pagekv.serving.comparison import compare
 
     spec, cfg_a, cfg_b, mode_a, mode_b = preset_inputs(preset)
     return compare(

@@ -1,35 +1,34 @@
-"""Two policies side by side on one prefilled prompt: the data behind the app's views.
+"""Two policies side by side on one prefilled prompt: the comparison engine.
 
     comp = compare(study, spec, EvictionConfig(policy="mean"), EvictionConfig(policy="entropy"))
     comp.records["A"]["answer"], comp.records["B"]["correct"], comp.records["full"]["answer"]
-    figs = comparison_figures(comp, layer=0)
-    paths = export(comp, figs, folder)
+    summary(comp)                          # its numbers, JSON-ready
+    paths = export_data(comp, folder)      # pagekv_run.json and pagekv_run.csv
 
-Only the prefill is expensive; a new budget, page size or tau re-runs plan,
-compaction and decoding (`Study.prepare` memoises the prefill, and the full-cache
-answer is memoised per prompt).
+Planning (`plan_comparison`: the prefill, both sides' plans, the UOR curve and the memory
+rows, each configuration planned once through the study's plan memo) and decoding
+(`Decoding`: full, A and B as worker jobs, streamed) live here, below the views, which
+only draw them (`pagekv.views.run_figures`) and handle the page's events. Only the
+prefill is expensive; a new budget, page size or tau re-runs plan, compaction and
+decoding (`Study.prepare` memoises the prefill, and the full-cache answer is memoised
+per prompt).
 """
 
 from __future__ import annotations
 
 import csv
-import functools
 import json
-import math
 import os
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from pagekv.maths.config import POLICIES, EvictionConfig
-from pagekv.maths.constructed import Mechanism, mechanism_profiles
 from pagekv.maths.metrics import sink_advantage, summarize_sink_advantage
 from pagekv.maths.paging import BudgetError, check_budget, page_sizes, protected_pages
-from pagekv.maths.plan import Plan, plan
-from pagekv.maths.policies import POOLING_POLICIES, get_policy
+from pagekv.maths.plan import Plan
+from pagekv.maths.policies import get_policy
 from pagekv.serving.study import Prepared, PromptSpec, Study, served_copy
-from pagekv.views import figures
-from pagekv.views.figure_memo import memo_figure
 
 #: Budgets of the UOR-across-budgets view.
 CURVE_BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
@@ -413,82 +412,6 @@ def _memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dic
     return rows
 
 
-@functools.lru_cache(maxsize=32)
-def _uor_figure(budgets: tuple, means: tuple, maxes: tuple, r: int):
-    """The UOR-across-budgets figure, drawn once per curve (it does not change while a
-    budget is dragged). Callers share the object: figures are never changed after."""
-    return figures.uor_curve(list(budgets), list(means), list(maxes), r=r)
-
-
-def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> dict:
-    """Every view of the app, as plotly figures keyed by name (`only`: just these names,
-    e.g. the plan views while a slider is dragged; `skip`: not these, e.g. views already
-    drawn; building figures is most of the cost of a run served from memory)."""
-    pa, pb = comp.plan_of("A"), comp.plan_of("B")
-    labels = comp.labels or side_labels(comp.configs["A"], comp.configs["B"])
-    label_a, label_b = labels["A"], labels["B"]
-    G = comp.n_groups
-    r = pb.head_weights.shape[1] // G
-    needle = comp.prep.needle_positions or None
-    layer = max(0, min(int(layer), pa.keep.shape[0] - 1))
-    feasible = [x for x in comp.curve if x["feasible"]]
-    both = (("A", label_a), ("B", label_b))
-    builders = {
-        "frame": lambda: figures.page_frame(
-            {label_a: pa, label_b: pb},
-            {lab: comp.needle_positions_of(key) for key, lab in both},
-        ),
-        # Side B's head weights and sink mass: the budget changes none of them, so
-        # they are drawn once per content (`figure_memo`), not on every release.
-        "weights": lambda: memo_figure(
-            "weights",
-            (pb.weights_isolated, pb.weights_nosink, pb.sink_heads, G, layer),
-            lambda: figures.head_weights_bars(pb, layer),
-        ),
-        "weights_overview": lambda: memo_figure(
-            "weights_overview",
-            (pb.weights_isolated, G),
-            lambda: figures.layer_head_heatmap(
-                pb.weights_isolated, G, "Page-EntroKV head weights, every layer x head", zmax=1.0
-            ),
-        ),
-        "sink_mass": lambda: memo_figure(
-            "sink_mass",
-            (pb.sink_mass, G),
-            lambda: figures.layer_head_heatmap(
-                pb.sink_mass, G, "Sink mass per layer x head (first n_sink tokens)", zmax=1.0
-            ),
-        ),
-        "sink_advantage": lambda: memo_figure(
-            "sink_advantage",
-            (pb.weights_isolated, pb.weights_nosink, pb.sink_heads, G),
-            lambda: figures.sink_advantage_lines(
-                sink_advantage(pb.weights_isolated, pb.sink_heads, G),
-                sink_advantage(pb.weights_nosink, pb.sink_heads, G),
-            ),
-        ),
-        "uor": lambda: _uor_figure(
-            tuple(x["budget"] for x in feasible),
-            tuple(x["uor_mean"] for x in feasible),
-            tuple(x["uor_max"] for x in feasible),
-            r,
-        ),
-        "memory": lambda: figures.memory_bars(comp.memory),
-        "stored": lambda: figures.union_over_budget_heatmap(
-            {lab: comp.records[key]["union_tokens"] for key, lab in both},
-            {lab: comp.records[key]["budget_tokens"] for key, lab in both},
-            r=r,
-        ),
-    }
-    if needle:
-        builders["retention"] = lambda: figures.needle_retention_heatmap(
-            {lab: comp.records[key]["needle_retention"] for key, lab in both}, G
-        )
-    return {
-        k: build() for k, build in builders.items() if (only is None or k in only) and k not in skip
-    }
-
-
 def summary(comp: Comparison) -> dict:
     """The run's numbers, JSON-ready (what the Export button writes)."""
     out = {
@@ -521,8 +444,10 @@ def summary(comp: Comparison) -> dict:
     return out
 
 
-def export(comp: Comparison, figs: dict, folder: str) -> list[str]:
-    """Write `run.json`, `run.csv` (one row per policy x layer x group) and `figures.html`."""
+def export_data(comp: Comparison, folder: str) -> list[str]:
+    """Write `pagekv_run.json` (`summary`) and `pagekv_run.csv` (one row per run x layer
+    x group) into `folder`; their paths. (The app's Export adds the figures:
+    `pagekv.views.run_figures.export`.)"""
     os.makedirs(folder, exist_ok=True)
     paths = []
     js = os.path.join(folder, "pagekv_run.json")
@@ -566,14 +491,6 @@ def export(comp: Comparison, figs: dict, folder: str) -> list[str]:
                         ]
                     )
     paths.append(cs)
-    html = os.path.join(folder, "pagekv_figures.html")
-    with open(html, "w") as f:
-        f.write("<html><head><meta charset='utf-8'><title>Page-EntroKV run</title></head><body>")
-        for i, (name, fig) in enumerate(figs.items()):
-            f.write(f"<h2>{name}</h2>")
-            f.write(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
-        f.write("</body></html>")
-    paths.append(html)
     return paths
 
 
@@ -583,84 +500,3 @@ def retained_fraction(rec: dict) -> float:
     if not ret:
         return float("nan")
     return float(torch.tensor(ret, dtype=torch.float64).mean())
-
-
-#: Policies shown in the mechanism view.
-MECHANISM_POLICIES = POOLING_POLICIES  # the pooling rules (entropy, ..., max)
-
-
-@dataclass
-class MechanismView:
-    mech: Mechanism
-    plans: dict  # policy -> Plan
-    rows: list  # [policy, "kept"/"evicted", weights text]
-    s_star: float  # the retrieval head's score on the needle
-    w_star: float  # its entropy weight
-    notes: list = field(default_factory=list)  # settings adjusted to a valid group
-
-
-def mechanism_view(
-    heads: int = 3,
-    retrieval: float = 0.9,
-    distractors: int = 2,
-    distractor_strength: float = 0.48,
-    sink_head: bool = False,
-    n: int = 64,
-    budget: float = 0.19,
-    page_size: int = 4,
-) -> MechanismView:
-    """Plans of the constructed group (pagekv.maths.constructed) under each pooling policy.
-
-    Sinks and window are one page each (`n_sink = window = page_size`). Every
-    combination of the app's sliders gives a valid group: distractor heads beyond what
-    the group holds (`heads - 1 - sink head`) are dropped, and a budget below what the
-    protected pages need (plus one page to choose) is raised; `notes` says so.
-    """
-    notes = []
-    room = heads - 1 - int(bool(sink_head))
-    if room < 0:
-        raise ValueError(f"a group of {heads} heads cannot hold a retrieval and a sink head")
-    if distractors > room:
-        notes.append(
-            f"{distractors} distractor heads do not fit in {heads} heads beside the retrieval"
-            + (" and sink" if sink_head else "")
-            + f" head: using {room}."
-        )
-        distractors = room
-    needed = 3 * page_size  # the sink page, the window page and one page to choose
-    if math.floor(budget * n + 1e-9) < needed:
-        raised = needed / n
-        notes.append(
-            f"a budget of {100 * budget:g}% of {n} tokens cannot hold the sink and window pages "
-            f"and one more page: using {100 * raised:.1f}%."
-        )
-        budget = raised
-    mech = mechanism_profiles(
-        n=n,
-        heads=heads,
-        retrieval_strength=retrieval,
-        distractor_heads=distractors,
-        distractor_strength=distractor_strength,
-        sink_head=sink_head,
-    )
-    base = EvictionConfig(budget=budget, page_size=page_size, n_sink=page_size, window=page_size)
-    plans = {pol: plan(mech.profiles, 1, base.replace(policy=pol)) for pol in MECHANISM_POLICIES}
-    needle_page = mech.needle_token // page_size
-    rows = []
-    for pol, p in plans.items():
-        w = p.head_weights[0].tolist()
-        weights = (
-            "max over heads"
-            if pol == "max"
-            else ", ".join(f"{mech.roles[h]} {w[h]:.2f}" for h in range(len(w)))
-        )
-        kept = "kept" if bool(p.page_keep[0, 0, needle_page]) else "evicted"
-        rows.append([pol, kept, weights])
-    return MechanismView(
-        mech=mech,
-        plans=plans,
-        rows=rows,
-        s_star=float(mech.profiles[0, 0, mech.needle_token]),
-        w_star=float(plans["entropy"].weights_isolated[0, 0]),
-        notes=notes,
-    )

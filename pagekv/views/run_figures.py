@@ -1,0 +1,108 @@
+"""The figures of a comparison (`pagekv.serving.comparison`), and its export.
+
+    figs = comparison_figures(comp, layer=0)
+    paths = export(comp, figs, folder)     # the numbers and every figure
+
+Drawing only: the comparison is planned and decoded below the views.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from pagekv.maths.metrics import sink_advantage
+from pagekv.serving.comparison import Comparison, export_data, side_labels
+from pagekv.views import figures
+from pagekv.views.figure_memo import memo_figure
+
+
+@functools.lru_cache(maxsize=32)
+def _uor_figure(budgets: tuple, means: tuple, maxes: tuple, r: int):
+    """The UOR-across-budgets figure, drawn once per curve (it does not change while a
+    budget is dragged). Callers share the object: figures are never changed after."""
+    return figures.uor_curve(list(budgets), list(means), list(maxes), r=r)
+
+
+def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> dict:
+    """Every view of the app, as plotly figures keyed by name (`only`: just these names,
+    e.g. the plan views while a slider is dragged; `skip`: not these, e.g. views already
+    drawn; building figures is most of the cost of a run served from memory)."""
+    pa, pb = comp.plan_of("A"), comp.plan_of("B")
+    labels = comp.labels or side_labels(comp.configs["A"], comp.configs["B"])
+    label_a, label_b = labels["A"], labels["B"]
+    G = comp.n_groups
+    r = pb.head_weights.shape[1] // G
+    needle = comp.prep.needle_positions or None
+    layer = max(0, min(int(layer), pa.keep.shape[0] - 1))
+    feasible = [x for x in comp.curve if x["feasible"]]
+    both = (("A", label_a), ("B", label_b))
+    builders = {
+        "frame": lambda: figures.page_frame(
+            {label_a: pa, label_b: pb},
+            {lab: comp.needle_positions_of(key) for key, lab in both},
+        ),
+        # Side B's head weights and sink mass: the budget changes none of them, so
+        # they are drawn once per content (`figure_memo`), not on every release.
+        "weights": lambda: memo_figure(
+            "weights",
+            (pb.weights_isolated, pb.weights_nosink, pb.sink_heads, G, layer),
+            lambda: figures.head_weights_bars(pb, layer),
+        ),
+        "weights_overview": lambda: memo_figure(
+            "weights_overview",
+            (pb.weights_isolated, G),
+            lambda: figures.layer_head_heatmap(
+                pb.weights_isolated, G, "Page-EntroKV head weights, every layer x head", zmax=1.0
+            ),
+        ),
+        "sink_mass": lambda: memo_figure(
+            "sink_mass",
+            (pb.sink_mass, G),
+            lambda: figures.layer_head_heatmap(
+                pb.sink_mass, G, "Sink mass per layer x head (first n_sink tokens)", zmax=1.0
+            ),
+        ),
+        "sink_advantage": lambda: memo_figure(
+            "sink_advantage",
+            (pb.weights_isolated, pb.weights_nosink, pb.sink_heads, G),
+            lambda: figures.sink_advantage_lines(
+                sink_advantage(pb.weights_isolated, pb.sink_heads, G),
+                sink_advantage(pb.weights_nosink, pb.sink_heads, G),
+            ),
+        ),
+        "uor": lambda: _uor_figure(
+            tuple(x["budget"] for x in feasible),
+            tuple(x["uor_mean"] for x in feasible),
+            tuple(x["uor_max"] for x in feasible),
+            r,
+        ),
+        "memory": lambda: figures.memory_bars(comp.memory),
+        "stored": lambda: figures.union_over_budget_heatmap(
+            {lab: comp.records[key]["union_tokens"] for key, lab in both},
+            {lab: comp.records[key]["budget_tokens"] for key, lab in both},
+            r=r,
+        ),
+    }
+    if needle:
+        builders["retention"] = lambda: figures.needle_retention_heatmap(
+            {lab: comp.records[key]["needle_retention"] for key, lab in both}, G
+        )
+    return {
+        k: build() for k, build in builders.items() if (only is None or k in only) and k not in skip
+    }
+
+
+def export(comp: Comparison, figs: dict, folder: str) -> list[str]:
+    """Write `pagekv_run.json`, `pagekv_run.csv` (`export_data`) and
+    `pagekv_figures.html` (every figure of `figs`) into `folder`; their paths."""
+    paths = export_data(comp, folder)
+    html = os.path.join(folder, "pagekv_figures.html")
+    with open(html, "w") as f:
+        f.write("<html><head><meta charset='utf-8'><title>Page-EntroKV run</title></head><body>")
+        for i, (name, fig) in enumerate(figs.items()):
+            f.write(f"<h2>{name}</h2>")
+            f.write(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
+        f.write("</body></html>")
+    paths.append(html)
+    return paths
