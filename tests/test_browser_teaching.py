@@ -99,18 +99,21 @@ def open_accordion(page, name: str) -> None:
     button.click()
 
 
-def wait_plot(page, title_start: str) -> dict:
-    """Until a visible figure whose title starts with `title_start` is drawn; it."""
+def wait_plot(page, title_start: str = "", kind: str = "") -> dict:
+    """Until a visible figure of the open view whose title starts with `title_start`
+    (and whose first trace is of type `kind`, if given) is drawn; it."""
     page.wait_for_function(
-        """([t]) => [...document.querySelectorAll('#lesson-views .js-plotly-plot')].some(
-            p => p.offsetParent && p.layout && String(p.layout.title.text).startsWith(t))""",
-        arg=[title_start],
+        """([t, k]) => [...document.querySelectorAll('#lesson-views .js-plotly-plot')].some(
+            p => p.offsetParent && p.layout && p.data && p.data.length
+              && String(p.layout.title.text).startsWith(t) && (!k || p.data[0].type === k))""",
+        arg=[title_start, kind],
         timeout=SOON_MS,
     )
     return next(
         f
         for f in plot_json(page, "#lesson-views")
         if str(f["layout"]["title"]["text"]).startswith(title_start)
+        and (not kind or f["data"][0]["type"] == kind)
     )
 
 
@@ -260,6 +263,7 @@ def test_lesson_5_figures_fit_and_name_what_they_measure(served):
             in page.locator("#lesson-text").inner_text()
         )
         page.get_by_role("tab", name="UOR & memory").click()
+        wait_plot(page, kind="bar")
         wait_drawn(page)
         assert page.evaluate(FIT_JS) == [], (width, page.evaluate(FIT_JS))
         figs = plot_json(page, "#lesson-views")
@@ -328,7 +332,7 @@ def test_lessons_1_and_3_name_their_figures_and_a_run_is_never_checked_early(ser
     assert f"The table's UOR max ({uor}) divides a union by the tokens one head keeps" in observed
     mean = re.search(r"stores (\d+) tokens on average", observed).group(1)
     page.get_by_role("tab", name="UOR & memory").click()
-    bars = next(f for f in plot_json(page, "#lesson-views") if f["data"][0]["type"] == "bar")
+    bars = wait_plot(page, kind="bar")
     on_bar = dict(zip((str(x).split("<br>")[0] for x in bars["data"][0]["x"]),
                       bars["data"][0]["text"], strict=True))  # fmt: skip
     assert on_bar["head_independent"] == mean, (on_bar, mean)
