@@ -4,8 +4,9 @@
                   [--allow-hub-models]
 
 Layout and wiring only: `build_demo()` lays out the page (a function per part:
-`explore_controls`, `prompt_controls`, `side_a_controls`, `side_b_controls`,
-`lesson_header`, `view_tabs`) and the `wire_*` functions connect each control to
+`explore_controls`, `prompt_controls`, `side_a_controls` and `side_b_controls` (each
+with its `side_settings`), `lesson_header`, `view_tabs`) and the `wire_*` functions
+connect each control to
 its handler in `pagekv.views.app_ui` (runs, previews, presets, layer, mechanism,
 export) and `pagekv.views.app_lessons` (lessons, warm-up); inputs are checked in
 `pagekv.views.inputs`. The model's work runs on the model worker, which `main` gives
@@ -221,22 +222,7 @@ def side_a_controls() -> dict:
     first = PRESETS[0]
     policy_a = gr.Dropdown(POLICY_CHOICES, value=first["policy_a"], label="Policy A")
     scorer_a, allocation_a = method_controls("a")
-    mode = gr.Radio(
-        list(MODES),
-        value=first["mode"],
-        label="Question position",
-        info="after = asked after compression (the strict test)",
-    )
-    budget = slider(
-        "budget", 100 * first["budget"], "Budget (% of the prompt kept per layer and group)",
-        info="its lower limit follows the prompt: the protected pages must fit",
-    )  # fmt: skip
-    page_size = gr.Dropdown(PAGE_SIZES, value=first["page_size"], label="Page size")
-    with gr.Row():
-        n_sink = slider("n_sink", first["n_sink"], "n_sink")
-        window = slider("window", first["window"], "Window")
-    tau = slider("tau", first["tau"], "tau")
-    return _blocks(locals())
+    return _blocks(locals()) | side_settings("a")
 
 
 def side_b_controls() -> dict:
@@ -248,17 +234,37 @@ def side_b_controls() -> dict:
         label="Same settings as A (policy, scorer and allocation are B's own)",
         info="untick to give B its own question position, budget and pages",
     )
-    # While linked, B's own settings show A's and cannot be edited (`linked_b`, on every
-    # change of the link or of A's settings).
-    linked = dict(interactive=False)
-    mode_b = gr.Radio(list(MODES), value=first["mode"], label="Question position B", **linked)
-    budget_b = slider("budget", 100 * first["budget"], "Budget B (%)", **linked)
-    page_size_b = gr.Dropdown(PAGE_SIZES, value=first["page_size"], label="Page size B", **linked)
+    return _blocks(locals()) | side_settings("b")
+
+
+def side_settings(side: str) -> dict:
+    """A side's question position, budget, page size, n_sink, window and tau, at the
+    first preset's values. Side B's are named `..._b` and start locked: while "Same
+    settings as A" is ticked they show A's and cannot be edited (`linked_b`, on every
+    change of the link or of A's settings)."""
+    first = PRESETS[0]
+    b = side == "b"
+    sfx, tag, kw = ("_b", " B", dict(interactive=False)) if b else ("", "", {})
+    out = {
+        "mode" + sfx: gr.Radio(
+            list(MODES), value=first["mode"], label="Question position" + tag,
+            info=None if b else "after = asked after compression (the strict test)", **kw,
+        ),
+        "budget" + sfx: slider(
+            "budget", 100 * first["budget"],
+            "Budget B (%)" if b else "Budget (% of the prompt kept per layer and group)",
+            info=None if b else "its lower limit follows the prompt: the protected pages must fit",
+            **kw,
+        ),
+        "page_size" + sfx: gr.Dropdown(
+            PAGE_SIZES, value=first["page_size"], label="Page size" + tag, **kw
+        ),
+    }  # fmt: skip
     with gr.Row():
-        n_sink_b = slider("n_sink", first["n_sink"], "n_sink B", **linked)
-        window_b = slider("window", first["window"], "Window B", **linked)
-    tau_b = slider("tau", first["tau"], "tau B", **linked)
-    return _blocks(locals())
+        out["n_sink" + sfx] = slider("n_sink", first["n_sink"], "n_sink" + tag, **kw)
+        out["window" + sfx] = slider("window", first["window"], "Window" + tag, **kw)
+    out["tau" + sfx] = slider("tau", first["tau"], "tau" + tag, **kw)
+    return out
 
 
 def lesson_header() -> dict:
@@ -388,15 +394,19 @@ def wire_runs(c: dict) -> None:
     # The API's /preset fills the controls only (no run), for scripts; the page's preset
     # picker above sets and runs in one request. A hidden trigger carries it.
     gr.Button(visible=False).click(apply_preset, c["preset"], preset_targets, api_name="preset")
-    # Linked, B's own settings show A's (outside the queue: no model work).
-    link_io = dict(
-        fn=linked_b, inputs=[c["link_b"], *(c[n] for n in A_SHARED)],
-        outputs=[c[n] for n in B_OWN], queue=False,
+    # Linked, B's own settings show A's and are locked: the link's change sets both
+    # (`linked_b`, outside the queue: no model work); a change of A's settings while
+    # linked is copied in the browser alone (no request for every step of a drag).
+    a_own, b_own = [c[n] for n in A_SHARED], [c[n] for n in B_OWN]
+    c["link_b"].change(
+        linked_b, [c["link_b"], *a_own], b_own, queue=False,
         preprocess=False,  # a value out of range is the run's to refuse, not a badge
         show_progress="hidden", **QUIET,
     )  # fmt: skip
-    for name in ("link_b", *A_SHARED):
-        c[name].change(**link_io)
+    n = len(A_SHARED)
+    copy_js = f"(link, ...v) => link === true ? v.slice(0, {n}) : v.slice({n})"
+    for control in a_own:
+        control.change(None, [c["link_b"], *a_own, *b_own], b_own, js=copy_js, **QUIET)
     names = shared_names(RUN_DEFAULTS)
     c["share_btn"].click(None, [c[n] for n in names], c["share_link"], js=share_js(RUN_DEFAULTS))
     c["layer"].release(update_layer, [c["last"], c["layer"]], c["weights"], api_name="layer")

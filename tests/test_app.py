@@ -180,7 +180,11 @@ def server_prep(server, context: int):
 
     study = MODELS.studies["bundled"]
     memo = study.prefills.items()
-    found = [p for s, p in memo if s.task == "needle" and s.context_tokens == context]
+    found = [
+        p
+        for s, p in memo
+        if s.task == "needle" and s.context_tokens == context and s.seed == GOOD["seed"]
+    ]  # other tests prefill other seeds of the same length
     assert len(found) == 1, list(study.prefills)
     return found[0]
 

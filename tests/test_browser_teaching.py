@@ -72,6 +72,16 @@ def wait_status(page, pattern: str, timeout=UPDATE_MS) -> str:
     return page.locator("#run-status").inner_text()
 
 
+def wait_lesson_checked(page, lesson, timeout=FIRST_RESULT_MS) -> None:
+    """Until `lesson`'s observation shows, checked on this run."""
+    page.wait_for_function(
+        "([s]) => { const o = document.querySelector('#lesson-observation');"
+        " return o.innerText.includes(s) && o.innerText.includes('checked now on'); }",
+        arg=[lesson.observation.statement],
+        timeout=timeout,
+    )
+
+
 def number_box(page, label: str):
     return page.locator(f'input[aria-label="number input for {label}"]').first
 
@@ -245,12 +255,7 @@ def test_lesson_5_figures_fit_and_name_what_they_measure(served):
         page.set_viewport_size({"width": width, "height": 1000})
         open_app(page, url)
         pick_lesson(page, title)
-        page.wait_for_function(
-            "([s]) => { const o = document.querySelector('#lesson-observation');"
-            " return o.innerText.includes(s) && o.innerText.includes('checked now on'); }",
-            arg=[lesson.observation.statement],
-            timeout=FIRST_RESULT_MS,
-        )
+        wait_lesson_checked(page, lesson)
         wait_drawn(page)
         assert page.evaluate(FIT_JS) == [], (width, page.evaluate(FIT_JS))
         (frame,) = plot_json(page, "#page-frame")
@@ -340,12 +345,7 @@ def test_lessons_1_and_3_name_their_figures_and_a_run_is_never_checked_early(ser
     page.get_by_role("button", name="Next lesson").click()
     page.get_by_role("button", name="Next lesson").click()
     lesson3 = app.LESSONS[2]
-    page.wait_for_function(
-        "([s]) => { const o = document.querySelector('#lesson-observation');"
-        " return o.innerText.includes(s) && o.innerText.includes('checked now on'); }",
-        arg=[lesson3.observation.statement],
-        timeout=FIRST_RESULT_MS,
-    )
+    wait_lesson_checked(page, lesson3)
     head = re.search(r"head (g\d+ h\d+) gains most", observation_text(page)).group(1)
     weights = wait_plot(page, "Head weights")
     marks = [a for a in weights["layout"]["annotations"] if "gains most" in a["text"]]
@@ -420,12 +420,7 @@ def test_links_the_glossary_and_the_presenter_view(served):
         page.get_by_label("Presenter view").check()
         page.get_by_role("button", name="Next lesson").click()
         lesson4 = app.LESSONS[3]
-        page.wait_for_function(
-            "([s]) => { const o = document.querySelector('#lesson-observation');"
-            " return o.innerText.includes(s) && o.innerText.includes('checked now on'); }",
-            arg=[lesson4.observation.statement],
-            timeout=FIRST_RESULT_MS,
-        )
+        wait_lesson_checked(page, lesson4)
         wait_drawn(page)
         chart = page.locator("#lesson-views .js-plotly-plot").filter(has=page.locator("svg"))
         visible = [chart.nth(i) for i in range(chart.count()) if chart.nth(i).is_visible()]

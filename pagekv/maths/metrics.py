@@ -106,6 +106,15 @@ def sink_advantage(weights: torch.Tensor, is_sink: torch.Tensor, n_groups: int) 
     return torch.where((n_s > 0) & (n_o > 0), ratio, torch.full_like(ratio, float("nan")))
 
 
+def isolation_gain(weights_isolated: torch.Tensor, weights_nosink: torch.Tensor) -> tuple:
+    """`(head, gain)` of one layer (`[H]` weights with and without sink isolation): the
+    head whose weight isolation raises most, and by how much (where the weight it takes
+    from the sink heads goes)."""
+    gain = weights_isolated - weights_nosink
+    h = int(gain.argmax())
+    return h, float(gain[h])
+
+
 def summarize_sink_advantage(adv: torch.Tensor) -> dict:
     """Mean and max over the groups where the sink advantage is defined."""
     ok = ~torch.isnan(adv)

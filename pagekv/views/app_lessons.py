@@ -47,14 +47,10 @@ LESSON_CONTROLS = (
 def apply_lesson(title):
     """Set every control to the lesson's settings and open its first view."""
     lesson = lesson_of(title)
-    keep = [gr.update()] * len(LESSON_CONTROLS)
     if lesson is None:
-        return [*keep, gr.update(), gr.update(), gr.update()]
-    values = dict(zip(LESSON_CONTROLS, keep, strict=True))
-    if lesson.kind == "live":
-        names = [n for n in LESSON_CONTROLS if n not in MECH_CONTROLS]
-        run = _lesson_run_args(lesson, title, "bundled")
-        values.update(zip(names, control_values(run, names), strict=True))
+        return [*([gr.update()] * len(LESSON_CONTROLS)), gr.update(), gr.update(), gr.update()]
+    run = _lesson_run_args(lesson, title, "bundled") if lesson.kind == "live" else None
+    values = _run_controls(run)
     if lesson.mechanism is not None:
         m = lesson.mechanism
         values.update(
@@ -73,6 +69,16 @@ def apply_lesson(title):
         lesson_markdown(lesson),
         waiting,
     ]
+
+
+def _run_controls(run: dict | None) -> dict:
+    """`LESSON_CONTROLS` by name: the run controls set to the run inputs `run` (all left
+    as they are without one), the mechanism's left as they are."""
+    values = {name: gr.update() for name in LESSON_CONTROLS}
+    if run is not None:
+        names = [n for n in LESSON_CONTROLS if n not in MECH_CONTROLS]
+        values.update(zip(names, control_values(run, names), strict=True))
+    return values
 
 
 def _lesson_run_args(lesson, title, model) -> dict:
@@ -192,9 +198,7 @@ def open_page(title, model="bundled", request: gr.Request = None):
             yield (title, gr.update(), *out)
         return
     run = dict(RUN_DEFAULTS, model=model) | settings | {"lesson": None}
-    names = [n for n in LESSON_CONTROLS if n not in MECH_CONTROLS]
-    controls = dict(zip(LESSON_CONTROLS, [gr.update()] * len(LESSON_CONTROLS), strict=True))
-    controls.update(zip(names, control_values(run, names), strict=True))
+    controls = _run_controls(run)
     shown_model = run["model"] if run["model"] in known_models() else gr.update()
     head = (gr.update(value=None), shown_model, *controls.values(), gr.update(), SHARED_TEXT)
     keep_mech = tuple(gr.update() for _ in MECH_VIEWS)

@@ -40,8 +40,10 @@ from pagekv.views.figures.style import is_figure
 from pagekv.views.inputs import (
     LIMITS,
     BudgetInputError,
+    budget_pct,
     check_budgets,
     min_budget_pct,
+    nearest_in_range,
     parse_run,
     shown_value,
 )
@@ -228,11 +230,6 @@ def _budget_limits(comp, cfg_a, cfg_b) -> dict:
         budget=gr.update(minimum=min_budget_pct(n_a, cfg_a), value=budget_pct(cfg_a)),
         budget_b=gr.update(minimum=min_budget_pct(n_b, cfg_b), value=budget_pct(cfg_b)),
     )
-
-
-def budget_pct(cfg) -> float:
-    """A side's budget as its box shows it (% of the prompt)."""
-    return round(100 * cfg.budget, 2)
 
 
 def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> str:
@@ -599,20 +596,13 @@ def _in_range(name: str, value, notes: list):
     """A mechanism input within its slider's range: a value outside it (or no number)
     becomes the nearest end, as the browser's box shows it, and `notes` says so."""
     label, lo, hi, _step, whole = MECH_LIMITS[name]
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = float("nan")
-    if x != x:
+    x, where = nearest_in_range(value, lo, hi)
+    if where == "no number":
         notes.append(f"{label}: no number, using {lo:g}.")
-        x = lo
-    elif not lo <= x <= hi:
-        end = lo if x < lo else hi
+    elif where is not None:
         notes.append(
-            f"{label}: {shown_value(value)} is {'below' if x < lo else 'above'} its range "
-            f"({lo:g} to {hi:g}), using {end:g}."
+            f"{label}: {shown_value(value)} is {where} its range ({lo:g} to {hi:g}), using {x:g}."
         )
-        x = end
     return int(round(x)) if whole else x
 
 
@@ -747,19 +737,15 @@ def prompt_range_note(name: str):
     lo, hi, _step = LIMITS[name]
 
     def note(value):
-        try:
-            x = float(value)
-        except (TypeError, ValueError):
-            x = float("nan")
-        if x == x and lo <= x <= hi:
+        x, where = nearest_in_range(value, lo, hi)
+        if where is None:
             return STALE_NOTE
-        if x != x:
+        if where == "no number":
             said = f"the box held no number (its range is {lo:g} to {hi:g}); it now holds {lo:g}"
         else:
-            side, end = ("below", lo) if x < lo else ("above", hi)
             said = (
-                f"{shown_value(value)} is {side} its range ({lo:g} to {hi:g}); the box now "
-                f"holds {end:g}"
+                f"{shown_value(value)} is {where} its range ({lo:g} to {hi:g}); the box now "
+                f"holds {x:g}"
             )
         return (
             f"**Note:** {label}: {said}. The results below are for the previous prompt until "

@@ -24,7 +24,7 @@ from pagekv.tasks import needle_depth, task_names
 
 __all__ = [
     "ALLOCATIONS", "LIMITS", "MODES", "PAGE_SIZES", "SCORERS", "TASKS", "BudgetInputError",
-    "budget_rule", "check_budgets", "parse_run",
+    "as_number", "budget_pct", "budget_rule", "check_budgets", "nearest_in_range", "parse_run",
 ]  # fmt: skip
 
 #: Page sizes offered by the page and accepted by the API.
@@ -109,17 +109,37 @@ def _bound(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
 
+def as_number(value) -> float:
+    """`value` read as a number (a number, or text that reads as one); NaN for anything
+    else (None, a flag, other text)."""
+    if isinstance(value, bool) or value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def nearest_in_range(value, lo: float, hi: float) -> tuple[float, str | None]:
+    """`value` in `[lo, hi]`, as a slider's box leaves it once the box loses focus: the
+    number itself, or the nearest end (`lo` for no number), with where it was: None
+    (inside), "no number", "below" or "above"."""
+    x = as_number(value)
+    if x != x:
+        return lo, "no number"
+    if x < lo:
+        return lo, "below"
+    if x > hi:
+        return hi, "above"
+    return x, None
+
+
 def _num(name: str, value, lo: float, hi: float, integer: bool = False):
     """`value` as a number in [lo, hi], or an InputError that names the control."""
-    span = f"from {_bound(lo)} to {_bound(hi)}"
-    kind = "a whole number" if integer else "a number"
-    if isinstance(value, bool) or value is None:
-        raise InputError(f"{name} must be {kind} {span}; got {shown_value(value)}")
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{name} must be {kind} {span}; got {shown_value(value)}") from None
+    x = as_number(value)
     if x != x or not lo <= x <= hi or (integer and x != int(x)):
+        kind = "a whole number" if integer else "a number"
+        span = f"from {_bound(lo)} to {_bound(hi)}"
         raise InputError(f"{name} must be {kind} {span}; got {shown_value(value)}")
     return int(x) if integer else x
 
@@ -171,19 +191,20 @@ def parse_run(v: dict):
         kw.update(texts)
         kw["depth"] = needle_depth(texts["haystack"], texts["needle"], kw["depth"])
     spec = PromptSpec(**kw)
-    refused: list[bool] = []
-    cfg_a = _method(_side_config(v, "", refused), v, "A")
+    cfg_a, refused_a = _side_config(v, "")
+    cfg_a = _method(cfg_a, v, "A")
     if _flag("same settings as A", v["link_b"]):
-        cfg_b, mode_b = _method(cfg_a, v, "B"), mode
+        (cfg_b, mode_b), refused_b = (_method(cfg_a, v, "B"), mode), False
     else:
-        cfg_b = _method(_side_config(v, "_b", refused), v, "B")
+        cfg_b, refused_b = _side_config(v, "_b")
+        cfg_b = _method(cfg_b, v, "B")
         mode_b = _choice("question position B", v["mode_b"], MODES)
     layer = _num("layer", v["layer"], *_span("layer"), integer=True)
     # The budgets last: their message needs the side's other settings and the prompt.
-    sides = (("A", cfg_a, mode, "budget_pct"), ("B", cfg_b, mode_b, "budget_b"))
-    for (side, cfg, m, key), no in zip(sides, refused, strict=False):  # linked: A only
-        if no:
-            raise BudgetInputError(side, v[key], cfg, spec.replace(mode=m))
+    if refused_a:
+        raise BudgetInputError("A", v["budget_pct"], cfg_a, spec.replace(mode=mode))
+    if refused_b:
+        raise BudgetInputError("B", v["budget_b"], cfg_b, spec.replace(mode=mode_b))
     return spec, cfg_a, cfg_b, mode, mode_b, layer
 
 
@@ -191,13 +212,13 @@ def check_budgets(sides) -> None:
     """`sides`: `(side, cfg, spec, n)` per side; BudgetInputError (with the floor of that
     prompt) for the first whose budget is below `min_budget_pct(n, cfg)`."""
     for side, cfg, spec, n in sides:
-        if 100 * cfg.budget < min_budget_pct(n, cfg) - 1e-9:
-            raise BudgetInputError(side, _pct_value(cfg.budget), cfg, spec, n)
+        if budget_pct(cfg) < min_budget_pct(n, cfg) - 1e-9:
+            raise BudgetInputError(side, budget_pct(cfg), cfg, spec, n)
 
 
-def _pct_value(budget: float):
-    pct = round(100 * budget, 6)
-    return int(pct) if pct.is_integer() else pct
+def budget_pct(cfg: EvictionConfig) -> float:
+    """A side's budget as its box and its messages show it (% of the prompt)."""
+    return round(100 * cfg.budget, 6)
 
 
 def _method(cfg: EvictionConfig, v: dict, side: str) -> EvictionConfig:
@@ -214,27 +235,23 @@ def _method(cfg: EvictionConfig, v: dict, side: str) -> EvictionConfig:
 
 def _budget(value) -> float | None:
     """A budget in % as a fraction, or None when it is no number in (0, 100]."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
+    x = as_number(value)
     return x / 100.0 if 0 < x <= 100 else None
 
 
-def _side_config(v: dict, suffix: str, refused: list) -> EvictionConfig:
-    """A side's settings; a refused budget appends True to `refused` (and 1.0 stands in)."""
+def _side_config(v: dict, suffix: str) -> tuple[EvictionConfig, bool]:
+    """A side's settings, and whether its budget is refused (1.0 then stands in, and
+    `parse_run` raises for it once everything else is read)."""
     side = "B" if suffix else "A"
     budget = _budget(v["budget_b" if suffix else "budget_pct"])
-    refused.append(budget is None)
-    return EvictionConfig(
-        budget=1.0 if budget is None else budget,  # refused: `parse_run` raises for it
+    cfg = EvictionConfig(
+        budget=1.0 if budget is None else budget,
         page_size=_page_size(f"page size {side}", v["page_size" + suffix]),
         n_sink=_num(f"n_sink {side}", v["n_sink" + suffix], *_span("n_sink"), integer=True),
         window=_num(f"window {side}", v["window" + suffix], *_span("window"), integer=True),
         tau=_num(f"tau {side}", v["tau" + suffix], *_span("tau")),
     )
+    return cfg, budget is None
 
 
 def _span(name: str) -> tuple:

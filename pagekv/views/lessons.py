@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 import torch
 
 from pagekv.maths.config import EvictionConfig
-from pagekv.maths.metrics import sink_advantage
+from pagekv.maths.metrics import isolation_gain, sink_advantage
 from pagekv.paths import ROOT
+from pagekv.views.answers import mean_retention
 
 #: The replay run the lessons cite (docs/results.md reads it too).
 REPLAY_RESULTS = ROOT / "docs" / "results" / "full" / "results.json"
@@ -177,7 +178,7 @@ def shared_budget_answers(a: bool, b: bool):
         stored_b = int(sum(map(sum, recs["B"]["stored_tokens"])))
         holds = first.holds and tot["B"] <= budget
         needle = all(recs[k].get("needle_retention") for k in ("A", "B"))
-        kept = {k: _mean_kept(recs[k]) if needle else None for k in ("A", "B")}
+        kept = {k: mean_retention(recs[k]) for k in ("A", "B")}  # the table's "needle kept"
         whole = {k: _whole_needle(recs[k]) if needle else [] for k in ("A", "B")}
         measured = (
             f"{first.measured}. Kept in all: A {tot['A']} tokens, B {tot['B']} of the "
@@ -207,12 +208,6 @@ def shared_budget_answers(a: bool, b: bool):
         "(layer, group) together",
         check,
     )
-
-
-def _mean_kept(rec: dict) -> float:
-    """The share of the needle's tokens kept, the mean over every (layer, group)."""
-    flat = [v for row in rec["needle_retention"] for v in row]
-    return sum(flat) / len(flat)
 
 
 def _whole_needle(rec: dict) -> list[int]:
@@ -306,9 +301,8 @@ def sink_masquerade(layer: int | str, raw_at_least: float, isolated_below: float
         holds = r_raw >= raw_at_least and r_iso < isolated_below
         n_mixed = int((~torch.isnan(raw_all)).sum())
         n_fixed = int((iso_all < isolated_below).sum())  # NaN compares False
-        gain = p.weights_isolated[at] - p.weights_nosink[at]  # [H]
-        h = int(gain.argmax())
-        r = gain.numel() // G
+        h, _ = isolation_gain(p.weights_isolated[at], p.weights_nosink[at])
+        r = p.weights_isolated.shape[1] // G
         measured = (
             f"layer {at} (of layers 0-{L - 1}), group {g}: sink heads weigh {r_raw:.2f}x the "
             f"others without isolation, {r_iso:.2f}x with it; over every layer, isolation "

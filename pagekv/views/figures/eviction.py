@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from pagekv.maths.metrics import isolation_gain
 from pagekv.views.figures.style import (
     BLACK,
     BLUE,
@@ -371,9 +372,8 @@ def head_weights_bars(p, layer: int, title=None):
             x=heads, y=p.weights_nosink[layer].tolist(), name="without isolation", marker_color=SKY
         )
     )
-    gain = p.weights_isolated[layer] - p.weights_nosink[layer]
-    h = int(gain.argmax())
-    if float(gain[h]) > 0:  # where isolation moves the sinks' weight to
+    h, gain = isolation_gain(p.weights_isolated[layer], p.weights_nosink[layer])
+    if gain > 0:  # where isolation moves the sinks' weight to
         fig.add_annotation(
             x=heads[h],
             y=float(max(p.weights_isolated[layer, h], p.weights_nosink[layer, h])),
