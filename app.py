@@ -57,8 +57,6 @@ from pagekv.views.app_ui import (  # noqa: E402
     PRESETS,
     PROMPT_SLIDERS,
     RUN_CONCURRENCY,
-    RUN_DEFAULTS,
-    RUN_INPUTS,
     RUN_VIEWS,
     apply_preset,
     configure,
@@ -89,6 +87,7 @@ from pagekv.views.lesson_checks import (  # noqa: E402
     replay_recall_figure,
 )
 from pagekv.views.lessons import LESSONS  # noqa: E402
+from pagekv.views.run_inputs import RUN_DEFAULTS, RUN_INPUTS  # noqa: E402
 from pagekv.views.share import share_js, shared_names  # noqa: E402
 from pagekv.views.view_memo import PLAN_VIEWS  # noqa: E402
 
@@ -407,8 +406,8 @@ def wire_runs(c: dict) -> None:
     copy_js = f"(link, ...v) => link === true ? v.slice(0, {n}) : v.slice({n})"
     for control in a_own:
         control.change(None, [c["link_b"], *a_own, *b_own], b_own, js=copy_js, **QUIET)
-    names = shared_names(RUN_DEFAULTS)
-    c["share_btn"].click(None, [c[n] for n in names], c["share_link"], js=share_js(RUN_DEFAULTS))
+    names = shared_names()
+    c["share_btn"].click(None, [c[n] for n in names], c["share_link"], js=share_js())
     c["layer"].release(update_layer, [c["last"], c["layer"]], c["weights"], api_name="layer")
     c["export_btn"].click(export_run, c["last"], c["files"], api_name="export")
 

@@ -40,6 +40,7 @@ from pagekv.serving.worker import WORKER  # noqa: E402
 from pagekv.views import app_ui, figure_memo  # noqa: E402
 from pagekv.views.inputs import parse_run  # noqa: E402
 from pagekv.views.run_figures import comparison_figures  # noqa: E402
+from pagekv.views.run_inputs import RunInputs  # noqa: E402
 from pagekv.views.view_memo import SAME_AFTER_DECODING  # noqa: E402
 
 #: The views `run_comparison` draws while the pair decodes (the plan views come from
@@ -62,7 +63,7 @@ def release(run: dict, pct: float) -> dict:
 def parts(run: dict, pct: float) -> dict:
     """The parts of a release at `pct` %, each on its own; seconds."""
     kw = dict(run, budget_pct=pct, budget_b=pct)
-    spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run({k: kw[k] for k in app.RUN_INPUTS})
+    spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(RunInputs(**kw))
     study = app_ui.get_study(kw["model"])
     t0 = time.perf_counter()
     comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
@@ -100,7 +101,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     app_ui.configure("bundled", decode_dtype=args.dtype)
-    run = app_ui._preset_run_args(app.PRESETS[0])
+    run = app_ui._preset_run_args(app.PRESETS[0]).as_dict()
     out: dict = {}
 
     def client():

@@ -323,7 +323,7 @@ def solo(url: str, budgets: tuple, deadline: float) -> list[dict]:
     from gradio_client import Client
 
     client = Client(url, verbose=False)
-    run = app_ui._preset_run_args(app.PRESETS[0])
+    run = app_ui._preset_run_args(app.PRESETS[0]).as_dict()
     records = []
 
     def add(rec, kind, pct=None):
@@ -397,7 +397,7 @@ def student(i: int, url: str, cls: Class, n_lessons: int, start_at: float, moves
         title, lesson = app.LESSON_TITLES[k], LESSONS[k]
         actions = [("lesson", title, None)]
         if LIVE[k]:
-            run = app_lessons._lesson_run_args(lesson, title, "bundled")
+            run = app_lessons._lesson_run_args(lesson, title, "bundled").as_dict()
             for d in moves:
                 kw = dict(run, budget_pct=run["budget_pct"] + d, budget_b=run["budget_b"] + d)
                 actions.append(("budget move", (title, d), kw))

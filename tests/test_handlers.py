@@ -9,12 +9,12 @@ import pytest
 from pagekv.views import app_ui
 from pagekv.views.answers import ANSWER_HEADERS, run_cells
 from pagekv.views.inputs import InputError, parse_run
+from pagekv.views.run_inputs import RunInputs
 from pagekv.views.view_memo import view_memo
 
 from .app_server import answer_rows
 
 RUN = dict(
-    app_ui.RUN_DEFAULTS,
     task="needle",
     context=300,
     depth=0.5,
@@ -49,12 +49,12 @@ RUN = dict(
 )
 def test_bad_inputs_name_the_control(change, words):
     with pytest.raises(InputError) as err:
-        parse_run(RUN | change)
+        parse_run(RunInputs(**RUN | change))
     assert words in str(err.value)
 
 
 def test_good_inputs_make_both_sides():
-    spec, a, b, mode_a, mode_b, layer = parse_run(RUN | dict(link_b=False, budget_b=20.0))
+    spec, a, b, mode_a, mode_b, layer = parse_run(RunInputs(**RUN, link_b=False, budget_b=20.0))
     assert (spec.context_tokens, spec.mode, mode_a, mode_b, layer) == (300, "after", "after",
                                                                         "inside", 0)  # fmt: skip
     assert (a.policy, a.budget, b.policy, b.budget) == ("mean", 0.4, "entropy", 0.2)
@@ -63,10 +63,10 @@ def test_good_inputs_make_both_sides():
 def test_scorer_and_allocation_are_each_sides_own_even_when_b_follows_a():
     # Linked: B takes A's budget and pages but keeps its own method (the lesson and the
     # student compare window against reconstruct at the same settings).
-    _, a, b, *_ = parse_run(RUN | dict(scorer_b="reconstruct", allocation_b="global"))
+    _, a, b, *_ = parse_run(RunInputs(**RUN, scorer_b="reconstruct", allocation_b="global"))
     assert (a.scorer, a.allocation, a.budget) == ("window", "uniform", 0.4)
     assert (b.scorer, b.allocation, b.budget) == ("reconstruct", "global", 0.4)
-    _, a, b, *_ = parse_run(RUN | dict(link_b=False, scorer_a="reconstruct", budget_b=20.0))
+    _, a, b, *_ = parse_run(RunInputs(**RUN, link_b=False, scorer_a="reconstruct", budget_b=20.0))
     assert (a.scorer, b.scorer, b.budget) == ("reconstruct", "window", 0.2)
 
 

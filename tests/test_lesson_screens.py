@@ -56,14 +56,14 @@ def test_side_b_follows_a_when_a_lesson_differs_only_in_the_policy():
             b.config(),
             b.mode,
         )
-        assert args["link_b"] is only_method, lesson.id
-        assert (args["scorer_b"], args["allocation_b"]) == (b.scorer, b.allocation)
+        assert args.link_b is only_method, lesson.id
+        assert (args.scorer_b, args.allocation_b) == (b.scorer, b.allocation)
     by_id = {x.id: x for x in LESSONS}
-    assert _lesson_run_args(by_id["gqa-cost"], LESSON_TITLES[0], "bundled")["link_b"] is True
-    assert _lesson_run_args(by_id["strict-test"], LESSON_TITLES[3], "bundled")["link_b"] is False
+    assert _lesson_run_args(by_id["gqa-cost"], LESSON_TITLES[0], "bundled").link_b is True
+    assert _lesson_run_args(by_id["strict-test"], LESSON_TITLES[3], "bundled").link_b is False
     shared = _lesson_run_args(by_id["reconstruct"], LESSON_TITLES[4], "bundled")
-    assert shared["link_b"] is True and shared["scorer_b"] == "reconstruct"
-    assert (shared["scorer_a"], shared["allocation_b"]) == ("window", "global")
+    assert shared.link_b is True and shared.scorer_b == "reconstruct"
+    assert (shared.scorer_a, shared.allocation_b) == ("window", "global")
 
 
 @pytest.mark.parametrize(

@@ -121,10 +121,10 @@ def test_a_preset_of_another_model_runs_there_and_is_checked_only_there():
     """A qwen-coder-0.5b preset sets the model control; its verdict is given only for a
     comparison that ran on that model (not on the bundled model standing in for it)."""
     qwen = next(p for p in load_presets() if p["model"] == "qwen-coder-0.5b")
-    assert _preset_run_args(qwen, model="bundled")["model"] == "qwen-coder-0.5b"
+    assert _preset_run_args(qwen, model="bundled").model == "qwen-coder-0.5b"
     curated = load_presets()[0]
     assert curated["model"] is None
-    assert _preset_run_args(curated, model="qwen-coder-0.5b")["model"] == "qwen-coder-0.5b"
+    assert _preset_run_args(curated, model="qwen-coder-0.5b").model == "qwen-coder-0.5b"
     spec, cfg_a, cfg_b, mode_a, mode_b = preset_inputs(qwen)
 
     class Ran:

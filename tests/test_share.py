@@ -7,6 +7,7 @@ from pagekv.views import app_ui
 from pagekv.views.app_text import STALE_NOTE
 from pagekv.views.inputs import parse_run
 from pagekv.views.lesson_checks import LESSON_TITLES
+from pagekv.views.run_inputs import RUN_INPUTS, RunInputs
 from pagekv.views.share import lesson_in_query, settings_in_query, share_js, shared_names
 
 
@@ -28,15 +29,15 @@ def test_a_link_to_settings_reads_numbers_flags_and_passes_the_rest_on():
     assert settings_in_query({"lesson": "3"}) is None  # a lesson, not settings
     assert settings_in_query({"settings": "default"}) == {}  # every default
     # What the run makes of a link's values: the same checks as any input.
-    run = dict(app_ui.RUN_DEFAULTS) | settings_in_query({"context": "300", "link_b": "true"})
+    run = RunInputs(**settings_in_query({"context": "300", "link_b": "true"}))
     spec, a, b, *_ = parse_run(run)
     assert spec.context_tokens == 300 and a.budget == b.budget == 0.2
 
 
 def test_the_share_button_names_every_run_input_but_the_lesson():
-    names = shared_names(app_ui.RUN_DEFAULTS)
-    assert "lesson" not in names and set(names) == set(app_ui.RUN_INPUTS) - {"lesson"}
-    js = share_js(app_ui.RUN_DEFAULTS)
+    names = shared_names()
+    assert "lesson" not in names and set(names) == set(RUN_INPUTS) - {"lesson"}
+    js = share_js()
     assert js.startswith("(...values) => pagekvShareLink(") and '"budget_pct"' in js
 
 

@@ -201,7 +201,7 @@ def test_the_apps_run_path_holds_its_session_turn_across_worker_waits(tokenizer,
     ]
 
     def call(i: int, session: str):
-        run = dict(app_ui.RUN_DEFAULTS, model="tiny-llama", context=300, **settings[i])
+        run = dict(model="tiny-llama", context=300, **settings[i])
         *_, last = app_ui.run_comparison(**run, request=SimpleNamespace(session_hash=session))
         status = last[app_ui.RUN_VIEWS.index("status")]
         assert status.startswith("**Done:**"), status

@@ -121,7 +121,7 @@ def test_a_run_on_a_model_not_loaded_says_so_first(tokenizer, monkeypatch):  # n
     )
     monkeypatch.setattr(app_ui, "MODELS", registry)
     view_memo.clear()
-    run = dict(app_ui.RUN_DEFAULTS, model="tiny-other", context=300, budget_pct=40.0)
+    run = dict(model="tiny-other", context=300, budget_pct=40.0)
     status = [s[app_ui.RUN_VIEWS.index("status")] for s in app_ui.run_comparison(**run)]
     assert status[0].startswith("**Note:** Loading the model tiny-other (once)"), status
     assert status[1].startswith("**Note:** Prefilling the prompt on tiny-llama"), status

@@ -4,7 +4,6 @@ the live lessons once a server starts, so that a class gets them from memory."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -15,18 +14,18 @@ from pagekv.views.app_text import lesson_markdown, message
 from pagekv.views.app_ui import (
     MECH_CONTROLS,
     MECH_VIEWS,
-    RUN_DEFAULTS,
     RUN_VIEWS,
     cleared_views,
     control_values,
     known_models,
     light,
-    run_comparison,
+    run_inputs,
     run_mechanism,
     update_layer,
 )
 from pagekv.views.lesson_checks import LESSON_TITLES, check_lesson, lesson_of
 from pagekv.views.lessons import LESSONS, layer_for
+from pagekv.views.run_inputs import RunInputs
 from pagekv.views.share import lesson_in_query, settings_in_query
 
 log = logging.getLogger("pagekv.app")
@@ -71,7 +70,7 @@ def apply_lesson(title):
     ]
 
 
-def _run_controls(run: dict | None) -> dict:
+def _run_controls(run: RunInputs | None) -> dict:
     """`LESSON_CONTROLS` by name: the run controls set to the run inputs `run` (all left
     as they are without one), the mechanism's left as they are."""
     values = {name: gr.update() for name in LESSON_CONTROLS}
@@ -81,26 +80,15 @@ def _run_controls(run: dict | None) -> dict:
     return values
 
 
-def _lesson_run_args(lesson, title, model) -> dict:
-    """The run inputs of a live lesson (every control as the lesson sets it). Side B
-    follows A ("Same settings as A" ticked) when the two differ only in their method
-    (policy, scorer, allocation), so
-    that moving A's controls afterwards moves B's too; otherwise B keeps its own (the
-    status line says so). A layer named by a rule ("last", "strongest", "sink") starts at 0
-    and is resolved on the model once it has run (`pick_lesson`)."""
-    p, a, b = lesson.prompt, lesson.a, lesson.b
-    linked = dataclasses.replace(a, policy=b.policy, scorer=b.scorer, allocation=b.allocation) == b
+def _lesson_run_args(lesson, title, model) -> RunInputs:
+    """The run inputs of a live lesson (every control as the lesson sets it; B follows A
+    where only their methods differ, otherwise it keeps its own and the status line says
+    so). A layer named by a rule ("last", "strongest", "sink") starts at 0 and is resolved
+    on the model once it has run (`pick_lesson`)."""
     layer = lesson.layer if isinstance(lesson.layer, int) else 0
-    return dict(
-        RUN_DEFAULTS, model=model, task=p.task, context=p.context_tokens, depth=p.depth,
-        seed=p.seed, needles=p.n_needles, mode=a.mode, curated=p.name,
-        budget_pct=round(100 * a.budget, 1), page_size=a.page_size, n_sink=a.n_sink,
-        window=a.window, tau=a.tau, policy_a=a.policy, policy_b=b.policy, link_b=linked,
-        mode_b=b.mode, budget_b=round(100 * b.budget, 1), page_size_b=b.page_size,
-        n_sink_b=b.n_sink, window_b=b.window, tau_b=b.tau, layer=layer, lesson=title,
-        scorer_a=a.scorer, allocation_a=a.allocation, scorer_b=b.scorer,
-        allocation_b=b.allocation,
-    )  # fmt: skip
+    return RunInputs.for_sides(
+        lesson.prompt, lesson.a, lesson.b, model=model, layer=layer, lesson=title
+    )
 
 
 @light
@@ -124,7 +112,7 @@ def pick_lesson(title, model="bundled", request: gr.Request = None):
             round(100 * m.budget),
         )  # fmt: skip
     if lesson.kind == "live":
-        for views in run_comparison(**_lesson_run_args(lesson, title, model), request=request):
+        for views in run_inputs(_lesson_run_args(lesson, title, model), request):
             views = list(views)
             if views[i_obs] is None or isinstance(views[i_obs], dict):  # not checked yet
                 views[i_obs] = waiting
@@ -197,12 +185,12 @@ def open_page(title, model="bundled", request: gr.Request = None):
         for out in pick_lesson(title, model, request):
             yield (title, gr.update(), *out)
         return
-    run = dict(RUN_DEFAULTS, model=model) | settings | {"lesson": None}
+    run = RunInputs(model=model).replace(**settings, lesson=None)
     controls = _run_controls(run)
-    shown_model = run["model"] if run["model"] in known_models() else gr.update()
+    shown_model = run.model if run.model in known_models() else gr.update()
     head = (gr.update(value=None), shown_model, *controls.values(), gr.update(), SHARED_TEXT)
     keep_mech = tuple(gr.update() for _ in MECH_VIEWS)
-    for views in run_comparison(**run, request=request):
+    for views in run_inputs(run, request):
         views = list(views)
         views[RUN_VIEWS.index("observation")] = "**Observation:** none: no lesson is picked."
         yield (*head, *views, *keep_mech)
@@ -219,7 +207,7 @@ def warm_lessons(model: str = "bundled") -> int:
              len(live), model)  # fmt: skip
     n = 0
     for title, lesson in live:
-        *_, last = run_comparison(**_lesson_run_args(lesson, title, model))
+        *_, last = run_inputs(_lesson_run_args(lesson, title, model))
         status = last[RUN_VIEWS.index("status")]
         if str(status).startswith("**Error:**"):  # e.g. no model: the runs say why
             log.warning("lessons not warmed: %s", status)

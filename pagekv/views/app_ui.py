@@ -48,8 +48,9 @@ from pagekv.views.inputs import (
     shown_value,
 )
 from pagekv.views.lesson_checks import check_lesson, lesson_of
-from pagekv.views.presets import check_preset, load_presets, preset_matches, preset_methods
+from pagekv.views.presets import check_preset, load_presets, preset_matches, preset_sides
 from pagekv.views.run_figures import comparison_figures, export
+from pagekv.views.run_inputs import RunInputs, takes_run_inputs
 from pagekv.views.view_memo import (
     PLAN_VIEWS,
     SAME_AFTER_DECODING,
@@ -270,67 +271,25 @@ def _shown(text: str) -> str:
     return "".join("\\" + c if c in "*_`[]" else c for c in escaped)
 
 
-def _run_values(args) -> dict:
-    return dict(zip(RUN_INPUTS, args, strict=True))
-
-
 @light
 @gpu
-def run_comparison(
-    model="bundled",
-    task="needle",
-    context=2000,
-    depth=0.5,
-    seed=0,
-    needles=1,
-    mode="inside",
-    curated=None,
-    haystack="",
-    needle="",
-    question="",
-    answer="",
-    budget_pct=20.0,
-    page_size=16,
-    n_sink=4,
-    window=32,
-    tau=1.0,
-    policy_a="mean",
-    policy_b="entropy",
-    link_b=True,
-    mode_b="inside",
-    budget_b=20.0,
-    page_size_b=16,
-    n_sink_b=4,
-    window_b=32,
-    tau_b=1.0,
-    layer=0,
-    lesson=None,
-    scorer_a="window",
-    allocation_a="uniform",
-    scorer_b="window",
-    allocation_b="uniform",
-    request: gr.Request = None,
-):
+def run_inputs(inputs: RunInputs, request: gr.Request = None):
     """Prefill (memoised), plan both sides and show every plan view at once, then decode
     full / A / B and show the answers, and check the lesson's observation. A generator:
     plan views, answers as they stream, then everything. A run already finished (by any
     session) is served from memory in one update. Never raises: bad input becomes a
-    message and the next request works.
-
-    Side A is the shared controls (question position, budget, page size, n_sink, window,
-    tau) with policy A, scorer A and allocation A; side B uses its own policy, scorer and
-    allocation and, with `link_b`, the same other settings as A, otherwise its own
-    (`mode_b`, `budget_b`, ...): each side is a full configuration. The scorer and
-    allocation inputs come last, so a caller that lists the inputs by position from
-    before they existed still gets the defaults (window, uniform).
-    """
-    v = {k: val for k, val in locals().items() if k in RUN_INPUTS}
+    message and the next request works. `inputs`: `RunInputs` (each side a full
+    configuration)."""
     session = getattr(request, "session_hash", None)
     with SESSIONS.turn(session):
-        yield from _run(v, lesson, session)
+        yield from _run(inputs, inputs.lesson, session)
 
 
-def _run(v: dict, lesson, session=None):
+#: The API's /run and /budget: `run_inputs` with every run input by name or position.
+run_comparison = takes_run_inputs(gr.Request)(run_inputs)
+
+
+def _run(v: RunInputs, lesson, session=None):
     study = None
     try:
         try:
@@ -338,7 +297,7 @@ def _run(v: dict, lesson, session=None):
             refused = None
         except BudgetInputError as e:  # said with the prompt's floor: the model tells it
             refused = e
-        name = model_key(v["model"] if isinstance(v["model"], str) else "")
+        name = model_key(v.model if isinstance(v.model, str) else "")
         if MODELS.offered(name) and name not in MODELS.loaded_names():
             yield _status_views(_working(f"Loading the model {name} (once)"), lesson)
         study = get_study(name)
@@ -525,25 +484,18 @@ def _stream_views(table: str):
     return tuple(table if name == "answers" else gr.update() for name in RUN_VIEWS)
 
 
-#: The run's inputs in order, and their defaults (the API's too): read from the
-#: signature of `run_comparison`, the one place they are written.
-#: (`request` is Gradio's, not an input.)
-RUN_DEFAULTS = {
-    k: p.default for k, p in inspect.signature(run_comparison).parameters.items() if k != "request"
-}
-RUN_INPUTS = tuple(RUN_DEFAULTS)
 #: Controls named otherwise than the run input they feed.
 CONTROL_INPUT = {"budget": "budget_pct"}
 
 
-def control_values(run_args: dict, names) -> list:
-    """The controls `names` set to a run's inputs `run_args` (the curated-task picker as
-    an update with its choices, the layer as an update: its range follows the model)."""
+def control_values(run: RunInputs, names) -> list:
+    """The controls `names` set to a run's inputs `run` (the curated-task picker as an
+    update with its choices, the layer as an update: its range follows the model)."""
     out = []
     for name in names:
-        value = run_args[CONTROL_INPUT.get(name, name)]
+        value = getattr(run, CONTROL_INPUT.get(name, name))
         if name == "curated":
-            value = curated_choices(run_args["task"], value)[0]
+            value = curated_choices(run.task, value)[0]
         elif name == "layer":
             value = gr.update(value=value)
         out.append(value)
@@ -556,10 +508,10 @@ def preview_plans(*args):
     plan views (page frame, retention, UOR, stored, memory); no decoding, and no
     prefill (a prompt not prefilled yet waits for the run). Answers come when the
     slider is released (the run). Quietly does nothing on bad input."""
-    v = _run_values(args)
+    v = RunInputs(*args)
     try:
         spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
-        study = get_study(v["model"] if isinstance(v["model"], str) else "")
+        study = get_study(v.model if isinstance(v.model, str) else "")
         comp = plan_comparison(
             study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b, cached_only=True
         )
@@ -665,17 +617,12 @@ def apply_preset(title):
     return control_values(_preset_run_args(p, MODELS.default), PRESET_CONTROLS)
 
 
-def _preset_run_args(p, model="bundled", lesson_title=None) -> dict:
-    """The run inputs of a preset (side B follows A; only the policy differs), on the
+def _preset_run_args(p, model="bundled", lesson_title=None) -> RunInputs:
+    """The run inputs of a preset (side B follows A; only the method differs), on the
     preset's model where it names one, else on `model`."""
-    return dict(
-        RUN_DEFAULTS, model=p.get("model") or model, task=p["task"], context=p["context_tokens"],
-        depth=p["depth"], seed=p["seed"], needles=p["n_needles"], mode=p["mode"],
-        curated=p["name"], budget_pct=round(100 * p["budget"], 1), page_size=p["page_size"],
-        n_sink=p["n_sink"], window=p["window"], tau=p["tau"], policy_a=p["policy_a"],
-        policy_b=p["policy_b"], link_b=True, lesson=lesson_title, layer=p["layer"],
-        **preset_methods(p),
-    )  # fmt: skip
+    return RunInputs.for_sides(
+        *preset_sides(p), model=p.get("model") or model, layer=p["layer"], lesson=lesson_title
+    )
 
 
 @light
@@ -690,7 +637,7 @@ def run_preset(title, model, lesson_title, request: gr.Request = None):
     run = _preset_run_args(p, model, lesson_title)
     controls = control_values(run, PRESET_CONTROLS)
     tabs = gr.Tabs(selected=p["view"])
-    for views in run_comparison(**run, request=request):
+    for views in run_inputs(run, request):
         yield (*controls, True, tabs, *_with_preset_verdict(p, views))
 
 

@@ -21,6 +21,7 @@ from pagekv.maths.config import ALLOCATIONS, POLICIES, SCORERS, EvictionConfig
 from pagekv.maths.paging import min_feasible_budget
 from pagekv.serving.study import MODES, PROMPT_TASKS, WINDOW_MAX, PromptSpec
 from pagekv.tasks import needle_depth, task_names
+from pagekv.views.run_inputs import RunInputs
 
 __all__ = [
     "ALLOCATIONS", "LIMITS", "MODES", "PAGE_SIZES", "SCORERS", "TASKS", "BudgetInputError",
@@ -168,43 +169,43 @@ def _page_size(name: str, value) -> int:
     return _choice(name, _num(name, value, 1, max(PAGE_SIZES), integer=True), PAGE_SIZES)
 
 
-def parse_run(v: dict):
+def parse_run(v: RunInputs):
     """The run's raw inputs (the API's and the page's alike) -> `(spec, cfg_a, cfg_b,
     mode_a, mode_b, layer)`; InputError names the control that is wrong."""
-    task = _choice("task", v["task"], TASKS)
-    mode = _choice("question position", v["mode"], MODES)
+    task = _choice("task", v.task, TASKS)
+    mode = _choice("question position", v.mode, MODES)
     kw = dict(
         task=task,
-        context_tokens=_num("context length", v["context"], *_span("context"), integer=True),
-        depth=_num("needle depth", v["depth"], *_span("depth")),
-        seed=_num("seed", v["seed"], *_span("seed"), integer=True),
-        n_needles=_num("needles", v["needles"], *_span("needles"), integer=True),
+        context_tokens=_num("context length", v.context, *_span("context"), integer=True),
+        depth=_num("needle depth", v.depth, *_span("depth")),
+        seed=_num("seed", v.seed, *_span("seed"), integer=True),
+        n_needles=_num("needles", v.needles, *_span("needles"), integer=True),
         mode=mode,
     )
     if task in ("qa", "code"):
-        name = v["curated"] or None
+        name = v.curated or None
         if name is not None:
             _choice(f"curated {task} task", name, task_names(task))
         kw["name"] = name
     if task == "custom":
-        texts = {k: _text(k, v[k]) for k in ("haystack", "needle", "question", "answer")}
+        texts = {k: _text(k, getattr(v, k)) for k in ("haystack", "needle", "question", "answer")}
         kw.update(texts)
         kw["depth"] = needle_depth(texts["haystack"], texts["needle"], kw["depth"])
     spec = PromptSpec(**kw)
     cfg_a, refused_a = _side_config(v, "")
     cfg_a = _method(cfg_a, v, "A")
-    if _flag("same settings as A", v["link_b"]):
+    if _flag("same settings as A", v.link_b):
         (cfg_b, mode_b), refused_b = (_method(cfg_a, v, "B"), mode), False
     else:
         cfg_b, refused_b = _side_config(v, "_b")
         cfg_b = _method(cfg_b, v, "B")
-        mode_b = _choice("question position B", v["mode_b"], MODES)
-    layer = _num("layer", v["layer"], *_span("layer"), integer=True)
+        mode_b = _choice("question position B", v.mode_b, MODES)
+    layer = _num("layer", v.layer, *_span("layer"), integer=True)
     # The budgets last: their message needs the side's other settings and the prompt.
     if refused_a:
-        raise BudgetInputError("A", v["budget_pct"], cfg_a, spec.replace(mode=mode))
+        raise BudgetInputError("A", v.budget_pct, cfg_a, spec.replace(mode=mode))
     if refused_b:
-        raise BudgetInputError("B", v["budget_b"], cfg_b, spec.replace(mode=mode_b))
+        raise BudgetInputError("B", v.budget_b, cfg_b, spec.replace(mode=mode_b))
     return spec, cfg_a, cfg_b, mode, mode_b, layer
 
 
@@ -221,12 +222,12 @@ def budget_pct(cfg: EvictionConfig) -> float:
     return round(100 * cfg.budget, 6)
 
 
-def _method(cfg: EvictionConfig, v: dict, side: str) -> EvictionConfig:
+def _method(cfg: EvictionConfig, v: RunInputs, side: str) -> EvictionConfig:
     """`cfg` with side `side`'s own method: its policy, scorer and allocation."""
     s = side.lower()
-    policy = _choice(f"policy {side}", v[f"policy_{s}"], POLICIES)
-    scorer = _choice(f"scorer {side}", v[f"scorer_{s}"], SCORERS)
-    allocation = _choice(f"allocation {side}", v[f"allocation_{s}"], ALLOCATIONS)
+    policy = _choice(f"policy {side}", getattr(v, f"policy_{s}"), POLICIES)
+    scorer = _choice(f"scorer {side}", getattr(v, f"scorer_{s}"), SCORERS)
+    allocation = _choice(f"allocation {side}", getattr(v, f"allocation_{s}"), ALLOCATIONS)
     try:
         return cfg.replace(policy=policy, scorer=scorer, allocation=allocation)
     except ValueError as e:  # e.g. a global budget for a per-head policy
@@ -239,17 +240,21 @@ def _budget(value) -> float | None:
     return x / 100.0 if 0 < x <= 100 else None
 
 
-def _side_config(v: dict, suffix: str) -> tuple[EvictionConfig, bool]:
+def _side_config(v: RunInputs, suffix: str) -> tuple[EvictionConfig, bool]:
     """A side's settings, and whether its budget is refused (1.0 then stands in, and
     `parse_run` raises for it once everything else is read)."""
     side = "B" if suffix else "A"
-    budget = _budget(v["budget_b" if suffix else "budget_pct"])
+    budget = _budget(v.budget_b if suffix else v.budget_pct)
+
+    def whole(name):
+        return _num(f"{name} {side}", getattr(v, name + suffix), *_span(name), integer=True)
+
     cfg = EvictionConfig(
         budget=1.0 if budget is None else budget,
-        page_size=_page_size(f"page size {side}", v["page_size" + suffix]),
-        n_sink=_num(f"n_sink {side}", v["n_sink" + suffix], *_span("n_sink"), integer=True),
-        window=_num(f"window {side}", v["window" + suffix], *_span("window"), integer=True),
-        tau=_num(f"tau {side}", v["tau" + suffix], *_span("tau")),
+        page_size=_page_size(f"page size {side}", getattr(v, "page_size" + suffix)),
+        n_sink=whole("n_sink"),
+        window=whole("window"),
+        tau=_num(f"tau {side}", getattr(v, "tau" + suffix), *_span("tau")),
     )
     return cfg, budget is None
 

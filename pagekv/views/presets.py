@@ -25,12 +25,14 @@ are no preset (on the bundled model every committed entry is a tie, so none is u
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from pagekv.paths import PRESETS_PATH  # noqa: E402
 from pagekv.views import lessons
-from pagekv.views.lessons import Evidence, Finding, Observation, kept_overlap
+from pagekv.views.lessons import Evidence, Finding, Observation, Prompt, Side, kept_overlap
+from pagekv.views.run_inputs import RunInputs
 
 #: Keys of a preset that the app's controls take.
 FIELDS = (
@@ -367,31 +369,29 @@ def observation_of(preset: dict):
     return Observation("; ".join(o.statement for o in parts), check)
 
 
-def preset_methods(preset: dict) -> dict:
-    """A preset's scorer and allocation per side (the defaults, window and uniform, for
-    a preset that names none)."""
-    return {
-        f"{what}_{side}": preset.get(f"{what}_{side}", default)
-        for what, default in (("scorer", "window"), ("allocation", "uniform"))
-        for side in ("a", "b")
-    }
+def preset_sides(preset: dict):
+    """A preset's `(Prompt, Side A, Side B)` (`pagekv.views.lessons`): B has A's settings
+    and its own method (the defaults, window and uniform, where the preset names none)."""
+    p = preset
+    prompt = Prompt(
+        task=p["task"], context_tokens=p["context_tokens"], depth=p["depth"], seed=p["seed"],
+        n_needles=p["n_needles"], name=p["name"],
+    )  # fmt: skip
+    defaults = (("scorer", "window"), ("allocation", "uniform"))
+    method = {side: {m: p.get(f"{m}_{side}", d) for m, d in defaults} for side in ("a", "b")}
+    a = Side(
+        policy=p["policy_a"], budget=p["budget"], page_size=p["page_size"], n_sink=p["n_sink"],
+        window=p["window"], tau=p["tau"], mode=p["mode"], **method["a"],
+    )  # fmt: skip
+    return prompt, a, dataclasses.replace(a, policy=p["policy_b"], **method["b"])
 
 
 def preset_inputs(preset: dict):
     """`(spec, cfg_a, cfg_b, mode_a, mode_b)` as the app runs the preset (its run inputs
-    through `pagekv.views.inputs.parse_run`, side B with side A's settings)."""
+    through `pagekv.views.inputs.parse_run`)."""
     from pagekv.views.inputs import parse_run
 
-    p = preset
-    values = dict(
-        task=p["task"], context=p["context_tokens"], depth=p["depth"], seed=p["seed"],
-        needles=p["n_needles"], mode=p["mode"], curated=p["name"],
-        budget_pct=round(100 * p["budget"], 1), page_size=p["page_size"], n_sink=p["n_sink"],
-        window=p["window"], tau=p["tau"], policy_a=p["policy_a"], policy_b=p["policy_b"],
-        link_b=True, layer=0, **preset_methods(p),
-    )  # fmt: skip
-    spec, cfg_a, cfg_b, mode_a, mode_b, _ = parse_run(values)
-    return spec, cfg_a, cfg_b, mode_a, mode_b
+    return parse_run(RunInputs.for_sides(*preset_sides(preset), model="bundled"))[:5]
 
 
 def preset_matches(preset: dict, comp) -> bool:

@@ -18,6 +18,7 @@ import json
 
 from pagekv.views.lesson_checks import LESSON_TITLES
 from pagekv.views.lessons import LESSONS
+from pagekv.views.run_inputs import RUN_DEFAULTS
 
 __all__ = ["lesson_in_query", "settings_in_query", "share_js", "shared_names"]
 
@@ -25,15 +26,15 @@ __all__ = ["lesson_in_query", "settings_in_query", "share_js", "shared_names"]
 NOT_SHARED = ("lesson",)
 
 
-def shared_names(run_defaults: dict) -> list[str]:
-    return [k for k in run_defaults if k not in NOT_SHARED]
+def shared_names() -> list[str]:
+    return [k for k in RUN_DEFAULTS if k not in NOT_SHARED]
 
 
-def share_js(run_defaults: dict) -> str:
+def share_js() -> str:
     """The browser-side listener of the share button: the shared inputs' values in,
     the link out (no request to the server)."""
-    names = shared_names(run_defaults)
-    defaults = {k: run_defaults[k] for k in names}
+    names = shared_names()
+    defaults = {k: RUN_DEFAULTS[k] for k in names}
     return f"(...values) => pagekvShareLink({json.dumps(names)}, {json.dumps(defaults)}, values)"
 
 
@@ -51,19 +52,17 @@ def lesson_in_query(query: dict) -> str | None:
     return None
 
 
-def settings_in_query(query: dict, run_defaults: dict | None = None) -> dict | None:
+def settings_in_query(query: dict) -> dict | None:
     """The run inputs a link sets (text as typed: numbers read as numbers, true/false
     as flags, anything unreadable passed on for the run to name), or None when it sets
     none."""
-    if run_defaults is None:
-        from pagekv.views.app_ui import RUN_DEFAULTS as run_defaults
-    names = set(shared_names(run_defaults))
+    names = set(shared_names())
     given = {k: v for k, v in query.items() if k in names}
     if not given and "settings" not in query:
         return None
     out = {}
     for name, text in given.items():
-        default = run_defaults[name]
+        default = RUN_DEFAULTS[name]
         if isinstance(default, bool):
             out[name] = {"true": True, "false": False}.get(str(text).lower(), text)
         elif isinstance(default, int | float):

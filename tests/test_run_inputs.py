@@ -1,0 +1,83 @@
+"""The run's inputs as one dataclass (`pagekv.views.run_inputs.RunInputs`): the `/run`
+handler Gradio sees takes them by name and position and gets its request after them;
+a lesson, a preset and a link build the same inputs the page's controls would send."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gradio as gr
+from gradio.helpers import special_args
+from gradio.utils import get_function_params
+
+from pagekv.views import app_ui
+from pagekv.views.inputs import parse_run
+from pagekv.views.lessons import LESSONS, Prompt, Side
+from pagekv.views.presets import load_presets, preset_inputs
+from pagekv.views.run_inputs import RUN_DEFAULTS, RUN_INPUTS, RunInputs
+
+
+def test_gradio_lists_the_run_inputs_by_name_with_their_defaults():
+    params = get_function_params(app_ui.run_comparison)  # what the API page shows
+    assert [name for name, *_ in params] == list(RUN_INPUTS)
+    assert {name: default for name, _, default, _ in params} == RUN_DEFAULTS
+    assert len(RUN_INPUTS) == 32 and RUN_INPUTS[-4:] == (
+        "scorer_a", "allocation_a", "scorer_b", "allocation_b",
+    )  # fmt: skip
+
+
+def test_gradio_passes_the_request_after_the_inputs(monkeypatch):
+    seen = []
+
+    def fake_run(v, lesson, session=None):
+        seen.append((v, lesson, session))
+        yield ("done",)
+
+    monkeypatch.setattr(app_ui, "_run", fake_run)
+    values = list(RunInputs(budget_pct=33.0, lesson="a lesson").as_dict().values())
+    request = gr.Request(session_hash="s-1")
+    args, *_ = special_args(app_ui.run_comparison, inputs=list(values), request=request)
+    assert args[len(RUN_INPUTS)] is request
+    assert list(app_ui.run_comparison(*args)) == [("done",)]
+    ((v, lesson, session),) = seen
+    assert v == RunInputs(budget_pct=33.0, lesson="a lesson")
+    assert (lesson, session) == ("a lesson", "s-1")
+    # By name, as scripts and the tests call it; an unknown name is refused.
+    list(app_ui.run_comparison(task="qa", request=request))
+    assert seen[-1][0] == RunInputs(task="qa")
+    try:
+        list(app_ui.run_comparison(budget=5))
+    except TypeError as e:
+        assert "budget" in str(e)
+    else:
+        raise AssertionError("an input the run does not have must be refused")
+
+
+def test_for_sides_links_b_only_when_the_sides_differ_in_their_method_alone():
+    prompt = Prompt(task="needle", context_tokens=900, seed=3)
+    a = Side(policy="mean", budget=0.25, page_size=8)
+    same = RunInputs.for_sides(prompt, a, dataclasses.replace(a, policy="entropy",
+                               scorer="reconstruct"), model="m")  # fmt: skip
+    assert same.link_b is True and (same.budget_pct, same.budget_b) == (25.0, 25.0)
+    assert (same.context, same.seed, same.page_size, same.scorer_b) == (900, 3, 8, "reconstruct")
+    apart = RunInputs.for_sides(prompt, a, dataclasses.replace(a, budget=0.3), model="m")
+    assert apart.link_b is False and apart.budget_b == 30.0
+
+
+def test_a_preset_and_a_lesson_run_what_they_name():
+    for p in load_presets():
+        run = app_ui._preset_run_args(p)
+        assert parse_run(run)[:5] == preset_inputs(p)
+        spec, a, b, *_ = parse_run(run)
+        assert (spec.context_tokens, a.budget, b.policy) == (
+            p["context_tokens"], p["budget"], p["policy_b"],
+        )  # fmt: skip
+    for lesson in LESSONS:
+        if lesson.kind != "live":
+            continue
+        run = RunInputs.for_sides(lesson.prompt, lesson.a, lesson.b, model="bundled")
+        spec, a, b, mode_a, mode_b, _ = parse_run(run)
+        assert (a, mode_a) == (lesson.a.config(), lesson.a.mode), lesson.id
+        assert (b, mode_b) == (lesson.b.config(), lesson.b.mode), lesson.id
+    r = RunInputs(context=300, link_b=False)
+    assert RunInputs(**r.as_dict()) == r and r.replace(context=400).context == 400
