@@ -104,7 +104,7 @@ def make_step(cfg, G, n, backend):
 
     def step(q, keys, values):
         prof, masses, _ = be.score_window(q, keys[:, 0], cfg.n_sink, backend=backend)
-        p = plan(prof, G, cfg, masses=masses, backend=backend)
+        p = plan(prof, G, cfg, masses=masses, pool_pages=be.pooler(backend))
         idx = p.kept_indices()  # [L, G, k']
         k_new, v_new, _ = be.compact_kv(keys, values, idx, backend=backend)
         return prof, p.page_keep, idx, k_new, v_new

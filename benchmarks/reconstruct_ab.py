@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pagekv import EvictionConfig, plan  # noqa: E402
 from pagekv.measurement.replay.grid import FULL  # noqa: E402
+from pagekv.runtime.backend import pooler  # noqa: E402
 from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.reconstruct import as_profiles  # noqa: E402
 from pagekv.runtime.runner import Planned  # noqa: E402
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
                             pre.n_groups,
                             cfg,
                             scales=scores[agg].sum(-1),
-                            backend=runner.backend,
+                            pool_pages=pooler(runner.backend),
                         )
                         planned = Planned(plan=p, scored_on="torch", score_s=0.0, plan_s=0.0)
                     res = runner.evaluate(

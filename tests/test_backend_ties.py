@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from pagekv import POLICIES, EvictionConfig, min_feasible_budget, plan
 from pagekv.maths.policies import get_policy
+from pagekv.runtime.backend import pooler
 from tests.strategies import geometry, random_profiles
 
 SETTINGS = settings(max_examples=120, deadline=None)
@@ -89,8 +90,8 @@ def test_both_backends_keep_the_same_pages_on_ties(
     scales = None
     if scaled and allocation == "global":  # the reconstruction scorer's raw scale
         scales = 0.5 + torch.rand(L, H, generator=torch.Generator().manual_seed(seed))
-    twin = plan(prof, G, cfg, scales=scales, backend="torch")
-    kern = plan(prof, G, cfg, scales=scales, backend="triton")
+    twin = plan(prof, G, cfg, scales=scales, pool_pages=pooler("torch"))
+    kern = plan(prof, G, cfg, scales=scales, pool_pages=pooler("triton"))
     assert kern.backends["pool"] in ("triton", "none"), kern.backends
     assert torch.equal(kern.page_scores, twin.page_scores), "page scores differ in their bits"
     assert torch.equal(kern.page_keep, twin.page_keep), "kept pages differ"

@@ -38,10 +38,6 @@ ALLOWED = {
     "cli.py": {"pagekv"},
     "__main__.py": {"pagekv"},
 }
-#: The one reach above a layer, and only inside a function: `plan` dispatches its
-#: pooling step to the runtime's backend (the Triton kernel or its torch twin).
-LAZY_EXCEPTIONS = {"pagekv/maths/plan.py": {"pagekv.runtime.backend"}}
-
 FRAMEWORKS = {"transformers", "gradio", "plotly", "kernels", "triton", "gguf", "kvpress"}
 #: Frameworks a layer never imports, at module level or lazily.
 FORBIDDEN = {
@@ -121,12 +117,11 @@ def _layer_violations(root: Path, rel: str) -> list[str]:
     place = _place(rel)
     if place not in ALLOWED:
         return [f"{rel}: {place} is not a declared layer (add its rule to ALLOWED)"]
-    lazy_ok = LAZY_EXCEPTIONS.get(rel, set())
     bad = []
     for mod, line, lazy in _imports(root, rel):
         if mod != "pagekv" and not mod.startswith("pagekv."):
             continue
-        if _within(mod, ALLOWED[place]) or (lazy and _within(mod, lazy_ok)):
+        if _within(mod, ALLOWED[place]):
             continue
         bad.append(f"{rel}:{line} imports {mod}{' (lazily)' if lazy else ''}")
     return bad
@@ -238,18 +233,11 @@ def test_layer_imports_stay_in_their_layer(place):
     assert not bad, "imports outside the layer's allowed set:\n" + "\n".join(bad)
 
 
-def test_the_lazy_exception_is_used_and_lazy():
-    """`plan` reaches the runtime's backend inside a function, nowhere else."""
-    for rel, names in LAZY_EXCEPTIONS.items():
-        used = {m for m, _, lazy in _imports(ROOT, rel) if lazy and _within(m, names)}
-        assert used == names, f"{rel} no longer needs its exception {sorted(names - used)}"
-
-
 @pytest.mark.parametrize(
     ("rel", "text"),
     [
         ("pagekv/maths/x.py", "def f():\n    from pagekv.serving.study import Study\n"),
-        ("pagekv/maths/plan.py", "from pagekv.runtime.backend import page_scores\n"),
+        ("pagekv/maths/plan.py", "def f():\n    from pagekv.runtime.backend import pooler\n"),
         ("pagekv/maths/x.py", "def f():\n    from pagekv.runtime.backend import compact_kv\n"),
         ("pagekv/runtime/x.py", "from pagekv.serving import worker\n"),
         ("pagekv/tasks/x.py", "from pagekv.maths.config import EvictionConfig\n"),
@@ -266,15 +254,15 @@ def test_the_lazy_exception_is_used_and_lazy():
     ],
 )
 def test_the_check_finds_a_layer_violation(tmp_path, rel, text):
-    """A reach above the layer, module level or lazy (the lazy exception only lazily and
-    only in plan.py), an undeclared folder, an import by string."""
+    """A reach above the layer, module level or lazy (`plan` reaching for the runtime's
+    pooling step included), an undeclared folder, an import by string."""
     _plant(tmp_path, rel, text)
     assert len(_layer_violations(tmp_path, rel)) == 1
 
 
-def test_the_lazy_exception_passes_the_check(tmp_path):
-    rel = _plant(tmp_path, "pagekv/maths/plan.py",
-                 "def f():\n    from pagekv.runtime.backend import page_scores\n")  # fmt: skip
+def test_a_reach_within_the_layer_passes_the_check(tmp_path):
+    rel = _plant(tmp_path, "pagekv/runtime/x.py",
+                 "def f():\n    from pagekv.maths.pooling import max_pool\n")  # fmt: skip
     assert _layer_violations(tmp_path, rel) == []
 
 

@@ -9,6 +9,7 @@ policy gives, so it has no branch per policy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,7 @@ from pagekv.maths.paging import (
     protected_pages,
 )
 from pagekv.maths.policies import ScoreInputs, get_policy
+from pagekv.maths.pooling import pooled_page_scores
 from pagekv.maths.profiles import smooth_scores
 
 #: Rows of a profile must sum to 1 within this (float32 accumulation over 128k terms).
@@ -108,14 +110,14 @@ def plan(
     *,
     masses: HeadMasses | None = None,
     scales: torch.Tensor | None = None,
-    backend: str = "auto",
+    pool_pages: Callable | None = None,
 ) -> Plan:
     """Select the pages each (layer, group) keeps under `config`.
 
-    Every step runs on the profiles' device: on CUDA with `backend="auto"` or
-    `"triton"`, pooling and page scores are the Triton kernel's and the weights,
-    protected pages and selection are torch operations on the GPU (no copy to the
-    host); `Plan.backends` names what ran each step.
+    Every step runs on the profiles' device (no copy to the host): the weights,
+    protected pages and selection are torch operations, and the pooling step is
+    `pool_pages`'s (torch by default; the Triton kernel's through the runtime's
+    `pagekv.runtime.backend.pooler`). `Plan.backends` names what ran each step.
 
     Args:
         profiles: `[L, H, n]` float attention profiles (rows sum to 1), from
@@ -132,8 +134,11 @@ def plan(
             scales`, the model's own attention, so that every (layer, group) competes
             on one scale (`select_pages_global`); the head weights and the uniform
             allocation use the profiles.
-        backend: "auto", "torch" or "triton" for the pooling step
-            (`pagekv.runtime.backend.resolve_backend`).
+        pool_pages: the pooling step, `(scores [L, H, n], weights [L, H] or None for
+            max pooling, n_groups, page_size, n_sink, window, reduction) -> (page
+            scores [L, G, n_pages], the backend that ran)`; None:
+            `pagekv.maths.pooling.pooled_page_scores` (torch). `pooler("auto")` from
+            `pagekv.runtime.backend` runs the Triton kernel on CUDA.
 
     Returns:
         A `Plan`. For every pooled policy under the uniform allocation each (layer,
@@ -175,25 +180,10 @@ def plan(
     scores = smooth_scores(p32, cfg.smoothing, cfg.smoothing_kind)  # [L, H, n]
     pooled_on: list[str] = []
 
-    def pool(weights, groups):
-        # The one reach above the maths, and a lazy one: the pooling step runs on the
-        # backend the caller names (the Triton kernel or its torch twin), dispatched by
-        # the runtime (docs/design.md, "Layers").
-        from pagekv.runtime.backend import page_scores as page_scores_on
+    pool_step = pooled_page_scores if pool_pages is None else pool_pages
 
-        pooling = "max" if weights is None else "weighted"
-        _, pages, _, used = page_scores_on(
-            scores,
-            weights,
-            groups,
-            P,
-            cfg.n_sink,
-            window,
-            pooling=pooling,
-            reduction=cfg.page_reduction,
-            backend=backend,
-            return_pooled=False,
-        )
+    def pool(weights, groups):
+        pages, used = pool_step(scores, weights, groups, P, cfg.n_sink, window, cfg.page_reduction)
         pooled_on.append(used)
         return pages
 

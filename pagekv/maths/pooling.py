@@ -32,6 +32,21 @@ def max_pool(scores: torch.Tensor, n_groups: int) -> torch.Tensor:
     return scores.float().view(L, n_groups, H // n_groups, n).amax(dim=2)
 
 
+def pooled_page_scores(
+    scores, weights, n_groups: int, page_size: int, n_sink: int, window: int, reduction: str
+) -> tuple[torch.Tensor, str]:
+    """`plan`'s pooling step in torch: `(page scores [L, G, n_pages], "torch")`, pooled
+    by `weights` (`max_pool` for None) and reduced over each page. `n_sink` and
+    `window` are unused here; the Triton kernel's step takes them
+    (`pagekv.runtime.backend.pooler`), and gives bit-identical page scores."""
+    from pagekv.maths.paging import page_reduce
+
+    pooled = (
+        max_pool(scores, n_groups) if weights is None else weighted_pool(scores, weights, n_groups)
+    )
+    return page_reduce(pooled, page_size, reduction), "torch"
+
+
 def uniform_weights(L: int, H: int, n_groups: int, device=None) -> torch.Tensor:
     """Mean pooling's weights: `1/r` for every head, `[L, H]`."""
     return torch.full((L, H), n_groups / H, dtype=torch.float32, device=device)

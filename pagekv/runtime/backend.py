@@ -347,6 +347,21 @@ def page_scores(
     return pooled, pages, prot, used
 
 
+def pooler(backend: str = "auto"):
+    """`plan`'s pooling step on `backend` (`plan(..., pool_pages=pooler(backend))`):
+    the Triton kernel where `backend` resolves to it, its torch twin otherwise."""
+
+    def pool_pages(scores, weights, n_groups, page_size, n_sink, window, reduction):
+        _, pages, _, used = page_scores(
+            scores, weights, n_groups, page_size, n_sink, window,
+            pooling="max" if weights is None else "weighted", reduction=reduction,
+            backend=backend, return_pooled=False,
+        )  # fmt: skip
+        return pages, used
+
+    return pool_pages
+
+
 def compact_kv(
     keys: torch.Tensor, values: torch.Tensor, kept_idx: torch.Tensor, backend: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor, str]:

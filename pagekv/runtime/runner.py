@@ -61,7 +61,7 @@ from pagekv.maths.paging import (
 )
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
-from pagekv.runtime.backend import compact_layers, resolve_backend, score_cache
+from pagekv.runtime.backend import compact_layers, pooler, resolve_backend, score_cache
 from pagekv.runtime.capture import WindowQueryCapture, attention_modules
 from pagekv.runtime.lean_decode import LeanCache, LeanDecoder, resolve_decode
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
@@ -310,7 +310,8 @@ class Runner:
         else:
             profiles, masses, scored_on = pre.scores(config.window, config.n_sink)  # memoised
         t1 = _now(self.device)
-        p = plan(profiles, pre.n_groups, config, masses=masses, scales=scales, backend=self.backend)
+        pool = pooler(self.backend)
+        p = plan(profiles, pre.n_groups, config, masses=masses, scales=scales, pool_pages=pool)
         return Planned(plan=p, scored_on=scored_on, score_s=t1 - t0, plan_s=_now(self.device) - t1)
 
     def reconstruction(self, pre: Prefill, chunk: int = RECONSTRUCT_CHUNK) -> dict:

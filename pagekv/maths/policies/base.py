@@ -10,9 +10,9 @@ the policy returns; so a policy only says how to score pages:
 - a per-head policy (`per_head=True`) returns `[L, H, n_pages]`: every head selects
   alone and the group keeps the union of its heads' pages.
 
-The inputs come as a `ScoreInputs`, which also gives the pooling operations on the
-plan's backend (the Triton pooling kernel on CUDA, its torch twin otherwise), so a
-policy never branches on the backend.
+The inputs come as a `ScoreInputs`, which also gives the pooling operations (through
+the plan's `pool_pages`: torch ops by default, the Triton kernel where the runtime gives
+it, `pagekv.runtime.backend.pooler`), so a policy never branches on the backend.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ from pagekv.maths.paging import BudgetError
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import POOLED_POLICIES, get_policy
 from pagekv.measurement.peer.kvpress_peer import kvpress_kept
-from pagekv.runtime.backend import BACKENDS, compact_kv, score_window
+from pagekv.runtime.backend import BACKENDS, compact_kv, pooler, score_window
 from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
 from pagekv.runtime.reconstruct import (
@@ -394,8 +394,9 @@ class PageEntroKVPress(_Base):
     def _plan(self, profiles, n_groups: int, cfg: EvictionConfig, masses, backend: str) -> Plan:
         """`plan`, or, when the protected pages alone exceed the budget, the plan that
         keeps exactly them (one warning per use of the press) unless `strict`."""
+        pool = pooler(backend)
         try:
-            return plan(profiles, n_groups=n_groups, config=cfg, masses=masses, backend=backend)
+            return plan(profiles, n_groups=n_groups, config=cfg, masses=masses, pool_pages=pool)
         except BudgetError as e:
             if self.strict:
                 raise
@@ -404,7 +405,7 @@ class PageEntroKVPress(_Base):
                 log.warning("PageEntroKVPress keeps only the protected pages: %s", e)
             n = int(profiles.shape[-1])
             cfg = cfg.replace(budget=min(1.0, e.protected_tokens / n))
-            return plan(profiles, n_groups=n_groups, config=cfg, masses=masses, backend=backend)
+            return plan(profiles, n_groups=n_groups, config=cfg, masses=masses, pool_pages=pool)
 
     # ---------------------------------------------------------------- scorer="reconstruct"
 
