@@ -323,6 +323,12 @@ def long_windows(args, res, n, k4, device, bench, peak, e) -> None:
             torch.cuda.empty_cache()
 
 
+#: The arguments that `meta["shapes"]` records.
+SHAPE_ARGS = (
+    "layers heads groups head_dim window dtype page_size budget n_sink long_windows long_max_n"
+).split()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
@@ -372,22 +378,7 @@ def main(argv=None) -> int:
         "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})",
         "smoke": not cuda,
         "torch": torch.__version__,
-        "shapes": {
-            k: getattr(args, k)
-            for k in (
-                "layers",
-                "heads",
-                "groups",
-                "head_dim",
-                "window",
-                "dtype",
-                "page_size",
-                "budget",
-                "n_sink",
-                "long_windows",
-                "long_max_n",
-            )
-        },  # fmt: skip
+        "shapes": {k: getattr(args, k) for k in SHAPE_ARGS},
         "peak_tbps": args.peak_tbps if cuda else None,
         "timer": "triton.testing.do_bench (median, ms)" if cuda else "time.perf_counter (median)",
     }

@@ -201,9 +201,7 @@ def _git_commit() -> str | None:
                              text=True, timeout=10)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() or None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
 def _nvidia_smi() -> str | None:
@@ -316,11 +314,23 @@ def write_json(path: Path, report: dict) -> None:
 # --------------------------------------------------------------------------- stage 1
 
 
-def junit_counts(xml_path: Path) -> dict:
-    """Outcome counts from pytest's junit XML, overall and for the `[cuda]` copies."""
+def _tally(outcomes) -> dict:
+    """Counts of `(test name, outcome, is a [cuda] copy)`, overall and for the copies."""
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
     cuda = dict(counts)
     failed_names = []
+    for name, outcome, is_cuda in outcomes:
+        counts[outcome] += 1
+        if is_cuda:
+            cuda[outcome] += 1
+        if outcome in ("failed", "errors"):
+            failed_names.append(name)
+    return {**counts, "cuda": cuda, "failed_tests": failed_names[:50]}
+
+
+def junit_counts(xml_path: Path) -> dict:
+    """Outcome counts from pytest's junit XML, overall and for the `[cuda]` copies."""
+    outcomes = []
     for case in ET.parse(xml_path).getroot().iter("testcase"):
         tags = {child.tag for child in case}
         outcome = (
@@ -330,31 +340,16 @@ def junit_counts(xml_path: Path) -> dict:
             else "passed"
         )  # fmt: skip
         name = case.get("name", "")
-        counts[outcome] += 1
-        if "[cuda" in name or "-cuda" in name or "cuda]" in name:
-            cuda[outcome] += 1
-        if outcome in ("failed", "errors"):
-            failed_names.append(f"{case.get('classname')}::{name}")
-    return {**counts, "cuda": cuda, "failed_tests": failed_names[:50]}
+        is_cuda = "[cuda" in name or "-cuda" in name or "cuda]" in name
+        outcomes.append((f"{case.get('classname')}::{name}", outcome, is_cuda))
+    return _tally(outcomes)
 
 
 def verbose_counts(lines: list[str]) -> dict:
     """The same counts from `pytest -v` lines (`path::test[id] PASSED  [ 5%]`)."""
     word = {"PASSED": "passed", "FAILED": "failed", "ERROR": "errors", "SKIPPED": "skipped"}
-    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
-    cuda = dict(counts)
-    failed_names = []
-    for line in lines:
-        m = re.match(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED)\b", line)
-        if not m:
-            continue
-        outcome = word[m.group(2)]
-        counts[outcome] += 1
-        if "[cuda" in m.group(1):
-            cuda[outcome] += 1
-        if outcome in ("failed", "errors"):
-            failed_names.append(m.group(1))
-    return {**counts, "cuda": cuda, "failed_tests": failed_names[:50]}
+    found = [re.match(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED)\b", line) for line in lines]
+    return _tally((m.group(1), word[m.group(2)], "[cuda" in m.group(1)) for m in found if m)
 
 
 def stage_tests(args, clock: Clock, dry: bool, limit: float) -> dict:
@@ -447,12 +442,9 @@ def _flat_ints(x) -> list[int]:
 def _result_summary(res) -> dict:
     """The JSON-ready fields of a RunResult that the check reports (no [L][G] lists)."""
     d = res.to_dict() if hasattr(res, "to_dict") else dict(vars(res))
-    out = {}
-    for k, v in d.items():
-        if k in ("answer", "kept_tokens", "union_tokens", "needle_retention",
-                 "needle_retention_union", "plan", "logits"):  # fmt: skip
-            continue
-        out[k] = v
+    left_out = ("answer", "kept_tokens", "union_tokens", "needle_retention",
+                "needle_retention_union", "plan", "logits")  # fmt: skip
+    out = {k: v for k, v in d.items() if k not in left_out}
     flat = _flat_ints(d.get("kept_tokens"))
     if flat:
         out["kept_tokens_per_layer_group"] = {"min": min(flat), "max": max(flat)}

@@ -454,16 +454,15 @@ def varied_settings(n: int, seed: int = 0, contexts=CONTEXTS) -> list[dict]:
             page = rng.choice(app.PAGE_SIZES)
             window = rng.choice([8, 16, 32, 64])
             floor = 100 * (2 * page + window) / (0.9 * context) + 2
-            side[suffix] = dict(
-                budget=round(rng.uniform(max(floor, 5), 60) * 2) / 2,
-                page_size=page,
-                n_sink=rng.choice([0, 2, 4, 8]),
-                window=window,
-                tau=rng.choice([0.5, 1.0, 2.0]),
-                mode=rng.choice(MODES),
-            )
+            side |= {
+                f"budget{suffix or '_pct'}": round(rng.uniform(max(floor, 5), 60) * 2) / 2,
+                f"page_size{suffix}": page,
+                f"n_sink{suffix}": rng.choice([0, 2, 4, 8]),
+                f"window{suffix}": window,
+                f"tau{suffix}": rng.choice([0.5, 1.0, 2.0]),
+                f"mode{suffix}": rng.choice(MODES),
+            }
         link = rng.random() < 0.5
-        a, b = side[""], side["_b"]
         out.append(
             dict(
                 app.RUN_DEFAULTS,
@@ -472,21 +471,10 @@ def varied_settings(n: int, seed: int = 0, contexts=CONTEXTS) -> list[dict]:
                 depth=rng.choice([0.1, 0.3, 0.5, 0.7, 0.9]),
                 seed=rng.randrange(5),
                 needles=rng.choice([1, 1, 2]),
-                mode=a["mode"],
-                budget_pct=a["budget"],
-                page_size=a["page_size"],
-                n_sink=a["n_sink"],
-                window=a["window"],
-                tau=a["tau"],
                 policy_a=rng.choice(policies),
                 policy_b=rng.choice(policies),
                 link_b=link,
-                mode_b=b["mode"],
-                budget_b=b["budget"],
-                page_size_b=b["page_size"],
-                n_sink_b=b["n_sink"],
-                window_b=b["window"],
-                tau_b=b["tau"],
+                **side,
             )
         )
     return out
@@ -543,8 +531,8 @@ def summarize(records: list[dict]) -> dict:
     for rec in records:
         groups.setdefault(rec["kind"], []).append(rec)
         if rec["kind"] == "budget move":
-            groups.setdefault(f"budget move ({'first' if rec['first'] else 'repeated'})", [])
-            groups[f"budget move ({'first' if rec['first'] else 'repeated'})"].append(rec)
+            split = f"budget move ({'first' if rec['first'] else 'repeated'})"
+            groups.setdefault(split, []).append(rec)
     out = {}
     for kind, recs in groups.items():
         ok = [r for r in recs if "service_s" in r]

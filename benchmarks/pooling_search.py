@@ -85,31 +85,22 @@ SETTINGS = {
 
 def prompt_specs(mode: str) -> list[PromptSpec]:
     """The prompts of the search (31: 15 single needles, 5 multi-needle, 11 curated)."""
-    specs = []
-    i = 0
-    for context in (1000, 2000):
-        for depth in (0.1, 0.3, 0.5, 0.7, 0.9):
-            for _ in range(2 if context == 1000 else 1):
-                specs.append(
-                    PromptSpec(
-                        task="needle",
-                        context_tokens=context,
-                        depth=depth,
-                        seed=SEED_BASE + i,
-                        mode=mode,
-                    )
-                )
-                i += 1
-    for n_needles, seed in ((2, 1), (3, 2), (4, 3), (2, 4), (3, 5)):
-        specs.append(
-            PromptSpec(
-                task="needle",
-                context_tokens=1500,
-                n_needles=n_needles,
-                seed=SEED_BASE + 50 + seed,
-                mode=mode,
-            )
+    singles = [
+        (context, depth)
+        for context in (1000, 2000)
+        for depth in (0.1, 0.3, 0.5, 0.7, 0.9)
+        for _ in range(2 if context == 1000 else 1)
+    ]
+    specs = [
+        PromptSpec(task="needle", context_tokens=c, depth=d, seed=SEED_BASE + i, mode=mode)
+        for i, (c, d) in enumerate(singles)
+    ]
+    specs += [
+        PromptSpec(
+            task="needle", context_tokens=1500, n_needles=k, seed=SEED_BASE + 50 + s, mode=mode
         )
+        for k, s in ((2, 1), (3, 2), (4, 3), (2, 4), (3, 5))
+    ]
     curated = [PromptSpec(task=k, name=n, mode=mode) for k in ("qa", "code") for n in task_names(k)]
     # Interleaved (a needle, a curated task, ...) so that a run stopped early has both.
     out = []
@@ -155,34 +146,19 @@ def measure(study: Study, prep, setting: Setting) -> dict:
     return row
 
 
+#: What `summarize` counts per setting and mode (the `only_` ones list the prompts).
+COUNTS = (
+    "measured infeasible both_right both_wrong only_mean only_entropy same_kept full_wrong"
+).split()
+
+
 def summarize(rows: list[dict]) -> dict:
     """Counts per setting and in all (see the module docstring)."""
     per: dict[str, dict] = {}
     for r in rows:
-        c = per.setdefault(
-            r["setting"],
-            {
-                "setting": r["setting"],
-                "scorer": r["scorer"],
-                "budget": r["budget"],
-                "page_size": r["page_size"],
-                "tau": r["tau"],
-                "mode": {},
-            },
-        )
-        m = c["mode"].setdefault(
-            r["mode"],
-            {
-                "measured": 0,
-                "infeasible": 0,
-                "both_right": 0,
-                "both_wrong": 0,
-                "only_mean": [],
-                "only_entropy": [],
-                "same_kept": 0,
-                "full_wrong": 0,
-            },
-        )
+        setting = {k: r[k] for k in ("setting", "scorer", "budget", "page_size", "tau")}
+        c = per.setdefault(r["setting"], setting | {"mode": {}})
+        m = c["mode"].setdefault(r["mode"], {k: [] if k.startswith("only_") else 0 for k in COUNTS})
         if r["infeasible"]:
             m["infeasible"] += 1
             continue

@@ -154,17 +154,12 @@ def _config_from(args, policy: str, every: bool = False) -> EvictionConfig:
     allocation = args.allocation
     if every and get_policy(policy).per_head:
         allocation = "uniform"
+    keys = ("scorer", "budget", "page_size", "n_sink", "window", "tau", "smoothing")
     return EvictionConfig(
         allocation=allocation,
-        scorer=args.scorer,
         policy=policy,
-        budget=args.budget,
-        page_size=args.page_size,
-        n_sink=args.n_sink,
-        window=args.window,
-        tau=args.tau,
-        smoothing=args.smoothing,
         page_reduction=args.page_reduction,
+        **{k: getattr(args, k) for k in keys},
     )
 
 
@@ -265,17 +260,12 @@ def cmd_replay(args) -> int:
     from pagekv.measurement.replay import run_replay
     from pagekv.measurement.replay.grid import GRIDS
 
+    same = ("model", "out", "quick", "device", "backend", "update_presets", "peer_minutes")
     run_replay(
         grid=GRIDS[args.grid] if args.grid else None,
-        model=args.model,
-        out=args.out,
-        quick=args.quick,
         peer=not args.no_peer,
-        device=args.device,
-        backend=args.backend,
         decode_dtype=args.dtype,
-        update_presets=args.update_presets,
-        peer_minutes=args.peer_minutes,
+        **{k: getattr(args, k) for k in same},
     )
     return 0
 
@@ -360,13 +350,8 @@ def main(argv=None) -> int:
         format="%(name)s: %(message)s",
     )
     try:
-        if args.command == "run":
-            return cmd_run(args)
-        if args.command == "lessons":
-            return cmd_lessons(args)
-        if args.command == "models":
-            return cmd_models(args)
-        return cmd_replay(args)
+        commands = {"run": cmd_run, "lessons": cmd_lessons, "models": cmd_models}
+        return commands.get(args.command, cmd_replay)(args)
     except (UsageError, ValueError, OSError) as e:  # BudgetError, TaskError, ModelLoadError
         msg = " ".join(str(e).split())
         print(f"pagekv: error: {msg}", file=sys.stderr)

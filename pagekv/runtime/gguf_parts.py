@@ -50,7 +50,7 @@ class GGUFParts:
 
         paths = []
         for i, package in enumerate(self.packages, start=1):
-            path = _package_file(package, Path("data") / f"part{i:02d}.bin")
+            path = package_file(package, Path("data") / f"part{i:02d}.bin")
             if path is None:
                 raise GGUFMissing(
                     f"{self.filename} is not installed (part {i} of {len(self.packages)}, "
@@ -73,7 +73,8 @@ class GGUFParts:
         return self.filename, self.size
 
 
-def _package_file(package: str, rel: Path) -> Path | None:
+def package_file(package: str, rel: Path) -> Path | None:
+    """The file ``rel`` inside the installed ``package`` (found, not imported), or None."""
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):

@@ -118,11 +118,7 @@ def unsupported_reason(model) -> str | None:
 
 def _norm_eps(norm) -> float | None:
     """The epsilon of a Llama-style RMSNorm (`weight * x / rms(x)`), else None."""
-    if norm is None or type(norm).__name__ not in {
-        "LlamaRMSNorm",
-        "MistralRMSNorm",
-        "Qwen2RMSNorm",
-    }:
+    if type(norm).__name__ not in ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"):
         return None
     eps = getattr(norm, "variance_epsilon", None)
     return float(eps) if eps is not None else None

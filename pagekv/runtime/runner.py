@@ -379,7 +379,8 @@ class Runner:
         ragged = False
         masks = None
         compacted_on = "none"
-        if get_policy(config.policy).keeps_all:
+        keeps_all = get_policy(config.policy).keeps_all
+        if keeps_all:
             kept_idx = None
             layers = [(lay.keys.clone(), lay.values.clone()) for lay in pre.cache.layers]
         else:
@@ -398,7 +399,6 @@ class Runner:
         cache = _new_cache(layers)
         stored = [[int(layers[i][0].shape[2])] * G for i in range(L)]  # tensor lengths
         t2 = _now(self.device)
-        keeps_all = get_policy(config.policy).keeps_all
         backends = {
             "score": scored_on,
             **{k: v for k, v in p.backends.items() if k != "device"},
@@ -446,9 +446,15 @@ class Runner:
         """
         self._check_decode(pre, max_new_tokens)
         ev = self.evict(pre, config, planned)
+        return self._decoded(
+            pre, config, ev, max_new_tokens, stop_at_eos, return_logits, needle_positions
+        )
+
+    def _decoded(self, pre, config, ev, max_new_tokens, stop_at_eos, keep_logits, needle_positions):
+        """`ev` decoded on its own (timed) and its `RunResult`."""
         with torch.inference_mode():
             t0 = _now(self.device)
-            tokens, logits, stop = self._decode(pre, ev, max_new_tokens, stop_at_eos, return_logits)
+            tokens, logits, stop = self._decode(pre, ev, max_new_tokens, stop_at_eos, keep_logits)
             decode_s = _now(self.device) - t0
         return self._result(pre, config, ev, tokens, logits, stop, decode_s, needle_positions)
 
@@ -485,15 +491,10 @@ class Runner:
             same = not (ev_a.ragged or ev_b.ragged)
         same = same and all(x == y for x, y in shapes)
         if not same or max_new_tokens == 0:
-            out = []
-            for config, ev in ((config_a, ev_a), (config_b, ev_b)):
-                with torch.inference_mode():
-                    t0 = _now(self.device)
-                    tokens, _, stop = self._decode(pre, ev, max_new_tokens, stop_at_eos, False)
-                    decode_s = _now(self.device) - t0
-                out.append(
-                    self._result(pre, config, ev, tokens, None, stop, decode_s, needle_positions)
-                )
+            out = [
+                self._decoded(pre, cfg, ev, max_new_tokens, stop_at_eos, False, needle_positions)
+                for cfg, ev in ((config_a, ev_a), (config_b, ev_b))
+            ]
             if on_token is not None:
                 on_token(out[0].tokens, out[1].tokens)
             return out[0], out[1]
@@ -514,7 +515,7 @@ class Runner:
         """The `RunResult` of a decode on `ev` (`ev.cache` is released)."""
         q_len = len(pre.question_ids) if pre.question_ids else 0
         bytes_before = _cache_bytes(pre.cache)
-        bytes_after = _cache_bytes_compacted(ev)
+        bytes_after = int(ev.compacted_bytes)  # the cache itself may be released or batched
         ev.cache = None  # the copy is private to this evaluation
 
         p = ev.plan
@@ -701,7 +702,7 @@ class Runner:
             pos += 1
         return (tokens[0], tokens[1]), (stops[0], stops[1])
 
-    def _forward_batch(self, ids: list[list[int]], pos: int, cache) -> torch.Tensor:
+    def _forward_batch(self, ids: list[list[int]], pos: int, cache, **kwargs) -> torch.Tensor:
         """Append one equal-length id list per row at positions `pos..`; logits `[B, V]`."""
         x = torch.tensor(ids, dtype=torch.long, device=self.device)  # [B, t]
         positions = torch.arange(pos, pos + x.shape[1], device=self.device).expand(x.shape[0], -1)
@@ -711,6 +712,7 @@ class Runner:
             **{self._cache_kw: cache},
             use_cache=True,
             logits_to_keep=1,
+            **kwargs,
         )
         return out.logits[:, -1]
 
@@ -720,21 +722,11 @@ class Runner:
             for i, t in enumerate(ids):
                 logits = self._forward([t], pos + i, cache, ragged)
             return logits
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        positions = torch.arange(pos, pos + len(ids), device=self.device)[None]
         kwargs = {}
         if ragged:
             dtype = self.model.get_input_embeddings().weight.dtype
             kwargs["attention_mask"] = torch.zeros(1, 1, 1, 1, dtype=dtype, device=self.device)
-        out = self.model(
-            input_ids=x,
-            position_ids=positions,
-            **{self._cache_kw: cache},
-            use_cache=True,
-            logits_to_keep=1,
-            **kwargs,
-        )
-        return out.logits[0, -1]
+        return self._forward_batch([ids], pos, cache, **kwargs)[0]
 
     def _detok(self, tokens: list[int]) -> str:
         if self.tokenizer is None:
@@ -845,12 +837,6 @@ def _new_cache(layers=None):
 
 def _cache_bytes(cache) -> int:
     return int(sum(lay.keys.nbytes + lay.values.nbytes for lay in cache.layers))
-
-
-def _cache_bytes_compacted(ev) -> int:
-    """Bytes of the compacted prompt cache (before any decoding): from the stored
-    counts, so it holds after the cache itself was released or batched."""
-    return int(ev.compacted_bytes)
 
 
 def eos_token_ids(model, tokenizer) -> tuple[int, ...]:

@@ -422,19 +422,17 @@ def summary(comp: Comparison) -> dict:
         "prompt_tokens": comp.prep.n,
         "needle_positions": comp.prep.needle_positions,
         "notes": comp.notes,
-        "runs": {},
+        "runs": {
+            key: {k: v for k, v in rec.items() if k != "plan"} for key, rec in comp.records.items()
+        },
         "uor_curve": comp.curve,
         "memory": comp.memory,
     }
-    for key, rec in comp.records.items():
-        out["runs"][key] = {k: v for k, v in rec.items() if k != "plan"}
     pb = comp.plan_of("B")
     G = comp.n_groups
     out["sink_advantage"] = {
-        "isolated": summarize_sink_advantage(sink_advantage(pb.weights_isolated, pb.sink_heads, G)),
-        "no_isolation": summarize_sink_advantage(
-            sink_advantage(pb.weights_nosink, pb.sink_heads, G)
-        ),
+        name: summarize_sink_advantage(sink_advantage(w, pb.sink_heads, G))
+        for name, w in (("isolated", pb.weights_isolated), ("no_isolation", pb.weights_nosink))
     }
     out["head_weights"] = {
         "isolated": pb.weights_isolated.tolist(),
@@ -442,6 +440,14 @@ def summary(comp: Comparison) -> dict:
         "sink_mass": pb.sink_mass.tolist(),
     }
     return out
+
+
+#: The columns of `pagekv_run.csv`, and the record's `[L][G]` lists its middle four read.
+CSV_COLUMNS = (
+    "run policy layer group budget_tokens union_tokens stored_tokens padding_tokens uor "
+    "needle_retention"
+).split()
+CSV_PER_GROUP = ("union_tokens", "stored_tokens", "padding_tokens", "uor_per_group")
 
 
 def export_data(comp: Comparison, folder: str) -> list[str]:
@@ -457,38 +463,16 @@ def export_data(comp: Comparison, folder: str) -> list[str]:
     cs = os.path.join(folder, "pagekv_run.csv")
     with open(cs, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(
-            [
-                "run",
-                "policy",
-                "layer",
-                "group",
-                "budget_tokens",
-                "union_tokens",
-                "stored_tokens",
-                "padding_tokens",
-                "uor",
-                "needle_retention",
-            ]
-        )
+        w.writerow(CSV_COLUMNS)
         for key, rec in comp.records.items():
             p: Plan = rec["plan"]
             ret = rec.get("needle_retention")
             for layer in range(p.keep.shape[0]):
                 for g in range(p.keep.shape[1]):
+                    per_group = [rec[k][layer][g] for k in CSV_PER_GROUP]
+                    needle = "" if ret is None else ret[layer][g]
                     w.writerow(
-                        [
-                            key,
-                            rec["policy"],
-                            layer,
-                            g,
-                            rec["budget_tokens"],
-                            rec["union_tokens"][layer][g],
-                            rec["stored_tokens"][layer][g],
-                            rec["padding_tokens"][layer][g],
-                            rec["uor_per_group"][layer][g],
-                            "" if ret is None else ret[layer][g],
-                        ]
+                        [key, rec["policy"], layer, g, rec["budget_tokens"], *per_group, needle]
                     )
     paths.append(cs)
     return paths

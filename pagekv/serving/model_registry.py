@@ -221,12 +221,10 @@ class ModelRegistry:
         return study
 
     def _evict_locked(self) -> list[str]:
-        evicted = []
         others = [k for k in self.studies if k != self.default]  # least recent first
-        while len(others) > self.max_others:
-            victim = others.pop(0)
+        evicted = others[: max(0, len(others) - self.max_others)]
+        for victim in evicted:
             del self.studies[victim]
-            evicted.append(victim)
         return evicted
 
     def _fallback(self, key: str, failure: BaseException):

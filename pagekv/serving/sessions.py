@@ -60,9 +60,7 @@ class SessionGate:
             yield
             return
         with self._guard:
-            entry = self._entries.get(session_id)
-            if entry is None:
-                entry = self._entries[session_id] = _Entry()
+            entry = self._entries.setdefault(session_id, _Entry())
             self._entries.move_to_end(session_id)
             entry.users += 1  # before trimming: an entry in use is never dropped
             self._trim_locked()

@@ -250,11 +250,10 @@ class Study:
                 choices = ", ".join(names)
                 raise TaskError(f"unknown {spec.task} task {name!r}; choose from {choices}")
             task = get_task(name)
-            task.meta["question_position"] = spec.mode
-            return task
-        task = make_custom_task(
-            spec.haystack, spec.needle, spec.question, spec.answer, depth=spec.depth
-        )
+        else:
+            task = make_custom_task(
+                spec.haystack, spec.needle, spec.question, spec.answer, depth=spec.depth
+            )
         task.meta["question_position"] = spec.mode
         return task
 
@@ -291,12 +290,12 @@ class Study:
                 f"the prompt has {total} tokens, more than the model's context of "
                 f"{self.max_prompt_tokens}; shorten it"
             )
-        if spec.mode == "after":
-            pre = self.runner.prefill(
-                prompt["context_ids"], window_max=WINDOW_MAX, question_ids=prompt["question_ids"]
-            )
-        else:
-            pre = self.runner.prefill(prompt["input_ids"], window_max=WINDOW_MAX)
+        after = spec.mode == "after"
+        pre = self.runner.prefill(
+            prompt["context_ids" if after else "input_ids"],
+            window_max=WINDOW_MAX,
+            question_ids=prompt["question_ids"] if after else None,
+        )
         prep = Prepared(
             spec=spec,
             task=task,

@@ -127,11 +127,7 @@ class Task:
     @property
     def answers(self) -> list[str]:
         """``answer`` followed by the aliases, duplicates removed."""
-        out: list[str] = []
-        for a in [self.answer, *self.aliases]:
-            if a not in out:
-                out.append(a)
-        return out
+        return list(dict.fromkeys([self.answer, *self.aliases]))
 
     def needle_span(self) -> tuple[int, int] | None:
         """Character span ``[start, end)`` of ``needle_text`` in ``context`` (first match)."""
@@ -263,9 +259,9 @@ class Task:
         needle_span = self.needle_span()
         answer_span = self.answer_span()
         if needle_span is None:
-            out["needle_text_positions"] = []
-            out["needle_token_positions"] = []
-            out["needle_positions_of"] = None
+            out.update(
+                needle_text_positions=[], needle_token_positions=[], needle_positions_of=None
+            )
         else:
             n_lo, n_hi = needle_span
             out["needle_text_positions"] = overlapping(ctx_start + n_lo, ctx_start + n_hi)
@@ -281,10 +277,8 @@ class Task:
             # k = one past the last token that touches the context; a token that
             # straddles the context's end stays on the context side.
             k = out["context_token_range"][1]
-            split_exact = k == 0 or offsets[k - 1][1] <= ctx_end
-            out["context_ids"] = ids[:k]
-            out["question_ids"] = ids[k:]
-            out["split_exact"] = split_exact
+            out["context_ids"], out["question_ids"] = ids[:k], ids[k:]
+            out["split_exact"] = k == 0 or offsets[k - 1][1] <= ctx_end
             assert out["context_ids"] + out["question_ids"] == ids
             if not out["question_ids"]:
                 raise TaskError("the question part of the prompt is empty")

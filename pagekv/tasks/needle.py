@@ -21,6 +21,7 @@ Worked example (depth 0.5, one needle, target 2000)::
 
 from __future__ import annotations
 
+import itertools
 import random
 import weakref
 from collections.abc import Sequence
@@ -55,38 +56,25 @@ class Needle:
                 raise TaskError(f"needle {attr} must be a non-empty string")
 
 
+def _codeword(thing: str, answer: str) -> Needle:
+    return Needle(
+        f"The secret code word for the {thing} is {answer}.",
+        f"What is the secret code word for the {thing}?",
+        answer,
+    )
+
+
 # Same-form needles: any of these can serve as distractors for another.
-CODEWORD_NEEDLES: tuple[Needle, ...] = (
-    Needle(
-        "The secret code word for the blue lighthouse is PELICAN-42.",
-        "What is the secret code word for the blue lighthouse?",
-        "PELICAN-42",
-    ),
-    Needle(
-        "The secret code word for the red windmill is BADGER-17.",
-        "What is the secret code word for the red windmill?",
-        "BADGER-17",
-    ),
-    Needle(
-        "The secret code word for the green observatory is MARLIN-86.",
-        "What is the secret code word for the green observatory?",
-        "MARLIN-86",
-    ),
-    Needle(
-        "The secret code word for the yellow ferry is OTTER-53.",
-        "What is the secret code word for the yellow ferry?",
-        "OTTER-53",
-    ),
-    Needle(
-        "The secret code word for the silver greenhouse is HERON-29.",
-        "What is the secret code word for the silver greenhouse?",
-        "HERON-29",
-    ),
-    Needle(
-        "The secret code word for the orange signal box is WALRUS-64.",
-        "What is the secret code word for the orange signal box?",
-        "WALRUS-64",
-    ),
+CODEWORD_NEEDLES: tuple[Needle, ...] = tuple(
+    _codeword(thing, answer)
+    for thing, answer in (
+        ("blue lighthouse", "PELICAN-42"),
+        ("red windmill", "BADGER-17"),
+        ("green observatory", "MARLIN-86"),
+        ("yellow ferry", "OTTER-53"),
+        ("silver greenhouse", "HERON-29"),
+        ("orange signal box", "WALRUS-64"),
+    )
 )
 
 BUILTIN_NEEDLES: tuple[Needle, ...] = CODEWORD_NEEDLES + (
@@ -168,10 +156,7 @@ def _measure(tokenizer: Any, text: str, char_starts: list[int]) -> tuple[int, li
     n = len(enc["input_ids"])
     if offsets is None:
         return n, [-1] * len(char_starts)
-    token_at = []
-    for c in char_starts:
-        token_at.append(next((i for i, (s, e) in enumerate(offsets) if e > c), n))
-    return n, token_at
+    return n, [next((i for i, (s, e) in enumerate(offsets) if e > c), n) for c in char_starts]
 
 
 # ----------------------------------------------------------------- assembly
@@ -211,9 +196,7 @@ def _assemble(
         # wrapping around the haystack (or the last chosen unit) closes a paragraph
         wraps = j + 1 < len(chosen) and chosen[j + 1] != idx + 1
         picked.append(Unit(u.text, u.ends_paragraph or wraps))
-    cum = [0]
-    for idx in chosen:
-        cum.append(cum[-1] + counts[idx])
+    cum = [0, *itertools.accumulate(counts[idx] for idx in chosen)]
     total = cum[-1]
     placements = []  # (boundary, sequence, needle index)
     for seq, k in enumerate(sorted(range(len(needles)), key=lambda k: (depths[k], k))):

@@ -15,10 +15,7 @@ LESSON_TITLES = [f"{i + 1}. {x.title}" for i, x in enumerate(LESSONS)]
 
 
 def lesson_of(title):
-    for t, lesson in zip(LESSON_TITLES, LESSONS, strict=True):
-        if t == title:
-            return lesson
-    return None
+    return dict(zip(LESSON_TITLES, LESSONS, strict=True)).get(title)
 
 
 def settings_match(lesson, comp) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -56,16 +56,7 @@ class Side:
     allocation: str = "uniform"
 
     def config(self) -> EvictionConfig:
-        return EvictionConfig(
-            policy=self.policy,
-            budget=self.budget,
-            page_size=self.page_size,
-            n_sink=self.n_sink,
-            window=self.window,
-            tau=self.tau,
-            scorer=self.scorer,
-            allocation=self.allocation,
-        )
+        return EvictionConfig(**{k: v for k, v in asdict(self).items() if k != "mode"})
 
 
 @dataclass(frozen=True)
@@ -82,15 +73,7 @@ class Prompt:
     def spec(self, mode: str = "inside"):
         from pagekv.serving.study import PromptSpec
 
-        return PromptSpec(
-            task=self.task,
-            context_tokens=self.context_tokens,
-            depth=self.depth,
-            seed=self.seed,
-            n_needles=self.n_needles,
-            name=self.name,
-            mode=mode,
-        )
+        return PromptSpec(**asdict(self), mode=mode)
 
 
 @dataclass(frozen=True)
@@ -814,18 +797,7 @@ def run_lesson(
     elif lesson.kind == "constructed":
         from pagekv.maths.mechanism import mechanism_view
 
-        m = lesson.mechanism
-        evidence = Evidence(
-            mechanism=mechanism_view(
-                heads=m.heads,
-                retrieval=m.retrieval,
-                distractors=m.distractors,
-                distractor_strength=m.distractor_strength,
-                sink_head=m.sink_head,
-                n=m.n,
-                budget=m.budget,
-            )
-        )
+        evidence = Evidence(mechanism=mechanism_view(**asdict(lesson.mechanism)))
     else:
         evidence = Evidence(replay=load_replay())
     return LessonRun(lesson, evidence, lesson.observation.check(evidence))

@@ -214,12 +214,7 @@ def _measured_title(p: dict, entry: dict) -> str:
         )
     obs = entry.get("observed") or {}
     ra, rb = obs.get(p["policy_a"]), obs.get(p["policy_b"])
-    if (
-        ra
-        and rb
-        and ra.get("needle_retention") is not None
-        and rb.get("needle_retention") is not None
-    ):
+    if ra and rb and None not in (ra.get("needle_retention"), rb.get("needle_retention")):
         head += (
             f" ({p['policy_b']} keeps {rb['needle_retention']:.2f} of the needle, "
             f"{p['policy_a']} {ra['needle_retention']:.2f})"
@@ -352,18 +347,16 @@ CHECK_KINDS = tuple(CHECK_BUILDERS)
 
 def observation_of(preset: dict):
     """The preset's checks as one `Observation` (all of them must hold)."""
-    parts = []
-    for c in preset[CHECKS]:
-        args = {k: v for k, v in c.items() if k != "kind"}
-        parts.append(CHECK_BUILDERS[c["kind"]](**args))
+    parts = [
+        CHECK_BUILDERS[c["kind"]](**{k: v for k, v in c.items() if k != "kind"})
+        for c in preset[CHECKS]
+    ]
     if not parts:
         raise ValueError(f"preset {preset['title']!r} has no checks: it shows no difference")
 
     def check(ev) -> Finding:
         found = [o.check(ev) for o in parts]
-        values = {}
-        for f in found:
-            values.update(f.values)
+        values = {k: v for f in found for k, v in f.values.items()}
         return Finding(all(f.holds for f in found), "; ".join(f.measured for f in found), values)
 
     return Observation("; ".join(o.statement for o in parts), check)
@@ -373,10 +366,7 @@ def preset_sides(preset: dict):
     """A preset's `(Prompt, Side A, Side B)` (`pagekv.views.lessons`): B has A's settings
     and its own method (the defaults, window and uniform, where the preset names none)."""
     p = preset
-    prompt = Prompt(
-        task=p["task"], context_tokens=p["context_tokens"], depth=p["depth"], seed=p["seed"],
-        n_needles=p["n_needles"], name=p["name"],
-    )  # fmt: skip
+    prompt = Prompt(**{f.name: p[f.name] for f in dataclasses.fields(Prompt)})
     defaults = (("scorer", "window"), ("allocation", "uniform"))
     method = {side: {m: p.get(f"{m}_{side}", d) for m, d in defaults} for side in ("a", "b")}
     a = Side(
@@ -422,7 +412,4 @@ def run_presets(study, presets: list[dict] | None = None) -> list[tuple[dict, ob
     or on any) on `study` and check it: `[(preset, Finding), ...]`."""
     if presets is None:
         presets = [p for p in load_presets() if p["model"] in (None, study.loaded.name)]
-    out = []
-    for p in presets:
-        out.append((p, check_preset(p, compare_preset(study, p))))
-    return out
+    return [(p, check_preset(p, compare_preset(study, p))) for p in presets]

@@ -306,29 +306,13 @@ def page_frame(
         tickfont=dict(size=10),
     )
     # The legend: the three states (filled squares) and the needle (an outline).
-    for name, colour in zip(STATE_NAMES, STATE_COLOURS, strict=True):
-        fig.add_trace(
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="markers",
-                marker=dict(size=11, color=colour, symbol="square", line=dict(width=1)),
-                name=name,
-            )
-        )
+    legend = [(n, c, dict(width=1)) for n, c in zip(STATE_NAMES, STATE_COLOURS, strict=True)]
     with_needle = [s for s in sides if "needle" in s]
     if with_needle:
-        fig.add_trace(
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="markers",
-                marker=dict(
-                    size=11, color="white", symbol="square", line=dict(color=NEEDLE, width=2.5)
-                ),
-                name="needle page (outlined, ▼)",
-            )
-        )
+        legend.append(("needle page (outlined, ▼)", "white", dict(color=NEEDLE, width=2.5)))
+    for name, colour, line in legend:
+        marker = dict(size=11, color=colour, symbol="square", line=line)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", marker=marker, name=name))
     text = title or "Page frame: what each (layer, group) keeps"
     for s in with_needle:  # a line per side: two on one line ran past the figure's edge
         text += (
@@ -359,19 +343,11 @@ def head_weights_bars(p, layer: int, title=None):
         f"g{h // r} h{h}" + (" (sink)" if bool(p.sink_heads[layer, h]) else "") for h in range(H)
     ]
     fig = go.Figure()
-    fig.add_trace(
-        go.Bar(
-            x=heads,
-            y=p.weights_isolated[layer].tolist(),
-            name="sink-isolated (Page-EntroKV)",
-            marker_color=BLUE,
-        )
-    )
-    fig.add_trace(
-        go.Bar(
-            x=heads, y=p.weights_nosink[layer].tolist(), name="without isolation", marker_color=SKY
-        )
-    )
+    for w, name, colour in (
+        (p.weights_isolated, "sink-isolated (Page-EntroKV)", BLUE),
+        (p.weights_nosink, "without isolation", SKY),
+    ):
+        fig.add_trace(go.Bar(x=heads, y=w[layer].tolist(), name=name, marker_color=colour))
     h, gain = isolation_gain(p.weights_isolated[layer], p.weights_nosink[layer])
     if gain > 0:  # where isolation moves the sinks' weight to
         fig.add_annotation(
@@ -573,29 +549,12 @@ def uor_curve(
     go = _go()
     x = [100 * b for b in budgets]
     fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(
-            x=x,
-            y=list(uor_max),
-            name="head-independent, max",
-            mode="lines+markers",
-            line_color=VERMILLION,
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=x,
-            y=list(uor_mean),
-            name="head-independent, mean",
-            mode="lines+markers",
-            line=dict(color=VERMILLION, dash="dash"),
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=x, y=[1.0] * len(x), name="pooled policies (exactly 1)", mode="lines", line_color=BLUE
-        )
-    )
+    for ys, name, mode, line in (
+        (uor_max, "head-independent, max", "lines+markers", dict(color=VERMILLION)),
+        (uor_mean, "head-independent, mean", "lines+markers", dict(color=VERMILLION, dash="dash")),
+        ([1.0] * len(x), "pooled policies (exactly 1)", "lines", dict(color=BLUE)),
+    ):
+        fig.add_trace(go.Scatter(x=x, y=list(ys), name=name, mode=mode, line=line))
     fig.add_hline(y=r, line_dash="dot", line_color="grey", annotation_text=f"r = {r} (worst case)")
     fig.update_layout(
         xaxis_title="budget (% of prompt)",

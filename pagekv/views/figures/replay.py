@@ -51,22 +51,13 @@ def disagreement_scatter(series: dict, r: int, title: str):
             )
         )
     xs = [i / 100 for i in range(101)]
-    fig.add_trace(
-        go.Scatter(
-            x=xs,
-            y=[min(r, 1 + (r - 1) * x) for x in xs],
-            name="upper envelope 1 + (r-1) D",
-            line=dict(color="grey", dash="dot"),
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=xs,
-            y=[max(1 + x, r - r * (r - 1) / 2 * (1 - x)) for x in xs],
-            name="lower envelope max(1 + D, r - C(r,2)(1 - D))",
-            line=dict(color="black", dash="dash"),
-        )
-    )
+    upper = [min(r, 1 + (r - 1) * x) for x in xs]
+    lower = [max(1 + x, r - r * (r - 1) / 2 * (1 - x)) for x in xs]
+    for ys, name, line in (
+        (upper, "upper envelope 1 + (r-1) D", dict(color="grey", dash="dot")),
+        (lower, "lower envelope max(1 + D, r - C(r,2)(1 - D))", dict(color="black", dash="dash")),
+    ):
+        fig.add_trace(go.Scatter(x=xs, y=ys, name=name, line=line))
     fig.update_layout(xaxis_title="mean pairwise disagreement D_g", yaxis_title="UOR")
     return layout(fig, title, 460)
 

@@ -7,6 +7,8 @@ order (`pagekv.maths.policies.POLICIES`), so a new policy gets the next colour.
 
 from __future__ import annotations
 
+import functools
+
 from pagekv.maths.policies import POLICIES
 
 #: Okabe-Ito colours.
@@ -51,7 +53,6 @@ def is_figure(value) -> bool:
     return isinstance(value, BaseFigure)
 
 
-_TEMPLATE = []
 #: What our figures take of plotly's "plotly_white": its page look (backgrounds, grid,
 #: font, colour scales), not its per-trace defaults for the dozens of trace types we
 #: never draw; plotly copies a template into every figure, and the whole one costs
@@ -62,15 +63,13 @@ TEMPLATE_KEYS = (
 )  # fmt: skip
 
 
+@functools.cache
 def _template():
     """A lean copy of "plotly_white" (`TEMPLATE_KEYS`), built once."""
-    if not _TEMPLATE:
-        import plotly.io as pio
+    import plotly.io as pio
 
-        white = pio.templates["plotly_white"].layout.to_plotly_json()
-        lean = {k: white[k] for k in TEMPLATE_KEYS if k in white}
-        _TEMPLATE.append(_go().layout.Template(layout=lean))
-    return _TEMPLATE[0]
+    white = pio.templates["plotly_white"].layout.to_plotly_json()
+    return _go().layout.Template(layout={k: white[k] for k in TEMPLATE_KEYS if k in white})
 
 
 #: Pixels kept free above every figure's title: a host may draw a label badge in the
@@ -162,12 +161,8 @@ def merge(into: dict, update: dict) -> dict:
     return into
 
 
-_TEMPLATE_JSON = []
-
-
+@functools.cache
 def _template_json() -> dict:
     """`_template()` as the JSON a figure holds, made once (a figure built from JSON
     copies what it is given, so figures share nothing through it)."""
-    if not _TEMPLATE_JSON:
-        _TEMPLATE_JSON.append(_template().to_plotly_json())
-    return _TEMPLATE_JSON[0]
+    return _template().to_plotly_json()
