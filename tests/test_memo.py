@@ -50,8 +50,6 @@ def test_an_item_larger_than_the_cap_is_not_stored_and_evicts_nothing():
     # replacing a key with a too-large value drops the old value (never a stale one)
     assert not memo.put("a", "z" * 200)
     assert "a" not in memo and memo.nbytes == 0
-    value, computed = memo.get_or_compute("big", lambda: "w" * 500)
-    assert computed and value == "w" * 500 and "big" not in memo
 
 
 def test_the_cap_is_never_exceeded():
@@ -72,10 +70,9 @@ def test_max_entries_and_disabled_memo():
     assert memo.keys() == ["b", "c"]
     off = ByteLRU(0, size_of=len)
     assert off.put("a", "") is False and "a" not in off and len(off) == 0  # even size 0
-    calls = []
-    for _ in range(2):
-        off.get_or_compute("k", lambda: calls.append(1) or "v")
-    assert len(calls) == 2  # nothing is kept, every call computes
+    with off.computing("k") as owner:
+        assert owner and off.put("k", "v") is False
+    assert off.get_or_wait("k") is None  # nothing is kept: every caller computes
 
 
 def test_refresh_measures_again_and_evicts():
@@ -112,7 +109,8 @@ def test_thread_safety_smoke():
                 elif op < 0.8:
                     memo.get(k)
                 else:
-                    memo.get_or_compute(k, lambda: "y" * rng.randrange(1, 400))
+                    with memo.computing(k):
+                        memo.put(k, "y" * rng.randrange(1, 400))
                 if memo.nbytes > 5000:
                     errors.append(f"over the cap: {memo.nbytes}")
         except Exception as e:  # pragma: no cover (a failure is reported below)
@@ -125,40 +123,6 @@ def test_thread_safety_smoke():
         t.join()
     assert not errors, errors[:3]
     assert memo.nbytes == sum(len(v) for _, v in memo.items()) <= 5000
-
-
-def test_concurrent_callers_compute_once():
-    memo = ByteLRU(10**6, size_of=len)
-    calls = []
-    start = threading.Barrier(6)
-
-    def compute():
-        calls.append(1)
-        time.sleep(0.2)  # long enough for every other thread to arrive and wait
-        return "value"
-
-    got = []
-
-    def worker():
-        start.wait()
-        got.append(memo.get_or_compute("k", compute))
-
-    threads = [threading.Thread(target=worker) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(calls) == 1
-    assert sorted(c for _, c in got) == [False] * 5 + [True]
-    assert {v for v, _ in got} == {"value"}
-
-
-def test_a_failed_computation_is_not_stored():
-    memo = ByteLRU(100, size_of=len)
-    with pytest.raises(RuntimeError):
-        memo.get_or_compute("k", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
-    assert "k" not in memo
-    assert memo.get_or_compute("k", lambda: "ok") == ("ok", True)
 
 
 def test_get_or_wait_waits_for_a_computation_announced_with_computing():

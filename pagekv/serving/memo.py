@@ -17,11 +17,10 @@ dozen short ones fit in; counting bytes does not.
     >>> memo.put("big", b"w" * 200)         # larger than the cap: not stored
     False
 
-`get_or_compute(key, fn)` computes each missing key once even when several threads
-ask for it at the same time (the others wait and share the value): a class running
-the same lesson costs one computation. A computation that is not one call (a
-generator that streams its progress) announces itself with `computing(key)` and
-stores its value with `put`; `get_or_wait(key)` waits for it.
+A computation of a missing key announces itself with `computing(key)` and stores its
+value with `put`; `get_or_wait(key)` in other threads waits for it and shares the value
+(a class running the same lesson costs one computation), even while it streams its
+progress.
 """
 
 from __future__ import annotations
@@ -81,27 +80,18 @@ def nbytes(obj: Any) -> int:
     return total
 
 
-class _Pending:
-    """A computation in flight: the waiters' event and its outcome."""
-
-    def __init__(self):
-        self.done = threading.Event()
-        self.ok = False
-        self.value: Any = None
-
-
 class ByteLRU:
     """A mapping bounded by the sum of its values' sizes, least recently used out first.
 
     Args:
         max_bytes: the cap; the sum of the stored sizes never exceeds it. 0 disables
-            the memo (nothing is stored; `get_or_compute` still computes).
+            the memo (nothing is stored).
         size_of: the size of a value in bytes (default `nbytes`), measured when it is
             stored and again by `refresh` (a value that grows after being stored).
         max_entries: an optional cap on the number of entries as well (None: none).
 
-    Every method holds one lock for its few dictionary operations only; the function
-    given to `get_or_compute` runs outside it.
+    Every method holds one lock for its few dictionary operations only; a computation
+    announced with `computing` runs outside it.
     """
 
     def __init__(
@@ -118,7 +108,7 @@ class ByteLRU:
         self.max_entries = max_entries
         self.size_of = size_of
         self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-        self._pending: dict[Hashable, _Pending] = {}
+        self._pending: dict[Hashable, threading.Event] = {}  # computing: done when set
         self._lock = threading.Lock()
         self._bytes = 0
         self.hits = 0
@@ -217,39 +207,6 @@ class ByteLRU:
                 self.evictions += 1
             self._evict_locked()
 
-    def get_or_compute(self, key: Hashable, compute: Callable[[], Any]) -> tuple[Any, bool]:
-        """`(value, computed)`: the stored value of `key`, or `compute()` stored under
-        it. Concurrent callers of one missing key run `compute` once: the others wait
-        and receive the same value (even when it is too large to store). If `compute`
-        raises, the exception reaches its caller and one waiter tries again."""
-        while True:
-            with self._lock:
-                if key in self._data:
-                    self.hits += 1
-                    self._data.move_to_end(key)
-                    return self._data[key][0], False
-                pending = self._pending.get(key)
-                owner = pending is None
-                if owner:
-                    self.misses += 1
-                    pending = self._pending[key] = _Pending()
-            if not owner:
-                pending.done.wait()
-                if pending.ok:
-                    return pending.value, False
-                continue  # the computation failed: try (and maybe fail) ourselves
-            try:
-                value = compute()
-                size = int(self.size_of(value))
-                with self._lock:
-                    self._put_locked(key, value, size)
-                pending.value, pending.ok = value, True
-                return value, True
-            finally:
-                with self._lock:
-                    self._pending.pop(key, None)
-                pending.done.set()
-
     @contextmanager
     def computing(self, key: Hashable):
         """Say that the caller is computing `key` (and will `put` it) until the block
@@ -260,24 +217,23 @@ class ByteLRU:
             pending = self._pending.get(key)
             owner = pending is None
             if owner:
-                pending = self._pending[key] = _Pending()
+                pending = self._pending[key] = threading.Event()
         try:
             yield owner
         finally:
             if owner:
                 with self._lock:
                     self._pending.pop(key, None)
-                pending.done.set()
+                pending.set()
 
     def get_or_wait(self, key: Hashable, timeout: float | None = None) -> Any:
-        """The value of `key`; if another thread is computing it (`computing` or
-        `get_or_compute`), first wait up to `timeout` seconds for it to finish. None
-        when absent (not computed, failed, too large to store, or still computing at
-        the timeout)."""
+        """The value of `key`; if another thread is computing it (`computing`), first
+        wait up to `timeout` seconds for it to finish. None when absent (not computed,
+        failed, too large to store, or still computing at the timeout)."""
         with self._lock:
             pending = self._pending.get(key)
         if pending is not None:
-            pending.done.wait(timeout)
+            pending.wait(timeout)
         return self.get(key)
 
     # ------------------------------------------------------------------ internals
