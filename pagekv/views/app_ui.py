@@ -212,6 +212,15 @@ def sent(value):
     return data
 
 
+def _failed(text: str, lesson):
+    """The views of a run that did not complete: the status line says why (`text`)."""
+    return cleared_views(
+        "No result: the run did not complete (the status line above says why).",
+        status=message("error", text),
+        observation=_observation(lesson, None, failed=True),
+    )
+
+
 def cleared_views(why: str, **values):
     """Every run view cleared, each plot replaced by a figure that says `why` (a
     lesson without a live run, a failed run): nothing of an earlier run stays."""
@@ -360,11 +369,8 @@ def _run(v: RunInputs, lesson, session=None):
         return
     except Exception as e:  # bad input or an unexpected failure: say it on the page
         log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
-        msg = html.escape(" ".join(str(e).split()) or type(e).__name__, quote=False)
-        yield cleared_views(
-            "No result: the run did not complete (the status line above says why).",
-            status=message("error", msg),
-            observation=_observation(lesson, None, failed=True),
+        yield _failed(
+            html.escape(" ".join(str(e).split()) or type(e).__name__, quote=False), lesson
         )
         return
     comp, figs = done["comp"], done["figs"]
@@ -404,11 +410,7 @@ def _refused_budget(study, e: BudgetInputError, session, lesson):
     before = SESSIONS.recall(session)
     text = html.escape(str(e), quote=False)
     if not before:
-        return cleared_views(
-            "No result: the run did not complete (the status line above says why).",
-            status=message("error", text),
-            observation=_observation(lesson, None, failed=True),
-        )
+        return _failed(text, lesson)
     a, b = before["budget"], before["budget_b"]
     text += (
         f" Nothing ran: the budget is back at {a:g} %, the budget of the results below."

@@ -94,7 +94,7 @@ RUN_INPUTS = tuple(RUN_DEFAULTS)
 
 
 def takes_run_inputs(request_type):
-    """A decorator: the handler `fn(inputs: RunInputs, request)` is called as Gradio
+    """A decorator: the generator `fn(inputs: RunInputs, request)` is called as Gradio
     calls it, with every run input by name or position and then `request` (annotated
     `request_type`, so Gradio passes its request there)."""
     params = [
@@ -110,19 +110,10 @@ def takes_run_inputs(request_type):
     signature = inspect.Signature(params)
 
     def decorate(fn):
-        def bind(args, kwargs):
+        def handler(*args, **kwargs):  # a generator, as fn: Gradio streams its steps
             bound = signature.bind(*args, **kwargs)
             request = bound.arguments.pop("request", None)
-            return RunInputs(**bound.arguments), request
-
-        if inspect.isgeneratorfunction(fn):  # Gradio streams a generator function's steps
-
-            def handler(*args, **kwargs):
-                yield from fn(*bind(args, kwargs))
-        else:
-
-            def handler(*args, **kwargs):
-                return fn(*bind(args, kwargs))
+            yield from fn(RunInputs(**bound.arguments), request)
 
         functools.update_wrapper(handler, fn)
         del handler.__wrapped__  # the signature is the inputs', not fn's
