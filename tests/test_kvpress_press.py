@@ -699,7 +699,9 @@ def parity_report(max_new_tokens: int = MAX_NEW) -> list[dict]:
     config) with the (layer, KV head)s whose kept pages agree and both answers."""
     from pagekv.serving.study import PromptSpec, Study
 
-    study = Study.load("bundled", backend="torch")
+    # The kvpress worker decodes in float32: so does the runner here (its default on the
+    # CPU, float16 linear weights, can pick another greedy token on a near tie).
+    study = Study.load("bundled", backend="torch", decode_dtype="float32")
     ours, reqs = [], []
     for pi, fields in enumerate(PARITY_PROMPTS):
         prep = study.prepare(PromptSpec(task="needle", mode="after", **fields))
