@@ -17,6 +17,8 @@ existed, decoded in float32).
                                          [--window 32] [--n-sink 4] [--dtype auto]
                                          [--page-reduction max|sum]
                                          [--mode after|inside]
+                                         [--physical-page 16] [--peer-sweep 0.3 0.5 0.7]
+                                         [--seed-offset 5000]
 
 Each prompt is prefilled once and reconstructed once (both aggregations come from the
 same pass); every setting then plans and decodes on that prefill. Prints one row per
@@ -37,6 +39,15 @@ and head), ``kvzip_layerwise`` (``layerwise=True``: the same budget in every lay
 tokens per KV head, pagekv's `ratio_for_budget`). Their stored tokens are what a decoding
 step attends to (KVzip masks evicted keys in a full cache; the peer's
 ``attended_tokens``), summed over layers and KV heads like ours.
+
+Physical memory: every row also gives `physical`, the tokens a paged cache of pages of
+``--physical-page`` tokens (16) holds for what was kept: the pages touched per (layer,
+KV head), times the page (`pagekv.maths.paging.physical_tokens`; a peer's
+``touched_pages``). Scattered tokens touch many pages. ``--peer-sweep`` also runs each
+peer at those fractions of each budget and adds rows at equal physical memory: per
+prompt, the peer's run with the most physical memory that is at most that of the first
+``--settings`` entry on that prompt. ``--seed-offset 5000`` gives the held-out needle
+prompts (new seeds, never used to choose settings).
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pagekv import EvictionConfig, plan  # noqa: E402
+from pagekv.maths.paging import physical_tokens  # noqa: E402
 from pagekv.measurement.replay.grid import FULL  # noqa: E402
 from pagekv.runtime.backend import pooler  # noqa: E402
 from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
@@ -67,15 +79,16 @@ def curated_specs(kind: str, mode: str = "after") -> list[PromptSpec]:
     return [PromptSpec(task=t.kind, name=t.name, mode=mode) for t in load_tasks(kind)]
 
 
-def t4_specs(contexts, mode: str = "after") -> list[PromptSpec]:
-    """The replay's T4 prompts (its seeds) for the given context lengths, the question
-    asked `mode` ("after" compression: the strict test; "inside" the prompt)."""
+def t4_specs(contexts, mode: str = "after", seed_offset: int = 0) -> list[PromptSpec]:
+    """The replay's T4 prompts (its seeds, plus `seed_offset`: 5000 gives the held-out
+    set, prompts never used to choose settings) for the given context lengths, the
+    question asked `mode` ("after" compression: the strict test; "inside" the prompt)."""
     out = []
     for ci, ctx in enumerate(FULL.t4_contexts):
         if ctx not in contexts:
             continue
         for di, depth in enumerate(FULL.t4_depths):
-            seed = 100 * ci + 10 * di
+            seed = 100 * ci + 10 * di + seed_offset
             out.append(PromptSpec(context_tokens=ctx, depth=depth, seed=seed, mode=mode))
     return out
 
@@ -106,17 +119,41 @@ PEER_PRESSES = {
 }
 
 
-def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None) -> None:
+def _add(row: dict, label: str, right: bool, stored: int, physical: int | None) -> None:
+    """One prompt's result in a row: counts, sums and the prompt's own entry."""
+    row["right"] += right
+    row["prompts"] += 1
+    row["stored"] += stored
+    if not right:
+        row["wrong"].append(label)
+    if physical is not None:
+        row["physical"] = row.get("physical", 0) + physical
+    row.setdefault("per_prompt", {})[label] = {
+        "right": right, "stored": stored, "physical": physical,
+    }  # fmt: skip
+
+
+def _new_row() -> dict:
+    return {"right": 0, "prompts": 0, "stored": 0, "wrong": []}
+
+
+def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None, physical_page=16,
+             fractions=()) -> None:  # fmt: skip
     """Run kvpress's presses `names` on `prompts` [(ids, question ids, task)] at `budgets`,
     one peer batch per (press, budget) in that order, adding one row per batch to `rows`
     (and calling `save()` after each, so a long run keeps what it finished). `labels`
-    names the prompts in a row's `wrong` list (their indices when None)."""
+    names the prompts in a row's `wrong` list (their indices when None). Each row also
+    sums `physical`: the tokens a paged cache of pages of `physical_page` holds for what
+    the press kept (its pages touched per layer and KV head, times the page). With
+    `fractions`, each press also runs at every `budget * f` (the sweep that
+    `equal_physical_rows` matches our physical memory from)."""
     labels = labels or [str(i) for i in range(len(prompts))]
     from pagekv.measurement.peer import kvpress_peer as kp
 
     for name in names:
         press, kwargs = PEER_PRESSES[name]
-        for budget in budgets:
+        swept = sorted({round(b * f, 4) for b in budgets for f in fractions} - set(budgets))
+        for budget in [*budgets, *swept]:
             reqs = [
                 kp.make_request(
                     f"{name}|{budget}|{i}",
@@ -126,25 +163,55 @@ def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None) -> Non
                     budget=budget,
                     max_new_tokens=default_max_new_tokens(task),
                     press_kwargs=kwargs,
+                    page_sizes=(physical_page,),
                 )
                 for i, (ids, q_ids, task) in enumerate(prompts)
             ]
             key = f"kvpress {name}, {100 * budget:g}%"
             out = kp.run_kvpress(kp.bundled_model_dir(), reqs, timeout=4 * 3600, progress=None)
-            row = rows.setdefault(key, {"right": 0, "prompts": 0, "stored": 0, "wrong": []})
+            row = rows.setdefault(key, _new_row())
             for (_, _, task), res, label in zip(prompts, out, labels, strict=True):
                 if res.get("error"):
                     print(f"{key}: {res['error']}", file=sys.stderr)
                     continue
+                touched = (res.get("touched_pages") or {}).get(str(physical_page))
+                physical = None if touched is None else physical_page * sum(map(sum, touched))
                 right = bool(score(res["answer"], task)["correct"])
-                row["right"] += right
-                if not right:
-                    row["wrong"].append(label)
-                row["prompts"] += 1
-                row["stored"] += sum(map(sum, res["attended_tokens"]))
+                _add(row, label, right, sum(map(sum, res["attended_tokens"])), physical)
             print(f"{key}: {row['right']}/{row['prompts']}", file=sys.stderr)
             if save is not None:
                 save()
+
+
+def equal_physical_rows(rows: dict, ours: str, budgets, names) -> dict:
+    """For each peer press and budget: per prompt, the press's run (of the budget and
+    its sweep) with the most physical memory that is still at most our setting `ours`'s
+    on that prompt at that budget (its smallest run where none is, counted in `over`);
+    one row each, `"kvpress NAME at OURS's physical memory, B%"`, whose `budgets` name
+    the run picked per prompt."""
+    out = {}
+    for name in names:
+        runs = {k: r for k, r in rows.items() if k.startswith(f"kvpress {name}, ")}
+        for budget in budgets:
+            mine = rows.get(f"{ours}, {100 * budget:g}%", {}).get("per_prompt", {})
+            row = _new_row() | {"budgets": {}}
+            for label, me in mine.items():
+                tried = [
+                    r["per_prompt"][label] | {"run": k}
+                    for k, r in runs.items()
+                    if (r.get("per_prompt", {}).get(label) or {}).get("physical") is not None
+                ]
+                if not tried or me["physical"] is None:
+                    continue
+                fits = [t for t in tried if t["physical"] <= me["physical"]] or [
+                    min(tried, key=lambda t: t["physical"])
+                ]
+                pick = max(fits, key=lambda t: t["physical"])
+                _add(row, label, pick["right"], pick["stored"], pick["physical"])
+                row["budgets"][label] = pick["run"]
+                row["over"] = row.get("over", 0) + (pick["physical"] > me["physical"])
+            out[f"kvpress {name} at {ours}'s physical memory, {100 * budget:g}%"] = row
+    return out
 
 
 def main(argv=None) -> int:
@@ -176,6 +243,27 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--peer", nargs="*", default=[], choices=sorted(PEER_PRESSES))
     ap.add_argument(
+        "--peer-sweep",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also run each peer at these fractions of each budget, and match its physical "
+        "memory to the first setting's per prompt (rows '... at ...'s physical memory')",
+    )
+    ap.add_argument(
+        "--physical-page",
+        type=int,
+        default=16,
+        help="the page of the paged cache whose memory `physical` counts (pages touched per "
+        "layer and KV head, times this)",
+    )
+    ap.add_argument(
+        "--seed-offset",
+        type=int,
+        default=0,
+        help="added to the T4 prompts' seeds: 5000 is the held-out set (not used to tune)",
+    )
+    ap.add_argument(
         "--settings",
         nargs="*",
         default=list(DEFAULT_SETTINGS),
@@ -197,7 +285,7 @@ def main(argv=None) -> int:
     specs = (
         curated_specs(args.curated, args.mode)
         if args.curated
-        else t4_specs(set(args.contexts), args.mode)
+        else t4_specs(set(args.contexts), args.mode, args.seed_offset)
     )
     prompts, labels = [], []
     for spec in specs:
@@ -250,17 +338,12 @@ def main(argv=None) -> int:
                     print(f"{spec.name or spec.depth}: {name}: {e}", file=sys.stderr)
                     continue
                 right = bool(score(res.answer, prep.task)["correct"])
-                row = rows.setdefault(
-                    name, {"right": 0, "prompts": 0, "stored": 0, "pages": 0, "wrong": []}
-                )
-                row["right"] += right
-                if not right:
-                    row["wrong"].append(what)
+                row = rows.setdefault(name, _new_row() | {"pages": 0})
+                physical = physical_tokens(planned.plan.keep, args.physical_page)
+                _add(row, what, right, sum(map(sum, res.stored_tokens)), physical)
                 if res.needle_retention is not None:  # the answer tokens stored, mean (l, g)
                     kept = [x for per_layer in res.needle_retention for x in per_layer]
                     row.setdefault("retention", {})[what] = round(sum(kept) / len(kept), 4)
-                row["prompts"] += 1
-                row["stored"] += sum(map(sum, res.stored_tokens))
                 row["pages"] += int(planned.plan.union_tokens.sum())
         print(f"done {pre.n} tokens, {what}", file=sys.stderr)
 
@@ -270,13 +353,19 @@ def main(argv=None) -> int:
 
     meta = {"settings": {**vars(args), "decode": runner.decode_path}}
     if args.peer:
-        run_peer(args.peer, prompts, args.budgets, rows, save, labels)
-    print(f"{'setting':<34} {'right':>9} {'stored (dense)':>15} {'kept pages (paged)':>19}")
+        run_peer(args.peer, prompts, args.budgets, rows, save, labels, args.physical_page,
+                 args.peer_sweep)  # fmt: skip
+        if args.settings:
+            rows |= equal_physical_rows(rows, args.settings[0], args.budgets, args.peer)
+    phys = f"physical (pages of {args.physical_page})"
+    print(f"{'setting':<64} {'right':>9} {'stored (dense)':>15} {'kept pages':>11} {phys:>24}")
     for name, r in rows.items():
         n = max(r["prompts"], 1)
+        physical = "" if r.get("physical") is None else f"{r['physical'] / n:.0f}"
         print(
-            f"{name:<34} {r['right']:>4}/{r['prompts']:<4} {r['stored'] / n:>15.0f} "
-            f"{r.get('pages', r['stored']) / n:>19.0f}"
+            f"{name:<64} {r['right']:>4}/{r['prompts']:<4} {r['stored'] / n:>15.0f} "
+            f"{r.get('pages', r['stored']) / n:>11.0f} {physical:>24}"
+            + (f" ({r['over']} over our memory)" if r.get("over") else "")
         )
     mean = {k: sum(v) / len(v) for k, v in times.items() if v}
     print(

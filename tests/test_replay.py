@@ -184,6 +184,11 @@ def test_quick_replay_files_and_invariants(quick_run):
             continue
         d, c = u["data"], key["config"]
         assert d["feasible"] and d["page_tokens"] <= 30 * 3 * d["k"], c
+        # A paged cache of 16-token pages: the kept pages whole (a short last page too).
+        P = c["page_size"]
+        if P == 16:
+            assert d["page_tokens"] <= d["physical_tokens"] < d["page_tokens"] + 16 * 90, c
+            assert d["physical_tokens"] % 16 == 0, c
         if c["allocation"] == "uniform":
             assert d["stored_tokens"] == d["page_tokens"], c
         else:

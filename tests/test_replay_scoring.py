@@ -121,12 +121,16 @@ def test_the_peer_is_matched_to_the_window_scorer_only():
         {"spec": spec, "table": "T4", "press": "pagekv_entropy", "budget": 0.2,
          "answer": "wrong", "attended_tokens": [[10, 20], [30, 40]]},
         {"spec": spec, "table": "T4", "press": "kvzip", "budget": 0.2, "answer": "right",
-         "correct": True, "attended_tokens": [[1, 2], [3, 4]]},
+         "correct": True, "attended_tokens": [[1, 2], [3, 4]],
+         "touched_pages": {"16": [[1, 2], [2, 3]]}},
     ]  # fmt: skip
     out = {r["press"]: r for r in tables._peer_rows(peer, "T4", rows)}
     assert out["pagekv_entropy"]["same_answer_as_runner"] == 1.0  # the window decode's
     assert out["pagekv_entropy"]["stored_tokens"] == 100
     assert out["kvzip"]["stored_tokens"] == 10 and out["kvzip"]["recall"] == 1.0
+    # What a paged cache of 16-token pages holds: the pages touched, times 16.
+    assert out["kvzip"]["physical_tokens"] == 16 * 8
+    assert out["pagekv_entropy"]["physical_tokens"] is None  # not reported
 
 
 def test_t6_rows_by_budget_and_scoring():

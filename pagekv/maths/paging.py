@@ -311,3 +311,28 @@ def kept_token_indices(keep: torch.Tensor, k: int) -> torch.Tensor:
     cum = torch.cumsum(keep, dim=-1)  # int64 [..., n]
     want = torch.arange(1, k + 1, device=keep.device).expand(*keep.shape[:-1], k)
     return torch.searchsorted(cum, want.contiguous())  # [..., k]
+
+
+def pages_touched(keep: torch.Tensor, page_size: int) -> torch.Tensor:
+    """How many pages of `page_size` tokens each row's kept tokens touch: bool `[..., n]`
+    -> int64 `[...]`. A paged cache holds a page while any of its tokens is kept, so
+    `pages_touched(keep, P) * P` is the memory a row takes in a cache of pages of `P`
+    (`physical_tokens`), whatever selected the tokens.
+
+    >>> pages_touched(torch.tensor([[1, 0, 0, 1, 1, 0, 0, 0]], dtype=torch.bool), 4)
+    tensor([2])
+    """
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1; got {page_size}")
+    n = keep.shape[-1]
+    pad = num_pages(n, page_size) * page_size - n
+    padded = torch.nn.functional.pad(keep.to(torch.int8), (0, pad))
+    pages = padded.view(*keep.shape[:-1], -1, page_size).amax(-1)
+    return pages.to(torch.int64).sum(-1)
+
+
+def physical_tokens(keep: torch.Tensor, page_size: int) -> int:
+    """The tokens a paged cache of pages of `page_size` allocates for the kept tokens
+    `keep` (bool `[..., n]`, e.g. `[L, G, n]` per (layer, KV head)): the pages touched,
+    summed over every row, times `page_size`."""
+    return int(pages_touched(keep, page_size).sum()) * page_size

@@ -161,6 +161,7 @@ def make_request(
     compression_ratio: float | None = None,
     max_new_tokens: int = 24,
     press_kwargs: dict | None = None,
+    page_sizes: Sequence[int] = (16,),
 ) -> dict:
     """One validated worker request.
 
@@ -171,7 +172,8 @@ def make_request(
     (fraction removed), not both. ``press="none"`` runs without compression.
     ``press_kwargs`` go to the press's constructor (e.g. ``{"window_size": 32}`` for
     SnapKV, whose default window of 64 needs prompts longer than 64 tokens; ``{"page_size":
-    16}`` for the ``pagekv_*`` presses of :data:`PAGEKV_PRESSES`).
+    16}`` for the ``pagekv_*`` presses of :data:`PAGEKV_PRESSES`). ``page_sizes``: the
+    pages the result's ``touched_pages`` counts (what a paged cache of each would hold).
     """
     if press not in PRESSES and press not in PAGEKV_PRESSES and press != "none":
         raise ValueError(
@@ -213,6 +215,7 @@ def make_request(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens}")
     req["max_new_tokens"] = max_new_tokens
+    req["page_sizes"] = [int(P) for P in page_sizes]
     if press_kwargs:
         req["press_kwargs"] = dict(press_kwargs)
     return req

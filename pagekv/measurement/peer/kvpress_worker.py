@@ -47,6 +47,7 @@ Response::
                   "compression_ratio": 0.8, "prompt_tokens": 120,
                   "compressed_tokens": 120, "kept_tokens": [24, 24, ...],
                   "attended_tokens": [[24, 24, 24], ...],
+                  "touched_pages": {"16": [[2, 2, 2], ...]},
                   "answer": "...", "tokens": [...], "stop_reason": "eos",
                   "prefill_seconds": 0.1, "seconds": 0.4, "error": null}, ...]}
 
@@ -73,6 +74,10 @@ any question or answer token is appended); ``attended_tokens`` is, per layer and
 that length less the keys the press masked (KVzip keeps every token and masks the
 evicted ones, so its ``kept_tokens`` is the whole context). kvpress keeps ``max(1, int(k_len * (1 -
 compression_ratio)))`` tokens per layer and KV head (``kvpress.utils.compute_n_kept``).
+``touched_pages`` is, for each page size of the request's ``page_sizes`` (default
+``[16]``), per layer and KV head, how many pages of that size the kept context tokens
+touch: what a paged cache would hold (None for a press that drops tokens without saying
+which).
 
 Decoding stops after ``max_new_tokens`` tokens or after an EOS token (the tokenizer's or
 the generation config's), which is included in ``tokens``; ``answer`` is the decode with
@@ -172,6 +177,31 @@ def pagekv_report(press) -> dict:
     }
 
 
+def _record_kept(press) -> dict:
+    """For a kvpress ``ScorerPress`` (KeyDiff, SnapKV, ...): records, per layer, the
+    top-k of its scores that ``ScorerPress.compress`` keeps (the same ``topk`` on the
+    same scores), as ``{layer: (indices [G, k], n)}``. Other presses record nothing."""
+    recorded: dict = {}
+    try:
+        from kvpress.presses.scorer_press import ScorerPress
+        from kvpress.utils import compute_n_kept
+    except ImportError:
+        return recorded
+    if not isinstance(press, ScorerPress):
+        return recorded
+    score = press.score
+
+    def recording(module, hidden_states, keys, values, attentions, kwargs):
+        scores = score(module, hidden_states, keys, values, attentions, kwargs)
+        n = int(keys.shape[2])
+        kept = scores.topk(compute_n_kept(n, press.compression_ratio), dim=-1).indices
+        recorded[int(module.layer_idx)] = (kept[0], n)
+        return scores
+
+    press.score = recording
+    return recorded
+
+
 class Worker:
     """Holds the model and tokenizer; runs one request at a time."""
 
@@ -225,6 +255,44 @@ class Worker:
             out.append(counts)
         return out
 
+    def _kept_positions(self, cache, recorded: dict, dropped: bool) -> list | None:
+        """Per layer, a bool ``[G, n]`` mask of the context positions each KV head keeps:
+        a masking press's complement of ``masked_key_indices`` (KVzip, AdaKV), a scoring
+        press's own top-k (``recorded``), the whole cache without a press; None where a
+        press drops tokens and did not say which."""
+        torch, out = self.torch, []
+        for i, (layer, block) in enumerate(
+            zip(cache.layers, self.model.model.layers, strict=False)
+        ):
+            G, length = int(layer.keys.shape[1]), int(layer.keys.shape[-2])
+            masked = getattr(block.self_attn, "masked_key_indices", None)
+            keep = torch.ones(G, length, dtype=torch.bool)
+            if masked is not None:
+                batch, head, seq = (t.cpu() for t in masked)
+                keep[head[batch == 0], seq[batch == 0]] = False
+            elif i in recorded:
+                n = int(recorded[i][1])
+                keep = torch.zeros(G, n, dtype=torch.bool)
+                keep.scatter_(1, recorded[i][0].cpu(), True)
+            elif dropped:
+                return None
+            out.append(keep)
+        return out
+
+    def _touched_pages(self, keeps: list | None, page_sizes) -> dict | None:
+        """``{P: [[pages touched per KV head] per layer]}``: the pages of ``P`` tokens a
+        paged cache holds for what each KV head keeps (``pagekv.maths.paging``'s
+        ``pages_touched``, computed here in the kvpress environment)."""
+        if keeps is None:
+            return None
+        out = {}
+        for P in page_sizes:
+            out[str(P)] = [
+                [len(set((row.nonzero().flatten() // P).tolist())) for row in keep]
+                for keep in keeps
+            ]
+        return out
+
     def run(self, req: dict) -> dict:
         from transformers import DynamicCache
 
@@ -238,6 +306,10 @@ class Worker:
         press = make_press(
             req.get("press", "none"), req.get("compression_ratio", 0.0), req.get("press_kwargs")
         )
+        recorded = _record_kept(press)
+        page_sizes = req.get("page_sizes", [16])
+        if not all(isinstance(P, int) and not isinstance(P, bool) and P >= 1 for P in page_sizes):
+            raise ValueError(f"page_sizes must be positive integers; got {page_sizes!r}")
         vocab = self.model.get_input_embeddings().weight.shape[0]
         if mode == "inside":
             prompt = _ids(req.get("input_ids"), "input_ids")
@@ -262,6 +334,9 @@ class Worker:
                     self.model.model(input_ids=self._tensor(prompt), past_key_values=cache)
             kept = [int(layer.keys.shape[-2]) for layer in cache.layers]
             attended = self._attended(cache)
+            dropped = press is not None and any(k < n for k in kept)
+            keeps = self._kept_positions(cache, recorded, dropped)
+            touched = self._touched_pages(keeps, page_sizes)
             t_prefill = time.perf_counter() - t0
             pos = n
             if question:
@@ -298,6 +373,7 @@ class Worker:
             "compressed_tokens": n,
             "kept_tokens": kept,
             "attended_tokens": attended,
+            "touched_pages": touched,
             "answer": answer,
             "tokens": tokens,
             "stop_reason": stop,
@@ -351,6 +427,7 @@ def handle(payload: dict) -> dict:
             "tokens": [],
             "kept_tokens": None,
             "attended_tokens": None,
+            "touched_pages": None,
             "seconds": None,
             "error": None,
         }

@@ -14,7 +14,7 @@ import torch
 
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.metrics import sink_advantage
-from pagekv.maths.paging import BudgetError
+from pagekv.maths.paging import BudgetError, physical_tokens
 from pagekv.maths.plan import plan
 from pagekv.maths.policies import EVICTING_POOLED
 from pagekv.measurement.replay.grid import (
@@ -32,6 +32,8 @@ CACHE_POLICIES = EVICTING_POOLED
 #: T5 checks the stored counts of every pooled policy that evicts.
 CARDINALITY_POLICIES = EVICTING_POOLED
 ROUND = 6
+#: The page of the paged cache whose memory `physical_tokens` counts (ours and the peer's).
+PHYSICAL_PAGE = 16
 
 
 def _r(x: torch.Tensor) -> list:
@@ -286,6 +288,8 @@ def decode_unit(study, prep, cfg: EvictionConfig, max_new_tokens: int) -> dict:
         # layers padded to their longest group) and the tokens of the kept pages.
         "stored_tokens": sum(map(sum, rec["stored_tokens"])),
         "page_tokens": sum(map(sum, rec["union_tokens"])),
+        # What a paged cache of PHYSICAL_PAGE-token pages holds for the kept tokens.
+        "physical_tokens": physical_tokens(rec["plan"].keep, PHYSICAL_PAGE),
         "needle_retention": round(sum(vals) / len(vals), ROUND) if vals else None,
         "needle_kept_all": rec.get("needle_kept_all"),
         "first_token_from_full_prefill": rec["first_token_from_full_prefill"],

@@ -12,6 +12,7 @@ from collections import defaultdict
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.policies import EVICTING_POOLED
 from pagekv.measurement.replay.grid import Grid
+from pagekv.measurement.replay.measure import PHYSICAL_PAGE
 from pagekv.serving.study import PromptSpec
 
 EPS = 1e-9
@@ -203,6 +204,7 @@ def _recall_row(recs):
         # per prompt, over every (layer, group): the compacted caches and the kept pages
         "stored_tokens": _mean([r.get("stored_tokens") for r in feas]),
         "page_tokens": _mean([r.get("page_tokens") for r in feas]),
+        "physical_tokens": _mean([r.get("physical_tokens") for r in feas]),
         "needle_retention": _mean([r.get("needle_retention") for r in feas]),
         "needle_kept_all": _mean(
             [1.0 if r.get("needle_kept_all") else 0.0 for r in feas if "needle_kept_all" in r]
@@ -325,6 +327,7 @@ def _peer_rows(peer_units, table, decode_rows=()):
                 "recall": _mean([1.0 if r.get("correct") else 0.0 for r in ok]),
                 "kept_tokens": _mean([_kept(_stored(r)) for r in ok]),
                 "stored_tokens": _mean([_total(r.get("attended_tokens")) for r in ok]),
+                "physical_tokens": _mean([_physical(r) for r in ok]),
                 "same_answer_as_runner": _mean(same) if same else None,
                 "runner_matched": len(same) if policy else None,
                 "errors": sorted({r["error"] for r in rs if r.get("error")})[:3],
@@ -339,6 +342,14 @@ def _stored(r: dict):
     cache), else the cache length per layer."""
     att = r.get("attended_tokens")
     return att if att else r.get("kept_tokens")
+
+
+def _physical(r: dict):
+    """The tokens a paged cache of `PHYSICAL_PAGE`-token pages holds for what a press
+    kept: its pages touched per layer and KV head (the peer's ``touched_pages``), times
+    the page; None where the peer did not report them."""
+    touched = (r.get("touched_pages") or {}).get(str(PHYSICAL_PAGE))
+    return None if touched is None else float(PHYSICAL_PAGE * sum(map(sum, touched)))
 
 
 def _total(v):

@@ -1,0 +1,79 @@
+"""Physical memory of a kept set in a paged cache (`pagekv.maths.paging.pages_touched`,
+`physical_tokens`) and the benchmark's comparison at equal physical memory
+(`benchmarks/reconstruct_ab.py`'s `equal_physical_rows`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagekv.maths.paging import expand_pages, num_pages, pages_touched, physical_tokens
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reconstruct_ab.py"
+
+
+def test_pages_touched_by_hand():
+    keep = torch.zeros(2, 3, 37, dtype=torch.bool)
+    keep[0, 0, [0, 1, 17, 36]] = True  # pages 0, 1 and the short last page 2
+    keep[1, 2] = True
+    assert pages_touched(keep, 16).tolist() == [[3, 0, 0], [0, 0, 3]]
+    assert physical_tokens(keep, 16) == 6 * 16
+    assert physical_tokens(keep, 1) == int(keep.sum()) == 41
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(1, 90),
+    page=st.integers(1, 20),
+    seed=st.integers(0, 2**31 - 1),
+    p=st.floats(0.0, 1.0),
+)
+def test_pages_touched_bounds_and_whole_pages(n, page, seed, p):
+    gen = torch.Generator().manual_seed(seed)
+    keep = torch.rand(3, 2, n, generator=gen) < p
+    touched = pages_touched(keep, page)
+    kept = keep.sum(-1)
+    assert torch.equal(pages_touched(keep, 1), kept)
+    assert bool((touched <= kept).all()) and bool((touched * page >= kept).all())
+    assert bool((touched <= num_pages(n, page)).all())
+    # A set of whole pages touches exactly its pages.
+    page_keep = torch.rand(3, 2, num_pages(n, page), generator=gen) < p
+    assert torch.equal(pages_touched(expand_pages(page_keep, n, page), page), page_keep.sum(-1))
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("reconstruct_ab", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_equal_physical_rows_pick_the_largest_run_that_fits_per_prompt():
+    ab = _script()
+    rows = {"ours, 20%": ab._new_row()}
+    ab._add(rows["ours, 20%"], "p1", True, 100, 320)
+    ab._add(rows["ours, 20%"], "p2", False, 100, 160)
+    runs = {  # budget: {prompt: (right, kept, physical)}
+        "kvpress kvzip, 20%": {"p1": (True, 100, 900), "p2": (True, 100, 800)},
+        "kvpress kvzip, 10%": {"p1": (True, 50, 480), "p2": (True, 50, 400)},
+        "kvpress kvzip, 5%": {"p1": (False, 25, 304), "p2": (True, 25, 208)},
+    }
+    for key, per in runs.items():
+        rows[key] = ab._new_row()
+        for label, (right, kept, physical) in per.items():
+            ab._add(rows[key], label, right, kept, physical)
+    out = ab.equal_physical_rows(rows, "ours", [0.2], ["kvzip"])
+    row = out["kvpress kvzip at ours's physical memory, 20%"]
+    # p1: the 5 % run is the only one within 320; p2: none fits 160, so the smallest.
+    assert row["budgets"] == {"p1": "kvpress kvzip, 5%", "p2": "kvpress kvzip, 5%"}
+    assert (row["right"], row["prompts"], row["wrong"]) == (1, 2, ["p1"])
+    assert row["physical"] == 304 + 208 and row["stored"] == 50 and row["over"] == 1
+    rows["kvpress kvzip, 10%"]["per_prompt"]["p1"]["physical"] = 320  # now exactly ours
+    row = ab.equal_physical_rows(rows, "ours", [0.2], ["kvzip"])[
+        "kvpress kvzip at ours's physical memory, 20%"
+    ]
+    assert row["budgets"]["p1"] == "kvpress kvzip, 10%" and row["right"] == 2
