@@ -59,7 +59,7 @@ def chart(files: list[Path], titles: list[str]) -> go.Figure:
                 col=col,
             )
         fig.update_xaxes(title_text="physical memory per prompt (tokens, pages of 16)", col=col)
-    fig.update_yaxes(tickformat=".0%", range=[0, 1.08])
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.15])
     fig.update_yaxes(title_text="prompts answered right", col=1)
     fig.update_layout(
         title="Question after compression: right answers against the memory a paged cache holds",
