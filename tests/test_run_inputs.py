@@ -19,6 +19,7 @@ from pagekv.views.run_inputs import RUN_DEFAULTS, RUN_INPUTS, RunInputs
 
 def test_gradio_lists_the_run_inputs_by_name_with_their_defaults():
     params = get_function_params(app_ui.run_comparison)  # what the API page shows
+    assert app_ui.run_comparison.__name__ == "run_comparison"  # as Gradio's queue names it
     assert [name for name, *_ in params] == list(RUN_INPUTS)
     assert {name: default for name, _, default, _ in params} == RUN_DEFAULTS
     assert len(RUN_INPUTS) == 32 and RUN_INPUTS[-4:] == (

@@ -295,7 +295,7 @@ def run_inputs(inputs: RunInputs, request: gr.Request = None):
 
 
 #: The API's /run and /budget: `run_inputs` with every run input by name or position.
-run_comparison = takes_run_inputs(gr.Request)(run_inputs)
+run_comparison = takes_run_inputs(gr.Request, "run_comparison")(run_inputs)
 
 
 def _run(v: RunInputs, lesson, session=None):

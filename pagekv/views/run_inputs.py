@@ -93,10 +93,11 @@ RUN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunInputs)}
 RUN_INPUTS = tuple(RUN_DEFAULTS)
 
 
-def takes_run_inputs(request_type):
+def takes_run_inputs(request_type, name: str):
     """A decorator: the generator `fn(inputs: RunInputs, request)` is called as Gradio
     calls it, with every run input by name or position and then `request` (annotated
-    `request_type`, so Gradio passes its request there)."""
+    `request_type`, so Gradio passes its request there), under the function name
+    `name` (what Gradio's queue and logs call it)."""
     params = [
         inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
         for name, default in RUN_DEFAULTS.items()
@@ -117,6 +118,7 @@ def takes_run_inputs(request_type):
 
         functools.update_wrapper(handler, fn)
         del handler.__wrapped__  # the signature is the inputs', not fn's
+        handler.__name__ = handler.__qualname__ = name
         handler.__signature__ = signature
         handler.__annotations__ = {"request": request_type}
         return handler
