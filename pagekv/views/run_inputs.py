@@ -98,16 +98,9 @@ def takes_run_inputs(request_type, name: str):
     calls it, with every run input by name or position and then `request` (annotated
     `request_type`, so Gradio passes its request there), under the function name
     `name` (what Gradio's queue and logs call it)."""
-    params = [
-        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
-        for name, default in RUN_DEFAULTS.items()
-    ]
-    params.append(
-        inspect.Parameter(
-            "request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-            annotation=request_type,
-        )
-    )  # fmt: skip
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter(n, kind, default=d) for n, d in RUN_DEFAULTS.items()]
+    params.append(inspect.Parameter("request", kind, default=None, annotation=request_type))
     signature = inspect.Signature(params)
 
     def decorate(fn):
