@@ -30,8 +30,8 @@ def test_gradio_lists_the_run_inputs_by_name_with_their_defaults():
 def test_gradio_passes_the_request_after_the_inputs(monkeypatch):
     seen = []
 
-    def fake_run(v, lesson, session=None):
-        seen.append((v, lesson, session))
+    def fake_run(v, session=None):
+        seen.append((v, v.lesson, session))
         yield ("done",)
 
     monkeypatch.setattr(app_ui, "_run", fake_run)

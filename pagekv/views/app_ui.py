@@ -291,15 +291,15 @@ def run_inputs(inputs: RunInputs, request: gr.Request = None):
     configuration)."""
     session = getattr(request, "session_hash", None)
     with SESSIONS.turn(session):
-        yield from _run(inputs, inputs.lesson, session)
+        yield from _run(inputs, session)
 
 
 #: The API's /run and /budget: `run_inputs` with every run input by name or position.
 run_comparison = takes_run_inputs(gr.Request, "run_comparison")(run_inputs)
 
 
-def _run(v: RunInputs, lesson, session=None):
-    study = None
+def _run(v: RunInputs, session=None):
+    lesson, study = v.lesson, None
     try:
         try:
             spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)

@@ -18,9 +18,12 @@ import dataclasses
 import functools
 import inspect
 
+from pagekv.serving.comparison import METHOD_FIELDS
+
 __all__ = ["RUN_DEFAULTS", "RUN_INPUTS", "RunInputs", "takes_run_inputs"]
 
-METHODS = ("policy", "scorer", "allocation")
+#: What makes a side's method: its policy and the comparison's own method fields.
+METHODS = ("policy", *METHOD_FIELDS)
 
 
 @dataclasses.dataclass(frozen=True)
