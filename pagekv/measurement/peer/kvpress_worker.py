@@ -147,14 +147,20 @@ def make_press(name: str, compression_ratio: float, press_kwargs: dict | None):
     return cls(compression_ratio=ratio, **(press_kwargs or {}))
 
 
-def make_pagekv_press(name: str, compression_ratio: float, press_kwargs: dict | None):
-    """pagekv's press ``name``, recording its plans; ``press_kwargs["budget"]`` (fraction
-    kept) replaces the request's ``compression_ratio`` when given."""
+def _pagekv_importable() -> None:
+    """Put this checkout on ``sys.path``: the kvpress environment does not install
+    pagekv, and its presses and page counts are imported from here."""
     root = os.path.dirname(
         os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     )
     if root not in sys.path:
         sys.path.insert(0, root)
+
+
+def make_pagekv_press(name: str, compression_ratio: float, press_kwargs: dict | None):
+    """pagekv's press ``name``, recording its plans; ``press_kwargs["budget"]`` (fraction
+    kept) replaces the request's ``compression_ratio`` when given."""
+    _pagekv_importable()
     from pagekv.measurement.integrations import kvpress_press
 
     kwargs = dict(press_kwargs or {})
@@ -281,17 +287,13 @@ class Worker:
 
     def _touched_pages(self, keeps: list | None, page_sizes) -> dict | None:
         """``{P: [[pages touched per KV head] per layer]}``: the pages of ``P`` tokens a
-        paged cache holds for what each KV head keeps (``pagekv.maths.paging``'s
-        ``pages_touched``, computed here in the kvpress environment)."""
+        paged cache holds for what each KV head keeps (``pagekv.maths.paging``)."""
         if keeps is None:
             return None
-        out = {}
-        for P in page_sizes:
-            out[str(P)] = [
-                [len(set((row.nonzero().flatten() // P).tolist())) for row in keep]
-                for keep in keeps
-            ]
-        return out
+        _pagekv_importable()
+        from pagekv.maths.paging import pages_touched
+
+        return {str(P): [pages_touched(keep, P).tolist() for keep in keeps] for P in page_sizes}
 
     def run(self, req: dict) -> dict:
         from transformers import DynamicCache
