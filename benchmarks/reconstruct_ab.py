@@ -18,7 +18,7 @@ existed, decoded in float32).
                                          [--page-reduction max|sum]
                                          [--mode after|inside]
                                          [--physical-page 16] [--peer-sweep 0.3 0.5 0.7]
-                                         [--seed-offset 5000]
+                                         [--seed-offset 5000] [--peer-json earlier.json]
 
 Each prompt is prefilled once and reconstructed once (both aggregations come from the
 same pass); every setting then plans and decodes on that prefill. Prints one row per
@@ -47,7 +47,10 @@ KV head), times the page (`pagekv.maths.paging.physical_tokens`; a peer's
 peer at those fractions of each budget and adds rows at equal physical memory: per
 prompt, the peer's run with the most physical memory that is at most that of the first
 ``--settings`` entry on that prompt. ``--seed-offset 5000`` gives the held-out needle
-prompts (new seeds, never used to choose settings).
+prompts (new seeds, never used to choose settings). ``--peer-json`` takes the peer rows
+of an earlier run's JSON on the same prompts instead of running kvpress again (its
+prompts, mode, seeds and physical page must be these; the equal-memory rows are matched
+anew against this run's first setting).
 """
 
 from __future__ import annotations
@@ -214,6 +217,32 @@ def equal_physical_rows(rows: dict, ours: str, budgets, names) -> dict:
     return out
 
 
+#: What an earlier run's settings must share with this one for its peer rows to be reused.
+SAME_PROMPTS = ("contexts", "curated", "mode", "seed_offset", "physical_page")
+
+
+def earlier_peer_rows(path: str, args) -> tuple[dict, list[str]]:
+    """The peer rows (``"kvpress NAME, B%"``) of the run saved at `path` and its peer
+    names, for reuse on the same prompts; ValueError naming the first setting that
+    differs from `args` (another prompt set's rows would be matched to ours)."""
+    saved = json.loads(Path(path).read_text())
+    was = saved["settings"]
+    for key in SAME_PROMPTS:
+        mine = getattr(args, key)
+        theirs = was.get(key, 0 if key == "seed_offset" else None)
+        if key == "contexts":
+            mine, theirs = sorted(mine), sorted(theirs or [])
+        if mine != theirs:
+            raise ValueError(f"{path} was run with {key}={theirs!r}; this run has {mine!r}")
+    rows = {
+        k: r
+        for k, r in saved["rows"].items()
+        if k.startswith("kvpress ") and "physical memory" not in k
+    }
+    names = dict.fromkeys(k.removeprefix("kvpress ").split(", ")[0] for k in rows)
+    return rows, list(names)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--contexts", type=int, nargs="+", default=[500, 1000, 2000])
@@ -264,6 +293,11 @@ def main(argv=None) -> int:
         help="added to the T4 prompts' seeds: 5000 is the held-out set (not used to tune)",
     )
     ap.add_argument(
+        "--peer-json",
+        default=None,
+        help="reuse the peer rows of this earlier --json run on the same prompts (no kvpress)",
+    )
+    ap.add_argument(
         "--settings",
         nargs="*",
         default=list(DEFAULT_SETTINGS),
@@ -271,6 +305,7 @@ def main(argv=None) -> int:
         help="pagekv's settings to run (none: only --peer)",
     )
     args = ap.parse_args(argv)
+    reused, reused_names = earlier_peer_rows(args.peer_json, args) if args.peer_json else ({}, [])
     study = Study.load("bundled", decode_dtype=args.dtype)
     runner = study.runner
     base = EvictionConfig(
@@ -355,8 +390,11 @@ def main(argv=None) -> int:
     if args.peer:
         run_peer(args.peer, prompts, args.budgets, rows, save, labels, args.physical_page,
                  args.peer_sweep)  # fmt: skip
-        if args.settings:
-            rows |= equal_physical_rows(rows, args.settings[0], args.budgets, args.peer)
+    if reused:
+        rows |= reused
+    names = [*args.peer, *(n for n in reused_names if n not in args.peer)]
+    if names and args.settings:
+        rows |= equal_physical_rows(rows, args.settings[0], args.budgets, names)
     phys = f"physical (pages of {args.physical_page})"
     print(f"{'setting':<64} {'right':>9} {'stored (dense)':>15} {'kept pages':>11} {phys:>24}")
     for name, r in rows.items():

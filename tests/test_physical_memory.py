@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -77,3 +79,26 @@ def test_equal_physical_rows_pick_the_largest_run_that_fits_per_prompt():
         "kvpress kvzip at ours's physical memory, 20%"
     ]
     assert row["budgets"]["p1"] == "kvpress kvzip, 10%" and row["right"] == 2
+
+
+def test_earlier_peer_rows_are_reused_only_on_the_same_prompts(tmp_path):
+    ab = _script()
+    kept = {"right": 1, "prompts": 1, "stored": 9, "wrong": []}
+    saved = {
+        "settings": {"contexts": [1000, 500], "curated": None, "mode": "after",
+                     "seed_offset": 5000, "physical_page": 16, "peer": ["kvzip"]},
+        "rows": {"ours, 20%": kept, "kvpress kvzip, 20%": kept, "kvpress keydiff, 6%": kept,
+                 "kvpress kvzip at ours's physical memory, 20%": kept},
+    }  # fmt: skip
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(saved))
+    args = ab.argparse.Namespace(contexts={500, 1000}, curated=None, mode="after",
+                                 seed_offset=5000, physical_page=16)  # fmt: skip
+    rows, names = ab.earlier_peer_rows(str(path), args)
+    # The peer's own runs only: ours and the old matching are this run's to make.
+    assert sorted(rows) == ["kvpress keydiff, 6%", "kvpress kvzip, 20%"]
+    assert names == ["kvzip", "keydiff"]
+    for key, value in [("seed_offset", 0), ("physical_page", 8), ("contexts", {500})]:
+        other = ab.argparse.Namespace(**(vars(args) | {key: value}))
+        with pytest.raises(ValueError, match=key):
+            ab.earlier_peer_rows(str(path), other)
