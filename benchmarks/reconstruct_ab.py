@@ -48,9 +48,9 @@ peer at those fractions of each budget and adds rows at equal physical memory: p
 prompt, the peer's run with the most physical memory that is at most that of the first
 ``--settings`` entry on that prompt. ``--seed-offset 5000`` gives the held-out needle
 prompts (new seeds, never used to choose settings). ``--peer-json`` takes the peer rows
-of an earlier run's JSON on the same prompts instead of running kvpress again (its
-prompts, mode, seeds and physical page must be these; the equal-memory rows are matched
-anew against this run's first setting).
+of an earlier run's JSON on the same prompts (its prompts, mode, seeds and physical page
+must be these), and ``--peer`` then runs only the batches it lacks; the equal-memory rows
+are matched anew against this run's first setting.
 """
 
 from __future__ import annotations
@@ -96,22 +96,25 @@ def t4_specs(contexts, mode: str = "after", seed_offset: int = 0) -> list[Prompt
     return out
 
 
-#: pagekv's settings: name -> (scorer, aggregation, allocation, policy).
+#: pagekv's settings: name -> (scorer, aggregation, allocation, policy, page reduction:
+#: None for `--page-reduction`'s).
 SETTINGS = {
-    "window, uniform": ("window", None, "uniform", "entropy"),
-    "window, global": ("window", None, "global", "entropy"),
-    "reconstruct/max, uniform": ("reconstruct", "max", "uniform", "entropy"),
-    "reconstruct/max, layer": ("reconstruct", "max", "layer", "entropy"),
-    "reconstruct/max, global": ("reconstruct", "max", "global", "entropy"),
-    "reconstruct/mean, uniform": ("reconstruct", "mean", "uniform", "entropy"),
-    "reconstruct/mean, global": ("reconstruct", "mean", "global", "entropy"),
-    "reconstruct/max, global, mean pooling": ("reconstruct", "max", "global", "mean"),
-    "reconstruct/max, global, max pooling": ("reconstruct", "max", "global", "max"),
+    "window, uniform": ("window", None, "uniform", "entropy", None),
+    "window, global": ("window", None, "global", "entropy", None),
+    "reconstruct/max, uniform": ("reconstruct", "max", "uniform", "entropy", None),
+    "reconstruct/max, layer": ("reconstruct", "max", "layer", "entropy", None),
+    "reconstruct/max, global": ("reconstruct", "max", "global", "entropy", None),
+    "reconstruct/mean, uniform": ("reconstruct", "mean", "uniform", "entropy", None),
+    "reconstruct/mean, global": ("reconstruct", "mean", "global", "entropy", None),
+    "reconstruct/max, global, mean pooling": ("reconstruct", "max", "global", "mean", None),
+    "reconstruct/max, global, max pooling": ("reconstruct", "max", "global", "max", None),
+    # A page scored by the sum of its tokens' scores (the attention it holds), not their max.
+    "reconstruct/max, global, sum in a page": ("reconstruct", "max", "global", "entropy", "sum"),
     # Entropy weights of the aggregated profile (before `reconstruction_masses`).
-    "reconstruct/max, global, profile entropy": ("reconstruct", "max", "global", "profile"),
+    "reconstruct/max, global, profile entropy": ("reconstruct", "max", "global", "profile", None),
 }
 #: Not run by default: the settings added after the first measurements.
-LATER = ("window, global", "reconstruct/max, layer")
+LATER = ("window, global", "reconstruct/max, layer", "reconstruct/max, global, sum in a page")
 DEFAULT_SETTINGS = tuple(k for k in SETTINGS if "pooling" not in k and k not in LATER)
 
 #: kvpress presses for ``--peer``: (the peer's press name, its constructor arguments).
@@ -141,7 +144,7 @@ def _new_row() -> dict:
 
 
 def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None, physical_page=16,
-             fractions=()) -> None:  # fmt: skip
+             fractions=(), skip=()) -> None:  # fmt: skip
     """Run kvpress's presses `names` on `prompts` [(ids, question ids, task)] at `budgets`,
     one peer batch per (press, budget) in that order, adding one row per batch to `rows`
     (and calling `save()` after each, so a long run keeps what it finished). `labels`
@@ -149,7 +152,8 @@ def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None, physic
     sums `physical`: the tokens a paged cache of pages of `physical_page` holds for what
     the press kept (its pages touched per layer and KV head, times the page). With
     `fractions`, each press also runs at every `budget * f` (the sweep that
-    `equal_physical_rows` matches our physical memory from)."""
+    `equal_physical_rows` matches our physical memory from). Batches whose row is in
+    `skip` (an earlier run's, `--peer-json`) are not run again."""
     labels = labels or [str(i) for i in range(len(prompts))]
     from pagekv.measurement.peer import kvpress_peer as kp
 
@@ -157,6 +161,9 @@ def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None, physic
         press, kwargs = PEER_PRESSES[name]
         swept = sorted({round(b * f, 4) for b in budgets for f in fractions} - set(budgets))
         for budget in [*budgets, *swept]:
+            key = f"kvpress {name}, {100 * budget:g}%"
+            if key in skip:
+                continue
             reqs = [
                 kp.make_request(
                     f"{name}|{budget}|{i}",
@@ -170,7 +177,6 @@ def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None, physic
                 )
                 for i, (ids, q_ids, task) in enumerate(prompts)
             ]
-            key = f"kvpress {name}, {100 * budget:g}%"
             out = kp.run_kvpress(kp.bundled_model_dir(), reqs, timeout=4 * 3600, progress=None)
             row = rows.setdefault(key, _new_row())
             for (_, _, task), res, label in zip(prompts, out, labels, strict=True):
@@ -339,9 +345,10 @@ def main(argv=None) -> int:
             times["reconstruct_s"].append(pre.timings["reconstruct_s"])
         for budget in args.budgets:
             for setting in args.settings:
-                scorer, agg, alloc, policy = SETTINGS[setting]
+                scorer, agg, alloc, policy, reduction = SETTINGS[setting]
                 cfg = base.replace(
                     budget=budget,
+                    page_reduction=reduction or args.page_reduction,
                     allocation=alloc,
                     policy="entropy" if policy == "profile" else policy,
                     scorer=scorer,
@@ -387,11 +394,10 @@ def main(argv=None) -> int:
             Path(args.json).write_text(json.dumps({"rows": rows, **meta}, indent=1))
 
     meta = {"settings": {**vars(args), "decode": runner.decode_path}}
+    rows |= reused
     if args.peer:
         run_peer(args.peer, prompts, args.budgets, rows, save, labels, args.physical_page,
-                 args.peer_sweep)  # fmt: skip
-    if reused:
-        rows |= reused
+                 args.peer_sweep, skip=reused)  # fmt: skip
     names = [*args.peer, *(n for n in reused_names if n not in args.peer)]
     if names and args.settings:
         rows |= equal_physical_rows(rows, args.settings[0], args.budgets, names)

@@ -102,3 +102,29 @@ def test_earlier_peer_rows_are_reused_only_on_the_same_prompts(tmp_path):
         other = ab.argparse.Namespace(**(vars(args) | {key: value}))
         with pytest.raises(ValueError, match=key):
             ab.earlier_peer_rows(str(path), other)
+
+
+def test_run_peer_runs_only_the_batches_an_earlier_run_lacks(monkeypatch):
+    from pagekv.measurement.peer import kvpress_peer as kp
+
+    ab = _script()
+    batches = []
+
+    def fake_run(model_dir, reqs, timeout, progress):
+        batches.append(sorted({r["budget"] for r in reqs}))
+        touched = {"16": [[2, 1]]}  # one layer, two KV heads: 3 pages of 16
+        return [{"answer": "x", "attended_tokens": [[5, 4]], "touched_pages": touched}] * len(reqs)
+
+    monkeypatch.setattr(kp, "run_kvpress", fake_run)
+    monkeypatch.setattr(kp, "bundled_model_dir", lambda: "model")
+    monkeypatch.setattr(ab, "score", lambda answer, task: {"correct": answer == "x"})
+    monkeypatch.setattr(ab, "default_max_new_tokens", lambda task: 8)
+    earlier = {"kvpress kvzip, 20%": ab._new_row()}
+    rows = dict(earlier)
+    ab.run_peer(["kvzip"], [(list(range(40)), [3], None)], [0.2, 0.5], rows, fractions=(0.5,),
+                skip=earlier)  # fmt: skip
+    # 20 % was the earlier run's; 50 %, 10 % and 25 % are run, in that order.
+    assert batches == [[0.5], [0.1], [0.25]]
+    assert rows["kvpress kvzip, 20%"] is earlier["kvpress kvzip, 20%"]
+    swept = rows["kvpress kvzip, 10%"]
+    assert (swept["right"], swept["physical"], swept["stored"]) == (1, 48, 9)
