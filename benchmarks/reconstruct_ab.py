@@ -19,6 +19,7 @@ existed, decoded in float32).
                                          [--mode after|inside]
                                          [--physical-page 16] [--peer-sweep 0.3 0.5 0.7]
                                          [--seed-offset 5000] [--peer-json earlier.json]
+                                         [--variant "LABEL: field=value ..." ...]
 
 Each prompt is prefilled once and reconstructed once (both aggregations come from the
 same pass); every setting then plans and decodes on that prefill. Prints one row per
@@ -51,6 +52,10 @@ prompts (new seeds, never used to choose settings). ``--peer-json`` takes the pe
 of an earlier run's JSON on the same prompts (its prompts, mode, seeds and physical page
 must be these), and ``--peer`` then runs only the batches it lacks; the equal-memory rows
 are matched anew against this run's first setting.
+
+``--variant "sum, window 1: page_reduction=sum window=1"`` adds the setting
+"reconstruct/max, global, sum, window 1": "reconstruct/max, global" with those
+`EvictionConfig` fields changed (after the flags), run on the same prefill.
 """
 
 from __future__ import annotations
@@ -223,6 +228,35 @@ def equal_physical_rows(rows: dict, ours: str, budgets, names) -> dict:
     return out
 
 
+#: The setting a `--variant` changes.
+VARIANT_BASE = "reconstruct/max, global"
+
+
+def variant(text: str) -> tuple[str, dict]:
+    """`"LABEL: field=value ..."` -> (the setting's name, the `EvictionConfig` fields it
+    changes); values are read as int, then float, else kept as text. Refuses an unknown
+    field or value (argparse shows the message)."""
+    label, sep, fields = text.partition(":")
+    changes = {}
+    for item in fields.split():
+        key, eq, raw = item.partition("=")
+        if not eq or key not in EvictionConfig.__dataclass_fields__:
+            raise argparse.ArgumentTypeError(f"{item!r} is not an EvictionConfig field=value")
+        for kind in (int, float, str):
+            try:
+                changes[key] = kind(raw)
+                break
+            except ValueError:
+                continue
+    if not sep or not label.strip() or not changes:
+        raise argparse.ArgumentTypeError(f"expected 'LABEL: field=value ...'; got {text!r}")
+    try:
+        EvictionConfig(scorer="reconstruct", allocation="global").replace(**changes)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return f"{VARIANT_BASE}, {label.strip()}", changes
+
+
 #: What an earlier run's settings must share with this one for its peer rows to be reused.
 SAME_PROMPTS = ("contexts", "curated", "mode", "seed_offset", "physical_page")
 
@@ -299,6 +333,13 @@ def main(argv=None) -> int:
         help="added to the T4 prompts' seeds: 5000 is the held-out set (not used to tune)",
     )
     ap.add_argument(
+        "--variant",
+        type=variant,
+        action="append",
+        default=[],
+        help=f"'LABEL: field=value ...': {VARIANT_BASE!r} with those EvictionConfig fields changed",
+    )
+    ap.add_argument(
         "--peer-json",
         default=None,
         help="reuse the peer rows of this earlier --json run on the same prompts (no kvpress)",
@@ -311,6 +352,8 @@ def main(argv=None) -> int:
         help="pagekv's settings to run (none: only --peer)",
     )
     args = ap.parse_args(argv)
+    variants = dict(args.variant)
+    settings = [*args.settings, *variants]
     reused, reused_names = earlier_peer_rows(args.peer_json, args) if args.peer_json else ({}, [])
     study = Study.load("bundled", decode_dtype=args.dtype)
     runner = study.runner
@@ -340,19 +383,21 @@ def main(argv=None) -> int:
         pre = prep.prefill
         prompts.append((pre.ids, pre.question_ids, prep.task))
         times["prefill_s"].append(pre.timings["prefill_s"])
-        if any(SETTINGS[x][0] == "reconstruct" for x in args.settings):
+        if variants or any(SETTINGS[x][0] == "reconstruct" for x in args.settings):
             scores = runner.reconstruction(pre)  # both aggregations from one pass
             times["reconstruct_s"].append(pre.timings["reconstruct_s"])
         for budget in args.budgets:
-            for setting in args.settings:
-                scorer, agg, alloc, policy, reduction = SETTINGS[setting]
+            for setting in settings:
+                scorer, agg, alloc, policy, reduction = SETTINGS.get(
+                    setting, SETTINGS[VARIANT_BASE]
+                )
                 cfg = base.replace(
                     budget=budget,
                     page_reduction=reduction or args.page_reduction,
                     allocation=alloc,
                     policy="entropy" if policy == "profile" else policy,
                     scorer=scorer,
-                )
+                ).replace(**variants.get(setting, {}))
                 name = f"{setting}, {100 * budget:g}%"
                 try:
                     if agg in (None, "max") and policy != "profile":
@@ -399,8 +444,8 @@ def main(argv=None) -> int:
         run_peer(args.peer, prompts, args.budgets, rows, save, labels, args.physical_page,
                  args.peer_sweep, skip=reused)  # fmt: skip
     names = [*args.peer, *(n for n in reused_names if n not in args.peer)]
-    if names and args.settings:
-        rows |= equal_physical_rows(rows, args.settings[0], args.budgets, names)
+    if names and settings:
+        rows |= equal_physical_rows(rows, settings[0], args.budgets, names)
     phys = f"physical (pages of {args.physical_page})"
     print(f"{'setting':<64} {'right':>9} {'stored (dense)':>15} {'kept pages':>11} {phys:>24}")
     for name, r in rows.items():

@@ -1,0 +1,60 @@
+"""`benchmarks/reconstruct_ab.py`'s `--variant`: a setting with EvictionConfig fields
+changed, run on the same prefill as the others, gives what the same fields given as the
+script's flags give."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reconstruct_ab.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("reconstruct_ab", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_variant_reads_fields_and_refuses_what_is_not_a_config():
+    ab = _script()
+    name, changes = ab.variant(" sum, tau 0.5: page_reduction=sum tau=0.5 window=1")
+    assert name == "reconstruct/max, global, sum, tau 0.5"
+    assert changes == {"page_reduction": "sum", "tau": 0.5, "window": 1}
+    assert isinstance(changes["window"], int)
+    for bad, says in [
+        ("no colon window=1", "LABEL"),
+        (": window=1", "LABEL"),
+        ("label:", "LABEL"),
+        ("x: colour=red", "colour"),
+        ("x: window", "window"),
+        ("x: page_reduction=median", "page_reduction must be one of"),
+        ("x: policy=head_independent", "selects per head"),
+    ]:
+        with pytest.raises(argparse.ArgumentTypeError, match=says):
+            ab.variant(bad)
+
+
+def _run(ab, tmp_path, name, *argv):
+    out = tmp_path / f"{name}.json"
+    ab.main(["--contexts", "500", "--budgets", "0.2", "--json", str(out), *argv])
+    return json.loads(out.read_text())["rows"]
+
+
+def test_a_variant_row_is_the_run_of_its_fields_as_flags(bundled_study, tmp_path, monkeypatch):
+    ab = _script()
+    monkeypatch.setattr(ab, "Study", SimpleNamespace(load=lambda *a, **k: bundled_study))
+    first = ab.t4_specs
+    monkeypatch.setattr(ab, "t4_specs", lambda *a: first(*a)[:1])  # one 500-token prompt
+    base = "reconstruct/max, global"
+    rows = _run(ab, tmp_path, "variant", "--settings", base, "--variant", "p8: page_size=8")
+    flags = _run(ab, tmp_path, "flags", "--settings", base, "--page-size", "8")
+    mine, theirs = rows[f"{base}, p8, 20%"], flags[f"{base}, 20%"]
+    assert mine == theirs
+    assert mine["per_prompt"] != rows[f"{base}, 20%"]["per_prompt"]  # pages of 16 differ
