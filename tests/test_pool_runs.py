@@ -1,0 +1,72 @@
+"""`benchmarks/pool_runs.py`: reconstruct_ab runs on disjoint prompt sets pooled into one,
+with the rows at equal physical memory matched anew from the pooled runs."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(ab, offset: int, results: dict) -> dict:
+    """A run at `offset`: {row: {prompt: (right, kept, physical)}}."""
+    rows = {}
+    for key, per in results.items():
+        rows[key] = ab._new_row() | ({"pages": 7} if key.startswith("ours") else {})
+        for label, (right, kept, physical) in per.items():
+            ab._add(rows[key], label, right, kept, physical)
+    settings = {"budgets": [0.2], "contexts": [500], "curated": None, "mode": "after",
+                "physical_page": 16, "page_size": 16, "window": 8, "seed_offset": offset,
+                "settings": ["ours"]}  # fmt: skip
+    return {"rows": rows, "settings": settings}
+
+
+def test_pooled_rows_add_up_and_match_memory_per_prompt():
+    ab, pr = _load("reconstruct_ab"), _load("pool_runs")
+    a = _run(ab, 5000, {
+        "ours, 20%": {"p": (True, 100, 320)},
+        "kvpress kvzip, 20%": {"p": (True, 100, 900)},
+        "kvpress kvzip, 6%": {"p": (False, 30, 300)},
+        "kvpress kvzip, 10%": {"p": (True, 50, 310)},  # only this run swept 10 %
+    })  # fmt: skip
+    b = _run(ab, 6000, {
+        "ours, 20%": {"p": (False, 100, 330)},
+        "kvpress kvzip, 20%": {"p": (True, 100, 880)},
+        "kvpress kvzip, 6%": {"p": (True, 30, 290)},
+    })  # fmt: skip
+    pooled = pr.pool([a, b])
+    rows = pooled["rows"]
+    assert "kvpress kvzip, 10%" not in rows  # not in every run: not pooled on fewer prompts
+    ours = rows["ours, 20%"]
+    assert (ours["right"], ours["prompts"], ours["physical"], ours["pages"]) == (1, 2, 650, 14)
+    assert ours["wrong"] == ["seeds+6000: p"]
+    matched = rows["kvpress kvzip at ours's physical memory, 20%"]
+    # Per prompt the 6 % run (300 <= 320, 290 <= 330); the 10 % run, though it fit run a's
+    # prompt, is not among the pooled runs.
+    assert matched["budgets"] == {
+        "seeds+5000: p": "kvpress kvzip, 6%",
+        "seeds+6000: p": "kvpress kvzip, 6%",
+    }  # noqa: E501
+    assert (matched["right"], matched["physical"], matched.get("over", 0)) == (1, 590, 0)
+    assert pooled["settings"]["seed_offsets"] == [5000, 6000]
+
+
+def test_runs_on_the_same_prompts_or_other_settings_are_not_pooled():
+    ab, pr = _load("reconstruct_ab"), _load("pool_runs")
+    a = _run(ab, 5000, {"ours, 20%": {"p": (True, 100, 320)}})
+    with pytest.raises(ValueError, match="same prompts"):
+        pr.pool([a, _run(ab, 5000, {"ours, 20%": {"p": (True, 100, 320)}})])
+    other = _run(ab, 6000, {"ours, 20%": {"p": (True, 100, 320)}})
+    other["settings"]["budgets"] = [0.5]
+    with pytest.raises(ValueError, match="budgets"):
+        pr.pool([a, other])
