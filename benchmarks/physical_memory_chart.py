@@ -21,6 +21,8 @@ from plotly.subplots import make_subplots
 
 #: A row's name -> (who, budget %): "kvpress kvzip, 14%" or "reconstruct/max, global, 20%".
 ROW = re.compile(r"^(?P<who>.+), (?P<pct>[\d.]+)%$")
+#: Our settings' colours, in the order a run lists them (KVzip is red).
+OURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 
 
 def points(rows: dict) -> dict:
@@ -39,8 +41,10 @@ def chart(files: list[Path], titles: list[str]) -> go.Figure:
     fig = make_subplots(rows=1, cols=len(files), subplot_titles=titles, shared_yaxes=True)
     for col, path in enumerate(files, start=1):
         rows = json.loads(path.read_text())["rows"]
+        ours = [who for who in points(rows) if not who.startswith("kvpress")]
         for who, pts in points(rows).items():
             peer = who.startswith("kvpress")
+            colour = "#d62728" if peer else OURS[ours.index(who) % len(OURS)]
             fig.add_trace(
                 go.Scatter(
                     x=[p[0] for p in pts],
@@ -52,8 +56,8 @@ def chart(files: list[Path], titles: list[str]) -> go.Figure:
                     name="KVzip (kvpress), its budgets" if peer else f"pages of 16: {who}",
                     legendgroup=who,
                     showlegend=col == 1,
-                    line=dict(color="#d62728") if peer else None,
-                    marker_color="#d62728" if peer else "#1f77b4",
+                    line=dict(color=colour) if peer else None,
+                    marker_color=colour,
                 ),  # fmt: skip
                 row=1,
                 col=col,
