@@ -21,8 +21,10 @@ from plotly.subplots import make_subplots
 
 #: A row's name -> (who, budget %): "kvpress kvzip, 14%" or "reconstruct/max, global, 20%".
 ROW = re.compile(r"^(?P<who>.+), (?P<pct>[\d.]+)%$")
-#: Our settings' colours, in the order a run lists them (KVzip is red).
+#: Our settings' colours, in the order a run lists them (KVzip is red), and where their
+#: budget labels go (settings at one memory would write over each other).
 OURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
+LABEL_AT = ("middle left", "middle right", "bottom center", "top center")
 
 
 def points(rows: dict) -> dict:
@@ -44,13 +46,14 @@ def chart(files: list[Path], titles: list[str]) -> go.Figure:
         ours = [who for who in points(rows) if not who.startswith("kvpress")]
         for who, pts in points(rows).items():
             peer = who.startswith("kvpress")
-            colour = "#d62728" if peer else OURS[ours.index(who) % len(OURS)]
+            i = 0 if peer else ours.index(who)
+            colour = "#d62728" if peer else OURS[i % len(OURS)]
             fig.add_trace(
                 go.Scatter(
                     x=[p[0] for p in pts],
                     y=[p[1] for p in pts],
                     text=[f"{p[2]:g}%" for p in pts],
-                    textposition="top center",
+                    textposition="top center" if peer else LABEL_AT[i % len(LABEL_AT)],
                     mode="lines+markers+text" if peer else "markers+text",
                     marker=dict(size=9 if peer else 14, symbol="circle" if peer else "square"),
                     name="KVzip (kvpress), its budgets" if peer else f"pages of 16: {who}",
