@@ -7,7 +7,6 @@ writes every field `docs/performance.md` quotes.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,15 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmark_scripts import load
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "load_app.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("load_app", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("load_app")
 
 
 def test_varied_settings_are_valid_and_varied():

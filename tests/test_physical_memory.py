@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagekv.maths.paging import expand_pages, num_pages, pages_touched, physical_tokens
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reconstruct_ab.py"
+from tests.benchmark_scripts import load
 
 
 def test_pages_touched_by_hand():
@@ -48,10 +45,7 @@ def test_pages_touched_bounds_and_whole_pages(n, page, seed, p):
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("reconstruct_ab", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("reconstruct_ab")
 
 
 def test_equal_physical_rows_pick_the_largest_run_that_fits_per_prompt():

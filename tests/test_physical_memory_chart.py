@@ -3,18 +3,13 @@ setting (KVzip red, each of ours its own)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "physical_memory_chart.py"
+from tests.benchmark_scripts import load
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("physical_memory_chart", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("physical_memory_chart")
 
 
 def _row(right, prompts, physical):

@@ -3,19 +3,9 @@ with the rows at equal physical memory matched anew from the pooled runs."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.benchmark_scripts import load
 
 
 def _run(ab, offset: int, results: dict) -> dict:
@@ -32,7 +22,7 @@ def _run(ab, offset: int, results: dict) -> dict:
 
 
 def test_pooled_rows_add_up_and_match_memory_per_prompt():
-    ab, pr = _load("reconstruct_ab"), _load("pool_runs")
+    ab, pr = load("reconstruct_ab"), load("pool_runs")
     a = _run(ab, 5000, {
         "ours, 20%": {"p": (True, 100, 320)},
         "kvpress kvzip, 20%": {"p": (True, 100, 900)},
@@ -62,7 +52,7 @@ def test_pooled_rows_add_up_and_match_memory_per_prompt():
 
 
 def test_runs_on_the_same_prompts_or_other_settings_are_not_pooled():
-    ab, pr = _load("reconstruct_ab"), _load("pool_runs")
+    ab, pr = load("reconstruct_ab"), load("pool_runs")
     a = _run(ab, 5000, {"ours, 20%": {"p": (True, 100, 320)}})
     with pytest.raises(ValueError, match="same prompts"):
         pr.pool([a, _run(ab, 5000, {"ours, 20%": {"p": (True, 100, 320)}})])

@@ -5,21 +5,16 @@ script's flags give."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reconstruct_ab.py"
+from tests.benchmark_scripts import load
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("reconstruct_ab", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("reconstruct_ab")
 
 
 def test_variant_reads_fields_and_refuses_what_is_not_a_config():
