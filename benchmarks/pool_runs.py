@@ -14,26 +14,26 @@ the budgets, mode, contexts and physical page.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.physical_rows import (  # noqa: E402
+    add_result,
+    equal_physical_rows,
+    new_row,
+    peer_runs,
+)
 
 #: Settings every pooled run must share.
 SHARED = ("budgets", "contexts", "curated", "mode", "physical_page", "page_size", "window")
 
 
-def _reconstruct_ab():
-    path = Path(__file__).resolve().parent / "reconstruct_ab.py"
-    spec = importlib.util.spec_from_file_location("reconstruct_ab", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def pool(runs: list[dict]) -> dict:
     """The pooled run of `runs` (each `{"rows": ..., "settings": ...}` as reconstruct_ab
     writes it). ValueError when two runs share a seed offset or differ in `SHARED`."""
-    ab = _reconstruct_ab()
     first = runs[0]["settings"]
     offsets = [r["settings"].get("seed_offset", 0) for r in runs]
     if len(set(offsets)) != len(offsets):
@@ -44,13 +44,15 @@ def pool(runs: list[dict]) -> dict:
                 raise ValueError(
                     f"runs differ in {key}: {first.get(key)!r}, {run['settings'].get(key)!r}"
                 )
-    keys = [k for k in runs[0]["rows"] if all(k in r["rows"] for r in runs)]
+    matched = {k for k in runs[0]["rows"] if k.startswith("kvpress ")}
+    matched -= {k for per_press in peer_runs(runs[0]["rows"]).values() for k in per_press}
+    keys = [k for k in runs[0]["rows"] if k not in matched and all(k in r["rows"] for r in runs)]
     rows = {}
-    for key in (k for k in keys if " at " not in k):
-        row = ab._new_row()
+    for key in keys:
+        row = new_row()
         for run, offset in zip(runs, offsets, strict=True):
             for label, p in run["rows"][key].get("per_prompt", {}).items():
-                ab._add(row, f"seeds+{offset}: {label}", p["right"], p["stored"], p["physical"])
+                add_result(row, f"seeds+{offset}: {label}", p["right"], p["stored"], p["physical"])
             retention = run["rows"][key].get("retention", {})
             for label, value in retention.items():
                 row.setdefault("retention", {})[f"seeds+{offset}: {label}"] = value
@@ -58,11 +60,9 @@ def pool(runs: list[dict]) -> dict:
             row["pages"] = sum(run["rows"][key]["pages"] for run in runs)
         rows[key] = row
     settings = first.get("settings") or []
-    names = sorted(
-        {k.removeprefix("kvpress ").split(", ")[0] for k in rows if k.startswith("kvpress ")}
-    )
+    names = list(peer_runs(rows))
     if settings and names:
-        rows |= ab.equal_physical_rows(rows, settings[0], first["budgets"], names)
+        rows |= equal_physical_rows(rows, settings[0], first["budgets"], names)
     meta = {key: first.get(key) for key in SHARED} | {"seed_offsets": offsets, "settings": settings}
     return {"rows": rows, "settings": meta}
 

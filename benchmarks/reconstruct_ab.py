@@ -69,6 +69,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.physical_rows import add_result, equal_physical_rows, new_row, peer_runs  # noqa: E402
 from pagekv import EvictionConfig, plan  # noqa: E402
 from pagekv.maths.paging import physical_tokens  # noqa: E402
 from pagekv.measurement.replay.grid import FULL  # noqa: E402
@@ -130,24 +131,6 @@ PEER_PRESSES = {
 }
 
 
-def _add(row: dict, label: str, right: bool, stored: int, physical: int | None) -> None:
-    """One prompt's result in a row: counts, sums and the prompt's own entry."""
-    row["right"] += right
-    row["prompts"] += 1
-    row["stored"] += stored
-    if not right:
-        row["wrong"].append(label)
-    if physical is not None:
-        row["physical"] = row.get("physical", 0) + physical
-    row.setdefault("per_prompt", {})[label] = {
-        "right": right, "stored": stored, "physical": physical,
-    }  # fmt: skip
-
-
-def _new_row() -> dict:
-    return {"right": 0, "prompts": 0, "stored": 0, "wrong": []}
-
-
 def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None, physical_page=16,
              fractions=(), skip=()) -> None:  # fmt: skip
     """Run kvpress's presses `names` on `prompts` [(ids, question ids, task)] at `budgets`,
@@ -183,7 +166,7 @@ def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None, physic
                 for i, (ids, q_ids, task) in enumerate(prompts)
             ]
             out = kp.run_kvpress(kp.bundled_model_dir(), reqs, timeout=4 * 3600, progress=None)
-            row = rows.setdefault(key, _new_row())
+            row = rows.setdefault(key, new_row())
             for (_, _, task), res, label in zip(prompts, out, labels, strict=True):
                 if res.get("error"):
                     print(f"{key}: {res['error']}", file=sys.stderr)
@@ -191,41 +174,10 @@ def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None, physic
                 touched = (res.get("touched_pages") or {}).get(str(physical_page))
                 physical = None if touched is None else physical_page * sum(map(sum, touched))
                 right = bool(score(res["answer"], task)["correct"])
-                _add(row, label, right, sum(map(sum, res["attended_tokens"])), physical)
+                add_result(row, label, right, sum(map(sum, res["attended_tokens"])), physical)
             print(f"{key}: {row['right']}/{row['prompts']}", file=sys.stderr)
             if save is not None:
                 save()
-
-
-def equal_physical_rows(rows: dict, ours: str, budgets, names) -> dict:
-    """For each peer press and budget: per prompt, the press's run (of the budget and
-    its sweep) with the most physical memory that is still at most our setting `ours`'s
-    on that prompt at that budget (its smallest run where none is, counted in `over`);
-    one row each, `"kvpress NAME at OURS's physical memory, B%"`, whose `budgets` name
-    the run picked per prompt."""
-    out = {}
-    for name in names:
-        runs = {k: r for k, r in rows.items() if k.startswith(f"kvpress {name}, ")}
-        for budget in budgets:
-            mine = rows.get(f"{ours}, {100 * budget:g}%", {}).get("per_prompt", {})
-            row = _new_row() | {"budgets": {}}
-            for label, me in mine.items():
-                tried = [
-                    r["per_prompt"][label] | {"run": k}
-                    for k, r in runs.items()
-                    if (r.get("per_prompt", {}).get(label) or {}).get("physical") is not None
-                ]
-                if not tried or me["physical"] is None:
-                    continue
-                fits = [t for t in tried if t["physical"] <= me["physical"]] or [
-                    min(tried, key=lambda t: t["physical"])
-                ]
-                pick = max(fits, key=lambda t: t["physical"])
-                _add(row, label, pick["right"], pick["stored"], pick["physical"])
-                row["budgets"][label] = pick["run"]
-                row["over"] = row.get("over", 0) + (pick["physical"] > me["physical"])
-            out[f"kvpress {name} at {ours}'s physical memory, {100 * budget:g}%"] = row
-    return out
 
 
 #: The setting a `--variant` changes.
@@ -274,13 +226,8 @@ def earlier_peer_rows(path: str, args) -> tuple[dict, list[str]]:
             mine, theirs = sorted(mine), sorted(theirs or [])
         if mine != theirs:
             raise ValueError(f"{path} was run with {key}={theirs!r}; this run has {mine!r}")
-    rows = {
-        k: r
-        for k, r in saved["rows"].items()
-        if k.startswith("kvpress ") and "physical memory" not in k
-    }
-    names = dict.fromkeys(k.removeprefix("kvpress ").split(", ")[0] for k in rows)
-    return rows, list(names)
+    runs = peer_runs(saved["rows"])
+    return {k: r for per_press in runs.values() for k, r in per_press.items()}, list(runs)
 
 
 def main(argv=None) -> int:
@@ -425,9 +372,9 @@ def main(argv=None) -> int:
                     print(f"{spec.name or spec.depth}: {name}: {e}", file=sys.stderr)
                     continue
                 right = bool(score(res.answer, prep.task)["correct"])
-                row = rows.setdefault(name, _new_row() | {"pages": 0})
+                row = rows.setdefault(name, new_row() | {"pages": 0})
                 physical = physical_tokens(planned.plan.keep, args.physical_page)
-                _add(row, what, right, sum(map(sum, res.stored_tokens)), physical)
+                add_result(row, what, right, sum(map(sum, res.stored_tokens)), physical)
                 if res.needle_retention is not None:  # the answer tokens stored, mean (l, g)
                     kept = [x for per_layer in res.needle_retention for x in per_layer]
                     row.setdefault("retention", {})[what] = round(sum(kept) / len(kept), 4)

@@ -1,6 +1,7 @@
 """Physical memory of a kept set in a paged cache (`pagekv.maths.paging.pages_touched`,
 `physical_tokens`) and the benchmark's comparison at equal physical memory
-(`benchmarks/reconstruct_ab.py`'s `equal_physical_rows`)."""
+(`benchmarks/physical_rows.py`'s `equal_physical_rows`, and `benchmarks/reconstruct_ab.py`'s
+reuse of an earlier run's peer rows)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.physical_rows import add_result, equal_physical_rows, new_row
 from pagekv.maths.paging import expand_pages, num_pages, pages_touched, physical_tokens
 from tests.benchmark_scripts import load
 
@@ -49,27 +51,26 @@ def _script():
 
 
 def test_equal_physical_rows_pick_the_largest_run_that_fits_per_prompt():
-    ab = _script()
-    rows = {"ours, 20%": ab._new_row()}
-    ab._add(rows["ours, 20%"], "p1", True, 100, 320)
-    ab._add(rows["ours, 20%"], "p2", False, 100, 160)
+    rows = {"ours, 20%": new_row()}
+    add_result(rows["ours, 20%"], "p1", True, 100, 320)
+    add_result(rows["ours, 20%"], "p2", False, 100, 160)
     runs = {  # budget: {prompt: (right, kept, physical)}
         "kvpress kvzip, 20%": {"p1": (True, 100, 900), "p2": (True, 100, 800)},
         "kvpress kvzip, 10%": {"p1": (True, 50, 480), "p2": (True, 50, 400)},
         "kvpress kvzip, 5%": {"p1": (False, 25, 304), "p2": (True, 25, 208)},
     }
     for key, per in runs.items():
-        rows[key] = ab._new_row()
+        rows[key] = new_row()
         for label, (right, kept, physical) in per.items():
-            ab._add(rows[key], label, right, kept, physical)
-    out = ab.equal_physical_rows(rows, "ours", [0.2], ["kvzip"])
+            add_result(rows[key], label, right, kept, physical)
+    out = equal_physical_rows(rows, "ours", [0.2], ["kvzip"])
     row = out["kvpress kvzip at ours's physical memory, 20%"]
     # p1: the 5 % run is the only one within 320; p2: none fits 160, so the smallest.
     assert row["budgets"] == {"p1": "kvpress kvzip, 5%", "p2": "kvpress kvzip, 5%"}
     assert (row["right"], row["prompts"], row["wrong"]) == (1, 2, ["p1"])
     assert row["physical"] == 304 + 208 and row["stored"] == 50 and row["over"] == 1
     rows["kvpress kvzip, 10%"]["per_prompt"]["p1"]["physical"] = 320  # now exactly ours
-    row = ab.equal_physical_rows(rows, "ours", [0.2], ["kvzip"])[
+    row = equal_physical_rows(rows, "ours", [0.2], ["kvzip"])[
         "kvpress kvzip at ours's physical memory, 20%"
     ]
     assert row["budgets"]["p1"] == "kvpress kvzip, 10%" and row["right"] == 2
@@ -113,7 +114,7 @@ def test_run_peer_runs_only_the_batches_an_earlier_run_lacks(monkeypatch):
     monkeypatch.setattr(kp, "bundled_model_dir", lambda: "model")
     monkeypatch.setattr(ab, "score", lambda answer, task: {"correct": answer == "x"})
     monkeypatch.setattr(ab, "default_max_new_tokens", lambda task: 8)
-    earlier = {"kvpress kvzip, 20%": ab._new_row()}
+    earlier = {"kvpress kvzip, 20%": new_row()}
     rows = dict(earlier)
     ab.run_peer(["kvzip"], [(list(range(40)), [3], None)], [0.2, 0.5], rows, fractions=(0.5,),
                 skip=earlier)  # fmt: skip

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.physical_rows import add_result, new_row
 from tests.benchmark_scripts import load
 
 
-def _run(ab, offset: int, results: dict) -> dict:
+def _run(offset: int, results: dict) -> dict:
     """A run at `offset`: {row: {prompt: (right, kept, physical)}}."""
     rows = {}
     for key, per in results.items():
-        rows[key] = ab._new_row() | ({"pages": 7} if key.startswith("ours") else {})
+        rows[key] = new_row() | ({"pages": 7} if key.startswith("ours") else {})
         for label, (right, kept, physical) in per.items():
-            ab._add(rows[key], label, right, kept, physical)
+            add_result(rows[key], label, right, kept, physical)
     settings = {"budgets": [0.2], "contexts": [500], "curated": None, "mode": "after",
                 "physical_page": 16, "page_size": 16, "window": 8, "seed_offset": offset,
                 "settings": ["ours"]}  # fmt: skip
@@ -22,14 +23,14 @@ def _run(ab, offset: int, results: dict) -> dict:
 
 
 def test_pooled_rows_add_up_and_match_memory_per_prompt():
-    ab, pr = load("reconstruct_ab"), load("pool_runs")
-    a = _run(ab, 5000, {
+    pr = load("pool_runs")
+    a = _run(5000, {
         "ours, 20%": {"p": (True, 100, 320)},
         "kvpress kvzip, 20%": {"p": (True, 100, 900)},
         "kvpress kvzip, 6%": {"p": (False, 30, 300)},
         "kvpress kvzip, 10%": {"p": (True, 50, 310)},  # only this run swept 10 %
     })  # fmt: skip
-    b = _run(ab, 6000, {
+    b = _run(6000, {
         "ours, 20%": {"p": (False, 100, 330)},
         "kvpress kvzip, 20%": {"p": (True, 100, 880)},
         "kvpress kvzip, 6%": {"p": (True, 30, 290)},
@@ -52,11 +53,11 @@ def test_pooled_rows_add_up_and_match_memory_per_prompt():
 
 
 def test_runs_on_the_same_prompts_or_other_settings_are_not_pooled():
-    ab, pr = load("reconstruct_ab"), load("pool_runs")
-    a = _run(ab, 5000, {"ours, 20%": {"p": (True, 100, 320)}})
+    pr = load("pool_runs")
+    a = _run(5000, {"ours, 20%": {"p": (True, 100, 320)}})
     with pytest.raises(ValueError, match="same prompts"):
-        pr.pool([a, _run(ab, 5000, {"ours, 20%": {"p": (True, 100, 320)}})])
-    other = _run(ab, 6000, {"ours, 20%": {"p": (True, 100, 320)}})
+        pr.pool([a, _run(5000, {"ours, 20%": {"p": (True, 100, 320)}})])
+    other = _run(6000, {"ours, 20%": {"p": (True, 100, 320)}})
     other["settings"]["budgets"] = [0.5]
     with pytest.raises(ValueError, match="budgets"):
         pr.pool([a, other])
