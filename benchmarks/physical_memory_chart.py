@@ -14,10 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.physical_rows import matched_keys  # noqa: E402
 
 #: A row's name -> (who, budget %): "kvpress kvzip, 14%" or "reconstruct/max, global, 20%".
 ROW = re.compile(r"^(?P<who>.+), (?P<pct>[\d.]+)%$")
@@ -30,9 +35,10 @@ LABEL_AT = ("middle left", "middle right", "bottom center", "top center")
 def points(rows: dict) -> dict:
     """who -> [(physical tokens per prompt, fraction right, budget %)], by budget."""
     out: dict = {}
+    matched = matched_keys(rows)
     for name, r in rows.items():
         m = ROW.match(name)
-        if m is None or " at " in name or not r.get("prompts") or r.get("physical") is None:
+        if m is None or name in matched or not r.get("prompts") or r.get("physical") is None:
             continue
         n = r["prompts"]
         out.setdefault(m["who"], []).append((r["physical"] / n, r["right"] / n, float(m["pct"])))

@@ -38,6 +38,13 @@ def peer_runs(rows: dict) -> dict[str, dict]:
     return out
 
 
+def matched_keys(rows: dict) -> set[str]:
+    """The names of the rows `equal_physical_rows` made among `rows` (a peer's rows that
+    are not its runs)."""
+    runs = {k for per_press in peer_runs(rows).values() for k in per_press}
+    return {k for k in rows if k.startswith("kvpress ")} - runs
+
+
 def equal_physical_rows(rows: dict, ours: str, budgets, names) -> dict:
     """For each peer press and budget: per prompt, the press's run (of the budget and
     its sweep) with the most physical memory that is still at most our setting `ours`'s

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.physical_rows import (  # noqa: E402
     add_result,
     equal_physical_rows,
+    matched_keys,
     new_row,
     peer_runs,
 )
@@ -44,8 +45,7 @@ def pool(runs: list[dict]) -> dict:
                 raise ValueError(
                     f"runs differ in {key}: {first.get(key)!r}, {run['settings'].get(key)!r}"
                 )
-    matched = {k for k in runs[0]["rows"] if k.startswith("kvpress ")}
-    matched -= {k for per_press in peer_runs(runs[0]["rows"]).values() for k in per_press}
+    matched = matched_keys(runs[0]["rows"])
     keys = [k for k in runs[0]["rows"] if k not in matched and all(k in r["rows"] for r in runs)]
     rows = {}
     for key in keys:

@@ -12,7 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.physical_rows import add_result, equal_physical_rows, new_row
+from benchmarks.physical_rows import (
+    add_result,
+    equal_physical_rows,
+    matched_keys,
+    new_row,
+    peer_runs,
+)
 from pagekv.maths.paging import expand_pages, num_pages, pages_touched, physical_tokens
 from tests.benchmark_scripts import load
 
@@ -123,3 +129,16 @@ def test_run_peer_runs_only_the_batches_an_earlier_run_lacks(monkeypatch):
     assert rows["kvpress kvzip, 20%"] is earlier["kvpress kvzip, 20%"]
     swept = rows["kvpress kvzip, 10%"]
     assert (swept["right"], swept["physical"], swept["stored"]) == (1, 48, 9)
+
+
+def test_peer_runs_are_told_from_ours_and_from_the_matched_rows():
+    rows = {k: new_row() for k in [
+        "reconstruct/max, global, pages at 8, 20%",  # ours, " at " in its label
+        "kvpress kvzip, 20%", "kvpress keydiff, 6%", "kvpress kvzip, 6%",
+        "kvpress kvzip at reconstruct/max, global's physical memory, 20%",
+    ]}  # fmt: skip
+    assert {name: list(runs) for name, runs in peer_runs(rows).items()} == {
+        "kvzip": ["kvpress kvzip, 20%", "kvpress kvzip, 6%"],
+        "keydiff": ["kvpress keydiff, 6%"],
+    }
+    assert matched_keys(rows) == {"kvpress kvzip at reconstruct/max, global's physical memory, 20%"}
