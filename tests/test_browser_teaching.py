@@ -402,6 +402,29 @@ def test_the_prompts_ranges_are_said(served):
 # ---------------------------------------------------------------- item 9
 
 
+#: The first drawn lesson chart's top is in the upper 60 % of the window.
+CHART_PLACED_JS = """() => {
+  const charts = [...document.querySelectorAll('#lesson-views .js-plotly-plot')]
+    .filter((c) => c.querySelector('svg') && c.offsetParent !== null);
+  if (!charts.length) return false;
+  const top = charts[0].getBoundingClientRect().top;
+  return top >= 0 && top < 0.6 * window.innerHeight;
+}"""
+
+
+def wait_placed(page, timeout_ms=4000):
+    """Until the presenter view has scrolled the chart into place: `pagekvShowChart`
+    (assets/app.js) places it again every 250 ms for 1.35 s after a lesson's request,
+    as Gradio's redraw settles, so a check right after the draw can fall between two
+    placements on a loaded machine. Returns at the timeout too: the caller asserts."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(CHART_PLACED_JS, timeout=timeout_ms, polling=100)
+    except PlaywrightTimeout:
+        pass
+
+
 def test_links_the_glossary_and_the_presenter_view(served):
     page, _, url = served
     for width in WIDTHS:
@@ -422,6 +445,7 @@ def test_links_the_glossary_and_the_presenter_view(served):
         lesson4 = app.LESSONS[3]
         wait_lesson_checked(page, lesson4)
         wait_drawn(page)
+        wait_placed(page)
         chart = page.locator("#lesson-views .js-plotly-plot").filter(has=page.locator("svg"))
         visible = [chart.nth(i) for i in range(chart.count()) if chart.nth(i).is_visible()]
         top = visible[0].bounding_box()["y"]
