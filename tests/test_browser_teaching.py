@@ -435,8 +435,15 @@ def test_links_the_glossary_and_the_presenter_view(served):
         glossary = page.locator("#glossary")
         assert glossary.is_visible()
         page.get_by_text("Glossary", exact=True).first.click()
+        # Gradio renders an accordion's content after the click: wait for it.
+        terms = ["UOR", "collision entropy", "attention sink", "(layer, group)", "needle"]
+        page.wait_for_function(
+            "ts => ts.every(t => document.querySelector('#glossary').innerText.includes(t))",
+            arg=terms,
+            timeout=SOON_MS,
+        )
         words = glossary.inner_text()
-        for term in ("UOR", "collision entropy", "attention sink", "(layer, group)", "needle"):
+        for term in terms:
             assert term in words, term
         page.get_by_text("Glossary", exact=True).first.click()
         # The presenter view: after Next, the lesson's chart and Next are in view.
