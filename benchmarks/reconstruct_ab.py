@@ -20,6 +20,7 @@ existed, decoded in float32).
                                          [--physical-page 16] [--peer-sweep 0.3 0.5 0.7]
                                          [--seed-offset 5000] [--peer-json earlier.json]
                                          [--variant "LABEL: field=value ..." ...]
+                                         [--adaptive 0.9 ...] [--adaptive-pages 16 8 4]
 
 Each prompt is prefilled once and reconstructed once (both aggregations come from the
 same pass); every setting then plans and decodes on that prefill. Prints one row per
@@ -56,6 +57,12 @@ are matched anew against this run's first setting.
 ``--variant "sum, window 1: page_reduction=sum window=1"`` adds the setting
 "reconstruct/max, global, sum, window 1": "reconstruct/max, global" with those
 `EvictionConfig` fields changed (after the flags), run on the same prefill.
+
+``--adaptive 0.9`` adds "reconstruct/max, global, adaptive page 0.9": per prompt, the
+largest of ``--adaptive-pages`` whose kept pages capture at least 0.9 of the score that
+token-level eviction keeps (`pagekv.maths.adaptive.choose_page_size`). Its row names
+the page size chosen per prompt (`page_sizes`) and the share each size tried captured
+(`shares`); `physical` still counts pages of ``--physical-page``.
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.physical_rows import add_result, equal_physical_rows, new_row, peer_runs  # noqa: E402
 from pagekv import EvictionConfig, plan  # noqa: E402
+from pagekv.maths.adaptive import choose_page_size  # noqa: E402
 from pagekv.maths.paging import physical_tokens  # noqa: E402
 from pagekv.measurement.replay.grid import FULL  # noqa: E402
 from pagekv.runtime.backend import pooler  # noqa: E402
@@ -209,6 +217,11 @@ def variant(text: str) -> tuple[str, dict]:
     return f"{VARIANT_BASE}, {label.strip()}", changes
 
 
+def adaptive_name(threshold: float) -> str:
+    """The setting `--adaptive threshold` adds."""
+    return f"{VARIANT_BASE}, adaptive page {threshold:g}"
+
+
 #: What an earlier run's settings must share with this one for its peer rows to be reused.
 SAME_PROMPTS = ("contexts", "curated", "mode", "seed_offset", "physical_page")
 
@@ -287,6 +300,21 @@ def main(argv=None) -> int:
         help=f"'LABEL: field=value ...': {VARIANT_BASE!r} with those EvictionConfig fields changed",
     )
     ap.add_argument(
+        "--adaptive",
+        type=float,
+        nargs="*",
+        default=[],
+        help=f"{VARIANT_BASE!r} at the largest of --adaptive-pages capturing at least this "
+        "share of token-level eviction's kept score, per prompt (one setting each)",
+    )
+    ap.add_argument(
+        "--adaptive-pages",
+        type=int,
+        nargs="+",
+        default=[16, 8, 4],
+        help="the page sizes --adaptive chooses from",
+    )
+    ap.add_argument(
         "--peer-json",
         default=None,
         help="reuse the peer rows of this earlier --json run on the same prompts (no kvpress)",
@@ -300,7 +328,12 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     variants = dict(args.variant)
-    settings = [*args.settings, *variants]
+    adaptive = {adaptive_name(t): t for t in args.adaptive}
+    if any(not 0.0 <= t <= 1.0 for t in adaptive.values()):
+        ap.error(f"--adaptive thresholds must be in [0, 1]; got {args.adaptive}")
+    if any(p < 1 for p in args.adaptive_pages):
+        ap.error(f"--adaptive-pages must be page sizes >= 1; got {args.adaptive_pages}")
+    settings = [*args.settings, *variants, *adaptive]
     reused, reused_names = earlier_peer_rows(args.peer_json, args) if args.peer_json else ({}, [])
     study = Study.load("bundled", decode_dtype=args.dtype)
     runner = study.runner
@@ -330,7 +363,7 @@ def main(argv=None) -> int:
         pre = prep.prefill
         prompts.append((pre.ids, pre.question_ids, prep.task))
         times["prefill_s"].append(pre.timings["prefill_s"])
-        if variants or any(SETTINGS[x][0] == "reconstruct" for x in args.settings):
+        if variants or adaptive or any(SETTINGS[x][0] == "reconstruct" for x in args.settings):
             scores = runner.reconstruction(pre)  # both aggregations from one pass
             times["reconstruct_s"].append(pre.timings["reconstruct_s"])
         for budget in args.budgets:
@@ -346,8 +379,21 @@ def main(argv=None) -> int:
                     scorer=scorer,
                 ).replace(**variants.get(setting, {}))
                 name = f"{setting}, {100 * budget:g}%"
+                choice = None
                 try:
-                    if agg in (None, "max") and policy != "profile":
+                    if setting in adaptive:
+                        choice = choose_page_size(
+                            lambda size, c=cfg, p=pre: (
+                                runner.plan_for(p, c.replace(page_size=size)).plan
+                            ),
+                            args.adaptive_pages,
+                            adaptive[setting],
+                        )
+                        cfg = choice.plan.config
+                        planned = Planned(
+                            plan=choice.plan, scored_on="torch", score_s=0.0, plan_s=0.0
+                        )
+                    elif agg in (None, "max") and policy != "profile":
                         planned = runner.plan_for(pre, cfg)  # the runner's own path
                     else:
                         # `plan` without masses weights heads by the entropy of the
@@ -379,6 +425,11 @@ def main(argv=None) -> int:
                     kept = [x for per_layer in res.needle_retention for x in per_layer]
                     row.setdefault("retention", {})[what] = round(sum(kept) / len(kept), 4)
                 row["pages"] += int(planned.plan.union_tokens.sum())
+                if choice is not None:
+                    row.setdefault("page_sizes", {})[what] = choice.page_size
+                    row.setdefault("shares", {})[what] = {
+                        str(k): round(v, 4) for k, v in choice.shares.items()
+                    }
         print(f"done {pre.n} tokens, {what}", file=sys.stderr)
 
     def save():

@@ -53,3 +53,26 @@ def test_a_variant_row_is_the_run_of_its_fields_as_flags(bundled_study, tmp_path
     mine, theirs = rows[f"{base}, p8, 20%"], flags[f"{base}, 20%"]
     assert mine == theirs
     assert mine["per_prompt"] != rows[f"{base}, 20%"]["per_prompt"]  # pages of 16 differ
+
+
+def test_an_adaptive_row_is_the_run_of_the_page_it_chose(bundled_study, tmp_path, monkeypatch):
+    ab = _script()
+    monkeypatch.setattr(ab, "Study", SimpleNamespace(load=lambda *a, **k: bundled_study))
+    first = ab.t4_specs
+    monkeypatch.setattr(ab, "t4_specs", lambda *a: first(*a)[:1])  # one 500-token prompt
+    base = "reconstruct/max, global"
+    rows = _run(ab, tmp_path, "adaptive", "--settings", base, "--variant", "p8: page_size=8",
+                "--adaptive", "0", "1", "--adaptive-pages", "8", "16")  # fmt: skip
+    (label,) = rows[f"{base}, 20%"]["per_prompt"]
+    # Threshold 0: the largest page passes at once (the base row); threshold 1: pages of
+    # 16 lose some of the token plan's score, so the smallest page (the p8 row).
+    never, always = rows[f"{base}, adaptive page 0, 20%"], rows[f"{base}, adaptive page 1, 20%"]
+    assert never.pop("page_sizes") == {label: 16} and always.pop("page_sizes") == {label: 8}
+    share16 = never.pop("shares")[label]["16"]
+    shares = always.pop("shares")[label]
+    assert shares.keys() == {"16", "8"} and shares["16"] == share16
+    assert 0.0 < share16 < 1.0 and 0.0 < shares["8"] <= 1.0
+    assert never == rows[f"{base}, 20%"] and always == rows[f"{base}, p8, 20%"]
+    assert never != always
+    with pytest.raises(SystemExit):
+        ab.main(["--adaptive", "1.5"])
