@@ -28,6 +28,10 @@ from benchmarks.physical_rows import (  # noqa: E402
     peer_runs,
 )
 
+#: A row's per-prompt notes, pooled with the prompts' names: the needle's share kept,
+#: and an adaptive page's choice and the shares it saw (`reconstruct_ab.py --adaptive`).
+PER_PROMPT = ("retention", "page_sizes", "shares")
+
 #: Settings every pooled run must share.
 SHARED = ("budgets", "contexts", "curated", "mode", "physical_page", "page_size", "window")
 
@@ -53,9 +57,9 @@ def pool(runs: list[dict]) -> dict:
         for run, offset in zip(runs, offsets, strict=True):
             for label, p in run["rows"][key].get("per_prompt", {}).items():
                 add_result(row, f"seeds+{offset}: {label}", p["right"], p["stored"], p["physical"])
-            retention = run["rows"][key].get("retention", {})
-            for label, value in retention.items():
-                row.setdefault("retention", {})[f"seeds+{offset}: {label}"] = value
+            for field in PER_PROMPT:  # the per-prompt notes a row may carry
+                for label, value in run["rows"][key].get(field, {}).items():
+                    row.setdefault(field, {})[f"seeds+{offset}: {label}"] = value
         if all("pages" in run["rows"][key] for run in runs):  # ours: the kept pages' tokens
             row["pages"] = sum(run["rows"][key]["pages"] for run in runs)
         rows[key] = row

@@ -61,3 +61,16 @@ def test_runs_on_the_same_prompts_or_other_settings_are_not_pooled():
     other["settings"]["budgets"] = [0.5]
     with pytest.raises(ValueError, match="budgets"):
         pr.pool([a, other])
+
+
+def test_per_prompt_notes_keep_their_runs_names():
+    pr = load("pool_runs")
+    a = _run(5000, {"ours, 20%": {"p": (True, 100, 320)}})
+    b = _run(6000, {"ours, 20%": {"p": (True, 100, 320)}})
+    a["rows"]["ours, 20%"] |= {"page_sizes": {"p": 4}, "shares": {"p": {"16": 0.9, "4": 0.96}}}
+    b["rows"]["ours, 20%"] |= {"page_sizes": {"p": 16}, "shares": {"p": {"16": 0.97}}}
+    a["rows"]["ours, 20%"]["retention"] = {"p": 0.5}
+    row = pr.pool([a, b])["rows"]["ours, 20%"]
+    assert row["page_sizes"] == {"seeds+5000: p": 4, "seeds+6000: p": 16}
+    assert row["shares"] == {"seeds+5000: p": {"16": 0.9, "4": 0.96}, "seeds+6000: p": {"16": 0.97}}
+    assert row["retention"] == {"seeds+5000: p": 0.5}
