@@ -42,11 +42,18 @@ def _run(ab, tmp_path, name, *argv):
     return json.loads(out.read_text())["rows"]
 
 
-def test_a_variant_row_is_the_run_of_its_fields_as_flags(bundled_study, tmp_path, monkeypatch):
+@pytest.fixture
+def one_prompt(bundled_study, monkeypatch):
+    """The script on the bundled model's study and one 500-token prompt."""
     ab = _script()
     monkeypatch.setattr(ab, "Study", SimpleNamespace(load=lambda *a, **k: bundled_study))
     first = ab.t4_specs
-    monkeypatch.setattr(ab, "t4_specs", lambda *a: first(*a)[:1])  # one 500-token prompt
+    monkeypatch.setattr(ab, "t4_specs", lambda *a: first(*a)[:1])
+    return ab
+
+
+def test_a_variant_row_is_the_run_of_its_fields_as_flags(one_prompt, tmp_path):
+    ab = one_prompt
     base = "reconstruct/max, global"
     rows = _run(ab, tmp_path, "variant", "--settings", base, "--variant", "p8: page_size=8")
     flags = _run(ab, tmp_path, "flags", "--settings", base, "--page-size", "8")
@@ -55,11 +62,8 @@ def test_a_variant_row_is_the_run_of_its_fields_as_flags(bundled_study, tmp_path
     assert mine["per_prompt"] != rows[f"{base}, 20%"]["per_prompt"]  # pages of 16 differ
 
 
-def test_an_adaptive_row_is_the_run_of_the_page_it_chose(bundled_study, tmp_path, monkeypatch):
-    ab = _script()
-    monkeypatch.setattr(ab, "Study", SimpleNamespace(load=lambda *a, **k: bundled_study))
-    first = ab.t4_specs
-    monkeypatch.setattr(ab, "t4_specs", lambda *a: first(*a)[:1])  # one 500-token prompt
+def test_an_adaptive_row_is_the_run_of_the_page_it_chose(one_prompt, tmp_path):
+    ab = one_prompt
     base = "reconstruct/max, global"
     rows = _run(ab, tmp_path, "adaptive", "--settings", base, "--variant", "p8: page_size=8",
                 "--adaptive", "0", "1", "--adaptive-pages", "8", "16")  # fmt: skip
