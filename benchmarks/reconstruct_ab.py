@@ -382,17 +382,15 @@ def main(argv=None) -> int:
                 choice = None
                 try:
                     if setting in adaptive:
-                        choice = choose_page_size(
-                            lambda size, c=cfg, p=pre: (
-                                runner.plan_for(p, c.replace(page_size=size)).plan
-                            ),
-                            args.adaptive_pages,
-                            adaptive[setting],
-                        )
+                        tried = {}  # page size -> the runner's Planned
+
+                        def plan_at(size, c=cfg, p=pre, tried=tried):
+                            tried[size] = runner.plan_for(p, c.replace(page_size=size))
+                            return tried[size].plan
+
+                        choice = choose_page_size(plan_at, args.adaptive_pages, adaptive[setting])
                         cfg = choice.plan.config
-                        planned = Planned(
-                            plan=choice.plan, scored_on="torch", score_s=0.0, plan_s=0.0
-                        )
+                        planned = tried[choice.page_size]
                     elif agg in (None, "max") and policy != "profile":
                         planned = runner.plan_for(pre, cfg)  # the runner's own path
                     else:

@@ -87,9 +87,9 @@ def choose_page_size(
         raise ValueError(f"threshold must be in [0, 1]; got {threshold!r}")
     token_plan = plan_at(1)
     shares: dict[int, float] = {}
-    for size in sizes:
+    for size in sizes:  # the last, smallest, is taken when none passes
         paged = token_plan if size == 1 else plan_at(size)
         shares[size] = captured_share(token_plan, paged)
-        if shares[size] >= threshold or size == sizes[-1]:
-            return AdaptiveChoice(page_size=size, plan=paged, shares=shares)
-    raise AssertionError("unreachable: the smallest candidate returns")
+        if shares[size] >= threshold:
+            break
+    return AdaptiveChoice(page_size=size, plan=paged, shares=shares)
