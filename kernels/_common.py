@@ -1,10 +1,13 @@
-"""Helpers the kernel launchers share: interpreter detection and block sizes.
+"""Helpers the kernel launchers share: interpreter detection, block sizes and `Launch`,
+the record of one launch configuration.
 
 Importing this module imports Triton; `pagekv` only imports `kernels` lazily,
 inside `pagekv.runtime.backend`'s dispatch, so `pagekv` itself never needs Triton.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -39,26 +42,84 @@ def check_same_device(**tensors: torch.Tensor) -> torch.device:
     return next(iter(devices.values()))
 
 
-def check_window_shapes(q_win: torch.Tensor, keys: torch.Tensor) -> tuple[int, ...]:
-    """Validate `q_win [L, H, w, d]` against `keys [L, G, n, d]`; `(L, H, w, d, G, n)`.
+def check_window_shapes(q_shape: tuple, k_shape: tuple) -> tuple[int, ...]:
+    """Validate the shapes `q_win [L, H, w, d]` and `keys [L, G, n, d]`; `(L, H, w, d, G, n)`.
 
     The launcher's own check (the kernels import nothing from `pagekv`); the torch
     twin checks the same in `pagekv.maths.profiles.check_window_shapes`.
     """
-    if q_win.dim() != 4 or keys.dim() != 4:
+    q_shape, k_shape = tuple(q_shape), tuple(k_shape)
+    if len(q_shape) != 4 or len(k_shape) != 4:
         raise ValueError(
-            f"q_win must be [L, H, w, d] and keys [L, G, n, d]; got {tuple(q_win.shape)} "
-            f"and {tuple(keys.shape)}"
+            f"q_win must be [L, H, w, d] and keys [L, G, n, d]; got {q_shape} and {k_shape}"
         )
-    L, H, w, d = q_win.shape
-    Lk, G, n, dk = keys.shape
+    L, H, w, d = q_shape
+    Lk, G, n, dk = k_shape
     if Lk != L or dk != d:
-        raise ValueError(f"q_win {tuple(q_win.shape)} and keys {tuple(keys.shape)} disagree")
+        raise ValueError(f"q_win {q_shape} and keys {k_shape} disagree")
     if G == 0 or H % G != 0:
         raise ValueError(f"query heads H={H} must be a multiple of KV groups G={G}")
     if not 1 <= w <= n:
         raise ValueError(f"window w={w} must be in [1, n={n}]")
     return L, H, w, d, G, n
+
+
+#: Triton's name of each torch dtype the kernels read (a launch's argument types).
+TRITON_TYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch configuration of one kernel: what its launcher passes besides the
+    tensors and sizes, and what `kernels/aot.py` compiles for a GPU target to check
+    that it compiles and fits.
+
+    - `kernel`: the `@triton.jit` function's name in `module`.
+    - `types`: the Triton type of every argument that is not a 32-bit integer
+      (pointers `*bf16`, float scalars `fp32`); the other arguments are `i32` sizes.
+    - `constexprs`: the compile-time arguments, as the launcher passes them.
+    - `num_warps`, `num_stages`, `options`: the compile options (the interpreter takes
+      none); `options` holds any others, such as `("enable_fp_fusion", False)`.
+    - `aligned`: arguments the launcher guarantees are multiples of 16 (pointers to
+      16-byte aligned memory, strides of such rows), as Triton's JIT marks them.
+    """
+
+    module: str
+    kernel: str
+    types: tuple = ()
+    constexprs: tuple = ()
+    num_warps: int = 4
+    num_stages: int = 2
+    options: tuple = ()
+    aligned: tuple = ()
+
+    def compile_options(self) -> dict:
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages, **dict(self.options))
+
+    def kwargs(self, interpreted: bool) -> dict:
+        """The launch's keyword arguments: its constexprs, and its options when compiled."""
+        out = dict(self.constexprs)
+        if not interpreted:
+            out.update(self.compile_options())
+        return out
+
+    @property
+    def label(self) -> str:
+        consts = ", ".join(f"{k}={_short(v)}" for k, v in self.constexprs)
+        types = ", ".join(f"{k}:{v}" for k, v in self.types if v.startswith("*"))
+        return f"{self.kernel}[{consts}; {types}; warps {self.num_warps}, stages {self.num_stages}]"
+
+
+def _short(value) -> str:
+    return getattr(value, "name", None) or str(value)
 
 
 def bits_view(t: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,62 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import bits_view, check_same_device, is_interpreted, next_pow2
+from ._common import TRITON_TYPES, Launch, bits_view, check_same_device, is_interpreted, next_pow2
+from .targets import Target, target_of
+
+#: The integer dtype a gather moves for each element size (`bits_view`), and its
+#: Triton type (`_gather_layers_kernel`'s `ELEM`).
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_ELEM = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
+
+
+def _block_t(target: Target, block_t: int | None) -> int:
+    return block_t or (256 if target.interpreted else 64)
+
+
+def gather_launch(target: Target, elem_size: int, d: int, block_t: int | None = None) -> Launch:
+    """`compact`'s launch: `BLOCK_T` kept rows of `D_PAD` elements per program, moved as
+    integers of `elem_size` bytes (no shared memory: a copy through registers)."""
+    bits = "*" + TRITON_TYPES[_BITS[elem_size]]
+    ptrs = ("k_ptr", "v_ptr", "ko_ptr", "vo_ptr")
+    return Launch(
+        module=__name__,
+        kernel="_gather_kernel",
+        types=(*((p, bits) for p in ptrs), ("idx_ptr", "*i64")),
+        constexprs=(("BLOCK_T", _block_t(target, block_t)), ("D_PAD", next_pow2(d))),
+        aligned=(*ptrs, "idx_ptr"),
+    )
+
+
+def gather_layers_launch(
+    target: Target, elem_size: int, d: int, block_t: int | None = None
+) -> Launch:
+    """`compact_every_layer`'s launch: as `gather_launch`, the layers' addresses read
+    from a table."""
+    return Launch(
+        module=__name__,
+        kernel="_gather_layers_kernel",
+        types=(("tab_ptr", "*i64"),),
+        constexprs=(
+            ("ELEM", _ELEM[elem_size]),
+            ("BLOCK_T", _block_t(target, block_t)),
+            ("D_PAD", next_pow2(d)),
+        ),  # fmt: skip
+        aligned=("tab_ptr",),
+    )
+
+
+def paged_launch(target: Target, elem_size: int, d: int, page_size: int) -> Launch:
+    """`write_paged`'s launch: one kept page (`P_PAD` rows of `D_PAD`) per program."""
+    bits = "*" + TRITON_TYPES[_BITS[elem_size]]
+    ptrs = ("k_ptr", "v_ptr", "kp_ptr", "vp_ptr")
+    return Launch(
+        module=__name__,
+        kernel="_paged_kernel",
+        types=(*((p, bits) for p in ptrs), ("page_ptr", "*i32"), ("table_ptr", "*i32")),
+        constexprs=(("P_PAD", next_pow2(page_size)), ("D_PAD", next_pow2(d))),
+        aligned=(*ptrs, "page_ptr", "table_ptr"),
+    )
 
 
 @triton.jit
@@ -102,14 +157,13 @@ def compact(
     v_new = torch.empty_like(k_new)
     if k_out:
         interpreted = is_interpreted(_gather_kernel)
-        BLOCK_T = block_t or (256 if interpreted else 64)
-        D_PAD = next_pow2(d)
+        launch = gather_launch(target_of(device, interpreted), keys.element_size(), d, block_t)
+        BLOCK_T = dict(launch.constexprs)["BLOCK_T"]
         kb, vb, kob, vob = (bits_view(t) for t in (keys, values, k_new, v_new))
-        extra = {} if interpreted else {"num_warps": 4}
         _gather_kernel[(L * B * G, triton.cdiv(k_out, BLOCK_T))](
             kb, vb, kept_idx, kob, vob, B, G, k_out, d,
             *keys.stride()[:4], kept_idx.stride(0), kept_idx.stride(1), *k_new.stride()[:4],
-            BLOCK_T=BLOCK_T, D_PAD=D_PAD, **extra,
+            **launch.kwargs(interpreted),
         )  # fmt: skip
     if one_layer:
         return k_new[0], v_new[0]
@@ -126,12 +180,14 @@ def _gather_layers_kernel(tab_ptr, L, B, G, d, s_b, s_g, s_n,
     i_l = i_lbg // (B * G)
     i_b = (i_lbg // G) % B
     i_g = i_lbg % G
+    # The launcher checks every address is 16-byte aligned: the hints let a row's loads
+    # and stores be vectorised.
     k_out = tl.load(tab_ptr + 5 * L + i_l)  # this layer's kept count
-    p_k = tl.load(tab_ptr + i_l).to(tl.pointer_type(ELEM))
-    p_v = tl.load(tab_ptr + L + i_l).to(tl.pointer_type(ELEM))
-    p_i = tl.load(tab_ptr + 2 * L + i_l).to(tl.pointer_type(tl.int64))
-    p_ko = tl.load(tab_ptr + 3 * L + i_l).to(tl.pointer_type(ELEM))
-    p_vo = tl.load(tab_ptr + 4 * L + i_l).to(tl.pointer_type(ELEM))
+    p_k = tl.multiple_of(tl.load(tab_ptr + i_l).to(tl.pointer_type(ELEM)), 16)
+    p_v = tl.multiple_of(tl.load(tab_ptr + L + i_l).to(tl.pointer_type(ELEM)), 16)
+    p_i = tl.multiple_of(tl.load(tab_ptr + 2 * L + i_l).to(tl.pointer_type(tl.int64)), 16)
+    p_ko = tl.multiple_of(tl.load(tab_ptr + 3 * L + i_l).to(tl.pointer_type(ELEM)), 16)
+    p_vo = tl.multiple_of(tl.load(tab_ptr + 4 * L + i_l).to(tl.pointer_type(ELEM)), 16)
     o_t = i_tb * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT] slots of the layer's output
     o_d = tl.arange(0, D_PAD)
     m_t = o_t < k_out  # the grid covers the largest k_l; shorter layers mask the rest
@@ -147,10 +203,6 @@ def _gather_layers_kernel(tab_ptr, L, B, G, d, s_b, s_g, s_n,
     dst = ((i_b * G + i_g).to(tl.int64) * k_out + o_t[:, None]) * d + o_d[None, :]
     tl.store(p_ko + dst, tl.load(p_k + src, mask=m_td), mask=m_td)
     tl.store(p_vo + dst, tl.load(p_v + src, mask=m_td), mask=m_td)
-
-
-#: The integer type the gather moves for each element size (`bits_view`).
-_ELEM = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
 
 
 def compact_every_layer(
@@ -219,6 +271,11 @@ def compact_every_layer(
     k_max = max(counts)
     if k_max == 0:
         return out
+    # The kernel promises the compiler 16-byte aligned addresses (vectorised rows); a
+    # view that starts elsewhere is copied (fresh tensors are aligned).
+    keys = [k if k.data_ptr() % 16 == 0 else k.clone() for k in keys]
+    values = [v if v.data_ptr() % 16 == 0 else v.clone() for v in values]
+    idx = [i if i.data_ptr() % 16 == 0 else i.clone() for i in idx]
     ptr = [[t.data_ptr() for t in col] for col in (keys, values, idx)]
     ptr += [[o[0].data_ptr() for o in out], [o[1].data_ptr() for o in out], counts]
     table = torch.tensor(ptr, dtype=torch.int64)  # [6, L] on the host
@@ -227,11 +284,11 @@ def compact_every_layer(
     else:
         table = table.to(device)
     interpreted = is_interpreted(_gather_layers_kernel)
-    BLOCK_T = block_t or (256 if interpreted else 64)
-    extra = {} if interpreted else {"num_warps": 4}
+    target = target_of(device, interpreted)
+    launch = gather_layers_launch(target, first.element_size(), d, block_t)
+    BLOCK_T = dict(launch.constexprs)["BLOCK_T"]
     _gather_layers_kernel[(L * B * G, triton.cdiv(k_max, BLOCK_T))](
-        table, L, B, G, d, strides[0], strides[1], strides[2],
-        ELEM=_ELEM[first.element_size()], BLOCK_T=BLOCK_T, D_PAD=next_pow2(d), **extra,
+        table, L, B, G, d, strides[0], strides[1], strides[2], **launch.kwargs(interpreted),
     )  # fmt: skip
     return out
 
@@ -306,10 +363,10 @@ def write_paged(
     if max_pages == 0:
         return
     interpreted = is_interpreted(_paged_kernel)
-    extra = {} if interpreted else {"num_warps": 4}
+    launch = paged_launch(target_of(device, interpreted), keys.element_size(), d, page_size)
     kb, vb, kpb, vpb = (bits_view(t) for t in (keys, values, k_pool, v_pool))
     _paged_kernel[(L * G, max_pages)](
         kb, vb, src_pages, block_table, kpb, vpb, n, d, page_size, G, max_pages,
         keys.stride(0), keys.stride(1), keys.stride(2), k_pool.stride(0), k_pool.stride(1),
-        P_PAD=next_pow2(page_size), D_PAD=next_pow2(d), **extra,
+        **launch.kwargs(interpreted),
     )  # fmt: skip

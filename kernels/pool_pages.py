@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX, SUM, check_same_device, is_interpreted, next_pow2
+from ._common import MAX, SUM, Launch, check_same_device, is_interpreted, next_pow2
+from .targets import Target, target_of
 
 POOLINGS = ("weighted", "max")
 REDUCTIONS = ("max", "sum")
@@ -36,9 +37,10 @@ REDUCTIONS = ("max", "sum")
 
 @triton.jit
 def _pool_pages_kernel(s_ptr, w_ptr, pooled_ptr, page_ptr, prot_ptr, n, H, G, r, P, n_pages,
-                       n_sink, window, MAX_POOL: tl.constexpr, SUM_PAGES: tl.constexpr,
-                       WRITE_POOLED: tl.constexpr, BLOCK_J: tl.constexpr,
-                       P_PAD: tl.constexpr):  # fmt: skip
+                       n_sink, window, max_pool, sum_pages, write_pooled,
+                       BLOCK_J: tl.constexpr, P_PAD: tl.constexpr):  # fmt: skip
+    # max_pool, sum_pages and write_pooled are runtime flags (uniform branches): one
+    # compiled kernel per page size serves every pooling and reduction.
     i_lg = tl.program_id(0)
     i_j = tl.program_id(1)
     i_l = i_lg // G
@@ -47,22 +49,21 @@ def _pool_pages_kernel(s_ptr, w_ptr, pooled_ptr, page_ptr, prot_ptr, n, H, G, r,
     o_p = tl.arange(0, P_PAD)  # [PP] slot in page
     o_t = o_j[:, None] * P + o_p[None, :]  # [BJ, PP] tokens
     m_t = (o_p[None, :] < P) & (o_t < n)
-    if MAX_POOL:
+    b_acc = tl.full([BLOCK_J, P_PAD], 0.0, tl.float32)
+    if max_pool:
         b_acc = tl.full([BLOCK_J, P_PAD], float("-inf"), tl.float32)
-    else:
-        b_acc = tl.full([BLOCK_J, P_PAD], 0.0, tl.float32)
     for i_r in range(0, r):  # heads of the group in index order
         i_h = i_g * r + i_r
         p_s = s_ptr + (i_l * H + i_h).to(tl.int64) * n + o_t
         b_s = tl.load(p_s, mask=m_t, other=0.0).to(tl.float32)  # reads BJ * P * 4 bytes
-        if MAX_POOL:
+        if max_pool:
             b_acc = tl.maximum(b_acc, b_s)
         else:
             b_w = tl.load(w_ptr + i_l * H + i_h).to(tl.float32)
             b_acc = b_acc + b_w * b_s
-    if WRITE_POOLED:
+    if write_pooled:
         tl.store(pooled_ptr + i_lg.to(tl.int64) * n + o_t, b_acc, mask=m_t)
-    if SUM_PAGES:
+    if sum_pages:
         # A page's tokens in index order, one add at a time (the twin's order): column
         # i_p of the tile, picked out by a sum of one value and zeros, which is exact.
         # P passes over the tile; the sum is the ablation, not the default.
@@ -80,6 +81,28 @@ def _pool_pages_kernel(s_ptr, w_ptr, pooled_ptr, page_ptr, prot_ptr, n, H, G, r,
     last = tl.minimum(first + P, n) - 1
     b_prot = (first < n_sink) | (last >= n - window)
     tl.store(prot_ptr + o_j, b_prot.to(tl.int8), mask=m_j & ((o_j * 0 + i_lg) == 0))
+
+
+def pool_launch(target: Target, page_size: int, block_tokens: int | None = None) -> Launch:
+    """The pooling kernel's launch for pages of `page_size` on `target`: a tile of
+    `BLOCK_J` pages of `P_PAD = next_pow2(P)` slots, about `block_tokens` tokens (2048 on
+    a GPU, 16384 in the interpreter), whatever the prompt length (a short prompt masks
+    the rest of its one tile), so a GPU compiles one kernel per page size. No shared
+    memory but the reductions' scratch; fp contraction off (see the module docstring)."""
+    P_PAD = next_pow2(page_size)
+    tokens = block_tokens or (1 << 14 if target.interpreted else 2048)
+    BLOCK_J = max(1, next_pow2(tokens) // P_PAD)
+    ptrs = ("s_ptr", "w_ptr", "pooled_ptr", "page_ptr")
+    return Launch(
+        module=__name__,
+        kernel="_pool_pages_kernel",
+        types=(*((p, "*fp32") for p in ptrs), ("prot_ptr", "*i8")),
+        constexprs=(("BLOCK_J", BLOCK_J), ("P_PAD", P_PAD)),
+        num_warps=4,
+        num_stages=2,
+        options=(("enable_fp_fusion", False),),
+        aligned=(*ptrs, "prot_ptr"),
+    )
 
 
 def pool_pages(
@@ -105,7 +128,7 @@ def pool_pages(
         pooling: "weighted" (`sum_h w_h s_h`) or "max" (`max_h s_h`).
         reduction: page score, "max" or "sum" over the page's tokens.
         return_pooled: also write the pooled `[L, G, n]` scores.
-        block_tokens: tokens per program (a power of two); default by device.
+        block_tokens: tokens per program (a power of two); default by target.
 
     Returns:
         `(pooled [L, G, n] float32 or None, page_scores [L, G, n_pages] float32,
@@ -137,19 +160,16 @@ def pool_pages(
     P = page_size
     n_pages = triton.cdiv(n, P)
     interpreted = is_interpreted(_pool_pages_kernel)
-    P_PAD = next_pow2(P)
-    tokens = block_tokens or (1 << 14 if interpreted else 2048)
-    BLOCK_J = max(1, next_pow2(tokens) // P_PAD)
-    BLOCK_J = min(BLOCK_J, next_pow2(n_pages))
+    launch = pool_launch(target_of(device, interpreted), P, block_tokens)
+    BLOCK_J = dict(launch.constexprs)["BLOCK_J"]
     page_scores = torch.empty(L, G, n_pages, dtype=torch.float32, device=device)
     prot = torch.empty(n_pages, dtype=torch.int8, device=device)
     pooled = torch.empty(L, G, n, dtype=torch.float32, device=device) if return_pooled else None
-    extra = {} if interpreted else {"enable_fp_fusion": False, "num_warps": 4}
     grid = (L * G, triton.cdiv(n_pages, BLOCK_J))
     _pool_pages_kernel[grid](
         scores, weights, pooled if return_pooled else page_scores, page_scores, prot,
         n, H, G, r, P, n_pages, n_sink, window,
-        MAX_POOL=pooling == "max", SUM_PAGES=reduction == "sum",
-        WRITE_POOLED=return_pooled, BLOCK_J=BLOCK_J, P_PAD=P_PAD, **extra,
+        int(pooling == "max"), int(reduction == "sum"), int(bool(return_pooled)),
+        **launch.kwargs(interpreted),
     )  # fmt: skip
     return pooled, page_scores, prot.bool()

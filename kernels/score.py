@@ -14,13 +14,23 @@ seeing the keys `t <= n - w + i` (causal):
     a_h(t) = (1 / w) sum_i softmax_t(q_{h,i} . k_g(t) * scale)
     top_h(t) = max_i softmax_t(q_{h,i} . k_g(t) * scale)        (return_max only)
 
+Layers. The keys of each layer are their own tensor (a model's cache), read through a
+table of the layers' addresses (int64 `[L]`, the pointer-array pattern of
+`kernels/compact.py`), and each layer has its own softmax scale (float32 `[L]`): every
+layer of a cache is scored in one launch pair, with no stacked copy of the keys. A
+stacked `[L, G, n, d]` tensor is addressed the same way.
+
 Rows. A program's rows are `R_BLK` heads of one group times `W_BLK` queries,
-`M = R_BLK * W_BLK`, with `W_BLK = min(next_pow2(w), max_rows)` (at least 16, for
-`tl.dot`) and `R_BLK = max(1, min(next_pow2(r), max_rows // W_BLK))`. A window longer
-than `max_rows` (256 on a GPU) is cut into `n_qb = ceil(w / W_BLK)` query blocks, so
-`M <= max_rows` whatever `w` is (`row_blocks`): a 2048-query set is 8 blocks of 256
-rows, not one 2048-row tile. The usual short window (`w = 32`) is one query block,
-the same tiling as before the split.
+`M = R_BLK * W_BLK <= max_rows`, with `R_BLK = min(next_pow2(r), max_rows // 16)` and
+`W_BLK = 16` for a window of at most 16 queries (`tl.dot` needs 16 rows), else
+`max_rows // R_BLK` (`row_blocks`). A window longer than that is cut into
+`n_qb = ceil(w / W_BLK)` query blocks. So a launcher chooses at most two row shapes per
+head count, whatever the window: a GPU compiles (and `tests/test_kernel_compile.py`
+checks) a handful of configurations, not one per window length. `max_rows`, the key
+tile and the compile options come from the target, the dtypes and the head dim
+(`score_launch`): 256 rows of 64-key tiles for fp16/bf16 where they fit the target's
+shared memory, fewer rows for a large head dim, 32 rows of 32-key tiles for the fp32
+dot (fp32 or mixed inputs).
 
 Pass 1 (`_stats_kernel`, grid `[L * G * head blocks * query blocks, splits]`) streams
 key tiles `[BLOCK_N, d]` and keeps, per (head, query) row, the running max `m` and the
@@ -36,7 +46,7 @@ and then LOOPS over the query blocks, in index order, from the first block whose
 query sees the tile: per block it recomputes the logits `[M, BLOCK_N]`, turns them into
 probabilities `exp(s - lse)` (each <= 1, exact normalisation, no division) and adds
 their sum over the block's queries into a `[R_BLK, BLOCK_N]` accumulator (and, with
-`return_max`, takes the running max). After the loop it holds the tile of the
+`return_max`, a runtime flag, takes the running max). After the loop it holds the tile of the
 averaged profile, writes it, and writes the tile's four partial sums per head: sink
 mass, non-sink mass, non-sink squares and all squares; the host adds the tiles (a
 `[L, H, tiles, 4]` buffer) into `[L, H, 4]`.
@@ -62,6 +72,10 @@ Memory traffic (bytes a perfect implementation must move, element size `e`):
 pass 1 reads K once (`L G n d e`), pass 2 reads K again and writes the profiles
 (`L H n 4`, and the maxima with `return_max`); the queries (`L H w d e`) are re-read
 by every key tile (from the cache hierarchy) and the partial buffers are negligible.
+Work: each pass computes the logits, `2 L H w n d` flops (the causal triangle counted
+full), and `L H w n` exp2 each. At the default window (w = 32) and r = 6 that is about
+180 flops per byte of K in bf16, near an H200's ridge point (989 TFLOP/s over
+4.8 TB/s, about 206): `benchmarks/bench_kernels.py` reports both bounds.
 
 All logits are kept in base 2 (`qk_scale = scale * log2(e)`, `exp2`), the usual
 trick that saves a multiply per element; the result is the same softmax.
@@ -69,7 +83,8 @@ trick that saves a multiply per element; the result is the same softmax.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -79,16 +94,21 @@ from ._common import (
     FLOAT_DTYPES,
     MAX,
     SUM,
+    TRITON_TYPES,
+    Launch,
     check_same_device,
     check_window_shapes,
     is_interpreted,
     next_pow2,
 )
+from .targets import Target, target_of
 
 LOG2E = 1.4426950408889634
 #: Finite stand-in for -inf as the initial running max, so that a row whose keys in a
-#: tile are all masked (-inf logits) rescales by exp2(-1e30 + 1e30) = 1, not NaN.
-NEG_BIG = -1.0e30
+#: tile are all masked (-inf logits) rescales by exp2(-1e30 + 1e30) = 1, not NaN. A
+#: `tl.constexpr`: a compiled kernel may read no other module global (the interpreter
+#: accepts any, which is why tests/test_kernel_compile.py compiles for GPU targets).
+NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
@@ -114,18 +134,19 @@ def _load_q(q_ptr, i_l, i_g, i_rb, i_qb, r, w, d, stride_ql, stride_qh, stride_q
 
 
 @triton.jit
-def _load_k(k_ptr, i_l, i_g, i_t, n, d, stride_kl, stride_kg, stride_kn,
+def _layer_keys(ktab_ptr, i_l, K_ELEM: tl.constexpr):
+    # The layer's keys: an address from the table (the launcher checks every address is
+    # 16-byte aligned, so the hint lets the loads of a row be vectorised).
+    return tl.multiple_of(tl.load(ktab_ptr + i_l).to(tl.pointer_type(K_ELEM)), 16)
+
+
+@triton.jit
+def _load_k(p_kl, i_g, i_t, n, d, stride_kg, stride_kn,
             BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
-    # One key tile [BLOCK_N, D]; reads BLOCK_N * d * e bytes of K.
+    # One key tile [BLOCK_N, D] of the layer's keys `p_kl`; reads BLOCK_N * d * e bytes.
     o_n = i_t * BLOCK_N + tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, D_PAD)
-    p_k = (
-        k_ptr
-        + i_l.to(tl.int64) * stride_kl
-        + i_g.to(tl.int64) * stride_kg
-        + o_n[:, None].to(tl.int64) * stride_kn
-        + o_d[None, :]
-    )
+    p_k = p_kl + i_g.to(tl.int64) * stride_kg + o_n[:, None].to(tl.int64) * stride_kn + o_d[None, :]
     b_k = tl.load(p_k, mask=(o_n < n)[:, None] & (o_d < d)[None, :], other=0.0)  # [N, D]
     return b_k, o_n
 
@@ -147,10 +168,11 @@ def _logits(b_q, b_k, o_n, n, w, i_w, qk_scale, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
-def _stats_kernel(q_ptr, k_ptr, m_ptr, l_ptr, n, w, d, r, G, n_rb, n_qb, n_tiles,
-                  tiles_per_split, qk_scale, stride_ql, stride_qh, stride_qw, stride_kl,
-                  stride_kg, stride_kn, R_BLK: tl.constexpr, W_BLK: tl.constexpr,
-                  D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):  # fmt: skip
+def _stats_kernel(q_ptr, ktab_ptr, scale_ptr, m_ptr, l_ptr, n, w, d, r, G, n_rb, n_qb, n_tiles,
+                  tiles_per_split, stride_ql, stride_qh, stride_qw, stride_kg, stride_kn,
+                  R_BLK: tl.constexpr, W_BLK: tl.constexpr, D_PAD: tl.constexpr,
+                  BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+                  K_ELEM: tl.constexpr):  # fmt: skip
     i_p = tl.program_id(0)  # (layer, group, head block, query block)
     i_s = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -159,6 +181,8 @@ def _stats_kernel(q_ptr, k_ptr, m_ptr, l_ptr, n, w, d, r, G, n_rb, n_qb, n_tiles
     i_l = i_lgr // (G * n_rb)
     i_g = (i_lgr // n_rb) % G
     i_rb = i_lgr % n_rb
+    p_kl = _layer_keys(ktab_ptr, i_l, K_ELEM)
+    qk_scale = tl.load(scale_ptr + i_l)  # the layer's softmax scale times log2(e)
     b_q, i_w, m_m = _load_q(q_ptr, i_l, i_g, i_rb, i_qb, r, w, d, stride_ql, stride_qh,
                             stride_qw, R_BLK, W_BLK, D_PAD)  # fmt: skip
     b_m = tl.full([R_BLK * W_BLK], NEG_BIG, tl.float32)  # running max (base-2 logits)
@@ -169,8 +193,7 @@ def _stats_kernel(q_ptr, k_ptr, m_ptr, l_ptr, n, w, d, r, G, n_rb, n_qb, n_tiles
     t_lo = i_s * tiles_per_split
     t_hi = tl.minimum(tl.minimum(t_lo + tiles_per_split, n_tiles), t_end)
     for i_t in range(t_lo, t_hi):
-        b_k, o_n = _load_k(k_ptr, i_l, i_g, i_t, n, d, stride_kl, stride_kg, stride_kn,
-                           BLOCK_N, D_PAD)  # fmt: skip
+        b_k, o_n = _load_k(p_kl, i_g, i_t, n, d, stride_kg, stride_kn, BLOCK_N, D_PAD)
         b_s = _logits(b_q, b_k, o_n, n, w, i_w, qk_scale, DOT_FP32)
         b_mn = tl.maximum(b_m, tl.reduce(b_s, 1, MAX))
         # Online update: rescale the old sum to the new max, then add this tile.
@@ -183,18 +206,19 @@ def _stats_kernel(q_ptr, k_ptr, m_ptr, l_ptr, n, w, d, r, G, n_rb, n_qb, n_tiles
 
 
 @triton.jit
-def _profile_kernel(q_ptr, k_ptr, lse_ptr, prof_ptr, top_ptr, part_ptr, n, w, d, r, G, H,
-                    n_rb, n_qb, n_tiles, n_sink, qk_scale, stride_ql, stride_qh, stride_qw,
-                    stride_kl, stride_kg, stride_kn, R_BLK: tl.constexpr, W_BLK: tl.constexpr,
+def _profile_kernel(q_ptr, ktab_ptr, scale_ptr, lse_ptr, prof_ptr, top_ptr, part_ptr, n, w, d,
+                    r, G, H, n_rb, n_qb, n_tiles, n_sink, with_max, stride_ql, stride_qh,
+                    stride_qw, stride_kg, stride_kn, R_BLK: tl.constexpr, W_BLK: tl.constexpr,
                     D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
-                    WITH_MAX: tl.constexpr):  # fmt: skip
+                    K_ELEM: tl.constexpr):  # fmt: skip
     i_lgr = tl.program_id(0)
     i_t = tl.program_id(1)
     i_l = i_lgr // (G * n_rb)
     i_g = (i_lgr // n_rb) % G
     i_rb = i_lgr % n_rb
-    b_k, o_n = _load_k(k_ptr, i_l, i_g, i_t, n, d, stride_kl, stride_kg, stride_kn,
-                       BLOCK_N, D_PAD)  # fmt: skip
+    p_kl = _layer_keys(ktab_ptr, i_l, K_ELEM)
+    qk_scale = tl.load(scale_ptr + i_l)
+    b_k, o_n = _load_k(p_kl, i_g, i_t, n, d, stride_kg, stride_kn, BLOCK_N, D_PAD)
     o_m = tl.arange(0, R_BLK * W_BLK)
     b_sum = tl.zeros([R_BLK, BLOCK_N], dtype=tl.float32)  # sum over the queries so far
     b_top = tl.zeros([R_BLK, BLOCK_N], dtype=tl.float32)  # max over the queries so far
@@ -212,7 +236,7 @@ def _profile_kernel(q_ptr, k_ptr, lse_ptr, prof_ptr, top_ptr, part_ptr, n, w, d,
         b_p = tl.where(m_m[:, None], b_p, 0.0)  # [M, N]
         b_p3 = tl.reshape(b_p, (R_BLK, W_BLK, BLOCK_N))
         b_sum += tl.reduce(b_p3, 1, SUM)  # [R_BLK, N]
-        if WITH_MAX:
+        if with_max:
             b_top = tl.maximum(b_top, tl.reduce(b_p3, 1, MAX))
     b_a = b_sum / w  # [R_BLK, N] the averaged profile's tile
     o_r = i_rb * R_BLK + tl.arange(0, R_BLK)
@@ -222,7 +246,7 @@ def _profile_kernel(q_ptr, k_ptr, lse_ptr, prof_ptr, top_ptr, part_ptr, n, w, d,
     p_prof = (i_l * H + o_h)[:, None].to(tl.int64) * n + o_n[None, :]
     m_out = m_r[:, None] & m_n[None, :]
     tl.store(prof_ptr + p_prof, b_a, mask=m_out)  # writes R_BLK * BLOCK_N * 4 bytes
-    if WITH_MAX:
+    if with_max:
         tl.store(top_ptr + p_prof, b_top, mask=m_out)
     # Partial sums of this tile, per head: [sink, rest, rest^2, all^2].
     is_sink = (o_n < n_sink)[None, :]
@@ -238,40 +262,193 @@ def _profile_kernel(q_ptr, k_ptr, lse_ptr, prof_ptr, top_ptr, part_ptr, n, w, d,
     tl.store(p_part + 3, b_sq_all, mask=m_r)
 
 
-def default_blocks(device: torch.device, interpreted: bool) -> tuple[int, int]:
-    """(BLOCK_N, max rows per program): small tiles on a GPU, large in the interpreter
-    (it pays per program and per loop step, hardly per element: a 2048-row set in
-    2 blocks of 1024 costs a third of 8 blocks of 256 there). Tests that need several
-    query blocks on the CPU ask for them with `block_w`."""
-    if interpreted:
-        return 256, 1024
-    return 64, 256
+#: The Triton element type of each key dtype (`K_ELEM`).
+_K_ELEM = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+@dataclass(frozen=True)
+class ScoreLaunch:
+    """The blocks and options of one scoring launch pair (`score_launch`)."""
+
+    W_BLK: int  # query rows per query block
+    n_qb: int  # query blocks
+    R_BLK: int  # heads per head block
+    n_rb: int  # head blocks per group
+    BLOCK_N: int  # keys per tile
+    D_PAD: int  # the head dim padded to a power of two
+    DOT_FP32: bool  # fp32 products (fp32 or mixed inputs, and the interpreter)
+    num_warps: int
+    stages: tuple  # num_stages of (pass 1, pass 2)
+
+    @property
+    def rows(self) -> int:
+        return self.R_BLK * self.W_BLK
+
+    def launches(self, q_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple[Launch, Launch]:
+        """The two kernels' `Launch` records (what the launcher passes, and what
+        `kernels/aot.py` compiles)."""
+        consts = (("R_BLK", self.R_BLK), ("W_BLK", self.W_BLK), ("D_PAD", self.D_PAD),
+                  ("BLOCK_N", self.BLOCK_N), ("DOT_FP32", self.DOT_FP32),
+                  ("K_ELEM", _K_ELEM[k_dtype]))  # fmt: skip
+        q = TRITON_TYPES[q_dtype]
+        strides = ("stride_ql", "stride_qh", "stride_qw", "stride_kg", "stride_kn")
+        common = dict(module=__name__, constexprs=consts, num_warps=self.num_warps)
+        stats = Launch(
+            kernel="_stats_kernel",
+            types=(
+                ("q_ptr", f"*{q}"),
+                ("ktab_ptr", "*i64"),
+                ("scale_ptr", "*fp32"),
+                ("m_ptr", "*fp32"),
+                ("l_ptr", "*fp32"),
+            ),  # fmt: skip
+            num_stages=self.stages[0],
+            aligned=("q_ptr", "ktab_ptr", "scale_ptr", "m_ptr", "l_ptr", *strides),
+            **common,
+        )
+        ptrs = ("lse_ptr", "prof_ptr", "top_ptr", "part_ptr")
+        profile = Launch(
+            kernel="_profile_kernel",
+            types=(
+                ("q_ptr", f"*{q}"),
+                ("ktab_ptr", "*i64"),
+                ("scale_ptr", "*fp32"),
+                *((p, "*fp32") for p in ptrs),
+            ),  # fmt: skip
+            num_stages=self.stages[1],
+            aligned=("q_ptr", "ktab_ptr", "scale_ptr", *ptrs, *strides),
+            **common,
+        )
+        return stats, profile
 
 
 def row_blocks(w: int, r: int, max_rows: int, block_w: int | None = None) -> tuple[int, ...]:
     """How `w` queries of `r` heads per group are cut into program rows:
     `(W_BLK, n_qb, R_BLK, n_rb)`, query rows per block, query blocks, heads per block,
-    head blocks. A program holds `R_BLK * W_BLK <= max(max_rows, 16, block_w)` rows.
+    head blocks. `R_BLK = min(next_pow2(r), max_rows // 16)` and `W_BLK` is 16 for
+    `w <= 16`, else `max_rows // R_BLK`; a program holds
+    `R_BLK * W_BLK <= max(max_rows, 16, block_w)` rows.
 
-    `block_w` (a power of two >= 16) overrides `W_BLK = min(next_pow2(w), max_rows)`.
+    `block_w` (a power of two >= 16) overrides `W_BLK`.
     """
+    R_BLK = max(1, min(next_pow2(r), max_rows // 16))
     if block_w is None:
-        W_BLK = max(min(next_pow2(w), max_rows), 16)  # tl.dot needs >= 16 rows
+        W_BLK = 16 if w <= 16 else max(max_rows // R_BLK, 16)  # tl.dot needs >= 16 rows
     else:
         W_BLK = int(block_w)
         if W_BLK < 16 or W_BLK & (W_BLK - 1):
             raise ValueError(f"block_w must be a power of two >= 16; got {block_w}")
+        R_BLK = max(1, min(R_BLK, max_rows // W_BLK))
     n_qb = -(-w // W_BLK)
-    R_BLK = max(1, min(next_pow2(r), max_rows // W_BLK))
     n_rb = -(-r // R_BLK)
     return W_BLK, n_qb, R_BLK, n_rb
 
 
+def _shared_estimate(rows: int, block_n: int, d_pad: int, elem: int) -> int:
+    """An upper bound of a scoring program's shared memory: its query rows and one key
+    tile at the dot's element size (what the compiled figures come to: `kernels/aot.py`
+    reports them), a quarter more for a pipeline stage or a layout conversion, and the
+    reductions' scratch."""
+    return (rows + block_n) * d_pad * elem * 5 // 4 + 4096
+
+
+def score_launch(
+    target: Target,
+    q_dtype: torch.dtype,
+    k_dtype: torch.dtype,
+    d: int,
+    r: int,
+    w: int,
+    block_n: int | None = None,
+    block_w: int | None = None,
+) -> ScoreLaunch:
+    """The blocks a scoring launch uses on `target` for these dtypes and shapes.
+
+    - The interpreter: 256-key tiles and up to 1024 rows (it pays per program and per
+      loop step, hardly per element), the fp32 dot (numpy has no bfloat16 matmul).
+    - fp16/bf16 queries over keys of the same dtype on a GPU: the native dot (fp32
+      accumulation), 64-key tiles and the most rows of 256, 128, ... whose shared
+      memory (`_shared_estimate`) fits the target; 8 warps from 128 rows.
+    - fp32, or mixed dtypes (say fp32 queries over a bf16 cache), on a GPU: the fp32 dot
+      (exact products, no tf32), 32-key tiles and 32 rows (it unrolls into FMAs).
+
+    Raises ValueError when not even 16 rows fit (a head dim far beyond any model's).
+    """
+    D_PAD = max(next_pow2(d), 16)
+    if target.interpreted:
+        BLOCK_N, max_rows, warps, stages, dot_fp32 = block_n or 256, 1024, 4, (1, 1), True
+    else:
+        dot_fp32 = torch.float32 in (q_dtype, k_dtype) or q_dtype != k_dtype
+        elem = 4 if dot_fp32 else 2
+        BLOCK_N = block_n or (32 if dot_fp32 else 64)
+        fitting = [
+            m
+            for m in ((32, 16) if dot_fp32 else (256, 128, 64, 32, 16))
+            if _shared_estimate(m, BLOCK_N, D_PAD, elem) <= target.shared_bytes
+        ]
+        if not fitting:
+            raise ValueError(
+                f"no scoring block fits {target.name}'s {target.shared_bytes} bytes of shared "
+                f"memory at head dim {d} with {BLOCK_N}-key tiles"
+            )
+        max_rows = fitting[0]
+        stages = (1, 1) if dot_fp32 else (2, 1)
+        warps = 8 if max_rows >= 128 else 4
+    if BLOCK_N < 16 or BLOCK_N & (BLOCK_N - 1):
+        raise ValueError(f"block_n must be a power of two >= 16; got {BLOCK_N}")
+    W_BLK, n_qb, R_BLK, n_rb = row_blocks(w, r, max_rows, block_w)
+    if not target.interpreted and R_BLK * W_BLK < max_rows:
+        warps = 8 if R_BLK * W_BLK >= 128 else 4
+    return ScoreLaunch(W_BLK, n_qb, R_BLK, n_rb, BLOCK_N, D_PAD, dot_fp32, warps, stages)
+
+
+def _layer_list(keys) -> list[torch.Tensor]:
+    """`[L, G, n, d]` or a sequence of `[G, n, d]` / `[1, G, n, d]` -> `[G, n, d]` views."""
+    if isinstance(keys, torch.Tensor):
+        if keys.dim() == 3:
+            return [keys]
+        if keys.dim() != 4:
+            raise ValueError(f"keys must be [L, G, n, d]; got {tuple(keys.shape)}")
+        return list(keys.unbind(0))
+    out = [k[0] if k.dim() == 4 and k.shape[0] == 1 else k for k in keys]
+    if not out or any(k.dim() != 3 for k in out):
+        raise ValueError("keys must be [L, G, n, d] or one [G, n, d] tensor per layer")
+    return out
+
+
+def _key_table(layers: list[torch.Tensor], device: torch.device):
+    """Per-layer keys with one set of (group, token) strides and 16-byte aligned rows, and
+    the int64 table of their addresses on `device` (copied without a host wait)."""
+    first = layers[0]
+    for i, k in enumerate(layers):
+        if k.shape != first.shape or k.dtype != first.dtype:
+            raise ValueError(
+                f"layer {i}: keys {tuple(k.shape)} {k.dtype}; layer 0 has "
+                f"{tuple(first.shape)} {first.dtype}"
+            )
+        check_same_device(keys=k, first=first)
+    strides = first.stride()
+    if strides[-1] != 1 or any(k.stride() != strides for k in layers):
+        layers = [k.contiguous() for k in layers]
+    # The kernel promises the compiler 16-byte aligned layer addresses (`_layer_keys`);
+    # a view that starts elsewhere is copied (a fresh tensor is aligned).
+    layers = [k if k.data_ptr() % 16 == 0 else k.clone() for k in layers]
+    table = torch.tensor([k.data_ptr() for k in layers], dtype=torch.int64)
+    return layers, _to_device(table, device)
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on `device`: pinned and queued on CUDA (no host wait)."""
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 def score_layers(
     q_win: torch.Tensor,
-    keys: torch.Tensor,
+    keys: torch.Tensor | Sequence[torch.Tensor],
     n_sink: int,
-    scale: float | None = None,
+    scale: float | Sequence[float] | None = None,
     block_n: int | None = None,
     tiles_per_split: int | None = None,
     *,
@@ -283,16 +460,17 @@ def score_layers(
     Args:
         q_win: `[L, H, w, d]` (or `[H, w, d]` for one layer) queries after RoPE, query
             `i` at position `n - w + i` (the window, or a reconstruction chunk).
-        keys: `[L, G, n, d]` (or `[G, n, d]`) cached keys; float32, float16 or
-            bfloat16 (fp16/bf16 with matching queries use the native dot, fp32
-            accumulation); `H % G == 0`, `1 <= w <= n`.
+        keys: `[L, G, n, d]` (or `[G, n, d]`) cached keys, or one `[G, n, d]` (or
+            `[1, G, n, d]`) tensor per layer, as a model's cache holds them (no stacked
+            copy is made); float32, float16 or bfloat16 (fp16/bf16 with queries of the
+            same dtype use the native dot, fp32 accumulation); `H % G == 0`,
+            `1 <= w <= n`.
         n_sink: number of sink tokens (`>= 0`).
-        scale: softmax scale, default `1 / sqrt(d)`.
-        block_n: key tile (a power of two >= 16); default by device.
+        scale: softmax scale, one for all layers or one per layer; default `1 / sqrt(d)`.
+        block_n: key tile (a power of two >= 16); default by target (`score_launch`).
         tiles_per_split: key tiles per pass-1 program; default fills the GPU.
-        block_w: query rows per query block (a power of two >= 16); default
-            `min(next_pow2(w), max rows)`, see `row_blocks`. Any value gives the same
-            results up to float rounding.
+        block_w: query rows per query block (a power of two >= 16); default by
+            `row_blocks`. Any value gives the same results up to float rounding.
         return_max: also return the largest probability of any query on each key.
 
     Returns:
@@ -300,30 +478,37 @@ def score_layers(
         third when `return_max`; the columns of `sums` are the sink mass, non-sink mass,
         non-sink squares and all squares of each head's profile
         (`pagekv.maths.entropy.MASS_SUMS`; 3-D inputs give `L = 1`).
+
+    Host waits: none (the layer table and the scales are queued to the device).
     """
-    if q_win.dim() == 3 and keys.dim() == 3:
-        q_win, keys = q_win[None], keys[None]
-    L, H, w, d, G, n = check_window_shapes(q_win, keys)
-    if q_win.dtype not in FLOAT_DTYPES or keys.dtype not in FLOAT_DTYPES:
+    if q_win.dim() == 3:
+        q_win = q_win[None]
+    layers = _layer_list(keys)
+    L = len(layers)
+    _, H, w, d, G, n = check_window_shapes(q_win.shape, (L, *layers[0].shape))
+    k_dtype = layers[0].dtype
+    if q_win.dtype not in FLOAT_DTYPES or k_dtype not in FLOAT_DTYPES:
         raise ValueError(
-            f"q_win and keys must be float32, float16 or bfloat16; got {q_win.dtype}, {keys.dtype}"
+            f"q_win and keys must be float32, float16 or bfloat16; got {q_win.dtype}, {k_dtype}"
         )
     if n_sink < 0:
         raise ValueError(f"n_sink must be >= 0; got {n_sink}")
-    device = check_same_device(q_win=q_win, keys=keys)
+    device = check_same_device(q_win=q_win, keys=layers[0])
+    scales = [scale] * L if scale is None or isinstance(scale, (int, float)) else list(scale)
+    if len(scales) != L:
+        raise ValueError(f"need one scale per layer ({L}); got {len(scales)}")
     # The kernels address the head dimension with unit stride.
     q_win = q_win if q_win.stride(-1) == 1 else q_win.contiguous()
-    keys = keys if keys.stride(-1) == 1 else keys.contiguous()
+    layers, ktab = _key_table(layers, device)
+    qk_scale = [(d**-0.5 if s is None else float(s)) * LOG2E for s in scales]
+    scale_t = _to_device(torch.tensor(qk_scale, dtype=torch.float32), device)
 
     interpreted = is_interpreted(_profile_kernel)
-    dflt_n, max_rows = default_blocks(device, interpreted)
-    BLOCK_N = block_n or dflt_n
-    if BLOCK_N < 16 or BLOCK_N & (BLOCK_N - 1):
-        raise ValueError(f"block_n must be a power of two >= 16; got {BLOCK_N}")
+    target = target_of(device, interpreted)
     r = H // G
-    W_BLK, n_qb, R_BLK, n_rb = row_blocks(w, r, max_rows, block_w)
-    M = R_BLK * W_BLK
-    D_PAD = max(next_pow2(d), 16)
+    cfg = score_launch(target, q_win.dtype, k_dtype, d, r, w, block_n, block_w)
+    stats, profile = cfg.launches(q_win.dtype, k_dtype)
+    BLOCK_N, M, n_qb, n_rb = cfg.BLOCK_N, cfg.rows, cfg.n_qb, cfg.n_rb
     n_tiles = triton.cdiv(n, BLOCK_N)
     rows = L * G * n_rb  # pass-2 programs per key tile
     if tiles_per_split is None:
@@ -331,27 +516,18 @@ def score_layers(
             tiles_per_split = n_tiles  # one program per row block: fewest Python steps
         else:
             # Aim at ~8 programs per SM-ish worth of work; at least 4 tiles each.
-            target = 1024
-            tiles_per_split = max(4, triton.cdiv(n_tiles * rows * n_qb, target))
+            target_programs = 1024
+            tiles_per_split = max(4, triton.cdiv(n_tiles * rows * n_qb, target_programs))
     tiles_per_split = max(1, min(int(tiles_per_split), n_tiles))
     n_splits = triton.cdiv(n_tiles, tiles_per_split)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    qk_scale = scale * LOG2E
-    # Mixed dtypes (say fp32 queries, bf16 cache) take the fp32 dot too, like the twin.
-    dot_fp32 = (
-        interpreted or torch.float32 in (q_win.dtype, keys.dtype) or q_win.dtype != keys.dtype
-    )
+    k_strides = layers[0].stride()[:2]  # (group, token) of every layer
 
     part_m = torch.empty(rows * n_qb, n_splits, M, dtype=torch.float32, device=device)
     part_l = torch.empty_like(part_m)
-    common = dict(R_BLK=R_BLK, W_BLK=W_BLK, D_PAD=D_PAD, BLOCK_N=BLOCK_N, DOT_FP32=dot_fp32)
-    if not interpreted:
-        common["num_warps"] = 8 if M >= 128 else 4
     _stats_kernel[(rows * n_qb, n_splits)](
-        q_win, keys, part_m, part_l, n, w, d, r, G, n_rb, n_qb, n_tiles, tiles_per_split,
-        qk_scale, q_win.stride(0), q_win.stride(1), q_win.stride(2),
-        keys.stride(0), keys.stride(1), keys.stride(2),
-        **common,
+        q_win, ktab, scale_t, part_m, part_l, n, w, d, r, G, n_rb, n_qb, n_tiles,
+        tiles_per_split, q_win.stride(0), q_win.stride(1), q_win.stride(2), *k_strides,
+        **stats.kwargs(interpreted),
     )  # fmt: skip
     # Merge the splits: lse = M + log2(sum_s l_s 2^(m_s - M)); empty splits (past the
     # causal end or the last tile) have l_s = 0 and m_s = NEG_BIG.
@@ -364,10 +540,9 @@ def score_layers(
     top = torch.empty_like(profiles) if return_max else profiles  # unused pointer without
     part = torch.empty(L, H, n_tiles, 4, dtype=torch.float32, device=device)
     _profile_kernel[(rows, n_tiles)](
-        q_win, keys, lse, profiles, top, part, n, w, d, r, G, H, n_rb, n_qb, n_tiles, n_sink,
-        qk_scale, q_win.stride(0), q_win.stride(1), q_win.stride(2),
-        keys.stride(0), keys.stride(1), keys.stride(2),
-        WITH_MAX=bool(return_max), **common,
+        q_win, ktab, scale_t, lse, profiles, top, part, n, w, d, r, G, H, n_rb, n_qb, n_tiles,
+        n_sink, int(bool(return_max)), q_win.stride(0), q_win.stride(1), q_win.stride(2),
+        *k_strides, **profile.kwargs(interpreted),
     )  # fmt: skip
     if return_max:
         return profiles, part.sum(2), top

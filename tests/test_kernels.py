@@ -251,18 +251,26 @@ def test_score_long_query_sets(kern, device, w, block_w, dtype):
 
 
 def test_row_blocks_bound_the_rows(kern):
-    """A program holds at most max_rows query rows whatever w is (the old launcher made a
-    next_pow2(w)-row tile once w > max_rows), and the blocks cover every query and head."""
-    for max_rows in (256, 1024):
+    """A program holds at most max_rows query rows whatever w is, the blocks cover every
+    query and head, and a launcher chooses at most two row shapes per head count (16
+    rows for a short window, else the full tile), so a GPU compiles a handful of
+    configurations whatever the window lengths."""
+    for max_rows in (32, 256, 1024):
         for r in (1, 2, 3, 4, 6, 8, 16):
-            for w in (1, 15, 16, 17, 255, 256, 257, 600, 1024, 2048, 4097, 100_000):
+            shapes = set()
+            for w in (1, 15, 16, 17, 32, 255, 256, 257, 600, 1024, 2048, 4097, 100_000):
                 W_BLK, n_qb, R_BLK, n_rb = kern.score.row_blocks(w, r, max_rows)
                 assert 16 <= W_BLK <= max_rows and R_BLK * W_BLK <= max_rows, (w, r, max_rows)
                 assert (n_qb - 1) * W_BLK < w <= n_qb * W_BLK, (w, r, max_rows)
                 assert (n_rb - 1) * R_BLK < r <= n_rb * R_BLK, (w, r, max_rows)
-                assert W_BLK == max(min(1 << (w - 1).bit_length(), max_rows), 16)
+                assert R_BLK == min(1 << (r - 1).bit_length(), max_rows // 16)
+                assert W_BLK == (16 if w <= 16 else max_rows // R_BLK), (w, r, max_rows)
+                shapes.add((R_BLK, W_BLK))
+            assert len(shapes) <= 2, (r, max_rows, shapes)
     with pytest.raises(ValueError, match="block_w"):
         kern.score.row_blocks(40, 2, 256, block_w=24)
+    # A forced block size keeps the bound: heads per block shrink to fit it.
+    assert kern.score.row_blocks(600, 2, 256, block_w=256) == (256, 3, 1, 2)
 
 
 @settings(max_examples=8, deadline=None,
