@@ -372,7 +372,9 @@ def test_padded_indices_worked_example():
 
     page_keep = torch.tensor([[[1, 0, 0, 1], [1, 1, 0, 1]]], dtype=torch.bool)  # [1, 2, 4]
     p = SimpleNamespace(
-        config=EvictionConfig(page_size=2),
+        config=EvictionConfig(page_size=2, n_sink=2, window=2),
+        n=8,
+        window=2,
         keep=expand_pages(page_keep, 8, 2),
         page_keep=page_keep,
         union_tokens=torch.tensor([[4, 6]]),

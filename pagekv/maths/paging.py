@@ -37,6 +37,16 @@ def page_sizes(n: int, page_size: int, device=None) -> torch.Tensor:
     return (torch.clamp(starts + page_size, max=n) - starts).to(torch.int64)
 
 
+def to_device(host: torch.Tensor, device) -> torch.Tensor:
+    """A small host tensor (page geometry) on `device` without a host wait: on CUDA it is
+    pinned and the copy queued (a copy from pageable memory synchronises the stream);
+    elsewhere a plain copy (or the tensor itself)."""
+    device = torch.device(device)
+    if device.type == "cuda" and host.device.type == "cpu":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 def page_of_token(n: int, page_size: int, device=None) -> torch.Tensor:
     """`[n]` int64: the page each token lives in."""
     return torch.arange(n, device=device) // page_size
@@ -122,7 +132,9 @@ def select_pages(
         BudgetError: when the protected pages alone hold more than `k` tokens.
     """
     sizes_h, prot_h = sizes.cpu(), protected.cpu()
-    return _select(page_scores, prot_h, sizes_h, protected.to(page_scores.device), budget_tokens)
+    return _select(
+        page_scores, prot_h, sizes_h, to_device(prot_h, page_scores.device), budget_tokens
+    )
 
 
 def select_pages_padded(
@@ -150,7 +162,7 @@ def select_pages_padded(
         Bool `[L, G, n_pages]`.
     """
     sizes_h, prot_h = sizes.cpu(), protected.cpu()
-    prot_d = prot_h.to(page_scores.device)
+    prot_d = to_device(prot_h, page_scores.device)
     geometry = _free_pages(sizes_h, prot_h)  # read once: the loop is host ints only
     ranked = page_scores.masked_fill(page_keep, float("inf"))  # kept pages first
     rows = [
@@ -187,7 +199,7 @@ def _select(
             page_scores, prot_d, free_size, budget_tokens - prot_tokens, n_free=n_free
         )
     # General page sizes: protected first, then a stable descending sort of the scores.
-    sizes = sizes_h.to(page_scores.device)
+    sizes = to_device(sizes_h, page_scores.device)
     key = torch.where(prot_d, torch.full_like(page_scores, float("inf")), page_scores)
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices  # [..., n_pages]
     cum = torch.cumsum(sizes[order], dim=-1)  # [..., n_pages]
@@ -237,7 +249,13 @@ def select_pages_global(
     sizes_h, prot_h = sizes.cpu(), protected.cpu()
     dev = page_scores.device
     return _select_global(
-        page_scores, prot_h, sizes_h, prot_h.to(dev), sizes_h.to(dev), budget_tokens, per_layer
+        page_scores,
+        prot_h,
+        sizes_h,
+        to_device(prot_h, dev),
+        to_device(sizes_h, dev),
+        budget_tokens,
+        per_layer,
     )
 
 

@@ -25,6 +25,7 @@ from pagekv.maths.paging import (
     kept_token_indices,
     page_sizes,
     protected_pages,
+    to_device,
 )
 from pagekv.maths.policies import ScoreInputs, get_policy
 from pagekv.maths.pooling import pooled_page_scores
@@ -167,7 +168,7 @@ def plan(
     sizes = page_sizes(n, P)
     prot = protected_pages(n, P, cfg.n_sink, window)
     check_budget(sizes, prot, k)  # before any work on the device
-    sizes_d, prot_d = sizes.to(dev), prot.to(dev)  # copied once, before work is queued
+    sizes_d, prot_d = to_device(sizes, dev), to_device(prot, dev)  # queued, no host wait
     if masses is None:
         masses = HeadMasses.from_profiles(p32, cfg.n_sink)
     elif masses.n_sink != cfg.n_sink or tuple(masses.sink.shape) != (L, H):

@@ -14,7 +14,8 @@ results can record it.
 
 Dispatch functions (the runner's entry points):
 
-- `score_window(q_win, keys, n_sink)`: profiles and per-head masses (`HeadMasses`).
+- `score_window(q_win, keys, n_sink, scale)`: profiles and per-head masses (`HeadMasses`)
+  of every layer, the keys stacked or one tensor per layer (a model's cache).
 - `attention_scores(q, keys)`: the mean and the max attention of `w` causal queries on
   every key (the reconstruction scorer's, one chunk of queries at a time);
   `attention_scores_focus` adds how focused each query is (its head weights).
@@ -117,36 +118,59 @@ def _ran(op: str, backend: str, device) -> None:
 
 def score_window(
     q_win: torch.Tensor,
-    keys: torch.Tensor,
+    keys: torch.Tensor | Sequence[torch.Tensor],
     n_sink: int,
-    scale: float | None = None,
+    scale: float | Sequence[float] | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, HeadMasses, str]:
     """Profiles and per-head masses of all layers (one launch pair on Triton).
 
     Args:
-        q_win: `[L, H, w, d]` window queries after RoPE (or `[H, w, d]` for one layer).
-        keys: `[L, G, n, d]` cached keys (or `[G, n, d]`).
-        n_sink: sink tokens; scale: softmax scale (default `1/sqrt(d)`).
+        q_win: `[L, H, w, d]` window queries after RoPE (or `[H, w, d]` for one layer),
+            in the cache's dtype or float32 (the twin computes in float32; the kernel
+            takes fp16/bf16 queries over keys of their dtype to its native dot).
+        keys: `[L, G, n, d]` cached keys (or `[G, n, d]`), or one `[G, n, d]` tensor per
+            layer, as a model's cache holds them (a model's whole cache is scored in one
+            launch pair, with no stacked copy).
+        n_sink: sink tokens; scale: softmax scale, one or one per layer (default
+            `1/sqrt(d)`).
 
     Returns:
         `(profiles [L, H, n] float32, masses, backend_used)`: `masses` is a
         `pagekv.maths.entropy.HeadMasses` built from the per-head sums (the kernel's, or
-        `mass_sums` of the twin's profiles) by the one conversion in the core.
+        `mass_sums` of the twin's profiles) by the one conversion in the core. No host
+        wait on either backend.
     """
-    used = resolve_backend(backend, keys)
-    if q_win.dim() == 3 and keys.dim() == 3:
-        q_win, keys = q_win[None], keys[None]
+    layers = _layers(keys[None] if isinstance(keys, torch.Tensor) and keys.dim() == 3 else keys)
+    if not layers:
+        raise ValueError("keys holds no layer")
+    used = resolve_backend(backend, layers[0])
+    if q_win.dim() == 3:
+        q_win = q_win[None]
     if used == "triton":
         from kernels.score import score_layers as kernel
 
-        prof, sums = kernel(q_win, keys, n_sink, scale=scale)
+        prof, sums = kernel(q_win, layers, n_sink, scale=scale)
     else:
-        prof = attention_profiles(q_win, keys, scale)
+        prof = _profiles_twin(q_win, layers, scale)
         sums = mass_sums(prof, n_sink)
     masses = HeadMasses.from_sums(sums, prof.shape[-1], n_sink)
-    _ran("score_window", used, keys.device)
+    _ran("score_window", used, layers[0].device)
     return prof, masses, used
+
+
+def _profiles_twin(q_win, layers: list[torch.Tensor], scale) -> torch.Tensor:
+    """`attention_profiles` of per-layer keys, each layer with its own scale."""
+    L = len(layers)
+    scales = [scale] * L if scale is None or isinstance(scale, (int, float)) else list(scale)
+    if len(scales) != L:
+        raise ValueError(f"need one scale per layer ({L}); got {len(scales)}")
+    check_window_shapes(q_win, torch.empty(L, *layers[0].shape, device="meta"))
+    out = torch.empty(L, q_win.shape[1], layers[0].shape[1], dtype=torch.float32,
+                      device=layers[0].device)  # fmt: skip
+    for i, (k, s) in enumerate(zip(layers, scales, strict=True)):
+        out[i] = attention_profiles(q_win[i : i + 1], k[None], s)[0]
+    return out
 
 
 def attention_scores(
@@ -259,39 +283,6 @@ def _attention_scores_torch(
     if focus is None:
         return mean, top
     return mean, top, masses, sinks
-
-
-def score_cache(
-    q_win: Sequence[torch.Tensor],
-    keys: Sequence[torch.Tensor],
-    n_sink: int,
-    scales: Sequence[float],
-    backend: str = "auto",
-) -> tuple[torch.Tensor, HeadMasses, str]:
-    """`score_window` over a model's cache, one layer at a time (layers may differ in
-    softmax scale, and no stacked copy of the keys is made).
-
-    Args:
-        q_win: per layer `[H, w, d]` window queries after RoPE.
-        keys: per layer `[G, n, d]` cached keys.
-        n_sink: sink tokens; scales: per layer softmax scale.
-
-    Returns:
-        `(profiles [L, H, n] float32, masses [L, H], backend_used)`, on the keys'
-        device: the profiles are written into one device tensor and never leave it.
-    """
-    L = len(keys)
-    G, n, _ = keys[0].shape
-    H = q_win[0].shape[0]
-    dev = keys[0].device
-    used = resolve_backend(backend, keys[0])
-    profiles = torch.empty(L, H, n, dtype=torch.float32, device=dev)
-    sink, iso, coll = (torch.empty(L, H, dtype=torch.float32, device=dev) for _ in range(3))
-    for i in range(L):
-        q = q_win[i].to(dev)
-        prof, m, _ = score_window(q[None], keys[i][None], n_sink, scale=scales[i], backend=used)
-        profiles[i], sink[i], iso[i], coll[i] = prof[0], m.sink[0], m.isolated[0], m.collision[0]
-    return profiles, HeadMasses(sink, iso, coll, n_sink), used
 
 
 def page_scores(

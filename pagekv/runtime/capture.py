@@ -94,7 +94,7 @@ def window_queries(
 
 
 class WindowQueryCapture:
-    """Collects `[H, w, d]` float32 window queries per layer during one forward.
+    """Collects `[H, w, d]` window queries per layer (the model's dtype) during one forward.
 
     Use as a context manager around the prefill:
 
@@ -132,7 +132,10 @@ class WindowQueryCapture:
             cos, sin = pe
             w = min(self.window, hidden.shape[1])
             q = window_queries(module, hidden[:, -w:], cos[:, -w:], sin[:, -w:])
-            self.queries[index] = q[0].detach().float()  # [H, w, d], on the model's device
+            # [H, w, d] in the model's dtype, on its device: the scoring kernel takes fp16 or
+            # bf16 queries over a cache of their dtype to its native dot (fp32
+            # accumulation); the twin upcasts.
+            self.queries[index] = q[0].detach()
             return None
 
         return hook
@@ -149,7 +152,7 @@ class WindowQueryCapture:
         self._handles = []
 
     def stacked(self) -> torch.Tensor:
-        """`[L, H, w', d]` float32, on the model's device."""
+        """`[L, H, w', d]` in the model's dtype, on its device."""
         missing = [i for i, q in enumerate(self.queries) if q is None]
         if missing:
             raise RuntimeError(f"no window queries were captured for layers {missing}")

@@ -30,8 +30,10 @@ layer's largest union with that group's next-best pages (by `Plan.page_scores`, 
 toward the lower page); `union_tokens` reports the real unions, `stored_tokens` what
 is stored, `padding_tokens` the difference. Layers then differ in length, which
 transformers' mask (sized from layer 0) cannot describe, so such a "ragged" cache is
-decoded one token at a time with a broadcastable all-zero mask (a single new token
-may see its whole cache).
+decoded one token at a time, each layer given an all-zero mask of its own width by a
+pre-hook on its attention module (a single new token may see its whole cache; the
+mask is materialised, since CUDA's fused attention refuses one broadcast along the
+keys).
 
 A global plan (`allocation="global"`) is stored the same way, but its padding is
 storage only: the decode attends to exactly the pages the plan allocated, as a paged
@@ -57,11 +59,13 @@ from pagekv.maths.metrics import needle_retention
 from pagekv.maths.paging import (
     expand_pages,
     kept_token_indices,
+    page_sizes,
+    protected_pages,
     select_pages_padded,
 )
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
-from pagekv.runtime.backend import compact_layers, pooler, resolve_backend, score_cache
+from pagekv.runtime.backend import compact_layers, pooler, resolve_backend, score_window
 from pagekv.runtime.capture import WindowQueryCapture, attention_modules
 from pagekv.runtime.lean_decode import LeanCache, LeanDecoder, resolve_decode
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
@@ -90,7 +94,7 @@ class Prefill:
     ids: list[int]  # the prefilled ids (the context only in question-after mode)
     n: int  # len(ids)
     cache: object  # transformers DynamicCache, layers' keys/values [1, G, n, d]
-    q_win: torch.Tensor  # float32 [L, H, w', d], w' = min(window_max, n), after RoPE
+    q_win: torch.Tensor  # [L, H, w', d] in the model's dtype, w' = min(window_max, n), after RoPE
     first_logits: torch.Tensor  # float32 [V], the prefill's last-position logits
     question_ids: list[int] | None  # question-after mode: prefilled after compaction
     timings: dict  # {"prefill_s": ...}
@@ -133,11 +137,12 @@ class Prefill:
                 prof = cached[0]
                 self._scores[key] = (prof, HeadMasses.from_profiles(prof, n_sink), "torch")
             else:
-                q_win = [self.q_win[i, :, -w:] for i in range(self.n_layers)]
+                # Every layer in one launch pair on Triton, each layer's keys read where
+                # the cache holds them; the queries stay in the cache's dtype.
                 keys = [layer.keys[0] for layer in self.cache.layers]
-                self._scores[key] = score_cache(
-                    q_win, keys, n_sink, self.scales or [self.scale] * self.n_layers,
-                    backend=self.backend,
+                self._scores[key] = score_window(
+                    self.q_win[:, :, -w:], keys, n_sink,
+                    self.scales or [self.scale] * self.n_layers, backend=self.backend,
                 )  # fmt: skip
         return self._scores[key]
 
@@ -606,20 +611,31 @@ class Runner:
 
     @contextlib.contextmanager
     def _masked(self, ev):
-        """While decoding `ev`, each attention module sees its layer's padding mask
-        (`Evicted.masks`) widened by zeros for the tokens appended since eviction."""
-        if ev.masks is None:
+        """While decoding a ragged `ev`, each attention module gets a mask of its own
+        layer's width: its padding mask (`Evicted.masks`) widened by zeros for the tokens
+        appended since eviction, or all zeros (a head-independent cache: every stored
+        token is attended). transformers sizes its mask from layer 0, which a ragged cache
+        cannot use; and a mask broadcast along the keys (last dimension 1) is refused by
+        CUDA's fused attention ("last dimension must be contiguous"), so each mask is
+        materialised, `[1, H or 1, q, k]`, contiguous."""
+        if not ev.ragged:
             yield
             return
         masks, cache = ev.masks, ev.cache
+        dtype = self.model.get_input_embeddings().weight.dtype
 
         def hook_for(index):
             def hook(module, args, kwargs):
-                base = masks[index]  # [1, H, 1, k_l]
                 q = kwargs["hidden_states"].shape[1] if "hidden_states" in kwargs else 1
-                extra = int(cache.layers[index].keys.shape[2]) + q - base.shape[-1]
-                mask = torch.cat([base, base.new_zeros(1, base.shape[1], 1, extra)], dim=-1)
-                return args, dict(kwargs, attention_mask=mask.expand(-1, -1, q, -1))
+                total = int(cache.layers[index].keys.shape[2]) + q  # keys after this step
+                if masks is None:
+                    mask = torch.zeros(1, 1, q, total, dtype=dtype, device=self.device)
+                else:
+                    base = masks[index]  # [1, H, 1, k_l]
+                    extra = total - base.shape[-1]
+                    row = torch.cat([base, base.new_zeros(1, base.shape[1], 1, extra)], dim=-1)
+                    mask = row.expand(-1, -1, q, -1).contiguous()
+                return args, dict(kwargs, attention_mask=mask)
 
             return hook
 
@@ -717,16 +733,13 @@ class Runner:
         return out.logits[:, -1]
 
     def _forward(self, ids: list[int], pos: int, cache, ragged: bool) -> torch.Tensor:
-        """Append `ids` at positions `pos..` to `cache`; the last position's logits `[V]`."""
+        """Append `ids` at positions `pos..` to `cache`; the last position's logits `[V]`.
+        A ragged cache takes one token at a time, each layer's mask set by `_masked`."""
         if ragged and len(ids) > 1:  # one token at a time: see the module docstring
             for i, t in enumerate(ids):
                 logits = self._forward([t], pos + i, cache, ragged)
             return logits
-        kwargs = {}
-        if ragged:
-            dtype = self.model.get_input_embeddings().weight.dtype
-            kwargs["attention_mask"] = torch.zeros(1, 1, 1, 1, dtype=dtype, device=self.device)
-        return self._forward_batch([ids], pos, cache, **kwargs)[0]
+        return self._forward_batch([ids], pos, cache)[0]
 
     def _detok(self, tokens: list[int]) -> str:
         if self.tokenizer is None:
@@ -770,8 +783,8 @@ def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
     so the deficits are whole pages and the padding is exact.
 
     Host waits: the plan's counts (`Plan.union_counts`, read once and shared with the
-    runner), the page geometry (one read) and one check that every layer reached its
-    target, for any number of layers.
+    runner) and one check that every layer reached its target, for any number of
+    layers (the page geometry is computed on the host).
 
     Example: `P = 2`, group 0 keeps pages {0, 3} (4 tokens), group 1 keeps
     {0, 1, 3} (6 tokens); group 0 gains its best remaining page, say 2, and both
@@ -783,8 +796,9 @@ def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
     P = p.config.page_size
     counts = p.union_counts() if isinstance(p, Plan) else p.union_tokens.tolist()
     targets = [max(row) for row in counts]  # [L] host ints
-    geometry = torch.stack([p.page_sizes, p.protected.to(torch.int64)]).cpu()  # one read
-    sizes, prot = geometry[0], geometry[1].bool()
+    # The page geometry is host arithmetic on n and P (no read of the plan's device copy).
+    sizes = page_sizes(p.n, P)
+    prot = protected_pages(p.n, P, p.config.n_sink, p.window)
     page_keep = select_pages_padded(p.page_scores, p.page_keep, prot, sizes, targets)
     stored = (page_keep.to(torch.int64) * p.page_sizes).sum(-1)  # [L, G] on the device
     reached = stored == p.union_tokens.amax(-1, keepdim=True)
