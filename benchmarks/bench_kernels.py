@@ -13,6 +13,10 @@ groups, head dim 128, window 32, bfloat16) and prompts of 4k to 128k tokens:
 - the whole eviction step (score + pool + select + compact, all layers) per backend;
 - achieved GB/s against the byte model below, and its ratio to the GPU's memory
   bandwidth (`--peak-tbps`, 4.8 for an H200);
+- the scoring kernel's roofline (`roofline`): its bytes, flops and exp2 count, the time
+  each takes at the GPU's peak (`--peak-tflops`, `--peak-tflops-fp32`, `--peak-texp`),
+  the bound that applies and the fraction of it achieved (at w = 32 and r = 6 the
+  kernel sits near the ridge point, so the bandwidth alone is not its bound);
 - a parity check per size (profile error, kept pages equal, compacted cache equal);
 - long query sets (`--long-windows`, 1024 and 2048 queries by default, at sizes up to
   `--long-max-n`): the scoring kernel (`score_w{W}/...`) and its max output as the
@@ -72,6 +76,54 @@ def byte_model(L, H, G, n, d, w, e, P, k_kept):
         "paged": paged,
         "eviction_step": score + pool + compact,
     }
+
+
+#: An H200 SXM's peaks, the defaults of the roofline (`--peak-*`): HBM3e bandwidth;
+#: dense bf16/fp16 tensor-core and fp32 (non-tensor) throughput; exp2 on the special
+#: function units (132 SMs x 16 per clock x 1.98 GHz). NVIDIA's published figures, not
+#: measured here.
+PEAKS = {"tbps": 4.8, "tflops_half": 989.0, "tflops_fp32": 67.0, "texp": 4.18}
+
+
+def roofline(L, H, G, n, d, w, e, dot_fp32: bool, ms: float | None = None, peaks=None) -> dict:
+    """The scoring kernel's roofline: what it must move and compute, the time each
+    takes at the GPU's peak, the bound that applies (the slowest) and, given `ms`, the
+    fraction of that bound achieved.
+
+    - bytes: the score byte model (`byte_model`): K read by both passes, the float32
+      profiles written, the queries;
+    - flops: `4 L H w n d`, the logits of both passes (causal triangle counted full;
+      padding rows not counted: the useful work);
+    - exps: `2 L H w n`, one exp2 per logit per pass.
+
+    At the pilot's shapes (w = 32, r = 6, d = 128, bf16) that is `4 r w d / (4 d e)`
+    = 192 flops per byte of K: near the ridge (989 TFLOP/s / 4.8 TB/s = 206), with the
+    exp2 throughput within the same factor: no single bound dominates.
+    """
+    peaks = {**PEAKS, **(peaks or {})}
+    nbytes = 2 * L * G * n * d * e + L * H * n * 4 + 2 * L * H * w * d * e
+    flops = 4 * L * H * w * n * d
+    exps = 2 * L * H * w * n
+    tflops = peaks["tflops_fp32"] if dot_fp32 else peaks["tflops_half"]
+    times = {
+        "memory": nbytes / (peaks["tbps"] * 1e12) * 1e3,
+        "compute": flops / (tflops * 1e12) * 1e3,
+        "exp2": exps / (peaks["texp"] * 1e12) * 1e3,
+    }
+    bound = max(times, key=times.get)
+    out = {
+        "bytes": nbytes,
+        "flops": flops,
+        "exps": exps,
+        "flops_per_byte": flops / nbytes,
+        "ridge_flops_per_byte": tflops / peaks["tbps"],
+        "bound_ms": times,
+        "bound": bound,
+        "peaks": peaks,
+    }
+    if ms:
+        out["frac_of_bound"] = times[bound] / ms
+    return out
 
 
 def long_window_model(L, H, G, n, d, W, e):
@@ -246,6 +298,17 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
     peak = args.peak_tbps if cuda else None
     m = res.setdefault("times", {})
     measure(m, "score/triton", lambda: k_score(q, k4, cfg.n_sink), bench, nbytes["score"], peak)
+    score = m["score/triton"]
+    peaks = {"tbps": args.peak_tbps, "tflops_half": args.peak_tflops,
+             "tflops_fp32": args.peak_tflops_fp32, "texp": args.peak_texp}  # fmt: skip
+    score["roofline"] = roofline(L, H, G, n, d, window, e, dtype == torch.float32,
+                                 score.get("ms"), peaks)  # fmt: skip
+    rf = score["roofline"]
+    if cuda and "frac_of_bound" in rf:
+        print(f"  score roofline: {rf['flops_per_byte']:.0f} flop/B (ridge "
+              f"{rf['ridge_flops_per_byte']:.0f}), {rf['bound']}-bound at "
+              f"{rf['bound_ms'][rf['bound']]:.3f} ms: {100 * rf['frac_of_bound']:.1f}% of it",
+              flush=True)  # fmt: skip
     measure(m, "score/torch", lambda: _twin_score(q, k4, cfg.n_sink), bench, nbytes["score"], peak)
     pool_fn = lambda: pool_pages(prof, weights, G, P, cfg.n_sink, window)  # noqa: E731
     measure(m, "pool_pages/triton", pool_fn, bench, nbytes["pool_pages"], peak)
@@ -347,8 +410,14 @@ def main(argv=None) -> int:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--budget", type=float, default=0.2)
     ap.add_argument("--n-sink", type=int, default=4)
-    ap.add_argument("--peak-tbps", type=float, default=4.8,
+    ap.add_argument("--peak-tbps", type=float, default=PEAKS["tbps"],
                     help="GPU memory bandwidth in TB/s for the ratio (H200: ~4.8)")  # fmt: skip
+    ap.add_argument("--peak-tflops", type=float, default=PEAKS["tflops_half"],
+                    help="dense bf16/fp16 tensor TFLOP/s (H200: 989)")  # fmt: skip
+    ap.add_argument("--peak-tflops-fp32", type=float, default=PEAKS["tflops_fp32"],
+                    help="fp32 (non-tensor) TFLOP/s (H200: 67)")  # fmt: skip
+    ap.add_argument("--peak-texp", type=float, default=PEAKS["texp"],
+                    help="exp2 on the special function units, 1e12/s (H200: 4.18)")  # fmt: skip
     ap.add_argument("--no-compile", dest="compile", action="store_false",
                     help="skip the torch.compile twins (they compile once per size)")  # fmt: skip
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up (ms)")

@@ -103,7 +103,9 @@ def test_gpu_check_dry_run(tmp_path):
     )  # fmt: skip
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
+    assert proc.stdout.strip().splitlines()[-1] == "GPU check: PASSED", tail
     report = json.loads(out.read_text())
+    assert report["verdict"] == {"passed": True, "failures": []}
 
     # No process of the check imported a blocked package, and only transformers itself
     # imported accelerate.
@@ -115,18 +117,23 @@ def test_gpu_check_dry_run(tmp_path):
     assert report["imports"]["imported_by_check"] == []
 
     # Every section, in the dry-run mode, within the deadline, versions recorded.
-    for key in ("meta", "tests", "end_to_end", "bench_kernels", "imports", "elapsed_s"):
+    for key in ("meta", "runner_tests", "kernel_tests", "end_to_end", "bench_kernels",
+                "imports", "elapsed_s", "verdict"):  # fmt: skip
         assert key in report, key
     meta = report["meta"]
     assert meta["mode"] == "dry-run" and meta["triton_interpret"] == "1"
     assert meta["torch"] and meta["triton"] and meta["transformers"] and meta["date_utc"]
     assert report["within_deadline"] and report["elapsed_s"] <= meta["deadline_s"]
 
-    # Stage 1: the kernel tests ran and passed.
-    tests = report["tests"]
-    assert tests["ok"] and tests["passed"] > 0 and tests["failed"] == tests["errors"] == 0, tests
+    # Stages 1 and 2: the runner tests (first) and the kernel tests ran and passed.
+    for key in ("runner_tests", "kernel_tests"):
+        tests = report[key]
+        assert tests["ok"] and tests["passed"] > 0, (key, tests)
+        assert tests["failed"] == tests["errors"] == 0, (key, tests)
+    assert "tests/test_decode_masks.py" in report["runner_tests"]["cmd"]
+    assert "tests/test_kernels.py" in report["kernel_tests"]["cmd"]
 
-    # Stage 2: every size ran end to end on the Triton backend, with sane figures.
+    # Stage 3: every size ran end to end on the Triton backend, with sane figures.
     e2e = report["end_to_end"]
     assert e2e["ok"] and e2e["runner_backend"] == "triton", e2e.get("process")
     assert [r["n"] for r in e2e["runs"]] == e2e["sizes"] and not e2e["skipped"]
@@ -135,6 +142,7 @@ def test_gpu_check_dry_run(tmp_path):
         assert "error" not in run, run.get("traceback")
         assert run["backend"] == "triton"
         assert run["prefill_s"] > 0 and run["evict_step_s"] > 0
+        assert 0 < run["score_s"] <= run["evict_step_s"], run
         assert 0 < run["evict_frac_of_prefill"] < float("inf")  # interpreted: no bound
         assert run["decode_tok_s_full"] > 0 and run["decode_tok_s_evicted"] > 0
         assert run["entropy"]["decode_forwards"] == e2e["new_tokens"] - 1
@@ -145,9 +153,105 @@ def test_gpu_check_dry_run(tmp_path):
     parity = e2e["runs"][0]["backend_parity"]
     assert parity["tokens_equal"] and parity["kept_pages_equal"] is True, parity
 
-    # Stage 3: the kernel benchmark ran at its size, with parity and timings.
+    # Stage 4: the kernel benchmark ran at its size, with parity and timings.
     bench = report["bench_kernels"]
     assert bench["ok"] and not bench["not_reached"], bench.get("output_tail")
     (row,) = bench["summary"]
     assert row["score_triton_ms"] > 0 and row["score_torch_ms"] > 0, row
     assert row["parity"]["kept_pages_equal"] and row["parity"]["compact_equal"], row
+
+
+def test_a_failing_check_says_so_in_its_last_line_and_exit_status(tmp_path):
+    """A deadline too short for any stage: every stage is skipped, which fails the check
+    (exit status 1, the last line naming the stages)."""
+    out = tmp_path / "short.json"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--deadline", "12",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    last = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert last.startswith("GPU check: FAILED: runner_tests skipped"), last
+    assert json.loads(out.read_text())["verdict"]["passed"] is False
+
+
+def _report(**over) -> dict:
+    """A passing GPU report, with `over` replacing whole sections."""
+    tests = {"status": "done", "ok": True, "passed": 5, "failed": 0, "errors": 0, "rc": 0}
+    report = {
+        "runner_tests": dict(tests),
+        "kernel_tests": dict(tests),
+        "end_to_end": {
+            "status": "done", "ok": True, "process": {"rc": 0, "timed_out": False},
+            "runs": [{"n": 4096, "evict_frac_of_prefill": 0.02, "score_s": 0.002},
+                     {"n": 32768, "evict_frac_of_prefill": 0.025, "score_s": 0.004}],
+            "skipped": [], "not_reached": [],
+        },
+        "bench_kernels": {
+            "status": "done", "ok": True, "rc": 0, "timed_out": False, "not_reached": [],
+            "summary": [{"n": 4096, "score_triton_ms": 1.5}, {"n": 32768, "score_triton_ms": 3.0}],
+        },
+        "imports": {"imported_by_check": [], "imported_by_end_to_end": ["accelerate"]},
+        "within_deadline": True,
+        "elapsed_s": 300.0,
+    }  # fmt: skip
+    report.update(over)
+    return report
+
+
+def test_the_verdict_names_each_failure():
+    """The verdict of hand-made reports: a pass, and each kind of failure named."""
+    from types import SimpleNamespace
+
+    from tests.benchmark_scripts import load
+
+    gpu_check = load("gpu_check")
+    args = SimpleNamespace(deadline=400.0)
+    assert gpu_check.verdict(_report(), "gpu", args) == []
+    base = _report()
+    failed_tests = dict(base["kernel_tests"], ok=False, failed=2, failed_tests=["t::a[cuda]"])
+    assert gpu_check.verdict(_report(kernel_tests=failed_tests), "gpu", args) == [
+        "kernel tests: 2 failed, 0 errors (t::a[cuda])"
+    ]
+    timed = dict(base["runner_tests"], ok=False, timed_out=True, limit_s=100.0)
+    assert "stopped at its 100.0 s limit" in gpu_check.verdict(_report(runner_tests=timed),
+                                                               "gpu", args)[0]  # fmt: skip
+    e2e = dict(base["end_to_end"], runs=[{"n": 4096, "error": "OutOfMemoryError: x"}],
+               not_reached=[32768])  # fmt: skip
+    assert gpu_check.verdict(_report(end_to_end=e2e), "gpu", args) == [
+        "e2e n = 4096: OutOfMemoryError: x",
+        "e2e: sizes not reached [32768]",
+    ]
+    slow = dict(base["end_to_end"], runs=[{"n": 32768, "evict_frac_of_prefill": 0.94,
+                                           "score_s": 0.327}])  # fmt: skip
+    got = gpu_check.verdict(_report(end_to_end=slow), "gpu", args)
+    assert got[0] == "eviction step 94.0% of prefill at n = 32768 (target at most 3%)", got
+    assert got[1].startswith("the runner's scoring 327.00 ms is 109.0x the kernel's"), got
+    # A dry run judges no GPU target; app packages imported fail it, accelerate does not.
+    assert gpu_check.verdict(_report(end_to_end=slow), "dry-run", args) == []
+    plotly = {"imported_by_check": ["plotly"], "imported_by_end_to_end": ["accelerate"]}
+    assert gpu_check.verdict(_report(imports=plotly), "gpu", args) == ["imported ['plotly']"]
+    late = _report(within_deadline=False, elapsed_s=431.0)
+    assert gpu_check.verdict(late, "gpu", args) == ["took 431.0 s, over the 400 s deadline"]
+
+
+def test_the_scoring_roofline_by_hand():
+    """`bench_kernels.roofline` on a case worked by hand: L = 1, H = 2, G = 1, n = 10,
+    d = 4, w = 2, bf16 (e = 2). Bytes: K read twice 2*1*1*10*4*2 = 160, profiles
+    1*2*10*4 = 80, queries 2*1*2*2*4*2 = 64: 304. Flops 4*1*2*2*10*4 = 640, exp2
+    2*1*2*2*10 = 80. At 1e12 of each per second, compute (640 ps) is the bound; a run
+    of 1280 ps reaches half of it. With the fp32 dot's lower peak the bound moves."""
+    from tests.benchmark_scripts import load
+
+    bench = load("bench_kernels")
+    ones = {"tbps": 1.0, "tflops_half": 1.0, "tflops_fp32": 0.1, "texp": 1.0}
+    r = bench.roofline(1, 2, 1, 10, 4, 2, 2, False, ms=1.28e-6, peaks=ones)
+    assert (r["bytes"], r["flops"], r["exps"]) == (304, 640, 80)
+    assert r["bound"] == "compute" and abs(r["frac_of_bound"] - 0.5) < 1e-12
+    assert abs(r["bound_ms"]["memory"] - 3.04e-7) < 1e-18
+    assert abs(r["flops_per_byte"] - 640 / 304) < 1e-12
+    slow_fp32 = bench.roofline(1, 2, 1, 10, 4, 2, 2, True, peaks=ones)
+    assert abs(slow_fp32["bound_ms"]["compute"] - 10 * r["bound_ms"]["compute"]) < 1e-18
+    exp_bound = bench.roofline(1, 2, 1, 10, 4, 2, 2, False, peaks={**ones, "texp": 0.01})
+    assert exp_bound["bound"] == "exp2"
