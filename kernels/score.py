@@ -46,8 +46,8 @@ and then LOOPS over the query blocks, in index order, from the first block whose
 query sees the tile: per block it recomputes the logits `[M, BLOCK_N]`, turns them into
 probabilities `exp(s - lse)` (each <= 1, exact normalisation, no division) and adds
 their sum over the block's queries into a `[R_BLK, BLOCK_N]` accumulator (and, with
-`return_max`, a runtime flag, takes the running max). After the loop it holds the tile of the
-averaged profile, writes it, and writes the tile's four partial sums per head: sink
+`return_max`, a runtime flag, takes the running max). After the loop it holds the tile
+of the averaged profile, writes it, and writes the tile's four partial sums per head: sink
 mass, non-sink mass, non-sink squares and all squares; the host adds the tiles (a
 `[L, H, tiles, 4]` buffer) into `[L, H, 4]`.
 
@@ -75,7 +75,8 @@ by every key tile (from the cache hierarchy) and the partial buffers are negligi
 Work: each pass computes the logits, `2 L H w n d` flops (the causal triangle counted
 full), and `L H w n` exp2 each. At the default window (w = 32) and r = 6 that is about
 180 flops per byte of K in bf16, near an H200's ridge point (989 TFLOP/s over
-4.8 TB/s, about 206): `benchmarks/bench_kernels.py` reports both bounds.
+4.8 TB/s, about 206), and the exp2 on the special function units take about as long:
+`benchmarks/bench_kernels.py` reports the three bounds (`roofline`).
 
 All logits are kept in base 2 (`qk_scale = scale * log2(e)`, `exp2`), the usual
 trick that saves a multiply per element; the result is the same softmax.
