@@ -66,6 +66,8 @@ from pagekv.views.app_ui import (  # noqa: E402
     get_study,
     known_models,
     linked_b,
+    mechanism_observation,
+    model_that_ran,
     preview_plans,
     prompt_range_note,
     run_comparison,
@@ -364,15 +366,18 @@ def wire_runs(c: dict) -> None:
         trigger_mode="always_last",
         **MODEL_KW,
     )
-    c["run_btn"].click(api_name="run", **run_kw)
-    c["budget"].release(api_name="budget", **run_kw)
+    # After a run the model box shows the model that ran (the default, after a fallback).
+    shown = dict(fn=model_that_ran, inputs=c["model"], outputs=c["model"], queue=False,
+                 show_progress="hidden", **QUIET)  # fmt: skip
+    c["run_btn"].click(api_name="run", **run_kw).then(**shown)
+    c["budget"].release(api_name="budget", **run_kw).then(**shown)
     for name in ("page_size", "policy_a", "policy_b", "page_size_b"):  # dropdowns: one select
-        c[name].select(**run_kw, **QUIET)
+        c[name].select(**run_kw, **QUIET).then(**shown)
     for name in ("mode_b", "link_b", "scorer_a", "allocation_a", "scorer_b", "allocation_b"):
-        c[name].input(**run_kw, **QUIET)
+        c[name].input(**run_kw, **QUIET).then(**shown)
     sliders = ("budget", "tau", "window", "n_sink", "budget_b", "tau_b", "window_b", "n_sink_b")
     for name in sliders[1:]:
-        c[name].release(**run_kw, **QUIET)
+        c[name].release(**run_kw, **QUIET).then(**shown)
     # Live while dragging: planning alone, on the cached prefill (no decoding).
     preview_kw = dict(
         fn=preview_plans, inputs=run_inputs, outputs=[c[name] for name in PLAN_VIEWS],
@@ -389,7 +394,7 @@ def wire_runs(c: dict) -> None:
         trigger_mode="always_last",
         **MODEL_KW,
         **QUIET,
-    )
+    ).then(**shown)
     # The API's /preset fills the controls only (no run), for scripts; the page's preset
     # picker above sets and runs in one request. A hidden trigger carries it.
     gr.Button(visible=False).click(apply_preset, c["preset"], preset_targets, api_name="preset")
@@ -445,10 +450,18 @@ def wire_mechanism(c: dict) -> None:
         outputs=[c[name] for name in MECH_VIEWS],
         preprocess=False,
     )
-    c["m_retr"].release(api_name="mechanism", **mech_io)
+    # A constructed lesson's verdict follows the inputs (`mechanism_observation`).
+    verdict = dict(
+        fn=mechanism_observation,
+        inputs=[c["lesson"], *(c[name] for name in MECH_CONTROLS)],
+        outputs=[c["observation"]],
+        preprocess=False,
+        **QUIET,
+    )
+    c["m_retr"].release(api_name="mechanism", **mech_io).then(**verdict)
     for name in ("m_heads", "m_dist", "m_dstr", "m_n", "m_budget"):
-        c[name].release(**mech_io, **QUIET)
-    c["m_sink"].input(**mech_io, **QUIET)
+        c[name].release(**mech_io, **QUIET).then(**verdict)
+    c["m_sink"].input(**mech_io, **QUIET).then(**verdict)
 
 
 def wire_lessons(c: dict, demo: gr.Blocks) -> None:
@@ -460,9 +473,14 @@ def wire_lessons(c: dict, demo: gr.Blocks) -> None:
     kw = dict(trigger_mode="always_last", **MODEL_KW)
     # In the presenter view, a lesson picked brings its chart into view (browser only).
     show_chart = dict(fn=None, js="() => pagekvShowChart()")
-    lesson.select(pick_lesson, [lesson, model], outputs, api_name="lesson", **kw).then(**show_chart)
+    shown = dict(fn=model_that_ran, inputs=model, outputs=model, queue=False, **QUIET)
+    lesson.select(pick_lesson, [lesson, model], outputs, api_name="lesson", **kw).then(
+        **show_chart
+    ).then(**shown)
     for button, step in (("prev_btn", previous_lesson), ("next_btn", next_lesson)):
-        c[button].click(step, [lesson, model], [lesson, *outputs], **QUIET, **kw).then(**show_chart)
+        c[button].click(step, [lesson, model], [lesson, *outputs], **QUIET, **kw).then(
+            **show_chart
+        ).then(**shown)
     c["presenter"].change(None, c["presenter"], None, js="(on) => pagekvPresenter(on)")
     # The page's load: a link's lesson or settings (`?lesson=3`), else the first lesson.
     demo.load(open_page, [lesson, model], [lesson, model, *outputs], **QUIET, **kw)

@@ -323,17 +323,23 @@ class ScoreLaunch:
         return stats, profile
 
 
-def row_blocks(w: int, r: int, max_rows: int, block_w: int | None = None) -> tuple[int, ...]:
+def row_blocks(
+    w: int, r: int, max_rows: int, block_w: int | None = None, tight: bool = False
+) -> tuple[int, ...]:
     """How `w` queries of `r` heads per group are cut into program rows:
     `(W_BLK, n_qb, R_BLK, n_rb)`, query rows per block, query blocks, heads per block,
     head blocks. `R_BLK = min(next_pow2(r), max_rows // 16)` and `W_BLK` is 16 for
-    `w <= 16`, else `max_rows // R_BLK`; a program holds
-    `R_BLK * W_BLK <= max(max_rows, 16, block_w)` rows.
+    `w <= 16`, else `max_rows // R_BLK` (two row shapes per head count: a compiled
+    kernel per shape); with `tight` (the interpreter, which compiles nothing but pays
+    for padding rows) `W_BLK = next_pow2(w)` within `[16, max_rows // R_BLK]`. A
+    program holds `R_BLK * W_BLK <= max(max_rows, 16, block_w)` rows.
 
     `block_w` (a power of two >= 16) overrides `W_BLK`.
     """
     R_BLK = max(1, min(next_pow2(r), max_rows // 16))
-    if block_w is None:
+    if block_w is None and tight:
+        W_BLK = max(min(next_pow2(w), max_rows // R_BLK), 16)
+    elif block_w is None:
         W_BLK = 16 if w <= 16 else max(max_rows // R_BLK, 16)  # tl.dot needs >= 16 rows
     else:
         W_BLK = int(block_w)
@@ -397,7 +403,7 @@ def score_launch(
         warps = 8 if max_rows >= 128 else 4
     if BLOCK_N < 16 or BLOCK_N & (BLOCK_N - 1):
         raise ValueError(f"block_n must be a power of two >= 16; got {BLOCK_N}")
-    W_BLK, n_qb, R_BLK, n_rb = row_blocks(w, r, max_rows, block_w)
+    W_BLK, n_qb, R_BLK, n_rb = row_blocks(w, r, max_rows, block_w, tight=target.interpreted)
     if not target.interpreted and R_BLK * W_BLK < max_rows:
         warps = 8 if R_BLK * W_BLK >= 128 else 4
     return ScoreLaunch(W_BLK, n_qb, R_BLK, n_rb, BLOCK_N, D_PAD, dot_fp32, warps, stages)

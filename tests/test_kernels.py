@@ -267,6 +267,11 @@ def test_row_blocks_bound_the_rows(kern):
                 assert W_BLK == (16 if w <= 16 else max_rows // R_BLK), (w, r, max_rows)
                 shapes.add((R_BLK, W_BLK))
             assert len(shapes) <= 2, (r, max_rows, shapes)
+            # The interpreter's tight rows: no padding beyond the next power of two.
+            for w in (1, 17, 32, 600, 4097):
+                W_BLK, n_qb, R_BLK, _ = kern.score.row_blocks(w, r, max_rows, tight=True)
+                assert W_BLK == max(min(1 << (w - 1).bit_length(), max_rows // R_BLK), 16)
+                assert R_BLK * W_BLK <= max_rows and (n_qb - 1) * W_BLK < w <= n_qb * W_BLK
     with pytest.raises(ValueError, match="block_w"):
         kern.score.row_blocks(40, 2, 256, block_w=24)
     # A forced block size keeps the bound: heads per block shrink to fit it.

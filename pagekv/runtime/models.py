@@ -702,16 +702,16 @@ def _load_cached(
 
 
 def _load_bundled(
-    spec: BundledModel, device: str, dtype: torch.dtype, attn: str
+    spec: BundledModel, device: str, dtype: torch.dtype, attn: str, hub_copy: bool = True
 ) -> tuple[Any, Any, str, Path | None, str, str]:
     """A bundled model: ``(model, tokenizer, source, cache_path, origin, caveat)``.
 
     From the converted cache when it is there and valid; else converted from its GGUF
     (and cached; registry parts are joined and checked first); else, without the GGUF,
-    the same model from the hub; else ``spec.missing``, one sentence saying what to
-    run. A GGUF that is installed but wrong (parts of the wrong size or digest) raises
-    its own message. Logs one INFO line when it builds the cache for the first time,
-    and a warning only when a cache existed and was bad.
+    the same model from the hub (unless ``hub_copy`` is False); else ``spec.missing``,
+    one sentence saying what to run. A GGUF that is installed but wrong (parts of the
+    wrong size or digest) raises its own message. Logs one INFO line when it builds the
+    cache for the first time, and a warning only when a cache existed and was bad.
     """
     path = bundled_cache_dir(spec.key)
     problem = None
@@ -727,6 +727,8 @@ def _load_bundled(
     except GGUFMissing:
         if problem is not None:
             log.warning("%s: cache unusable (%s) and its GGUF is absent", spec.key, problem)
+        if not hub_copy:
+            raise GGUFMissing(spec.missing) from None
         return _load_bundled_from_hub(spec, device, dtype, attn)
     what = f"the {spec.key} model"
     if problem is None:
@@ -839,6 +841,7 @@ def load_model(
     allow_fallback: bool = False,
     *,
     attn_implementation: str = "sdpa",
+    hub_copy: bool = True,
 ) -> LoadedModel:
     """Load ``name`` (``"bundled"``, a hub id or a local folder) for the runner.
 
@@ -848,6 +851,8 @@ def load_model(
     standard ``self_attn`` modules. Raises :class:`ModelLoadError` with a one-line
     message; with ``allow_fallback=True`` a failing non-bundled name loads the
     bundled model instead, with ``fell_back=True`` and the reason in ``note``.
+    ``hub_copy=False``: a bundled model whose GGUF is not installed says so at once,
+    without trying its hub copy (a server that offers no hub models).
     """
     t0 = time.perf_counter()
     name = str(name or "").strip() or BUNDLED
@@ -860,7 +865,9 @@ def load_model(
         )
 
     def finish_bundled(spec, dt, **extra) -> LoadedModel:
-        model, tok, source, path, origin, caveat = _load_bundled(spec, dev, dt, attn_implementation)
+        model, tok, source, path, origin, caveat = _load_bundled(
+            spec, dev, dt, attn_implementation, hub_copy
+        )
         return _finish(
             model, tok, spec.key, dev, dt, t0, source=source, cache_path=path, origin=origin,
             caveat=caveat, **extra,

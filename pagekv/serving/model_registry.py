@@ -43,6 +43,7 @@ from pagekv.runtime.models import (
     BUNDLED_DESCRIPTION,
     KNOWN_MODELS,
     ModelLoadError,
+    bundled_cache_dir,
     bundled_model,
 )
 from pagekv.serving.worker import WORKER
@@ -66,11 +67,12 @@ def model_key(name: str | None) -> str:
     return spec.key if spec is not None else (name or "").strip()
 
 
-def _load_study(name: str, decode_dtype: str = "auto"):
+def _load_study(name: str, decode_dtype: str = "auto", hub_copy: bool = True):
     from pagekv.runtime.models import load_model
     from pagekv.serving.study import Study
 
-    return Study(load_model(name, allow_fallback=False), decode_dtype=decode_dtype)
+    model = load_model(name, allow_fallback=False, hub_copy=hub_copy)
+    return Study(model, decode_dtype=decode_dtype)
 
 
 class ModelRegistry:
@@ -103,7 +105,13 @@ class ModelRegistry:
             raise ValueError(f"max_others must be >= 0; got {max_others}")
         self.default = model_key(default)
         self.max_others = int(max_others)
-        self.factory = factory or (lambda name: _load_study(name, self.decode_dtype))
+        # A bundled model other than the default tries its hub copy only where hub
+        # models are allowed: elsewhere a missing install is said at once.
+        self.factory = factory or (
+            lambda name: _load_study(
+                name, self.decode_dtype, hub_copy=self.allow_hub or name == self.default
+            )
+        )
         #: How the default factory's studies decode (`Runner(decode_dtype=)`); set it
         #: before the first load (`python app.py --dtype`).
         self.decode_dtype = "auto"
@@ -119,6 +127,30 @@ class ModelRegistry:
         name when hub models are allowed)."""
         key = model_key(name)
         return self.allow_hub or key == self.default or key in self.known
+
+    def unavailable(self, name: str | None) -> str | None:
+        """Why `name` cannot load now, known without trying (one sentence), or None:
+        it failed within `retry_after_s`, or it is a bundled model other than the
+        default, neither installed nor converted, on a server without hub models."""
+        key = model_key(name)
+        failure = self._recent_failure(key)
+        if failure is not None:
+            return one_line(failure, bare=(ModelLoadError,))
+        spec = bundled_model(key)
+        if spec is None or key == self.default or self.allow_hub or self._cached(key):
+            return None
+        if bundled_cache_dir(spec.key).exists() or spec.installed():
+            return None
+        return spec.missing
+
+    def serving(self, name: str | None) -> str:
+        """The name of the model a request for `name` gets now: `name` itself, or the
+        default where `name` cannot load (`unavailable`), so the page's model box can
+        show the model that ran."""
+        key = model_key(name)
+        if not self.offered(key) or self.unavailable(key) is not None:
+            return self.default
+        return key
 
     def failures(self) -> int:
         """How many failed loads are remembered now (at most `MAX_FAILURES`)."""

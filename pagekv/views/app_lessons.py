@@ -15,12 +15,14 @@ from pagekv.views.app_ui import (
     MECH_CONTROLS,
     MECH_VIEWS,
     RUN_VIEWS,
+    SESSIONS,
     cleared_views,
     control_values,
     known_models,
     light,
     run_inputs,
     run_mechanism,
+    slider_range,
     update_layer,
 )
 from pagekv.views.lesson_checks import LESSON_TITLES, check_lesson, lesson_of
@@ -126,6 +128,8 @@ def pick_lesson(title, model="bundled", request: gr.Request = None):
         "replay": "the Replay tab shows the replay's committed results",
     }[lesson.kind]
     checked = check_lesson(title, None)
+    # The session's last results are cleared: a refused budget later has none to keep.
+    SESSIONS.remember(getattr(request, "session_hash", None))
     views = cleared_views(
         f"Lesson {LESSON_TITLES.index(title) + 1} runs no model: {where}.",
         status=message("info", f"This lesson runs no model; {where}."),
@@ -143,7 +147,7 @@ def _open_lesson_layer(lesson, views: list) -> None:
     p = comp.plan_of("B")
     layer = layer_for(lesson, p)
     views[RUN_VIEWS.index("weights")] = update_layer(comp, layer)
-    views[RUN_VIEWS.index("layer")] = gr.update(maximum=int(p.keep.shape[0]) - 1, value=layer)
+    views[RUN_VIEWS.index("layer")] = slider_range(0, int(p.keep.shape[0]) - 1, layer)
 
 
 def lesson_step(title, step: int):

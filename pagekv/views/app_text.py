@@ -25,20 +25,31 @@ def lesson_markdown(lesson) -> str:
         text = lesson_text(lesson)
     except (OSError, ValueError) as e:  # the replay's results file missing or incomplete
         text = f"{lesson.text}\n\n(The replay's numbers cannot be read: {e}.)"
+    try:
+        credit = lesson_text(lesson, field="credit")
+    except (OSError, ValueError):
+        credit = lesson.credit
     i = next(j for j, x in enumerate(LESSONS) if x.id == lesson.id) + 1
     place = (
         f"<small>Lesson {i} of {len(LESSONS)} · link to this lesson: "
         f"[?lesson={i}](?lesson={i}) · terms: Glossary, below</small>"
     )
-    return f"{place}\n\n### {lesson.title}\n{text}\n\n*{kind}*"
+    return f"{place}\n\n### {lesson.title}\n{text}\n\n**What this credits:** {credit}\n\n*{kind}*"
 
 
 INTRO = """
 # Page-EntroKV: which KV pages should a GQA group keep?
-Under grouped-query attention, the *r* query heads of a group share one KV cache.
-**Mean pooling** averages their attention and can drown the one head that found the
-needle; **Page-EntroKV** weights each head by how *focused* it is (collision entropy,
-after removing the attention-sink tokens) and keeps whole pages per (layer, group).
+Under grouped-query attention, the *r* query heads of a group share one KV cache. If each
+head keeps its own picks, the group stores their union, up to *r* times the budget.
+**Pooling** the heads first keeps the budget: **mean pooling** weights each head 1/*r*;
+**Page-EntroKV** weights each head by how *focused* it is (collision entropy, after
+removing the attention-sink tokens) and keeps whole pages per (layer, group).
+**What the live lessons back**, here, on these models: pooling holds a group to its
+budget where per-head picks store more (lesson 1: mean pooling does it as well); whole
+pages (lesson 2); sink isolation (lesson 3). **What they do not**: the paper's claim
+that the entropy weighting keeps needles better than mean pooling is not reproduced
+here: a tie on SmolLM2, and on qwen-coder-0.5b mean pooling alone was right more often
+than entropy alone (lesson 6). Each lesson says which part of the method it credits.
 **Start with the lessons**: each sets both sides, runs the real model, and checks its
 claim on what the model just did. Free exploration (presets and every control) is in
 the left column, below the views on a narrow screen.

@@ -110,6 +110,12 @@ def get_study(model_name: str):
     return MODELS.get(model_name)
 
 
+def model_that_ran(name):
+    """The model box after a run: the model that ran (the default, where `name` could
+    not load and the run fell back to it)."""
+    return MODELS.serving(name if isinstance(name, str) else "")
+
+
 def known_models() -> list[str]:
     """The model control's choices: the default first, then the known models."""
     names = [MODELS.default] + [m for m in KNOWN_MODELS if m != MODELS.default]
@@ -212,12 +218,13 @@ def sent(value):
     return data
 
 
-def _failed(text: str, lesson):
-    """The views of a run that did not complete: the status line says why (`text`)."""
+def _failed(text: str, lesson, refused: bool = False):
+    """The views of a run that did not complete (`refused`: that nothing ran): the
+    status line says why (`text`)."""
     return cleared_views(
         "No result: the run did not complete (the status line above says why).",
         status=message("error", text),
-        observation=_observation(lesson, None, failed=True),
+        observation=_observation(lesson, None, failed=not refused, refused=refused),
     )
 
 
@@ -231,14 +238,46 @@ def cleared_views(why: str, **values):
     return _views(**{name: figure for name in PLOTS}, answers=answers, **values)
 
 
+def slider_range(minimum: float, maximum: float, value, step: float = 1):
+    """A slider's update that keeps `minimum < maximum` (Gradio refuses a slider whose
+    range is one value, and the page's boxes would lock): a range collapsed to one value
+    keeps `maximum` and starts one step below it (the run's own rule refuses that
+    value; the status line says the range in words, `collapsed_note`)."""
+    if minimum >= maximum:
+        minimum = maximum - step
+    return gr.update(minimum=minimum, maximum=maximum, value=value)
+
+
 def _budget_limits(comp, cfg_a, cfg_b) -> dict:
     """The budget sliders: each shows the budget that ran (so a box never holds a value
     other than its results'), from the smallest feasible budget of its side for this
-    prompt and these settings."""
-    n_a, n_b = comp.preps["A"].n, comp.preps["B"].n
-    return dict(
-        budget=gr.update(minimum=min_budget_pct(n_a, cfg_a), value=budget_pct(cfg_a)),
-        budget_b=gr.update(minimum=min_budget_pct(n_b, cfg_b), value=budget_pct(cfg_b)),
+    prompt and these settings (a range of one value kept a step wide)."""
+    lo, hi, step = LIMITS["budget"]
+    out = {}
+    for key, side, cfg in (("budget", "A", cfg_a), ("budget_b", "B", cfg_b)):
+        floor = min_budget_pct(comp.preps[side].n, cfg)
+        out[key] = slider_range(floor, hi, budget_pct(cfg), step)
+    return out
+
+
+def collapsed_note(comp, cfg_a, cfg_b) -> str | None:
+    """The sentence for a side whose budget range is one value (its protected pages
+    take the whole prompt): only 100 % runs there. None when every side has a range."""
+    hi = LIMITS["budget"][1]
+    sides = [
+        (side, cfg)
+        for side, cfg in (("A", cfg_a), ("B", cfg_b))
+        if min_budget_pct(comp.preps[side].n, cfg) >= hi
+    ]
+    if not sides:
+        return None
+    names = " and ".join(side for side, _ in sides)
+    cfg = sides[0][1]
+    return (
+        f"Budget {names}: only {hi:g} % fits this {comp.preps[sides[0][0]].n}-token prompt at "
+        f"pages of {cfg.page_size} (its protected pages, the first {cfg.n_sink} tokens and the "
+        f"last {cfg.window}, take every page), so nothing is evicted; a longer prompt or "
+        "smaller pages leave a range."
     )
 
 
@@ -259,6 +298,9 @@ def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> s
     if loaded.caveat:
         parts.append(message("info", loaded.caveat))
     parts += [message("info", note) for note in comp.notes]
+    collapsed = collapsed_note(comp, cfg_a, cfg_b)
+    if collapsed:
+        parts.append(message("info", collapsed))
     if decoded:
         t = comp.records["B"]["timings"]
         rec_s = [comp.records[s]["timings"].get("reconstruct_s") for s in ("A", "B")]
@@ -307,7 +349,8 @@ def _run(v: RunInputs, session=None):
         except BudgetInputError as e:  # said with the prompt's floor: the model tells it
             refused = e
         name = model_key(v.model if isinstance(v.model, str) else "")
-        if MODELS.offered(name) and name not in MODELS.loaded_names():
+        loading = name not in MODELS.loaded_names() and MODELS.unavailable(name) is None
+        if MODELS.offered(name) and loading:  # a model that cannot load says so at once
             yield _status_views(_working(f"Loading the model {name} (once)"), lesson)
         study = get_study(name)
         if refused is not None:
@@ -336,7 +379,7 @@ def _run(v: RunInputs, session=None):
                     status=_status(study, comp, cfg_a, cfg_b, decoded=False),
                     answers=answers_html(pending_table(comp)),
                     **{k: plan_figs.get(k) for k in PLAN_VIEWS},
-                    layer=gr.update(maximum=n_layers - 1, value=layer),
+                    layer=slider_range(0, n_layers - 1, layer),
                     observation=_checking(lesson),
                     **_budget_limits(comp, cfg_a, cfg_b),
                 )
@@ -369,6 +412,7 @@ def _run(v: RunInputs, session=None):
         return
     except Exception as e:  # bad input or an unexpected failure: say it on the page
         log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
+        SESSIONS.remember(session)  # the views are cleared: no results to go back to
         yield _failed(
             html.escape(" ".join(str(e).split()) or type(e).__name__, quote=False), lesson
         )
@@ -388,7 +432,7 @@ def _run(v: RunInputs, session=None):
         stored=figs["stored"],
         memory=figs["memory"],
         files=None,  # the Export tab writes the files of this run on request
-        layer=gr.update(maximum=done["n_layers"] - 1, value=done["layer"]),
+        layer=slider_range(0, done["n_layers"] - 1, done["layer"]),
         observation=_observation(lesson, comp),
         last=comp,
         **_budget_limits(comp, cfg_a, cfg_b),
@@ -410,7 +454,7 @@ def _refused_budget(study, e: BudgetInputError, session, lesson):
     before = SESSIONS.recall(session)
     text = html.escape(str(e), quote=False)
     if not before:
-        return _failed(text, lesson)
+        return _failed(text, lesson, refused=True)
     a, b = before["budget"], before["budget_b"]
     text += (
         f" Nothing ran: the budget is back at {a:g} %, the budget of the results below."
@@ -421,13 +465,14 @@ def _refused_budget(study, e: BudgetInputError, session, lesson):
     views = dict(zip(RUN_VIEWS, _status_views(message("error", text)), strict=True))
     views["budget"] = gr.update(value=before["budget"])
     views["budget_b"] = gr.update(value=before["budget_b"])
+    views["observation"] = _observation(lesson, None, refused=True)
     return tuple(views[name] for name in RUN_VIEWS)
 
 
-def _observation(lesson, comp, failed: bool = False):
-    """The lesson's verdict on `comp` (`failed`: the run did not complete), or no change
-    for an unknown lesson."""
-    checked = check_lesson(lesson, comp, failed=failed)
+def _observation(lesson, comp, failed: bool = False, refused: bool = False):
+    """The lesson's verdict on `comp` (`failed`: the run did not complete; `refused`:
+    nothing ran), or no change for an unknown lesson."""
+    checked = check_lesson(lesson, comp, failed=failed, refused=refused)
     return gr.update() if checked is None else checked
 
 
@@ -560,27 +605,37 @@ def _in_range(name: str, value, notes: list):
     return int(round(x)) if whole else x
 
 
-@light
-def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head, n, budget_pct):
-    """The constructed instance of the retention bound (no model involved). Every input
-    gives a view: one outside its slider's range is taken at the nearest end, and the
-    text says so (no error badge, no silent change)."""
+def _mechanism(heads, retrieval, distractors, distractor_strength, sink_head, n, budget_pct):
+    """`(view, values, notes)`: the constructed view of the mechanism inputs, each taken
+    within its slider's range (`notes` says which were not)."""
     from pagekv.maths.mechanism import mechanism_view
-    from pagekv.views import figures
 
     raw = dict(heads=heads, retrieval=retrieval, distractors=distractors,
                distractor_strength=distractor_strength, n=n, budget_pct=budget_pct)  # fmt: skip
     clamped: list[str] = []
     v = {name: _in_range(name, value, clamped) for name, value in raw.items()}
+    view = mechanism_view(
+        heads=v["heads"],
+        retrieval=v["retrieval"],
+        distractors=v["distractors"],
+        distractor_strength=v["distractor_strength"],
+        sink_head=sink_head is True,
+        n=v["n"],
+        budget=v["budget_pct"] / 100,
+    )
+    return view, v, clamped
+
+
+@light
+def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head, n, budget_pct):
+    """The constructed instance of the retention bound (no model involved). Every input
+    gives a view: one outside its slider's range is taken at the nearest end, and the
+    text says so (no error badge, no silent change)."""
+    from pagekv.views import figures
+
     try:
-        view = mechanism_view(
-            heads=v["heads"],
-            retrieval=v["retrieval"],
-            distractors=v["distractors"],
-            distractor_strength=v["distractor_strength"],
-            sink_head=sink_head is True,
-            n=v["n"],
-            budget=v["budget_pct"] / 100,
+        view, v, clamped = _mechanism(
+            heads, retrieval, distractors, distractor_strength, sink_head, n, budget_pct
         )
     except (ValueError, TypeError) as e:
         return message("error", " ".join(str(e).split())), None, None
@@ -594,6 +649,43 @@ def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head,
         + "".join(f" {note}" for note in [*clamped, *(getattr(view, "notes", None) or [])]),
     )
     return text, view.rows, figures.mechanism_figure(view.mech, view.plans)
+
+
+@light
+def mechanism_observation(title, *mech):
+    """A constructed lesson's verdict, checked again on the mechanism's inputs as they
+    are now (`MECH_CONTROLS` order): the table beside it and the verdict always speak of
+    the same group. No change for any other lesson, or for inputs that give no view."""
+    from pagekv.views.lessons import Evidence
+
+    lesson = lesson_of(title)
+    if lesson is None or lesson.kind != "constructed":
+        return gr.update()
+    try:
+        view, v, _ = _mechanism(*mech)
+    except (ValueError, TypeError):
+        return gr.update()
+    finding = lesson.observation.check(Evidence(mechanism=view))
+    own = lesson.mechanism
+    settings = dict(heads=v["heads"], n=v["n"], budget_pct=v["budget_pct"])
+    is_own = (
+        (v["heads"], v["retrieval"], v["distractors"], v["distractor_strength"], v["n"])
+        == (own.heads, own.retrieval, own.distractors, own.distractor_strength, own.n)
+        and abs(v["budget_pct"] - 100 * own.budget) < 1e-9
+        and (mech[4] is True) == own.sink_head
+    )
+    where = (
+        "the constructed group"
+        if is_own
+        else "the constructed group as the controls set it now ("
+        + ", ".join(f"{k.replace('_pct', ' %')} {x:g}" for k, x in settings.items())
+        + ", not the lesson's own)"
+    )
+    mark = "**holds**" if finding.holds else "**does not hold**"
+    return (
+        f"**Observation:** {lesson.observation.statement}: {mark}, checked now on {where}."
+        f"\n\nMeasured: {finding.measured}"
+    )
 
 
 MECH_CONTROLS = ("m_heads", "m_retr", "m_dist", "m_dstr", "m_sink", "m_n", "m_budget")

@@ -25,18 +25,20 @@ def settings_match(lesson, comp) -> bool:
     )
 
 
-def check_lesson(title, comp, failed: bool = False):
+def check_lesson(title, comp, failed: bool = False, refused: bool = False):
     """The lesson's observation, checked on what the app just ran (live lessons), on the
     constructed group, or on the replay's committed tables. None for an unknown title.
-    `failed`: the run did not complete, so there is nothing to check."""
+    `failed`: the run did not complete, so there is nothing to check; `refused`: nothing
+    ran (a budget outside its rule), so the verdict is of no run."""
     lesson = lesson_of(title)
     if lesson is None:
         return None
     try:
-        if lesson.kind == "live" and failed:
+        if lesson.kind == "live" and (failed or refused):
+            why = "nothing ran" if refused else "the run did not complete"
             return (
-                "**Observation:** " + lesson.observation.statement + " - *not checked: the "
-                "run did not complete (the status line says why).*"
+                "**Observation:** " + lesson.observation.statement + f" - *not checked: {why} "
+                "(the status line says why).*"
             )
         if lesson.kind == "live":
             if not settings_match(lesson, comp):

@@ -1,0 +1,181 @@
+"""Issue 42's items that no screen is needed for, through the handlers (the browser's
+are in tests/test_browser_teaching.py): a short prompt with pages of 64 that runs and
+keeps every slider's range, a refusal that says the verdict was not checked, a refusal
+that never points at results that are gone, lesson 7's verdict following the mechanism's
+inputs, and a model that is not installed said at once, with the model box showing the
+model that ran."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from pagekv.runtime import models
+from pagekv.serving.model_registry import ModelRegistry
+from pagekv.views import app_ui
+from pagekv.views.lesson_checks import LESSON_TITLES
+
+#: A custom prompt of about 50 tokens: three short sentences, a needle, its question.
+SHORT = dict(
+    task="custom",
+    haystack="The river runs north. Birds sing at dawn. The market opens at nine.",
+    needle="The secret word is LANTERN.",
+    question="What is the secret word?",
+    answer="LANTERN",
+    depth=0.5,
+    mode="after",
+)
+I = {name: i for i, name in enumerate(app_ui.RUN_VIEWS)}
+
+
+def _last(**inputs):
+    *_, last = app_ui.run_comparison(**inputs)
+    return last
+
+
+def test_a_slider_update_keeps_its_range():
+    """Gradio refuses a slider whose minimum is not below its maximum (the page then
+    locks): a range collapsed to one value keeps one step below it."""
+    assert app_ui.slider_range(100, 100, 100, 0.5)["minimum"] == 99.5
+    assert app_ui.slider_range(0, 0, 0)["minimum"] == -1  # a one-layer model's layers
+    assert app_ui.slider_range(12, 100, 20, 0.5)["minimum"] == 12
+
+
+@pytest.mark.slow
+def test_a_short_prompt_with_pages_of_64_runs_and_says_its_one_budget(bundled_study):
+    """Pages of 64 on a 50-token prompt: the protected pages take every page, so only
+    100 % fits. That budget runs, every slider update keeps minimum < maximum (the
+    update Gradio would refuse locked the page), and the status says it in words."""
+    import gradio as gr
+
+    refused = _last(**SHORT, page_size=64, budget_pct=20)
+    assert "must be a number from 100 to 100" in refused[I["status"]]
+    done = _last(**SHORT, page_size=64, budget_pct=100)
+    assert done[I["status"]].startswith("**Done:**"), done[I["status"]]
+    for name in ("budget", "budget_b", "layer"):
+        update = done[I[name]]
+        limits = {k: update.get(k, 100) for k in ("minimum", "maximum", "value")}
+        gr.Slider(**limits)  # Gradio's own check, which raised and locked the page
+        assert limits["minimum"] < limits["maximum"], (name, update)
+    assert "only 100 % fits this" in done[I["status"]], done[I["status"]]
+
+
+@pytest.mark.slow
+def test_a_refused_run_does_not_leave_the_verdict_checking(bundled_study):
+    """Lesson 1's verdict after a refusal: not checked (nothing ran), never 'checking on
+    this run...' for good; the status line keeps the refusal."""
+    title = LESSON_TITLES[0]
+    request = SimpleNamespace(session_hash="refusal-verdict-test")
+    try:
+        done = _last(**SHORT, budget_pct=100, lesson=title, request=request)
+        assert done[I["status"]].startswith("**Done:**")
+        out = _last(**SHORT, page_size=64, budget_pct=20, lesson=title, request=request)
+        verdict = out[I["observation"]]
+        assert "not checked: nothing ran" in verdict, verdict
+        assert "checking on this run" not in verdict
+    finally:
+        app_ui.SESSIONS.end(request.session_hash)
+
+
+@pytest.mark.slow
+def test_a_refusal_after_a_failed_run_points_at_no_results(bundled_study):
+    """A failed run clears every view; a refusal after it must not say 'the budget of
+    the results below' (there are none): it clears them too."""
+    request = SimpleNamespace(session_hash="refusal-after-failure-test")
+    try:
+        done = _last(**SHORT, budget_pct=100, request=request)
+        assert done[I["status"]].startswith("**Done:**")
+        failed = _last(**(SHORT | dict(question="")), budget_pct=100, request=request)
+        assert failed[I["status"]].startswith("**Error:**"), failed[I["status"]]
+        out = _last(**SHORT, page_size=64, budget_pct=20, request=request)
+        status = out[I["status"]]
+        assert "must be a number from 100 to 100" in status, status
+        assert "results below" not in status and "back at" not in status, status
+    finally:
+        app_ui.SESSIONS.end(request.session_hash)
+
+
+def test_lesson_7_verdict_follows_the_mechanism_inputs():
+    """With 4 heads and 128 tokens the table and the verdict speak of the same group:
+    the verdict is checked again on those inputs and says they are not the lesson's."""
+    title = LESSON_TITLES[6]
+    own = (3, 0.9, 2, 0.48, False, 64, 19)
+    changed = (4, 0.9, 2, 0.48, False, 128, 19)
+    for inputs in (own, changed):
+        _, rows, _ = app_ui.run_mechanism(*inputs)
+        kept = {row[0]: row[1] for row in rows}
+        verdict = app_ui.mechanism_observation(title, *inputs)
+        assert f"entropy: {kept['entropy']}, mean: {kept['mean']}" in verdict, verdict
+        holds = kept["entropy"] == "kept" and kept["mean"] == "evicted"
+        assert ("**holds**" in verdict) == holds, verdict
+    assert "not the lesson's own" in app_ui.mechanism_observation(title, *changed)
+    assert "not the lesson's own" not in app_ui.mechanism_observation(title, *own)
+    assert app_ui.mechanism_observation(LESSON_TITLES[0], *changed) == {"__type__": "update"}
+
+
+@pytest.fixture
+def qwen_missing(monkeypatch, tmp_path):
+    """qwen-coder-0.5b neither installed nor converted; the hub, if asked, fails loudly."""
+    spec = models.BUNDLED_MODELS["qwen-coder-0.5b"]
+    parts = dataclasses.replace(spec.parts, packages=("pagekv_no_such_part_1",))
+    absent = dataclasses.replace(spec, parts=parts, cache_name="pagekv-test-not-converted")
+    monkeypatch.setitem(models.BUNDLED_MODELS, "qwen-coder-0.5b", absent)
+    asked = []
+
+    def hub(*args, **kwargs):
+        asked.append(args[0])
+        raise models.ModelLoadError("the hub was asked")
+
+    monkeypatch.setattr(models, "_load_hub", hub)
+    return asked
+
+
+def test_a_model_not_installed_is_said_at_once_without_the_hub(qwen_missing, bundled_study):
+    """Without hub models allowed, the missing install is known before any attempt (no
+    'Loading' line, no hub retries) and the request gets the default model, which the
+    model box then shows. With hub models allowed, the hub copy is tried."""
+    from pagekv.serving.study import Study
+
+    def factory(name):
+        if name == "bundled":
+            return bundled_study
+        return Study(models.load_model(name, device="cpu", hub_copy=registry.allow_hub))
+
+    registry = ModelRegistry(factory=factory)
+    why = registry.unavailable("qwen-coder-0.5b")
+    assert why is not None and "setup.sh --models" in why, why
+    study = registry.get("qwen-coder-0.5b")
+    assert study.loaded.fell_back and study.loaded.name == "bundled"
+    assert qwen_missing == []  # no hub attempt
+    assert registry.serving("qwen-coder-0.5b") == "bundled"
+    assert registry.serving("bundled") == "bundled"
+    hub = ModelRegistry(factory=factory, allow_hub=True)
+    registry = hub
+    assert hub.unavailable("qwen-coder-0.5b") is None  # the hub copy may serve it
+    assert hub.get("qwen-coder-0.5b").loaded.fell_back
+    assert qwen_missing == ["Qwen/Qwen2.5-Coder-0.5B-Instruct"], qwen_missing
+
+
+@pytest.mark.slow
+def test_the_run_does_not_say_loading_for_a_model_that_cannot_load(
+    qwen_missing, monkeypatch, bundled_study
+):
+    """The app's run: no 'Loading the model' line for a model that is not installed; it
+    runs on the default model, says why, and the model box goes back to it."""
+    from pagekv.serving.study import Study
+
+    def factory(name):  # as the app's: no hub copy without hub models
+        if name == "bundled":
+            return bundled_study
+        return Study(models.load_model(name, device="cpu", hub_copy=False))
+
+    registry = ModelRegistry(factory=factory)
+    monkeypatch.setattr(app_ui, "MODELS", registry)
+    steps = list(app_ui.run_comparison(**SHORT, budget_pct=100, model="qwen-coder-0.5b"))
+    statuses = [s[I["status"]] for s in steps if isinstance(s[I["status"]], str)]
+    assert not any("Loading the model" in s for s in statuses), statuses
+    assert "setup.sh --models" in statuses[-1] and "fell back" in statuses[-1], statuses[-1]
+    assert app_ui.model_that_ran("qwen-coder-0.5b") == "bundled"
+    assert qwen_missing == []
