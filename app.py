@@ -341,7 +341,9 @@ def mechanism_controls() -> dict:
         m_n = mech_slider("n", 64)
         m_budget = mech_slider("budget_pct", 19)
     m_text = gr.Markdown()
-    m_table = gr.Dataframe(headers=["policy", "needle page", "weights"], interactive=False)
+    m_table = gr.Dataframe(
+        headers=["policy", "needle page", "weights"], interactive=False, elem_id="m-table"
+    )
     m_plot = plot()
     return _blocks(locals())
 

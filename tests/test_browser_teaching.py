@@ -481,3 +481,237 @@ def test_links_the_glossary_and_the_presenter_view(served):
     page.goto(shared, wait_until="domcontentloaded")
     wait_status(page, rf"Done:.*budget {math.floor(0.15 * n + 1e-9)} tokens", FIRST_RESULT_MS)
     assert "Shared settings" in page.locator("#lesson-text").inner_text()
+
+
+# ================================================================ issue 42 (round four)
+
+#: The lesson picker's room for its text (from the text's start to the arrow) and the
+#: width every lesson title takes in the input's own font.
+TITLE_ROOM_JS = """(titles) => {
+  const input = document.querySelector('#lesson-picker input');
+  const arrow = input.closest('.wrap').querySelector('.icon-wrap, svg');
+  const cs = getComputedStyle(input);
+  const ctx = document.createElement('canvas').getContext('2d');
+  ctx.font = cs.font;
+  const ib = input.getBoundingClientRect(), ab = arrow.getBoundingClientRect();
+  const end = Math.min(ab.left, ib.right - parseFloat(cs.paddingRight));
+  return {room: end - (ib.left + parseFloat(cs.paddingLeft)),
+          widths: titles.map(t => ctx.measureText(t).width)};
+}"""
+
+#: Every pair of x tick labels of one figure that overlap on screen or touch (less than
+#: 2 px apart: "60" and "61" side by side read as "6061").
+TICKS_OVERLAP_JS = """(sel) => {
+  const out = [];
+  for (const plot of document.querySelectorAll(sel + ' .js-plotly-plot')) {
+    if (!plot.offsetParent) continue;
+    const ticks = [...plot.querySelectorAll('g[class^="x"][class$="tick"] > text')]
+      .map(t => [t.textContent, t.getBoundingClientRect()]).filter(([, r]) => r.width);
+    for (let i = 0; i < ticks.length; i++)
+      for (let j = i + 1; j < ticks.length; j++) {
+        const a = ticks[i][1], b = ticks[j][1];
+        if (a.left < b.right + 2 && b.left < a.right + 2 && a.top < b.bottom && b.top < a.bottom)
+          out.push([ticks[i][0], ticks[j][0]]);
+      }
+  }
+  return out;
+}"""
+
+
+def no_error_badges(page) -> bool:
+    badges = page.locator(".error, [data-testid='error']").filter(has_text="Error")
+    return badges.count() == 0 or not any(badges.nth(i).is_visible() for i in range(badges.count()))
+
+
+def test_the_page_says_which_part_of_the_method_a_lesson_credits_and_titles_fit(served):
+    """Items 1, 2 and 10: the introduction says what the live lessons back and what
+    they do not, each lesson what it credits; lesson 6's title claims no tie; every
+    lesson title fits beside the picker's arrow; the needle strip's tick labels keep
+    apart; at 1280 and 800 px."""
+    page, _, url = served
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 1000})
+        open_app(page, url, "?lesson=2")
+        intro = page.locator("#intro").inner_text()
+        assert "not reproduced" in intro and "drown" not in intro, intro
+        text = page.locator("#lesson-text")
+        assert "What this credits: Whole pages, not the entropy weighting" in text.inner_text()
+        credit = page.get_by_text("What this credits:").first.bounding_box()
+        assert credit and credit["x"] + credit["width"] <= width, (width, credit)
+        room = page.evaluate(TITLE_ROOM_JS, list(app.LESSON_TITLES))
+        for title, w in zip(app.LESSON_TITLES, room["widths"], strict=True):
+            assert w <= room["room"], (width, title, w, room["room"])
+        assert "tie" not in app.LESSON_TITLES[5]
+        wait_drawn(page)
+        assert page.evaluate(TICKS_OVERLAP_JS, "#page-frame") == [], (
+            width,
+            page.evaluate(TICKS_OVERLAP_JS, "#page-frame"),
+        )
+    page.set_viewport_size({"width": 1280, "height": 1000})
+
+
+def test_a_short_prompt_with_pages_of_64_never_locks_the_page(served):
+    """Items 3 and 5: a custom prompt of about 50 tokens at pages of 64 is refused at
+    20 %; 100 % runs, says in words that it is the only budget that fits, and leaves no
+    error badge and a budget box that still takes a value. After a failed run, a
+    refusal does not point at results that are gone."""
+    page, _, url = served
+    open_app(page, url)
+    open_accordion(page, "Prompt")
+    page.get_by_label("custom", exact=True).check()
+    open_accordion(page, "Custom text")
+    page.get_by_label("Haystack text").fill(
+        "The river runs north. Birds sing at dawn. The market opens at nine."
+    )
+    page.get_by_label("Needle sentence").fill("The secret word is LANTERN.")
+    page.get_by_label("Question", exact=True).fill("What is the secret word?")
+    page.get_by_label("Expected answer").fill("LANTERN")
+    open_accordion(page, "Side A")
+    box = number_box(page, "Budget (% of the prompt kept per layer and group)")
+    type_into(box, "20")
+    wait_status(page, r"Done:|Error:", timeout=SOON_MS)
+    page.get_by_label("Page size", exact=True).click()
+    page.get_by_role("option", name="64", exact=True).click()
+    wait_status(page, r"Error:.*must be a number from 100 to 100", timeout=SOON_MS)
+    type_into(box, "100")
+    status = wait_status(page, r"Done:.*only 100 % fits this", timeout=SOON_MS)
+    assert "page size 64" in status, status
+    assert no_error_badges(page), "an output shows an error badge"
+    assert box.is_editable() and float(box.get_attribute("min")) < 100
+    type_into(box, "20")  # the box still answers: the run is refused in words
+    wait_status(page, r"Error:.*must be a number from 100 to 100.*got 20", timeout=SOON_MS)
+    assert no_error_badges(page)
+    # A failed run (no question), then a refusal: no results to go back to.
+    page.get_by_label("Question", exact=True).fill("")
+    page.get_by_role("button", name="Run", exact=True).click()
+    wait_status(page, r"Error:.*custom prompt needs question", timeout=SOON_MS)
+    assert "No result" in page.locator("#answers-table").inner_text()
+    page.get_by_label("Question", exact=True).fill("What is the secret word?")
+    type_into(box, "20")
+    status = wait_status(page, r"Error:.*must be a number from 100 to 100", timeout=SOON_MS)
+    assert "results below" not in status and "back at" not in status, status
+
+
+def test_a_refused_run_leaves_the_verdict_not_checked(served):
+    """Item 4: lesson 1 with a context of 320 tokens (a new prefill) is refused at its
+    10 %; its verdict then says it was not checked, never 'checking on this run...'."""
+    page, _, url = served
+    open_app(page, url)
+    open_accordion(page, "Prompt")
+    type_into(number_box(page, "Context length (tokens)"), "320")
+    page.get_by_role("button", name="Run", exact=True).click()
+    wait_status(page, r"Error:.*Budget A must be a number from .* got 10\.", SOON_MS)
+    page.wait_for_function(
+        "() => document.querySelector('#lesson-observation').innerText.includes('not checked')",
+        timeout=SOON_MS,
+    )
+    verdict = observation_text(page)
+    assert "not checked: nothing ran" in verdict and "checking on this run" not in verdict
+
+
+def test_lesson_7_verdict_follows_the_mechanism_tab(served):
+    """Item 6: with 4 heads and 128 tokens, the verdict speaks of the table beside it."""
+    page, _, url = served
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 1000})
+        open_app(page, url, "?lesson=7")
+        type_into(number_box(page, "Heads per group"), "4")
+        type_into(number_box(page, "Tokens"), "128")
+        page.wait_for_function(
+            "() => document.querySelector('#lesson-observation').innerText"
+            ".includes('as the controls set it now (heads 4, tokens 128,')",
+            timeout=SOON_MS,
+        )
+        table = page.locator("#m-table").inner_text()
+        verdict = observation_text(page)
+        mean_kept = re.search(r"\nmean\s+(kept|evicted)\s", table).group(1)
+        assert f"mean: {mean_kept}" in verdict, (table, verdict)
+        assert ("**holds**" in verdict or "holds," in verdict) == (mean_kept == "evicted")
+    page.set_viewport_size({"width": 1280, "height": 1000})
+
+
+def test_a_model_not_installed_is_said_at_once_and_the_box_shows_what_ran(served, monkeypatch):
+    """Item 7: qwen-coder-0.5b without its install: no 'Loading the model' line, no hub
+    attempt, the run on the bundled model says why, and the Model box shows bundled."""
+    import dataclasses
+
+    from pagekv.runtime import models
+
+    spec = models.BUNDLED_MODELS["qwen-coder-0.5b"]
+    parts = dataclasses.replace(spec.parts, packages=("pagekv_no_such_part_1",))
+    absent = dataclasses.replace(spec, parts=parts, cache_name="pagekv-test-not-converted")
+    monkeypatch.setitem(models.BUNDLED_MODELS, "qwen-coder-0.5b", absent)
+    asked = []
+    monkeypatch.setattr(models, "_load_hub", lambda name, *a, **k: asked.append(name))
+    page, _, url = served
+    open_app(page, url)
+    page.evaluate(
+        """() => { window.pagekvSaid = [];
+        new MutationObserver(() => window.pagekvSaid.push(
+            document.querySelector('#run-status').innerText))
+          .observe(document.querySelector('#run-status'),
+                   {childList: true, subtree: true, characterData: true}); }"""
+    )
+    open_accordion(page, "Prompt")
+    model = page.get_by_label("Model", exact=True)
+    model.click()
+    page.get_by_role("option", name="qwen-coder-0.5b", exact=True).click()
+    page.get_by_role("button", name="Run", exact=True).click()
+    status = wait_status(page, r"Done:.*fell back", timeout=SOON_MS)
+    assert "setup.sh --models" in status, status
+    said = page.evaluate("() => window.pagekvSaid")
+    assert not any("Loading the model" in s for s in said), said
+    page.wait_for_function(
+        "() => document.querySelector('input[aria-label=\"Model\"]').value === 'bundled'",
+        timeout=SOON_MS,
+    )
+    assert asked == []
+
+
+def test_links_to_no_lesson_and_to_settings_that_do_not_run_say_so(served):
+    """Item 9: `?lesson=99` opens lesson 1 and says why; a link whose settings do not run
+    says so above the error instead of 'the run below is theirs'."""
+    page, _, url = served
+    for asked in ("99", "abc", "0"):
+        open_app(page, url, f"?lesson={asked}")
+        status = page.locator("#run-status").inner_text()
+        assert f"The link asked for lesson '{asked}', which does not exist" in status, status
+    page.goto(url + "/?page_size=3", wait_until="domcontentloaded")
+    wait_status(page, r"Error:.*page size A must be one of", timeout=SOON_MS)
+    text = page.locator("#lesson-text").inner_text()
+    assert "settings that do not run" in text and "the run below is theirs" not in text, text
+
+
+def test_the_needle_strip_s_tick_labels_keep_apart(served):
+    """Item 10: a token strip (page size 1) around a two-token answer: its labels at
+    1280 and 800 px neither overlap nor touch ("60" and "61" side by side read as
+    "6061" at 800 px); the answer's tokens are labelled once, "60–61"."""
+    page, _, url = served
+    open_app(page, url)
+    open_accordion(page, "Prompt")
+    page.get_by_label("custom", exact=True).check()
+    open_accordion(page, "Custom text")
+    page.get_by_label("Haystack text").fill(
+        "The river runs north. Birds sing at dawn. The market opens at nine. " * 4
+    )
+    page.get_by_label("Needle sentence").fill("The secret word is BLUE.")
+    page.get_by_label("Question", exact=True).fill("What is the secret word?")
+    page.get_by_label("Expected answer").fill("BLUE")
+    open_accordion(page, "Side A")
+    page.get_by_label("Page size", exact=True).click()
+    page.get_by_role("option", name="1", exact=True).click()
+    type_into(number_box(page, "Budget (% of the prompt kept per layer and group)"), "50")
+    wait_status(page, r"Done:.*page size 1\b", timeout=SOON_MS)
+    page.get_by_role("tab", name="Pages").click()
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 1000})
+        wait_drawn(page)
+        frame = wait_plot(page, "Page frame")
+        strips = [
+            k for k, v in frame["layout"].items() if k.startswith("xaxis") and "ticktext" in v
+        ]
+        labels = [t for k in strips for t in frame["layout"][k]["ticktext"]]
+        assert any("–" in t for t in labels), labels  # the two answer tokens, once
+        clash = page.evaluate(TICKS_OVERLAP_JS, "#page-frame")
+        assert clash == [], (width, clash)
+    page.set_viewport_size({"width": 1280, "height": 1000})

@@ -109,12 +109,13 @@ def test_strip_only_with_needle():
 @pytest.mark.parametrize(
     "needle, margin, pages, ticks",
     [
-        ([33], 3, [5, 6, 7, 8, 9, 10, 11], [5, 8, 11]),  # page 8, middle
-        ([33], 0, [8], [8]),
-        ([1, 2], 3, [0, 1, 2, 3], [0, 3]),  # page 0: clipped at the start
-        ([63], 2, [13, 14, 15], [13, 15]),  # page 15, the last: clipped at the end
-        ([32, 39], 1, [7, 8, 9, 10], [7, 8, 9, 10]),  # two needle pages, one run
-        ([9, 48], 1, [1, 2, 3, 11, 12, 13], [1, 2, 12, 13]),  # far apart: two runs
+        ([33], 3, [5, 6, 7, 8, 9, 10, 11], [(0, "5"), (3, "8"), (6, "11")]),  # page 8
+        ([33], 0, [8], [(0, "8")]),
+        ([1, 2], 3, [0, 1, 2, 3], [(0, "0"), (3, "3")]),  # page 0: clipped at the start
+        ([63], 2, [13, 14, 15], [(0, "13"), (2, "15")]),  # page 15, the last
+        ([32, 39], 1, [7, 8, 9, 10], [(0, "7"), (1.5, "8–9"), (3, "10")]),  # one run
+        # Two runs far apart; the last end would sit too close to "12" and is left out.
+        ([9, 48], 1, [1, 2, 3, 11, 12, 13], [(0, "1"), (1, "2"), (4, "12")]),
     ],
     ids=["mid", "margin0", "start", "end", "two-pages", "two-runs"],
 )
@@ -123,9 +124,9 @@ def test_strip_covers_needle_pages_and_margin(needle, margin, pages, ticks):
     fig = fp.page_frame({"A": p}, needle, margin=margin)
     (strip,) = strips(fig)
     assert strip.meta["pages"] == pages
-    # Labelled: the strip's ends and the ends of each run of needle pages.
-    assert list(fig.layout.xaxis2.ticktext) == [str(j) for j in ticks]
-    assert list(fig.layout.xaxis2.tickvals) == [pages.index(j) for j in ticks]
+    # Labelled: each run of needle pages once, at its middle, and the strip's ends.
+    x = fig.layout.xaxis2
+    assert list(zip(x.tickvals, x.ticktext, strict=True)) == ticks
     # Its cells are the plan's states on exactly those pages, row by row.
     states = fp.page_states(p).reshape(4, -1)
     assert [list(r) for r in strip.z] == [[int(states[i, j]) for j in pages] for i in range(4)]
@@ -280,3 +281,28 @@ def test_long_side_titles_wrap_onto_two_lines():
         assert len(lines) <= 2
         if not t.startswith("needle"):
             assert all(len(line) <= fp.SIDE_TITLE_CHARS for line in lines)
+
+
+def test_strip_ticks_keep_clear_of_each_other():
+    """A token strip (page size 1) at a four-token needle: one label for the run, and
+    the strip's ends only where they keep clear of it at the narrowest the strip is
+    drawn (labels at neighbouring positions ran into each other at 800 px)."""
+    from pagekv.views.figures.eviction import (
+        STRIP_SIDE_PX,
+        TICK_CHAR_PX,
+        TICK_GAP_PX,
+        strip_fraction,
+        strip_ticks,
+    )
+
+    pages = list(range(1025, 1035))
+    vals, text = strip_ticks(pages, [1028, 1029, 1030, 1031])
+    assert "1028–1031" in text and "1029" not in text and "1030" not in text
+    assert vals == sorted(vals)
+    narrow = strip_fraction(len(pages)) * STRIP_SIDE_PX / len(pages)
+    placed = list(zip(vals, text, strict=True))
+    for (p1, t1), (p2, t2) in zip(placed, placed[1:], strict=False):
+        assert (p2 - p1) * narrow >= (len(t1) + len(t2)) * TICK_CHAR_PX / 2 + TICK_GAP_PX
+    # Two needle tokens side by side: one label, never "107" and "108" apart.
+    vals, text = strip_ticks(list(range(104, 112)), [107, 108])
+    assert "107–108" in text and "107" not in text and "108" not in text

@@ -179,3 +179,94 @@ def test_the_run_does_not_say_loading_for_a_model_that_cannot_load(
     assert "setup.sh --models" in statuses[-1] and "fell back" in statuses[-1], statuses[-1]
     assert app_ui.model_that_ran("qwen-coder-0.5b") == "bundled"
     assert qwen_missing == []
+
+
+@pytest.mark.slow
+def test_the_readme_s_shortest_context_is_what_the_budgets_fit(bundled_study):
+    """README.md: the shortest context (300) fits the default budget (20 %), its floor
+    16 %; the lessons' 10 % needs at least 600 (floor 9.5 %), and 500 does not fit it."""
+    from pathlib import Path
+
+    from pagekv import EvictionConfig
+    from pagekv.serving.study import PromptSpec
+    from pagekv.views.inputs import LIMITS, min_budget_pct
+    from pagekv.views.run_inputs import RunInputs
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    cfg = EvictionConfig(page_size=16, n_sink=4, window=32)
+
+    def floor(context, mode="inside"):
+        spec = PromptSpec(task="needle", context_tokens=context, depth=0.5, seed=0, mode=mode)
+        return min_budget_pct(bundled_study.prepare(spec).n, cfg)
+
+    assert LIMITS["context"][0] == 300 and RunInputs().budget_pct == 20.0
+    assert floor(300) == 16.0 and floor(300, "after") <= 16.0
+    assert floor(600) == 9.5 and floor(600, "after") <= 10 < floor(500)
+    said = (
+        "300-8000: the shortest fits the default budget of 20 %, its protected pages needing "
+        "16 % at pages of 16; the lessons' 10 % needs at least 600, whose floor is 9.5 %"
+    )
+    assert said in readme
+
+
+@pytest.mark.slow
+def test_a_context_outside_its_range_runs_at_the_nearest_end_everywhere(bundled_study):
+    """One rule for the page, a link and the API: 1e9 tokens run at 8000 (the page's box
+    holds the same), and the status line says so; no number is still refused."""
+    v, notes = app_ui.prompt_in_range(app_ui.RunInputs(context=1e9, depth=-1))
+    assert (v.context, v.depth) == (8000, 0.0)
+    assert notes == [
+        "Context length: 1000000000 is above its range (300 to 8000), using 8000.",
+        "Needle depth: -1 is below its range (0 to 1), using 0.",
+    ]
+    v, notes = app_ui.prompt_in_range(app_ui.RunInputs(context="abc"))
+    assert v.context == "abc" and notes == []  # parse_run names it
+    done = _last(task="needle", context=50, depth=0.5, seed=13, mode="after", budget_pct=40)
+    status = done[I["status"]]
+    assert status.startswith("**Done:**") and "300 prompt tokens" not in status
+    assert "Context length: 50 is below its range (300 to 8000), using 300." in status, status
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("asked", ["99", "abc", "0"])
+def test_a_link_to_no_lesson_says_why(asked, bundled_study):
+    """`?lesson=99`, `?lesson=abc` and `?lesson=0` open lesson 1 and say why, in the
+    status line (they opened it silently)."""
+    from pagekv.views.app_lessons import LESSON_CONTROLS, open_page
+
+    request = SimpleNamespace(session_hash=None, query_params={"lesson": asked})
+    *_, last = open_page(LESSON_TITLES[0], "bundled", request)
+    status = last[2 + len(LESSON_CONTROLS) + 2 + I["status"]]
+    assert last[0] == LESSON_TITLES[0]
+    said = (
+        f"**Note:** The link asked for lesson '{asked}', which does not exist (lessons 1 to "
+        "8, or a lesson's id); lesson 1 opened instead."
+    )
+    assert status.startswith(said), status
+    good = SimpleNamespace(session_hash=None, query_params={"lesson": "2"})
+    *_, last = open_page(LESSON_TITLES[0], "bundled", good)
+    assert "The link asked for" not in last[2 + len(LESSON_CONTROLS) + 2 + I["status"]]
+
+
+@pytest.mark.slow
+def test_a_bad_link_says_its_settings_do_not_run(bundled_study):
+    """A link whose settings do not run: the lesson text says so (it said 'the run below
+    is theirs' above an error); a good link keeps the usual text."""
+    from pagekv.views.app_lessons import (
+        LESSON_CONTROLS,
+        SHARED_BAD_TEXT,
+        SHARED_TEXT,
+        open_page,
+    )
+
+    i_text = 2 + len(LESSON_CONTROLS) + 1
+    bad = SimpleNamespace(session_hash=None, query_params={"page_size": "3"})
+    *_, last = open_page(LESSON_TITLES[0], "bundled", bad)
+    assert last[i_text] == SHARED_BAD_TEXT
+    assert last[i_text + 1 + I["status"]].startswith("**Error:** page size A must be one of")
+    good = SimpleNamespace(
+        session_hash=None,
+        query_params={"context": "300", "budget_pct": "40", "seed": "13", "mode": "after"},
+    )
+    *_, last = open_page(LESSON_TITLES[0], "bundled", good)
+    assert last[i_text] == SHARED_TEXT, last[i_text + 1 + I["status"]]

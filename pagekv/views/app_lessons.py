@@ -4,6 +4,7 @@ the live lessons once a server starts, so that a class gets them from memory."""
 
 from __future__ import annotations
 
+import html
 import logging
 import threading
 import time
@@ -170,10 +171,16 @@ def next_lesson(title, model="bundled", request: gr.Request = None):
         yield (new, *out)
 
 
-#: The lesson text of a page opened by a link to settings.
+#: The lesson text of a page opened by a link to settings, and of one whose settings
+#: do not run.
 SHARED_TEXT = (
     "### Shared settings\nThis page was opened by a link to settings: every control holds "
     "them and the run below is theirs. The lesson picker above starts a lesson."
+)
+SHARED_BAD_TEXT = (
+    "### Shared settings\nThis page was opened by a link to settings that do not run: the "
+    "status line says which one is wrong, and nothing below is theirs. Correct it and press "
+    "Run, or pick a lesson above."
 )
 
 
@@ -184,20 +191,36 @@ def open_page(title, model="bundled", request: gr.Request = None):
     lesson. Outputs: the lesson picker, the model, then `pick_lesson`'s."""
     query = dict(getattr(request, "query_params", None) or {})
     settings = settings_in_query(query)
+    i_status = len(LESSON_CONTROLS) + 2 + RUN_VIEWS.index("status")
     if settings is None:
-        title = lesson_in_query(query) or title
+        asked = str(query.get("lesson", "")).strip()
+        found = lesson_in_query(query)
+        title = found or title
+        note = None
+        if asked and found is None:  # a link to no lesson: said, not silently lesson 1
+            note = message(
+                "info",
+                f"The link asked for lesson {html.escape(asked[:40], quote=False)!r}, which "
+                f"does not exist (lessons 1 to {len(LESSONS)}, or a lesson's id); "
+                f"lesson {title.split('.')[0]} opened instead.",
+            )
         for out in pick_lesson(title, model, request):
+            out = list(out)
+            if note and isinstance(out[i_status], str):
+                out[i_status] = note + "\n\n" + out[i_status]
             yield (title, gr.update(), *out)
         return
     run = RunInputs(model=model).replace(**settings, lesson=None)
     controls = _run_controls(run)
     shown_model = run.model if run.model in known_models() else gr.update()
-    head = (gr.update(value=None), shown_model, *controls.values(), gr.update(), SHARED_TEXT)
+    head = (gr.update(value=None), shown_model, *controls.values(), gr.update())
     keep_mech = tuple(gr.update() for _ in MECH_VIEWS)
     for views in run_inputs(run, request):
         views = list(views)
         views[RUN_VIEWS.index("observation")] = "**Observation:** none: no lesson is picked."
-        yield (*head, *views, *keep_mech)
+        status = views[RUN_VIEWS.index("status")]
+        failed = isinstance(status, str) and status.startswith("**Error:**")
+        yield (*head, SHARED_BAD_TEXT if failed else SHARED_TEXT, *views, *keep_mech)
 
 
 def warm_lessons(model: str = "bundled") -> int:

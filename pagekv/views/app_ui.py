@@ -340,8 +340,28 @@ def run_inputs(inputs: RunInputs, request: gr.Request = None):
 run_comparison = takes_run_inputs(gr.Request, "run_comparison")(run_inputs)
 
 
+def prompt_in_range(v: RunInputs) -> tuple[RunInputs, list[str]]:
+    """The page's rule for a prompt slider's value outside its range, for a link and the
+    API too: the nearest end, and a sentence that says so (the browser's box does the
+    same for a value typed into the page). A value that is no number is left for
+    `parse_run` to refuse."""
+    notes, changes = [], {}
+    for name, label in PROMPT_SLIDERS.items():
+        lo, hi, _step = LIMITS[name]
+        value = getattr(v, name)
+        x, where = nearest_in_range(value, lo, hi)
+        if where in ("below", "above"):
+            changes[name] = int(x) if name in ("context", "needles") else x
+            notes.append(
+                f"{label}: {shown_value(value)} is {where} its range ({lo:g} to {hi:g}), "
+                f"using {x:g}."
+            )
+    return (v.replace(**changes) if changes else v), notes
+
+
 def _run(v: RunInputs, session=None):
     lesson, study = v.lesson, None
+    v, range_notes = prompt_in_range(v)
     try:
         try:
             spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
@@ -420,7 +440,10 @@ def _run(v: RunInputs, session=None):
     comp, figs = done["comp"], done["figs"]
     SESSIONS.remember(session, budget=budget_pct(cfg_a), budget_b=budget_pct(cfg_b))
     yield _views(
-        status=_status(study, comp, cfg_a, cfg_b, decoded=True, served=done["served"]),
+        status="\n\n".join(
+            [_status(study, comp, cfg_a, cfg_b, decoded=True, served=done["served"])]
+            + [message("info", note) for note in range_notes]
+        ),
         answers=answers_html(done["table"]),
         frame=figs["frame"],
         retention=figs.get("retention"),
@@ -667,7 +690,6 @@ def mechanism_observation(title, *mech):
         return gr.update()
     finding = lesson.observation.check(Evidence(mechanism=view))
     own = lesson.mechanism
-    settings = dict(heads=v["heads"], n=v["n"], budget_pct=v["budget_pct"])
     is_own = (
         (v["heads"], v["retrieval"], v["distractors"], v["distractor_strength"], v["n"])
         == (own.heads, own.retrieval, own.distractors, own.distractor_strength, own.n)
@@ -677,9 +699,8 @@ def mechanism_observation(title, *mech):
     where = (
         "the constructed group"
         if is_own
-        else "the constructed group as the controls set it now ("
-        + ", ".join(f"{k.replace('_pct', ' %')} {x:g}" for k, x in settings.items())
-        + ", not the lesson's own)"
+        else f"the constructed group as the controls set it now (heads {v['heads']}, tokens "
+        f"{v['n']}, budget {v['budget_pct']:g} %, not the lesson's own)"
     )
     mark = "**holds**" if finding.holds else "**does not hold**"
     return (

@@ -38,8 +38,9 @@ TASKS = PROMPT_TASKS
 #: budget's lower limit on the page is raised after each run to the smallest feasible
 #: budget of that prompt and those settings (`min_budget_pct`); below it a request gets
 #: a message naming that limit (`budget_rule`). The shortest context is one whose
-#: prompt the default settings fit (20 %, pages of 16, 4 sinks, a 32-token window:
-#: about 370 prompt tokens keep 74, the protected pages need at most 64).
+#: prompt the default budget fits (20 %, pages of 16, 4 sinks, a 32-token window: its
+#: protected pages need 16 %); the lessons' 10 % needs a context of at least 600
+#: (tests/test_teaching_round_four.py checks both, as README.md says them).
 LIMITS = {
     "context": (300, MAX_CONTEXT, 100),
     "depth": (0.0, 1.0, 0.05),

@@ -107,6 +107,47 @@ def _runs(xs: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
+#: The narrowest a strip's side is drawn (px: one of two sides at 800 px), and a tick
+#: label's width per character at the strips' tick font (10 px) plus the room between
+#: two labels, for `strip_ticks`'s spacing.
+STRIP_SIDE_PX, TICK_CHAR_PX, TICK_GAP_PX = 360, 6.0, 6.0
+
+
+def strip_fraction(n_strip: int) -> float:
+    """The share of its side a strip of `n_strip` pages takes (a quarter to a half)."""
+    return min(0.5, max(0.25, n_strip / (n_strip + 20)))
+
+
+def strip_ticks(pages: Sequence[int], needle: Sequence[int]) -> tuple[list, list]:
+    """`(tickvals, ticktext)` of a needle strip: one label per run of needle pages at its
+    middle ("107" or "107–108"), then the strip's first and last page where they keep
+    clear of every label already placed, at the narrowest the strip is drawn. Labels at
+    neighbouring positions ran into each other at 800 px ("107", "108").
+
+    Example: pages 5..11 with needle page 8 -> ticks at positions 0, 3, 6: "5", "8", "11";
+    pages 7..10 with needle pages 8, 9 -> "7", "8–9" (at 1.5), "10".
+    """
+    at = {j: i for i, j in enumerate(pages)}
+    px = strip_fraction(len(pages)) * STRIP_SIDE_PX / max(len(pages), 1)  # per position
+    placed: list[tuple[float, str]] = []
+
+    def clear(pos: float, text: str) -> bool:
+        return all(
+            abs(pos - p) * px >= (len(text) + len(t)) * TICK_CHAR_PX / 2 + TICK_GAP_PX
+            for p, t in placed
+        )
+
+    for a, b in _runs(needle):
+        pos, text = (at[a] + at[b]) / 2, str(a) if a == b else f"{a}–{b}"
+        if clear(pos, text):
+            placed.append((pos, text))
+    for j in (pages[0], pages[-1]):
+        if all(t != str(j) for _, t in placed) and clear(at[j], str(j)):
+            placed.append((at[j], str(j)))
+    placed.sort()
+    return [p for p, _ in placed], [t for _, t in placed]
+
+
 #: Characters per line of a side's title over its overview: a label naming several
 #: differing settings ("B: entropy, reconstruct scorer, global budget") wraps onto the
 #: two lines the strips' titles use, instead of running into the next column at 800 px.
@@ -161,8 +202,7 @@ def page_frame(
         has_strip = "strip" in side
         frac = 0.0
         if has_strip:
-            n_strip = len(side["strip"])
-            frac = min(0.5, max(0.25, n_strip / (n_strip + 20)))
+            frac = strip_fraction(len(side["strip"]))
         widths.append(1.0 - frac)
         titles.append("<br>".join(textwrap.wrap(side["label"], SIDE_TITLE_CHARS)))
         cols.append(("overview", side))
@@ -277,16 +317,15 @@ def page_frame(
             x = list(range(len(pages)))  # positions; gaps between runs collapse
             fig.add_trace(heatmap(z, x, hover, meta, 2, label), 1, col)
             at = {j: i for i, j in enumerate(pages)}
-            # The needle's pages outlined and pointed at; labelled, with the strip's ends.
-            ticks = {pages[0], pages[-1]}
+            # The needle's pages outlined and pointed at; labelled, with the strip's ends
+            # where they leave room (`strip_ticks`).
             for a, b in _runs(side["needle"]):
                 outline(col, at[a], at[b], 2.5)
                 pointer(col, (at[a] + at[b]) / 2, "▼")
-                ticks.update((a, b))
-            ticks = sorted(ticks)
+            tickvals, ticktext = strip_ticks(pages, side["needle"])
             fig.update_xaxes(
-                tickvals=[at[j] for j in ticks],
-                ticktext=[str(j) for j in ticks],
+                tickvals=tickvals,
+                ticktext=ticktext,
                 tickfont=dict(size=10),
                 tickangle=0,
                 title_text=unit,
