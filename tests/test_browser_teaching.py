@@ -61,14 +61,23 @@ def open_app(page, url, query: str = "") -> None:
 
 
 def wait_status(page, pattern: str, timeout=UPDATE_MS) -> str:
-    """Until the status line matches `pattern` (a regex) and no longer decodes."""
-    page.wait_for_function(
-        "([p]) => { const el = document.querySelector('#run-status');"
-        " return el && new RegExp(p, 's').test(el.innerText)"
-        " && !el.innerText.includes('Decoding'); }",
-        arg=[pattern],
-        timeout=timeout,
-    )
+    """Until the status line matches `pattern` (a regex) and no longer decodes; on a
+    timeout, the failure says what the status line said last."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(
+            "([p]) => { const el = document.querySelector('#run-status');"
+            " return el && new RegExp(p, 's').test(el.innerText)"
+            " && !el.innerText.includes('Decoding'); }",
+            arg=[pattern],
+            timeout=timeout,
+        )
+    except PlaywrightTimeout:
+        last = page.locator("#run-status").inner_text(timeout=5_000)
+        raise AssertionError(
+            f"no status matching {pattern!r} within {timeout / 1000:.0f} s; it says: {last!r}"
+        ) from None
     return page.locator("#run-status").inner_text()
 
 
@@ -701,7 +710,9 @@ def test_the_needle_strip_s_tick_labels_keep_apart(served):
     page.get_by_label("Page size", exact=True).click()
     page.get_by_role("option", name="1", exact=True).click()
     type_into(number_box(page, "Budget (% of the prompt kept per layer and group)"), "50")
-    wait_status(page, r"Done:.*page size 1\b", timeout=SOON_MS)
+    # A new prompt: each edit above queued a run (UPDATE_MS, not SOON_MS: on a loaded
+    # 2-core machine they take more than a minute together).
+    wait_status(page, r"Done:.*page size 1\b")
     page.get_by_role("tab", name="Pages").click()
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 1000})

@@ -18,8 +18,10 @@ wait (a bounds check read back per layer) and the count grows with the layers.
 
 from __future__ import annotations
 
+import traceback
 import warnings
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +30,9 @@ from pagekv import EvictionConfig
 from pagekv.runtime import runner as runner_mod
 from pagekv.runtime.runner import Runner
 from tests.test_runner import prompt, tiny_model
+
+#: The repository's root: a sync's site is named by our innermost line above it.
+REPO = Path(__file__).resolve().parents[1]
 
 #: (policy, allocation): dense plans, per-head unions and a global plan (both padded).
 CASES = [
@@ -98,24 +103,35 @@ def _is_mask(index) -> bool:
 
 
 class CudaSyncs:
-    """Counts what `torch.cuda.set_sync_debug_mode("warn")` reports inside `with`."""
+    """Counts what `torch.cuda.set_sync_debug_mode("warn")` reports inside `with`, each
+    report by its site: the line torch names and the innermost line of this repository's
+    code that led to it (the warning is taken from inside `warnings.showwarning`, where the
+    caller's stack is still there), so a failure on a GPU names our line that waits."""
 
     def __enter__(self) -> CudaSyncs:
         torch.cuda.synchronize()
-        self._caught = warnings.catch_warnings(record=True)
-        self.records = self._caught.__enter__()
+        self._caught = warnings.catch_warnings()
+        self._caught.__enter__()
+        self.sites: Counter = Counter()
         warnings.simplefilter("always")  # every report, not the first per line
+        warnings.showwarning = self._record
         torch.cuda.set_sync_debug_mode("warn")
         return self
+
+    def _record(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchronizing" not in str(message):
+            return
+        ours = [
+            f"{Path(f.filename).relative_to(REPO)}:{f.lineno}"
+            for f in traceback.extract_stack()
+            if f.filename.startswith(str(REPO)) and "/tests/" not in f.filename
+        ]
+        self.sites[f"{filename}:{lineno} from {ours[-1] if ours else '?'}"] += 1
 
     def __exit__(self, *exc) -> None:
         torch.cuda.set_sync_debug_mode("default")
         self._caught.__exit__(*exc)
-        syncs = [w for w in self.records if "synchronizing" in str(w.message)]
-        self.total = len(syncs)
-        #: Where each sync was called from (the Python line torch attributes it to), so a
-        #: failure on a GPU names the waits that differ.
-        self.sites = Counter(f"{w.filename}:{w.lineno}" for w in syncs)
+        self.total = sum(self.sites.values())
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +140,22 @@ def models():
     return {L: tiny_model("llama", layers=L, seed=L) for L in DEPTHS}
 
 
-def _step_reads(model, device, backend, cfg, reads) -> tuple[int, Counter, Counter | None]:
-    """Host reads (and the sites of the CUDA syncs) of one eviction step on a fresh
-    prefill, after a warm-up step (CUDA compiles the kernels on first use)."""
-    runner = Runner(model.to(device), None, backend=backend)
+def _warmed(models, device, backend, cfg) -> dict[int, Runner]:
+    """A runner per depth, each after two eviction steps: CUDA compiles the kernels on
+    first use, and a process's first steps pay one-off waits of torch's own. Every depth
+    is warmed before any is counted, so no depth is counted while another is cold."""
+    runners = {L: Runner(models[L].to(device), None, backend=backend) for L in DEPTHS}
     ids = prompt(150, seed=3)
-    runner.evict(runner.prefill(ids, window_max=16), cfg)  # warm-up
-    pre = runner.prefill(ids, window_max=16)  # fresh: scoring is counted too
+    for runner in runners.values():
+        for _ in range(2):
+            runner.evict(runner.prefill(ids, window_max=16), cfg)
+    return runners
+
+
+def _step_reads(runner, device, cfg, reads) -> tuple[int, Counter, Counter | None]:
+    """Host reads (and the sites of the CUDA syncs) of one eviction step of a warmed
+    `runner` on a fresh prefill (so its scoring is counted too)."""
+    pre = runner.prefill(prompt(150, seed=3), window_max=16)
     syncs = None
     if device.type == "cuda":
         with reads, CudaSyncs() as cuda:
@@ -148,7 +173,8 @@ def test_host_waits_do_not_grow_with_the_layers(models, device, monkeypatch, bac
     policy, allocation = case
     cfg = EvictionConfig(policy=policy, budget=0.4, page_size=8, window=16, allocation=allocation)
     reads = HostReads(monkeypatch).install()
-    got = {L: _step_reads(models[L], device, backend, cfg, reads) for L in DEPTHS}
+    runners = _warmed(models, device, backend, cfg)
+    got = {L: _step_reads(runners[L], device, cfg, reads) for L in DEPTHS}
     (n2, c2, s2), (n6, c6, s6) = got[2], got[6]
     assert n2 == n6, f"host reads grow with the layers: {dict(c2)} at L=2, {dict(c6)} at L=6"
     assert n6 <= MAX_READS, dict(c6)
@@ -176,5 +202,6 @@ def test_the_count_sees_a_per_layer_wait(models, device, monkeypatch):
     monkeypatch.setattr(runner_mod, "compact_layers", per_layer)
     cfg = EvictionConfig(policy="entropy", budget=0.4, page_size=8, window=16)
     reads = HostReads(monkeypatch).install()
-    n = {L: _step_reads(models[L], device, "triton", cfg, reads)[0] for L in DEPTHS}
+    runners = _warmed(models, device, "triton", cfg)
+    n = {L: _step_reads(runners[L], device, cfg, reads)[0] for L in DEPTHS}
     assert n[6] - n[2] >= 6 - 2, n

@@ -270,3 +270,30 @@ def test_a_bad_link_says_its_settings_do_not_run(bundled_study):
     )
     *_, last = open_page(LESSON_TITLES[0], "bundled", good)
     assert last[i_text] == SHARED_TEXT, last[i_text + 1 + I["status"]]
+
+
+def test_the_readme_counts_the_live_lessons_the_console_warms():
+    """README.md said five live lessons while the app warmed six."""
+    from pathlib import Path
+
+    from pagekv.views.lessons import LESSONS
+
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight"}
+    live = sum(x.kind == "live" for x in LESSONS)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"the app computes its {words[live]} live lessons" in readme
+
+
+@pytest.mark.slow
+def test_a_link_with_a_context_outside_its_range_runs_at_the_nearest_end(bundled_study):
+    """The same rule for a link as for the page and the API: a context below its range
+    runs at 300 tokens and says so (a link refused `context=1e9` while the page clamped
+    it to 8000; below the range is the cheaper prefill to test)."""
+    from pagekv.views.app_lessons import LESSON_CONTROLS, open_page
+
+    query = {"context": "20", "budget_pct": "40", "seed": "13", "mode": "after"}
+    request = SimpleNamespace(session_hash=None, query_params=query)
+    *_, last = open_page(LESSON_TITLES[0], "bundled", request)
+    status = last[2 + len(LESSON_CONTROLS) + 2 + I["status"]]
+    assert status.startswith("**Done:**"), status
+    assert "Context length: 20 is below its range (300 to 8000), using 300." in status

@@ -25,6 +25,7 @@ import torch
 
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.metrics import isolation_gain, sink_advantage
+from pagekv.maths.policies import POOLING_POLICIES
 from pagekv.paths import ROOT
 from pagekv.views.answers import mean_retention
 
@@ -584,9 +585,10 @@ T4_NUMBERS = (
     ("mean_inside", number("T4_recall", "recall", policy="mean", mode="inside", budget=0.2)),
     ("mean_after", number("T4_recall", "recall", policy="mean", mode="after", budget=0.2)),
 )
-#: The pooled policies lesson 8 says recalled alike (tests/test_lessons.py checks the
-#: replay's file gives them one recall per question position at 20 %).
-T4_POOLED = ("entropy", "entropy_nosink", "mean", "max")
+#: The pooled policies lesson 8 says recalled alike, every one that pools the heads by
+#: attention (tests/test_lessons.py checks the replay's file gives them one recall per
+#: question position at 20 %).
+T4_POOLED = POOLING_POLICIES
 
 LESSONS: tuple[Lesson, ...] = (
     Lesson(
