@@ -41,13 +41,17 @@ its last query sees (the causal skip). Each split of the key axis writes its
 `(m, l)`; the host merges the splits into the row's log-sum-exp `lse = m + log(l)`
 (a `[L * G * head blocks, query blocks, M]` tensor, tiny next to K).
 
-Pass 2 (`_profile_kernel`, grid `[L * G * head blocks, key tiles]`) loads one key tile
-and then LOOPS over the query blocks, in index order, from the first block whose last
-query sees the tile: per block it recomputes the logits `[M, BLOCK_N]`, turns them into
-probabilities `exp(s - lse)` (each <= 1, exact normalisation, no division) and adds
-their sum over the block's queries into a `[R_BLK, BLOCK_N]` accumulator (and, with
-`return_max`, a runtime flag, takes the running max). After the loop it holds the tile
-of the averaged profile, writes it, and writes the tile's four partial sums per head: sink
+Pass 2 (`_profile_kernel`, grid `[L * G * head blocks, key tiles / tiles_per_prog]`)
+streams a run of `tiles_per_prog` key tiles (a runtime argument, `profile_tiles`). With
+one query block (a window of at most `W_BLK` queries, the usual case) it loads the
+queries and their log-sum-exps once, and per key tile recomputes the logits `[M, BLOCK_N]`,
+turns them into probabilities `exp(s - lse)` (each <= 1, exact normalisation, no
+division) and sums them over the block's queries (and, with `return_max`, a runtime flag,
+takes their max): a loop the compiler pipelines, the next tile's load under this one's
+arithmetic. With several query blocks, per key tile it LOOPS over the query blocks, in
+index order, from the first block whose last query sees the tile, adding each block's
+sum into a `[R_BLK, BLOCK_N]` accumulator. Either way it then holds the tile of the
+averaged profile, writes it, and writes the tile's four partial sums per head: sink
 mass, non-sink mass, non-sink squares and all squares; the host adds the tiles (a
 `[L, H, tiles, 4]` buffer) into `[L, H, 4]`.
 
@@ -60,11 +64,10 @@ partial profile per query block and reducing them afterwards):
 - it is deterministic (a fixed loop order, no atomics) and needs no extra memory,
   where per-block partials would cost `n_qb` profile-sized buffers (`n_qb L H n 4`
   bytes, 700 MB at 28 layers, 12 heads, 128k keys and 4 blocks);
-- the key tile is read from memory once and reused by every query block;
-- with one query block (the short window) the loop runs once: the same work as before.
+- the key tile is read from memory once and reused by every query block.
 The price is parallelism: the grid does not grow with `n_qb`. It does not need to:
-the key-tile axis already gives `L G n_rb n / BLOCK_N` programs, and a long query set
-means more work per program, not fewer programs than before.
+the key-tile axis already gives `L G n_rb n / (BLOCK_N tiles_per_prog)` programs, and a
+long query set means more work per program, not fewer programs than before.
 
 No program holds more than one key tile and `M <= max(max_rows, 16)` query rows.
 
@@ -207,39 +210,22 @@ def _stats_kernel(q_ptr, ktab_ptr, scale_ptr, m_ptr, l_ptr, n, w, d, r, G, n_rb,
 
 
 @triton.jit
-def _profile_kernel(q_ptr, ktab_ptr, scale_ptr, lse_ptr, prof_ptr, top_ptr, part_ptr, n, w, d,
-                    r, G, H, n_rb, n_qb, n_tiles, n_sink, with_max, stride_ql, stride_qh,
-                    stride_qw, stride_kg, stride_kn, R_BLK: tl.constexpr, W_BLK: tl.constexpr,
-                    D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
-                    K_ELEM: tl.constexpr):  # fmt: skip
-    i_lgr = tl.program_id(0)
-    i_t = tl.program_id(1)
-    i_l = i_lgr // (G * n_rb)
-    i_g = (i_lgr // n_rb) % G
-    i_rb = i_lgr % n_rb
-    p_kl = _layer_keys(ktab_ptr, i_l, K_ELEM)
-    qk_scale = tl.load(scale_ptr + i_l)
-    b_k, o_n = _load_k(p_kl, i_g, i_t, n, d, stride_kg, stride_kn, BLOCK_N, D_PAD)
-    o_m = tl.arange(0, R_BLK * W_BLK)
-    b_sum = tl.zeros([R_BLK, BLOCK_N], dtype=tl.float32)  # sum over the queries so far
-    b_top = tl.zeros([R_BLK, BLOCK_N], dtype=tl.float32)  # max over the queries so far
-    # Query blocks in index order, from the first one with a query that sees the tile
-    # (query i sees key t0 = i_t * BLOCK_N iff i >= t0 - (n - w)); the last block sees
-    # every key < n, so the loop runs at least once.
-    qb_lo = tl.maximum(i_t * BLOCK_N - (n - w), 0) // W_BLK
-    for i_qb in range(qb_lo, n_qb):
-        b_q, i_w, m_m = _load_q(q_ptr, i_l, i_g, i_rb, i_qb, r, w, d, stride_ql, stride_qh,
-                                stride_qw, R_BLK, W_BLK, D_PAD)  # fmt: skip
-        b_s = _logits(b_q, b_k, o_n, n, w, i_w, qk_scale, DOT_FP32)
-        b_lse = tl.load(lse_ptr + (i_lgr * n_qb + i_qb).to(tl.int64) * (R_BLK * W_BLK) + o_m)
-        # exp2(s - lse) <= 1: the normalised probability, 0 where masked (exp2(-inf)).
-        b_p = tl.exp2(b_s - b_lse[:, None])
-        b_p = tl.where(m_m[:, None], b_p, 0.0)  # [M, N]
-        b_p3 = tl.reshape(b_p, (R_BLK, W_BLK, BLOCK_N))
-        b_sum += tl.reduce(b_p3, 1, SUM)  # [R_BLK, N]
-        if with_max:
-            b_top = tl.maximum(b_top, tl.reduce(b_p3, 1, MAX))
-    b_a = b_sum / w  # [R_BLK, N] the averaged profile's tile
+def _profile_probs(b_q, b_k, o_n, b_lse, m_m, n, w, i_w, qk_scale,
+                   R_BLK: tl.constexpr, W_BLK: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DOT_FP32: tl.constexpr):  # fmt: skip
+    # One query block's normalised probabilities on one key tile, [R_BLK, W_BLK, N]:
+    # exp2(s - lse) <= 1, 0 where masked (exp2(-inf)) and on padding rows.
+    b_s = _logits(b_q, b_k, o_n, n, w, i_w, qk_scale, DOT_FP32)
+    b_p = tl.where(m_m[:, None], tl.exp2(b_s - b_lse[:, None]), 0.0)  # [M, N]
+    return tl.reshape(b_p, (R_BLK, W_BLK, BLOCK_N))
+
+
+@triton.jit
+def _write_tile(b_sum, b_top, with_max, prof_ptr, top_ptr, part_ptr, o_n, i_t, i_l, i_g, i_rb,
+                n, w, r, H, n_tiles, n_sink, R_BLK: tl.constexpr):  # fmt: skip
+    # The tile of the averaged profile (and of the maxima), and its four partial sums
+    # per head: [sink, rest, rest^2, all^2].
+    b_a = b_sum / w  # [R_BLK, N]
     o_r = i_rb * R_BLK + tl.arange(0, R_BLK)
     o_h = i_g * r + o_r  # [R_BLK] query heads
     m_r = o_r < r
@@ -249,7 +235,6 @@ def _profile_kernel(q_ptr, ktab_ptr, scale_ptr, lse_ptr, prof_ptr, top_ptr, part
     tl.store(prof_ptr + p_prof, b_a, mask=m_out)  # writes R_BLK * BLOCK_N * 4 bytes
     if with_max:
         tl.store(top_ptr + p_prof, b_top, mask=m_out)
-    # Partial sums of this tile, per head: [sink, rest, rest^2, all^2].
     is_sink = (o_n < n_sink)[None, :]
     is_rest = ((o_n >= n_sink) & m_n)[None, :]
     b_sink = tl.reduce(tl.where(is_sink, b_a, 0.0), 1, SUM)
@@ -261,6 +246,60 @@ def _profile_kernel(q_ptr, ktab_ptr, scale_ptr, lse_ptr, prof_ptr, top_ptr, part
     tl.store(p_part + 1, b_rest, mask=m_r)
     tl.store(p_part + 2, b_sq_rest, mask=m_r)
     tl.store(p_part + 3, b_sq_all, mask=m_r)
+
+
+@triton.jit(do_not_specialize=["tiles_per_prog"])  # a run length: one compile for any
+def _profile_kernel(q_ptr, ktab_ptr, scale_ptr, lse_ptr, prof_ptr, top_ptr, part_ptr, n, w, d,
+                    r, G, H, n_rb, n_qb, n_tiles, tiles_per_prog, n_sink, with_max, stride_ql,
+                    stride_qh, stride_qw, stride_kg, stride_kn, R_BLK: tl.constexpr,
+                    W_BLK: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                    DOT_FP32: tl.constexpr, K_ELEM: tl.constexpr):  # fmt: skip
+    i_lgr = tl.program_id(0)
+    i_c = tl.program_id(1)  # this program's run of `tiles_per_prog` key tiles
+    i_l = i_lgr // (G * n_rb)
+    i_g = (i_lgr // n_rb) % G
+    i_rb = i_lgr % n_rb
+    p_kl = _layer_keys(ktab_ptr, i_l, K_ELEM)
+    qk_scale = tl.load(scale_ptr + i_l)
+    o_m = tl.arange(0, R_BLK * W_BLK)
+    t_lo = i_c * tiles_per_prog
+    t_hi = tl.minimum(t_lo + tiles_per_prog, n_tiles)
+    if n_qb == 1:
+        # One query block (the usual window): its queries and log-sum-exps are loaded
+        # once and the key tiles stream past them (a loop the compiler pipelines).
+        b_q, i_w, m_m = _load_q(q_ptr, i_l, i_g, i_rb, 0, r, w, d, stride_ql, stride_qh,
+                                stride_qw, R_BLK, W_BLK, D_PAD)  # fmt: skip
+        b_lse = tl.load(lse_ptr + i_lgr.to(tl.int64) * (R_BLK * W_BLK) + o_m)
+        for i_t in range(t_lo, t_hi):
+            b_k, o_n = _load_k(p_kl, i_g, i_t, n, d, stride_kg, stride_kn, BLOCK_N, D_PAD)
+            b_p3 = _profile_probs(b_q, b_k, o_n, b_lse, m_m, n, w, i_w, qk_scale, R_BLK, W_BLK,
+                                  BLOCK_N, DOT_FP32)  # fmt: skip
+            b_sum = tl.reduce(b_p3, 1, SUM)  # [R_BLK, N]
+            b_top = b_sum
+            if with_max:
+                b_top = tl.reduce(b_p3, 1, MAX)
+            _write_tile(b_sum, b_top, with_max, prof_ptr, top_ptr, part_ptr, o_n, i_t, i_l, i_g,
+                        i_rb, n, w, r, H, n_tiles, n_sink, R_BLK)  # fmt: skip
+    else:
+        for i_t in range(t_lo, t_hi):
+            b_k, o_n = _load_k(p_kl, i_g, i_t, n, d, stride_kg, stride_kn, BLOCK_N, D_PAD)
+            b_sum = tl.zeros([R_BLK, BLOCK_N], dtype=tl.float32)  # over the queries so far
+            b_top = tl.zeros([R_BLK, BLOCK_N], dtype=tl.float32)  # max over them so far
+            # Query blocks in index order, from the first one with a query that sees the
+            # tile (query i sees key t0 = i_t * BLOCK_N iff i >= t0 - (n - w)); the last
+            # block sees every key < n, so the loop runs at least once.
+            qb_lo = tl.maximum(i_t * BLOCK_N - (n - w), 0) // W_BLK
+            for i_qb in range(qb_lo, n_qb):
+                b_q, i_w, m_m = _load_q(q_ptr, i_l, i_g, i_rb, i_qb, r, w, d, stride_ql,
+                                        stride_qh, stride_qw, R_BLK, W_BLK, D_PAD)  # fmt: skip
+                p_lse = lse_ptr + (i_lgr * n_qb + i_qb).to(tl.int64) * (R_BLK * W_BLK) + o_m
+                b_p3 = _profile_probs(b_q, b_k, o_n, tl.load(p_lse), m_m, n, w, i_w, qk_scale,
+                                      R_BLK, W_BLK, BLOCK_N, DOT_FP32)  # fmt: skip
+                b_sum += tl.reduce(b_p3, 1, SUM)
+                if with_max:
+                    b_top = tl.maximum(b_top, tl.reduce(b_p3, 1, MAX))
+            _write_tile(b_sum, b_top, with_max, prof_ptr, top_ptr, part_ptr, o_n, i_t, i_l, i_g,
+                        i_rb, n, w, r, H, n_tiles, n_sink, R_BLK)  # fmt: skip
 
 
 #: The Triton element type of each key dtype (`K_ELEM`).
@@ -351,12 +390,15 @@ def row_blocks(
     return W_BLK, n_qb, R_BLK, n_rb
 
 
-def _shared_estimate(rows: int, block_n: int, d_pad: int, elem: int) -> int:
-    """An upper bound of a scoring program's shared memory: its query rows and one key
-    tile at the dot's element size (what the compiled figures come to: `kernels/aot.py`
-    reports them), a quarter more for a pipeline stage or a layout conversion, and the
-    reductions' scratch."""
-    return (rows + block_n) * d_pad * elem * 5 // 4 + 4096
+def _shared_estimate(rows: int, block_n: int, d_pad: int, elem: int, stages: int = 1) -> int:
+    """A bound of a scoring program's shared memory at the dot's element size, fitted to
+    the compiled figures (`kernels/aot.py`, every size a multiple of 16 so that the loops
+    pipeline): its query rows once per pipeline stage (pass 2's loop over query blocks
+    buffers them) and two key tiles. For example sm_90, bf16, head dim 128, 256 rows of
+    64-key tiles: 217,088 bytes compiled at 3 stages, 229,376 estimated; 151,552 and
+    163,840 at 2. `tests/test_kernel_compile.py` compiles every launch the launcher
+    chooses, so an estimate below a compiled figure fails there."""
+    return (stages * rows + 2 * block_n) * d_pad * elem
 
 
 def score_launch(
@@ -375,7 +417,10 @@ def score_launch(
       loop step, hardly per element), the fp32 dot (numpy has no bfloat16 matmul).
     - fp16/bf16 queries over keys of the same dtype on a GPU: the native dot (fp32
       accumulation), 64-key tiles and the most rows of 256, 128, ... whose shared
-      memory (`_shared_estimate`) fits the target; 8 warps from 128 rows.
+      memory (`_shared_estimate`) fits the target, at the most pipeline stages of 3, 2,
+      1 that fit with them; 8 warps from 128 rows. On an H200 at the pilot's shapes
+      (256 rows, head dim 128: 3 stages) `benchmarks/tune_score.py` timed this fastest
+      of 21 options (docs/tune_score.json).
     - fp32, or mixed dtypes (say fp32 queries over a bf16 cache), on a GPU: the fp32 dot
       (exact products, no tf32), 32-key tiles and 32 rows (it unrolls into FMAs).
 
@@ -389,17 +434,18 @@ def score_launch(
         elem = 4 if dot_fp32 else 2
         BLOCK_N = block_n or (32 if dot_fp32 else 64)
         fitting = [
-            m
+            (m, st)
             for m in ((32, 16) if dot_fp32 else (256, 128, 64, 32, 16))
-            if _shared_estimate(m, BLOCK_N, D_PAD, elem) <= target.shared_bytes
+            for st in ((1,) if dot_fp32 else (3, 2, 1))
+            if _shared_estimate(m, BLOCK_N, D_PAD, elem, st) <= target.shared_bytes
         ]
         if not fitting:
             raise ValueError(
                 f"no scoring block fits {target.name}'s {target.shared_bytes} bytes of shared "
                 f"memory at head dim {d} with {BLOCK_N}-key tiles"
             )
-        max_rows = fitting[0]
-        stages = (1, 1) if dot_fp32 else (2, 1)
+        max_rows, st = fitting[0]  # the most rows, then the most stages
+        stages = (st, st)
         warps = 8 if max_rows >= 128 else 4
     if BLOCK_N < 16 or BLOCK_N & (BLOCK_N - 1):
         raise ValueError(f"block_n must be a power of two >= 16; got {BLOCK_N}")
@@ -407,6 +453,22 @@ def score_launch(
     if not target.interpreted and R_BLK * W_BLK < max_rows:
         warps = 8 if R_BLK * W_BLK >= 128 else 4
     return ScoreLaunch(W_BLK, n_qb, R_BLK, n_rb, BLOCK_N, D_PAD, dot_fp32, warps, stages)
+
+
+#: Pass-2 programs a compiled launch aims at (`profile_tiles`): some waves of an H200's
+#: 132 SMs, each program streaming its key tiles past one set of query rows.
+PROFILE_PROGRAMS = 2048
+#: The most key tiles one pass-2 program streams.
+PROFILE_TILES_MAX = 16
+
+
+def profile_tiles(n_tiles: int, rows: int, interpreted: bool) -> int:
+    """Key tiles per pass-2 program: on a GPU, enough that `rows` times the programs per
+    row come to about `PROFILE_PROGRAMS`, at most `PROFILE_TILES_MAX` (1 for few tiles);
+    interpreted, one (the interpreter pays per loop step as per program)."""
+    if interpreted:
+        return 1
+    return max(1, min(PROFILE_TILES_MAX, -(-n_tiles * rows // PROFILE_PROGRAMS)))
 
 
 def _layer_list(keys) -> list[torch.Tensor]:
@@ -461,6 +523,8 @@ def score_layers(
     *,
     block_w: int | None = None,
     return_max: bool = False,
+    tiles_per_prog: int | None = None,
+    launch: ScoreLaunch | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Profiles and per-head mass sums of every layer in two launches.
 
@@ -479,6 +543,9 @@ def score_layers(
         block_w: query rows per query block (a power of two >= 16); default by
             `row_blocks`. Any value gives the same results up to float rounding.
         return_max: also return the largest probability of any query on each key.
+        tiles_per_prog: key tiles per pass-2 program; default `profile_tiles`.
+        launch: the blocks and compile options, instead of `score_launch`'s (for
+            `benchmarks/tune_score.py`; the compile check covers only the launcher's own).
 
     Returns:
         `(profiles [L, H, n], sums [L, H, 4])`, float32, and `top [L, H, n]` float32
@@ -513,7 +580,7 @@ def score_layers(
     interpreted = is_interpreted(_profile_kernel)
     target = target_of(device, interpreted)
     r = H // G
-    cfg = score_launch(target, q_win.dtype, k_dtype, d, r, w, block_n, block_w)
+    cfg = launch or score_launch(target, q_win.dtype, k_dtype, d, r, w, block_n, block_w)
     stats, profile = cfg.launches(q_win.dtype, k_dtype)
     BLOCK_N, M, n_qb, n_rb = cfg.BLOCK_N, cfg.rows, cfg.n_qb, cfg.n_rb
     n_tiles = triton.cdiv(n, BLOCK_N)
@@ -546,10 +613,13 @@ def score_layers(
     profiles = torch.empty(L, H, n, dtype=torch.float32, device=device)
     top = torch.empty_like(profiles) if return_max else profiles  # unused pointer without
     part = torch.empty(L, H, n_tiles, 4, dtype=torch.float32, device=device)
-    _profile_kernel[(rows, n_tiles)](
+    per_prog = max(
+        1, min(int(tiles_per_prog or profile_tiles(n_tiles, rows, interpreted)), n_tiles)
+    )
+    _profile_kernel[(rows, triton.cdiv(n_tiles, per_prog))](
         q_win, ktab, scale_t, lse, profiles, top, part, n, w, d, r, G, H, n_rb, n_qb, n_tiles,
-        n_sink, int(bool(return_max)), q_win.stride(0), q_win.stride(1), q_win.stride(2),
-        *k_strides, **profile.kwargs(interpreted),
+        per_prog, n_sink, int(bool(return_max)), q_win.stride(0), q_win.stride(1),
+        q_win.stride(2), *k_strides, **profile.kwargs(interpreted),
     )  # fmt: skip
     if return_max:
         return profiles, part.sum(2), top

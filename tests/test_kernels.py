@@ -250,6 +250,28 @@ def test_score_long_query_sets(kern, device, w, block_w, dtype):
         assert_equal("sums without return_max", sums2, sums)
 
 
+@pytest.mark.parametrize("w, block_w", [(8, None), (40, 16)], ids=["one-qb", "three-qb"])
+def test_score_any_run_of_key_tiles_per_program(kern, device, w, block_w):
+    """Pass 2 streams `tiles_per_prog` key tiles per program (one query block loaded
+    once, or several re-read per tile): any run length, one that does not divide the 10
+    tiles and one past them included, gives the same bits as one tile per program, and
+    those match the reference (a run that skipped, repeated or misplaced a tile would
+    not)."""
+    L, H, G, d, n, n_sink = 2, 4, 2, 16, 300, 4
+    gen = torch.Generator().manual_seed(w)
+    q = (torch.randn(L, H, w, d, generator=gen) * 2).to(device)
+    k = torch.randn(L, G, n, d, generator=gen).to(device)
+    kw = dict(block_n=32, block_w=block_w, return_max=True)
+    one = kern.score.score_layers(q, k, n_sink, tiles_per_prog=1, **kw)
+    ref, ref_top = scores_reference(q, k, torch.float64)
+    assert_close("profiles", one[0], ref, floor=1e-6)
+    assert_close("max over queries", one[2], ref_top, floor=2e-6)
+    for run in (3, 4, 10, 64):
+        got = kern.score.score_layers(q, k, n_sink, tiles_per_prog=run, **kw)
+        for name, a, b in zip(("profiles", "sums", "max"), got, one, strict=True):
+            assert_equal(f"{name}, {run} tiles per program", a, b)
+
+
 def test_row_blocks_bound_the_rows(kern):
     """A program holds at most max_rows query rows whatever w is, the blocks cover every
     query and head, and a launcher chooses at most two row shapes per head count (16

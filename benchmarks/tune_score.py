@@ -1,0 +1,162 @@
+"""Sweep the scoring kernel's launch options on a GPU: which blocks and compile options
+make `kernels.score.score_layers` fastest at the pilot model's shapes.
+
+On a CUDA machine::
+
+    python benchmarks/tune_score.py --out docs/tune_score.json
+
+times `score_layers` (both passes and the host-side merges, `triton.testing.do_bench`,
+median) at the pilot's shapes (28 layers, 12 query heads, 2 KV heads, head dim 128,
+window 32, bfloat16) for prompts of 32k and 128k tokens, over:
+
+- the key tile `BLOCK_N` (32, 64, 128), the warps (4, 8) and the pipeline stages of
+  (pass 1, pass 2) ((1, 1), (2, 2), (3, 3)), with the launcher's rows (one query block
+  of 8 heads x 32 queries);
+- 16-query blocks (two query blocks, pass 2's loop over them) at 64-key tiles;
+- for each, the key tiles per pass-2 program (`tiles_per_prog`: 1, 4, 16), a runtime
+  argument (no new compile).
+
+Every option is checked against the launcher's own choice on the same inputs (the
+largest profile difference; a launch that does not compile or fit is recorded with its
+error, not timed). The launcher's choice is timed first, and each option's time is
+printed as a ratio to it. The table is sorted by the time at the largest size; the last
+line names the fastest option. A `--deadline` (s) stops the sweep early, keeping what
+was timed.
+
+Without CUDA it says so and exits 0: the interpreter's times say nothing of a GPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
+
+#: The pilot's shapes: (L, H, G, d, w).
+PILOT = (28, 12, 2, 128, 32)
+
+
+def options() -> list[dict]:
+    """The swept options, the launcher's own first (an empty dict)."""
+    out = [{}]
+    for block_n in (32, 64, 128):
+        for warps in (4, 8):
+            for stages in ((1, 1), (2, 2), (3, 3)):
+                out.append({"BLOCK_N": block_n, "num_warps": warps, "stages": stages})
+    for warps in (4, 8):
+        out.append({"BLOCK_N": 64, "num_warps": warps, "stages": (2, 2), "block_w": 16})
+    return out
+
+
+def label(opt: dict) -> str:
+    if not opt:
+        return "launcher"
+    s = f"N{opt['BLOCK_N']} w{opt['num_warps']} s{opt['stages'][0]}{opt['stages'][1]}"
+    return s + (f" qb{opt['block_w']}" if "block_w" in opt else "")
+
+
+def launch_for(opt: dict, q, keys):
+    """The `ScoreLaunch` of option `opt` on these inputs (None: the launcher's)."""
+    from kernels.score import score_launch
+    from kernels.targets import target_of
+
+    if not opt:
+        return None
+    L, H, w, d = q.shape
+    r = H // keys.shape[1]
+    base = score_launch(
+        target_of(q.device, False), q.dtype, keys.dtype, d, r, w,
+        block_n=opt["BLOCK_N"], block_w=opt.get("block_w"),
+    )  # fmt: skip
+    return dataclasses.replace(base, num_warps=opt["num_warps"], stages=tuple(opt["stages"]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    ap.add_argument("--out", type=Path, default=None, help="the JSON file (default: none)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[32768, 131072])
+    ap.add_argument("--tiles", type=int, nargs="+", default=[1, 4, 16],
+                    help="key tiles per pass-2 program")  # fmt: skip
+    ap.add_argument("--deadline", type=float, default=150.0, help="seconds")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("tune_score: no CUDA device; nothing to tune (interpreted times mean nothing)")
+        return 0
+    import triton
+
+    from kernels.score import score_layers
+
+    t_start = time.time()
+    L, H, G, d, w = PILOT
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    base_ms: dict[int, float] = {}
+    inputs = {}
+    for n in args.sizes:
+        q = torch.randn(L, H, w, d, generator=gen, device=dev).to(torch.bfloat16)
+        k = torch.randn(L, G, n, d, generator=gen, device=dev).to(torch.bfloat16)
+        inputs[n] = (q, k, score_layers(q, k, 4)[0])
+    for opt in options():
+        if time.time() - t_start > args.deadline:
+            print(f"tune_score: deadline ({args.deadline:.0f} s) reached; stopping")
+            break
+        for tiles in [None] if not opt else args.tiles:
+            row = {"option": label(opt), **opt, "tiles_per_prog": tiles, "ms": {}, "err": {}}
+            for n, (q, k, ref) in inputs.items():
+                try:
+                    launch = launch_for(opt, q, k)
+
+                    def run(q=q, k=k, launch=launch, tiles=tiles):
+                        return score_layers(q, k, 4, launch=launch, tiles_per_prog=tiles)
+
+                    got = run()[0]
+                    row["err"][n] = float((got - ref).abs().max())
+                    row["ms"][n] = triton.testing.do_bench(
+                        run, warmup=10, rep=40, return_mode="median"
+                    )
+                except Exception as exc:  # a launch that does not compile or fit
+                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                    break
+            if not opt:
+                base_ms = dict(row["ms"])
+            rows.append(row)
+            ratios = " ".join(
+                f"{n}: {ms:7.3f} ms ({base_ms[n] / ms:4.2f}x)" for n, ms in row["ms"].items()
+            )
+            print(f"[{time.time() - t_start:6.1f}s] {row['option']:<22} tiles {tiles!s:>4} "
+                  f"{ratios} {row.get('error', '')}", flush=True)  # fmt: skip
+    big = max(args.sizes)
+    timed = sorted((r for r in rows if big in r["ms"]), key=lambda r: r["ms"][big])
+    print(f"\nsorted by the time at n = {big} (ratio: the launcher's time over it)")
+    for r in timed:
+        print(f"  {r['option']:<22} tiles {r['tiles_per_prog']!s:>4} {r['ms'][big]:7.3f} ms "
+              f"{base_ms[big] / r['ms'][big]:4.2f}x  max |diff| {r['err'][big]:.1e}")  # fmt: skip
+    if timed:
+        best = timed[0]
+        print(f"fastest at n = {big}: {best['option']} tiles {best['tiles_per_prog']} "
+              f"({best['ms'][big]:.3f} ms; launcher {base_ms[big]:.3f} ms)")  # fmt: skip
+    if args.out:
+        meta = {
+            "gpu": torch.cuda.get_device_name(0),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "shapes": dict(zip(("L", "H", "G", "d", "w"), PILOT, strict=True)),
+            "dtype": "bfloat16",
+            "timer": "triton.testing.do_bench (median, ms) of score_layers",
+            "date": time.strftime("%Y-%m-%d"),
+        }
+        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
