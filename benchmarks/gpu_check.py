@@ -165,10 +165,10 @@ PLANS = {
         bench_sizes=[4096, 8192, 16384, 32768, 65536, 131072],
         deadline=400.0,
         # Each stage's own limit, and what is kept back for it while earlier ones run.
-        limits={"runner_tests": 100.0, "kernel_tests": 100.0, "e2e": 150.0, "bench": 150.0},
-        # (measured on an H200: kernel tests 60-85 s with their compiles, e2e 30 s,
-        # bench 30 s, each with ~15 s of imports)
-        reserves={"runner_tests": 0.0, "kernel_tests": 85.0, "e2e": 45.0, "bench": 40.0},
+        limits={"runner_tests": 100.0, "kernel_tests": 130.0, "e2e": 150.0, "bench": 150.0},
+        # (measured on an H200, imports included: runner tests 47 s, kernel tests about
+        # 100 s with their compiles, e2e 31 s of which 12 s build the model, bench 30 s)
+        reserves={"runner_tests": 0.0, "kernel_tests": 110.0, "e2e": 60.0, "bench": 45.0},
     ),
     "dry-run": dict(
         e2e_sizes=[512, 1024],
