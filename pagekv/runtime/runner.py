@@ -199,6 +199,11 @@ class Evicted:
 # --------------------------------------------------------------------------- runner
 
 
+#: Greedy steps a CUDA decode runs between host reads of its tokens: a read waits for
+#: the device to finish, so reading every token would stall the queue once per token.
+DECODE_CHUNK = 8
+
+
 class Runner:
     """Prefill once, evaluate many eviction configurations (see the module docstring).
 
@@ -235,6 +240,9 @@ class Runner:
         #: The lean step's weight dtype (None: transformers' own forward decodes).
         self.decode_weights, self.decode_path = resolve_decode(decode_dtype, model)
         self._lean: LeanDecoder | None = None  # built on the first decode
+        #: Greedy steps between host reads of the tokens (`_greedy`): 1 on the CPU, where
+        #: a read waits on nothing; `DECODE_CHUNK` on CUDA.
+        self.decode_chunk = 1 if self.device.type == "cpu" else DECODE_CHUNK
         log.info("pagekv runner: decode with %s", self.decode_path)
 
     def warm_up(self) -> float:
@@ -585,7 +593,7 @@ class Runner:
             cache = self._lean_cache([ev.cache], ev.masks, pre, max_new)
             ev.cache = None  # the lean cache holds its own copy
             step = self._lean_decoder().step
-            forward = lambda ids, pos: step(self._ids([ids]), pos, cache)[0]  # noqa: E731
+            forward = lambda ids, pos: step(ids, pos, cache)[0]  # noqa: E731
             return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
         with self._masked(ev):
             forward = lambda ids, pos: self._forward(ids, pos, ev.cache, ev.ragged)  # noqa: E731
@@ -650,31 +658,47 @@ class Runner:
                 h.remove()
 
     def _greedy(self, pre, forward, max_new, stop_at_eos, keep_logits):
-        """Greedy decode with `forward(ids, pos) -> logits [V]` appending to the cache."""
+        """Greedy decode with `forward(ids [1, t] on the device, pos) -> logits [V]`
+        appending to the cache.
+
+        The next token stays on the device: the argmax is fed back as the next step's
+        input with no round trip through the host, and the host reads the tokens once
+        per `decode_chunk` steps (one `tolist`), where it cuts the answer at the first
+        EOS. Steps decoded past an EOS inside a chunk are dropped: the tokens before it
+        are the same (each depends only on those before it), and so are the logits kept.
+        """
         pos = pre.n
         tokens: list[int] = []
-        kept: list[torch.Tensor] = []
         if max_new == 0:
             return tokens, (torch.empty(0) if keep_logits else None), "max_new_tokens"
         if pre.question_ids:
-            logits = forward(pre.question_ids, pos)
+            logits = forward(self._ids([pre.question_ids]), pos)
             pos += len(pre.question_ids)
         else:
             logits = pre.first_logits  # the prefill saw the whole prompt
         stop = "max_new_tokens"
+        kept: list[torch.Tensor] = []
+        pending: list[torch.Tensor] = []  # device tokens the host has not read yet
+        produced = 0
         while True:
             if keep_logits:
-                kept.append(logits.float().cpu())
-            tok = int(torch.argmax(logits))
-            tokens.append(tok)
-            if stop_at_eos and tok in self.eos_ids:
-                stop = "eos"
-                break
-            if len(tokens) >= max_new:
-                break
-            logits = forward([tok], pos)
+                kept.append(logits.float())
+            tok = torch.argmax(logits).view(1, 1)
+            pending.append(tok)
+            produced += 1
+            if produced >= max_new or len(pending) >= self.decode_chunk:
+                for t in torch.cat(pending).view(-1).tolist():  # the chunk's one host read
+                    tokens.append(t)
+                    if stop_at_eos and t in self.eos_ids:
+                        stop = "eos"
+                        break
+                pending = []
+                if stop == "eos" or produced >= max_new:
+                    break
+            logits = forward(tok, pos)
             pos += 1
-        return tokens, (torch.stack(kept) if keep_logits else None), stop
+        logits_out = torch.stack(kept[: len(tokens)]).cpu() if keep_logits else None
+        return tokens, logits_out, stop
 
     def _decode_pair(self, pre, ev_a, ev_b, max_new, stop_at_eos, on_token):
         """Greedy decode of two same-shape compacted caches as one batch of 2."""
@@ -700,7 +724,7 @@ class Runner:
         else:
             logits = torch.stack([pre.first_logits, pre.first_logits])  # [2, V]
         while True:
-            step_ids = [int(t) for t in torch.argmax(logits, dim=-1)]
+            step_ids = torch.argmax(logits, dim=-1).tolist()  # one host read per step
             for row in (0, 1):
                 if done[row]:
                     continue
@@ -718,9 +742,10 @@ class Runner:
             pos += 1
         return (tokens[0], tokens[1]), (stops[0], stops[1])
 
-    def _forward_batch(self, ids: list[list[int]], pos: int, cache, **kwargs) -> torch.Tensor:
-        """Append one equal-length id list per row at positions `pos..`; logits `[B, V]`."""
-        x = torch.tensor(ids, dtype=torch.long, device=self.device)  # [B, t]
+    def _forward_batch(self, ids, pos: int, cache, **kwargs) -> torch.Tensor:
+        """Append one equal-length id list per row (or a `[B, t]` tensor on the device) at
+        positions `pos..`; logits `[B, V]`."""
+        x = ids if isinstance(ids, torch.Tensor) else self._ids(ids)  # [B, t]
         positions = torch.arange(pos, pos + x.shape[1], device=self.device).expand(x.shape[0], -1)
         out = self.model(
             input_ids=x,
@@ -732,14 +757,16 @@ class Runner:
         )
         return out.logits[:, -1]
 
-    def _forward(self, ids: list[int], pos: int, cache, ragged: bool) -> torch.Tensor:
-        """Append `ids` at positions `pos..` to `cache`; the last position's logits `[V]`.
-        A ragged cache takes one token at a time, each layer's mask set by `_masked`."""
-        if ragged and len(ids) > 1:  # one token at a time: see the module docstring
-            for i, t in enumerate(ids):
-                logits = self._forward([t], pos + i, cache, ragged)
+    def _forward(self, ids, pos: int, cache, ragged: bool) -> torch.Tensor:
+        """Append `ids` (a list, or a `[1, t]` tensor on the device) at positions `pos..`
+        to `cache`; the last position's logits `[V]`. A ragged cache takes one token at a
+        time, each layer's mask set by `_masked`."""
+        x = ids if isinstance(ids, torch.Tensor) else self._ids([ids])  # [1, t]
+        if ragged and x.shape[1] > 1:  # one token at a time: see the module docstring
+            for i in range(x.shape[1]):
+                logits = self._forward(x[:, i : i + 1], pos + i, cache, ragged)
             return logits
-        return self._forward_batch([ids], pos, cache)[0]
+        return self._forward_batch(x, pos, cache)[0]
 
     def _detok(self, tokens: list[int]) -> str:
         if self.tokenizer is None:
