@@ -395,7 +395,10 @@ class Runner:
         keeps_all = get_policy(config.policy).keeps_all
         if keeps_all:
             kept_idx = None
-            layers = [(lay.keys.clone(), lay.values.clone()) for lay in pre.cache.layers]
+            # The prefill's own tensors, not a copy of the whole cache: a decode appends
+            # by concatenation (a new tensor each step) or copies them into its lean
+            # cache, so `pre.cache` stays as it was (tests/test_full_shares.py).
+            layers = [(lay.keys, lay.values) for lay in pre.cache.layers]
         else:
             kept_idx = list(p.kept_indices().unbind(0)) if p.dense else padded_kept_indices(p)
             layers, compacted_on = compact_layers(
