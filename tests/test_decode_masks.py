@@ -64,7 +64,7 @@ def test_ragged_decode_masks_span_the_keys_contiguously(model, monkeypatch, case
         monkeypatch, lambda: runner.evaluate(pre, ragged, max_new_tokens=3, stop_at_eos=False)
     )
     layers = len(pre.cache.layers)
-    steps = (len(question) if question else 0) + 2  # one token at a time, then 2 answers
+    steps = (1 if question else 0) + 2  # the question in one step, then 2 answers
     assert len(seen) == layers * steps, f"expected a mask per layer and step; got {len(seen)}"
     for shape, stride, keys in seen:
         assert shape[-1] == keys, f"mask {shape} over {keys} keys: broadcast along the keys"

@@ -276,8 +276,8 @@ def test_positions_continue_at_n_not_at_compacted_length(llama):
     k = ev.stored_tokens[0][0]
     tok = int(pre.first_logits.argmax())
     with torch.inference_mode():
-        good = runner._forward([tok], pre.n, copy.deepcopy(ev.cache), False)
-        bad = runner._forward([tok], k, copy.deepcopy(ev.cache), False)
+        good = runner._forward([tok], pre.n, copy.deepcopy(ev.cache))
+        bad = runner._forward([tok], k, copy.deepcopy(ev.cache))
     keep = stored_keep_of(runner, pre, ev.plan.config)
     ref = masked_reference_logits(llama, pre, keep, [[tok]])[0]
     torch.testing.assert_close(good.float(), ref, atol=1e-5, rtol=0)

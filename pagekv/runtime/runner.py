@@ -29,18 +29,18 @@ decode them honestly anyway, each layer stores every group's union padded up to 
 layer's largest union with that group's next-best pages (by `Plan.page_scores`, ties
 toward the lower page); `union_tokens` reports the real unions, `stored_tokens` what
 is stored, `padding_tokens` the difference. Layers then differ in length, which
-transformers' mask (sized from layer 0) cannot describe, so such a "ragged" cache is
-decoded one token at a time, each layer given an all-zero mask of its own width by a
-pre-hook on its attention module (a single new token may see its whole cache; the
-mask is materialised, since CUDA's fused attention refuses one broadcast along the
-keys).
+transformers' mask (sized from layer 0) cannot describe, so each layer of such a
+"ragged" cache is given a mask of its own width by a pre-hook on its attention module:
+zeros over the stored keys (a new token may see its whole cache) and a causal block
+over the tokens of the step (the question goes in one step). The mask is materialised,
+since CUDA's fused attention refuses one broadcast along the keys.
 
 A global plan (`allocation="global"`) is stored the same way, but its padding is
 storage only: the decode attends to exactly the pages the plan allocated, as a paged
 cache holding only them would. Each layer gets an additive mask `[1, H, 1, k_l]`
 (0 on an allocated token, the dtype's lowest value on a padded one, per KV head and so
 per query head of its group), put in place of the attention mask by a pre-hook on each
-attention module while the cache decodes one token at a time (`Evicted.masks`).
+attention module, with the step's causal block beside it (`Evicted.masks`).
 """
 
 from __future__ import annotations
@@ -411,7 +411,7 @@ class Runner:
             if config.allocation != "uniform" and not p.dense:
                 dtype = pre.cache.layers[0].keys.dtype
                 masks = padding_masks(p, kept_idx, pre.n_heads, dtype)
-                ragged = True  # one token at a time: each layer's mask is its own
+                ragged = True  # each layer's mask is its own (`_masked`)
         cache = _new_cache(layers)
         stored = [[int(layers[i][0].shape[2])] * G for i in range(L)]  # tensor lengths
         t2 = _now(self.device)
@@ -599,7 +599,7 @@ class Runner:
             forward = lambda ids, pos: step(ids, pos, cache)[0]  # noqa: E731
             return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
         with self._masked(ev):
-            forward = lambda ids, pos: self._forward(ids, pos, ev.cache, ev.ragged)  # noqa: E731
+            forward = lambda ids, pos: self._forward(ids, pos, ev.cache)  # noqa: E731
             return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
 
     def _lean_decoder(self) -> LeanDecoder:
@@ -625,7 +625,8 @@ class Runner:
         """While decoding a ragged `ev`, each attention module gets a mask of its own
         layer's width: its padding mask (`Evicted.masks`) widened by zeros for the tokens
         appended since eviction, or all zeros (a head-independent cache: every stored
-        token is attended). transformers sizes its mask from layer 0, which a ragged cache
+        token is attended), beside a causal block over the step's own tokens (a question
+        goes in one step). transformers sizes its mask from layer 0, which a ragged cache
         cannot use; and a mask broadcast along the keys (last dimension 1) is refused by
         CUDA's fused attention ("last dimension must be contiguous"), so each mask is
         materialised, `[1, H or 1, q, k]`, contiguous."""
@@ -638,14 +639,20 @@ class Runner:
         def hook_for(index):
             def hook(module, args, kwargs):
                 q = kwargs["hidden_states"].shape[1] if "hidden_states" in kwargs else 1
-                total = int(cache.layers[index].keys.shape[2]) + q  # keys after this step
+                past = int(cache.layers[index].keys.shape[2])  # keys before this step
+                # The q new tokens see each other causally (the question, prefilled in
+                # one step), and every earlier key the layer's mask allows.
+                new = torch.full((q, q), torch.finfo(dtype).min, dtype=dtype, device=self.device)
+                new = new.triu(1)[None, None]  # [1, 1, q, q]
                 if masks is None:
-                    mask = torch.zeros(1, 1, q, total, dtype=dtype, device=self.device)
+                    old = torch.zeros(1, 1, q, past, dtype=dtype, device=self.device)
                 else:
                     base = masks[index]  # [1, H, 1, k_l]
-                    extra = total - base.shape[-1]
+                    extra = past - base.shape[-1]  # tokens appended since eviction
                     row = torch.cat([base, base.new_zeros(1, base.shape[1], 1, extra)], dim=-1)
-                    mask = row.expand(-1, -1, q, -1).contiguous()
+                    old = row.expand(-1, -1, q, -1)
+                    new = new.expand(-1, base.shape[1], -1, -1)
+                mask = torch.cat([old, new], dim=-1).contiguous()  # [1, H or 1, q, past + q]
                 return args, dict(kwargs, attention_mask=mask)
 
             return hook
@@ -760,15 +767,11 @@ class Runner:
         )
         return out.logits[:, -1]
 
-    def _forward(self, ids, pos: int, cache, ragged: bool) -> torch.Tensor:
+    def _forward(self, ids, pos: int, cache) -> torch.Tensor:
         """Append `ids` (a list, or a `[1, t]` tensor on the device) at positions `pos..`
-        to `cache`; the last position's logits `[V]`. A ragged cache takes one token at a
-        time, each layer's mask set by `_masked`."""
+        to `cache`; the last position's logits `[V]`. A ragged cache's layers get their
+        masks from `_masked`, the question in one step like any other cache's."""
         x = ids if isinstance(ids, torch.Tensor) else self._ids([ids])  # [1, t]
-        if ragged and x.shape[1] > 1:  # one token at a time: see the module docstring
-            for i in range(x.shape[1]):
-                logits = self._forward(x[:, i : i + 1], pos + i, cache, ragged)
-            return logits
         return self._forward_batch(x, pos, cache)[0]
 
     def _detok(self, tokens: list[int]) -> str:
