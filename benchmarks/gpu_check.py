@@ -14,8 +14,9 @@ runs, each stage in its own subprocess with a time limit, under a global deadlin
    the eviction step's host waits, counted by `torch.cuda.set_sync_debug_mode`, the
    same at 2 and 6 layers (tests/test_host_waits.py), the decode's attention masks
    (tests/test_decode_masks.py), the one-launch compaction of a whole cache
-   (tests/test_compact_layers.py) and the reconstruction scorer's Triton path
-   (tests/test_reconstruct.py). Pass/fail counts, overall and for `[cuda]`.
+   (tests/test_compact_layers.py), the reconstruction scorer's Triton path
+   (tests/test_reconstruct.py) and the greedy decode's syncs, one per chunk of tokens
+   (tests/test_decode_reads.py). Pass/fail counts, overall and for `[cuda]`.
 2. `kernel_tests`: the kernel parity tests, `tests/test_kernels.py` (their `[cuda]`
    copies compiled on the GPU), less the hypothesis property test, whose random shapes
    each compile anew (`KERNEL_TESTS_K`); the CPU suite runs it interpreted.
@@ -94,6 +95,7 @@ RUNNER_TESTS = (
     "tests/test_decode_masks.py",
     "tests/test_compact_layers.py",
     "tests/test_reconstruct.py::test_the_triton_path_gives_the_torch_scores",
+    "tests/test_decode_reads.py",
 )
 #: The dry run's share of them (interpreted, all of them take a minute and a half; the
 #: CPU test suite runs them anyway): one case of each kind.
