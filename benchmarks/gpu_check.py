@@ -17,9 +17,10 @@ runs, each stage in its own subprocess with a time limit, under a global deadlin
    (tests/test_compact_layers.py), the reconstruction scorer's Triton path
    (tests/test_reconstruct.py) and the greedy decode's syncs, one per chunk of tokens
    (tests/test_decode_reads.py). Pass/fail counts, overall and for `[cuda]`.
-2. `kernel_tests`: the kernel parity tests, `tests/test_kernels.py` (their `[cuda]`
-   copies compiled on the GPU), less the hypothesis property test, whose random shapes
-   each compile anew (`KERNEL_TESTS_K`); the CPU suite runs it interpreted.
+2. `kernel_tests`: the kernel parity tests, `tests/test_kernels.py` and the paged
+   decode's `tests/test_paged_decode.py` (their `[cuda]` copies compiled on the GPU),
+   less the hypothesis property test, whose random shapes each compile anew
+   (`KERNEL_TESTS_K`); the CPU suite runs it interpreted.
 3. `end_to_end`: a model with Qwen2.5-1.5B-Instruct's configuration and random weights
    (built from the config below, nothing downloaded; bfloat16, SDPA prefill) through
    `pagekv.runtime.runner.Runner(model, None, backend="triton")` at 4k, 16k and 32k random
@@ -377,7 +378,7 @@ def test_command(stage: str, dry: bool, xml_path: Path, k: str | None = None) ->
         cmd += [*(RUNNER_TESTS_DRY if dry else RUNNER_TESTS), "-m", "not slow"]
         k = k or (RUNNER_TESTS_DRY_K if dry else None)
     else:
-        cmd += ["tests/test_kernels.py"]
+        cmd += ["tests/test_kernels.py", "tests/test_paged_decode.py"]
         k = k or (KERNEL_TESTS_DRY_K if dry else KERNEL_TESTS_K)
     return cmd + (["-k", k] if k else [])
 

@@ -12,11 +12,12 @@ memory a program asks for (`metadata.shared`).
 
 What is compiled: for each target (`kernels.targets.CHECKED`: sm_80 and sm_90), every
 distinct `Launch` that the launchers (`score_launch`, `pool_launch`, `gather_launch`,
-`gather_layers_launch`, `paged_launch`) choose over `GRID`, a grid of real shapes: the
-pilot model (Qwen2.5-1.5B: head dim 128, r = 6), the bundled (SmolLM2-135M: 64, r = 3)
-and the second model (Qwen2.5-Coder-0.5B: 64, r = 7), and around them head dims 64 and
-128, 1 to 8 heads per group, windows 1 to 2048 (the reconstruction scorer's chunks
-included), fp32, fp16, bf16 and fp32 queries over bf16 keys, pages of 1 to 64 tokens.
+`gather_layers_launch`, `paged_launch`, `paged_decode_launch`) choose over `GRID`, a
+grid of real shapes: the pilot model (Qwen2.5-1.5B: head dim 128, r = 6), the bundled
+(SmolLM2-135M: 64, r = 3) and the second model (Qwen2.5-Coder-0.5B: 64, r = 7), and
+around them head dims 64 and 128, 1 to 8 heads per group, windows 1 to 2048 (the
+reconstruction scorer's chunks included), fp32, fp16, bf16 and fp32 queries over bf16
+keys, pages of 1 to 64 tokens.
 Every launch is compiled as Triton's JIT specialises it when its sizes are multiples of
 16 (the pilot's are), the case that pipelines its loops and so asks for the most shared
 memory. A launch fails when it does not compile or when its shared memory exceeds the
@@ -42,6 +43,7 @@ import torch
 
 from ._common import Launch, is_interpreted
 from .compact import gather_launch, gather_layers_launch, paged_launch
+from .paged_decode import paged_decode_launch
 from .pool_pages import pool_launch
 from .score import score_launch
 from .targets import CHECKED, Target, cuda_target
@@ -94,6 +96,9 @@ def launches(target: Target, grid: Grid = GRID) -> list[Launch]:
             out[gather_layers_launch(target, e, d)] = None
             for P in grid.page_sizes:
                 out[paged_launch(target, e, d, P)] = None
+    for d, r in grid.shapes():
+        for dtype in sorted({k for _, k in grid.dtypes}, key=str):
+            out[paged_decode_launch(target, dtype, d, r).launch(dtype)] = None
     return list(out)
 
 
