@@ -369,6 +369,13 @@ def verbose_counts(lines: list[str]) -> dict:
     return _tally((m.group(1), word[m.group(2)], "[cuda" in m.group(1)) for m in found if m)
 
 
+def _peak_bandwidth() -> float:
+    """Bytes per second of the GPU's memory: `bench_kernels.PEAKS` (an H200's HBM3e)."""
+    from bench_kernels import PEAKS  # benchmarks/ is this script's own folder
+
+    return PEAKS["tbps"] * 1e12
+
+
 def test_command(stage: str, dry: bool, xml_path: Path, k: str | None = None) -> list[str]:
     """The pytest command of a test stage (`runner_tests` or `kernel_tests`)."""
     # -v: one line per test, so a stage stopped at its limit still has its counts.
@@ -552,6 +559,13 @@ def stage_e2e(args) -> int:
     model = build_model(config, dtype, device)
     report["build_s"] = time.perf_counter() - t
     report["parameters"] = sum(p.numel() for p in model.parameters())
+    # A batch-1 decode step reads every weight once: at the GPU's bandwidth that bounds
+    # the tokens per second (bench_kernels.PEAKS, an H200's; none on the CPU).
+    report["weight_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = _peak_bandwidth() if device.type == "cuda" else None
+    report["decode_bound_ms_per_token"] = (
+        1e3 * report["weight_bytes"] / bandwidth if bandwidth else None
+    )
     report["compat_shims"] = []  # the runner itself handles transformers 5.17 and 5.24
     say(f"model built in {report['build_s']:.1f} s ({report['parameters'] / 1e6:.1f} M "
         f"parameters, {report['dtype']}); shims: {report['compat_shims'] or 'none'}")  # fmt: skip
@@ -653,11 +667,14 @@ def stage_e2e(args) -> int:
             say(f"n = {n}: FAILED {run['error']}")
             continue
         dec_f, dec_e = run["decode_tok_s_full"], run["decode_tok_s_evicted"]
+        bound = report["decode_bound_ms_per_token"]
+        by_weights = f" (the weights bound it at {bound:.2f} ms/token)" if bound else ""
         say(
             f"n = {n}: prefill {run['prefill_s']:.3f} s | eviction step "
             f"{1e3 * run['evict_step_s']:.2f} ms = {100 * run['evict_frac_of_prefill']:.2f}% "
             f"of prefill (scoring {1e3 * (run['score_s'] or 0):.2f} ms) | decode "
-            f"{_fmt(dec_f)} tok/s full, {_fmt(dec_e)} tok/s evicted | "
+            f"{_fmt(dec_f)} tok/s full, {_fmt(dec_e)} tok/s evicted, "
+            f"{1e3 / dec_e:.1f} ms/token{by_weights} | "
             f"cache {run['cache_bytes_before'] / 2**20:.1f} -> "
             f"{run['cache_bytes_after'] / 2**20:.1f} MiB | backend {run['backend']}"
         )

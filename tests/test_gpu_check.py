@@ -138,6 +138,9 @@ def test_gpu_check_dry_run(tmp_path):
     assert e2e["ok"] and e2e["runner_backend"] == "triton", e2e.get("process")
     assert [r["n"] for r in e2e["runs"]] == e2e["sizes"] and not e2e["skipped"]
     assert e2e["warmup"]["s"] > 0
+    # The decode's weight-bandwidth bound: every weight's bytes (float32 here), and no
+    # bound claimed without a GPU's bandwidth.
+    assert e2e["weight_bytes"] == 4 * e2e["parameters"] and e2e["decode_bound_ms_per_token"] is None
     for run in e2e["runs"]:
         assert "error" not in run, run.get("traceback")
         assert run["backend"] == "triton"
