@@ -157,3 +157,12 @@ def _max(a, b):
 # slow generic path.)
 SUM = getattr(tl.standard, "_sum_combine", _add)
 MAX = getattr(tl.standard, "_elementwise_max", _max)
+
+#: log2(e): the kernels keep logits in base 2 (`qk_scale = scale * LOG2E`, `exp2`).
+LOG2E = 1.4426950408889634
+#: Finite stand-in for -inf as the initial running max of an online softmax, so that a
+#: row whose keys in a tile are all masked (-inf logits) rescales by
+#: exp2(-1e30 + 1e30) = 1, not NaN. A `tl.constexpr`: a compiled kernel may read no
+#: other module global (the interpreter accepts any, which is why
+#: tests/test_kernel_compile.py compiles for GPU targets).
+NEG_BIG = tl.constexpr(-1.0e30)

@@ -35,13 +35,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX, SUM, TRITON_TYPES, Launch, check_same_device, is_interpreted, next_pow2
+from ._common import (
+    LOG2E,
+    MAX,
+    NEG_BIG,
+    SUM,
+    TRITON_TYPES,
+    Launch,
+    check_same_device,
+    is_interpreted,
+    next_pow2,
+)
 from .targets import Target, target_of
-
-LOG2E = 1.4426950408889634
-#: The finite initial running max (see kernels/score.py: a compiled kernel reads only
-#: constexpr globals).
-NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit(do_not_specialize=["tiles_per_split"])

@@ -96,7 +96,9 @@ import triton.language as tl
 
 from ._common import (
     FLOAT_DTYPES,
+    LOG2E,
     MAX,
+    NEG_BIG,
     SUM,
     TRITON_TYPES,
     Launch,
@@ -106,13 +108,6 @@ from ._common import (
     next_pow2,
 )
 from .targets import Target, target_of
-
-LOG2E = 1.4426950408889634
-#: Finite stand-in for -inf as the initial running max, so that a row whose keys in a
-#: tile are all masked (-inf logits) rescales by exp2(-1e30 + 1e30) = 1, not NaN. A
-#: `tl.constexpr`: a compiled kernel may read no other module global (the interpreter
-#: accepts any, which is why tests/test_kernel_compile.py compiles for GPU targets).
-NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit

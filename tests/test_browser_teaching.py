@@ -118,6 +118,22 @@ def open_accordion(page, name: str) -> None:
     button.click()
 
 
+#: The custom prompts' haystack sentence.
+HAYSTACK = "The river runs north. Birds sing at dawn. The market opens at nine."
+
+
+def fill_custom_prompt(page, haystack: str, word: str) -> None:
+    """Switch the prompt to custom text: `haystack`, the needle "The secret word is
+    `word`.", the question what the secret word is, `word` the expected answer."""
+    open_accordion(page, "Prompt")
+    page.get_by_label("custom", exact=True).check()
+    open_accordion(page, "Custom text")
+    page.get_by_label("Haystack text").fill(haystack)
+    page.get_by_label("Needle sentence").fill(f"The secret word is {word}.")
+    page.get_by_label("Question", exact=True).fill("What is the secret word?")
+    page.get_by_label("Expected answer").fill(word)
+
+
 def wait_plot(page, title_start: str = "", kind: str = "") -> dict:
     """Until a visible figure of the open view whose title starts with `title_start`
     (and whose first trace is of type `kind`, if given) is drawn; it."""
@@ -566,15 +582,7 @@ def test_a_short_prompt_with_pages_of_64_never_locks_the_page(served):
     refusal does not point at results that are gone."""
     page, _, url = served
     open_app(page, url)
-    open_accordion(page, "Prompt")
-    page.get_by_label("custom", exact=True).check()
-    open_accordion(page, "Custom text")
-    page.get_by_label("Haystack text").fill(
-        "The river runs north. Birds sing at dawn. The market opens at nine."
-    )
-    page.get_by_label("Needle sentence").fill("The secret word is LANTERN.")
-    page.get_by_label("Question", exact=True).fill("What is the secret word?")
-    page.get_by_label("Expected answer").fill("LANTERN")
+    fill_custom_prompt(page, HAYSTACK, "LANTERN")
     open_accordion(page, "Side A")
     box = number_box(page, "Budget (% of the prompt kept per layer and group)")
     type_into(box, "20")
@@ -697,15 +705,7 @@ def test_the_needle_strip_s_tick_labels_keep_apart(served):
     "6061" at 800 px); the answer's tokens are labelled once, "60–61"."""
     page, _, url = served
     open_app(page, url)
-    open_accordion(page, "Prompt")
-    page.get_by_label("custom", exact=True).check()
-    open_accordion(page, "Custom text")
-    page.get_by_label("Haystack text").fill(
-        "The river runs north. Birds sing at dawn. The market opens at nine. " * 4
-    )
-    page.get_by_label("Needle sentence").fill("The secret word is BLUE.")
-    page.get_by_label("Question", exact=True).fill("What is the secret word?")
-    page.get_by_label("Expected answer").fill("BLUE")
+    fill_custom_prompt(page, (HAYSTACK + " ") * 4, "BLUE")
     open_accordion(page, "Side A")
     page.get_by_label("Page size", exact=True).click()
     page.get_by_role("option", name="1", exact=True).click()

@@ -60,14 +60,9 @@ class PagedKV:
 
     def read(self, layer: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The kept tokens of (layer, group) in prompt order: `([T, d], [T, d])`."""
-        m = int(self.kept_pages[layer, group])
-        blocks = self.block_table[layer, group, :m].long()
+        table = self.block_table[layer, group]
         t = int(self.stored_tokens[layer, group])
-        d = self.k_pool.shape[-1]
-        return (
-            self.k_pool[blocks].reshape(-1, d)[:t],
-            self.v_pool[blocks].reshape(-1, d)[:t],
-        )
+        return read_pages(self.k_pool, table, t), read_pages(self.v_pool, table, t)
 
     def to_dense(self) -> tuple[torch.Tensor, torch.Tensor]:
         """`([L, G, k', d], [L, G, k', d])` when every (layer, group) keeps `k'` tokens."""
@@ -77,6 +72,15 @@ class PagedKV:
         ks, vs = zip(*(self.read(i, g) for i in range(L) for g in range(G)), strict=True)
         d = self.k_pool.shape[-1]
         return torch.stack(ks).view(L, G, -1, d), torch.stack(vs).view(L, G, -1, d)
+
+
+def read_pages(pool: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one block list `table` of `pool` `[num_blocks, P, d]`,
+    in list order: `[length, d]`. Only a list's last block may be partly filled, so its
+    `ceil(length / P)` first blocks hold them."""
+    P, d = pool.shape[1], pool.shape[2]
+    blocks = table[: -(-int(length) // P)].long()
+    return pool[blocks].reshape(-1, d)[: int(length)]
 
 
 def block_table(page_keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

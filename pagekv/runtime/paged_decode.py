@@ -10,13 +10,7 @@ from __future__ import annotations
 
 import torch
 
-
-def gather_pages(pool: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` tokens of one (row, group) list: `[length, d]`."""
-    P = pool.shape[1]
-    pages = -(-int(length) // P)
-    blocks = table[:pages].long()
-    return pool[blocks].reshape(pages * P, -1)[: int(length)]
+from pagekv.runtime.paged import read_pages
 
 
 def paged_decode_torch(
@@ -36,8 +30,8 @@ def paged_decode_torch(
     for b in range(B):
         for g in range(G):
             n = int(lengths[b, g])
-            k = gather_pages(k_pool, block_table[b, g], n).float()  # [n, d]
-            v = gather_pages(v_pool, block_table[b, g], n).float()
+            k = read_pages(k_pool, block_table[b, g], n).float()  # [n, d]
+            v = read_pages(v_pool, block_table[b, g], n).float()
             qg = q[b, g * r : (g + 1) * r].float()  # [r, d]
             w = torch.softmax(qg @ k.T * scale, dim=-1)  # [r, n]
             out[b, g * r : (g + 1) * r] = (w @ v).to(q.dtype)
