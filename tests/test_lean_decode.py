@@ -16,11 +16,11 @@ from transformers import DynamicCache
 from pagekv import EvictionConfig
 from pagekv.runtime.lean_decode import (
     DECODE_DTYPES,
-    LeanCache,
     LeanDecoder,
     resolve_decode,
     unsupported_reason,
 )
+from pagekv.runtime.paged_cache import PagedCache
 from pagekv.runtime.runner import Runner
 from tests.test_runner import prompt, tiny_model
 
@@ -46,7 +46,7 @@ def _lean(model, ids, feeds, weights):
     with torch.inference_mode():
         model(input_ids=torch.tensor([ids]), cache=ref_cache, use_cache=True)
     layers = [(lay.keys, lay.values) for lay in ref_cache.layers]
-    cache = LeanCache(layers, extra=sum(len(f) for f in feeds))
+    cache = PagedCache(layers, extra=sum(len(f) for f in feeds), page_size=8)
     dec = LeanDecoder(model, weights)
     out, pos = [], len(ids)
     for feed in feeds:
@@ -66,10 +66,13 @@ def test_float32_weights_give_the_models_own_logits(family):
     got, cache = _lean(model, ids, FEEDS, torch.float32)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
     for i, lay in enumerate(ref_cache.layers):  # the cache holds the same keys and values
-        n = cache.lengths[i]
-        assert n == lay.keys.shape[2] == 40 + sum(len(f) for f in FEEDS)
-        torch.testing.assert_close(cache.keys[i][:, :, :n], lay.keys, atol=1e-5, rtol=0)
-        torch.testing.assert_close(cache.values[i][:, :, :n], lay.values, atol=1e-5, rtol=0)
+        G = lay.keys.shape[1]
+        assert cache.host_lengths(i) == [[40 + sum(len(f) for f in FEEDS)] * G]
+        assert cache.lengths[i].tolist() == cache.host_lengths(i)
+        for g in range(G):
+            k, v = cache.read(i, 0, g)
+            torch.testing.assert_close(k, lay.keys[0, g], atol=1e-5, rtol=0)
+            torch.testing.assert_close(v, lay.values[0, g], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("weights", [torch.float16, torch.bfloat16])
@@ -90,11 +93,12 @@ def test_the_cache_reports_when_it_is_full():
     pre_cache = DynamicCache()
     with torch.inference_mode():
         model(input_ids=torch.tensor([prompt(20)]), cache=pre_cache, use_cache=True)
-    cache = LeanCache([(lay.keys, lay.values) for lay in pre_cache.layers], extra=2)
+    layers = [(lay.keys, lay.values) for lay in pre_cache.layers]
+    cache = PagedCache(layers, extra=2, page_size=11)  # 22 tokens: two whole pages
     dec = LeanDecoder(model, torch.float16)
     dec.step(torch.tensor([[5, 6]]), 20, cache)
-    assert cache.room() == 0 and cache.lengths == [22, 22, 22]
-    with pytest.raises(ValueError, match="LeanCache is full: 1 new tokens, room for 0"):
+    assert cache.room() == 0 and [cache.host_lengths(i) for i in range(3)] == [[[22, 22]]] * 3
+    with pytest.raises(ValueError, match="PagedCache is full: 1 new tokens, room for 0"):
         dec.step(torch.tensor([[7]]), 22, cache)
 
 
@@ -113,8 +117,34 @@ def test_which_decode_runs():
     with pytest.raises(ValueError, match="unknown decode dtype 'int4'"):
         resolve_decode("int4", llama)
     assert set(DECODE_DTYPES) == {"auto", "float32", "float16", "bfloat16"}
-    # A model already in half precision decodes with its own forward under "auto".
-    assert resolve_decode("auto", tiny_model("llama").to(torch.bfloat16))[0] is None
+    # A model already in half precision decodes with its own forward under "auto" on the
+    # CPU; on any other device "auto" is the lean step in the model's own dtype.
+    half = tiny_model("llama").to(torch.bfloat16)
+    assert resolve_decode("auto", half)[0] is None
+    assert resolve_decode("auto", half.to("meta")) == (
+        torch.bfloat16,
+        "lean step, bfloat16 linear weights",
+    )
+    assert resolve_decode("auto", tiny_model("qwen3").to("meta"))[0] is None
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_bfloat16_model_decodes_in_the_lean_step(backend):
+    """A bfloat16 model (as on a GPU) in the lean step: its own weights' dtype for the
+    several-token question, a bfloat16 paged cache, the kernel (interpreted here) or
+    torch's attention; the same tokens as its own forward, logits within bfloat16's
+    rounding (about 0.03 at these logits' size: 7 mantissa bits)."""
+    model = tiny_model("llama").to(torch.bfloat16)
+    got = {}
+    for decode in ("float32", "bfloat16"):
+        runner = Runner(model, decode_dtype=decode, backend=backend)
+        pre = runner.prefill(prompt(90, seed=3), window_max=8, question_ids=[4, 5, 6])
+        cfg = EvictionConfig(policy="entropy", budget=0.3, page_size=8, window=8, n_sink=2)
+        got[decode] = runner.evaluate(pre, cfg, 5, stop_at_eos=False, return_logits=True)
+    own, lean = got["float32"], got["bfloat16"]
+    assert lean.backends["decode"] == "lean step, bfloat16 linear weights"
+    assert lean.tokens == own.tokens
+    assert float((lean.logits - own.logits).abs().max()) < 0.2
 
 
 def test_a_part_the_step_does_not_know_is_refused():

@@ -8,7 +8,7 @@ of tests/test_kernels.py: `[cpu]` runs where there is no CUDA, `[cuda]` where th
 A runner with `backend="triton"` must give the same kept pages, the same compacted
 cache and the same answer tokens as one with `backend="torch"`, name the backend of
 every step, and never call a torch twin in a kernel step (checked by making the
-twins raise).
+twins raise), the decode's one-token attention included.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from pagekv import EvictionConfig, get_policy
 from pagekv.runtime import backend as be
+from pagekv.runtime.paged_cache import PagedCache
 from pagekv.runtime.runner import Runner
 from tests.test_runner import prompt, tiny_model
 
@@ -88,15 +89,25 @@ def test_triton_runner_never_calls_a_torch_twin(llama, monkeypatch):
     def twin_called(*args, **kwargs):
         raise AssertionError("a torch twin ran on the triton path")
 
+    torch_attend = PagedCache._attend_torch
+
+    def one_token_twin(self, layer, q, scale):  # the question (t > 1) runs in torch
+        if q.shape[2] == 1:
+            twin_called()
+        return torch_attend(self, layer, q, scale)
+
     runner = Runner(llama, None, backend="triton")
-    pre = runner.prefill(prompt(120, seed=5), window_max=16)
+    pre = runner.prefill(prompt(120, seed=5), window_max=16, question_ids=[3, 4, 5])
     for name in ("attention_profiles", "mass_sums", "weighted_pool", "max_pool", "compact_layer"):
         monkeypatch.setattr(be, name, twin_called)
+    monkeypatch.setattr(PagedCache, "_attend_torch", one_token_twin)
     for policy in ("entropy", "max", "head_independent"):
         res = runner.evaluate(
             pre, EvictionConfig(policy=policy, budget=0.5, page_size=8, window=16)
         )
         assert {s: res.backends[s] for s in KERNEL_STEPS} == dict.fromkeys(KERNEL_STEPS, "triton")
+        # The lean step decodes, through the paged-decode kernel.
+        assert res.backends["decode"].startswith("lean step"), res.backends["decode"]
     # And the check itself bites: the torch runner does call them.
     torch_runner = Runner(llama, None, backend="torch")
     pre_t = torch_runner.prefill(prompt(120, seed=5), window_max=16)

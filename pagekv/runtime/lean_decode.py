@@ -19,8 +19,9 @@ the KV cache (the prefill's cache, unchanged). Each linear casts its input to
 `weight_dtype` and its output back. A forward of several tokens per row (the question,
 asked after compression) runs its linears in the model's own float32 weights instead:
 a product of many rows reads the weights once either way, and half-precision products
-of many rows are slow on such a CPU. `LeanCache` holds each layer's keys and values
-in a buffer with room for the new tokens, written in place.
+of many rows are slow on such a CPU. The cache is a `PagedCache`
+(`pagekv.runtime.paged_cache`): each (layer, group)'s kept pages in blocks of a pool,
+with room for the new tokens, written in place.
 
 The step is the model's own computation (`LlamaDecoderLayer`: pre-norm attention and
 MLP with residuals; RoPE from the model's own `rotary_emb`, so scaled variants stay
@@ -32,11 +33,11 @@ tolerance of their rounding. Which models:
 included) whose layers have exactly these parts; anything else decodes with
 transformers, and the runner says which path ran.
 
-Attention. Each layer attends its own cache length (layers may differ: padded and
-global plans), with an optional additive mask per layer `[1, H, 1, k_l]` over the
-tokens stored at eviction (a global plan's padding), zeros beyond; new tokens are
-causal among themselves. Several new tokens (the question, in "after" mode) are one
-forward, not one per token.
+Attention. Each (layer, group) attends its own kept tokens (layers and groups may
+differ: padded and global plans, whose pages were allocated per group), through
+`PagedCache.attend`: the paged-decode kernel for one new token on the Triton backend,
+torch's SDPA otherwise; new tokens are causal among themselves. Several new tokens
+(the question, in "after" mode) are one forward, not one per token.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DECODE_DTYPES", "LeanCache", "LeanDecoder", "resolve_decode", "unsupported_reason"]
+from pagekv.runtime.paged_cache import PagedCache
+
+__all__ = ["DECODE_DTYPES", "LeanDecoder", "resolve_decode", "unsupported_reason"]
 
 #: Model types whose decoder layers `LeanDecoder` reproduces (checked part by part).
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -59,10 +62,12 @@ def resolve_decode(decode_dtype, model) -> tuple[torch.dtype | None, str]:
     """The lean step's weight dtype for `decode_dtype` on `model` (None: the model's
     own transformers forward decodes), and a label that says which path runs.
 
-    "auto" is float16 for a float32 model on the CPU that `LeanDecoder` supports, else
-    the model's own forward; "float32" is always the model's own forward (today's
-    numerics: the prefill's); "float16" / "bfloat16" ask for the lean step and raise
-    ValueError, in one sentence, for a model it cannot run.
+    "auto", for a model `LeanDecoder` supports, is float16 for a float32 model on the
+    CPU, and the model's own dtype on a GPU (the step then reads the paged cache
+    through the paged-decode kernel on the Triton backend); else the model's own
+    forward. "float32" is always the model's own forward (today's numerics: the
+    prefill's); "float16" / "bfloat16" ask for the lean step and raise ValueError, in
+    one sentence, for a model it cannot run.
     """
     key = str(decode_dtype).lower().removeprefix("torch.")
     if key not in DECODE_DTYPES:
@@ -75,7 +80,12 @@ def resolve_decode(decode_dtype, model) -> tuple[torch.dtype | None, str]:
         return None, own
     reason = unsupported_reason(model)
     if key == "auto":
-        if param.device.type != "cpu" or param.dtype != torch.float32 or reason is not None:
+        if reason is not None:
+            return None, own
+        if param.device.type != "cpu":  # a GPU: the model's own weights' dtype
+            key = str(param.dtype).removeprefix("torch.")
+            return param.dtype, f"lean step, {key} linear weights"
+        if param.dtype != torch.float32:
             return None, own
         key = "float16"
     elif reason is not None:
@@ -155,52 +165,17 @@ class _Linear:
         promotes them itself, one op fewer per linear."""
         if own:
             h = x if self.scale is None else x * self.scale
+            h = h.to(self.modules[0].weight.dtype)  # a half-precision model's own weights
             ys = [F.linear(h, m.weight, m.bias) for m in self.modules]
             return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
         y = torch.mm(x if x.dtype == self.weight.dtype else x.to(self.weight.dtype), self.weight_t)
         return y if self.bias is None else y + self.bias
 
 
-class LeanCache:
-    """Per layer the keys and values `[B, G, capacity, d]` (float32) with `lengths[l]`
-    of them filled, and optional additive masks `[1, H, 1, k_l]` over the first `k_l`
-    (the tokens stored at eviction).
-
-    `layers` holds per layer `(keys, values)`, each `[B, G, n, d]` or a list of batch
-    rows of the same shape (two compacted caches decoded as a pair), copied straight
-    into the buffer with room for `extra` more tokens."""
-
-    def __init__(self, layers, extra: int, masks=None):
-        self.keys, self.values, self.lengths = [], [], []
-        for k, v in layers:
-            k = [k] if isinstance(k, torch.Tensor) else list(k)
-            v = [v] if isinstance(v, torch.Tensor) else list(v)
-            B = sum(x.shape[0] for x in k)
-            _, G, n, d = k[0].shape
-            self.keys.append(_filled(k, B, G, n + extra, d))
-            self.values.append(_filled(v, B, G, n + extra, d))
-            self.lengths.append(n)
-        self.masks = masks
-
-    def room(self) -> int:
-        """How many more tokens fit (the least over the layers)."""
-        return min(k.shape[2] - n for k, n in zip(self.keys, self.lengths, strict=True))
-
-
-def _filled(rows, B, G, capacity, d) -> torch.Tensor:
-    """A `[B, G, capacity, d]` buffer whose first tokens are `rows` stacked on dim 0."""
-    buf = rows[0].new_empty(B, G, capacity, d)
-    b = 0
-    for r in rows:
-        buf[b : b + r.shape[0], :, : r.shape[2]].copy_(r)
-        b += r.shape[0]
-    return buf
-
-
 class LeanDecoder:
     """The decode step of a Llama-family model, with linear weights in `weight_dtype`
     (see the module docstring). Build once per model; `step` is thread-compatible but
-    one `LeanCache` is one sequence's."""
+    one `PagedCache` is one decode's."""
 
     def __init__(self, model, weight_dtype: torch.dtype = torch.float16):
         reason = unsupported_reason(model)
@@ -247,12 +222,11 @@ class LeanDecoder:
         return x * r if out is None else torch.mul(x, r, out=out)
 
     @torch.inference_mode()
-    def step(self, ids: torch.Tensor, pos: int, cache: LeanCache) -> torch.Tensor:
+    def step(self, ids: torch.Tensor, pos: int, cache: PagedCache) -> torch.Tensor:
         """Append `ids` `[B, t]` at positions `pos..pos+t-1` to `cache`; float32 logits
         `[B, V]` of the last position."""
         B, t = ids.shape
-        if cache.room() < t:
-            raise ValueError(f"LeanCache is full: {t} new tokens, room for {cache.room()}")
+        cache.grow(t)  # every layer's lengths, at once; each layer writes its slots
         d = self.head_dim
         # Several tokens per row (the question) use the model's own float32 weights: a
         # product of many rows reads the weights once in either dtype, and on a CPU
@@ -277,27 +251,9 @@ class LeanDecoder:
             q = qk[:, :, :H].transpose(1, 2)  # [B, H, t, d]
             k = qk[:, :, H:].transpose(1, 2)  # [B, G, t, d]
             v = qkv[:, nq + nk :].view(B, t, -1, d).transpose(1, 2)
-            n0 = cache.lengths[i]
-            cache.keys[i].narrow(2, n0, t).copy_(k)
-            cache.values[i].narrow(2, n0, t).copy_(v)
-            cache.lengths[i] = n = n0 + t
-            mask = _mask(cache.masks[i] if cache.masks is not None else None, n0, t, q)
-            keys, values = cache.keys[i].narrow(2, 0, n), cache.values[i].narrow(2, 0, n)
-            if t == 1:
-                # One new token: a group's r query heads are r query rows over the group's
-                # keys (no causal mask among them), so each group's keys and values are
-                # read once, not once per query head as the GQA kernel does.
-                G = k.shape[1]
-                folded = None if mask is None else mask.reshape(mask.shape[0], G, H // G, n)
-                a = F.scaled_dot_product_attention(
-                    q.reshape(B, G, H // G, d), keys, values, attn_mask=folded,
-                    scale=lay["scaling"],
-                )  # fmt: skip
-                a = a.reshape(B, H * d)  # [B, G, r, d] is [B, H, 1, d] in order
-            else:
-                a = F.scaled_dot_product_attention(
-                    q, keys, values, attn_mask=mask, scale=lay["scaling"], enable_gqa=True
-                ).transpose(1, 2).reshape(B * t, -1)  # fmt: skip
+            cache.write(i, k, v)
+            a = cache.attend(i, q, lay["scaling"])  # [B, H, t, d]
+            a = a.transpose(1, 2).reshape(B * t, H * d)
             x.add_(lay["o"](a, own))  # the add promotes a half-precision product
             gu = lay["gate_up"](self._norm(x, lay["eps2"], normed), own)
             m = lay["inter"]
@@ -319,21 +275,3 @@ class LeanDecoder:
         half = self.head_dim // 2
         signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         return cos[:, :, None, :], signed[:, :, None, :]
-
-
-def _mask(stored: torch.Tensor | None, n0: int, t: int, q: torch.Tensor) -> torch.Tensor | None:
-    """The additive mask `[1 or B, H, t, n0 + t]` of `t` new tokens over a cache of
-    `n0`: the stored tokens' mask (zeros beyond it) and causality among the new ones;
-    None when nothing is masked (one new token, no stored mask)."""
-    if stored is None and t == 1:
-        return None
-    H = q.shape[1]
-    low = torch.finfo(q.dtype).min
-    mask = q.new_zeros(1, H, t, n0 + t)
-    if stored is not None:
-        k = stored.shape[-1]
-        mask[..., :k] = stored.to(q.dtype)
-    if t > 1:
-        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
-        mask[..., n0:] = mask[..., n0:].masked_fill(causal, low)
-    return mask

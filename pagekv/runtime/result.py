@@ -59,6 +59,9 @@ class RunResult:
     backends: dict  # per step: score, weights, pool, select, compact -> backend; device
     device: str
     timings: dict  # prefill_s, score_s, evict_s (None for `full`), decode_s, load_s
+    #: The decode-time cache of this row: its kept pages with room for the question and
+    #: the answer (`PagedCache.row_nbytes`); None where transformers' forward decodes.
+    cache_bytes_decode: int | None = None
     # the needle (needle tasks)
     needle_positions: list | None = None  # prompt indices of the needle's answer tokens
     needle_retention: list | None = None  # [L][G] fraction of the needle stored

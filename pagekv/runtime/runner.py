@@ -67,7 +67,8 @@ from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
 from pagekv.runtime.backend import compact_layers, pooler, resolve_backend, score_window
 from pagekv.runtime.capture import WindowQueryCapture, attention_modules
-from pagekv.runtime.lean_decode import LeanCache, LeanDecoder, resolve_decode
+from pagekv.runtime.lean_decode import LeanDecoder, resolve_decode
+from pagekv.runtime.paged_cache import PagedCache, allocated_rows
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
 from pagekv.runtime.reconstruct import (
     REPEAT_PROMPT,
@@ -194,6 +195,9 @@ class Evicted:
     #: Per layer `[1, H, 1, k_l]` additive masks hiding a global plan's padding from the
     #: decode (None: every stored token is attended).
     masks: list[torch.Tensor] | None = None
+    #: The bytes of the paged cache the decode read (`PagedCache.row_nbytes`); None
+    #: before a decode, or where transformers' forward decodes.
+    decode_bytes: int | None = None
 
 
 # --------------------------------------------------------------------------- runner
@@ -572,6 +576,7 @@ class Runner:
             },
             cache_bytes_before=bytes_before,
             cache_bytes_after=bytes_after,
+            cache_bytes_decode=ev.decode_bytes,
             first_token_from_full_prefill=pre.mode == "inside" and bool(tokens),
             stop_reason=stop,
             plan=p,
@@ -593,8 +598,9 @@ class Runner:
     def _decode(self, pre, ev, max_new, stop_at_eos, keep_logits):
         """Greedy decode on `ev.cache`; positions continue at `n` (see module docstring)."""
         if self.decode_weights is not None:
-            cache = self._lean_cache([ev.cache], ev.masks, pre, max_new)
-            ev.cache = None  # the lean cache holds its own copy
+            cache = self._paged_cache([ev], pre, max_new)
+            ev.cache = None  # the paged cache holds its own copy
+            ev.decode_bytes = cache.row_nbytes(0)
             step = self._lean_decoder().step
             forward = lambda ids, pos: step(ids, pos, cache)[0]  # noqa: E731
             return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
@@ -607,15 +613,27 @@ class Runner:
             self._lean = LeanDecoder(self.model, self.decode_weights)
         return self._lean
 
-    def _lean_cache(self, caches, masks, pre, max_new) -> LeanCache:
-        """The prompt caches (one per batch row, same shapes) in a `LeanCache` with room
-        for the question and the answer."""
+    def _paged_cache(self, evs, pre, max_new) -> PagedCache:
+        """The compacted caches (one per batch row, the same shapes) in a `PagedCache`
+        with room for the question and the answer, in pages of the plan's size. A
+        global plan's padding (`Evicted.masks`) is left out: each group keeps exactly
+        the pages it was allocated."""
         extra = (len(pre.question_ids) if pre.question_ids else 0) + max_new
-        layers = [
-            ([r.keys for r in rows], [r.values for r in rows])
-            for rows in zip(*(c.layers for c in caches), strict=True)
-        ]  # each row copied once, into its slot of the lean cache
-        return LeanCache(layers, extra, masks)
+        layers = []
+        for i, rows in enumerate(zip(*(ev.cache.layers for ev in evs), strict=True)):
+            if evs[0].masks is None:  # every group of the layer keeps the same tokens
+                layers.append(([r.keys for r in rows], [r.values for r in rows]))
+                continue
+            keys, values = [], []
+            for ev, row in zip(evs, rows, strict=True):
+                r = pre.n_heads // pre.n_groups
+                keep = ev.masks[i][0, ::r, 0, :] == 0  # [G, k_l] the allocated tokens
+                ks, vs = allocated_rows(row.keys, row.values, keep, ev.union_tokens[i])
+                keys += ks
+                values += vs
+            layers.append((keys, values))
+        page = evs[0].plan.config.page_size
+        return PagedCache(layers, extra, page, kernel=self.backend == "triton")
 
     def _ids(self, rows: list[list[int]]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long, device=self.device)
@@ -713,7 +731,8 @@ class Runner:
     def _decode_pair(self, pre, ev_a, ev_b, max_new, stop_at_eos, on_token):
         """Greedy decode of two same-shape compacted caches as one batch of 2."""
         if self.decode_weights is not None:
-            lean = self._lean_cache([ev_a.cache, ev_b.cache], None, pre, max_new)
+            lean = self._paged_cache([ev_a, ev_b], pre, max_new)
+            ev_a.decode_bytes, ev_b.decode_bytes = lean.row_nbytes(0), lean.row_nbytes(1)
             step = self._lean_decoder().step
             forward = lambda rows, pos: step(self._ids(rows), pos, lean)  # noqa: E731
         else:

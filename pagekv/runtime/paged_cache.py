@@ -1,0 +1,273 @@
+"""The decode cache: each (layer, row, group)'s kept tokens in blocks of a pool.
+
+After eviction a (layer, group) holds its own kept pages, and groups may hold different
+amounts (a global plan allocates pages per group). `PagedCache` keeps them as
+`pagekv.runtime.paged` lays a compacted cache out, with room to grow, and is what the
+decode step (`pagekv.runtime.lean_decode.LeanDecoder.step`) writes to and attends over.
+
+Per layer `l`:
+
+- `k_pool[l]`, `v_pool[l]`: `[num_blocks, P, d]`, `P` the page size;
+- `tables[l]`: int32 `[B, G, max_blocks]`, the blocks of (row `b`, group `g`) in token
+  order, `-1` past them; token `j` of (b, g) sits in block `tables[l][b, g, j // P]`,
+  slot `j % P`;
+- `lengths[l]`: int32 `[B, G]` on the device (what the paged-decode kernel reads), and
+  the same counts on the host (`host_lengths`). Every (layer, row, group) grows by the
+  same tokens at once (`grow(t)`, then `write` per layer).
+
+Room. (b, g) gets `ceil((t + extra) / P)` blocks for its `t` kept tokens and `extra`
+more (the question and the answer): its kept pages, whose partial last page takes the
+first new tokens, and the blocks the rest need. Nothing else is stored, so a plan's
+decode-time cache is its kept pages plus the tokens it will generate, rounded up to a
+page per (layer, row, group) (`nbytes`, tests/test_paged_cache.py).
+
+Blocks are handed out in (row, group) order and each (row, group) gets consecutive
+ones. The torch path of `attend` reads them through that order (a (row, group)'s
+tokens are one slice of the pool, and a layer whose (row, group)s all hold the same
+number of blocks is one `[B, G, C, d]` view); the kernel path reads the block tables.
+
+Attention. `attend(l, q, scale)` for `t` new queries per row `[B, H, t, d]` (already
+appended): one new token on the Triton backend runs `kernels.paged_decode` (one
+program reads a group's pages once for its `r` heads); everything else runs torch's
+SDPA over the slices, with each new token seeing every kept token of its group and
+the new tokens before it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["PagedCache", "allocated_rows"]
+
+
+class PagedCache:
+    """Per layer, per batch row, per group: tokens in blocks of a pool (module docstring).
+
+    Args:
+        layers: per layer `(keys, values)`, each a `[B, G, t, d]` tensor (every group
+            of every row holding `t` tokens), a list of such tensors stacked along the
+            rows (two caches decoded as a pair), or a list over rows of a list over
+            groups of `[t_bg, d]` tensors (groups of different lengths).
+        extra: the tokens every (row, group) must be able to append.
+        page_size: `P`, the tokens per block (the plan's page size).
+        kernel: attend one new token through `kernels.paged_decode` (the Triton backend).
+    """
+
+    def __init__(self, layers, extra: int, page_size: int, kernel: bool = False):
+        if int(page_size) < 1 or int(extra) < 0:
+            raise ValueError(f"page_size must be >= 1 and extra >= 0; got {page_size}, {extra}")
+        self.page_size = P = int(page_size)
+        self.kernel = bool(kernel)
+        #: Tokens appended to every (layer, row, group) since the build (`grow`).
+        self.added = 0
+        self.k_pool, self.v_pool, self.tables = [], [], []
+        self._base, self._firsts, self._blocks, self._views = [], [], [], []
+        for keys, values in layers:
+            ks, vs = _groups(keys), _groups(values)
+            B, G = len(ks), len(ks[0])
+            counts = [[int(k.shape[0]) for k in row] for row in ks]
+            blocks = [[max(1, -(-(t + extra) // P)) for t in row] for row in counts]
+            first, firsts = 0, []
+            for row in blocks:
+                firsts.append([])
+                for c in row:
+                    firsts[-1].append(first)
+                    first += c
+            k0 = ks[0][0]
+            d = int(k0.shape[-1])
+            k_pool = k0.new_zeros(first, P, d)
+            v_pool = k0.new_zeros(first, P, d)
+            flat_k, flat_v = k_pool.view(-1, d), v_pool.view(-1, d)
+            for b in range(B):
+                for g in range(G):
+                    t, s = counts[b][g], firsts[b][g] * P
+                    flat_k[s : s + t].copy_(ks[b][g])
+                    flat_v[s : s + t].copy_(vs[b][g])
+            width = max(max(row) for row in blocks)
+            table = torch.full((B, G, width), -1, dtype=torch.int32)
+            for b in range(B):
+                for g in range(G):
+                    c, f = blocks[b][g], firsts[b][g]
+                    table[b, g, :c] = torch.arange(f, f + c, dtype=torch.int32)
+            self.k_pool.append(k_pool)
+            self.v_pool.append(v_pool)
+            self.tables.append(table.to(k0.device))
+            self._base.append(counts)
+            self._firsts.append(firsts)
+            self._blocks.append(blocks)
+            # Every (row, group) grows by the same tokens, so a layer whose (row, group)s
+            # start alike stays alike: one `[B, G, C, d]` view of each pool, made once.
+            flat = [x for row in blocks for x in row] + [x for row in counts for x in row]
+            alike = len(set(flat[: B * G])) == 1 and len(set(flat[B * G :])) == 1
+            self._views.append(
+                (k_pool.view(B, G, -1, d), v_pool.view(B, G, -1, d)) if alike else None
+            )
+        self._room = min(
+            c * P - t
+            for blocks, base in zip(self._blocks, self._base, strict=True)
+            for brow, trow in zip(blocks, base, strict=True)
+            for c, t in zip(brow, trow, strict=True)
+        )
+        #: int32 `[L, B, G]` on the device: what the kernel reads; `lengths[l]` a view.
+        self._lengths = torch.tensor(self._base, dtype=torch.int32, device=self.tables[0].device)
+        self.lengths = list(self._lengths.unbind(0))
+
+    # ---------------------------------------------------------------- sizes
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.k_pool)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of every pool (keys and values), the decode-time cache."""
+        return int(sum(k.nbytes + v.nbytes for k, v in zip(self.k_pool, self.v_pool, strict=True)))
+
+    def row_nbytes(self, row: int) -> int:
+        """The bytes of batch row `row`'s blocks (keys and values, every layer)."""
+        total = 0
+        for pool, blocks in zip(self.k_pool, self._blocks, strict=True):
+            block_bytes = pool[0].nbytes if pool.shape[0] else 0
+            total += 2 * block_bytes * sum(blocks[row])
+        return total
+
+    def room(self) -> int:
+        """How many more tokens every (layer, row, group) can take."""
+        return self._room - self.added
+
+    def host_lengths(self, layer: int) -> list[list[int]]:
+        """The tokens each (row, group) of `layer` holds, `[B][G]` host ints."""
+        return [[t + self.added for t in row] for row in self._base[layer]]
+
+    def read(self, layer: int, row: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens of (layer, row, group) in order: `([t, d], [t, d])` views."""
+        P = self.page_size
+        s = self._firsts[layer][row][group] * P
+        t = self._base[layer][row][group] + self.added
+        k, v = self.k_pool[layer], self.v_pool[layer]
+        return k.view(-1, k.shape[-1])[s : s + t], v.view(-1, v.shape[-1])[s : s + t]
+
+    # ---------------------------------------------------------------- decode
+
+    def grow(self, t: int) -> None:
+        """Make room for `t` new tokens in every (layer, row, group): their lengths grow
+        by `t` (on the host and, in one op, on the device); `write` fills the slots."""
+        if self.room() < t:
+            raise ValueError(f"PagedCache is full: {t} new tokens, room for {self.room()}")
+        self.added += t
+        self._lengths.add_(t)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the `t` tokens of the last `grow(t)` into `layer`: `[B, G, t, d]` (in the
+        pool's dtype or one it promotes from)."""
+        B, G, t, d = k.shape
+        views = self._views[layer]
+        if views is not None:  # one strided copy into the layer's view
+            n0 = self._base[layer][0][0] + self.added - t
+            views[0].narrow(2, n0, t).copy_(k)
+            views[1].narrow(2, n0, t).copy_(v)
+            return
+        # each new token's pool row, from the block table
+        P = self.page_size
+        pos = self.lengths[layer].long()[..., None] - t + torch.arange(t, device=k.device)
+        blk = self.tables[layer].long().gather(2, pos // P)  # [B, G, t]
+        rows = (blk * P + pos % P).reshape(-1)
+        dtype = self.k_pool[layer].dtype  # a half-precision product is promoted here
+        self.k_pool[layer].view(-1, d).index_copy_(0, rows, k.reshape(-1, d).to(dtype))
+        self.v_pool[layer].view(-1, d).index_copy_(0, rows, v.reshape(-1, d).to(dtype))
+
+    def attend(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
+        """Attention of the `t` newest tokens' queries `[B, H, t, d]` (written already)
+        over `layer`; `[B, H, t, d]` in the pool's dtype (`q` is cast to it)."""
+        if q.dtype != self.k_pool[layer].dtype:
+            q = q.to(self.k_pool[layer].dtype)
+        if self.kernel and q.shape[2] == 1:
+            return self._attend_kernel(layer, q, scale)
+        return self._attend_torch(layer, q, scale)
+
+    def _attend_kernel(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
+        """One new token per row through `kernels.paged_decode`, reading the tables."""
+        from kernels.paged_decode import paged_decode
+
+        out = paged_decode(
+            q[:, :, 0], self.k_pool[layer], self.v_pool[layer], self.tables[layer],
+            self.lengths[layer], scale,
+        )  # fmt: skip
+        return out[:, :, None]
+
+    def _attend_torch(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
+        """Torch's SDPA over the (row, group) slices (module docstring)."""
+        B, H, t, d = q.shape
+        G = len(self._base[layer][0])
+        r = H // G
+        views = self._views[layer]
+        if views is not None:
+            n = self._base[layer][0][0] + self.added
+            keys, values = views[0][:, :, :n], views[1][:, :, :n]  # [B, G, n, d]
+            if t == 1:
+                # A group's r query heads are r query rows over the group's keys: each
+                # group's keys and values are read once, not once per query head.
+                a = F.scaled_dot_product_attention(q.reshape(B, G, r, d), keys, values, scale=scale)
+                return a.reshape(B, H, 1, d)
+            mask = _causal_tail(n, t, q.dtype, q.device)  # [t, n]
+            return F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+        out = torch.empty_like(q)
+        for b in range(B):
+            for g in range(G):
+                keys, values = self.read(layer, b, g)  # [n_bg, d]
+                n_bg = int(keys.shape[0])
+                qg = q[b, g * r : (g + 1) * r]  # [r, t, d]
+                kv = keys[None, None], values[None, None]  # [1, 1, n_bg, d]
+                if t == 1:  # the group's r heads as r query rows, as above
+                    a = F.scaled_dot_product_attention(qg.reshape(1, 1, r, d), *kv, scale=scale)
+                else:
+                    mask = _causal_tail(n_bg, t, q.dtype, q.device)
+                    a = F.scaled_dot_product_attention(
+                        qg[None], *kv, attn_mask=mask, scale=scale, enable_gqa=True
+                    )
+                out[b, g * r : (g + 1) * r] = a.reshape(r, t, d)
+        return out
+
+
+def _groups(x) -> list[list[torch.Tensor]]:
+    """`layers`' per-layer entry (see `PagedCache`) as a list over rows of a list over
+    groups of `[t, d]` tensors (views)."""
+    blocks = [x] if isinstance(x, torch.Tensor) else list(x)
+    if all(isinstance(b, torch.Tensor) and b.dim() == 4 for b in blocks):  # [B, G, t, d]
+        return [list(row.unbind(0)) for block in blocks for row in block.unbind(0)]
+    rows = [list(row) for row in blocks if not isinstance(row, torch.Tensor)]
+    if len(rows) != len(blocks) or not all(
+        isinstance(k, torch.Tensor) and k.dim() == 2 for row in rows for k in row
+    ):
+        raise ValueError(
+            "a layer's keys and values must be [B, G, t, d] tensors or a list over rows "
+            "of a list over groups of [t, d] tensors"
+        )
+    return rows
+
+
+def _causal_tail(n: int, t: int, dtype, device) -> torch.Tensor:
+    """The additive mask `[t, n]` of the last `t` of `n` tokens as queries: each sees
+    every token before the last `t` and the new ones up to itself."""
+    low = torch.finfo(dtype).min
+    mask = torch.zeros(t, n, dtype=dtype, device=device)
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+    mask[:, n - t :] = mask[:, n - t :].masked_fill(causal, low)
+    return mask
+
+
+def allocated_rows(keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, counts):
+    """One layer of a padded compacted cache `[1, G, k, d]` cut to what each group was
+    allocated: `keep` bool `[G, k]` marks its allocated tokens (`counts[g]` of them, host
+    ints). A list over groups of `([c_g, d], [c_g, d])` in token order, gathered without
+    a host wait (a stable sort puts the allocated tokens first)."""
+    order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices  # [G, k]
+    ks, vs = [], []
+    for g, c in enumerate(counts):
+        idx = order[g, :c]
+        ks.append(keys[0, g].index_select(0, idx))
+        vs.append(values[0, g].index_select(0, idx))
+    return [ks], [vs]
