@@ -646,6 +646,9 @@ def stage_e2e(args) -> int:
             run["cache_bytes_before"] = res_e.cache_bytes_before
             run["cache_bytes_after"] = res_e.cache_bytes_after
             run["cache_ratio"] = res_e.cache_bytes_after / res_e.cache_bytes_before
+            # The decode's own cache (the lean step's paged pool; None: transformers').
+            run["cache_bytes_decode"] = res_e.cache_bytes_decode
+            run["decode_path"] = res_e.backends.get("decode")
             run["backend"] = res_e.backend
             run["backends"] = {k: v for k, v in run["entropy"].items() if "backend" in k}
             if device.type == "cuda":
@@ -676,7 +679,8 @@ def stage_e2e(args) -> int:
             f"{_fmt(dec_f)} tok/s full, {_fmt(dec_e)} tok/s evicted, "
             f"{1e3 / dec_e:.1f} ms/token{by_weights} | "
             f"cache {run['cache_bytes_before'] / 2**20:.1f} -> "
-            f"{run['cache_bytes_after'] / 2**20:.1f} MiB | backend {run['backend']}"
+            f"{run['cache_bytes_after'] / 2**20:.1f} MiB | backend {run['backend']} | "
+            f"decode: {run['decode_path']}"
         )
     report["forbidden_imported"] = [m for m in FORBIDDEN if m in sys.modules]
     save()
