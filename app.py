@@ -516,9 +516,8 @@ def main(argv=None):
         "--dtype",
         default="auto",
         choices=DECODE_DTYPES,
-        help="how answers decode: auto (default; float16 linear weights in a lean step on "
-        "the CPU, about twice as fast), float32 (the model's own forward, the prefill's "
-        "numerics), float16 or bfloat16",
+        help="the decode step's linear weights: auto (default; float16 on the CPU, about "
+        "twice as fast as float32), float32 (the prefill's numerics), float16 or bfloat16",
     )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")

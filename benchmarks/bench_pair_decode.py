@@ -7,12 +7,10 @@ after compression, mean vs entropy at pages of 16) and a few budgets, times in o
 process, each the median of `--repeats`:
 
 - `separate`: `Runner.evaluate` for A, then for B (the baseline);
-- `pair, F.linear`: `Runner.evaluate_pair` (one batch of 2) with the linear layers
-  as `F.linear` computes them (`pagekv.runtime.small_batch.MAX_ROWS = 1`);
-- `pair`: `Runner.evaluate_pair` as the app runs it (2-row linears as W @ x^T);
+- `pair`: `Runner.evaluate_pair` as the app runs it (one batch of 2 in the decode step);
 
-and prints each as a ratio to `separate`, with whether the answers are the same
-tokens in all three. With `--threads`, also `pair, other thread`: the same call made
+and prints the pair as a ratio to `separate`, with whether the answers are the same
+tokens in both. With `--threads`, also `pair, other thread`: the same call made
 from a second thread (as a web server's handler would), which libgomp's throttled
 OpenMP workers slow down (see `pagekv.serving.worker`). With `--mmap-threshold-mib N`,
 glibc's allocator is first set as `pagekv.serving.allocator.tame` sets it, with an N MiB
@@ -32,7 +30,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import EvictionConfig  # noqa: E402
-from pagekv.runtime import small_batch  # noqa: E402
 from pagekv.serving.study import PromptSpec, Study  # noqa: E402
 
 
@@ -64,29 +61,18 @@ def main(argv=None) -> int:
     runner, pre = study.runner, prep.prefill
     print(f"{study.loaded.name}: {prep.n} context tokens, question after; median of "
           f"{args.repeats}")  # fmt: skip
-    print(f"{'budget':>6s} {'tokens':>6s} {'separate s':>10s} {'pair, F.linear':>15s} "
-          f"{'pair':>12s}  same answers")  # fmt: skip
+    print(f"{'budget':>6s} {'tokens':>6s} {'separate s':>10s} {'pair':>12s}  same answers")
     for budget in (float(b) for b in args.budgets.split(",")):
         a = EvictionConfig(policy="mean", budget=budget, page_size=16, tau=0.25)
         b = a.replace(policy="entropy")
         t_sep, sep = median_time(lambda a=a, b=b: [runner.evaluate(pre, c) for c in (a, b)],
                                  args.repeats)  # fmt: skip
-        saved = small_batch.MAX_ROWS
-        small_batch.MAX_ROWS = 1  # every linear as F.linear computes it
-        try:
-            t_plain, plain = median_time(lambda a=a, b=b: runner.evaluate_pair(pre, a, b),
-                                         args.repeats)  # fmt: skip
-        finally:
-            small_batch.MAX_ROWS = saved
         t_pair, pair = median_time(lambda a=a, b=b: runner.evaluate_pair(pre, a, b),
                                    args.repeats)  # fmt: skip
-        same = all(
-            x.tokens == y.tokens == z.tokens for x, y, z in zip(sep, plain, pair, strict=True)
-        )
+        same = all(x.tokens == z.tokens for x, z in zip(sep, pair, strict=True))
         n_tok = max(len(r.tokens) for r in sep)
         line = (
-            f"{budget:6.2f} {n_tok:6d} {t_sep:10.2f} {t_plain:7.2f} ({t_plain / t_sep:4.2f}x) "
-            f"{t_pair:5.2f} ({t_pair / t_sep:4.2f}x)  {same}"
+            f"{budget:6.2f} {n_tok:6d} {t_sep:10.2f} {t_pair:5.2f} ({t_pair / t_sep:4.2f}x)  {same}"
         )
         if args.threads:
             box = {}

@@ -5,8 +5,10 @@ Usage: python benchmarks/decode_agreement.py [--dtype auto] [--json PATH]
 On the bundled model, every curated task (`assets/tasks`) in both question modes, and
 the needle prompts of 1k, 2k and 4k tokens, each decoded with the full cache and with
 entropy pooling at 20 % (pages of 16) and at 50 %, by two runners on the same prefill:
-the model's own float32 forward (`--dtype float32`, the baseline) and the runner's
-default (`--dtype auto`: the lean step with float16 linear weights on the CPU). Prints
+the decode step with float32 linear weights (`--dtype float32`, the prefill's numerics:
+the baseline; before issue 40 it was the model's own transformers forward, which
+docs/decode_agreement.json records) and the runner's default (`--dtype auto`: float16
+linear weights on the CPU). Prints
 per case whether the tokens are identical and whether each answer is right, then the
 counts; the app's lessons are checked with `python -m pagekv lessons --check`.
 """

@@ -646,7 +646,7 @@ def stage_e2e(args) -> int:
             run["cache_bytes_before"] = res_e.cache_bytes_before
             run["cache_bytes_after"] = res_e.cache_bytes_after
             run["cache_ratio"] = res_e.cache_bytes_after / res_e.cache_bytes_before
-            # The decode's own cache (the lean step's paged pool; None: transformers').
+            # The decode's own cache: the decode step's paged pool, in bytes.
             run["cache_bytes_decode"] = res_e.cache_bytes_decode
             run["decode_path"] = res_e.backends.get("decode")
             run["backend"] = res_e.backend

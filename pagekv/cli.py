@@ -25,8 +25,8 @@ from pagekv.runtime.lean_decode import DECODE_DTYPES
 
 EXIT_USAGE = 2
 DTYPE_HELP = (
-    "how answers decode: auto (default: float16 linear weights in a lean step on the CPU), "
-    "float32 (the model's own forward, the prefill's numerics), float16 or bfloat16"
+    "the decode step's linear weights: auto (default: float16 on the CPU, the model's own "
+    "dtype on a GPU), float32 (the prefill's numerics), float16 or bfloat16"
 )
 
 

@@ -179,10 +179,10 @@ def test_the_runner_stores_and_decodes_a_global_plan():
 
 
 def test_the_decode_attends_to_exactly_the_allocated_pages():
-    """A global plan's padding is storage only: each layer's mask hides it from the
-    decode, so what the padded slots hold cannot change a logit, while what an
-    allocated slot holds does. Without the masks (the negative control) the padding is
-    attended and the same garbage changes the logits."""
+    """A global plan's padding is storage only: the decode's paged cache leaves it out
+    (`Evicted.allocated`), so what the padded slots hold cannot change a logit, while
+    what an allocated slot holds does. Treating every stored token as allocated (the
+    negative control) attends the padding, and the same garbage changes the logits."""
     from pagekv.runtime.runner import Runner
 
     from .test_runner import prompt, tiny_model
@@ -195,7 +195,7 @@ def test_the_decode_attends_to_exactly_the_allocated_pages():
 
     def decode(corrupt=None, masked=True):
         ev = runner.evict(pre, glo)
-        assert ev.masks is not None and ev.ragged
+        assert ev.allocated is not None and ev.ragged
         if corrupt is not None:
             gen = torch.Generator().manual_seed(0)
             for layer, lay in enumerate(ev.cache.layers):
@@ -204,20 +204,17 @@ def test_the_decode_attends_to_exactly_the_allocated_pages():
                 lay.keys[0][hit] = noise[0][hit]
                 lay.values[0][hit] = noise[0][hit]
         if not masked:
-            ev.masks = None
+            ev.allocated = [torch.ones_like(a) for a in ev.allocated]
+            ev.union_tokens = ev.stored_tokens
         _, logits, _ = runner._decode(pre, ev, 4, stop_at_eos=False, keep_logits=True)
         return logits
 
     def padding(ev, layer):
-        return ev.masks[layer][0, :: pre.n_heads // pre.n_groups, 0] < 0  # [G, k_l]
+        return ~ev.allocated[layer]  # [G, k_l]
 
     def allocated_non_protected(ev, layer):
         idx = ev.kept_indices[layer]
-        return (
-            (ev.masks[layer][0, :: pre.n_heads // pre.n_groups, 0] == 0)
-            & (idx > 2)
-            & (idx < pre.n - 8)
-        )
+        return ev.allocated[layer] & (idx > 2) & (idx < pre.n - 8)
 
     clean = decode()
     assert any(bool(padding(runner.evict(pre, glo), i).any()) for i in range(pre.n_layers))

@@ -1,4 +1,5 @@
-"""The attention masks the runner passes while decoding a ragged cache are whole masks.
+"""The attention masks the decode passes on a ragged cache are whole masks, and only
+where the step has several tokens.
 
 CUDA's fused attention (SDPA's memory-efficient kernel) refuses an additive mask that is
 broadcast along the keys: "(*bias): last dimension must be contiguous". The runner once
@@ -6,7 +7,9 @@ passed a `[1, 1, 1, 1]` all-zero mask for every layer of a head-independent cach
 the CPU accepts and the GPU refused. So every mask that reaches
 `torch.nn.functional.scaled_dot_product_attention` during a decode must span the keys it
 is applied to (its last dimension equals the key length) with unit stride, for both kinds
-of ragged cache: per-head unions (head_independent) and a global plan's padding masks.
+of ragged cache: per-head unions (head_independent) and a global plan's allocation. The
+paged decode cache needs a mask only for the question's causal block (one token attends
+its group's whole cache), so a question-inside decode passes none.
 """
 
 from __future__ import annotations
@@ -47,8 +50,6 @@ def _masks_seen(monkeypatch, run) -> list[tuple]:
 @pytest.mark.parametrize("mode", ["inside", "after"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_ragged_decode_masks_span_the_keys_contiguously(model, monkeypatch, case, mode):
-    # The model's own forward decodes (the lean CPU step does not use these masks; on a
-    # GPU the model's forward always decodes).
     runner = Runner(model, None, decode_dtype="float32")
     ids = prompt(100, seed=17)
     question = ids[92:] if mode == "after" else None
@@ -63,9 +64,10 @@ def test_ragged_decode_masks_span_the_keys_contiguously(model, monkeypatch, case
     seen = _masks_seen(
         monkeypatch, lambda: runner.evaluate(pre, ragged, max_new_tokens=3, stop_at_eos=False)
     )
-    layers = len(pre.cache.layers)
-    steps = (1 if question else 0) + 2  # the question in one step, then 2 answers
-    assert len(seen) == layers * steps, f"expected a mask per layer and step; got {len(seen)}"
+    if question is None:
+        assert seen == [], "one new token needs no mask"
+        return
+    assert len(seen) >= len(pre.cache.layers), "the question's step masks every layer"
     for shape, stride, keys in seen:
         assert shape[-1] == keys, f"mask {shape} over {keys} keys: broadcast along the keys"
         assert stride[-1] == 1, f"mask {shape} has stride {stride}: not contiguous in the keys"

@@ -58,7 +58,7 @@ def _lean(model, ids, feeds, weights):
 FEEDS = [[5, 9, 11, 3], [7], [8], [12, 4], [6]]  # several tokens at once, and one
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
 def test_float32_weights_give_the_models_own_logits(family):
     model = tiny_model(family, seed=4)
     ids = prompt(40, seed=8)
@@ -103,54 +103,51 @@ def test_the_cache_reports_when_it_is_full():
 
 
 def test_which_decode_runs():
-    llama, qwen3 = tiny_model("llama"), tiny_model("qwen3")
+    llama = tiny_model("llama")
     assert resolve_decode("auto", llama) == (torch.float16, "lean step, float16 linear weights")
     assert resolve_decode("bfloat16", llama)[0] == torch.bfloat16
     assert resolve_decode(torch.float16, llama)[0] == torch.float16
-    assert resolve_decode("float32", llama) == (None, "transformers forward, float32")
-    # Qwen3 normalises q and k per head: the lean step does not reproduce it.
-    assert "q_norm" not in (unsupported_reason(llama) or "")
-    assert unsupported_reason(qwen3) == "model type 'qwen3' is not one of llama, mistral, qwen2"
-    assert resolve_decode("auto", qwen3) == (None, "transformers forward, float32")
-    with pytest.raises(ValueError, match="needs the lean decode step, but model type 'qwen3'"):
-        resolve_decode("float16", qwen3)
+    assert resolve_decode("float32", llama) == (torch.float32, "lean step, float32 linear weights")
+    # Qwen3 normalises q and k per head; the step does too.
+    assert unsupported_reason(tiny_model("qwen3")) is None
     with pytest.raises(ValueError, match="unknown decode dtype 'int4'"):
         resolve_decode("int4", llama)
     assert set(DECODE_DTYPES) == {"auto", "float32", "float16", "bfloat16"}
-    # A model already in half precision decodes with its own forward under "auto" on the
-    # CPU; on any other device "auto" is the lean step in the model's own dtype.
+    # "auto" is float16 only for a float32 model on the CPU; else the model's own dtype.
     half = tiny_model("llama").to(torch.bfloat16)
-    assert resolve_decode("auto", half)[0] is None
-    assert resolve_decode("auto", half.to("meta")) == (
-        torch.bfloat16,
-        "lean step, bfloat16 linear weights",
+    assert resolve_decode("auto", half)[0] == torch.bfloat16
+    assert resolve_decode("auto", tiny_model("llama").to("meta")) == (
+        torch.float32,
+        "lean step, float32 linear weights",
     )
-    assert resolve_decode("auto", tiny_model("qwen3").to("meta"))[0] is None
+    odd = tiny_model("llama")
+    odd.config.model_type = "gemma"
+    with pytest.raises(ValueError, match="decode step cannot run this model: model type 'gemma'"):
+        resolve_decode("auto", odd)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_a_bfloat16_model_decodes_in_the_lean_step(backend):
     """A bfloat16 model (as on a GPU) in the lean step: its own weights' dtype for the
     several-token question, a bfloat16 paged cache, the kernel (interpreted here) or
-    torch's attention; the same tokens as its own forward, logits within bfloat16's
-    rounding (about 0.03 at these logits' size: 7 mantissa bits)."""
+    torch's attention; the same tokens as its own transformers forward, logits within
+    bfloat16's rounding (about 0.03 at these logits' size: 7 mantissa bits)."""
     model = tiny_model("llama").to(torch.bfloat16)
-    got = {}
-    for decode in ("float32", "bfloat16"):
-        runner = Runner(model, decode_dtype=decode, backend=backend)
-        pre = runner.prefill(prompt(90, seed=3), window_max=8, question_ids=[4, 5, 6])
-        cfg = EvictionConfig(policy="entropy", budget=0.3, page_size=8, window=8, n_sink=2)
-        got[decode] = runner.evaluate(pre, cfg, 5, stop_at_eos=False, return_logits=True)
-    own, lean = got["float32"], got["bfloat16"]
-    assert lean.backends["decode"] == "lean step, bfloat16 linear weights"
-    assert lean.tokens == own.tokens
-    assert float((lean.logits - own.logits).abs().max()) < 0.2
+    runner = Runner(model, backend=backend)  # "auto": the model's own dtype
+    ctx, question = prompt(90, seed=3), [4, 5, 6]
+    pre = runner.prefill(ctx, window_max=8, question_ids=question)
+    cfg = EvictionConfig(policy="full", page_size=8, window=8, n_sink=2)
+    res = runner.evaluate(pre, cfg, 5, stop_at_eos=False, return_logits=True)
+    ref, _ = _reference(model, ctx, [question] + [[t] for t in res.tokens[:-1]])
+    assert res.backends["decode"] == "lean step, bfloat16 linear weights"
+    assert res.tokens == ref.float().argmax(-1).tolist()
+    assert float((res.logits - ref.float()).abs().max()) < 0.2
 
 
 def test_a_part_the_step_does_not_know_is_refused():
     model = tiny_model("llama")
     model.model.layers[1].self_attn.q_norm = torch.nn.Identity()
-    assert unsupported_reason(model) == "layer 1: attention has per-head norms or sinks"
+    assert unsupported_reason(model) == "layer 1: the per-head q/k norms are not a pair of RMSNorms"
     model = tiny_model("llama")
     model.model.layers[2].mlp.up_proj = torch.nn.Identity()
     assert unsupported_reason(model) == "layer 2: the MLP is not a gated gate/up/down MLP"
@@ -172,6 +169,6 @@ def test_the_runner_names_its_decode_and_leaves_the_prefill_alone():
         after = [lay.keys for lay in pre.cache.layers]
         assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
         assert res.backends["decode"] == runner.decode_path
-    assert answers["float32"].backends["decode"] == "transformers forward, float32"
+    assert answers["float32"].backends["decode"] == "lean step, float32 linear weights"
     assert answers["auto"].backends["decode"] == "lean step, float16 linear weights"
     assert answers["auto"].tokens == answers["float32"].tokens

@@ -169,11 +169,3 @@ def test_a_pair_reports_each_rows_bytes():
     assert res_a.timings["decode_batch"] == 2
     alone = runner.evaluate(pre, a, max_new_tokens=4, stop_at_eos=False)
     assert res_a.cache_bytes_decode == res_b.cache_bytes_decode == alone.cache_bytes_decode
-
-
-def test_transformers_forward_reports_no_paged_bytes():
-    """transformers' forward decodes from its own cache: no paged bytes to report."""
-    runner = Runner(tiny_model("llama"), decode_dtype="float32")
-    pre = runner.prefill(prompt(80, seed=2), window_max=8)
-    cfg = EvictionConfig(budget=0.3, page_size=8, window=8, n_sink=2)
-    assert runner.evaluate(pre, cfg, max_new_tokens=2).cache_bytes_decode is None

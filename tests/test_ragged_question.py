@@ -1,8 +1,8 @@
-"""A ragged cache (head-independent unions, a padded global plan) takes the question in
-one step, its layers' masks holding a causal block over the question's tokens: the same
-logits as feeding the question one token at a time (how it was decoded before issue 40),
-and so the same answers. A mask without the causal block (every question token seeing
-the whole question) gives other logits: the check can fail."""
+"""A ragged cache (head-independent unions, a global plan's allocation) takes the question
+in one step, each group's attention holding a causal block over the question's tokens:
+the same logits as feeding the question one token at a time (how it was decoded before
+issue 40), and so the same answers. A causal block that lets every question token see
+the whole question gives other logits: the check can fail."""
 
 from __future__ import annotations
 
@@ -17,21 +17,17 @@ CASES = [("head_independent", "uniform"), ("entropy", "global")]
 
 
 def _question_logits(runner, pre, cfg, one_step: bool) -> torch.Tensor:
-    """The logits of every question position, fed in one step or one token at a time,
-    on a cache evicted for the purpose (`_masked` reads its layers' lengths)."""
+    """The last question position's logits, the question fed in one step or one token
+    at a time, through the decode step on a cache evicted for the purpose."""
     ev = runner.evict(pre, cfg)
     assert ev.ragged
-    cache = ev.cache
-    out = []
-    with runner._masked(ev):
-        if one_step:
-            x = torch.tensor([pre.question_ids])
-            pos = torch.arange(pre.n, pre.n + x.shape[1])[None]
-            kw = {runner._cache_kw: cache}
-            return runner.model(input_ids=x, position_ids=pos, use_cache=True, **kw).logits[0]
-        for i, t in enumerate(pre.question_ids):
-            out.append(runner._forward([t], pre.n + i, cache))
-    return torch.stack(out)
+    cache = runner._paged_cache([ev], pre, len(pre.question_ids))
+    step = runner._lean_decoder().step
+    if one_step:
+        return step(torch.tensor([pre.question_ids]), pre.n, cache)[0]
+    for i, t in enumerate(pre.question_ids):
+        out = step(torch.tensor([[t]]), pre.n + i, cache)[0]
+    return out
 
 
 @pytest.mark.parametrize("policy, allocation", CASES, ids=[p for p, _ in CASES])
@@ -43,7 +39,7 @@ def test_the_question_in_one_step_is_the_question_token_by_token(policy, allocat
     each = _question_logits(runner, pre, cfg, one_step=False)
     torch.testing.assert_close(one, each, rtol=1e-5, atol=1e-5)
     res = runner.evaluate(pre, cfg, max_new_tokens=6, stop_at_eos=False)
-    assert res.tokens[0] == int(each[-1].argmax())
+    assert res.tokens[0] == int(each.argmax())
 
 
 def test_without_the_causal_block_the_logits_differ(monkeypatch):

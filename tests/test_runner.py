@@ -219,24 +219,20 @@ def test_compacted_cache_holds_exactly_the_kept_tokens(llama, policy, page_size)
 
 
 def runner_decoding(model, decode: str) -> Runner:
-    """A runner on `model` that decodes with `decode`: "float32" (transformers' own
-    forward), "float16" (the lean step's default weights) or "lean32" (the lean step
-    with float32 weights: its arithmetic alone, to compare at float32 tolerance)."""
-    if decode != "lean32":
-        return Runner(model, decode_dtype=decode)
-    runner = Runner(model, decode_dtype="float16")
-    runner.decode_weights = torch.float32
-    return runner
+    """A runner on `model` whose decode step has `decode` weights: "float32" (its
+    arithmetic alone, to compare at float32 tolerance) or "float16" (the default on the
+    CPU)."""
+    return Runner(model, decode_dtype=decode)
 
 
 #: Decode paths and the logits' tolerance against the masked float32 reference. Half
 #: weights round every linear's input and weights (10 mantissa bits): under 1e-2 of a
 #: logit here (logits up to about 4), where a wrong position or mask moves them by ~1.
-DECODES = {"float32": 1e-5, "lean32": 1e-5, "float16": 2e-2}
+DECODES = {"float32": 1e-5, "float16": 2e-2}
 
 
 @pytest.mark.parametrize("decode", DECODES)
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("mode", ["inside", "after"])
 @pytest.mark.parametrize("policy", ["entropy", "streaming", "head_independent"])
 def test_decode_on_compacted_cache_equals_masked_reference(family, mode, policy, decode):
@@ -275,9 +271,11 @@ def test_positions_continue_at_n_not_at_compacted_length(llama):
     ev = runner.evict(pre, EvictionConfig(policy="entropy", budget=0.3, page_size=4, window=8))
     k = ev.stored_tokens[0][0]
     tok = int(pre.first_logits.argmax())
+    step = runner_decoding(llama, "float32")._lean_decoder().step
     with torch.inference_mode():
-        good = runner._forward([tok], pre.n, copy.deepcopy(ev.cache))
-        bad = runner._forward([tok], k, copy.deepcopy(ev.cache))
+        ids = torch.tensor([[tok]])
+        good = step(ids, pre.n, runner._paged_cache([ev], pre, 1))[0]
+        bad = step(ids, k, runner._paged_cache([ev], pre, 1))[0]
     keep = stored_keep_of(runner, pre, ev.plan.config)
     ref = masked_reference_logits(llama, pre, keep, [[tok]])[0]
     torch.testing.assert_close(good.float(), ref, atol=1e-5, rtol=0)

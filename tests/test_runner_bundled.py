@@ -65,13 +65,14 @@ def runner_and_prefill(bundled, needle_prompt):
 def test_full_policy_equals_generate_on_the_real_model(
     bundled, needle_prompt, runner_and_prefill, decode
 ):
-    """The model's own float32 forward, and the default lean step with float16 linear
-    weights, both decode what `generate` does on this prompt."""
+    """The decode step with float32 linear weights, and with the default float16 ones,
+    both decode what `generate` does on this prompt."""
     ids, needle = needle_prompt
     runner, pre = runner_and_prefill
-    if decode == "float32":  # the same prefill, decoded by transformers' own forward
+    if decode == "float32":  # the same prefill, decoded with float32 weights
         runner = Runner(bundled.model, bundled.tokenizer, decode_dtype="float32")
-    assert runner.decode_path.startswith("lean" if decode == "auto" else "transformers")
+    want = "float32" if decode == "float32" else "float16"
+    assert runner.decode_path == f"lean step, {want} linear weights"
     assert 300 <= pre.n <= 450
     assert (pre.n_layers, pre.n_heads, pre.n_groups, pre.head_dim) == (30, 9, 3, 64)
     res = runner.evaluate(

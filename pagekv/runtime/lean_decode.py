@@ -1,7 +1,8 @@
-"""A lean decode step for Llama-family models on the CPU: half-precision linear weights,
-a preallocated cache, few ops per layer.
+"""The decode step: every answer token of every run, for Llama, Mistral, Qwen2 and Qwen3
+decoders, on the CPU and on a GPU: few ops per layer, linear weights in one dtype,
+the kept pages in a paged cache.
 
-Why. Decoding one token on the CPU reads every weight of the model once, and on 2 cores
+Why. Decoding one token reads every weight of the model once, and on the CPU (2 cores)
 that read is the cost: float32 weights give about 10.6 GB/s whatever the kernel (the
 linear layers of the bundled model, 30 layers and its head, take 51 ms per token;
 `benchmarks/bench_decode.py` and docs/performance.md). Half-precision weights halve
@@ -10,28 +11,29 @@ the bytes. Two more costs are per step and not arithmetic: a transformers
 token (a copy of the whole cache), and a layer's forward is some 40 small ops.
 
 What. `LeanDecoder(model, weight_dtype)` keeps a copy of the model's linear weights
-in `weight_dtype` (float16 by default: 10 mantissa bits, where bfloat16 has 7; on a
-CPU without native half-precision instructions both run at the speed of their bytes),
-with q/k/v fused into one matrix, gate/up into another, and each RMSNorm's weight
-folded into the columns of the linear that reads it (in float32, before the cast).
-Everything else stays float32: the residual stream, the norms, RoPE, the attention and
-the KV cache (the prefill's cache, unchanged). Each linear casts its input to
-`weight_dtype` and its output back. A forward of several tokens per row (the question,
-asked after compression) runs its linears in the model's own float32 weights instead:
-a product of many rows reads the weights once either way, and half-precision products
-of many rows are slow on such a CPU. The cache is a `PagedCache`
-(`pagekv.runtime.paged_cache`): each (layer, group)'s kept pages in blocks of a pool,
-with room for the new tokens, written in place.
+in `weight_dtype` (`resolve_decode`: float16 for a float32 model on the CPU, 10
+mantissa bits where bfloat16 has 7; the model's own dtype elsewhere; float32 on
+request, the prefill's numerics), with q/k/v fused into one matrix, gate/up into
+another, and each RMSNorm's weight folded into the columns of the linear that reads
+it (in float32, before the cast). Everything else stays float32: the residual stream,
+the norms (Qwen3's per-head q/k norms included) and RoPE; the attention reads the
+cache in the prefill's dtype.
+Each linear casts its input to `weight_dtype`. A forward of several tokens per row
+(the question, asked after compression) runs its linears in the model's own weights
+instead: a product of many rows reads the weights once either way, and
+half-precision products of many rows are slow on such a CPU. The cache is a
+`PagedCache` (`pagekv.runtime.paged_cache`): each (layer, group)'s kept pages in
+blocks of a pool, with room for the new tokens, written in place.
 
 The step is the model's own computation (`LlamaDecoderLayer`: pre-norm attention and
 MLP with residuals; RoPE from the model's own `rotary_emb`, so scaled variants stay
 right, applied elementwise with a roll for `rotate_half`; the attention's own
 `scaling`; the MLP's own `act_fn`), checked against the transformers forward in
 `tests/test_lean_decode.py`: float32 weights match it to 1e-5, half weights to the
-tolerance of their rounding. Which models:
-`unsupported_reason(model)` accepts Llama, Mistral and Qwen2 decoders (biases
-included) whose layers have exactly these parts; anything else decodes with
-transformers, and the runner says which path ran.
+tolerance of their rounding. Which models: `unsupported_reason(model)` accepts Llama,
+Mistral, Qwen2 and Qwen3 decoders (biases included) whose layers have exactly these
+parts, the architectures the window capture (`pagekv.runtime.capture`) knows; the
+runner refuses anything else in one sentence.
 
 Attention. Each (layer, group) attends its own kept tokens (layers and groups may
 differ: padded and global plans, whose pages were allocated per group), through
@@ -50,49 +52,37 @@ from pagekv.runtime.paged_cache import PagedCache
 __all__ = ["DECODE_DTYPES", "LeanDecoder", "resolve_decode", "unsupported_reason"]
 
 #: Model types whose decoder layers `LeanDecoder` reproduces (checked part by part).
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 #: What `resolve_decode` (and `--dtype`) accept.
 DECODE_DTYPES = ("auto", "float32", "float16", "bfloat16")
-_HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def resolve_decode(decode_dtype, model) -> tuple[torch.dtype | None, str]:
-    """The lean step's weight dtype for `decode_dtype` on `model` (None: the model's
-    own transformers forward decodes), and a label that says which path runs.
+def resolve_decode(decode_dtype, model) -> tuple[torch.dtype, str]:
+    """The lean step's weight dtype for `decode_dtype` on `model`, and a label that says
+    which decode runs (`RunResult.backends["decode"]`).
 
-    "auto", for a model `LeanDecoder` supports, is float16 for a float32 model on the
-    CPU, and the model's own dtype on a GPU (the step then reads the paged cache
-    through the paged-decode kernel on the Triton backend); else the model's own
-    forward. "float32" is always the model's own forward (today's numerics: the
-    prefill's); "float16" / "bfloat16" ask for the lean step and raise ValueError, in
-    one sentence, for a model it cannot run.
+    "auto" is float16 for a float32 model on the CPU (half the bytes to read per token),
+    else the model's own dtype (on a GPU the step reads the paged cache through the
+    paged-decode kernel); "float32", "float16" and "bfloat16" ask for those weights
+    ("float32" is the prefill's numerics on a float32 model). Raises ValueError, in one
+    sentence, for a decode dtype it does not know or a model the step cannot run.
     """
     key = str(decode_dtype).lower().removeprefix("torch.")
     if key not in DECODE_DTYPES:
         raise ValueError(
             f"unknown decode dtype {decode_dtype!r}: use one of {', '.join(DECODE_DTYPES)}"
         )
-    param = next(model.parameters())
-    own = f"transformers forward, {str(param.dtype).removeprefix('torch.')}"
-    if key == "float32":
-        return None, own
     reason = unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(f"pagekv's decode step cannot run this model: {reason}")
+    param = next(model.parameters())
     if key == "auto":
-        if reason is not None:
-            return None, own
-        if param.device.type != "cpu":  # a GPU: the model's own weights' dtype
-            key = str(param.dtype).removeprefix("torch.")
-            return param.dtype, f"lean step, {key} linear weights"
-        if param.dtype != torch.float32:
-            return None, own
-        key = "float16"
-    elif reason is not None:
-        raise ValueError(
-            f"decode dtype {key} needs the lean decode step, but {reason}; use float32"
-        )
-    return _HALF[key], f"lean step, {key} linear weights"
+        cpu32 = param.device.type == "cpu" and param.dtype == torch.float32
+        key = "float16" if cpu32 else str(param.dtype).removeprefix("torch.")
+    return _DTYPES[key], f"lean step, {key} linear weights"
 
 
 def unsupported_reason(model) -> str | None:
@@ -111,8 +101,11 @@ def unsupported_reason(model) -> str | None:
         names = ("q_proj", "k_proj", "v_proj", "o_proj")
         if att is None or not all(type(getattr(att, n, None)) is torch.nn.Linear for n in names):
             return f"layer {i}: attention is not q/k/v/o linear projections"
-        if any(hasattr(att, n) for n in ("q_norm", "k_norm", "sinks")):
-            return f"layer {i}: attention has per-head norms or sinks"
+        if hasattr(att, "sinks"):
+            return f"layer {i}: attention has sinks"
+        norms = [getattr(att, n, None) for n in ("q_norm", "k_norm")]
+        if any(n is not None for n in norms) and any(_norm_eps(n) is None for n in norms):
+            return f"layer {i}: the per-head q/k norms are not a pair of RMSNorms"
         names = ("gate_proj", "up_proj", "down_proj")
         if mlp is None or not all(type(getattr(mlp, n, None)) is torch.nn.Linear for n in names):
             return f"layer {i}: the MLP is not a gated gate/up/down MLP"
@@ -126,9 +119,28 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
+def _head_norms(att):
+    """Qwen3's per-head RMSNorms of q and k as `(eps, weight)`: `eps` a 0-dim float32
+    tensor, `weight` `[H + G, d]` float32 (q's weight for the query heads, k's for the
+    KV heads, in qkv's order); None for attention without them."""
+    if getattr(att, "q_norm", None) is None:
+        return None
+    H = att.q_proj.out_features // att.head_dim
+    G = att.k_proj.out_features // att.head_dim
+    w = torch.cat([att.q_norm.weight.detach().float().expand(H, -1),
+                   att.k_norm.weight.detach().float().expand(G, -1)])  # fmt: skip
+    eps = torch.tensor(_norm_eps(att.q_norm), device=w.device)
+    if _norm_eps(att.k_norm) != _norm_eps(att.q_norm):
+        raise ValueError("LeanDecoder: q_norm and k_norm have different epsilons")
+    return eps, w
+
+
+_RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+
+
 def _norm_eps(norm) -> float | None:
     """The epsilon of a Llama-style RMSNorm (`weight * x / rms(x)`), else None."""
-    if type(norm).__name__ not in ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"):
+    if type(norm).__name__ not in _RMS_NORMS:
         return None
     eps = getattr(norm, "variance_epsilon", None)
     return float(eps) if eps is not None else None
@@ -205,6 +217,7 @@ class LeanDecoder:
                     "act": mlp.act_fn,
                     "scaling": float(att.scaling),
                     "split": (att.q_proj.out_features, att.k_proj.out_features),
+                    "qk_norm": _head_norms(att),
                     "inter": mlp.gate_proj.out_features,
                 }
             )  # fmt: skip
@@ -247,6 +260,10 @@ class LeanDecoder:
             # rotate_half(x) sin = roll(x, d/2) * signed (`_rope`). Elementwise: a
             # [12, 64] x [64, 64] matrix product here cost more than a linear layer.
             qk = qkv[:, : nq + nk].view(B, t, -1, d)
+            if lay["qk_norm"] is not None:  # Qwen3: each head's q and k normalised first
+                eps, weight = lay["qk_norm"]
+                r = torch.linalg.vector_norm(qk, dim=-1, keepdim=True, dtype=torch.float32)
+                qk = qk.float() * torch.addcmul(eps, r, r, value=1.0 / d).rsqrt_() * weight
             qk = torch.addcmul(qk * cos, qk.roll(half, -1), signed)  # [B, t, H + G, d]
             q = qk[:, :, :H].transpose(1, 2)  # [B, H, t, d]
             k = qk[:, :, H:].transpose(1, 2)  # [B, G, t, d]

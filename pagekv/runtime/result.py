@@ -60,7 +60,7 @@ class RunResult:
     device: str
     timings: dict  # prefill_s, score_s, evict_s (None for `full`), decode_s, load_s
     #: The decode-time cache of this row: its kept pages with room for the question and
-    #: the answer (`PagedCache.row_nbytes`); None where transformers' forward decodes.
+    #: the answer (`PagedCache.row_nbytes`).
     cache_bytes_decode: int | None = None
     # the needle (needle tasks)
     needle_positions: list | None = None  # prompt indices of the needle's answer tokens

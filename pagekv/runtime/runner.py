@@ -11,41 +11,32 @@ greedily, without a new prefill::
     res.answer, res.stored_tokens, res.timings  # a pagekv.runtime.result.RunResult
 
 Positions. A compacted cache holds `k' < n` tokens but they keep their original
-RoPE phases, so the decode continues at position `n` (not `k'`): every forward
-passes explicit `position_ids`. In transformers 5.x the causal mask is sized from the
-cache (`q_offset` = cache length, `kv_length` = cache length + new tokens), not from
-the positions, so no `attention_mask` is passed: the new tokens see every cached
-token and each other causally. `generate` cannot be used: it would place the next
-token at position `k'`.
+RoPE phases, so the decode continues at position `n` (not `k'`): the decode step
+(`pagekv.runtime.lean_decode`) is given the positions explicitly. `generate` cannot be
+used: it would place the next token at position `k'`.
 
 Modes. Question inside the prompt ("inside"): the first answer token is the argmax
 of the prefill's last logits, which saw the whole prompt before eviction
 (`first_token_from_full_prefill=True` in the result). Question after the context
 ("after"): the prefill holds the context only; the question is prefilled into the
-compacted cache at positions `n..n+q-1`, so every answer token sees the evicted cache.
+compacted cache at positions `n..n+q-1`, in one step, so every answer token sees the
+evicted cache.
 
-Head-independent plans are not dense (each group keeps a union of its own size). To
-decode them honestly anyway, each layer stores every group's union padded up to the
-layer's largest union with that group's next-best pages (by `Plan.page_scores`, ties
-toward the lower page); `union_tokens` reports the real unions, `stored_tokens` what
-is stored, `padding_tokens` the difference. Layers then differ in length, which
-transformers' mask (sized from layer 0) cannot describe, so each layer of such a
-"ragged" cache is given a mask of its own width by a pre-hook on its attention module:
-zeros over the stored keys (a new token may see its whole cache) and a causal block
-over the tokens of the step (the question goes in one step). The mask is materialised,
-since CUDA's fused attention refuses one broadcast along the keys.
-
-A global plan (`allocation="global"`) is stored the same way, but its padding is
-storage only: the decode attends to exactly the pages the plan allocated, as a paged
-cache holding only them would. Each layer gets an additive mask `[1, H, 1, k_l]`
-(0 on an allocated token, the dtype's lowest value on a padded one, per KV head and so
-per query head of its group), put in place of the attention mask by a pre-hook on each
-attention module, with the step's causal block beside it (`Evicted.masks`).
+The decode cache. Every plan decodes from a `PagedCache`
+(`pagekv.runtime.paged_cache`): each (layer, group)'s kept tokens in blocks of a pool,
+with room for the question and the answer, each (layer, group) attending exactly its
+own tokens, whatever their number. Head-independent plans are not dense (each group
+keeps a union of its own size); the runner stores every group's union padded up to
+the layer's largest union with that group's next-best pages (by `Plan.page_scores`,
+ties toward the lower page), and the decode attends to the padding too:
+`union_tokens` reports the real unions, `stored_tokens` what is stored,
+`padding_tokens` the difference. A global plan (`allocation="global"`) is compacted
+the same way, but its padding is storage only: the decode's cache holds exactly the
+pages the plan allocated to each group (`Evicted.allocated`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import time
@@ -66,7 +57,7 @@ from pagekv.maths.paging import (
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
 from pagekv.runtime.backend import compact_layers, pooler, resolve_backend, score_window
-from pagekv.runtime.capture import WindowQueryCapture, attention_modules
+from pagekv.runtime.capture import WindowQueryCapture
 from pagekv.runtime.lean_decode import LeanDecoder, resolve_decode
 from pagekv.runtime.paged_cache import PagedCache, allocated_rows
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
@@ -77,7 +68,6 @@ from pagekv.runtime.reconstruct import (
     reconstruction_scores,
 )
 from pagekv.runtime.result import RunResult
-from pagekv.runtime.small_batch import small_batch_linears
 
 log = logging.getLogger(__name__)
 
@@ -192,11 +182,11 @@ class Evicted:
     compacted_bytes: int  # bytes of the compacted cache right after eviction
     score_s: float | None  # profiles and masses (memoised: ~0 after the first time)
     evict_s: float | None  # plan and compaction (None for `full`: nothing is evicted)
-    #: Per layer `[1, H, 1, k_l]` additive masks hiding a global plan's padding from the
-    #: decode (None: every stored token is attended).
-    masks: list[torch.Tensor] | None = None
+    #: Per layer bool `[G, k_l]`: which stored tokens a global plan allocated to each
+    #: group (the rest is padding the decode's cache leaves out); None: all of them.
+    allocated: list[torch.Tensor] | None = None
     #: The bytes of the paged cache the decode read (`PagedCache.row_nbytes`); None
-    #: before a decode, or where transformers' forward decodes.
+    #: before a decode.
     decode_bytes: int | None = None
 
 
@@ -220,11 +210,11 @@ class Runner:
             or "triton", resolved by `pagekv.runtime.backend.resolve_backend` (a BackendError
             where Triton cannot run). Scoring and compaction dispatch through
             `pagekv.runtime.backend`; the choice is logged and reported in every result.
-        decode_dtype: how the answer is decoded (`resolve_decode`): "auto" (the default:
-            float16 linear weights in `pagekv.runtime.lean_decode` for a float32 model
-            on the CPU that it supports, else the model's own forward), "float32" (the
-            model's own forward: the prefill's numerics), "float16" or "bfloat16" (the
-            lean step with those weights; a ValueError for a model it cannot run).
+        decode_dtype: the linear weights of the decode step (`pagekv.runtime.lean_decode`,
+            `resolve_decode`): "auto" (the default: float16 for a float32 model on the
+            CPU, the model's own dtype elsewhere), "float32" (the prefill's numerics on
+            a float32 model), "float16" or "bfloat16". A ValueError for a model the
+            step cannot run.
     """
 
     def __init__(self, model, tokenizer=None, backend: str = "auto", decode_dtype="auto"):
@@ -241,7 +231,7 @@ class Runner:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.eos_ids = set(eos_token_ids(model, tokenizer))
-        #: The lean step's weight dtype (None: transformers' own forward decodes).
+        #: The decode step's weight dtype, and the label each result carries.
         self.decode_weights, self.decode_path = resolve_decode(decode_dtype, model)
         self._lean: LeanDecoder | None = None  # built on the first decode
         #: Greedy steps between host reads of the tokens (`_greedy`): 1 on the CPU, where
@@ -394,7 +384,7 @@ class Runner:
         # targets come from this one host wait, whatever the number of layers.
         union = p.union_counts()
         ragged = False
-        masks = None
+        allocated = None
         compacted_on = "none"
         keeps_all = get_policy(config.policy).keeps_all
         if keeps_all:
@@ -413,9 +403,8 @@ class Runner:
             )  # one launch for all layers on Triton
             ragged = len({int(k.shape[1]) for k in kept_idx}) > 1
             if config.allocation != "uniform" and not p.dense:
-                dtype = pre.cache.layers[0].keys.dtype
-                masks = padding_masks(p, kept_idx, pre.n_heads, dtype)
-                ragged = True  # each layer's mask is its own (`_masked`)
+                allocated = allocated_tokens(p, kept_idx)
+                ragged = True  # a group's decode cache holds its own allocation
         cache = _new_cache(layers)
         stored = [[int(layers[i][0].shape[2])] * G for i in range(L)]  # tensor lengths
         t2 = _now(self.device)
@@ -433,7 +422,7 @@ class Runner:
             stored_tokens=stored,
             union_tokens=union,
             ragged=ragged,
-            masks=masks,
+            allocated=allocated,
             compacted_bytes=_cache_bytes(cache),
             score_s=None if keeps_all else planned.score_s,
             evict_s=None if keeps_all else planned.plan_s + (t2 - t1),
@@ -505,10 +494,7 @@ class Runner:
             (tuple(la.keys.shape), tuple(lb.keys.shape))
             for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
         ]
-        if self.decode_weights is not None:  # the lean step attends each layer's own length
-            same = ev_a.masks is None and ev_b.masks is None
-        else:
-            same = not (ev_a.ragged or ev_b.ragged)
+        same = ev_a.allocated is None and ev_b.allocated is None
         same = same and all(x == y for x, y in shapes)
         if not same or max_new_tokens == 0:
             out = [
@@ -518,9 +504,7 @@ class Runner:
             if on_token is not None:
                 on_token(out[0].tokens, out[1].tokens)
             return out[0], out[1]
-        # Two rows per linear layer: on the CPU, computed as W @ x^T (pagekv.runtime.small_batch).
-        small = contextlib.nullcontext() if self.decode_weights else small_batch_linears(self.model)
-        with torch.inference_mode(), small:
+        with torch.inference_mode():
             t0 = _now(self.device)
             (tok_a, tok_b), (stop_a, stop_b) = self._decode_pair(
                 pre, ev_a, ev_b, max_new_tokens, stop_at_eos, on_token
@@ -585,7 +569,7 @@ class Runner:
         if needle_positions is not None:
             res.needle_positions = [int(t) for t in needle_positions]
             # bool [L, G, n]: what the decode attends to (a global plan's padding is masked)
-            stored_keep = p.keep if ev.masks is not None else _stored_keep(p, ev.kept_indices)
+            stored_keep = p.keep if ev.allocated is not None else _stored_keep(p, ev.kept_indices)
             ret = needle_retention(stored_keep, needle_positions)
             res.needle_retention = ret.tolist()
             res.needle_kept_all = bool((ret == 1).all())
@@ -596,17 +580,14 @@ class Runner:
     # ---------------------------------------------------------------- internals
 
     def _decode(self, pre, ev, max_new, stop_at_eos, keep_logits):
-        """Greedy decode on `ev.cache`; positions continue at `n` (see module docstring)."""
-        if self.decode_weights is not None:
-            cache = self._paged_cache([ev], pre, max_new)
-            ev.cache = None  # the paged cache holds its own copy
-            ev.decode_bytes = cache.row_nbytes(0)
-            step = self._lean_decoder().step
-            forward = lambda ids, pos: step(ids, pos, cache)[0]  # noqa: E731
-            return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
-        with self._masked(ev):
-            forward = lambda ids, pos: self._forward(ids, pos, ev.cache)  # noqa: E731
-            return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
+        """Greedy decode of `ev` in the lean step over a paged copy of its cache;
+        positions continue at `n` (see the module docstring)."""
+        cache = self._paged_cache([ev], pre, max_new)
+        ev.cache = None  # the paged cache holds its own copy
+        ev.decode_bytes = cache.row_nbytes(0)
+        step = self._lean_decoder().step
+        forward = lambda ids, pos: step(ids, pos, cache)[0]  # noqa: E731
+        return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
 
     def _lean_decoder(self) -> LeanDecoder:
         if self._lean is None:
@@ -616,18 +597,17 @@ class Runner:
     def _paged_cache(self, evs, pre, max_new) -> PagedCache:
         """The compacted caches (one per batch row, the same shapes) in a `PagedCache`
         with room for the question and the answer, in pages of the plan's size. A
-        global plan's padding (`Evicted.masks`) is left out: each group keeps exactly
+        global plan's padding (`Evicted.allocated`) is left out: each group keeps exactly
         the pages it was allocated."""
         extra = (len(pre.question_ids) if pre.question_ids else 0) + max_new
         layers = []
         for i, rows in enumerate(zip(*(ev.cache.layers for ev in evs), strict=True)):
-            if evs[0].masks is None:  # every group of the layer keeps the same tokens
+            if evs[0].allocated is None:  # every group of the layer keeps the same tokens
                 layers.append(([r.keys for r in rows], [r.values for r in rows]))
                 continue
             keys, values = [], []
             for ev, row in zip(evs, rows, strict=True):
-                r = pre.n_heads // pre.n_groups
-                keep = ev.masks[i][0, ::r, 0, :] == 0  # [G, k_l] the allocated tokens
+                keep = ev.allocated[i]  # [G, k_l] the allocated tokens
                 ks, vs = allocated_rows(row.keys, row.values, keep, ev.union_tokens[i])
                 keys += ks
                 values += vs
@@ -637,53 +617,6 @@ class Runner:
 
     def _ids(self, rows: list[list[int]]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long, device=self.device)
-
-    @contextlib.contextmanager
-    def _masked(self, ev):
-        """While decoding a ragged `ev`, each attention module gets a mask of its own
-        layer's width: its padding mask (`Evicted.masks`) widened by zeros for the tokens
-        appended since eviction, or all zeros (a head-independent cache: every stored
-        token is attended), beside a causal block over the step's own tokens (a question
-        goes in one step). transformers sizes its mask from layer 0, which a ragged cache
-        cannot use; and a mask broadcast along the keys (last dimension 1) is refused by
-        CUDA's fused attention ("last dimension must be contiguous"), so each mask is
-        materialised, `[1, H or 1, q, k]`, contiguous."""
-        if not ev.ragged:
-            yield
-            return
-        masks, cache = ev.masks, ev.cache
-        dtype = self.model.get_input_embeddings().weight.dtype
-
-        def hook_for(index):
-            def hook(module, args, kwargs):
-                q = kwargs["hidden_states"].shape[1] if "hidden_states" in kwargs else 1
-                past = int(cache.layers[index].keys.shape[2])  # keys before this step
-                # The q new tokens see each other causally (the question, prefilled in
-                # one step), and every earlier key the layer's mask allows.
-                new = torch.full((q, q), torch.finfo(dtype).min, dtype=dtype, device=self.device)
-                new = new.triu(1)[None, None]  # [1, 1, q, q]
-                if masks is None:
-                    old = torch.zeros(1, 1, q, past, dtype=dtype, device=self.device)
-                else:
-                    base = masks[index]  # [1, H, 1, k_l]
-                    extra = past - base.shape[-1]  # tokens appended since eviction
-                    row = torch.cat([base, base.new_zeros(1, base.shape[1], 1, extra)], dim=-1)
-                    old = row.expand(-1, -1, q, -1)
-                    new = new.expand(-1, base.shape[1], -1, -1)
-                mask = torch.cat([old, new], dim=-1).contiguous()  # [1, H or 1, q, past + q]
-                return args, dict(kwargs, attention_mask=mask)
-
-            return hook
-
-        handles = [
-            m.register_forward_pre_hook(hook_for(i), with_kwargs=True)
-            for i, m in enumerate(attention_modules(self.model))
-        ]
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
 
     def _greedy(self, pre, forward, max_new, stop_at_eos, keep_logits):
         """Greedy decode with `forward(ids [1, t] on the device, pos) -> logits [V]`
@@ -730,18 +663,10 @@ class Runner:
 
     def _decode_pair(self, pre, ev_a, ev_b, max_new, stop_at_eos, on_token):
         """Greedy decode of two same-shape compacted caches as one batch of 2."""
-        if self.decode_weights is not None:
-            lean = self._paged_cache([ev_a, ev_b], pre, max_new)
-            ev_a.decode_bytes, ev_b.decode_bytes = lean.row_nbytes(0), lean.row_nbytes(1)
-            step = self._lean_decoder().step
-            forward = lambda rows, pos: step(self._ids(rows), pos, lean)  # noqa: E731
-        else:
-            layers = [
-                (torch.cat([la.keys, lb.keys]), torch.cat([la.values, lb.values]))
-                for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
-            ]  # [2, G, k, d] per layer
-            cache = _new_cache(layers)
-            forward = lambda rows, pos: self._forward_batch(rows, pos, cache)  # noqa: E731
+        lean = self._paged_cache([ev_a, ev_b], pre, max_new)
+        ev_a.decode_bytes, ev_b.decode_bytes = lean.row_nbytes(0), lean.row_nbytes(1)
+        step = self._lean_decoder().step
+        forward = lambda rows, pos: step(self._ids(rows), pos, lean)  # noqa: E731
         ev_a.cache = ev_b.cache = None  # the batched copy replaces them
         pos = pre.n
         tokens: list[list[int]] = [[], []]
@@ -770,28 +695,6 @@ class Runner:
             logits = forward(feed, pos)
             pos += 1
         return (tokens[0], tokens[1]), (stops[0], stops[1])
-
-    def _forward_batch(self, ids, pos: int, cache, **kwargs) -> torch.Tensor:
-        """Append one equal-length id list per row (or a `[B, t]` tensor on the device) at
-        positions `pos..`; logits `[B, V]`."""
-        x = ids if isinstance(ids, torch.Tensor) else self._ids(ids)  # [B, t]
-        positions = torch.arange(pos, pos + x.shape[1], device=self.device).expand(x.shape[0], -1)
-        out = self.model(
-            input_ids=x,
-            position_ids=positions,
-            **{self._cache_kw: cache},
-            use_cache=True,
-            logits_to_keep=1,
-            **kwargs,
-        )
-        return out.logits[:, -1]
-
-    def _forward(self, ids, pos: int, cache) -> torch.Tensor:
-        """Append `ids` (a list, or a `[1, t]` tensor on the device) at positions `pos..`
-        to `cache`; the last position's logits `[V]`. A ragged cache's layers get their
-        masks from `_masked`, the question in one step like any other cache's."""
-        x = ids if isinstance(ids, torch.Tensor) else self._ids([ids])  # [1, t]
-        return self._forward_batch(x, pos, cache)[0]
 
     def _detok(self, tokens: list[int]) -> str:
         if self.tokenizer is None:
@@ -861,19 +764,10 @@ def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
     return [kept_token_indices(keep[layer], t) for layer, t in enumerate(targets)]
 
 
-def padding_masks(p: Plan, kept_idx, n_heads: int, dtype) -> list[torch.Tensor]:
-    """Per layer the additive mask `[1, H, 1, k_l]` of a padded plan's stored tokens:
-    0 where the plan allocated the token to that KV head's group, the dtype's lowest
-    value where it is padding (each KV head's row repeated for the `H / G` query heads
-    of its group, in the order GQA groups them)."""
-    out = []
-    for layer, idx in enumerate(kept_idx):  # [G, k_l]
-        allocated = p.keep[layer].gather(1, idx.to(p.keep.device))  # [G, k_l] bool
-        r = n_heads // allocated.shape[0]
-        low = torch.finfo(dtype).min
-        add = torch.where(allocated, 0.0, low).to(dtype).repeat_interleave(r, dim=0)
-        out.append(add[None, :, None, :].to(idx.device))  # [1, H, 1, k_l]
-    return out
+def allocated_tokens(p: Plan, kept_idx) -> list[torch.Tensor]:
+    """Per layer bool `[G, k_l]`: whether each stored token of a padded plan was
+    allocated to its group (True) or is padding (False)."""
+    return [p.keep[layer].gather(1, idx.to(p.keep.device)) for layer, idx in enumerate(kept_idx)]
 
 
 def _stored_keep(p: Plan, kept_idx) -> torch.Tensor:
