@@ -235,9 +235,12 @@ class LeanDecoder:
         return x * r if out is None else torch.mul(x, r, out=out)
 
     @torch.inference_mode()
-    def step(self, ids: torch.Tensor, pos: int, cache: PagedCache) -> torch.Tensor:
+    def step(self, ids: torch.Tensor, pos, cache: PagedCache) -> torch.Tensor:
         """Append `ids` `[B, t]` at positions `pos..pos+t-1` to `cache`; float32 logits
-        `[B, V]` of the last position."""
+        `[B, V]` of the last position. `pos` is an int, or a 0-dim long tensor on the
+        device (with a `static` cache: then the step reads nothing from the host that
+        changes between steps, and can be captured as a CUDA graph,
+        `pagekv.runtime.decode_graph`)."""
         B, t = ids.shape
         cache.grow(t)  # every layer's lengths, at once; each layer writes its slots
         d = self.head_dim
@@ -280,13 +283,16 @@ class LeanDecoder:
         x = self._norm(x.view(B, t, -1)[:, -1], self.final_eps)
         return self.head(x).float()  # one row per batch row: the half-precision head
 
-    def _rope(self, x: torch.Tensor, pos: int, B: int, t: int):
+    def _rope(self, x: torch.Tensor, pos, B: int, t: int):
         """RoPE at positions `pos..pos+t-1`: `(cos, signed)` `[B, t, 1, d]` float32 such
         that a head's `x * cos + x.roll(d/2, -1) * signed` is `apply_rotary_pos_emb`'s
         `x * cos + rotate_half(x) * sin` (`rotate_half(x) = (-x2, x1)` and `roll` gives
         `(x2, x1)`, so `signed = (-sin1, sin2)`); the model's own `rotary_emb` gives cos
         and sin, its scaling included."""
-        positions = torch.arange(pos, pos + t, device=x.device).expand(B, t)
+        if isinstance(pos, torch.Tensor):  # a 0-dim device tensor (a CUDA graph's input)
+            positions = (pos + torch.arange(t, device=x.device)).expand(B, t)
+        else:
+            positions = torch.arange(pos, pos + t, device=x.device).expand(B, t)
         cos, sin = self.rotary(x, positions)  # [B, t, d]
         cos, sin = cos.float(), sin.float()
         half = self.head_dim // 2

@@ -59,6 +59,9 @@ class PagedCache:
             raise ValueError(f"page_size must be >= 1 and extra >= 0; got {page_size}, {extra}")
         self.page_size = P = int(page_size)
         self.kernel = bool(kernel)
+        #: Write and attend through the block tables and the device lengths only (what a
+        #: CUDA graph replays: no shape or address that changes from step to step).
+        self.static = False
         #: Tokens appended to every (layer, row, group) since the build (`grow`).
         self.added = 0
         self.k_pool, self.v_pool, self.tables = [], [], []
@@ -150,19 +153,22 @@ class PagedCache:
 
     # ---------------------------------------------------------------- decode
 
-    def grow(self, t: int) -> None:
+    def grow(self, t: int, device: bool = True) -> None:
         """Make room for `t` new tokens in every (layer, row, group): their lengths grow
-        by `t` (on the host and, in one op, on the device); `write` fills the slots."""
+        by `t` (on the host and, in one op, on the device; `device=False`: the host's
+        count alone, beside a CUDA graph whose replay adds on the device); `write` fills
+        the slots."""
         if self.room() < t:
             raise ValueError(f"PagedCache is full: {t} new tokens, room for {self.room()}")
         self.added += t
-        self._lengths.add_(t)
+        if device:
+            self._lengths.add_(t)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write the `t` tokens of the last `grow(t)` into `layer`: `[B, G, t, d]` (in the
         pool's dtype or one it promotes from)."""
         B, G, t, d = k.shape
-        views = self._views[layer]
+        views = None if self.static else self._views[layer]
         if views is not None:  # one strided copy into the layer's view
             n0 = self._base[layer][0][0] + self.added - t
             views[0].narrow(2, n0, t).copy_(k)
@@ -182,7 +188,7 @@ class PagedCache:
         over `layer`; `[B, H, t, d]` in the pool's dtype (`q` is cast to it)."""
         if q.dtype != self.k_pool[layer].dtype:
             q = q.to(self.k_pool[layer].dtype)
-        if self.kernel and q.shape[2] == 1:
+        if (self.kernel or self.static) and q.shape[2] == 1:
             return self._attend_kernel(layer, q, scale)
         return self._attend_torch(layer, q, scale)
 

@@ -58,6 +58,7 @@ from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
 from pagekv.runtime.backend import compact_layers, pooler, resolve_backend, score_window
 from pagekv.runtime.capture import WindowQueryCapture
+from pagekv.runtime.decode_graph import GraphedStep
 from pagekv.runtime.lean_decode import LeanDecoder, resolve_decode
 from pagekv.runtime.paged_cache import PagedCache, allocated_rows
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
@@ -188,6 +189,8 @@ class Evicted:
     #: The bytes of the paged cache the decode read (`PagedCache.row_nbytes`); None
     #: before a decode.
     decode_bytes: int | None = None
+    #: Whether the decode's one-token steps were replayed from a CUDA graph.
+    graphed: bool = False
 
 
 # --------------------------------------------------------------------------- runner
@@ -237,6 +240,9 @@ class Runner:
         #: Greedy steps between host reads of the tokens (`_greedy`): 1 on the CPU, where
         #: a read waits on nothing; `DECODE_CHUNK` on CUDA.
         self.decode_chunk = 1 if self.device.type == "cpu" else DECODE_CHUNK
+        #: Replay the one-token step from a CUDA graph (`pagekv.runtime.decode_graph`):
+        #: on CUDA with the Triton backend, whose paged-decode kernel reads the tables.
+        self.cuda_graphs = self.device.type == "cuda" and self.backend == "triton"
         log.info("pagekv runner: decode with %s", self.decode_path)
 
     def warm_up(self) -> float:
@@ -544,7 +550,10 @@ class Runner:
             uor={"mean": float(uor.mean()), "max": float(uor.max())},
             uor_per_group=uor.tolist(),
             backend=self.backend,
-            backends={**ev.backends, "decode": self.decode_path},
+            backends={
+                **ev.backends,
+                "decode": self.decode_path + (", CUDA graph" if ev.graphed else ""),
+            },
             device=str(self.device),
             timings={
                 "prefill_s": float(pre.timings.get("prefill_s", 0.0)),
@@ -585,6 +594,15 @@ class Runner:
         cache = self._paged_cache([ev], pre, max_new)
         ev.cache = None  # the paged cache holds its own copy
         ev.decode_bytes = cache.row_nbytes(0)
+        if self.cuda_graphs:  # the one-token steps replayed from a CUDA graph
+            cache.static = True
+            graphed = GraphedStep(self._lean_decoder(), cache)
+            try:
+                return self._greedy(
+                    pre, lambda ids, pos: graphed(ids, pos)[0], max_new, stop_at_eos, keep_logits
+                )
+            finally:
+                ev.graphed = graphed.graphed
         step = self._lean_decoder().step
         forward = lambda ids, pos: step(ids, pos, cache)[0]  # noqa: E731
         return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)

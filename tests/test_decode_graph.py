@@ -1,0 +1,173 @@
+"""The decode step in the form a CUDA graph replays (`pagekv.runtime.decode_graph`).
+
+A graph replays fixed launches: the step must take its position from a device tensor and
+write and attend through the block tables and the device lengths (a `static`
+`PagedCache`, the paged-decode kernel), reading nothing from the host. On the CPU (the
+kernel interpreted) that form is checked against the ordinary step, logits and cache,
+and for host reads; a capture that fails (forced here with stand-ins for torch.cuda,
+which the CPU has none of) falls back to the eager step with the cache's count intact.
+The capture itself runs only on a GPU (benchmarks/gpu_check.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from pagekv import EvictionConfig
+from pagekv.runtime import decode_graph
+from pagekv.runtime.decode_graph import GraphedStep
+from pagekv.runtime.runner import Runner
+from tests.test_host_waits import HostReads
+from tests.test_runner import prompt, tiny_model
+
+CASES = {
+    "entropy": dict(policy="entropy"),
+    "global": dict(policy="entropy", allocation="global"),  # groups of different lengths
+}
+
+
+def _caches(case):
+    runner = Runner(tiny_model("llama", seed=2), decode_dtype="float32")
+    pre = runner.prefill(prompt(70, seed=4), window_max=8, question_ids=[5, 6, 7])
+    cfg = EvictionConfig(budget=0.3, page_size=4, window=8, n_sink=2, **CASES[case])
+    plain = runner._paged_cache([runner.evict(pre, cfg)], pre, 12)
+    static = runner._paged_cache([runner.evict(pre, cfg)], pre, 12)
+    static.static = True
+    return runner, pre, plain, static
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_static_step_is_the_step(case):
+    runner, pre, plain, static = _caches(case)
+    step = runner._lean_decoder().step
+    q = torch.tensor([pre.question_ids])
+    a, b = step(q, pre.n, plain), step(q, pre.n, static)  # the question: eager, both
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+    pos = pre.n + 3
+    for t in (11, 42, 7, 99):
+        ids = torch.tensor([[t]])
+        a = step(ids, pos, plain)
+        b = step(ids, torch.tensor(pos), static)  # a device position, the tables' path
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+        pos += 1
+    for layer in range(pre.n_layers):
+        assert static.lengths[layer].tolist() == plain.host_lengths(layer)
+        for g in range(pre.n_groups):
+            for x, y in zip(static.read(layer, 0, g), plain.read(layer, 0, g), strict=True):
+                torch.testing.assert_close(x, y, atol=1e-5, rtol=0)
+
+
+class _Ops(TorchDispatchMode):
+    """Every op torch dispatches, with its tensors' shapes, strides and offsets and its
+    scalar arguments: what a CUDA graph would have recorded."""
+
+    def __init__(self):
+        super().__init__()
+        self.log = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        sig = [str(func)]
+        for a in pytree.tree_leaves((args, kwargs)):
+            if isinstance(a, torch.Tensor):
+                sig.append((tuple(a.shape), a.stride(), a.storage_offset()))
+            elif isinstance(a, (int, float, bool)):
+                sig.append(a)
+        self.log.append(tuple(sig))
+        return func(*args, **kwargs)
+
+
+def _two_steps(step, cache, pos, as_tensor: bool) -> tuple[list, list]:
+    logs = []
+    for i in range(2):
+        p = torch.tensor(pos + i) if as_tensor else pos + i
+        with _Ops() as ops:
+            step(torch.tensor([[9 + i]]), p, cache)
+        logs.append(ops.log)
+    return logs[0], logs[1]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_static_steps_are_the_same_launches(case):
+    """A replay repeats the recorded launches on the same shapes and addresses: two
+    consecutive static steps dispatch the same ops with the same shapes, strides,
+    offsets and scalars. The ordinary step (negative control) does not: it slices
+    each layer's cache to its length and writes at an offset that moves."""
+    runner, pre, plain, static = _caches(case)
+    step = runner._lean_decoder().step
+    for cache in (plain, static):
+        step(torch.tensor([pre.question_ids]), pre.n, cache)
+    first, second = _two_steps(step, static, pre.n + 3, as_tensor=True)
+    assert len(first) > 50 and first == second
+    if case == "entropy":  # alike groups: the ordinary step takes the sliced views
+        first, second = _two_steps(step, plain, pre.n + 3, as_tensor=False)
+        assert first != second
+
+
+def test_the_static_step_reads_nothing_from_the_host(monkeypatch):
+    runner, pre, _, static = _caches("global")
+    step = runner._lean_decoder().step
+    step(torch.tensor([pre.question_ids]), pre.n, static)
+    reads = HostReads(monkeypatch).install()
+    ids, pos = torch.tensor([[9]]), torch.tensor(pre.n + 3)
+    with reads:
+        step(ids, pos, static)
+    assert reads.total == 0, reads.counts
+    with reads:  # the check bites: a position read back to the host is counted
+        step(ids, int(pos.item()), static)
+    assert reads.total == 1, reads.counts
+
+
+class _FakeCuda:
+    """Stand-ins for the torch.cuda calls GraphedStep makes, the capture failing."""
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    @staticmethod
+    def current_stream():
+        return _FakeCuda.Stream()
+
+    @staticmethod
+    def stream(s):
+        return contextlib.nullcontext()
+
+    class CUDAGraph:
+        def replay(self):
+            raise AssertionError("a failed capture is never replayed")
+
+    @staticmethod
+    @contextlib.contextmanager
+    def graph(g):
+        raise RuntimeError("operation not permitted when stream is capturing")
+        yield
+
+
+def test_a_failed_capture_decodes_eagerly(monkeypatch):
+    runner, pre, plain, static = _caches("entropy")
+    monkeypatch.setattr(decode_graph.torch, "cuda", _FakeCuda)
+    graphed = GraphedStep(runner._lean_decoder(), static)
+    step = runner._lean_decoder().step
+    q = torch.tensor([pre.question_ids])
+    torch.testing.assert_close(graphed(q, pre.n), step(q, pre.n, plain), atol=1e-5, rtol=0)
+    pos = pre.n + 3
+    for t in (4, 8, 15, 16):  # warm-up, the failed capture, then eager
+        ids = torch.tensor([[t]])
+        torch.testing.assert_close(graphed(ids, pos), step(ids, pos, plain), atol=1e-5, rtol=0)
+        pos += 1
+    assert graphed.failed == "RuntimeError: operation not permitted when stream is capturing"
+    assert not graphed.graphed
+    assert static.added == plain.added == 3 + 4  # the host's count, undone after the failure
+    assert static.lengths[0].tolist() == plain.host_lengths(0)
+    with pytest.raises(ValueError, match="needs a static PagedCache"):
+        GraphedStep(runner._lean_decoder(), plain)
+
+
+def test_the_runner_graphs_only_on_cuda_with_the_kernels():
+    assert not Runner(tiny_model("llama"), backend="triton").cuda_graphs  # the CPU
