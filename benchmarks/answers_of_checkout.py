@@ -1,0 +1,95 @@
+"""The answer tokens of a checkout: every curated task and needle prompt under every
+policy family, written to JSON, so two checkouts (say, before and after a change to the
+decode) can be compared token by token.
+
+Usage: python benchmarks/answers_of_checkout.py --out A.json [--tree PATH] [--dtype auto]
+       python benchmarks/answers_of_checkout.py --compare A.json B.json
+
+`--tree` imports `pagekv` from another checkout (its `Study` and `EvictionConfig`, the
+API this script uses), e.g. a `git worktree` of an older commit. On the bundled model:
+every curated task (`assets/tasks`) in its question modes, and needle prompts of 1k and
+2k tokens in both modes; per prompt one prefill and at most 24 greedy tokens (to the
+first EOS) under each configuration of `CONFIGS` (full; entropy, mean and max pooling;
+head-independent; recency; entropy with global and per-layer allocation; pages of
+16). `--compare` prints the cases whose tokens differ and the counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+CONFIGS = {
+    "full": dict(policy="full"),
+    "entropy 20%": dict(policy="entropy", budget=0.2, page_size=16),
+    "mean 20%": dict(policy="mean", budget=0.2, page_size=16),
+    "max 20%": dict(policy="max", budget=0.2, page_size=16),
+    "head_independent 20%": dict(policy="head_independent", budget=0.2, page_size=16),
+    "streaming 20%": dict(policy="streaming", budget=0.2, page_size=16),
+    "entropy 20% global": dict(policy="entropy", budget=0.2, page_size=16, allocation="global"),
+    "entropy 20% layer": dict(policy="entropy", budget=0.2, page_size=16, allocation="layer"),
+}
+NEW_TOKENS = 24
+
+
+def answers(tree: str, dtype: str) -> dict:
+    """`{case: tokens}` of every prompt and configuration, decoded by `tree`'s code."""
+    sys.path.insert(0, tree)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from pagekv import EvictionConfig
+    from pagekv.runtime.models import load_model
+    from pagekv.serving.study import PromptSpec, Study
+    from pagekv.tasks import load_tasks
+
+    study = Study(load_model("bundled"), decode_dtype=dtype, result_memo_bytes=0)
+    specs = [PromptSpec(task=t.kind, name=t.name, mode=m) for t in load_tasks()
+             for m in t.meta["modes"]]  # fmt: skip
+    specs += [PromptSpec(task="needle", context_tokens=n, depth=0.5, seed=0, mode=m)
+              for n in (1000, 2000) for m in ("inside", "after")]  # fmt: skip
+    out = {}
+    for spec in specs:
+        prep = study.prepare(spec)
+        for label, kw in CONFIGS.items():
+            case = f"{spec.task} {spec.name or prep.n} {spec.mode} {label}"
+            try:
+                out[case] = study.run(prep, EvictionConfig(**kw), NEW_TOKENS)["tokens"]
+            except ValueError as e:  # a budget below the protected pages: refused
+                out[case] = f"refused: {e}"
+    return {"decode": study.runner.decode_path, "tokens": out}
+
+
+def compare(a_path: str, b_path: str) -> int:
+    a, b = (json.load(open(p)) for p in (a_path, b_path))
+    cases = sorted(set(a["tokens"]) | set(b["tokens"]))
+    differ = [c for c in cases if a["tokens"].get(c) != b["tokens"].get(c)]
+    print(f"{a_path}: {a['decode']}\n{b_path}: {b['decode']}")
+    for c in differ:
+        print(f"DIFF {c}\n  {a['tokens'].get(c)}\n  {b['tokens'].get(c)}")
+    print(f"{len(cases) - len(differ)} of {len(cases)} cases decode the same tokens")
+    return 1 if differ else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write the answers here")
+    ap.add_argument("--tree", default=os.path.join(os.path.dirname(__file__), ".."))
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"))
+    args = ap.parse_args(argv)
+    if args.compare:
+        return compare(*args.compare)
+    if not args.out:
+        ap.error("--out or --compare is required")
+    t0 = time.perf_counter()
+    got = answers(os.path.abspath(args.tree), args.dtype)
+    with open(args.out, "w") as f:
+        json.dump(got, f, indent=1)
+    print(f"{len(got['tokens'])} cases in {time.perf_counter() - t0:.0f} s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
