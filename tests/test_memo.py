@@ -125,6 +125,20 @@ def test_thread_safety_smoke():
     assert memo.nbytes == sum(len(v) for _, v in memo.items()) <= 5000
 
 
+def _watched(memo, key) -> threading.Event:
+    """An event set when a thread starts waiting on `key`'s pending computation (its
+    `wait`, wrapped on the instance `computing` made)."""
+    pending, waiting = memo._pending[key], threading.Event()
+    wait = pending.wait
+
+    def watched_wait(timeout=None):
+        waiting.set()
+        return wait(timeout)
+
+    pending.wait = watched_wait
+    return waiting
+
+
 def test_get_or_wait_waits_for_a_computation_announced_with_computing():
     memo = ByteLRU(100, size_of=len)
     assert memo.get_or_wait("k") is None  # nothing computing: no wait, nothing there
@@ -133,8 +147,9 @@ def test_get_or_wait_waits_for_a_computation_announced_with_computing():
     def owner():
         with memo.computing("k") as first:
             assert first
+            waiting = _watched(memo, "k")
             entered.set()
-            time.sleep(0.3)  # the waiter arrives meanwhile
+            assert waiting.wait(10)  # the waiter is waiting: only now is "k" computed
             memo.put("k", "done")
 
     def waiter():
@@ -159,9 +174,11 @@ def test_get_or_wait_gives_none_when_the_computation_fails_or_times_out():
         raise RuntimeError("boom")
     assert memo.get_or_wait("k", timeout=1) is None and "k" not in memo._pending
     with memo.computing("slow"):
-        t0 = time.perf_counter()
-        assert memo.get_or_wait("slow", timeout=0.2) is None
-        assert time.perf_counter() - t0 >= 0.2
+        pending, waits = memo._pending["slow"], []
+        wait = pending.wait
+        pending.wait = lambda timeout=None: waits.append((timeout, wait(timeout))) or waits[-1][1]
+        assert memo.get_or_wait("slow", timeout=0.05) is None
+        assert waits == [(0.05, False)]  # it waited its timeout, and the value never came
 
 
 # ---------------------------------------------------------------- Study on a tiny model
@@ -298,9 +315,11 @@ class FakeStudy:
         )  # fmt: skip
 
 
-def fake_factory(loads: list, fail=(), delay: dict | None = None):
+def fake_factory(loads: list, fail=(), delay: dict | None = None, entered=None):
     def factory(name):
         if delay and name in delay:
+            if entered is not None:
+                entered.set()  # the loader has started
             delay[name].wait(10)
         loads.append(name)
         if name in fail:
@@ -370,14 +389,15 @@ def test_registry_remembers_a_bounded_number_of_failures():
 
 
 def test_registry_loading_does_not_block_other_models():
-    loads, gate = [], threading.Event()
-    reg = ModelRegistry(factory=fake_factory(loads, delay={"org/slow": gate}), allow_hub=True)
+    loads, gate, entered = [], threading.Event(), threading.Event()
+    factory = fake_factory(loads, delay={"org/slow": gate}, entered=entered)
+    reg = ModelRegistry(factory=factory, allow_hub=True)
     bundled = reg.get("bundled")
     got = []
     slow = [threading.Thread(target=lambda: got.append(reg.get("org/slow"))) for _ in range(3)]
     for t in slow:
         t.start()
-    time.sleep(0.1)
+    assert entered.wait(10)  # org/slow's loader has started and waits on the gate
     assert reg.get("bundled") is bundled  # served while org/slow is still loading
     assert not gate.is_set() and all(t.is_alive() for t in slow)  # they still wait on it
     gate.set()

@@ -8,7 +8,6 @@ or a prompt not prefilled yet, says so on its status line before the long step.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -78,12 +77,23 @@ def test_a_slow_models_run_holds_up_another_for_one_job_at_a_time(tokenizer):  #
             return job
 
         worker._pop_locked = recording_pop
-        started = threading.Event()
+        started, y_queued = threading.Event(), threading.Event()
+        submit = worker.submit
+
+        def watched_submit(key, fn, owner=None):
+            job = submit(key, fn, owner)
+            if owner == y._tag:
+                y_queued.set()
+            return job
+
+        worker.submit = watched_submit
         prefill = x.runner.prefill
 
         def slow_prefill(*a, **k):
+            # X's prefill goes on until Y's run has queued its first job (no sleep
+            # standing in for it): Y starts while X's prefill runs.
             started.set()
-            time.sleep(0.4)
+            assert y_queued.wait(30)
             return prefill(*a, **k)
 
         x.runner.prefill = slow_prefill
@@ -101,6 +111,7 @@ def test_a_slow_models_run_holds_up_another_for_one_job_at_a_time(tokenizer):  #
         stop.set()
         server.join(10)
     assert not tx.is_alive() and {"x", "y"} <= set(out)
+    assert y_queued.is_set()
     i = order.index("Y starts")
     ys = [j for j, owner in enumerate(order) if owner == y._tag and j > i]
     assert len(ys) >= 3  # prefill, plans, decoding: several jobs
