@@ -33,6 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from pagekv import POLICIES, EvictionConfig  # noqa: E402
 from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
+from pagekv.runtime.runner import _now  # noqa: E402 (wall time after the device's queue)
 from pagekv.serving.study import PromptSpec, Study  # noqa: E402
 
 
@@ -177,12 +178,6 @@ def transformers_decode(runner, pre, config, new_tokens: int) -> tuple[float, li
             tokens.append(int(out.logits[0, -1].argmax()))
         s = _now(runner.device) - t0
     return s / max(1, new_tokens - 1), tokens
-
-
-def _now(device) -> float:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
 
 
 def _forwards(res) -> int:

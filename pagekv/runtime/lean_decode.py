@@ -265,8 +265,7 @@ class LeanDecoder:
             qk = qkv[:, : nq + nk].view(B, t, -1, d)
             if lay["qk_norm"] is not None:  # Qwen3: each head's q and k normalised first
                 eps, weight = lay["qk_norm"]
-                r = torch.linalg.vector_norm(qk, dim=-1, keepdim=True, dtype=torch.float32)
-                qk = qk.float() * torch.addcmul(eps, r, r, value=1.0 / d).rsqrt_() * weight
+                qk = self._norm(qk.float(), eps) * weight
             qk = torch.addcmul(qk * cos, qk.roll(half, -1), signed)  # [B, t, H + G, d]
             q = qk[:, :, :H].transpose(1, 2)  # [B, H, t, d]
             k = qk[:, :, H:].transpose(1, 2)  # [B, G, t, d]
@@ -289,10 +288,8 @@ class LeanDecoder:
         `x * cos + rotate_half(x) * sin` (`rotate_half(x) = (-x2, x1)` and `roll` gives
         `(x2, x1)`, so `signed = (-sin1, sin2)`); the model's own `rotary_emb` gives cos
         and sin, its scaling included."""
-        if isinstance(pos, torch.Tensor):  # a 0-dim device tensor (a CUDA graph's input)
-            positions = (pos + torch.arange(t, device=x.device)).expand(B, t)
-        else:
-            positions = torch.arange(pos, pos + t, device=x.device).expand(B, t)
+        # `pos` an int, or a 0-dim device tensor (a CUDA graph's input)
+        positions = (torch.arange(t, device=x.device) + pos).expand(B, t)
         cos, sin = self.rotary(x, positions)  # [B, t, d]
         cos, sin = cos.float(), sin.float()
         half = self.head_dim // 2

@@ -38,6 +38,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pagekv.maths.paging import kept_token_indices
+
 __all__ = ["PagedCache", "allocated_rows"]
 
 
@@ -88,14 +90,13 @@ class PagedCache:
                     flat_k[s : s + t].copy_(ks[b][g])
                     flat_v[s : s + t].copy_(vs[b][g])
             width = max(max(row) for row in blocks)
-            table = torch.full((B, G, width), -1, dtype=torch.int32)
-            for b in range(B):
-                for g in range(G):
-                    c, f = blocks[b][g], firsts[b][g]
-                    table[b, g, :c] = torch.arange(f, f + c, dtype=torch.int32)
+            table = [
+                [[*range(f, f + c), *[-1] * (width - c)] for f, c in zip(fr, br, strict=True)]
+                for fr, br in zip(firsts, blocks, strict=True)
+            ]  # [B][G][width]
             self.k_pool.append(k_pool)
             self.v_pool.append(v_pool)
-            self.tables.append(table.to(k0.device))
+            self.tables.append(torch.tensor(table, dtype=torch.int32, device=k0.device))
             self._base.append(counts)
             self._firsts.append(firsts)
             self._blocks.append(blocks)
@@ -117,10 +118,6 @@ class PagedCache:
         self.lengths = list(self._lengths.unbind(0))
 
     # ---------------------------------------------------------------- sizes
-
-    @property
-    def n_layers(self) -> int:
-        return len(self.k_pool)
 
     @property
     def nbytes(self) -> int:
@@ -268,12 +265,12 @@ def _causal_tail(n: int, t: int, dtype, device) -> torch.Tensor:
 def allocated_rows(keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, counts):
     """One layer of a padded compacted cache `[1, G, k, d]` cut to what each group was
     allocated: `keep` bool `[G, k]` marks its allocated tokens (`counts[g]` of them, host
-    ints). A list over groups of `([c_g, d], [c_g, d])` in token order, gathered without
-    a host wait (a stable sort puts the allocated tokens first)."""
-    order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices  # [G, k]
+    ints). `PagedCache`'s per-layer entry for one row: `([[k_0, ..., k_G-1]],
+    [[v_0, ...]])`, each `[c_g, d]` in token order, gathered without a host wait
+    (`kept_token_indices`)."""
     ks, vs = [], []
     for g, c in enumerate(counts):
-        idx = order[g, :c]
+        idx = kept_token_indices(keep[g], c)  # [c]
         ks.append(keys[0, g].index_select(0, idx))
         vs.append(values[0, g].index_select(0, idx))
     return [ks], [vs]
