@@ -6,7 +6,10 @@ write and attend through the block tables and the device lengths (a `static`
 kernel interpreted) that form is checked against the ordinary step, logits and cache,
 and for host reads; a capture that fails (forced here with stand-ins for torch.cuda,
 which the CPU has none of) falls back to the eager step with the cache's count intact.
-The capture itself runs only on a GPU (benchmarks/gpu_check.py).
+A graph serves every decode of its capacity bucket: a bucketed cache that adopts another
+decode's cache (fewer tokens, the first one's left in its pools) steps as that cache's
+ordinary step does, and the runner's `GraphBuckets` hand one step to every decode of a
+bucket. The capture itself runs only on a GPU (benchmarks/gpu_check.py).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pagekv import EvictionConfig
 from pagekv.runtime import decode_graph
-from pagekv.runtime.decode_graph import GraphedStep
+from pagekv.runtime.decode_graph import GraphBuckets, GraphedStep
+from pagekv.runtime.paged_cache import bucket
 from pagekv.runtime.runner import Runner
 from tests.test_host_waits import HostReads
 from tests.test_runner import prompt, tiny_model
@@ -171,3 +175,91 @@ def test_a_failed_capture_decodes_eagerly(monkeypatch):
 
 def test_the_runner_graphs_only_on_cuda_with_the_kernels():
     assert not Runner(tiny_model("llama"), backend="triton").cuda_graphs  # the CPU
+
+
+def test_a_bucket_is_at_least_its_size_and_under_a_quarter_more():
+    sizes = [*range(1, 300), 1000, 2049, 4097, 65535, 65537]
+    assert [bucket(n) for n in range(1, 10)] == [1, 2, 3, 4, 5, 6, 7, 8, 10]
+    assert [bucket(n) for n in (17, 33, 100, 2000)] == [20, 40, 112, 2048]
+    assert all(n <= bucket(n) < 1.25 * n or n <= 8 for n in sizes)
+    assert all(bucket(bucket(n)) == bucket(n) for n in sizes)  # a bucket is its own
+    assert len({bucket(n) for n in range(1000, 1300)}) <= 3  # near sizes share one
+
+
+def _two_decodes(case):
+    """Two evictions of one prompt, the second keeping fewer tokens in the same bucket."""
+    runner = Runner(tiny_model("llama", seed=2), decode_dtype="float32")
+    pre = runner.prefill(prompt(140, seed=4), window_max=8, question_ids=[5, 6, 7])
+    cfgs = [
+        EvictionConfig(budget=b, page_size=4, window=8, n_sink=2, **CASES[case])
+        for b in (0.4, 0.38)
+    ]
+    caches = [runner._paged_cache([runner.evict(pre, c)], pre, 12) for c in cfgs]
+    return runner, pre, caches
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_bucket_steps_as_each_cache_it_adopts(case):
+    runner, pre, (big, small) = _two_decodes(case)
+    assert big.bucket_key() == small.bucket_key()  # the premise: one bucket
+    assert big.host_lengths(0) != small.host_lengths(0)
+    step = runner._lean_decoder().step
+    held = big.bucketed()
+    assert held.static and held.bucket_key() == big.bucket_key()
+    assert held.k_pool[0].shape[0] == bucket(big.k_pool[0].shape[0])
+    q = torch.tensor([pre.question_ids])
+    for plain in (big, small):  # the second decode finds the first one's tokens there
+        if plain is small:
+            held.adopt(small)
+        torch.testing.assert_close(step(q, pre.n, held), step(q, pre.n, plain), atol=1e-5, rtol=0)
+        pos = pre.n + 3
+        for t in (11, 42, 7):
+            ids = torch.tensor([[t]])
+            a = step(ids, pos, plain)
+            b = step(ids, torch.tensor(pos), held)
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+            pos += 1
+        assert held.added == plain.added and held.room() == plain.room()
+        for layer in range(pre.n_layers):
+            assert held.lengths[layer].tolist() == plain.host_lengths(layer)
+    cfg = EvictionConfig(budget=0.9, page_size=4, window=8, n_sink=2)
+    other = runner._paged_cache([runner.evict(pre, cfg)], pre, 12)
+    with pytest.raises(ValueError, match="same capacity bucket"):
+        held.adopt(other)
+
+
+def test_the_buckets_hand_one_step_to_a_bucket(monkeypatch):
+    """Decodes of one bucket share a step (its pools hold the latest decode's tokens);
+    another bucket gets its own; past `limit` the least recently used is dropped."""
+    runner, pre, (big, small) = _two_decodes("entropy")
+    buckets = GraphBuckets(runner._lean_decoder(), limit=2)
+    first = buckets.step_for(big)
+    assert buckets.step_for(small) is first and len(buckets) == 1
+    assert first.cache.host_lengths(0) == small.host_lengths(0)
+    cfg = dict(page_size=4, window=8, n_sink=2)
+    wide, full = (
+        runner._paged_cache([runner.evict(pre, EvictionConfig(budget=b, **cfg))], pre, 12)
+        for b in (0.7, 1.0)
+    )
+    assert len({c.bucket_key() for c in (big, wide, full)}) == 3
+    monkeypatch.setattr(decode_graph.torch, "cuda", _FakeCuda)  # steps run eagerly
+    for step in (first, first):  # the question, the warm-up, the failed capture: eager
+        step(torch.tensor([pre.question_ids]), pre.n)
+    second = buckets.step_for(wide)
+    assert second is not first and len(buckets) == 2
+    buckets.step_for(full)  # a third bucket: the least recently used (first) goes
+    assert len(buckets) == 2 and buckets.step_for(wide) is second
+    assert buckets.step_for(small) is not first
+
+
+def test_graphed_decodes_give_the_eager_tokens(monkeypatch):
+    """The runner's decodes through its buckets (captures failing on the CPU: each
+    bucket's step eager over its adopted pools) give the ordinary decode's tokens, for
+    two plans of one bucket in turn and a plan of another."""
+    runner, pre, _ = _two_decodes("global")
+    cfgs = [EvictionConfig(budget=b, page_size=4, window=8, n_sink=2) for b in (0.4, 0.38, 0.8)]
+    want = [runner.evaluate(pre, c, max_new_tokens=12, stop_at_eos=False).tokens for c in cfgs]
+    monkeypatch.setattr(decode_graph.torch, "cuda", _FakeCuda)
+    monkeypatch.setattr(runner, "cuda_graphs", True)
+    got = [runner.evaluate(pre, c, max_new_tokens=12, stop_at_eos=False).tokens for c in cfgs]
+    assert got == want and len(runner._graphs) == 2

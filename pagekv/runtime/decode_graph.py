@@ -21,13 +21,21 @@ device tensor (`LeanDecoder.step`).
 
 If the capture fails, the step says why in the log and runs eagerly from then on
 (`GraphedStep.failed`); each result names the decode that ran (`backends["decode"]`).
-Untimed: no GPU session has run it yet; on the CPU its eager form (the static cache and
-a device position) is checked against the ordinary step (tests/test_decode_graph.py).
+
+A capture costs as much as some tens of replays, so a graph serves every decode of its
+capacity bucket (`GraphBuckets`): the runner keeps one `GraphedStep` per
+`PagedCache.bucket_key` (pools and tables rounded up to under a quarter more blocks,
+`paged_cache.bucket`), and a later decode of the same bucket copies its cache into that
+step's pools (`PagedCache.adopt`) and replays at once. On the CPU the eager form (the
+static cache and a device position, a bucketed cache adopting another) is checked
+against the ordinary step (tests/test_decode_graph.py); the capture and the replays run
+on a GPU only (benchmarks/gpu_check.py, docs/performance.md).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 
 import torch
 
@@ -90,3 +98,32 @@ class GraphedStep:
         self.graph = graph
         graph.replay()
         return self._out.clone()
+
+
+class GraphBuckets:
+    """One `GraphedStep` per capacity bucket, the `limit` most recently used kept (each
+    holds its pools and its graph's memory).
+
+    `step_for(cache)` is the step for one decode of `cache` (a fresh `PagedCache`): the
+    bucket's step with `cache`'s tokens adopted into its pools (its graph, once captured,
+    replayed from the first one-token step on), or a new step over `cache.bucketed()`.
+    """
+
+    def __init__(self, decoder, limit: int = 4):
+        self.decoder, self.limit = decoder, int(limit)
+        self._steps: OrderedDict[tuple, GraphedStep] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def step_for(self, cache) -> GraphedStep:
+        key = cache.bucket_key()
+        step = self._steps.pop(key, None)
+        if step is None:
+            step = GraphedStep(self.decoder, cache.bucketed())
+        else:
+            step.cache.adopt(cache)
+        self._steps[key] = step
+        while len(self._steps) > self.limit:
+            self._steps.popitem(last=False)
+        return step

@@ -40,7 +40,16 @@ import torch.nn.functional as F
 
 from pagekv.maths.paging import kept_token_indices
 
-__all__ = ["PagedCache", "allocated_rows"]
+__all__ = ["PagedCache", "allocated_rows", "bucket"]
+
+
+def bucket(n: int) -> int:
+    """The capacity bucket of `n` blocks: `n` itself up to 8, else the smallest
+    `m * 2^e >= n` with `m` in 4..8 (under a quarter more than `n`), so that decodes of
+    near sizes share one."""
+    n = max(int(n), 1)
+    e = max(n.bit_length() - 3, 0)
+    return -(-n >> e) << e
 
 
 class PagedCache:
@@ -147,6 +156,50 @@ class PagedCache:
         t = self._base[layer][row][group] + self.added
         k, v = self.k_pool[layer], self.v_pool[layer]
         return k.view(-1, k.shape[-1])[s : s + t], v.view(-1, v.shape[-1])[s : s + t]
+
+    # ---------------------------------------------------------------- buckets
+
+    def bucket_key(self) -> tuple:
+        """What a CUDA graph of a step over this cache was recorded on, up to the
+        capacity buckets: the page size, the kernel, the dtype and device, and per layer
+        the pool's blocks and the tables' width rounded up to their `bucket`, the rows,
+        the groups and the head dim."""
+        k0 = self.k_pool[0]
+        layers = tuple(
+            (bucket(k.shape[0]), *t.shape[:2], bucket(t.shape[2]), k.shape[-1])
+            for k, t in zip(self.k_pool, self.tables, strict=True)
+        )
+        return (self.page_size, self.kernel, k0.dtype, str(k0.device), layers)
+
+    def bucketed(self) -> PagedCache:
+        """A `static` cache whose pools and tables have their `bucket_key`'s sizes,
+        holding this cache's tokens (`adopt`): what a graph of that bucket records."""
+        new = object.__new__(PagedCache)
+        new.page_size, new.kernel, new.static = self.page_size, self.kernel, True
+        new.k_pool = [k.new_zeros(bucket(k.shape[0]), *k.shape[1:]) for k in self.k_pool]
+        new.v_pool = [v.new_zeros(bucket(v.shape[0]), *v.shape[1:]) for v in self.v_pool]
+        new.tables = [t.new_full((*t.shape[:2], bucket(t.shape[2])), -1) for t in self.tables]
+        new._lengths = self._lengths.clone()
+        new.lengths = list(new._lengths.unbind(0))
+        new._views = [None] * len(self.k_pool)  # the pools' blocks are not all used
+        new.adopt(self)
+        return new
+
+    def adopt(self, other: PagedCache) -> None:
+        """Hold `other`'s tokens, in place: its blocks copied to the front of each pool
+        and its tables and lengths written over ours (same `bucket_key`; the tensors a
+        graph recorded keep their addresses)."""
+        if other.bucket_key() != self.bucket_key():
+            raise ValueError("adopt needs a cache of the same capacity bucket")
+        for mine, theirs in ((self.k_pool, other.k_pool), (self.v_pool, other.v_pool)):
+            for a, b in zip(mine, theirs, strict=True):
+                a[: b.shape[0]].copy_(b)
+        for a, b in zip(self.tables, other.tables, strict=True):
+            a[..., : b.shape[2]].copy_(b)
+            a[..., b.shape[2] :] = -1
+        self._lengths.copy_(other._lengths)
+        self._base, self._firsts, self._blocks = other._base, other._firsts, other._blocks
+        self._room, self.added = other._room, other.added
 
     # ---------------------------------------------------------------- decode
 

@@ -58,7 +58,7 @@ from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
 from pagekv.runtime.backend import compact_layers, pooler, resolve_backend, score_window
 from pagekv.runtime.capture import WindowQueryCapture
-from pagekv.runtime.decode_graph import GraphedStep
+from pagekv.runtime.decode_graph import GraphBuckets
 from pagekv.runtime.lean_decode import LeanDecoder, resolve_decode
 from pagekv.runtime.paged_cache import PagedCache, allocated_rows
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
@@ -237,6 +237,7 @@ class Runner:
         #: The decode step's weight dtype, and the label each result carries.
         self.decode_weights, self.decode_path = resolve_decode(decode_dtype, model)
         self._lean: LeanDecoder | None = None  # built on the first decode
+        self._graphs: GraphBuckets | None = None  # the CUDA graphs, one per capacity bucket
         #: Greedy steps between host reads of the tokens (`_greedy`): 1 on the CPU, where
         #: a read waits on nothing; `DECODE_CHUNK` on CUDA.
         self.decode_chunk = 1 if self.device.type == "cpu" else DECODE_CHUNK
@@ -594,18 +595,20 @@ class Runner:
         cache = self._paged_cache([ev], pre, max_new)
         ev.cache = None  # the paged cache holds its own copy
         ev.decode_bytes = cache.row_nbytes(0)
-        if self.cuda_graphs:  # the one-token steps replayed from a CUDA graph
-            cache.static = True
-            graphed = GraphedStep(self._lean_decoder(), cache)
-            try:
-                return self._greedy(
-                    pre, lambda ids, pos: graphed(ids, pos)[0], max_new, stop_at_eos, keep_logits
-                )
-            finally:
+        if self.cuda_graphs:  # the one-token steps replayed from its bucket's CUDA graph
+            if self._graphs is None:
+                self._graphs = GraphBuckets(self._lean_decoder())
+            graphed = self._graphs.step_for(cache)
+            cache = None  # noqa: F841 (the bucket's pools hold its tokens now)
+            forward = lambda ids, pos: graphed(ids, pos)[0]  # noqa: E731
+        else:
+            step = self._lean_decoder().step
+            forward = lambda ids, pos: step(ids, pos, cache)[0]  # noqa: E731
+        try:
+            return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
+        finally:
+            if self.cuda_graphs:
                 ev.graphed = graphed.graphed
-        step = self._lean_decoder().step
-        forward = lambda ids, pos: step(ids, pos, cache)[0]  # noqa: E731
-        return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
 
     def _lean_decoder(self) -> LeanDecoder:
         if self._lean is None:
