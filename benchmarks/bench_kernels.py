@@ -7,7 +7,7 @@ On a GPU (one command)::
 times, for the pilot model's shapes (Qwen2.5-1.5B: 28 layers, 12 query heads, 2 KV
 groups, head dim 128, window 32, bfloat16) and prompts of 4k to 128k tokens:
 
-- each kernel (score, pool+pages, dense compaction, paged write) with
+- each kernel (score, pool+pages, dense compaction) with
   `triton.testing.do_bench` (CUDA events, median), its twin in eager torch and under
   `torch.compile`;
 - the whole eviction step (score + pool + select + compact, all layers) per backend;
@@ -35,7 +35,6 @@ for bf16, k' = kept tokens per (layer, group), n_pages = ceil(n / P)):
   the page scores (`L G n_pages 4`).
 - compact: reads and writes the kept rows of K and V (`2 * 2 L G k' d e`) and reads
   the indices (`L G k' 8`).
-- paged: the same rows as compact (a kept page's tokens), plus the tables.
 - eviction step: the sum of score, pool+pages and compact.
 
 The twins are timed with the same byte model, so their GB/s is an effective rate
@@ -68,12 +67,10 @@ def byte_model(L, H, G, n, d, w, e, P, k_kept):
     score = 2 * L * G * n * d * e + L * H * n * 4 + 2 * L * H * w * d * e
     pool = L * H * n * 4 + L * G * n * 4 + L * G * n_pages * 4
     compact = 2 * 2 * L * G * k_kept * d * e + L * G * k_kept * 8
-    paged = 2 * 2 * L * G * k_kept * d * e + 2 * L * G * n_pages * 4
     return {
         "score": score,
         "pool_pages": pool,
         "compact": compact,
-        "paged": paged,
         "eviction_step": score + pool + compact,
     }
 
@@ -237,13 +234,11 @@ def measure(results: dict, name: str, fn, bench, nbytes: int, peak_tbps: float |
 
 def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
     from kernels.compact import compact as k_compact
-    from kernels.compact import write_paged
     from kernels.pool_pages import pool_pages
     from kernels.score import score_layers as k_score
     from pagekv import EvictionConfig
     from pagekv.maths.entropy import HeadMasses, weights_from_mass
     from pagekv.maths.paging import expand_pages, page_sizes, select_pages
-    from pagekv.runtime.paged import empty_paged
 
     L, H, G, d, w = args.layers, args.heads, args.groups, args.head_dim, args.window
     dtype = getattr(torch, args.dtype)
@@ -318,13 +313,6 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
             peak)  # fmt: skip
     measure(m, "compact/torch", lambda: _twin_compact(keys, values, idx), bench,
             nbytes["compact"], peak)  # fmt: skip
-    paged = empty_paged(page_keep, n, P, d, dtype, device)
-
-    def paged_fn():
-        write_paged(k4, values[:, 0], paged.src_pages, paged.block_table, paged.k_pool,
-                    paged.v_pool, P)  # fmt: skip
-
-    measure(m, "paged/triton", paged_fn, bench, nbytes["paged"], peak)
     for backend in ("triton", "torch"):
         step = make_step(cfg, G, n, backend)
         measure(m, f"eviction_step/{backend}", lambda s=step: s(q, keys, values), bench,

@@ -12,7 +12,7 @@ memory a program asks for (`metadata.shared`).
 
 What is compiled: for each target (`kernels.targets.CHECKED`: sm_80 and sm_90), every
 distinct `Launch` that the launchers (`score_launch`, `pool_launch`, `gather_launch`,
-`gather_layers_launch`, `paged_launch`, `paged_decode_launch`) choose over `GRID`, a
+`gather_layers_launch`, `paged_decode_launch`) choose over `GRID`, a
 grid of real shapes: the pilot model (Qwen2.5-1.5B: head dim 128, r = 6), the bundled
 (SmolLM2-135M: 64, r = 3) and the second model (Qwen2.5-Coder-0.5B: 64, r = 7), and
 around them head dims 64 and 128, 1 to 8 heads per group, windows 1 to 2048 (the
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from ._common import Launch, is_interpreted
-from .compact import gather_launch, gather_layers_launch, paged_launch
+from .compact import gather_launch, gather_layers_launch
 from .paged_decode import paged_decode_launch
 from .pool_pages import pool_launch
 from .score import score_launch
@@ -94,8 +94,6 @@ def launches(target: Target, grid: Grid = GRID) -> list[Launch]:
         for d in grid.head_dims:
             out[gather_launch(target, e, d)] = None
             out[gather_layers_launch(target, e, d)] = None
-            for P in grid.page_sizes:
-                out[paged_launch(target, e, d, P)] = None
     for d, r in grid.shapes():
         for dtype in sorted({k for _, k in grid.dtypes}, key=str):
             out[paged_decode_launch(target, dtype, d, r).launch(dtype)] = None

@@ -1,4 +1,4 @@
-"""Compaction kernels: gather the kept K/V tokens, dense or into a page pool.
+"""Compaction kernels: gather the kept K/V tokens into a dense cache.
 
 Dense (`compact`): twin `pagekv.runtime.compaction.compact_layer`. keys/values
 `[B, G, n, d]` of one layer and sorted kept indices `[G, k']` give `[B, G, k', d]`;
@@ -12,12 +12,7 @@ keys, values, indices, key out, value out, `k_l`), copied to the device without 
 host wait, and each program loads its layer's pointers from it (the pointer-array
 pattern of Triton's grouped GEMM). No stacked copy of the cache is made.
 
-Paged (`write_paged`): twin `pagekv.runtime.paged.to_paged`. Each program copies one
-kept page of one (layer, group) into its block of the pool (`pagekv.runtime.paged`
-documents the layout: pools `[num_blocks, P, d]`, block table `[L, G, max_pages]`).
-Tokens past `n` in a partial last page are not written (the pool starts zeroed).
-
-Both kernels move bits: they read the tensors as same-width integers, so the copy
+The kernels move bits: they read the tensors as same-width integers, so the copy
 is exact for float32, float16 and bfloat16 alike. Memory traffic: read and write
 the kept rows once, `2 (K and V) * 2 (read + write) * rows * d * e` bytes, plus the
 indices.
@@ -73,19 +68,6 @@ def gather_layers_launch(
             ("D_PAD", next_pow2(d)),
         ),  # fmt: skip
         aligned=("tab_ptr",),
-    )
-
-
-def paged_launch(target: Target, elem_size: int, d: int, page_size: int) -> Launch:
-    """`write_paged`'s launch: one kept page (`P_PAD` rows of `D_PAD`) per program."""
-    bits = "*" + TRITON_TYPES[_BITS[elem_size]]
-    ptrs = ("k_ptr", "v_ptr", "kp_ptr", "vp_ptr")
-    return Launch(
-        module=__name__,
-        kernel="_paged_kernel",
-        types=(*((p, bits) for p in ptrs), ("page_ptr", "*i32"), ("table_ptr", "*i32")),
-        constexprs=(("P_PAD", next_pow2(page_size)), ("D_PAD", next_pow2(d))),
-        aligned=(*ptrs, "page_ptr", "table_ptr"),
     )
 
 
@@ -291,82 +273,3 @@ def compact_every_layer(
         table, L, B, G, d, strides[0], strides[1], strides[2], **launch.kwargs(interpreted),
     )  # fmt: skip
     return out
-
-
-@triton.jit
-def _paged_kernel(k_ptr, v_ptr, page_ptr, table_ptr, kp_ptr, vp_ptr, n, d, P, G, max_pages,
-                  s_l, s_g, s_n, sp_b, sp_s,
-                  P_PAD: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
-    i_lg = tl.program_id(0)
-    i_s = tl.program_id(1)  # slot in the (layer, group)'s block table
-    i_l = i_lg // G
-    i_g = i_lg % G
-    i_page = tl.load(page_ptr + i_lg * max_pages + i_s)  # source page, -1 = padding
-    i_blk = tl.load(table_ptr + i_lg * max_pages + i_s)  # destination block
-    o_p = tl.arange(0, P_PAD)
-    o_d = tl.arange(0, D_PAD)
-    o_t = i_page * P + o_p  # [PP] tokens of the page
-    # Padding slots (page -1) give o_t < 0; a partial last page stops at n.
-    m_p = (o_p < P) & (o_t >= 0) & (o_t < n)
-    m = m_p[:, None] & (o_d < d)[None, :]
-    src = (
-        i_l.to(tl.int64) * s_l
-        + i_g.to(tl.int64) * s_g
-        + o_t[:, None].to(tl.int64) * s_n
-        + o_d[None, :]
-    )  # [PP, D]
-    dst = i_blk.to(tl.int64) * sp_b + o_p[:, None].to(tl.int64) * sp_s + o_d[None, :]
-    tl.store(kp_ptr + dst, tl.load(k_ptr + src, mask=m), mask=m)
-    tl.store(vp_ptr + dst, tl.load(v_ptr + src, mask=m), mask=m)
-
-
-def write_paged(
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    src_pages: torch.Tensor,
-    block_table: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    page_size: int,
-) -> None:
-    """Copy the kept pages of `keys`/`values` `[L, G, n, d]` into the pools, in place.
-
-    `src_pages[l, g, s]` is the prompt page and `block_table[l, g, s]` the pool block
-    of slot `s` (both int32 `[L, G, max_pages]`, -1 past the kept pages); the pools are
-    `[num_blocks, P, d]`. One launch for all layers.
-    """
-    if keys.dim() != 4 or keys.shape != values.shape or keys.dtype != values.dtype:
-        raise ValueError(
-            f"keys and values must both be [L, G, n, d] of one dtype; got "
-            f"{tuple(keys.shape)} {keys.dtype} and {tuple(values.shape)} {values.dtype}"
-        )
-    L, G, n, d = keys.shape
-    if src_pages.shape != block_table.shape or tuple(src_pages.shape[:2]) != (L, G):
-        raise ValueError(
-            f"src_pages and block_table must both be [L={L}, G={G}, max_pages]; got "
-            f"{tuple(src_pages.shape)} and {tuple(block_table.shape)}"
-        )
-    if k_pool.shape != v_pool.shape or k_pool.dim() != 3 or k_pool.shape[1:] != (page_size, d):
-        raise ValueError(
-            f"pools must be [num_blocks, P={page_size}, d={d}]; got {tuple(k_pool.shape)} "
-            f"and {tuple(v_pool.shape)}"
-        )
-    if k_pool.dtype != keys.dtype or v_pool.dtype != keys.dtype:
-        raise ValueError(f"pools must have the cache's dtype {keys.dtype}")
-    device = check_same_device(keys=keys, values=values, k_pool=k_pool, v_pool=v_pool)
-    if not (k_pool.is_contiguous() and v_pool.is_contiguous()):
-        raise ValueError("the pools must be contiguous")
-    keys, values = keys.contiguous(), values.contiguous()
-    src_pages = src_pages.to(device=device, dtype=torch.int32).contiguous()
-    block_table = block_table.to(device=device, dtype=torch.int32).contiguous()
-    max_pages = src_pages.shape[2]
-    if max_pages == 0:
-        return
-    interpreted = is_interpreted(_paged_kernel)
-    launch = paged_launch(target_of(device, interpreted), keys.element_size(), d, page_size)
-    kb, vb, kpb, vpb = (bits_view(t) for t in (keys, values, k_pool, v_pool))
-    _paged_kernel[(L * G, max_pages)](
-        kb, vb, src_pages, block_table, kpb, vpb, n, d, page_size, G, max_pages,
-        keys.stride(0), keys.stride(1), keys.stride(2), k_pool.stride(0), k_pool.stride(1),
-        **launch.kwargs(interpreted),
-    )  # fmt: skip

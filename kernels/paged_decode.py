@@ -9,7 +9,7 @@ and per batch row `b` and KV group `g` a list of blocks, `block_table[b, g, :]` 
 of that (row, group) sits in block `block_table[b, g, j // P]`, slot `j % P`. Only the
 last block of a list may be partly filled (a prompt's last page, or the tokens decoded
 since), so the length says which tokens are real; nothing is inferred from zeros.
-This is `pagekv.runtime.paged`'s layout, one layer of it.
+This is `pagekv.runtime.paged_cache.PagedCache`'s layout, one layer of it.
 
 For every batch row `b` and query head `h` (GQA: head `h` reads group `h // r`):
 

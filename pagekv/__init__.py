@@ -53,9 +53,7 @@ _LAZY = {
     "BACKENDS": "pagekv.runtime.backend",
     "BackendError": "pagekv.runtime.backend",
     "resolve_backend": "pagekv.runtime.backend",
-    "PagedKV": "pagekv.runtime.paged",
-    "block_table": "pagekv.runtime.paged",
-    "to_paged": "pagekv.runtime.paged",
+    "PagedCache": "pagekv.runtime.paged_cache",
     "LoadedModel": "pagekv.runtime.models",
     "ModelLoadError": "pagekv.runtime.models",
     "load_model": "pagekv.runtime.models",
@@ -92,7 +90,7 @@ __all__ = [
     "ModelLoadError",
     "POLICIES",
     "POOLED_POLICIES",
-    "PagedKV",
+    "PagedCache",
     "Plan",
     "Policy",
     "Prefill",
@@ -102,7 +100,6 @@ __all__ = [
     "Runner",
     "Study",
     "attention_profiles",
-    "block_table",
     "collision_entropy",
     "collision_mass",
     "entropy_head_weights",
@@ -121,7 +118,6 @@ __all__ = [
     "sink_heads",
     "sink_mass",
     "smooth_scores",
-    "to_paged",
 ]
 
 __version__ = "0.1.0"

@@ -59,7 +59,7 @@ def test_every_launch_compiles_and_fits_sm80_and_sm90(tmp_path):
     # (r = 6 -> 8 heads per block, the default window of 32, head dim 128, bf16) and with
     # the fp32 dot (fp32 and mixed inputs).
     kernels = {"_stats_kernel", "_profile_kernel", "_pool_pages_kernel", "_gather_kernel",
-               "_gather_layers_kernel", "_paged_kernel", "_paged_decode_kernel"}  # fmt: skip
+               "_gather_layers_kernel", "_paged_decode_kernel"}  # fmt: skip
     for target in limits:
         labels = [r["label"] for r in results if r["target"] == target]
         assert {label.split("[")[0] for label in labels} == kernels, target

@@ -1,4 +1,4 @@
-"""Triton kernels against their torch twins (kernels/, pagekv.runtime.backend and .paged).
+"""Triton kernels against their torch twins (kernels/ and pagekv.runtime.backend).
 
 On a machine without CUDA the kernels run in the Triton interpreter: `tests/conftest.py`
 sets `TRITON_INTERPRET=1` for the whole test process before anything imports `kernels`
@@ -40,7 +40,6 @@ from pagekv.maths.pooling import max_pool, uniform_weights, weighted_pool
 from pagekv.maths.profiles import attention_profiles
 from pagekv.runtime import backend as be
 from pagekv.runtime.compaction import compact_layer
-from pagekv.runtime.paged import block_table, to_paged
 
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = [
@@ -477,58 +476,6 @@ def test_compact_matches_twin(kern, device, shape, dtype):
         assert_equal(f"values layer {i} (all layers)", v_all[i], v_ref)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", COMPACT_SHAPES, ids=COMPACT_IDS)
-def test_paged_matches_twin(kern, device, shape, dtype):
-    L, _, G, n, d, P, budget = shape
-    p = _plan_for(L, G, n, P, budget, device, seed=n + 1)
-    gen = torch.Generator().manual_seed(d + 1)
-    keys = torch.randn(L, G, n, d, generator=gen).to(device, dtype)
-    values = torch.randn(L, G, n, d, generator=gen).to(device, dtype)
-    ref = to_paged(keys, values, p.page_keep, P)
-    got, used = be.paged_layout(keys, values, p.page_keep, P, backend="triton")
-    per_layer, _ = be.paged_layout(list(keys), list(values), p.page_keep, P, backend="triton")
-    assert used == "triton"
-    for name in ("block_table", "src_pages", "kept_pages", "stored_tokens", "k_pool", "v_pool"):
-        assert_equal(name, getattr(got, name), getattr(ref, name))
-        assert_equal(f"{name} (per layer)", getattr(per_layer, name), getattr(ref, name))
-    assert_equal("stored_tokens vs plan", got.stored_tokens, p.union_tokens)
-    k_dense, v_dense = got.to_dense()
-    idx = p.kept_indices()
-    for i in range(L):
-        k_ref, v_ref = compact_layer(keys[i][None], values[i][None], idx[i])
-        assert_equal(f"paged keys read back, layer {i}", k_dense[i], k_ref[0])
-        assert_equal(f"paged values read back, layer {i}", v_dense[i], v_ref[0])
-
-
-def test_block_table_worked_example():
-    """The example of pagekv/runtime/paged.py's docstring, partial last page included."""
-    L, G, P, n, d = 1, 2, 4, 22, 2
-    keep = torch.zeros(L, G, 6, dtype=torch.bool)
-    keep[0, 0, [1, 3, 5]] = True
-    keep[0, 1, [0, 2, 5]] = True
-    blocks, src, kept = block_table(keep)
-    assert blocks.tolist() == [[[0, 1, 2], [3, 4, 5]]]
-    assert src.tolist() == [[[1, 3, 5], [0, 2, 5]]]
-    assert kept.tolist() == [[3, 3]]
-    keys = torch.arange(L * G * n * d, dtype=torch.float32).view(L, G, n, d)
-    paged = to_paged(keys, -keys, keep, P)
-    assert paged.stored_tokens.tolist() == [[10, 10]]
-    k, v = paged.read(0, 1)
-    tokens = [0, 1, 2, 3, 8, 9, 10, 11, 20, 21]
-    assert_equal("read(0, 1) keys", k, keys[0, 1, tokens])
-    assert_equal("read(0, 1) values", v, -keys[0, 1, tokens])
-    assert_equal("unused slots of block 5", paged.k_pool[5, 2:], torch.zeros(2, d))
-
-
-def test_block_table_uneven_rows():
-    keep = torch.tensor([[[True, False, True], [True, False, False]]])
-    blocks, src, kept = block_table(keep)
-    assert blocks.tolist() == [[[0, 1], [2, -1]]]
-    assert src.tolist() == [[[0, 2], [0, -1]]]
-    assert kept.tolist() == [[2, 1]]
-
-
 # ---------------------------------------------------------------- backend
 
 
@@ -586,7 +533,7 @@ def test_pagekv_imports_without_triton_and_refuses_uninterpreted_cpu():
     code = (
         "import sys\n"
         "import torch\n"
-        "import pagekv, pagekv.runtime.backend as be, pagekv.runtime.paged\n"
+        "import pagekv, pagekv.runtime.backend as be, pagekv.runtime.paged_cache\n"
         "assert 'triton' not in sys.modules and 'kernels' not in sys.modules\n"
         "assert be.resolve_backend('auto', torch.zeros(1)) == 'torch'\n"
         "try:\n"

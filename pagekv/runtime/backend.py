@@ -24,7 +24,6 @@ Dispatch functions (the runner's entry points):
 - `compact_kv(keys, values, kept_idx)`: the dense compacted cache.
 - `compact_layers(keys, values, kept_idx)`: every layer's compacted cache, one tensor per
   layer (the layers may keep different counts), in one launch on Triton.
-- `paged_layout(keys, values, page_keep, page_size)`: the paged layout of `pagekv.runtime.paged`.
 """
 
 from __future__ import annotations
@@ -40,8 +39,6 @@ from pagekv.maths.paging import page_reduce, protected_pages
 from pagekv.maths.pooling import max_pool, weighted_pool
 from pagekv.maths.profiles import attention_profiles, check_window_shapes
 from pagekv.runtime.compaction import compact_layer
-from pagekv.runtime.paged import PagedKV, _layers, empty_paged
-from pagekv.runtime.paged import to_paged as _to_paged_torch
 
 log = logging.getLogger("pagekv")
 
@@ -413,34 +410,14 @@ def compact_layers(
     return out, used
 
 
-def paged_layout(
-    keys: torch.Tensor | Sequence[torch.Tensor],
-    values: torch.Tensor | Sequence[torch.Tensor],
-    page_keep: torch.Tensor,
-    page_size: int,
-    backend: str = "auto",
-) -> tuple[PagedKV, str]:
-    """The paged layout of `pagekv.runtime.paged` for the kept pages `page_keep [L, G, n_pages]`.
-
-    keys/values: `[L, G, n, d]` (one launch) or one `[G, n, d]` / `[1, G, n, d]` per
-    layer (one launch per layer). Returns `(PagedKV, backend_used)`.
-    """
-    ks, vs = _layers(keys), _layers(values)
-    used = resolve_backend(backend, ks[0])
-    if used == "triton":
-        from kernels.compact import write_paged
-
-        G, n, d = ks[0].shape
-        out = empty_paged(page_keep, n, page_size, d, ks[0].dtype, ks[0].device)
-        if isinstance(keys, torch.Tensor) and keys.dim() == 4:
-            write_paged(keys, values, out.src_pages, out.block_table, out.k_pool, out.v_pool,
-                        page_size)  # fmt: skip
-        else:
-            for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
-                sl = slice(i, i + 1)
-                write_paged(k[None], v[None], out.src_pages[sl], out.block_table[sl],
-                            out.k_pool, out.v_pool, page_size)  # fmt: skip
-    else:
-        out = _to_paged_torch(ks, vs, page_keep, page_size)
-    _ran("paged_layout", used, ks[0].device)
-    return out, used
+def _layers(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`[L, G, n, d]`, or a sequence of per-layer `[G, n, d]` / `[1, G, n, d]` -> list."""
+    layers = list(x.unbind(0)) if isinstance(x, torch.Tensor) else list(x)
+    out = []
+    for i, t in enumerate(layers):
+        if t.dim() == 4 and t.shape[0] == 1:
+            t = t[0]
+        if t.dim() != 3:
+            raise ValueError(f"layer {i}: expected [G, n, d] (or batch 1); got {tuple(t.shape)}")
+        out.append(t)
+    return out

@@ -1,9 +1,10 @@
 """The decode cache: each (layer, row, group)'s kept tokens in blocks of a pool.
 
 After eviction a (layer, group) holds its own kept pages, and groups may hold different
-amounts (a global plan allocates pages per group). `PagedCache` keeps them as
-`pagekv.runtime.paged` lays a compacted cache out, with room to grow, and is what the
-decode step (`pagekv.runtime.lean_decode.LeanDecoder.step`) writes to and attends over.
+amounts (a global plan allocates pages per group). `PagedCache` keeps them in a pool
+of blocks found through block tables (the layout of a paged KV cache such as vLLM's),
+with room to grow, and is what the decode step
+(`pagekv.runtime.lean_decode.LeanDecoder.step`) writes to and attends over.
 
 Per layer `l`:
 

@@ -1,16 +1,14 @@
 """Paged decode attention in torch: the twin of `kernels.paged_decode.paged_decode`.
 
 One new token's queries `[B, H, d]` against each (row, group)'s pages of a pool
-(`pagekv.runtime.paged`'s layout, one layer of it; see the kernel's module docstring):
-the pages are gathered into a dense `[len, d]` per (row, group), in block-table order
+(`pagekv.runtime.paged_cache`'s layout, one layer of it; see the kernel's module
+docstring): the pages are gathered into a dense `[len, d]` per (row, group), in block-table order
 and cut at the length, and attended with the softmax in float32.
 """
 
 from __future__ import annotations
 
 import torch
-
-from pagekv.runtime.paged import read_pages
 
 
 def paged_decode_torch(
@@ -36,3 +34,12 @@ def paged_decode_torch(
             w = torch.softmax(qg @ k.T * scale, dim=-1)  # [r, n]
             out[b, g * r : (g + 1) * r] = (w @ v).to(q.dtype)
     return out
+
+
+def read_pages(pool: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one block list `table` of `pool` `[num_blocks, P, d]`,
+    in list order: `[length, d]`. Only a list's last block may be partly filled, so its
+    `ceil(length / P)` first blocks hold them."""
+    P, d = pool.shape[1], pool.shape[2]
+    blocks = table[: -(-int(length) // P)].long()
+    return pool[blocks].reshape(-1, d)[: int(length)]
