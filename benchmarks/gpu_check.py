@@ -27,8 +27,10 @@ runs, each stage in its own subprocess with a time limit, under a global deadlin
    prompt tokens: prefill, the eviction step (`policy="entropy"`, budget 0.2, pages of
    16) and 32 decoded tokens, against `policy="full"`. Recorded: prefill seconds, the
    eviction step and its scoring in seconds and as a fraction of prefill, decode
-   tokens/s full against evicted, cache bytes before/after, the backend of each step,
-   peak GPU memory. A warm-up at the first size (untimed, its time recorded) pays the
+   tokens/s full against evicted (each plan decoded twice: the first decode captures
+   its bucket's CUDA graph, `decode_tok_s_first_*`, the second replays it) and against
+   transformers' `generate` on the same prompt, cache bytes before/after, the backend
+   of each step, peak GPU memory. A warm-up at the first size (untimed, its time recorded) pays the
    Triton compilation.
 4. `bench_kernels`: `benchmarks/bench_kernels.py` at 4k-128k tokens on the pilot
    model's shapes (28 layers, 12 query heads, 2 KV heads, head dim 128, bfloat16),
