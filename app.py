@@ -1,17 +1,18 @@
 """Page-EntroKV: mean pooling and Page-EntroKV side by side on live decoding.
 
     python app.py [--host 127.0.0.1] [--port 7860] [--model bundled] [--no-warm]
-                  [--allow-hub-models]
+                  [--allow-hub-models] [--dtype auto]
 
 Layout and wiring only: `build_demo()` lays out the page (a function per part:
 `explore_controls`, `prompt_controls`, `side_a_controls` and `side_b_controls` (each
 with its `side_settings`), `lesson_header`, `view_tabs`) and the `wire_*` functions
-connect each control to
-its handler in `pagekv.views.app_ui` (runs, previews, presets, layer, mechanism,
-export) and `pagekv.views.app_lessons` (lessons, warm-up); inputs are checked in
-`pagekv.views.inputs`. The model's work runs on the model worker, which `main` gives
-this process's main thread (`pagekv.serving.worker`; docs/design.md, "One model
-worker"). Once it serves, the app computes its live lessons (`--no-warm` skips this).
+connect each control to its handler in `pagekv.views.app_ui` (`ui`: runs, previews,
+presets, layer, mechanism, export) and `pagekv.views.app_lessons` (`lessons_ui`:
+lessons, warm-up), with the texts of `pagekv.views.app_text` (`text`); inputs are
+checked in `pagekv.views.inputs`. The model's work runs on the model worker, which
+`main` gives this process's main thread (`pagekv.serving.worker`; docs/design.md, "One
+model worker"). Once it serves, the app computes its live lessons (`--no-warm` skips
+this).
 """
 
 from __future__ import annotations
@@ -27,67 +28,15 @@ import gradio as gr  # noqa: E402
 from pagekv.paths import ASSETS_DIR, CSS_PATH  # noqa: E402
 from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.serving.worker import WORKER  # noqa: E402
-from pagekv.views.app_lessons import (  # noqa: E402
-    LESSON_CONTROLS,
-    TABS,
-    next_lesson,
-    open_page,
-    pick_lesson,
-    previous_lesson,
-    warm_in_background,
-    warm_lessons,
-)
-from pagekv.views.app_text import (  # noqa: E402
-    ALLOCATION_INFO,
-    CAPTIONS,
-    GLOSSARY,
-    INTRO,
-    SCORER_INFO,
-    STALE_NOTE,
-    lesson_markdown,
-    message,
-)
-from pagekv.views.app_ui import (  # noqa: E402
-    MECH_CONTROLS,
-    MECH_LIMITS,
-    MECH_VIEWS,
-    MODELS,
-    POLICY_CHOICES,
-    PRESET_CONTROLS,
-    PRESETS,
-    PROMPT_SLIDERS,
-    RUN_CONCURRENCY,
-    RUN_VIEWS,
-    apply_preset,
-    configure,
-    curated_choices,
-    end_session,
-    export_run,
-    get_study,
-    known_models,
-    linked_b,
-    mechanism_observation,
-    model_that_ran,
-    preview_plans,
-    prompt_range_note,
-    run_comparison,
-    run_mechanism,
-    run_preset,
-    update_layer,
-)
-from pagekv.views.inputs import (  # noqa: E402
-    ALLOCATIONS,
-    LIMITS,
-    MODES,
-    PAGE_SIZES,
-    SCORERS,
-    TASKS,
-)
-from pagekv.views.lesson_checks import (  # noqa: E402
-    LESSON_TITLES,
-    replay_caption,
-    replay_recall_figure,
-)
+from pagekv.views import app_lessons as lessons_ui  # noqa: E402
+from pagekv.views import app_text as text  # noqa: E402
+from pagekv.views import app_ui as ui  # noqa: E402
+from pagekv.views import inputs  # noqa: E402
+from pagekv.views import lesson_checks as checks  # noqa: E402
+from pagekv.views.app_lessons import LESSON_CONTROLS, TABS, warm_lessons  # noqa: E402
+from pagekv.views.app_ui import MECH_VIEWS, POLICY_CHOICES, PRESETS, RUN_VIEWS  # noqa: E402
+from pagekv.views.inputs import PAGE_SIZES  # noqa: E402
+from pagekv.views.lesson_checks import LESSON_TITLES  # noqa: E402
 from pagekv.views.lessons import LESSONS  # noqa: E402
 from pagekv.views.run_inputs import RUN_DEFAULTS, RUN_INPUTS  # noqa: E402
 from pagekv.views.share import share_js, shared_names  # noqa: E402
@@ -114,25 +63,25 @@ def method_controls(side: str) -> tuple[gr.Radio, gr.Radio]:
     """Side `side`'s scorer and allocation, in one row, at the run's defaults."""
     with gr.Row():
         scorer = gr.Radio(
-            list(SCORERS), value=RUN_DEFAULTS[f"scorer_{side}"],
-            label=f"Scorer {side.upper()}", info=SCORER_INFO,
+            list(inputs.SCORERS), value=RUN_DEFAULTS[f"scorer_{side}"],
+            label=f"Scorer {side.upper()}", info=text.SCORER_INFO,
         )  # fmt: skip
         allocation = gr.Radio(
-            list(ALLOCATIONS), value=RUN_DEFAULTS[f"allocation_{side}"],
-            label=f"Allocation {side.upper()}", info=ALLOCATION_INFO,
+            list(inputs.ALLOCATIONS), value=RUN_DEFAULTS[f"allocation_{side}"],
+            label=f"Allocation {side.upper()}", info=text.ALLOCATION_INFO,
         )  # fmt: skip
     return scorer, allocation
 
 
 def slider(name: str, value, label: str, **kw) -> gr.Slider:
     """A slider over the range and step the API accepts for `name` (`LIMITS`)."""
-    lo, hi, step = LIMITS[name]
+    lo, hi, step = inputs.LIMITS[name]
     return gr.Slider(lo, hi, value=value, step=step, label=label, **kw)
 
 
 def mech_slider(name: str, value) -> gr.Slider:
     """A mechanism slider over its range (`MECH_LIMITS`)."""
-    label, lo, hi, step, _whole = MECH_LIMITS[name]
+    label, lo, hi, step, _whole = ui.MECH_LIMITS[name]
     return gr.Slider(lo, hi, value=value, step=step, label=label)
 
 
@@ -151,7 +100,7 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
     its views on the right; each control wired to its handler (`wire_*`)."""
     # Gradio's own copies of served files are removed after 30 minutes (checked every 10).
     with gr.Blocks(title="Page-EntroKV", delete_cache=(600, 1800)) as demo:
-        gr.Markdown(INTRO, elem_id="intro")
+        gr.Markdown(text.INTRO, elem_id="intro")
         c = {"last": gr.State(None)}
         with gr.Row(elem_id="main-row"):
             with gr.Column(scale=1, min_width=320, elem_id="explore-col"):
@@ -196,20 +145,20 @@ def explore_controls() -> dict:
 def prompt_controls(default_model: str) -> dict:
     first = PRESETS[0]
     model = gr.Dropdown(
-        known_models(),
+        ui.known_models(),
         value=default_model,
-        allow_custom_value=MODELS.allow_hub,
+        allow_custom_value=ui.MODELS.allow_hub,
         label="Model",
         info="bundled runs anywhere; hub models need a reachable hub",
     )
-    task = gr.Radio(list(TASKS), value=first["task"], label="Task")
+    task = gr.Radio(list(inputs.TASKS), value=first["task"], label="Task")
     curated = gr.Dropdown([], label="Curated task", visible=False)
     context = slider("context", first["context_tokens"], "Context length (tokens)")
     depth = slider("depth", first["depth"], "Needle depth")
     needles = slider("needles", first["n_needles"], "Needles")
     seed = gr.Number(
         value=first["seed"], precision=0, label="Seed",
-        minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1],
+        minimum=inputs.LIMITS["seed"][0], maximum=inputs.LIMITS["seed"][1],
     )  # fmt: skip
     with gr.Accordion("Custom text", open=False, visible=False) as custom_box:
         haystack = gr.Textbox(value="", lines=5, label="Haystack text")
@@ -248,7 +197,7 @@ def side_settings(side: str) -> dict:
     sfx, tag, kw = ("_b", " B", dict(interactive=False)) if b else ("", "", {})
     out = {
         "mode" + sfx: gr.Radio(
-            list(MODES), value=first["mode"], label="Question position" + tag,
+            list(inputs.MODES), value=first["mode"], label="Question position" + tag,
             info=None if b else "after = asked after compression (the strict test)", **kw,
         ),
         "budget" + sfx: slider(
@@ -279,16 +228,16 @@ def lesson_header() -> dict:
             info="the lesson and its chart only; Next keeps the chart in view",
         )  # fmt: skip
     with gr.Row(equal_height=False, elem_id="lesson-row"):
-        lesson_text = gr.Markdown(lesson_markdown(LESSONS[0]), elem_id="lesson-text")
+        lesson_text = gr.Markdown(text.lesson_markdown(LESSONS[0]), elem_id="lesson-text")
         observation = gr.Markdown(
             "**Observation:** " + LESSONS[0].observation.statement,
             elem_id="lesson-observation",
         )
     with gr.Accordion("Glossary", open=False, elem_id="glossary"):
-        gr.Markdown(GLOSSARY)
-    status = gr.Markdown(message("info", "Loading the first lesson..."), elem_id="run-status")
+        gr.Markdown(text.GLOSSARY)
+    status = gr.Markdown(text.message("info", "Loading the first lesson..."), elem_id="run-status")
     stale_note = gr.Markdown(elem_id="stale-note")
-    gr.Markdown(CAPTIONS["answers"], elem_id="answers-caption")
+    gr.Markdown(text.CAPTIONS["answers"], elem_id="answers-caption")
     answers = gr.HTML(elem_id="answers-table")
     return _blocks(locals())
 
@@ -296,31 +245,31 @@ def lesson_header() -> dict:
 def view_tabs() -> dict:
     """Every view, a tab each (`TABS` are their ids)."""
     with gr.Tab("Pages", id="frame"):
-        gr.Markdown(CAPTIONS["frame"])
+        gr.Markdown(text.CAPTIONS["frame"])
         frame = plot(elem_id="page-frame")
     with gr.Tab("Needle", id="retention"):
-        gr.Markdown(CAPTIONS["retention"])
+        gr.Markdown(text.CAPTIONS["retention"])
         retention = plot()
     with gr.Tab("Weights", id="weights"):
-        gr.Markdown(CAPTIONS["overview"])
+        gr.Markdown(text.CAPTIONS["overview"])
         overview = plot()
-        gr.Markdown(CAPTIONS["weights"])
+        gr.Markdown(text.CAPTIONS["weights"])
         layer = gr.Slider(0, 1, value=0, step=1, label="Layer")  # a run sets its range
         weights = plot()
     with gr.Tab("Sinks", id="sinks"):
-        gr.Markdown(CAPTIONS["sink"])
+        gr.Markdown(text.CAPTIONS["sink"])
         sink_mass = plot()
         sink_adv = plot()
     with gr.Tab("UOR & memory", id="uor"):
-        gr.Markdown(CAPTIONS["uor"])
+        gr.Markdown(text.CAPTIONS["uor"])
         uor = plot()
         stored = plot()
         memory = plot()
     with gr.Tab("Mechanism", id="mechanism"):
         mech = mechanism_controls()
     with gr.Tab("Replay", id="replay"):
-        gr.Markdown(replay_caption())
-        plot(value=replay_recall_figure(), elem_id="replay-recall")
+        gr.Markdown(checks.replay_caption())
+        plot(value=checks.replay_recall_figure(), elem_id="replay-recall")
     with gr.Tab("Export", id="export"):
         gr.Markdown("The last run's numbers (JSON, CSV) and every figure (HTML), written when "
                     "you ask.")  # fmt: skip
@@ -330,7 +279,7 @@ def view_tabs() -> dict:
 
 
 def mechanism_controls() -> dict:
-    gr.Markdown(CAPTIONS["mechanism"])
+    gr.Markdown(text.CAPTIONS["mechanism"])
     with gr.Row():
         m_heads = mech_slider("heads", 3)
         m_retr = mech_slider("retrieval", 0.9)
@@ -352,7 +301,7 @@ def mechanism_controls() -> dict:
 QUIET = dict(api_visibility="undocumented")
 #: Runs of different sessions share RUN_CONCURRENCY request workers: a run finished
 #: before is served from memory at once, while the model computes one job at a time.
-MODEL_KW = dict(concurrency_id="model", concurrency_limit=RUN_CONCURRENCY)
+MODEL_KW = dict(concurrency_id="model", concurrency_limit=ui.RUN_CONCURRENCY)
 
 
 def wire_runs(c: dict) -> None:
@@ -361,7 +310,7 @@ def wire_runs(c: dict) -> None:
     last request (always_last), and a session's runs go one at a time."""
     run_inputs = [c[name] for name in RUN_INPUTS]
     run_kw = dict(
-        fn=run_comparison,
+        fn=ui.run_comparison,
         inputs=run_inputs,
         outputs=[c[name] for name in RUN_VIEWS],
         preprocess=False,  # raw values: parse_run names a wrong one in plain words
@@ -369,7 +318,7 @@ def wire_runs(c: dict) -> None:
         **MODEL_KW,
     )
     # After a run the model box shows the model that ran (the default, after a fallback).
-    shown = dict(fn=model_that_ran, inputs=c["model"], outputs=c["model"], queue=False,
+    shown = dict(fn=ui.model_that_ran, inputs=c["model"], outputs=c["model"], queue=False,
                  show_progress="hidden", **QUIET)  # fmt: skip
     c["run_btn"].click(api_name="run", **run_kw).then(**shown)
     c["budget"].release(api_name="budget", **run_kw).then(**shown)
@@ -382,15 +331,15 @@ def wire_runs(c: dict) -> None:
         c[name].release(**run_kw, **QUIET).then(**shown)
     # Live while dragging: planning alone, on the cached prefill (no decoding).
     preview_kw = dict(
-        fn=preview_plans, inputs=run_inputs, outputs=[c[name] for name in PLAN_VIEWS],
+        fn=ui.preview_plans, inputs=run_inputs, outputs=[c[name] for name in PLAN_VIEWS],
         preprocess=False, concurrency_id="preview", concurrency_limit=2,
         trigger_mode="always_last", show_progress="hidden", **QUIET,
     )  # fmt: skip
     for name in sliders:
         c[name].input(**preview_kw)
-    preset_targets = [c[name] for name in PRESET_CONTROLS]
+    preset_targets = [c[name] for name in ui.PRESET_CONTROLS]
     c["preset"].select(
-        run_preset,
+        ui.run_preset,
         [c["preset"], c["model"], c["lesson"]],
         [*preset_targets, c["link_b"], c["tabs"], *run_kw["outputs"]],
         trigger_mode="always_last",
@@ -399,13 +348,13 @@ def wire_runs(c: dict) -> None:
     ).then(**shown)
     # The API's /preset fills the controls only (no run), for scripts; the page's preset
     # picker above sets and runs in one request. A hidden trigger carries it.
-    gr.Button(visible=False).click(apply_preset, c["preset"], preset_targets, api_name="preset")
+    gr.Button(visible=False).click(ui.apply_preset, c["preset"], preset_targets, api_name="preset")
     # Linked, B's own settings show A's and are locked: the link's change sets both
     # (`linked_b`, outside the queue: no model work); a change of A's settings while
     # linked is copied in the browser alone (no request for every step of a drag).
     a_own, b_own = [c[n] for n in A_SHARED], [c[n] for n in B_OWN]
     c["link_b"].change(
-        linked_b, [c["link_b"], *a_own], b_own, queue=False,
+        ui.linked_b, [c["link_b"], *a_own], b_own, queue=False,
         preprocess=False,  # a value out of range is the run's to refuse, not a badge
         show_progress="hidden", **QUIET,
     )  # fmt: skip
@@ -415,8 +364,8 @@ def wire_runs(c: dict) -> None:
         control.change(None, [c["link_b"], *a_own, *b_own], b_own, js=copy_js, **QUIET)
     names = shared_names()
     c["share_btn"].click(None, [c[n] for n in names], c["share_link"], js=share_js())
-    c["layer"].release(update_layer, [c["last"], c["layer"]], c["weights"], api_name="layer")
-    c["export_btn"].click(export_run, c["last"], c["files"], api_name="export")
+    c["layer"].release(ui.update_layer, [c["last"], c["layer"]], c["weights"], api_name="layer")
+    c["export_btn"].click(ui.export_run, c["last"], c["files"], api_name="export")
 
 
 def wire_prompt(c: dict) -> None:
@@ -425,7 +374,7 @@ def wire_prompt(c: dict) -> None:
     every run clears it. A browser-side clear on the run's own trigger does not work:
     Gradio does not run a JS-only listener on a trigger that also has a Python one."""
     c["task"].input(
-        curated_choices,
+        ui.curated_choices,
         c["task"],
         [c[n] for n in ("curated", "depth", "needles", "seed", "custom_box")],
         show_progress="hidden",
@@ -434,12 +383,12 @@ def wire_prompt(c: dict) -> None:
     prompt = ("task", "context", "depth", "seed", "needles", "mode", "curated", "haystack",
               "needle", "question", "answer", "model")  # fmt: skip
     for name in prompt:
-        c[name].input(None, None, c["stale_note"], js=f"() => {STALE_NOTE!r}", **QUIET)
+        c[name].input(None, None, c["stale_note"], js=f"() => {text.STALE_NOTE!r}", **QUIET)
     # A prompt slider's value typed outside its range: the box then holds the nearest
     # end, and the note says so (no model work, outside the queue).
-    for name in PROMPT_SLIDERS:
+    for name in ui.PROMPT_SLIDERS:
         c[name].release(
-            prompt_range_note(name), c[name], c["stale_note"], queue=False, preprocess=False,
+            ui.prompt_range_note(name), c[name], c["stale_note"], queue=False, preprocess=False,
             show_progress="hidden", **QUIET,
         )  # fmt: skip
 
@@ -447,15 +396,15 @@ def wire_prompt(c: dict) -> None:
 def wire_mechanism(c: dict) -> None:
     # Raw values: a value typed outside a slider's range is said, never an error badge.
     mech_io = dict(
-        fn=run_mechanism,
-        inputs=[c[name] for name in MECH_CONTROLS],
+        fn=ui.run_mechanism,
+        inputs=[c[name] for name in ui.MECH_CONTROLS],
         outputs=[c[name] for name in MECH_VIEWS],
         preprocess=False,
     )
     # A constructed lesson's verdict follows the inputs (`mechanism_observation`).
     verdict = dict(
-        fn=mechanism_observation,
-        inputs=[c["lesson"], *(c[name] for name in MECH_CONTROLS)],
+        fn=ui.mechanism_observation,
+        inputs=[c["lesson"], *(c[name] for name in ui.MECH_CONTROLS)],
         outputs=[c["observation"]],
         preprocess=False,
         **QUIET,
@@ -475,54 +424,44 @@ def wire_lessons(c: dict, demo: gr.Blocks) -> None:
     kw = dict(trigger_mode="always_last", **MODEL_KW)
     # In the presenter view, a lesson picked brings its chart into view (browser only).
     show_chart = dict(fn=None, js="() => pagekvShowChart()")
-    shown = dict(fn=model_that_ran, inputs=model, outputs=model, queue=False, **QUIET)
-    lesson.select(pick_lesson, [lesson, model], outputs, api_name="lesson", **kw).then(
+    shown = dict(fn=ui.model_that_ran, inputs=model, outputs=model, queue=False, **QUIET)
+    lesson.select(lessons_ui.pick_lesson, [lesson, model], outputs, api_name="lesson", **kw).then(
         **show_chart
     ).then(**shown)
-    for button, step in (("prev_btn", previous_lesson), ("next_btn", next_lesson)):
+    for button, step in (
+        ("prev_btn", lessons_ui.previous_lesson),
+        ("next_btn", lessons_ui.next_lesson),
+    ):
         c[button].click(step, [lesson, model], [lesson, *outputs], **QUIET, **kw).then(
             **show_chart
         ).then(**shown)
     c["presenter"].change(None, c["presenter"], None, js="(on) => pagekvPresenter(on)")
     # The page's load: a link's lesson or settings (`?lesson=3`), else the first lesson.
-    demo.load(open_page, [lesson, model], [lesson, model, *outputs], **QUIET, **kw)
-    demo.unload(end_session)  # what the server holds for a closed tab goes
+    demo.load(lessons_ui.open_page, [lesson, model], [lesson, model, *outputs], **QUIET, **kw)
+    demo.unload(ui.end_session)  # what the server holds for a closed tab goes
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Page-EntroKV app")
     ap.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     ap.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
+    ap.add_argument("--model", default="bundled", help="the default model: loaded at "
+                    "start, kept loaded, and the one the lessons are warmed on")  # fmt: skip
+    ap.add_argument("--no-warm", action="store_true", help="do not compute the live "
+                    "lessons once serving (by default a class gets them from memory)")  # fmt: skip
     ap.add_argument(
-        "--model",
-        default="bundled",
-        help="the default model: loaded at start, kept loaded, and the one the lessons are "
-        "warmed on (default: bundled)",
-    )
-    ap.add_argument(
-        "--no-warm",
-        action="store_true",
-        help="do not compute the live lessons once the app serves (by default they are, "
-        "so that a class gets them from memory)",
-    )
-    ap.add_argument(
-        "--allow-hub-models",
-        action="store_true",
+        "--allow-hub-models", action="store_true",
         default=os.environ.get("PAGEKV_ALLOW_HUB_MODELS") == "1",
         help="also load hub models or local folders not in the model list (off by default: "
         "a public server loads only what it offers; PAGEKV_ALLOW_HUB_MODELS=1 turns it on)",
-    )
-    ap.add_argument(
-        "--dtype",
-        default="auto",
-        choices=DECODE_DTYPES,
-        help="the decode step's linear weights: auto (default; float16 on the CPU, about "
-        "twice as fast as float32), float32 (the prefill's numerics), float16 or bfloat16",
-    )
+    )  # fmt: skip
+    ap.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help="the decode step's "
+                    "linear weights: auto (default; float16 on the CPU, about twice as fast as "
+                    "float32), float32 (the prefill's numerics), float16 or bfloat16")  # fmt: skip
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    configure(args.model, allow_hub_models=args.allow_hub_models, decode_dtype=args.dtype)
-    demo = build_demo(default_model=MODELS.default)
+    ui.configure(args.model, allow_hub_models=args.allow_hub_models, decode_dtype=args.dtype)
+    demo = build_demo(default_model=ui.MODELS.default)
     demo.queue(default_concurrency_limit=1, max_size=128)  # a class: ~30 pages x a few events
     # The model worker runs on this (the main) thread, the first to compute with torch:
     # its OpenMP workers stay hot (pagekv/serving/worker.py). Load the default model here.
@@ -530,7 +469,7 @@ def main(argv=None):
 
     torch.ones(1 << 17).add_(1).sum()  # this thread's OpenMP team comes first
     try:
-        get_study(args.model)
+        ui.get_study(args.model)
     except Exception as e:  # no model here: the app serves and each run says what to do
         log.warning("no model loaded at start: %s", " ".join(str(e).split()))
     demo.launch(
@@ -541,7 +480,7 @@ def main(argv=None):
         prevent_thread_lock=True,
     )
     if not args.no_warm:
-        warm_in_background(MODELS.default)
+        lessons_ui.warm_in_background(ui.MODELS.default)
     try:
         WORKER.serve_forever()
     except KeyboardInterrupt:

@@ -233,10 +233,10 @@ def measure(results: dict, name: str, fn, bench, nbytes: int, peak_tbps: float |
 
 
 def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
-    from kernels.compact import compact as k_compact
-    from kernels.pool_pages import pool_pages
-    from kernels.score import score_layers as k_score
     from pagekv import EvictionConfig
+    from pagekv.kernels.compact import compact as k_compact
+    from pagekv.kernels.pool_pages import pool_pages
+    from pagekv.kernels.score import score_layers as k_score
     from pagekv.maths.entropy import HeadMasses, weights_from_mass
     from pagekv.maths.paging import expand_pages, page_sizes, select_pages
 
@@ -333,7 +333,7 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
 def long_windows(args, res, n, k4, device, bench, peak, e) -> None:
     """Long query sets over the same keys: the score kernel and the max output against
     their twins (`res["times"]`), and their parity (`res["long_parity"]`)."""
-    from kernels.score import score_layers as k_score
+    from pagekv.kernels.score import score_layers as k_score
     from pagekv.runtime import backend as be
 
     L, H, G, d = args.layers, args.heads, args.groups, args.head_dim

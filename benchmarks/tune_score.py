@@ -1,5 +1,5 @@
 """Sweep the scoring kernel's launch options on a GPU: which blocks and compile options
-make `kernels.score.score_layers` fastest at the pilot model's shapes.
+make `pagekv.kernels.score.score_layers` fastest at the pilot model's shapes.
 
 On a CUDA machine::
 
@@ -64,8 +64,8 @@ def label(opt: dict) -> str:
 
 def launch_for(opt: dict, q, keys):
     """The `ScoreLaunch` of option `opt` on these inputs (None: the launcher's)."""
-    from kernels.score import score_launch
-    from kernels.targets import target_of
+    from pagekv.kernels.score import score_launch
+    from pagekv.kernels.targets import target_of
 
     if not opt:
         return None
@@ -91,7 +91,7 @@ def main() -> int:
         return 0
     import triton
 
-    from kernels.score import score_layers
+    from pagekv.kernels.score import score_layers
 
     t_start = time.time()
     L, H, G, d, w = PILOT

@@ -1,6 +1,6 @@
 """Compile every launch the launchers choose, ahead of time, for GPU targets, with no GPU.
 
-    python -m kernels.aot [--arch 80 90] [--jobs 2] [--json FILE]
+    python -m pagekv.kernels.aot [--arch 80 90] [--jobs 2] [--json FILE]
 
 The Triton interpreter (how the kernels run on a CPU) checks the maths, never the
 compile: a module global read inside `@triton.jit`, a block that overflows a GPU's
@@ -10,7 +10,7 @@ Triton compiles for a GPU target on any machine:
 runs the whole pipeline (Triton IR, LLVM, PTX, ptxas to a cubin) and reports the shared
 memory a program asks for (`metadata.shared`).
 
-What is compiled: for each target (`kernels.targets.CHECKED`: sm_80 and sm_90), every
+What is compiled: for each target (`pagekv.kernels.targets.CHECKED`: sm_80 and sm_90), every
 distinct `Launch` that the launchers (`score_launch`, `pool_launch`, `gather_launch`,
 `gather_layers_launch`, `paged_decode_launch`) choose over `GRID`, a
 grid of real shapes: the pilot model (Qwen2.5-1.5B: head dim 128, r = 6), the bundled
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write every result to this file")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
-        print("kernels.aot: TRITON_INTERPRET=1 defines the kernels interpreted; unset it")
+        print("pagekv.kernels.aot: TRITON_INTERPRET=1 defines the kernels interpreted; unset it")
         return 2
     targets = [cuda_target(a) for a in args.arch]
     t0 = time.perf_counter()
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
         for t in targets
     }
     print(
-        f"kernels.aot: {len(results)} launches, {len(failed)} failed, in "
+        f"pagekv.kernels.aot: {len(results)} launches, {len(failed)} failed, in "
         f"{time.perf_counter() - t0:.0f} s; most shared memory: "
         + ", ".join(f"{name} {b} B" for name, b in worst.items())
     )

@@ -25,11 +25,20 @@ and real decoding::
 The maths names import torch only. The runtime and serving names (`Runner`, `Study`,
 `PromptSpec`, `load_model`, ...) load on first use, so `import pagekv` does not
 import transformers.
+
+The Triton kernels are `pagekv.kernels`. Installed, they are the folder
+`pagekv/kernels` (pyproject.toml maps the repository's top-level `kernels/` there); in
+a checkout they stay the top-level `kernels/` folder, and `_CheckoutKernels` gives them
+the same name, so the code imports them one way in both.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+from pathlib import Path
 
 from pagekv.maths.config import POLICIES, POOLED_POLICIES, EvictionConfig
 from pagekv.maths.entropy import (
@@ -47,6 +56,27 @@ from pagekv.maths.paging import BudgetError, min_feasible_budget, page_sizes, pr
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import Policy, get_policy
 from pagekv.maths.profiles import attention_profiles, smooth_scores
+
+
+class _CheckoutKernels(importlib.abc.MetaPathFinder):
+    """Finds `pagekv.kernels` in a checkout: the repository's `kernels/` folder."""
+
+    folder = Path(__file__).resolve().parent.parent / "kernels"
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "pagekv.kernels":
+            return None
+        init = self.folder / "__init__.py"
+        return importlib.util.spec_from_file_location(
+            name, init, submodule_search_locations=[str(self.folder)]
+        )
+
+
+_installed = (Path(__file__).resolve().parent / "kernels").is_dir()
+if not _installed and _CheckoutKernels.folder.is_dir():
+    if not any(isinstance(f, _CheckoutKernels) for f in sys.meta_path):
+        sys.meta_path.append(_CheckoutKernels())
+
 
 #: Names loaded on first use: public name -> module that defines it.
 _LAZY = {

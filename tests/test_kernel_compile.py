@@ -40,7 +40,7 @@ def _compiled_env() -> dict:
 def test_every_launch_compiles_and_fits_sm80_and_sm90(tmp_path):
     out = tmp_path / "aot.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "kernels.aot", "--arch", "80", "90", "--jobs",
+        [sys.executable, "-m", "pagekv.kernels.aot", "--arch", "80", "90", "--jobs",
          str(max(1, min(os.cpu_count() or 1, 4))), "--json", str(out)],
         cwd=ROOT, env=_compiled_env(), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -70,7 +70,7 @@ def test_every_launch_compiles_and_fits_sm80_and_sm90(tmp_path):
 
 def test_the_grid_spans_the_issue_s_shapes():
     """The grid holds the real models and the ranges the check promises."""
-    from kernels.aot import GRID
+    from pagekv.kernels.aot import GRID
 
     assert {d for d, _ in GRID.shapes()} == {64, 128}
     assert {r for _, r in GRID.shapes()} == set(range(1, 9))
@@ -88,8 +88,8 @@ def test_launchers_fit_blocks_to_the_target_dtype_and_head_dim():
     """Blocks come from the target's shared memory, the dtype and the head dim, not from
     the device type: a large head dim gets fewer rows on a GPU with less shared memory,
     the fp32 dot gets smaller tiles than the bf16 one, and what cannot fit is refused."""
-    from kernels.score import _shared_estimate, score_launch
-    from kernels.targets import INTERPRETER, cuda_target
+    from pagekv.kernels.score import _shared_estimate, score_launch
+    from pagekv.kernels.targets import INTERPRETER, cuda_target
 
     bf16, fp32 = torch.bfloat16, torch.float32
     sm90, sm86 = cuda_target(90), cuda_target(86)
@@ -125,16 +125,16 @@ def reads_a_global(x_ptr, BLOCK: tl.constexpr):
 CONTROLS = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from kernels._common import Launch
-from kernels.aot import compile_launch
-from kernels.targets import cuda_target
+from pagekv.kernels._common import Launch
+from pagekv.kernels.aot import compile_launch
+from pagekv.kernels.targets import cuda_target
 
 planted = Launch(module="planted", kernel="reads_a_global", types=(("x_ptr", "*fp32"),),
                  constexprs=(("BLOCK", 64),))
 # The runner's launch before this check: fp32 window queries over the bf16 cache took
 # the fp32 dot at 8 heads x 32 queries of head dim 128 with Triton's default 3 stages.
 import triton.language as tl
-before = Launch(module="kernels.score", kernel="_profile_kernel",
+before = Launch(module="pagekv.kernels.score", kernel="_profile_kernel",
                 types=(("q_ptr", "*fp32"), ("ktab_ptr", "*i64"), ("scale_ptr", "*fp32"),
                        ("lse_ptr", "*fp32"), ("prof_ptr", "*fp32"), ("top_ptr", "*fp32"),
                        ("part_ptr", "*fp32")),

@@ -55,11 +55,11 @@ def kern():
     cuda = torch.cuda.is_available()
     pytest.importorskip("triton")
     mods = SimpleNamespace(
-        score=importlib.import_module("kernels.score"),
-        pool=importlib.import_module("kernels.pool_pages"),
-        compact=importlib.import_module("kernels.compact"),
+        score=importlib.import_module("pagekv.kernels.score"),
+        pool=importlib.import_module("pagekv.kernels.pool_pages"),
+        compact=importlib.import_module("pagekv.kernels.compact"),
     )
-    from kernels._common import is_interpreted
+    from pagekv.kernels._common import is_interpreted
 
     if not cuda:  # conftest chose the interpreter before `kernels` was first imported
         assert is_interpreted(mods.score._profile_kernel), "kernels defined without the interpreter"
@@ -534,7 +534,7 @@ def test_pagekv_imports_without_triton_and_refuses_uninterpreted_cpu():
         "import sys\n"
         "import torch\n"
         "import pagekv, pagekv.runtime.backend as be, pagekv.runtime.paged_cache\n"
-        "assert 'triton' not in sys.modules and 'kernels' not in sys.modules\n"
+        "assert 'triton' not in sys.modules and 'pagekv.kernels' not in sys.modules\n"
         "assert be.resolve_backend('auto', torch.zeros(1)) == 'torch'\n"
         "try:\n"
         "    be.resolve_backend('triton', torch.zeros(1))\n"

@@ -30,6 +30,7 @@ from pagekv import BudgetError, EvictionConfig, plan
 from pagekv.measurement.integrations import kvpress_press as kpp
 from pagekv.measurement.integrations.kvpress_press import MeanPoolPagePress, PageEntroKVPress
 from pagekv.measurement.peer import kvpress_peer as kp
+from tests.test_wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -811,14 +812,26 @@ def test_five_line_example_runs_as_written(tmp_path):
     check = (
         "import json, kvpress\nprint(json.dumps({'base': isinstance(press, kvpress.BasePress)}))\n"
     )
-    script.write_text(setup + block + check)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
+    # pagekv as a researcher installs it: its wheel, into a folder on the path (the
+    # kvpress environment brings the dependencies), run from outside the checkout.
+    site = tmp_path / "site"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+         str(build_wheel(tmp_path))],
+        check=True, timeout=300,
+    )  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(site), HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
     env["TRANSFORMERS_OFFLINE"] = "1"
+    check += "import pagekv\nprint(json.dumps({'pagekv': pagekv.__file__}))\n"
+    script.write_text(setup + block + check)
     out = subprocess.run(
-        [str(python), str(script)], capture_output=True, text=True, env=env, timeout=900
-    )
+        [str(python), str(script)], capture_output=True, text=True, env=env, timeout=900,
+        cwd=tmp_path,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
+    assert json.loads(lines[-1])["pagekv"].startswith(str(site))  # the installed copy
+    lines = lines[:-1]
     assert json.loads(lines[-1]) == {"base": True}
     answer = "\n".join(lines[:-1]).strip()
     print("\nexample answer:", repr(answer))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_decode import merge_splits, paged_decode
+from pagekv.kernels.paged_decode import merge_splits, paged_decode
 from pagekv.runtime.paged_decode import paged_decode_torch
 from tests.test_kernels import assert_close
 

@@ -17,7 +17,7 @@ def check_window_shapes(q_win: torch.Tensor, keys: torch.Tensor) -> tuple[int, .
     """Validate `q_win [L, H, w, d]` against `keys [L, G, n, d]`; returns `(L, H, w, d, G, n)`.
 
     The Triton launcher (kernels/score.py) checks the same with its own copy in
-    `kernels._common`, since the kernels import nothing from `pagekv`.
+    `pagekv.kernels._common`, since the kernels import nothing from `pagekv`.
     """
     if q_win.dim() != 4 or keys.dim() != 4:
         raise ValueError(

@@ -43,7 +43,7 @@ from pagekv.runtime.compaction import compact_layer
 log = logging.getLogger("pagekv")
 
 BACKENDS = ("auto", "torch", "triton")
-_KERNEL_MODULES = ("kernels.score", "kernels.pool_pages", "kernels.compact")
+_KERNEL_MODULES = ("pagekv.kernels.score", "pagekv.kernels.pool_pages", "pagekv.kernels.compact")
 
 
 class BackendError(RuntimeError):
@@ -65,7 +65,7 @@ def _kernel_modules():
 
 
 def _interpreted(mods) -> bool:
-    from kernels._common import is_interpreted
+    from pagekv.kernels._common import is_interpreted
 
     kernels = [getattr(m, name) for m in mods for name in dir(m) if name.startswith("_")]
     jitted = [k for k in kernels if type(k).__name__ in ("JITFunction", "InterpretedFunction")]
@@ -145,7 +145,7 @@ def score_window(
     if q_win.dim() == 3:
         q_win = q_win[None]
     if used == "triton":
-        from kernels.score import score_layers as kernel
+        from pagekv.kernels.score import score_layers as kernel
 
         prof, sums = kernel(q_win, layers, n_sink, scale=scale)
     else:
@@ -199,7 +199,7 @@ def attention_scores(
     if q.dim() == 3 and keys.dim() == 3:
         q, keys = q[None], keys[None]
     if used == "triton":
-        from kernels.score import score_layers as kernel
+        from pagekv.kernels.score import score_layers as kernel
 
         mean, _, top = kernel(q, keys, 0, scale=scale, return_max=True)
     else:
@@ -315,7 +315,7 @@ def page_scores(
     used = resolve_backend(backend, scores)
     n = scores.shape[-1]
     if used == "triton":
-        from kernels.pool_pages import pool_pages
+        from pagekv.kernels.pool_pages import pool_pages
 
         pooled, pages, prot = pool_pages(
             scores, weights, n_groups, page_size, n_sink, window, pooling, reduction,
@@ -363,7 +363,7 @@ def compact_kv(
     """
     used = resolve_backend(backend, keys)
     if used == "triton":
-        from kernels.compact import compact as kernel
+        from pagekv.kernels.compact import compact as kernel
 
         k, v = kernel(keys, values, kept_idx)
     elif keys.dim() == 5:
@@ -396,12 +396,12 @@ def compact_layers(
     Returns:
         `(per layer (keys [B, G, k_l, d], values [B, G, k_l, d]), backend_used)`,
         bit-identical across backends. On Triton it is one launch for all layers
-        (`kernels.compact.compact_every_layer`) and one host wait (the bounds check), however
+        (`pagekv.kernels.compact.compact_every_layer`) and one host wait (the bounds check), however
         many layers; the twin runs `compact_layer` per layer and never waits.
     """
     used = resolve_backend(backend, keys[0])
     if used == "triton":
-        from kernels.compact import compact_every_layer as kernel
+        from pagekv.kernels.compact import compact_every_layer as kernel
 
         out = kernel(keys, values, kept_idx)
     else:

@@ -28,7 +28,7 @@ tokens are one slice of the pool, and a layer whose (row, group)s all hold the s
 number of blocks is one `[B, G, C, d]` view); the kernel path reads the block tables.
 
 Attention. `attend(l, q, scale)` for `t` new queries per row `[B, H, t, d]` (already
-appended): one new token on the Triton backend runs `kernels.paged_decode` (one
+appended): one new token on the Triton backend runs `pagekv.kernels.paged_decode` (one
 program reads a group's pages once for its `r` heads); everything else runs torch's
 SDPA over the slices, with each new token seeing every kept token of its group and
 the new tokens before it.
@@ -63,7 +63,7 @@ class PagedCache:
             groups of `[t_bg, d]` tensors (groups of different lengths).
         extra: the tokens every (row, group) must be able to append.
         page_size: `P`, the tokens per block (the plan's page size).
-        kernel: attend one new token through `kernels.paged_decode` (the Triton backend).
+        kernel: attend one new token through `pagekv.kernels.paged_decode` (the Triton backend).
     """
 
     def __init__(self, layers, extra: int, page_size: int, kernel: bool = False):
@@ -244,8 +244,8 @@ class PagedCache:
         return self._attend_torch(layer, q, scale)
 
     def _attend_kernel(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
-        """One new token per row through `kernels.paged_decode`, reading the tables."""
-        from kernels.paged_decode import paged_decode
+        """One new token per row through `pagekv.kernels.paged_decode`, reading the tables."""
+        from pagekv.kernels.paged_decode import paged_decode
 
         out = paged_decode(
             q[:, :, 0], self.k_pool[layer], self.v_pool[layer], self.tables[layer],

@@ -1,4 +1,4 @@
-"""Paged decode attention in torch: the twin of `kernels.paged_decode.paged_decode`.
+"""Paged decode attention in torch: the twin of `pagekv.kernels.paged_decode.paged_decode`.
 
 One new token's queries `[B, H, d]` against each (row, group)'s pages of a pool
 (`pagekv.runtime.paged_cache`'s layout, one layer of it; see the kernel's module
