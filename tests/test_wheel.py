@@ -63,6 +63,44 @@ def build_wheel(tmp_path: Path) -> Path:
     return wheel
 
 
+def _new_env(tmp_path: Path) -> tuple[Path, str]:
+    """A new virtual environment that borrows this one's packages after its own; its
+    python and its site-packages."""
+    env = tmp_path / "env"
+    venv.EnvBuilder(with_pip=False).create(env)
+    python = env / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    Path(site, "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python, site
+
+
+def _probe(python: Path, cwd: Path) -> dict:
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    out = subprocess.run(
+        [python, "-c", PROBE], cwd=cwd, capture_output=True, text=True, timeout=300,
+        env={**clean, "TRITON_INTERPRET": "1"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_an_editable_install_imports_the_checkout(tmp_path):
+    """`pip install -e .`: the installed name is the checkout, kernels included."""
+    python, _ = _new_env(tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+         "--no-build-isolation", "-e", str(ROOT)],
+        check=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    got = _probe(python, tmp_path)
+    assert got["pagekv"] == str(ROOT / "pagekv" / "__init__.py")
+    assert got["kernels"] == str(ROOT / "kernels" / "score.py")
+    assert got["top_level_kernels"] is False and got["kept"] > 0
+
+
 def test_the_wheel_holds_the_library_and_installs_outside_the_checkout(tmp_path):
     wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
@@ -74,27 +112,13 @@ def test_the_wheel_holds_the_library_and_installs_outside_the_checkout(tmp_path)
     assert not [n for n in names if n.startswith(("kernels/", "tests/", "assets/"))]
     assert not [n for n in names if n.endswith(("app.py", "conftest.py")) or "bench" in n]
 
-    env = tmp_path / "env"
-    venv.EnvBuilder(with_pip=False).create(env)
-    python = env / "bin" / "python"
-    site = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
-    # This environment's packages, after the new one's own (its pagekv comes first).
-    Path(site, "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python, site = _new_env(tmp_path)
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
          "--no-index", str(wheel)],
         check=True, timeout=300,
     )  # fmt: skip
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    out = subprocess.run(
-        [python, "-c", PROBE], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**clean, "TRITON_INTERPRET": "1"},
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _probe(python, tmp_path)
     assert got["pagekv"].startswith(site) and got["kernels"].startswith(site), got
     assert got["press"] == "pagekv.measurement.integrations.kvpress_press"
     assert got["top_level_kernels"] is False  # no name another package owns
