@@ -85,7 +85,7 @@ _LAZY = {
     "resolve_backend": "pagekv.runtime.backend",
     "PagedCache": "pagekv.runtime.paged_cache",
     "LoadedModel": "pagekv.runtime.models",
-    "ModelLoadError": "pagekv.runtime.models",
+    "ModelLoadError": "pagekv.runtime.model_errors",
     "load_model": "pagekv.runtime.models",
     "Prefill": "pagekv.runtime.runner",
     "Runner": "pagekv.runtime.runner",

@@ -349,6 +349,82 @@ def test_the_check_counts_top_modules(tmp_path):
     assert len(_top_modules(tmp_path)) == MAX_TOP_MODULES + 1
 
 
+# ----------------------------------------------------------------------------- cycles
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    """The lines of `if TYPE_CHECKING:` blocks (imports for annotations only)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def _import_cycles(root: Path) -> list[list[str]]:
+    """The import cycles among the modules of `pagekv/` (module level or lazy; not the
+    imports for annotations), as the sorted modules of each strongly connected part."""
+    mods = {}
+    for rel in _pyfiles(root):
+        name = rel[:-3].replace("/", ".").removesuffix(".__init__")
+        mods[name] = rel
+    graph: dict[str, set[str]] = {}
+    for name, rel in mods.items():
+        skip = _type_checking_lines(ast.parse((root / rel).read_text()))
+        deps = set()
+        for mod, line, _ in _imports(root, rel):
+            parts = mod.split(".")
+            while parts and ".".join(parts) not in mods:
+                parts.pop()
+            target = ".".join(parts)
+            if parts and line not in skip and not (name + ".").startswith(target + "."):
+                deps.add(target)
+        graph[name] = deps
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while (w := stack.pop()) != v:
+                part.append(w)
+            if part:
+                cycles.append(sorted([v, *part]))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycles():
+    """No two modules of pagekv import each other, even lazily (model loading's errors
+    live in `runtime/model_errors.py`, below `models` and `gguf_parts`)."""
+    assert _import_cycles(ROOT) == []
+
+
+def test_the_check_finds_an_import_cycle(tmp_path):
+    _plant(tmp_path, "pagekv/runtime/a.py", "from pagekv.runtime.b import x\n")
+    _plant(tmp_path, "pagekv/runtime/b.py", "def f():\n    from pagekv.runtime.a import y\n")
+    _plant(tmp_path, "pagekv/runtime/c.py", "from pagekv.runtime.a import z\n")
+    # d and e import each other, but d only for its annotations: no cycle.
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pagekv.runtime.e\n"
+    _plant(tmp_path, "pagekv/runtime/d.py", typed)
+    _plant(tmp_path, "pagekv/runtime/e.py", "import pagekv.runtime.d\n")
+    assert _import_cycles(tmp_path) == [["pagekv.runtime.a", "pagekv.runtime.b"]]
+
+
 # ---------------------------------------------------------------------------- kernels
 
 

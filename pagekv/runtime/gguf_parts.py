@@ -24,6 +24,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pagekv.runtime.model_errors import GGUFMissing, ModelLoadError
+
 __all__ = ["QWEN_CODER_PARTS", "GGUFParts", "join_parts"]
 
 _CHUNK = 1 << 22
@@ -46,8 +48,6 @@ class GGUFParts:
 
     def part_paths(self) -> list[Path]:
         """The parts' paths, in order; `ModelLoadError` naming the first missing one."""
-        from pagekv.runtime.models import GGUFMissing
-
         paths = []
         for i, package in enumerate(self.packages, start=1):
             path = package_file(package, Path("data") / f"part{i:02d}.bin")
@@ -62,8 +62,6 @@ class GGUFParts:
     def source(self) -> tuple[str, int]:
         """``(filename, size)`` of the join, from the parts' sizes (nothing is read);
         `ModelLoadError` when a part is missing or the sizes do not add up."""
-        from pagekv.runtime.models import ModelLoadError
-
         total = sum(p.stat().st_size for p in self.part_paths())
         if total != self.size:
             raise ModelLoadError(
@@ -94,8 +92,6 @@ def package_file(package: str, rel: Path) -> Path | None:
 def join_parts(parts: GGUFParts, folder: str | Path) -> Path:
     """Join the parts into ``folder / parts.filename`` and return that path, once the
     join's size and SHA-256 match the spec (else `ModelLoadError`, nothing left)."""
-    from pagekv.runtime.models import ModelLoadError
-
     paths = parts.part_paths()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -79,6 +79,7 @@ import torch
 
 from pagekv.runtime.gguf_parts import QWEN_CODER_PARTS, GGUFParts, join_parts, package_file
 from pagekv.runtime.messages import one_line
+from pagekv.runtime.model_errors import GGUFMissing, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -150,14 +151,6 @@ KNOWN_MODELS: dict[str, str] = {
     "meta-llama/Llama-3.1-8B-Instruct": "Llama 3.1 8B (gated): 32 layers, 32 / 8 (r=4); GPU",
     "mistralai/Mistral-7B-Instruct-v0.3": "Mistral 7B v0.3: 32 layers, 32 / 8 (r=4); GPU",
 }
-
-
-class ModelLoadError(ValueError):
-    """A model could not be loaded or is not usable here; the message is one line."""
-
-
-class GGUFMissing(ModelLoadError):
-    """A bundled model's GGUF (or one of its parts) is not installed."""
 
 
 @dataclass
