@@ -6,6 +6,8 @@
     python -m pagekv run --haystack-file essay.txt --needle "..." --question "..." --answer "..."
     python -m pagekv replay --model bundled --out runs/replay --quick
     python -m pagekv models [--prepare qwen-coder-0.5b]   # what scripts/setup.sh --models runs
+    python -m pagekv eval --model pagekv --model_args pretrained=bundled,policy=entropy \
+        --tasks niah_single_1 --limit 5      # lm-eval's command line (pip install ".[eval]")
 
 Bad arguments print one line on stderr and exit with status 2.
 """
@@ -124,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help=DTYPE_HELP)
     rep.add_argument("-v", "--verbose", action="store_true")
 
+    sub.add_parser("eval", add_help=False, help="lm-evaluation-harness's command line "
+                   "with the `pagekv` model (pip install '.[eval]')")  # fmt: skip
     mod = sub.add_parser("models", help="the bundled models: installed? converted?")
     mod.add_argument(
         "--prepare",
@@ -340,6 +344,11 @@ def cmd_models(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["eval"]:  # lm-eval's own command line, with the `pagekv` model
+        from pagekv.measurement.integrations.lm_eval_model import cli
+
+        return cli(argv[1:])
     try:
         args = build_parser().parse_args(argv)
     except UsageError as e:

@@ -7,6 +7,9 @@ prefill (``scorer="window"``) or by pagekv's reconstruction pass after it
 
     from pagekv.measurement.integrations import PageEntroKVPress
 
+``lm_eval_model``: `PageKVLM`, the lm-evaluation-harness model type ``pagekv``
+(``python -m pagekv eval``; importing the module registers it, and imports lm-eval).
+
 Names are loaded on first use, so ``import pagekv.measurement.integrations`` imports neither kvpress
 nor transformers.
 """

@@ -1,0 +1,141 @@
+"""Page-EntroKV as an lm-evaluation-harness model (`pagekv.measurement.integrations.
+lm_eval_model`), on lm-eval's own RULER task code (issue 43).
+
+- The question split (`question=after`) on real prompts of the six RULER tasks that
+  build their data offline, made by lm-eval at 1,024 tokens with the bundled model's
+  tokenizer: the context and the question join back into the prompt, the question
+  ends with the task's answer prefix, and the context holds no part of it.
+- `simple_evaluate` on 2 samples of `niah_single_1` with the bundled model: the score
+  lm-eval reports equals the project's own scoring (`pagekv.tasks.scoring.contains`) of
+  the same answers, sample by sample.
+- Unknown model arguments, a bad question mode and `loglikelihood` are refused in one
+  sentence; `python -m pagekv eval` fills in a bundled model's tokenizer.
+
+lm-eval's RULER module asks nltk for its sentence tokenizer when imported and downloads
+it when missing; a stand-in folder is put on nltk's path first, so nothing is fetched
+(the six tasks here never split sentences).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from lm_eval.api.instance import Instance
+from lm_eval.api.model import LM
+from lm_eval.evaluator import simple_evaluate
+
+from pagekv.measurement.integrations import lm_eval_model as lem
+from pagekv.measurement.integrations.lm_eval_model import PageKVLM, split_question
+from pagekv.runtime.models import bundled_cache_dir
+from pagekv.tasks.scoring import contains
+
+#: The RULER tasks whose data lm-eval builds with no download (lm-eval's names).
+TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe",
+         "ruler_fwe")  # fmt: skip
+LENGTH = 1024
+
+
+@pytest.fixture(scope="module")
+def offline_nltk(tmp_path_factory):
+    """nltk finds a (stand-in) punkt_tab, so lm-eval's RULER module downloads nothing."""
+    import nltk
+
+    root = tmp_path_factory.mktemp("nltk_data")
+    (root / "tokenizers" / "punkt_tab").mkdir(parents=True)
+    nltk.data.path.insert(0, str(root))
+    yield
+    nltk.data.path.remove(str(root))
+
+
+def _metadata() -> dict:
+    return {"tokenizer": str(bundled_cache_dir()), "max_seq_lengths": [LENGTH]}
+
+
+class _Prompts(LM):
+    """Records each prompt lm-eval sends and answers nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.prompts = []
+
+    def generate_until(self, requests, disable_tqdm=False):
+        self.prompts += [r.args[0] for r in requests]
+        return ["" for _ in requests]
+
+    def loglikelihood(self, requests, disable_tqdm=False):
+        raise NotImplementedError
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        raise NotImplementedError
+
+
+@pytest.mark.slow
+def test_the_question_split_on_the_six_tasks_real_prompts(offline_nltk, bundled_study):
+    rec = _Prompts()
+    res = simple_evaluate(model=rec, tasks=list(TASKS), limit=1, metadata=_metadata())
+    docs = {t: res["samples"][t][0]["doc"] for t in TASKS}
+    assert len(rec.prompts) == len(TASKS)
+    for prompt in rec.prompts:
+        task = next(t for t in TASKS if docs[t]["input"] in prompt)
+        context, question = split_question(prompt)
+        assert context + question == prompt and context.endswith("\n"), task
+        prefix = docs[task]["gen_prefix"]
+        assert question.rstrip().endswith(prefix.rstrip()), (task, question[-200:])
+        assert question.startswith("Question:" if task.startswith("ruler") else "What is"), (
+            task,
+            question[:80],
+        )
+        assert "\n" not in question.split("Answer:")[0].strip(), (task, question[:200])
+        assert prefix.strip() not in context, task  # the context holds none of the question
+    with pytest.raises(ValueError, match="one line"):
+        split_question("no question here")
+
+
+@pytest.mark.slow
+def test_lm_eval_scores_the_answers_as_the_project_does(offline_nltk, bundled_study):
+    lm = PageKVLM(pretrained="bundled", policy="entropy", budget=0.2, page_size=16)
+    res = simple_evaluate(model=lm, tasks=["niah_single_1"], limit=2, metadata=_metadata())
+    samples = res["samples"]["niah_single_1"]
+    assert len(samples) == 2 and all(s["resps"][0][0].strip() for s in samples)  # answered
+    ours = []
+    for s in samples:
+        answer = s["resps"][0][0]
+        refs = s["doc"]["outputs"]
+        ours.append(sum(contains(answer, [r]) for r in refs) / len(refs))
+        assert s[str(LENGTH)] == ours[-1], (answer, refs)
+    reported = res["results"]["niah_single_1"][f"{LENGTH},none"]
+    assert reported == pytest.approx(sum(ours) / len(ours))
+    # The same model answers one prompt directly as lm-eval had it answer.
+    prompt = samples[0]["arguments"][0][0]
+    assert lm.answer(prompt, 128) == samples[0]["resps"][0][0]
+
+
+@pytest.mark.slow
+def test_bad_arguments_are_refused_in_one_sentence(bundled_study):
+    with pytest.raises(ValueError, match=r"does not take bogus: it takes pretrained"):
+        PageKVLM.create_from_arg_string("pretrained=bundled,bogus=1")
+    with pytest.raises(ValueError, match="question must be 'inside' or 'after'"):
+        PageKVLM(question="before")
+    lm = PageKVLM.create_from_arg_string(
+        "pretrained=bundled,budget=0.1,page_size=8,question=after", {"batch_size": 1}
+    )
+    assert (lm.config.budget, lm.config.page_size, lm.question) == (0.1, 8, "after")
+    request = Instance("loglikelihood", {}, ("a", " b"), 0)
+    with pytest.raises(NotImplementedError, match="only generates"):
+        lm.loglikelihood([request])
+
+
+def test_the_command_line_names_a_bundled_models_tokenizer(monkeypatch):
+    folder = str(bundled_cache_dir())
+    assert lem.with_tokenizer("pretrained=bundled,policy=mean") == (
+        f"pretrained=bundled,policy=mean,tokenizer={folder}"
+    )
+    assert lem.with_tokenizer("pretrained=bundled,tokenizer=x") == "pretrained=bundled,tokenizer=x"
+    assert lem.with_tokenizer("pretrained=/some/folder") == "pretrained=/some/folder"
+    seen = {}
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # cli sets it for lm-eval's parser
+    monkeypatch.setattr("lm_eval.__main__.cli_evaluate", lambda: seen.update(argv=list(sys.argv)))
+    assert lem.cli(["--model", "pagekv", "--model_args", "pretrained=bundled"]) == 0
+    assert seen["argv"] == ["lm-eval", "--model", "pagekv", "--model_args",
+                            f"pretrained=bundled,tokenizer={folder}"]  # fmt: skip
