@@ -1,0 +1,191 @@
+"""RULER, built and scored by lm-evaluation-harness's own task code, under pagekv's
+eviction policies (issue 43).
+
+    python benchmarks/ruler.py [--models bundled qwen-coder-0.5b] [--lengths 2048]
+        [--samples 20] [--minutes 60] [--out docs/ruler.jsonl] [--table docs/ruler.md]
+
+For each model, length (lm-eval's `max_seq_lengths`), task and sample: lm-eval's task
+code builds the prompt (with the model's tokenizer, offline: the six RULER tasks that
+need no download), pagekv's runner prefills it once per question mode (`inside`: the
+whole prompt; `after`: the context, the question, its last paragraph, prefilled after
+eviction: `lm_eval_model.split_question`), and that one prefill serves every method:
+the full cache, and mean pooling, Page-EntroKV (entropy) and head-independent
+selection at each budget, pages of 16. Each greedy answer (at most the task's
+`max_gen_toks` tokens, raw prompt, no chat template) is scored by the task's own
+`process_results` (RULER's `string_match_all`).
+
+Resumable: each answer is one JSON line appended to `--out`, and a case already there
+is skipped, so the command can be run again (`--minutes` stops it starting new
+prompts). `--table` writes the Markdown table of everything in `--out`: per model,
+length, question mode and method, each task's mean score, the samples behind it and
+the seconds they took. kvpress's SnapKV and KVzip are not in it yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from pagekv import EvictionConfig  # noqa: E402
+
+TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe",
+         "ruler_fwe")  # fmt: skip
+POLICIES = ("mean", "entropy", "head_independent")
+BUDGETS = (0.1, 0.2)
+PAGE = 16
+MODES = ("inside", "after")
+
+
+def methods() -> dict[str, EvictionConfig]:
+    out = {"full": EvictionConfig(policy="full")}
+    for budget in BUDGETS:
+        for policy in POLICIES:
+            out[f"{policy} {round(100 * budget)}%"] = EvictionConfig(
+                policy=policy, budget=budget, page_size=PAGE
+            )
+    return out
+
+
+def prompts(task_names, tokenizer: str, length: int, samples: int):
+    """`(task, index, prompt, max_gen_toks, doc, task object)` for the first `samples`
+    documents of each task, as lm-eval builds them."""
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    tm = TaskManager(metadata={"tokenizer": tokenizer, "max_seq_lengths": [length]})
+    tasks = get_task_dict(list(task_names), tm)
+    for name in task_names:
+        task = tasks[name]
+        task.build_all_requests(limit=samples)
+        for inst in task.instances:
+            prompt, kwargs = inst.args
+            yield name, inst.doc_id, prompt, int(kwargs.get("max_gen_toks", 128)), inst.doc, task
+
+
+def done_cases(path: Path) -> set[tuple]:
+    if not path.exists():
+        return set()
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {(r["model"], r["length"], r["task"], r["index"], r["mode"], r["method"]) for r in rows}
+
+
+def run(args) -> None:
+    from pagekv.measurement.integrations.lm_eval_model import split_question, with_tokenizer
+    from pagekv.runtime.models import load_model
+    from pagekv.runtime.runner import Runner
+
+    out = Path(args.out)
+    done = done_cases(out)
+    stop_at = time.time() + 60 * args.minutes
+    for model_name in args.models:
+        loaded = load_model(model_name, device="cpu")
+        runner = Runner(loaded.model, loaded.tokenizer)
+        tok = loaded.tokenizer
+        tokenizer = with_tokenizer(f"pretrained={model_name}").split("tokenizer=")[-1]
+        for length in args.lengths:
+            for task, index, prompt, max_new, doc, task_obj in prompts(
+                args.tasks, tokenizer, length, args.samples
+            ):
+                todo = [
+                    (mode, name)
+                    for mode in MODES
+                    for name in methods()
+                    if (model_name, length, task, index, mode, name) not in done
+                ]
+                if not todo:
+                    continue
+                if time.time() > stop_at:
+                    print(f"ruler: --minutes {args.minutes} reached; run again to go on")
+                    return
+                context, question = split_question(prompt)
+                c_ids = tok(context, add_special_tokens=False)["input_ids"]
+                q_ids = tok(question, add_special_tokens=False)["input_ids"]
+                for mode in MODES:
+                    names = [name for m, name in todo if m == mode]
+                    if not names:
+                        continue
+                    t0 = time.perf_counter()
+                    if mode == "after":
+                        pre = runner.prefill(c_ids, window_max=32, question_ids=q_ids)
+                    else:
+                        pre = runner.prefill(c_ids + q_ids, window_max=32)
+                    prefill_s = time.perf_counter() - t0
+                    for name in names:
+                        t0 = time.perf_counter()
+                        res = runner.evaluate(pre, methods()[name], max_new_tokens=max_new)
+                        answer = tok.decode(res.tokens, skip_special_tokens=True)
+                        score = task_obj.process_results(doc, [answer])[str(length)]
+                        row = {
+                            "model": model_name, "length": length, "task": task,
+                            "index": index, "mode": mode, "method": name,
+                            "prompt_tokens": len(c_ids) + len(q_ids), "score": score,
+                            "answer": answer, "expected": doc["outputs"],
+                            "seconds": time.perf_counter() - t0, "prefill_s": prefill_s,
+                            "kept_tokens": max(res.kept_tokens),
+                        }  # fmt: skip
+                        with out.open("a") as f:
+                            f.write(json.dumps(row) + "\n")
+                print(f"ruler: {model_name} {length} {task} #{index} done", flush=True)
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: per model, length and question mode, a row per method with each
+    task's mean score (samples) and the total seconds."""
+    cells = defaultdict(list)
+    for r in rows:
+        cells[(r["model"], r["length"], r["mode"], r["method"], r["task"])].append(r)
+    lines = []
+    keys = sorted({(r["model"], r["length"], r["mode"]) for r in rows})
+    order = list(methods())
+    for model, length, mode in keys:
+        lines += [f"### {model}, {length} tokens, question {mode}", ""]
+        lines.append("| method | " + " | ".join(TASKS) + " | mean | seconds |")
+        lines.append("|---" * (len(TASKS) + 3) + "|")
+        for name in order:
+            row, scores, seconds = [], [], 0.0
+            for task in TASKS:
+                got = cells.get((model, length, mode, name, task), [])
+                if got:
+                    mean = sum(r["score"] for r in got) / len(got)
+                    scores.append(mean)
+                    seconds += sum(r["seconds"] for r in got)
+                    row.append(f"{mean:.2f} ({len(got)})")
+                else:
+                    row.append("-")
+            if scores:
+                avg = f"{sum(scores) / len(scores):.2f}"
+                lines.append(f"| {name} | " + " | ".join(row) + f" | {avg} | {seconds:.0f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["bundled"])
+    ap.add_argument("--lengths", nargs="+", type=int, default=[2048])
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--minutes", type=float, default=60.0)
+    ap.add_argument("--out", default="docs/ruler.jsonl")
+    ap.add_argument("--table", default=None, help="write the Markdown table here (and run nothing "
+                    "with --table-only)")  # fmt: skip
+    ap.add_argument("--table-only", action="store_true")
+    args = ap.parse_args(argv)
+    if not args.table_only:
+        run(args)
+    if args.table:
+        rows = [json.loads(x) for x in Path(args.out).read_text().splitlines() if x.strip()]
+        Path(args.table).write_text(table(rows) + "\n")
+        print(f"ruler: wrote {args.table} from {len(rows)} answers")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

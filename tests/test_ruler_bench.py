@@ -1,0 +1,50 @@
+"""benchmarks/ruler.py's bookkeeping: the cases already answered (what a resumed run
+skips) and the table of everything answered, on hand-made rows. The measurement itself
+runs lm-eval's task code and the model (python benchmarks/ruler.py; docs/ruler.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import ruler  # noqa: E402
+
+
+def _row(method, task, index, score, mode="inside", seconds=1.5):
+    return {"model": "bundled", "length": 2048, "task": task, "index": index, "mode": mode,
+            "method": method, "score": score, "seconds": seconds}  # fmt: skip
+
+
+def test_a_resumed_run_knows_what_is_done(tmp_path):
+    out = tmp_path / "r.jsonl"
+    assert ruler.done_cases(out) == set()
+    rows = [_row("full", "ruler_vt", 0, 1.0), _row("entropy 20%", "ruler_vt", 0, 0.4, "after")]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    assert ruler.done_cases(out) == {
+        ("bundled", 2048, "ruler_vt", 0, "inside", "full"),
+        ("bundled", 2048, "ruler_vt", 0, "after", "entropy 20%"),
+    }
+
+
+def test_the_table_averages_each_task_and_counts_its_samples():
+    rows = [
+        _row("entropy 20%", "niah_single_1", 0, 1.0),
+        _row("entropy 20%", "niah_single_1", 1, 0.0),
+        _row("entropy 20%", "ruler_vt", 0, 0.6),
+        _row("mean 20%", "niah_single_1", 0, 1.0, seconds=2.0),
+        _row("full", "niah_single_1", 0, 1.0, mode="after"),
+    ]
+    text = ruler.table(rows)
+    assert "### bundled, 2048 tokens, question inside" in text
+    assert "### bundled, 2048 tokens, question after" in text
+    line = next(x for x in text.splitlines() if x.startswith("| entropy 20% |"))
+    # niah_single_1: 0.5 over 2 samples; vt 0.6 over 1; the mean of the task means 0.55
+    assert line == "| entropy 20% | 0.50 (2) | - | - | 0.60 (1) | - | - | 0.55 | 4 |"
+    assert "| mean 20% | 1.00 (1) | - | - | - | - | - | 1.00 | 2 |" in text
+    assert set(ruler.methods()) == {"full"} | {
+        f"{p} {b}%" for p in ("mean", "entropy", "head_independent") for b in (10, 20)
+    }
