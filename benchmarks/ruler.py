@@ -18,14 +18,22 @@ Resumable: each answer is one JSON line appended to `--out`, and a case already 
 is skipped, so the command can be run again (`--minutes` stops it starting new
 prompts). `--table` writes the Markdown table of everything in `--out`: per model,
 length, question mode and method, each task's mean score, the samples behind it and
-the seconds they took. kvpress's SnapKV and KVzip are not in it yet.
+the seconds they took.
+
+`--peers snapkv kvzip` adds NVIDIA kvpress's SnapKV and KVzip (`pagekv.measurement.peer`:
+kvpress's own pipeline in its own environment, on the same token ids, one batch per
+task) at the same kept tokens as ours (`budget`), with the 16-token pages their kept
+tokens touch per (layer, KV head) recorded (`pages_16`, ours: the kept tokens / 16), for
+the comparison at equal physical memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import random
 import sys
 import time
 from collections import defaultdict
@@ -57,8 +65,15 @@ def methods() -> dict[str, EvictionConfig]:
 def prompts(task_names, tokenizer: str, length: int, samples: int):
     """`(task, index, prompt, max_gen_toks, doc, task object)` for the first `samples`
     documents of each task, as lm-eval builds them."""
+    import numpy as np
+    import torch
     from lm_eval.tasks import TaskManager, get_task_dict
 
+    # lm-eval's simple_evaluate seeds these (its defaults) before building the tasks, so
+    # the prompts are its own, the same in every run (what a resumed run relies on).
+    random.seed(0)
+    np.random.seed(1234)
+    torch.manual_seed(1234)
     tm = TaskManager(metadata={"tokenizer": tokenizer, "max_seq_lengths": [length]})
     tasks = get_task_dict(list(task_names), tm)
     for name in task_names:
@@ -69,11 +84,68 @@ def prompts(task_names, tokenizer: str, length: int, samples: int):
             yield name, inst.doc_id, prompt, int(kwargs.get("max_gen_toks", 128)), inst.doc, task
 
 
-def done_cases(path: Path) -> set[tuple]:
+def peer_methods(peers) -> dict[str, tuple[str, float]]:
+    return {f"{p} {round(100 * b)}%": (p, b) for b in BUDGETS for p in peers}
+
+
+def run_peers(args, model_name, length, cases, out: Path) -> None:
+    """kvpress's presses on `cases` (`(task, index, prompt sha, c_ids, q_ids, max_new,
+    doc, task object, todo)`), one batch for all, each answer scored and appended."""
+    from pagekv.measurement.peer import kvpress_peer as kp
+
+    requests, meta = [], {}
+    for task, index, sha, c_ids, q_ids, max_new, doc, task_obj, todo in cases:
+        for mode, name in todo:
+            press, budget = peer_methods(args.peers)[name]
+            ids = dict(input_ids=c_ids + q_ids) if mode == "inside" else dict(
+                context_ids=c_ids, question_ids=q_ids)  # fmt: skip
+            rid = f"{task}/{index}/{mode}/{name}"
+            kw = {"window_size": 32} if press == "snapkv" else None
+            requests.append(kp.make_request(rid, press, budget=budget, max_new_tokens=max_new,
+                                            press_kwargs=kw, **ids))  # fmt: skip
+            meta[rid] = (task, index, sha, mode, name, doc, task_obj, len(c_ids) + len(q_ids))
+    if not requests:
+        return
+    results = kp.run_kvpress(kp.bundled_model_dir(model_name), requests, progress=None)
+    with out.open("a") as f:
+        for res in results:
+            task, index, sha, mode, name, doc, task_obj, n = meta[res["id"]]
+            if res.get("error"):
+                print(f"ruler: {res['id']}: {res['error']}")
+                continue
+            pages = (res.get("touched_pages") or {}).get("16")
+            f.write(json.dumps({
+                "model": model_name, "length": length, "task": task, "index": index,
+                "mode": mode, "method": name, "prompt": sha, "prompt_tokens": n,
+                "score": task_obj.process_results(doc, [res["answer"]])[str(length)],
+                "answer": res["answer"], "expected": doc["outputs"],
+                "seconds": res.get("seconds"), "kept_tokens": max(res["kept_tokens"]),
+                "pages_16": max(max(row) for row in pages) if pages else None,
+            }) + "\n")  # fmt: skip
+
+
+def done_cases(path: Path) -> dict[tuple, str | None]:
+    """The cases answered in `path`: `(model, length, task, index, mode, method)` -> the
+    SHA-1 of the prompt they answered."""
     if not path.exists():
-        return set()
+        return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {(r["model"], r["length"], r["task"], r["index"], r["mode"], r["method"]) for r in rows}
+    return {
+        (r["model"], r["length"], r["task"], r["index"], r["mode"], r["method"]): r.get("prompt")
+        for r in rows
+    }
+
+
+def prompt_sha(prompt: str) -> str:
+    return hashlib.sha1(prompt.encode()).hexdigest()[:12]
+
+
+def check_same_prompt(done: dict, key: tuple, sha: str) -> None:
+    """A resumed run must be answering the prompts the earlier run answered."""
+    earlier = {v for k, v in done.items() if k[:4] == key and v is not None}
+    if earlier and earlier != {sha}:
+        raise SystemExit(f"ruler: {key} is not the prompt the earlier answers in the file had "
+                         "(lm-eval built another); use a new --out")  # fmt: skip
 
 
 def run(args) -> None:
@@ -90,9 +162,28 @@ def run(args) -> None:
         tok = loaded.tokenizer
         tokenizer = with_tokenizer(f"pretrained={model_name}").split("tokenizer=")[-1]
         for length in args.lengths:
+            peer_cases = []
             for task, index, prompt, max_new, doc, task_obj in prompts(
                 args.tasks, tokenizer, length, args.samples
             ):
+                sha = prompt_sha(prompt)
+                check_same_prompt(done, (model_name, length, task, index), sha)
+                if peer_cases and peer_cases[-1][0] != task:  # a task's batch is complete
+                    run_peers(args, model_name, length, peer_cases, out)
+                    peer_cases = []
+                theirs = [
+                    (mode, name)
+                    for mode in MODES
+                    for name in peer_methods(args.peers)
+                    if (model_name, length, task, index, mode, name) not in done
+                ]
+                if theirs:
+                    context, question = split_question(prompt)
+                    peer_cases.append((
+                        task, index, sha, tok(context, add_special_tokens=False)["input_ids"],
+                        tok(question, add_special_tokens=False)["input_ids"], max_new, doc,
+                        task_obj, theirs,
+                    ))  # fmt: skip
                 todo = [
                     (mode, name)
                     for mode in MODES
@@ -103,6 +194,7 @@ def run(args) -> None:
                     continue
                 if time.time() > stop_at:
                     print(f"ruler: --minutes {args.minutes} reached; run again to go on")
+                    run_peers(args, model_name, length, peer_cases, out)
                     return
                 context, question = split_question(prompt)
                 c_ids = tok(context, add_special_tokens=False)["input_ids"]
@@ -124,7 +216,7 @@ def run(args) -> None:
                         score = task_obj.process_results(doc, [answer])[str(length)]
                         row = {
                             "model": model_name, "length": length, "task": task,
-                            "index": index, "mode": mode, "method": name,
+                            "index": index, "mode": mode, "method": name, "prompt": sha,
                             "prompt_tokens": len(c_ids) + len(q_ids), "score": score,
                             "answer": answer, "expected": doc["outputs"],
                             "seconds": time.perf_counter() - t0, "prefill_s": prefill_s,
@@ -133,6 +225,7 @@ def run(args) -> None:
                         with out.open("a") as f:
                             f.write(json.dumps(row) + "\n")
                 print(f"ruler: {model_name} {length} {task} #{index} done", flush=True)
+            run_peers(args, model_name, length, peer_cases, out)
 
 
 def table(rows: list[dict]) -> str:
@@ -143,7 +236,7 @@ def table(rows: list[dict]) -> str:
         cells[(r["model"], r["length"], r["mode"], r["method"], r["task"])].append(r)
     lines = []
     keys = sorted({(r["model"], r["length"], r["mode"]) for r in rows})
-    order = list(methods())
+    order = [*methods(), *peer_methods(("snapkv", "kvzip"))]
     for model, length, mode in keys:
         lines += [f"### {model}, {length} tokens, question {mode}", ""]
         lines.append("| method | " + " | ".join(TASKS) + " | mean | seconds |")
@@ -172,6 +265,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", nargs="+", type=int, default=[2048])
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--peers", nargs="*", default=[], choices=("snapkv", "kvzip"),
+                    help="kvpress presses to run too (in kvpress's own environment)")  # fmt: skip
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--out", default="docs/ruler.jsonl")
     ap.add_argument("--table", default=None, help="write the Markdown table here (and run nothing "

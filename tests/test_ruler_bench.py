@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -21,13 +23,21 @@ def _row(method, task, index, score, mode="inside", seconds=1.5):
 
 def test_a_resumed_run_knows_what_is_done(tmp_path):
     out = tmp_path / "r.jsonl"
-    assert ruler.done_cases(out) == set()
+    assert ruler.done_cases(out) == {}
     rows = [_row("full", "ruler_vt", 0, 1.0), _row("entropy 20%", "ruler_vt", 0, 0.4, "after")]
+    for r in rows:
+        r["prompt"] = ruler.prompt_sha("the prompt")
     out.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
-    assert ruler.done_cases(out) == {
+    done = ruler.done_cases(out)
+    assert set(done) == {
         ("bundled", 2048, "ruler_vt", 0, "inside", "full"),
         ("bundled", 2048, "ruler_vt", 0, "after", "entropy 20%"),
     }
+    key = ("bundled", 2048, "ruler_vt", 0)
+    ruler.check_same_prompt(done, key, ruler.prompt_sha("the prompt"))  # the same: on
+    ruler.check_same_prompt(done, ("bundled", 2048, "ruler_vt", 1), "anything")  # new case
+    with pytest.raises(SystemExit, match="not the prompt the earlier answers"):
+        ruler.check_same_prompt(done, key, ruler.prompt_sha("another prompt"))
 
 
 def test_the_table_averages_each_task_and_counts_its_samples():
