@@ -228,6 +228,27 @@ def run(args) -> None:
             run_peers(args, model_name, length, peer_cases, out)
 
 
+HEADER = """# RULER under pagekv's eviction, on lm-evaluation-harness's own task code
+
+Made by `python benchmarks/ruler.py --table docs/ruler.md` from the answers in
+`docs/ruler.jsonl` (one JSON line per answer; the command is resumable, see its
+docstring). lm-eval 0.4.13 builds each prompt (its RULER tasks that need no download,
+seeded as its `simple_evaluate` seeds them, sized with the model's tokenizer to the
+length named) and scores each answer (`process_results`: RULER's `string_match_all`,
+the fraction of the expected strings the answer contains). pagekv's runner prefills
+each prompt once per question mode and that prefill serves every method; prompts are
+raw (no chat template), answers greedy, at most the task's `max_gen_toks` tokens.
+`inside`: the whole prompt is compressed (the question's queries score the cache);
+`after`: the context alone, then the question (the prompt's last paragraph) is
+prefilled into the evicted cache. Methods: the full cache; mean pooling, Page-EntroKV
+(`entropy`) and head-independent selection at 10 % and 20 % of the prompt, pages of
+16, 4 sink tokens, a window of 32. Each cell: the mean score over the samples (their
+count in brackets); `mean`: the mean of the task means; `seconds`: the decode-side
+time of those answers (eviction and decode, not the prefills; a kvpress row's, its
+whole pipeline), on the 2-core CPU machine.
+"""
+
+
 def table(rows: list[dict]) -> str:
     """Markdown: per model, length and question mode, a row per method with each
     task's mean score (samples) and the total seconds."""
@@ -277,7 +298,7 @@ def main(argv=None) -> int:
         run(args)
     if args.table:
         rows = [json.loads(x) for x in Path(args.out).read_text().splitlines() if x.strip()]
-        Path(args.table).write_text(table(rows) + "\n")
+        Path(args.table).write_text(HEADER + "\n" + table(rows) + "\n")
         print(f"ruler: wrote {args.table} from {len(rows)} answers")
     return 0
 
