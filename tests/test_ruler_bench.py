@@ -58,3 +58,38 @@ def test_the_table_averages_each_task_and_counts_its_samples():
     assert set(ruler.methods()) == {"full"} | {
         f"{p} {b}%" for p in ("mean", "entropy", "head_independent") for b in (10, 20)
     }
+
+
+def _means(text: str, mode: str) -> dict[str, str]:
+    """The `mean` column of the table's section for `mode` (bundled, 2,048 tokens)."""
+    section = text.split(f"### bundled, 2048 tokens, question {mode}", 1)[1].split("###")[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ")]
+    return {r[0].lstrip("| "): r[-2] for r in rows[1:]}
+
+
+def test_the_quoted_ruler_figures_are_the_committed_answers():
+    """docs/ruler.md is the command's table of docs/ruler.jsonl, and lesson 6 and the
+    README quote that table."""
+    from pagekv.views.lessons import ruler_numbers
+
+    path = ROOT / "docs" / "ruler.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    text = ruler.table(rows)
+    assert (ROOT / "docs" / "ruler.md").read_text() == ruler.HEADER + "\n" + text + "\n"
+    inside, after = _means(text, "inside"), _means(text, "after")
+    assert ruler_numbers(rows) == {
+        "ruler_mean10": inside["mean 10%"], "ruler_entropy10": inside["entropy 10%"],
+        "ruler_mean20": inside["mean 20%"], "ruler_entropy20": inside["entropy 20%"],
+        "ruler_samples": 10,
+    }  # fmt: skip
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    evicted_after = sorted(v for k, v in after.items() if k != "full")
+    for quoted in (
+        f"was {inside['mean 10%']} for mean pooling and {inside['entropy 10%']} for entropy at "
+        f"10 %, {inside['mean 20%']} and {inside['entropy 20%']} at 20 % (head-independent "
+        f"{inside['head_independent 10%']} and {inside['head_independent 20%']}, the full "
+        f"cache {inside['full']})",
+        f"fell to {evicted_after[0]}-{evicted_after[-1]}",
+        f"mean {inside['mean 10%']}, entropy {inside['entropy 10%']} at 10 %",
+    ):
+        assert quoted in readme, quoted

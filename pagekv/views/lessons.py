@@ -35,6 +35,9 @@ REPLAY_RESULTS = ROOT / "docs" / "results" / "full" / "results.json"
 #: (`python benchmarks/pooling_search.py`, docs/pooling_search.md): lesson 6 reads its
 #: totals.
 POOLING_SEARCH = ROOT / "docs" / "pooling_search" / "qwen-coder-0.5b.json"
+#: RULER built and scored by lm-eval's own task code (`python benchmarks/ruler.py`,
+#: docs/ruler.md): lesson 6 reads its means.
+RULER_RESULTS = ROOT / "docs" / "ruler.jsonl"
 #: The app's views a lesson can open (tab ids of app.py).
 VIEWS = ("frame", "retention", "weights", "sinks", "uor", "mechanism", "replay")
 
@@ -547,7 +550,32 @@ def lesson_text(
     values = read_numbers(dict(lesson.numbers), tables)
     if "{search_" in lesson.text + lesson.credit:
         values |= search_numbers(search)
+    if "{ruler_" in lesson.text + lesson.credit:
+        values |= ruler_numbers()
     return text.format(**values)
+
+
+def ruler_numbers(rows: list[dict] | None = None) -> dict:
+    """`{ruler_samples, ruler_mean10, ruler_entropy10, ruler_mean20, ruler_entropy20}`:
+    on RULER (`RULER_RESULTS`, the bundled model, 2,048 tokens, question inside), the mean
+    over its tasks of each task's mean score per policy and budget, and the fewest
+    samples behind a task's mean."""
+    if rows is None:
+        rows = [json.loads(x) for x in RULER_RESULTS.read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if (r["model"], r["length"], r["mode"]) == ("bundled", 2048, "inside")]
+    out: dict = {}
+    counts = []
+    for policy in ("mean", "entropy"):
+        for pct in (10, 20):
+            per_task: dict[str, list[float]] = {}
+            for r in rows:
+                if r["method"] == f"{policy} {pct}%":
+                    per_task.setdefault(r["task"], []).append(r["score"])
+            means = [sum(v) / len(v) for v in per_task.values()]
+            out[f"ruler_{policy}{pct}"] = f"{sum(means) / len(means):.2f}"
+            counts += [len(v) for v in per_task.values()]
+    out["ruler_samples"] = min(counts)
+    return out
 
 
 def search_numbers(total: dict | None = None) -> dict:
@@ -731,7 +759,11 @@ LESSONS: tuple[Lesson, ...] = (
             "groups have r = 7 heads, a search of {search_measured} prompt-settings found "
             "different verdicts on {search_differ}: mean alone right on {search_mean}, "
             "entropy alone right on {search_entropy} (docs/pooling_search.md; a preset shows "
-            "one of each). Heads that differ more are not enough for entropy to win."
+            "one of each). On RULER, built and scored by lm-eval's own code (docs/ruler.md: "
+            "this model, six tasks at length 2,048, at least {ruler_samples} samples each, "
+            "question inside), mean pooling averaged {ruler_mean10} at 10 % and entropy "
+            "{ruler_entropy10} ({ruler_mean20} and {ruler_entropy20} at 20 %). Heads that "
+            "differ more are not enough for entropy to win."
         ),
         observation=tie(min_overlap=0.9, mean_top_weight_below_r=1.5),
         views=("weights", "frame"),
