@@ -97,9 +97,10 @@ def run_peers(args, model_name, length, cases, out: Path) -> None:
     from pagekv.measurement.peer import kvpress_peer as kp
 
     requests, meta = [], {}
+    theirs = peer_methods(args.peers)
     for task, index, sha, c_ids, q_ids, max_new, doc, task_obj, todo in cases:
         for mode, name in todo:
-            press, budget = peer_methods(args.peers)[name]
+            press, budget = theirs[name]
             ids = dict(input_ids=c_ids + q_ids) if mode == "inside" else dict(
                 context_ids=c_ids, question_ids=q_ids)  # fmt: skip
             rid = f"{task}/{index}/{mode}/{name}"
@@ -110,21 +111,15 @@ def run_peers(args, model_name, length, cases, out: Path) -> None:
     if not requests:
         return
     results = kp.run_kvpress(kp.bundled_model_dir(model_name), requests, progress=None)
-    with out.open("a") as f:
-        for res in results:
-            task, index, sha, mode, name, doc, task_obj, n = meta[res["id"]]
-            if res.get("error"):
-                print(f"ruler: {res['id']}: {res['error']}")
-                continue
-            pages = (res.get("touched_pages") or {}).get("16")
-            f.write(json.dumps({
-                "model": model_name, "length": length, "task": task, "index": index,
-                "mode": mode, "method": name, "prompt": sha, "prompt_tokens": n,
-                "score": task_obj.process_results(doc, [res["answer"]])[str(length)],
-                "answer": res["answer"], "expected": doc["outputs"],
-                "seconds": res.get("seconds"), "kept_tokens": max(res["kept_tokens"]),
-                "pages_16": max(max(row) for row in pages) if pages else None,
-            }) + "\n")  # fmt: skip
+    for res in results:
+        task, index, sha, mode, name, doc, task_obj, n = meta[res["id"]]
+        if res.get("error"):
+            print(f"ruler: {res['id']}: {res['error']}")
+            continue
+        pages = (res.get("touched_pages") or {}).get("16")
+        _append(out, (model_name, length, task, index, mode, name), sha, n, res["answer"], doc,
+                task_obj, res.get("seconds"), max(res["kept_tokens"]),
+                pages_16=max(max(row) for row in pages) if pages else None)  # fmt: skip
 
 
 def done_cases(path: Path) -> dict[tuple, str | None]:
@@ -152,83 +147,74 @@ def check_same_prompt(done: dict, key: tuple, sha: str) -> None:
 
 
 def run(args) -> None:
-    from pagekv.measurement.integrations.lm_eval_model import split_question, with_tokenizer
+    from pagekv.measurement.integrations.lm_eval_model import prefill, prompt_ids, tokenizer_name
     from pagekv.runtime.models import load_model
     from pagekv.runtime.runner import Runner
 
     out = Path(args.out)
     done = done_cases(out)
+    ours, theirs = methods(), peer_methods(args.peers)
+    window = max(cfg.window for cfg in ours.values())
     stop_at = time.time() + 60 * args.minutes
     for model_name in args.models:
         loaded = load_model(model_name, device="cpu")
         runner = Runner(loaded.model, loaded.tokenizer)
         tok = loaded.tokenizer
-        tokenizer = with_tokenizer(f"pretrained={model_name}").split("tokenizer=")[-1]
         for length in args.lengths:
             peer_cases = []
             for task, index, prompt, max_new, doc, task_obj in prompts(
-                args.tasks, tokenizer, length, args.samples
+                args.tasks, tokenizer_name(model_name), length, args.samples
             ):
                 sha = prompt_sha(prompt)
-                check_same_prompt(done, (model_name, length, task, index), sha)
+                case = (model_name, length, task, index)
+                check_same_prompt(done, case, sha)
                 if peer_cases and peer_cases[-1][0] != task:  # a task's batch is complete
                     run_peers(args, model_name, length, peer_cases, out)
                     peer_cases = []
-                theirs = [
-                    (mode, name)
-                    for mode in MODES
-                    for name in peer_methods(args.peers)
-                    if (model_name, length, task, index, mode, name) not in done
-                ]
-                if theirs:
-                    context, question = split_question(prompt)
-                    peer_cases.append((
-                        task, index, sha, tok(context, add_special_tokens=False)["input_ids"],
-                        tok(question, add_special_tokens=False)["input_ids"], max_new, doc,
-                        task_obj, theirs,
-                    ))  # fmt: skip
-                todo = [
-                    (mode, name)
-                    for mode in MODES
-                    for name in methods()
-                    if (model_name, length, task, index, mode, name) not in done
-                ]
-                if not todo:
+                todo = [(m, n) for m in MODES for n in ours if (*case, m, n) not in done]
+                peer_todo = [(m, n) for m in MODES for n in theirs if (*case, m, n) not in done]
+                if not todo and not peer_todo:
                     continue
                 if time.time() > stop_at:
                     print(f"ruler: --minutes {args.minutes} reached; run again to go on")
                     run_peers(args, model_name, length, peer_cases, out)
                     return
-                context, question = split_question(prompt)
-                c_ids = tok(context, add_special_tokens=False)["input_ids"]
-                q_ids = tok(question, add_special_tokens=False)["input_ids"]
+                c_ids, q_ids = prompt_ids(tok, prompt)
+                if peer_todo:
+                    peer_cases.append(
+                        (task, index, sha, c_ids, q_ids, max_new, doc, task_obj, peer_todo)
+                    )
                 for mode in MODES:
                     names = [name for m, name in todo if m == mode]
                     if not names:
                         continue
                     t0 = time.perf_counter()
-                    if mode == "after":
-                        pre = runner.prefill(c_ids, window_max=32, question_ids=q_ids)
-                    else:
-                        pre = runner.prefill(c_ids + q_ids, window_max=32)
+                    pre = prefill(runner, c_ids, q_ids, mode, window)
                     prefill_s = time.perf_counter() - t0
                     for name in names:
                         t0 = time.perf_counter()
-                        res = runner.evaluate(pre, methods()[name], max_new_tokens=max_new)
+                        res = runner.evaluate(pre, ours[name], max_new_tokens=max_new)
                         answer = tok.decode(res.tokens, skip_special_tokens=True)
-                        score = task_obj.process_results(doc, [answer])[str(length)]
-                        row = {
-                            "model": model_name, "length": length, "task": task,
-                            "index": index, "mode": mode, "method": name, "prompt": sha,
-                            "prompt_tokens": len(c_ids) + len(q_ids), "score": score,
-                            "answer": answer, "expected": doc["outputs"],
-                            "seconds": time.perf_counter() - t0, "prefill_s": prefill_s,
-                            "kept_tokens": max(res.kept_tokens),
-                        }  # fmt: skip
-                        with out.open("a") as f:
-                            f.write(json.dumps(row) + "\n")
+                        _append(out, (*case, mode, name), sha, len(c_ids) + len(q_ids), answer,
+                                doc, task_obj, time.perf_counter() - t0, max(res.kept_tokens),
+                                prefill_s=prefill_s)  # fmt: skip
                 print(f"ruler: {model_name} {length} {task} #{index} done", flush=True)
             run_peers(args, model_name, length, peer_cases, out)
+
+
+def _append(out: Path, key, sha, n, answer, doc, task_obj, seconds, kept, **extra) -> None:
+    """One answer as a JSON line of `out`, scored by the task's own `process_results`:
+    `key` is `(model, length, task, index, mode, method)`."""
+    model, length, task, index, mode, method = key
+    row = {
+        "model": model, "length": length, "task": task, "index": index, "mode": mode,
+        "method": method, "prompt": sha, "prompt_tokens": n,
+        "score": task_obj.process_results(doc, [answer])[str(length)],
+        "answer": answer, "expected": doc["outputs"], "seconds": seconds,
+        "kept_tokens": kept, **extra,
+    }  # fmt: skip
+    with out.open("a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 HEADER = """# RULER under pagekv's eviction, on lm-evaluation-harness's own task code

@@ -45,7 +45,7 @@ from pagekv.runtime.runner import Runner
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PageKVLM", "cli", "split_question"]
+__all__ = ["PageKVLM", "cli", "prefill", "prompt_ids", "split_question", "tokenizer_name"]
 
 #: The question modes (`pagekv.views.inputs.MODES`' names).
 QUESTION_MODES = ("inside", "after")
@@ -66,6 +66,23 @@ def split_question(prompt: str) -> tuple[str, str]:
     if cut < 0:
         raise ValueError("the prompt has one line: no question to put after the context")
     return prompt[: cut + 1], prompt[cut + 1 :]
+
+
+def prompt_ids(tokenizer, prompt: str) -> tuple[list[int], list[int]]:
+    """The ids of `prompt`'s context and of its question (`split_question`), each
+    tokenized on its own, no special tokens: what either question mode prefills, so the
+    two see the same tokens."""
+    context, question = split_question(prompt)
+    return tuple(tokenizer(x, add_special_tokens=False)["input_ids"] for x in (context, question))
+
+
+def prefill(runner: Runner, c_ids: list[int], q_ids: list[int], mode: str, window: int):
+    """The runner's prefill of a prompt in question mode `mode`: `inside`, the context
+    and the question at once; `after`, the context, the question kept for after the
+    eviction."""
+    if mode == "after":
+        return runner.prefill(c_ids, window_max=window, question_ids=q_ids)
+    return runner.prefill(c_ids + q_ids, window_max=window)
 
 
 def _field(name: str, value):
@@ -115,20 +132,11 @@ class PageKVLM(LM):
         self.runner = Runner(self.loaded.model, self.tokenizer, backend, decode_dtype=dtype)
         log.info("pagekv lm-eval model: %s, %s, question %s", pretrained, self.config, question)
 
-    def _ids(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
     def answer(self, prompt: str, max_new_tokens: int, until=()) -> str:
-        """The greedy answer to `prompt` under this model's eviction and question mode,
-        cut at the first of `until`. The prompt's ids are its context's and its
-        question's (`split_question`) in both modes, so the two see the same tokens."""
-        context, question = split_question(prompt)
-        c_ids, q_ids = self._ids(context), self._ids(question)
-        window = self.config.window
-        if self.question == "after":
-            pre = self.runner.prefill(c_ids, window_max=window, question_ids=q_ids)
-        else:
-            pre = self.runner.prefill(c_ids + q_ids, window_max=window)
+        """The greedy answer to `prompt` under this model's eviction and question mode
+        (`prompt_ids`, `prefill`), cut at the first of `until`."""
+        c_ids, q_ids = prompt_ids(self.tokenizer, prompt)
+        pre = prefill(self.runner, c_ids, q_ids, self.question, self.config.window)
         res = self.runner.evaluate(pre, self.config, max_new_tokens=max_new_tokens)
         text = self.tokenizer.decode(res.tokens, skip_special_tokens=True)
         for stop in until or ():
@@ -158,16 +166,26 @@ class PageKVLM(LM):
         self.loglikelihood(requests)
 
 
+def tokenizer_name(pretrained: str) -> str:
+    """What lm-eval's synthetic tasks load the tokenizer of `pretrained` by: a bundled
+    model's local copy (converted on its first load), else the name itself."""
+    spec = bundled_model(pretrained)
+    if spec is None:
+        return pretrained
+    folder = bundled_cache_dir(spec.key)
+    if not folder.is_dir():
+        load_model(pretrained, device="cpu")
+    return str(folder)
+
+
 def with_tokenizer(model_args: str) -> str:
     """`model_args` with `tokenizer=` the local copy of a bundled `pretrained` model when
-    it names none (lm-eval's synthetic tasks load the tokenizer by that name)."""
+    it names none (`tokenizer_name`)."""
     pairs = dict(kv.split("=", 1) for kv in model_args.split(",") if "=" in kv)
     name = pairs.get("pretrained", "bundled")
     if "tokenizer" in pairs or bundled_model(name) is None:
         return model_args
-    folder = bundled_cache_dir(bundled_model(name).key)
-    if not folder.is_dir():  # converted on its first load
-        load_model(name, device="cpu")
+    folder = tokenizer_name(name)
     return f"{model_args},tokenizer={folder}" if model_args else f"tokenizer={folder}"
 
 
