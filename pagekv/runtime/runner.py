@@ -595,20 +595,22 @@ class Runner:
         cache = self._paged_cache([ev], pre, max_new)
         ev.cache = None  # the paged cache holds its own copy
         ev.decode_bytes = cache.row_nbytes(0)
-        if self.cuda_graphs:  # the one-token steps replayed from its bucket's CUDA graph
-            if self._graphs is None:
-                self._graphs = GraphBuckets(self._lean_decoder())
-            graphed = self._graphs.step_for(cache)
-            cache = None  # noqa: F841 (the bucket's pools hold its tokens now)
-            forward = lambda ids, pos: graphed(ids, pos)[0]  # noqa: E731
-        else:
+        if not self.cuda_graphs:
             step = self._lean_decoder().step
-            forward = lambda ids, pos: step(ids, pos, cache)[0]  # noqa: E731
-        try:
+            forward = lambda ids, pos, c=cache: step(ids, pos, c)[0]  # noqa: E731
             return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
+        # The one-token steps replayed from the CUDA graph of the cache's capacity bucket,
+        # whose pools hold the tokens from here on.
+        if self._graphs is None:
+            self._graphs = GraphBuckets(self._lean_decoder())
+        graphed = self._graphs.step_for(cache)
+        del cache
+        try:
+            return self._greedy(
+                pre, lambda ids, pos: graphed(ids, pos)[0], max_new, stop_at_eos, keep_logits
+            )
         finally:
-            if self.cuda_graphs:
-                ev.graphed = graphed.graphed
+            ev.graphed = graphed.graphed
 
     def _lean_decoder(self) -> LeanDecoder:
         if self._lean is None:
