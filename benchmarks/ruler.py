@@ -43,9 +43,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import EvictionConfig  # noqa: E402
+from pagekv.measurement.integrations.lm_eval_model import (  # noqa: E402
+    RULER_OFFLINE_TASKS as TASKS,
+)
 
-TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe",
-         "ruler_fwe")  # fmt: skip
 #: The methods compared (issue 43): the two poolings the app contrasts, and the per-head
 #: selection whose union a group pays for.
 POOLINGS = ("mean", "entropy")

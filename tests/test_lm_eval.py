@@ -26,13 +26,13 @@ from lm_eval.api.model import LM
 from lm_eval.evaluator import simple_evaluate
 
 from pagekv.measurement.integrations import lm_eval_model as lem
+from pagekv.measurement.integrations.lm_eval_model import (
+    RULER_OFFLINE_TASKS as TASKS,
+)
 from pagekv.measurement.integrations.lm_eval_model import PageKVLM, split_question
 from pagekv.runtime.models import bundled_cache_dir
 from pagekv.tasks.scoring import contains
 
-#: The RULER tasks whose data lm-eval builds with no download (lm-eval's names).
-TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe",
-         "ruler_fwe")  # fmt: skip
 LENGTH = 1024
 
 

@@ -45,8 +45,20 @@ from pagekv.runtime.runner import Runner
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PageKVLM", "cli", "prefill", "prompt_ids", "split_question", "tokenizer_name"]
+__all__ = [
+    "RULER_OFFLINE_TASKS",
+    "PageKVLM",
+    "cli",
+    "prefill",
+    "prompt_ids",
+    "split_question",
+    "tokenizer_name",
+]
 
+#: lm-eval's RULER tasks that build their data offline (the others download essays or
+#: SQuAD/HotpotQA).
+RULER_OFFLINE_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt",
+                       "ruler_cwe", "ruler_fwe")  # fmt: skip
 #: The question modes (`pagekv.views.inputs.MODES`' names).
 QUESTION_MODES = ("inside", "after")
 #: What lm-eval itself adds to the model arguments (`--batch_size`, `--device`, ...).
