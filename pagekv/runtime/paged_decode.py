@@ -2,8 +2,8 @@
 
 One new token's queries `[B, H, d]` against each (row, group)'s pages of a pool
 (`pagekv.runtime.paged_cache`'s layout, one layer of it; see the kernel's module
-docstring): the pages are gathered into a dense `[len, d]` per (row, group), in block-table order
-and cut at the length, and attended with the softmax in float32.
+docstring): the pages are gathered into a dense `[len, d]` per (row, group), in
+block-table order and cut at the length, and attended with the softmax in float32.
 """
 
 from __future__ import annotations
