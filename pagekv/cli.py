@@ -345,20 +345,21 @@ def cmd_models(args) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["eval"]:  # lm-eval's own command line, with the `pagekv` model
-        from pagekv.measurement.integrations.lm_eval_model import cli
+    if argv[:1] != ["eval"]:  # `eval` is lm-eval's own command line: its own parser
+        try:
+            args = build_parser().parse_args(argv)
+        except UsageError as e:
+            print(f"pagekv: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        logging.basicConfig(
+            level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+            format="%(name)s: %(message)s",
+        )
+    try:
+        if argv[:1] == ["eval"]:  # with the `pagekv` model registered
+            from pagekv.measurement.integrations.lm_eval_model import cli
 
-        return cli(argv[1:])
-    try:
-        args = build_parser().parse_args(argv)
-    except UsageError as e:
-        print(f"pagekv: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    logging.basicConfig(
-        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-        format="%(name)s: %(message)s",
-    )
-    try:
+            return cli(argv[1:])
         commands = {"run": cmd_run, "lessons": cmd_lessons, "models": cmd_models}
         return commands.get(args.command, cmd_replay)(args)
     except (UsageError, ValueError, OSError) as e:  # BudgetError, TaskError, ModelLoadError

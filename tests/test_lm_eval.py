@@ -139,3 +139,16 @@ def test_the_command_line_names_a_bundled_models_tokenizer(monkeypatch):
     assert lem.cli(["--model", "pagekv", "--model_args", "pretrained=bundled"]) == 0
     assert seen["argv"] == ["lm-eval", "--model", "pagekv", "--model_args",
                             f"pretrained=bundled,tokenizer={folder}"]  # fmt: skip
+
+
+def test_the_command_line_refuses_a_bad_argument_in_one_line(monkeypatch, capsys):
+    """`python -m pagekv eval` with a bad model argument: one line on stderr and exit
+    status 2, as pagekv's other commands (not lm-eval's traceback)."""
+    from pagekv.cli import EXIT_USAGE, main
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # cli sets it for lm-eval's parser
+    args = ["eval", "--model", "pagekv", "--model_args", "pretrained=bundled,question=before",
+            "--tasks", "niah_single_1", "--limit", "1"]  # fmt: skip
+    assert main(args) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "pagekv: error: question must be 'inside' or 'after', not 'before'"
