@@ -17,6 +17,8 @@ from pagekv.views.lessons import (
     LESSONS,
     POOLING_SEARCH,
     VIEWS,
+    WORDS,
+    WORDS_FILE,
     Evidence,
     answers,
     get_lesson,
@@ -25,6 +27,7 @@ from pagekv.views.lessons import (
     load_replay,
     number,
     read_numbers,
+    read_words,
     shared_budget_answers,
     sink_layer,
     sink_masquerade,
@@ -57,6 +60,81 @@ def test_lesson_ids_unique_and_lookup():
     assert get_lesson("strict-test").b.mode == "after"
     with pytest.raises(ValueError, match="no lesson"):
         get_lesson("nope")
+
+
+# ------------------------------------------------------------------ the words, as data
+
+WORDS_MD = """# preamble, any text
+
+## one
+
+### title
+
+First *lesson*
+
+### text
+
+A text over
+two lines.
+
+### credit
+
+Its credit.
+
+## two
+
+### title
+
+Second
+### text
+B.
+### credit
+C.
+"""
+
+
+def test_read_words_takes_each_field_as_one_paragraph():
+    assert read_words(WORDS_MD) == {
+        "one": {
+            "title": "First *lesson*",
+            "text": "A text over two lines.",
+            "credit": "Its credit.",
+        },
+        "two": {"title": "Second", "text": "B.", "credit": "C."},
+    }
+
+
+@pytest.mark.parametrize(
+    "broken, message",
+    [
+        (WORDS_MD.replace("### credit\n\nIts credit.\n", ""), "needs"),  # a field missing
+        (WORDS_MD.replace("### title\n\nSecond", "### text\n\nSecond"), "unexpected"),  # twice
+        (WORDS_MD.replace("### credit\nC.", "### credits\nC."), "unexpected"),  # unknown
+        (WORDS_MD.replace("## two", "## one"), "two sections"),
+        (WORDS_MD.replace("## two\n", "## two\nstray words\n"), "outside"),
+        (WORDS_MD.replace("B.", "  "), "empty text"),
+        (
+            WORDS_MD.replace("### title\n\nFirst", "### text\n\nFirst").replace(
+                "### text\n\nA text", "### title\n\nA text"
+            ),
+            "in order",
+        ),
+    ],
+)
+def test_read_words_refuses_a_malformed_file(broken, message):
+    assert broken != WORDS_MD
+    with pytest.raises(ValueError, match=message):
+        read_words(broken)
+
+
+def test_every_lesson_shows_its_own_words_from_the_file():
+    """The app's words are lessons.md's: one section per lesson, none left over, each
+    lesson's title, text and credit the file's."""
+    on_file = read_words(WORDS_FILE.read_text(encoding="utf-8"))
+    assert on_file == WORDS and list(on_file) == [x.id for x in LESSONS]
+    for lesson in LESSONS:
+        got = {"title": lesson.title, "text": lesson.text, "credit": lesson.credit}
+        assert got == on_file[lesson.id]
 
 
 # ------------------------------------------------------------------ observations can fail

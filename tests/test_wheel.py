@@ -107,6 +107,7 @@ def test_the_wheel_holds_the_library_and_installs_outside_the_checkout(tmp_path)
     assert {n.split("/")[0] for n in names} == {"pagekv", "pagekv-0.1.0.dist-info"}
     for needed in ("pagekv/kernels/score.py", "pagekv/kernels/paged_decode.py",
                    "pagekv/measurement/peer/requirements-kvpress.txt",
+                   "pagekv/views/lessons.md",
                    "pagekv/measurement/integrations/kvpress_press.py"):  # fmt: skip
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("kernels/", "tests/", "assets/"))]

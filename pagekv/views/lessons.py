@@ -1,12 +1,12 @@
 """Lessons: what the bundled model really shows, each one checked on the model.
 
-A lesson is data: an id, a title, a short text for a student who knows attention
-but not GQA, the settings of both sides (each a full eviction configuration with
-its question position), the views to open, and an **observation**: a statement the
-code can check against what the live model (or, for two lessons, the constructed
-mechanism or the replay's committed tables) shows for those settings. The text
-says only what the observation checks or what the replay measured (and cites the
-table).
+A lesson is data: an id, its words (kept apart, in lessons.md: a title, a short text
+for a student who knows attention but not GQA, and a credit), the settings of both
+sides (each a full eviction configuration with its question position), the views to
+open, and an **observation**: a statement the code can check against what the live
+model (or, for two lessons, the constructed mechanism or the replay's committed
+tables) shows for those settings. The text says only what the observation checks or
+what the replay measured (and cites the table).
 
     >>> [lesson.id for lesson in LESSONS][:3]
     ['gqa-cost', 'pages-vs-tokens', 'sink-masquerade']
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -40,6 +41,50 @@ POOLING_SEARCH = ROOT / "docs" / "pooling_search" / "qwen-coder-0.5b.json"
 RULER_RESULTS = ROOT / "docs" / "ruler.jsonl"
 #: The app's views a lesson can open (tab ids of app.py).
 VIEWS = ("frame", "retention", "weights", "sinks", "uor", "mechanism", "replay")
+#: The lessons' words, apart from what they run and check (`read_words`).
+WORDS_FILE = Path(__file__).with_name("lessons.md")
+#: What each lesson's section of `WORDS_FILE` holds, in this order.
+WORD_FIELDS = ("title", "text", "credit")
+
+
+def read_words(text: str) -> dict[str, dict[str, str]]:
+    """`{lesson id: {"title", "text", "credit"}}` from lessons.md's form: a section
+    `## <id>` per lesson, holding `### title`, `### text` and `### credit` in that
+    order, each one paragraph (its line breaks read as spaces). What comes before the
+    first section is the file's own preamble. ValueError naming the lesson for a
+    missing, repeated, unknown or empty field."""
+    words: dict[str, dict[str, list[str]]] = {}
+    entry = field_lines = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            lesson_id = line[3:].strip()
+            if lesson_id in words:
+                raise ValueError(f"lesson {lesson_id}: two sections")
+            entry = words[lesson_id] = {}
+            field_lines = None
+        elif line.startswith("### ") and entry is not None:
+            name = line[4:].strip()
+            if name not in WORD_FIELDS or name in entry:
+                raise ValueError(f"lesson {lesson_id}: unexpected field {name!r}")
+            field_lines = entry[name] = []
+        elif field_lines is not None:
+            field_lines.append(line)
+        elif entry is not None and line.strip():
+            raise ValueError(f"lesson {lesson_id}: text outside {WORD_FIELDS}: {line!r}")
+    out = {}
+    for lesson_id, entry in words.items():
+        if tuple(entry) != WORD_FIELDS:
+            raise ValueError(
+                f"lesson {lesson_id}: needs {WORD_FIELDS} in order; got {tuple(entry)}"
+            )
+        out[lesson_id] = {name: " ".join(" ".join(entry[name]).split()) for name in WORD_FIELDS}
+        empty = [name for name, value in out[lesson_id].items() if not value]
+        if empty:
+            raise ValueError(f"lesson {lesson_id}: empty {', '.join(empty)}")
+    return out
+
+
+WORDS = read_words(WORDS_FILE.read_text(encoding="utf-8"))
 
 
 # ------------------------------------------------------------------ settings
@@ -621,150 +666,53 @@ T4_POOLED = POOLING_POLICIES
 LESSONS: tuple[Lesson, ...] = (
     Lesson(
         id="gqa-cost",
-        title="GQA: why per-head eviction is expensive",
-        text=(
-            "Under grouped-query attention the r query heads of a group read one shared KV "
-            "cache. If every head picks its own pages within the budget, the group must store "
-            "the union of the r picks. Here side A lets every head choose (head_independent) "
-            "and side B pools the heads first (entropy), at the same budget. The check "
-            "measures what every (layer, group) stores against the budget: the largest climbs "
-            "well above 1x, toward the worst case of r times, while the pooled side stores at "
-            "most the budget (whole pages, so sometimes a little less)."
-        ),
+        **WORDS["gqa-cost"],
         observation=union_over_budget("A", 2.0),
         views=("uor", "frame"),
         prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
         a=Side("head_independent", budget=0.1),
         b=Side("entropy", budget=0.1),
-        credit=(
-            "Pooling, not the entropy weighting: mean pooling stores at most the budget "
-            "exactly as Page-EntroKV does (side B could be mean here, with the same check)."
-        ),
     ),
     Lesson(
         id="pages-vs-tokens",
-        title="Pages keep what tokens lose",
-        text=(
-            "A paged KV cache allocates whole pages, so eviction keeps or drops whole pages. "
-            "Both sides use the same policy and the same token budget; side A evicts whole "
-            "pages of 16 tokens, side B single tokens (page size 1). A page that holds one "
-            "strongly attended token keeps its neighbours too, and on this prompt that is "
-            "what keeps the needle's answer readable. The check decodes both: the paged side "
-            "answers right and the token-level side wrong."
-        ),
+        **WORDS["pages-vs-tokens"],
         observation=answers(full=True, a=True, b=False),
         views=("frame", "retention"),
         prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
         a=Side("entropy", budget=0.1, page_size=16),
         b=Side("entropy", budget=0.1, page_size=1),
-        credit=(
-            "Whole pages, not the entropy weighting: any policy that evicts pages gets "
-            "them; docs/physical_memory.md measures pages against kvpress's presses at "
-            "the memory a paged cache frees."
-        ),
     ),
     Lesson(
         id="sink-masquerade",
-        title="Attention sinks masquerade as focused heads",
-        text=(
-            "Many heads park most of their attention on the first few tokens (the attention "
-            "sinks). Measured by collision entropy, such a head looks sharply focused, so an "
-            "entropy weighting without care would trust it most. Page-EntroKV removes the "
-            "sink tokens before taking the entropy. The check reads the head weights of the "
-            "layer where sink heads outweigh the others most without isolation, the one the "
-            "view opens on: there a group's sink heads outweigh its other heads at least "
-            "twice without isolation, by less than 1.5x with it. The weight isolation "
-            "takes from the sink heads goes to the others; the view marks the head that "
-            "gains most, which is not a sink head. Isolation does not fix "
-            "every group: the check also counts, over every layer, the groups it brings "
-            "under 1.5x (and docs/results.md, table T3, has the replay's grid)."
-        ),
+        **WORDS["sink-masquerade"],
         observation=sink_masquerade(layer="sink", raw_at_least=2.0, isolated_below=1.5),
         views=("weights", "sinks"),
         prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
         a=Side("entropy_nosink", budget=0.2),
         b=Side("entropy", budget=0.2),
         layer="sink",
-        credit=(
-            "Page-EntroKV's own: sink isolation, against the same entropy weighting "
-            "without it. What it changes here is the head weights; the replay's needle "
-            "recall is the same with and without it (lesson 8, docs/results.md table T4)."
-        ),
     ),
     Lesson(
         id="strict-test",
-        title="The strict test: ask the question after compression",
-        text=(
-            "With the question inside the prompt, the observation window already contains "
-            "the question, so the window's queries point straight at the answer, and the "
-            "first answer token comes from the prefill, which saw everything. Asking after "
-            "compression removes both head starts: the cache must keep the needle without "
-            "knowing what will be asked. Same policy and budget on both sides; the check "
-            "decodes both: right with the question inside, wrong with it asked after."
-        ),
+        **WORDS["strict-test"],
         observation=answers(full=True, a=True, b=False),
         views=("retention", "frame"),
         prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
         a=Side("entropy", budget=0.2, mode="inside"),
         b=Side("entropy", budget=0.2, mode="after"),
-        credit=(
-            "No method: how the test is set. Every policy faces it, mean pooling and "
-            "Page-EntroKV alike."
-        ),
     ),
     Lesson(
         id="reconstruct",
-        title="Without the question: score the prompt by reconstructing it",
-        text=(
-            "Asked after compression, the window's queries know nothing of the question "
-            "(the strict test). Here both sides are asked after compression at the same "
-            "budget. Side A scores the prompt with the window. Side B scores it with the "
-            "model's own attention while it reads 'Repeat the previous context exactly.' "
-            "and the prompt again (scorer reconstruct: the idea of KVzip, one extra pass "
-            "over the prompt), and shares the budget across the (layer, group)s by that "
-            "attention (allocation global): a layer that attends hard to the prompt while "
-            "repeating it keeps more of it. Both keep whole pages, and B no more tokens in "
-            "all than the budget of every (layer, group) together. A dense cache stores "
-            "B's groups of a layer at one length, padded, and B's decode attends only to "
-            "the pages it kept. The check decodes "
-            "both, A wrong and B right; the table's needle kept is a mean over every (layer, "
-            "group), so a side can keep less of the needle than the other and still answer "
-            "right (the measured line gives both shares and the layers where each keeps the "
-            "whole needle)."
-        ),
+        **WORDS["reconstruct"],
         observation=shared_budget_answers(a=False, b=True),
         views=("frame", "retention"),
         prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
         a=Side("entropy", budget=0.2, mode="after"),
         b=Side("entropy", budget=0.2, mode="after", scorer="reconstruct", allocation="global"),
-        credit=(
-            "The reconstruction scorer and the global allocation (this project's, after "
-            "KVzip's idea), not the entropy weighting: side B pools its heads the same way "
-            "as side A."
-        ),
     ),
     Lesson(
         id="entropy-vs-mean",
-        title="Entropy against mean pooling: how alike are a group's heads?",
-        text=(
-            "Page-EntroKV weights the heads of a group by how focused they are; mean pooling "
-            "gives each 1/r. Where a group's heads are alike the two keep nearly the same "
-            "tokens, and the check measures how alike they are here: the largest head weight "
-            "of every group, the kept-set overlap and both answers. Some groups do have one "
-            "head that stands out: the layer view opens on the one with the highest weight. "
-            "Over the replay's T7 on the bundled model, entropy and mean gave the same "
-            "right/wrong verdict on {ties} of {pairs} prompt-settings (both right on "
-            "{both_right}; entropy alone right {beats}, mean alone right {loses}); the answer "
-            "texts were not compared (docs/results.md, table T7). On qwen-coder-0.5b, whose "
-            "groups have r = 7 heads, a search of {search_measured} prompt-settings found "
-            "different verdicts on {search_differ}: mean alone right on {search_mean}, "
-            "entropy alone right on {search_entropy} (docs/pooling_search.md; a preset shows "
-            "one of each). On RULER, built and scored by lm-eval's own code (docs/ruler.md: "
-            "this model, six tasks at length 2,048, at least {ruler_samples} samples each, "
-            "question inside), mean pooling averaged {ruler_mean10} at 10 % and entropy "
-            "{ruler_entropy10} ({ruler_mean20} and {ruler_entropy20} at 20 %). Heads that "
-            "differ more are not enough for entropy to win."
-        ),
+        **WORDS["entropy-vs-mean"],
         observation=tie(min_overlap=0.9, mean_top_weight_below_r=1.5),
         views=("weights", "frame"),
         prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
@@ -773,46 +721,19 @@ LESSONS: tuple[Lesson, ...] = (
         layer="strongest",
         cites=T7,
         numbers=T7_NUMBERS,
-        credit=(
-            "The entropy weighting itself, against mean pooling. The paper claims it keeps "
-            "needles better; that is not reproduced here: a tie on the bundled SmolLM2, "
-            "and on qwen-coder-0.5b mean alone was right on {search_mean} prompt-settings "
-            "and entropy alone on {search_entropy}."
-        ),
     ),
     Lesson(
         id="constructed-win",
-        title="When entropy pooling wins: a constructed group",
+        **WORDS["constructed-win"],
         kind="constructed",
-        text=(
-            "This one is constructed, not a model: one retrieval head puts most of its "
-            "attention on the needle, two distractor heads spread theirs. Mean pooling "
-            "divides the retrieval head's score by r, entropy pooling weights it by its "
-            "focus w*. The needle page is kept whenever w* s* beats the page that would "
-            "otherwise be kept last (the retention bound); the check runs both poolings on "
-            "the constructed profiles."
-        ),
         observation=constructed_bound(),
         views=("mechanism",),
         mechanism=MechanismSettings(),
-        credit=(
-            "The entropy weighting, on a group built so that it wins: the mechanism by "
-            "which it could, not evidence that models behave so (lesson 6 measures them)."
-        ),
     ),
     Lesson(
         id="kvpress-same-memory",
-        title="At the same memory as kvpress (measured earlier, not live)",
+        **WORDS["kvpress-same-memory"],
         kind="replay",
-        text=(
-            "NVIDIA's kvpress ran beside our policies on the same token ids and budgets in "
-            "the replay (not live in this app). At 20% of a needle prompt, kvpress's SnapKV "
-            "recalled the needle on {snap_inside:.0%} of {prompts:.0f} prompts with the "
-            "question inside and {snap_after:.0%} with it asked after; Page-EntroKV recalled "
-            "{ours_inside:.0%} and {ours_after:.0%}, and mean pooling the same "
-            "{mean_inside:.0%} and {mean_after:.0%} (docs/results.md, table T4). Both kinds "
-            "recall less when the question comes after compression."
-        ),
         observation=replay_claim(
             "in the replay's table T4 at 20%, kvpress SnapKV and Page-EntroKV both recall "
             "the needle less often with the question asked after compression than inside",
@@ -827,13 +748,13 @@ LESSONS: tuple[Lesson, ...] = (
         views=("replay",),
         cites=T4,
         numbers=T4_NUMBERS,
-        credit=(
-            "Every pooled policy alike: in the same table, mean pooling recalled "
-            "{mean_inside:.0%} and {mean_after:.0%}, as Page-EntroKV did (and so did max "
-            "pooling and entropy without sink isolation)."
-        ),
     ),
 )
+
+
+_ORPHANS = set(WORDS) - {lesson.id for lesson in LESSONS}
+if _ORPHANS:  # words for no lesson: a renamed lesson whose words were left behind
+    raise ValueError(f"{WORDS_FILE.name} has words for no lesson: {sorted(_ORPHANS)}")
 
 
 def get_lesson(lesson_id: str) -> Lesson:
