@@ -84,7 +84,6 @@ from pagekv.measurement.replay.grid import FULL  # noqa: E402
 from pagekv.runtime.backend import pooler  # noqa: E402
 from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.reconstruct import as_profiles  # noqa: E402
-from pagekv.runtime.runner import Planned  # noqa: E402
 from pagekv.serving.study import PromptSpec, Study  # noqa: E402
 from pagekv.tasks import default_max_new_tokens, score  # noqa: E402
 from pagekv.tasks.curated import load_tasks  # noqa: E402
@@ -382,17 +381,17 @@ def main(argv=None) -> int:
                 choice = None
                 try:
                     if setting in adaptive:
-                        tried = {}  # page size -> the runner's Planned
+                        tried = {}  # page size -> the runner's Plan
 
                         def plan_at(size, c=cfg, p=pre, tried=tried):
-                            tried[size] = runner.plan_for(p, c.replace(page_size=size))
-                            return tried[size].plan
+                            tried[size] = runner.plan_prefill(p, c.replace(page_size=size))
+                            return tried[size]
 
                         choice = choose_page_size(plan_at, args.adaptive_pages, adaptive[setting])
                         cfg = choice.plan.config
                         planned = tried[choice.page_size]
                     elif agg in (None, "max") and policy != "profile":
-                        planned = runner.plan_for(pre, cfg)  # the runner's own path
+                        planned = runner.plan_prefill(pre, cfg)  # the runner's own path
                     else:
                         # `plan` without masses weights heads by the entropy of the
                         # profile itself (the "profile" setting, and the mean rows,
@@ -404,7 +403,9 @@ def main(argv=None) -> int:
                             scales=scores[agg].sum(-1),
                             pool_pages=pooler(runner.backend),
                         )
-                        planned = Planned(plan=p, scored_on="torch", score_s=0.0, plan_s=0.0)
+                        p.backends = {"score": "torch", **p.backends}
+                        p.timings = {"score_s": 0.0, "plan_s": 0.0}
+                        planned = p
                     res = runner.evaluate(
                         pre,
                         cfg,
@@ -417,12 +418,12 @@ def main(argv=None) -> int:
                     continue
                 right = bool(score(res.answer, prep.task)["correct"])
                 row = rows.setdefault(name, new_row() | {"pages": 0})
-                physical = physical_tokens(planned.plan.keep, args.physical_page)
+                physical = physical_tokens(planned.keep, args.physical_page)
                 add_result(row, what, right, sum(map(sum, res.stored_tokens)), physical)
                 if res.needle_retention is not None:  # the answer tokens stored, mean (l, g)
                     kept = [x for per_layer in res.needle_retention for x in per_layer]
                     row.setdefault("retention", {})[what] = round(sum(kept) / len(kept), 4)
-                row["pages"] += int(planned.plan.union_tokens.sum())
+                row["pages"] += int(planned.union_tokens.sum())
                 if choice is not None:
                     row.setdefault("page_sizes", {})[what] = choice.page_size
                     row.setdefault("shares", {})[what] = {

@@ -168,6 +168,45 @@ def test_budget_below_protected_minimum_names_the_smallest_feasible_budget(profi
     assert ok.union_tokens.tolist() == [[4, 4]]
 
 
+@pytest.mark.parametrize(
+    "policy, allocation",
+    [
+        ("entropy", "uniform"),
+        ("mean", "global"),
+        ("entropy", "layer"),
+        ("head_independent", "uniform"),
+    ],
+)
+def test_a_plan_checks_its_budget_once(profiles, monkeypatch, policy, allocation):
+    """The budget's one check (issue 41): `plan` calls `check_budget` once, before any
+    selection, whatever the policy and allocation; the selectors it calls check nothing
+    again. The public selectors check at their entry."""
+    import pagekv.maths.paging as paging
+    import pagekv.maths.plan as plan_module
+
+    calls = []
+    real = paging.check_budget
+
+    def counted(*args):
+        calls.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(paging, "check_budget", counted)
+    monkeypatch.setattr(plan_module, "check_budget", counted)
+    cfg = EvictionConfig(policy=policy, allocation=allocation, **BASE)
+    plan(profiles, 2, cfg)
+    assert calls == [6]  # k = floor(0.5 * 12), checked once
+    with pytest.raises(BudgetError):
+        plan(profiles, 2, cfg.replace(budget=0.25))
+    calls.clear()
+    sizes, prot = page_sizes(12, 2), protected_pages(12, 2, 2, 2)
+    for select in (select_pages, paging.select_pages_global):
+        select(torch.rand(2, 6), prot, sizes, 6)
+        with pytest.raises(BudgetError, match="0.334"):
+            select(torch.rand(2, 6), prot, sizes, 3)
+    assert calls == [6, 3, 6, 3]
+
+
 def test_page_larger_than_prompt_keeps_everything_or_errors():
     prof = torch.full((1, 2, 10), 0.1)
     # One 10-token page holds the sinks and window: protected, needs the whole prompt.

@@ -22,13 +22,13 @@ def test_one_run_plans_each_configuration_once(tokenizer, monkeypatch, result_me
     if not result_memo_bytes:  # the plan memo stays on when the result memo is off
         study.results = ByteLRU(0)
     planned = []
-    real = study.runner.plan_for
+    real = study.runner.plan_prefill
 
     def counting(pre, config):
         planned.append(config)
         return real(pre, config)
 
-    monkeypatch.setattr(study.runner, "plan_for", counting)
+    monkeypatch.setattr(study.runner, "plan_prefill", counting)
     spec = PromptSpec(task="needle", context_tokens=200, seed=7)
     a = EvictionConfig(policy="mean", budget=0.5, page_size=8, window=16)
     b = a.replace(policy="entropy")

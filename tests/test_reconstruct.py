@@ -103,18 +103,18 @@ def test_the_runner_plans_and_decodes_with_it_once_per_prompt(eager):
     pre = runner.prefill(ctx, window_max=8, question_ids=prompt(4, seed=6))
     win = EvictionConfig(policy="entropy", budget=0.3, page_size=4, n_sink=2, window=8)
     rec = win.replace(scorer="reconstruct")
-    p_rec = runner.plan_for(pre, rec).plan
+    p_rec = runner.plan_prefill(pre, rec)
     first = pre._scores[("reconstruct", 2)][0]
     # The same profiles as the module computes on its own (no instruction: no tokenizer).
     want = reconstruction_profiles(eager, _copy(pre.cache), ctx, [])
     torch.testing.assert_close(first, want)
     seconds = pre.timings["reconstruct_s"]
     for policy in ("mean", "max", "entropy_nosink"):  # every scoring policy can use it
-        runner.plan_for(pre, rec.replace(policy=policy))
-    runner.plan_for(pre, rec.replace(n_sink=0))
+        runner.plan_prefill(pre, rec.replace(policy=policy))
+    runner.plan_prefill(pre, rec.replace(n_sink=0))
     assert pre._scores[("reconstruct", 0)][0] is first  # one pass per prompt
     assert pre.timings["reconstruct_s"] == seconds
-    p_win = runner.plan_for(pre, win).plan
+    p_win = runner.plan_prefill(pre, win)
     assert not torch.equal(p_rec.page_keep, p_win.page_keep)  # another scorer, other pages
     assert bool(p_rec.page_keep[..., p_rec.protected].all())  # window pages still protected
     res = runner.evaluate(pre, rec, max_new_tokens=3)
@@ -204,7 +204,7 @@ def test_the_runner_weights_heads_by_the_queries_focus(eager):
     pre = runner.prefill(ctx, window_max=8)
     cfg = EvictionConfig(policy="entropy", budget=0.4, page_size=4, n_sink=3, window=8,
                          scorer="reconstruct")  # fmt: skip
-    p = runner.plan_for(pre, cfg).plan
+    p = runner.plan_prefill(pre, cfg)
     scores = pre.reconstruction
     want = weights_from_mass(scores["focus_mass"][..., 3], pre.n_groups, cfg.tau)
     torch.testing.assert_close(p.head_weights, want)

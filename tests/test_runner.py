@@ -33,7 +33,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from pagekv import BudgetError, EvictionConfig
+from pagekv import BudgetError, EvictionConfig, plan
 from pagekv.runtime.runner import Runner, padded_kept_indices
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -323,6 +323,29 @@ def test_no_leak_between_configurations(llama):
     # and the full policy after all that still equals generate
     full = runner.evaluate(pre, EvictionConfig(policy="full", window=8), max_new_tokens=8)
     assert full.tokens == generate_ref(llama, pre.ids, 8)
+
+
+def test_a_run_decodes_the_plan_it_is_given(llama):
+    """`plan_prefill`'s Plan carries what scoring and planning cost and where it ran;
+    `evaluate(planned=...)` decodes that plan (the same tokens and kept sets as planning
+    inside), and refuses one made for another configuration, another prompt, or not by
+    `plan_prefill` (no scoring backend, no timings)."""
+    runner = Runner(llama)
+    pre = runner.prefill(prompt(90, seed=12), window_max=16)
+    cfg = EvictionConfig(policy="entropy", budget=0.3, page_size=4, window=8)
+    p = runner.plan_prefill(pre, cfg)
+    assert p.backends["score"] == "torch" and set(p.timings) == {"score_s", "plan_s"}
+    given = runner.evaluate(pre, cfg, max_new_tokens=6, stop_at_eos=False, planned=p)
+    own = runner.evaluate(pre, cfg, max_new_tokens=6, stop_at_eos=False)
+    assert given.plan is p and own.plan is not p
+    assert given.tokens == own.tokens and torch.equal(given.plan.keep, own.plan.keep)
+    assert given.timings["score_s"] == p.timings["score_s"]
+    assert given.backends["score"] == "torch"
+    other = runner.prefill(prompt(80, seed=12), window_max=16)
+    bare = plan(pre.profiles(8), pre.n_groups, cfg)
+    for wrong, on, config in ((p, pre, cfg.replace(budget=0.4)), (p, other, cfg), (bare, pre, cfg)):
+        with pytest.raises(ValueError, match="plan_prefill"):
+            runner.evaluate(on, config, max_new_tokens=2, planned=wrong)
 
 
 def test_head_independent_pads_each_layer_to_its_largest_union(llama):

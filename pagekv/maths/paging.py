@@ -132,6 +132,7 @@ def select_pages(
         BudgetError: when the protected pages alone hold more than `k` tokens.
     """
     sizes_h, prot_h = sizes.cpu(), protected.cpu()
+    check_budget(sizes_h, prot_h, budget_tokens)
     return _select(
         page_scores, prot_h, sizes_h, to_device(prot_h, page_scores.device), budget_tokens
     )
@@ -190,10 +191,10 @@ def _select(
 ) -> torch.Tensor:
     """`select_pages` with the geometry on the host (`prot_h`, `sizes_h`, and
     `_free_pages` of them when the caller has it) and the protected mask already on the
-    scores' device (`prot_d`): it queues device work and never waits."""
+    scores' device (`prot_d`): it queues device work and never waits. The caller has
+    checked the budget (`check_budget`: `plan` once for every row, `select_pages` at
+    its entry; a padded row's target holds its kept pages, protected ones included)."""
     prot_tokens, free_size, n_free = geometry or _free_pages(sizes_h, prot_h)
-    if prot_tokens > budget_tokens:
-        check_budget(sizes_h, prot_h, budget_tokens)  # raises the BudgetError
     if free_size is not None:
         return _select_uniform(
             page_scores, prot_d, free_size, budget_tokens - prot_tokens, n_free=n_free
@@ -247,6 +248,7 @@ def select_pages_global(
         BudgetError: when a row's protected pages alone hold more than `k` tokens.
     """
     sizes_h, prot_h = sizes.cpu(), protected.cpu()
+    check_budget(sizes_h, prot_h, budget_tokens)  # then every row's protected pages fit
     dev = page_scores.device
     return _select_global(
         page_scores,
@@ -269,8 +271,8 @@ def _select_global(
     per_layer: bool = False,
 ) -> torch.Tensor:
     """`select_pages_global` with the geometry on the host and already on the scores'
-    device (`prot_d`, `sizes_d`): it queues device work and never waits."""
-    check_budget(sizes_h, prot_h, budget_tokens)  # then every row's protected pages fit
+    device (`prot_d`, `sizes_d`): it queues device work and never waits. The caller has
+    checked the budget (`plan`, or `select_pages_global` at its entry)."""
     shape = page_scores.shape
     S = shape[0] if per_layer and len(shape) > 1 else 1  # budgets shared within each
     rows = page_scores.reshape(S, -1, shape[-1]).double()  # [S, R, n_pages]

@@ -159,16 +159,6 @@ class Prefill:
         return w
 
 
-@dataclass(frozen=True)
-class Planned:
-    """A configuration's plan on one prefill, with what it cost (`Runner.plan_for`)."""
-
-    plan: Plan
-    scored_on: str  # the backend that scored the prefill
-    score_s: float
-    plan_s: float
-
-
 @dataclass
 class Evicted:
     """A compacted copy of a prefill's cache, ready to decode from position `n`."""
@@ -310,9 +300,10 @@ class Runner:
 
     # ---------------------------------------------------------------- evict
 
-    def plan_for(self, pre: Prefill, config: EvictionConfig) -> Planned:
+    def plan_prefill(self, pre: Prefill, config: EvictionConfig) -> Plan:
         """Score `pre` (memoised per window and n_sink) and plan under `config`: the
-        `Planned` that `evict` compacts. Raises BudgetError (a ValueError naming the
+        `Plan` that `evict` compacts, with the scoring backend in `backends["score"]`
+        and `timings` `{score_s, plan_s}`. Raises BudgetError (a ValueError naming the
         smallest feasible budget) when the protected pages alone exceed the budget."""
         if not isinstance(config, EvictionConfig):
             raise TypeError(f"config must be an EvictionConfig; got {type(config).__name__}")
@@ -326,7 +317,9 @@ class Runner:
         t1 = _now(self.device)
         pool = pooler(self.backend)
         p = plan(profiles, pre.n_groups, config, masses=masses, scales=scales, pool_pages=pool)
-        return Planned(plan=p, scored_on=scored_on, score_s=t1 - t0, plan_s=_now(self.device) - t1)
+        p.backends = {"score": scored_on, **p.backends}
+        p.timings = {"score_s": t1 - t0, "plan_s": _now(self.device) - t1}
+        return p
 
     def reconstruction(self, pre: Prefill, chunk: int = RECONSTRUCT_CHUNK) -> dict:
         """The reconstruction pass's scores on `pre` (`pagekv.runtime.reconstruct`):
@@ -370,21 +363,21 @@ class Runner:
             pre._scores[key] = (prof, masses, self.backend)
         return pre._scores[key]
 
-    def evict(
-        self, pre: Prefill, config: EvictionConfig, planned: Planned | None = None
-    ) -> Evicted:
+    def evict(self, pre: Prefill, config: EvictionConfig, planned: Plan | None = None) -> Evicted:
         """Build a compacted copy of `pre.cache` under `config`'s plan: `planned` when
-        given (from `plan_for` on the same prefill and configuration: each run is planned
-        once), else planned here.
+        given (from `plan_prefill` on the same prefill and configuration: each run is
+        planned once), else planned here.
 
         Raises BudgetError (a ValueError naming the smallest feasible budget) when
         the protected pages alone exceed the budget.
         """
         if planned is None:
-            planned = self.plan_for(pre, config)
-        elif planned.plan.config != config or planned.plan.n != pre.n:
-            raise ValueError("planned was made for another configuration or prompt")
-        p, scored_on = planned.plan, planned.scored_on
+            planned = self.plan_prefill(pre, config)
+        elif planned.config != config or planned.n != pre.n or "score" not in planned.backends:
+            raise ValueError(
+                "planned was not made by plan_prefill for this configuration and prompt"
+            )
+        p = planned
         t1 = _now(self.device)
         L, G = pre.n_layers, pre.n_groups
         # The plan's counts, read once (`Plan.union_counts`): dense, k' and the padding
@@ -416,7 +409,6 @@ class Runner:
         stored = [[int(layers[i][0].shape[2])] * G for i in range(L)]  # tensor lengths
         t2 = _now(self.device)
         backends = {
-            "score": scored_on,
             **{k: v for k, v in p.backends.items() if k != "device"},
             "compact": compacted_on,
             "device": str(self.device),
@@ -431,8 +423,8 @@ class Runner:
             ragged=ragged,
             allocated=allocated,
             compacted_bytes=_cache_bytes(cache),
-            score_s=None if keeps_all else planned.score_s,
-            evict_s=None if keeps_all else planned.plan_s + (t2 - t1),
+            score_s=None if keeps_all else p.timings["score_s"],
+            evict_s=None if keeps_all else p.timings["plan_s"] + (t2 - t1),
         )
 
     # ---------------------------------------------------------------- evaluate
@@ -445,7 +437,7 @@ class Runner:
         needle_positions=None,
         stop_at_eos: bool = True,
         return_logits: bool = False,
-        planned: Planned | None = None,
+        planned: Plan | None = None,
     ) -> RunResult:
         """Evict under `config` (on a copy of the cache) and decode greedily.
 
@@ -458,7 +450,7 @@ class Runner:
                 `needle_retention` and `needle_kept_all`.
             stop_at_eos: stop at the tokenizer's or generation config's EOS ids.
             return_logits: keep every step's float32 logits in `RunResult.logits`.
-            planned: `plan_for(pre, config)`, when the caller planned already.
+            planned: `plan_prefill(pre, config)`, when the caller planned already.
         """
         self._check_decode(pre, max_new_tokens)
         ev = self.evict(pre, config, planned)
@@ -483,7 +475,7 @@ class Runner:
         needle_positions=None,
         stop_at_eos: bool = True,
         on_token=None,
-        planned: tuple[Planned | None, Planned | None] = (None, None),
+        planned: tuple[Plan | None, Plan | None] = (None, None),
     ) -> tuple[RunResult, RunResult]:
         """Two configurations on one prefill, decoded in ONE batched pass (batch of 2)
         when their compacted caches have the same shape in every layer (pooled policies

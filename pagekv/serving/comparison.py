@@ -25,7 +25,7 @@ import torch
 
 from pagekv.maths.config import POLICIES, EvictionConfig
 from pagekv.maths.metrics import sink_advantage, summarize_sink_advantage
-from pagekv.maths.paging import BudgetError, check_budget, page_sizes, protected_pages
+from pagekv.maths.paging import BudgetError
 from pagekv.maths.plan import Plan
 from pagekv.maths.policies import get_policy
 from pagekv.serving.study import Prepared, PromptSpec, Study, served_copy
@@ -170,7 +170,8 @@ def plan_comparison(
     The records hold what planning alone knows (plan, budget, union tokens, needle
     retention of the plan's kept set), so every plan view can be drawn at once, e.g.
     while a slider is dragged; `decode_comparison` then fills in the answers. Raises
-    BudgetError before any work when a side's protected pages exceed its budget. With
+    BudgetError when a side's protected pages exceed its budget (from its plan: `plan`
+    checks the budget before any work on the device, the one check). With
     `cached_only`, only prefills already in memory are used (LookupError otherwise):
     planning then never waits for the model.
     """
@@ -178,10 +179,6 @@ def plan_comparison(
     prepare = study.prepared if cached_only else study.prepare
     preps = {k: prepare(spec.replace(mode=m)) for k, m in modes.items()}
     configs = {"A": config_a, "B": config_b}
-    for key, cfg in configs.items():  # fail fast, before any work
-        n, P = preps[key].n, cfg.page_size
-        prot = protected_pages(n, P, cfg.n_sink, min(cfg.window, n))
-        check_budget(page_sizes(n, P), prot, cfg.budget_tokens(n))
     records = {}
     full = EvictionConfig(policy="full")
     for key, prep, cfg in (("full", preps["A"], full), *((k, preps[k], configs[k]) for k in "AB")):
@@ -331,11 +328,11 @@ def uor_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
 def _plan_summary(study: Study, prep: Prepared, cfg: EvictionConfig) -> dict:
     """What the derived rows read of a plan (its UOR and stored tokens, `[L, G]` each),
     planned once per prompt and configuration: from the plan memo where a side planned
-    it (`Study.plan_unkept`), else planned and its summary kept with the prefill, so
+    it (`Study.plan(..., keep=False)`), else planned and its summary kept with the prefill, so
     that the curve and the memory rows share the configurations they both need."""
     key = ("plan-summary", cfg)
     if key not in prep.derived:
-        p = study.plan_unkept(prep, cfg)
+        p = study.plan(prep, cfg, keep=False)
         prep.derived[key] = {"uor": p.uor, "union_tokens": p.union_tokens}
     return prep.derived[key]
 

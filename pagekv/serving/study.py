@@ -28,8 +28,8 @@ the same lesson costs one computation:
   views draw while a slider moves and what the run then compacts, so each run is
   planned once; its own cap, `PLAN_MEMO_BYTES` (32 MiB) by default, whatever the
   other two memos'. The rows derived from many plans (a UOR curve, memory rows) read
-  it and plan what it lacks without keeping it (`plan_unkept`), so they never crowd
-  a run's own plans out.
+  it and plan what it lacks without keeping it (`plan(..., keep=False)`), so they
+  never crowd a run's own plans out.
 
 The defaults aim at an app under about 2.5 GB resident with the bundled model
 (0.5 GiB once loaded): with a 640 MiB prefill cap, ten varied runs on 1000-8000-token
@@ -57,7 +57,7 @@ from pagekv.maths.config import EvictionConfig
 from pagekv.maths.plan import Plan
 from pagekv.runtime.models import LoadedModel, load_model
 from pagekv.runtime.result import RunResult
-from pagekv.runtime.runner import Planned, Prefill, Runner
+from pagekv.runtime.runner import Prefill, Runner
 from pagekv.serving.memo import ByteLRU
 from pagekv.serving.worker import WORKER, Job, ModelWorker
 from pagekv.tasks import (
@@ -317,43 +317,35 @@ class Study:
 
     # ------------------------------------------------------------------ planning
 
-    def plan(self, prep: Prepared, config: EvictionConfig) -> Plan:
-        """The plan of `config` on `prep` (scored and planned once, on the worker; the
-        run of the same configuration reuses it). BudgetError when infeasible."""
-        return self._planned(prep, config).plan
+    def plan(self, prep: Prepared, config: EvictionConfig, keep: bool = True) -> Plan:
+        """The plan of `config` on `prep`, scored and planned once on the worker: the run
+        of the same configuration reuses it (`Runner.plan_prefill`'s `Plan`, shared: never
+        mutate it). BudgetError when infeasible.
 
-    def plan_unkept(self, prep: Prepared, config: EvictionConfig) -> Plan:
-        """The plan of `config` on `prep` from the plan memo, else planned on the worker
-        without keeping it: for rows derived from many configurations (a UOR curve,
-        memory rows), which must neither plan a run's configuration twice nor crowd its
-        plans out of the memo. BudgetError when infeasible."""
-        self._check_window(prep, config)
-        hit = self.plans.get((_prompt_key(prep), config))
-        if hit is not None:
-            return hit.plan
-        return self.worker.run(
-            ("plan-unkept", self._tag, _prompt_key(prep), config),
-            lambda: self.runner.plan_for(prep.prefill, config).plan,
-            owner=self._tag,
-        )
-
-    def _planned(self, prep: Prepared, config: EvictionConfig) -> Planned:
+        `keep=False`: from the plan memo, else planned without storing it, for rows
+        derived from many configurations (a UOR curve, memory rows), which must neither
+        plan a run's configuration twice nor crowd its plans out of the memo."""
         self._check_window(prep, config)
         key = (_prompt_key(prep), config)
         hit = self.plans.get(key)
         if hit is not None:
             return hit
         return self.worker.run(
-            ("plan", self._tag, key), lambda: self._plan_job(prep, config), owner=self._tag
+            ("plan" if keep else "plan-unkept", self._tag, key),
+            lambda: self._plan_job(prep, config, keep),
+            owner=self._tag,
         )
 
-    def _plan_job(self, prep: Prepared, config: EvictionConfig) -> Planned:
+    def _plan_job(self, prep: Prepared, config: EvictionConfig, keep: bool = True) -> Plan:
+        """On the worker: the plan of `config` on `prep`, from the memo or planned (and
+        stored, with `keep`)."""
         key = (_prompt_key(prep), config)
         hit = self.plans.get(key)
         if hit is None:
-            hit = self.runner.plan_for(prep.prefill, config)
-            self.plans.put(key, hit)
-            self.prefills.refresh(prep.spec)  # its prefill may hold newly memoised scores
+            hit = self.runner.plan_prefill(prep.prefill, config)
+            if keep:
+                self.plans.put(key, hit)
+                self.prefills.refresh(prep.spec)  # its prefill may hold newly memoised scores
         return hit
 
     def derive(self, prep: Prepared, key: Hashable, fn):
