@@ -348,6 +348,20 @@ def test_a_run_decodes_the_plan_it_is_given(llama):
             runner.evaluate(on, config, max_new_tokens=2, planned=wrong)
 
 
+def test_a_per_head_run_reports_the_needle_in_its_unions(llama):
+    """`needle_retention_union`: a per-head run's share of the needle in each group's
+    union of its heads' picks (what the policy chose, before padding); None for a pooled
+    run, whose groups store exactly what they chose."""
+    runner = Runner(llama)
+    pre = runner.prefill(prompt(96, seed=14), window_max=8)
+    needle = list(range(40, 46))
+    cfg = EvictionConfig(policy="head_independent", budget=0.3, page_size=4, window=8)
+    per_head = runner.evaluate(pre, cfg, max_new_tokens=1, needle_positions=needle)
+    assert per_head.needle_retention_union == per_head.plan.needle_retention(needle).tolist()
+    pooled = runner.evaluate(pre, cfg.replace(policy="entropy"), 1, needle_positions=needle)
+    assert pooled.needle_retention_union is None and pooled.needle_retention is not None
+
+
 def test_head_independent_pads_each_layer_to_its_largest_union(llama):
     runner = Runner(llama)
     pre = runner.prefill(prompt(96, seed=13), window_max=8)

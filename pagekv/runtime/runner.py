@@ -575,7 +575,7 @@ class Runner:
             ret = needle_retention(stored_keep, needle_positions)
             res.needle_retention = ret.tolist()
             res.needle_kept_all = bool((ret == 1).all())
-            if get_policy(config.policy).per_head:
+            if p.head_keep is not None:  # a per-head plan: its groups store unions
                 res.needle_retention_union = p.needle_retention(needle_positions).tolist()
         return res
 
