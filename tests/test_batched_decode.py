@@ -71,12 +71,22 @@ def test_a_row_that_ends_early_does_not_disturb_the_other(llama):
     eos = alone[0].tokens[2]
     assert eos not in alone[0].tokens[:2] + alone[1].tokens, (alone[0].tokens, alone[1].tokens)
     runner.eos_ids = {eos}
-    pair = runner.evaluate_pair(pre, cfg_a, cfg_b, max_new_tokens=8)
     single = [runner.evaluate(pre, c, max_new_tokens=8) for c in (cfg_a, cfg_b)]
-    assert [r.timings["decode_batch"] for r in pair] == [2, 2], "not the batched decode"
-    _same(pair, single)
-    assert pair[0].stop_reason == "eos" and len(pair[0].tokens) == 3
-    assert single[1].stop_reason != "eos" and len(pair[1].tokens) == 8
+    # Read every step (the CPU's chunk), or every 3 (a CUDA-like chunk: A's EOS falls
+    # inside the first chunk, whose later steps it must drop).
+    for chunk in (1, 3):
+        runner.decode_chunk = chunk
+        streamed = []
+        pair = runner.evaluate_pair(
+            pre, cfg_a, cfg_b, max_new_tokens=8, on_token=lambda a, b, s=streamed: s.append((a, b))
+        )
+        assert [r.timings["decode_batch"] for r in pair] == [2, 2], "not the batched decode"
+        _same(pair, single)
+        assert pair[0].stop_reason == "eos" and len(pair[0].tokens) == 3
+        assert single[1].stop_reason != "eos" and len(pair[1].tokens) == 8
+        # One call per read of the tokens, each the answers so far.
+        assert [len(b) for _, b in streamed] == list(range(chunk, 8, chunk)) + [8]
+        assert streamed[-1] == (pair[0].tokens, pair[1].tokens)
 
 
 @pytest.mark.slow

@@ -589,20 +589,21 @@ class Runner:
         ev.decode_bytes = cache.row_nbytes(0)
         if not self.cuda_graphs:
             step = self._lean_decoder().step
-            forward = lambda ids, pos, c=cache: step(ids, pos, c)[0]  # noqa: E731
-            return self._greedy(pre, forward, max_new, stop_at_eos, keep_logits)
-        # The one-token steps replayed from the CUDA graph of the cache's capacity bucket,
-        # whose pools hold the tokens from here on.
-        if self._graphs is None:
-            self._graphs = GraphBuckets(self._lean_decoder())
-        graphed = self._graphs.step_for(cache)
-        del cache
+            forward = lambda ids, pos, c=cache: step(ids, pos, c)  # noqa: E731
+        else:
+            # The one-token steps replayed from the CUDA graph of the cache's capacity
+            # bucket, whose pools hold the tokens from here on.
+            if self._graphs is None:
+                self._graphs = GraphBuckets(self._lean_decoder())
+            forward = self._graphs.step_for(cache)
+            del cache
         try:
-            return self._greedy(
-                pre, lambda ids, pos: graphed(ids, pos)[0], max_new, stop_at_eos, keep_logits
+            (tokens,), logits, (stop,) = self._greedy(
+                pre, forward, max_new, stop_at_eos, keep_logits
             )
         finally:
-            ev.graphed = graphed.graphed
+            ev.graphed = getattr(forward, "graphed", False)
+        return tokens, logits, stop
 
     def _lean_decoder(self) -> LeanDecoder:
         if self._lean is None:
@@ -633,83 +634,66 @@ class Runner:
     def _ids(self, rows: list[list[int]]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long, device=self.device)
 
-    def _greedy(self, pre, forward, max_new, stop_at_eos, keep_logits):
-        """Greedy decode with `forward(ids [1, t] on the device, pos) -> logits [V]`
-        appending to the cache.
+    def _greedy(self, pre, forward, max_new, stop_at_eos, keep_logits=False, rows=1, on_token=None):
+        """Greedy decode of `rows` batch rows with `forward(ids [rows, t] on the device,
+        pos) -> logits [rows, V]` appending to the cache: `(tokens per row, the first
+        row's logits or None, stop reason per row)`.
 
-        The next token stays on the device: the argmax is fed back as the next step's
+        The next tokens stay on the device: the argmax is fed back as the next step's
         input with no round trip through the host, and the host reads the tokens once
-        per `decode_chunk` steps (one `tolist`), where it cuts the answer at the first
-        EOS. Steps decoded past an EOS inside a chunk are dropped: the tokens before it
-        are the same (each depends only on those before it), and so are the logits kept.
+        per `decode_chunk` steps (one `tolist`), where it cuts each row's answer at its
+        first EOS and calls `on_token(tokens_a, ...)` with the tokens so far. Steps
+        decoded past a row's EOS are dropped: the tokens before it are the same (each
+        depends only on those before it, and rows never mix), and so are the logits kept.
         """
         pos = pre.n
-        tokens: list[int] = []
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        stops = ["max_new_tokens"] * rows
         if max_new == 0:
-            return tokens, (torch.empty(0) if keep_logits else None), "max_new_tokens"
+            return tokens, (torch.empty(0) if keep_logits else None), stops
         if pre.question_ids:
-            logits = forward(self._ids([pre.question_ids]), pos)
+            logits = forward(self._ids([pre.question_ids] * rows), pos)
             pos += len(pre.question_ids)
         else:
-            logits = pre.first_logits  # the prefill saw the whole prompt
-        stop = "max_new_tokens"
+            logits = pre.first_logits.expand(rows, -1)  # the prefill saw the whole prompt
+        done = [False] * rows
         kept: list[torch.Tensor] = []
-        pending: list[torch.Tensor] = []  # device tokens the host has not read yet
+        pending: list[torch.Tensor] = []  # device tokens [rows, 1] the host has not read
         produced = 0
         while True:
             if keep_logits:
-                kept.append(logits.float())
-            tok = torch.argmax(logits).view(1, 1)
+                kept.append(logits[0].float())
+            tok = torch.argmax(logits, dim=-1).view(rows, 1)
             pending.append(tok)
             produced += 1
             if produced >= max_new or len(pending) >= self.decode_chunk:
-                for t in torch.cat(pending).view(-1).tolist():  # the chunk's one host read
-                    tokens.append(t)
-                    if stop_at_eos and t in self.eos_ids:
-                        stop = "eos"
-                        break
+                for step in torch.cat(pending, 1).T.tolist():  # the chunk's one host read
+                    for row, t in enumerate(step):
+                        if not done[row]:
+                            tokens[row].append(t)
+                            if stop_at_eos and t in self.eos_ids:
+                                done[row], stops[row] = True, "eos"
                 pending = []
-                if stop == "eos" or produced >= max_new:
+                if on_token is not None:
+                    on_token(*(list(t) for t in tokens))
+                if all(done) or produced >= max_new:
                     break
             logits = forward(tok, pos)
             pos += 1
-        logits_out = torch.stack(kept[: len(tokens)]).cpu() if keep_logits else None
-        return tokens, logits_out, stop
+        logits_out = torch.stack(kept[: len(tokens[0])]).cpu() if keep_logits else None
+        return tokens, logits_out, stops
 
     def _decode_pair(self, pre, ev_a, ev_b, max_new, stop_at_eos, on_token):
         """Greedy decode of two same-shape compacted caches as one batch of 2."""
-        lean = self._paged_cache([ev_a, ev_b], pre, max_new)
-        ev_a.decode_bytes, ev_b.decode_bytes = lean.row_nbytes(0), lean.row_nbytes(1)
-        step = self._lean_decoder().step
-        forward = lambda rows, pos: step(self._ids(rows), pos, lean)  # noqa: E731
+        cache = self._paged_cache([ev_a, ev_b], pre, max_new)
+        ev_a.decode_bytes, ev_b.decode_bytes = cache.row_nbytes(0), cache.row_nbytes(1)
         ev_a.cache = ev_b.cache = None  # the batched copy replaces them
-        pos = pre.n
-        tokens: list[list[int]] = [[], []]
-        stops = ["max_new_tokens", "max_new_tokens"]
-        done = [False, False]
-        if pre.question_ids:
-            logits = forward([pre.question_ids] * 2, pos)
-            pos += len(pre.question_ids)
-        else:
-            logits = torch.stack([pre.first_logits, pre.first_logits])  # [2, V]
-        while True:
-            step_ids = torch.argmax(logits, dim=-1).tolist()  # one host read per step
-            for row in (0, 1):
-                if done[row]:
-                    continue
-                tokens[row].append(step_ids[row])
-                if stop_at_eos and step_ids[row] in self.eos_ids:
-                    done[row], stops[row] = True, "eos"
-                elif len(tokens[row]) >= max_new:
-                    done[row] = True
-            if on_token is not None:
-                on_token(list(tokens[0]), list(tokens[1]))
-            if all(done):
-                break
-            feed = [[tokens[row][-1]] for row in (0, 1)]  # a finished row repeats its last
-            logits = forward(feed, pos)
-            pos += 1
-        return (tokens[0], tokens[1]), (stops[0], stops[1])
+        step = self._lean_decoder().step
+        forward = lambda ids, pos: step(ids, pos, cache)  # noqa: E731
+        tokens, _, stops = self._greedy(
+            pre, forward, max_new, stop_at_eos, rows=2, on_token=on_token
+        )
+        return tokens, stops
 
     def _detok(self, tokens: list[int]) -> str:
         if self.tokenizer is None:
