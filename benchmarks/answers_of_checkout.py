@@ -55,7 +55,9 @@ def answers(tree: str, dtype: str) -> dict:
         for label, kw in CONFIGS.items():
             case = f"{spec.task} {spec.name or prep.n} {spec.mode} {label}"
             try:
-                out[case] = study.run(prep, EvictionConfig(**kw), NEW_TOKENS)["tokens"]
+                res = study.run(prep, EvictionConfig(**kw), NEW_TOKENS)
+                # A RunResult (older checkouts' Study.run returned its JSON dict).
+                out[case] = res["tokens"] if isinstance(res, dict) else res.tokens
             except ValueError as e:  # a budget below the protected pages: refused
                 out[case] = f"refused: {e}"
     return {"decode": study.runner.decode_path, "tokens": out}

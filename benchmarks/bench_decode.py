@@ -78,10 +78,11 @@ def main(argv=None):
         t_all = time.perf_counter()
         prep = study.prepare(spec)
         runs = {p: study.run(prep, cfg.replace(policy=p), args.new_tokens) for p in POLICIES}
+        runs = {p: r.to_dict() for p, r in runs.items()}
         all_s = time.perf_counter() - t_all
         # Timed again on the warm prefill: the policy under test and the full cache.
-        ev = study.run(prep, cfg, args.new_tokens)
-        fu = study.run(prep, full, args.new_tokens)
+        ev = study.run(prep, cfg, args.new_tokens).to_dict()
+        fu = study.run(prep, full, args.new_tokens).to_dict()
         prefill_s = prep.prefill.timings["prefill_s"]
         evict_s = ev["timings"]["score_s"] + ev["timings"]["evict_s"]
         row = {

@@ -66,8 +66,8 @@ def main(argv=None):
         prep = study.prepare(spec)
         for label, cfg in CONFIGS.items():
             try:
-                a = base.run(prep, cfg)
-                b = study.run(prep, cfg)
+                a = base.run(prep, cfg).to_dict()
+                b = study.run(prep, cfg).to_dict()
             except ValueError as e:  # a budget below the protected pages: not a case
                 print(f"skip {spec.task} {spec.name or spec.context_tokens} {label}: {e}")
                 continue

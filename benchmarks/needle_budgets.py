@@ -57,11 +57,11 @@ def main(argv=None):
                     continue
                 cfg = EvictionConfig(policy=policy, budget=budget, page_size=args.page_size)
                 try:
-                    rec = study.run(prep, cfg, max_new_tokens=args.max_new_tokens)
+                    res = study.run(prep, cfg, max_new_tokens=args.max_new_tokens)
                 except BudgetError as e:
                     print(f"| {budget} | {policy} | - | - | - | infeasible: {e.min_budget:.3f} |")
                     continue
-                ret = retained_fraction(rec)
+                ret, rec = retained_fraction(res), res.to_dict()
                 row = {
                     "mode": mode,
                     "budget": budget if policy != "full" else 1.0,

@@ -139,9 +139,9 @@ def measure(study: Study, prep, setting: Setting) -> dict:
     records["entropy"] = records["mean"] if same else study.run(prep, setting.config("entropy"))
     for policy, rec in records.items():
         row[policy] = {
-            "correct": bool(rec["correct"]),
-            "answer": rec["answer"],
-            "needle_kept_all": rec.get("needle_kept_all"),
+            "correct": bool(rec.correct),
+            "answer": rec.answer,
+            "needle_kept_all": rec.needle_kept_all,
         }
     return row
 

@@ -211,31 +211,29 @@ def cmd_run(args) -> int:
     loaded = load_model(args.model, device=args.device)
     study = Study(loaded, backend=args.backend, decode_dtype=args.dtype)
     prep = study.prepare(spec)
-    runs = []
-    for cfg in configs:
-        rec = study.run(prep, cfg, max_new_tokens=args.max_new_tokens)
-        rec.pop("plan", None)
-        runs.append(rec)
+    runs = [study.run(prep, cfg, max_new_tokens=args.max_new_tokens) for cfg in configs]
     if args.json:
+        objects = [r.to_dict() for r in runs]
         if len(runs) == 1:
-            print(json.dumps(runs[0]))
+            print(json.dumps(objects[0]))
         else:
-            common = {k: runs[0][k] for k in ("model", "task", "expected", "prompt_tokens")}
-            print(json.dumps({**common, "policy": "all", "runs": runs}))
+            common = {k: objects[0][k] for k in ("model", "task", "expected", "prompt_tokens")}
+            print(json.dumps({**common, "policy": "all", "runs": objects}))
     else:
         print(format_table(runs))
     return 0
 
 
-def format_table(runs: list[dict]) -> str:
-    """A readable table of runs on one prompt (the cells of the app's answers table)."""
+def format_table(runs: list) -> str:
+    """A readable table of runs (`RunResult`s) on one prompt (the cells of the app's
+    answers table)."""
     from pagekv.views.answers import run_cells
 
     r0 = runs[0]
-    t = r0["timings"]
+    t = r0.timings
     head = (
-        f"model {r0['model']} ({r0['device']}, {r0['backend']} backend), task {r0['task']}, "
-        f"{r0['prompt_tokens']} prompt tokens, mode {r0['mode']}; expected {r0['expected']!r}\n"
+        f"model {r0.model} ({r0.device}, {r0.backend} backend), task {r0.task}, "
+        f"{r0.prompt_tokens} prompt tokens, mode {r0.mode}; expected {r0.expected!r}\n"
         f"load {t['load_s']:.1f}s, prefill {t['prefill_s']:.2f}s\n"
     )
     cols = f"{'policy':<17}{'stored':>7}{'budget':>8}{'UOR max':>9}{'needle':>8}{'evict s':>9}"
@@ -248,11 +246,11 @@ def format_table(runs: list[dict]) -> str:
         ans = c["answer"].replace("\n", " ")
         ans = ans if len(ans) <= 60 else ans[:57] + "..."
         lines.append(
-            f"{r['policy']:<17}{c['stored']:>7}{r['budget_tokens']:>8}{c['uor']:>9.3f}"
+            f"{r.policy:<17}{c['stored']:>7}{r.budget_tokens:>8}{c['uor']:>9.3f}"
             f"{needle:>8}{evict:>9}{c['decode_s']:>10.2f}  "
-            f"{'yes' if r['correct'] else 'no':<4}{ans}"
+            f"{'yes' if r.correct else 'no':<4}{ans}"
         )
-    if r0["mode"] == "inside":
+    if r0.mode == "inside":
         lines.append(
             "note: question inside the prompt: the first answer token comes from the prefill, "
             "which saw the whole prompt"

@@ -82,7 +82,7 @@ def tokenizer():
     return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-def _full(study, spec) -> tuple[dict, int]:
+def _full(study, spec) -> tuple:
     """The full cache's record for `spec`, decoding the task's own number of tokens
     (`Study.run_full` memoises it, so a later test on the same prompt reuses it)."""
     prep = study.prepare(spec)
@@ -90,10 +90,10 @@ def _full(study, spec) -> tuple[dict, int]:
     return study.run_full(prep, max_new_tokens=m), m
 
 
-def _why(label: str, out: dict, max_new_tokens: int) -> str:
+def _why(label: str, out, max_new_tokens: int) -> str:
     return (
-        f"{label}: the full cache answered {out['answer']!r}, expected {out['expected']!r} "
-        f"(stopped by {out['stop_reason']} after {len(out['tokens'])} of {max_new_tokens} tokens)"
+        f"{label}: the full cache answered {out.answer!r}, expected {out.expected!r} "
+        f"(stopped by {out.stop_reason} after {len(out.tokens)} of {max_new_tokens} tokens)"
     )
 
 
@@ -115,7 +115,7 @@ def test_full_cache_answers_curated_task(study, kind, name, mode):
 
     spec = PromptSpec(task=kind, name=name, mode=mode)
     out, m = _full(study, spec)
-    assert out["correct"], _why(f"task {name} (question {mode})", out, m)
+    assert out.correct, _why(f"task {name} (question {mode})", out, m)
 
 
 @pytest.mark.slow
@@ -128,10 +128,10 @@ def test_full_cache_is_mode_independent(study):
     assert set(task.meta["modes"]) == set(QUESTION_POSITIONS), "pick a task meant for both"
     after, m = _full(study, PromptSpec(task=task.kind, name=task.name, mode="after"))
     inside, _ = _full(study, PromptSpec(task=task.kind, name=task.name, mode="inside"))
-    assert inside["tokens"] == after["tokens"], (
-        f"task {task.name}: inside {inside['answer']!r}, after {after['answer']!r}"
+    assert inside.tokens == after.tokens, (
+        f"task {task.name}: inside {inside.answer!r}, after {after.answer!r}"
     )
-    assert inside["correct"], _why(f"task {task.name} (question inside)", inside, m)
+    assert inside.correct, _why(f"task {task.name} (question inside)", inside, m)
 
 
 @pytest.mark.slow
@@ -152,4 +152,4 @@ def test_full_cache_answers_preset(study, preset):
         kw["name"] = preset["name"] or None
     spec = PromptSpec(**kw)
     out, m = _full(study, spec)
-    assert out["correct"], _why(f"preset {preset['title']!r} ({out['task']})", out, m)
+    assert out.correct, _why(f"preset {preset['title']!r} ({out.task})", out, m)

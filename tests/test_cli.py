@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -97,5 +98,7 @@ def test_policy_all_table_and_json(capsys):
     assert hi["uor"]["mean"] == pytest.approx(sum(unions) / len(unions) / k_head)
     assert 1.0 < hi["uor"]["max"] <= 3.0  # r = 3; SmolLM2's heads disagree somewhere
     assert len({r["prompt_tokens"] for r in runs.values()}) == 1  # one prefill, one prompt
-    table = format_table(out["runs"])  # what the command prints without --json
+    # What the command prints without --json, from the same runs (their JSON objects
+    # hold every field of a RunResult that the table reads).
+    table = format_table([SimpleNamespace(**r) for r in out["runs"]])
     assert "policy" in table and "head_independent" in table and "expected" in table

@@ -4,6 +4,8 @@ answers, and is served from memory the second time."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from pagekv.views import app_ui
@@ -71,14 +73,14 @@ def test_scorer_and_allocation_are_each_sides_own_even_when_b_follows_a():
 
 
 def test_run_cells_read_the_record():
-    rec = {
+    fields = {
         "correct": False, "answer": "42", "kept_tokens": [5, 7], "uor": {"max": 1.5},
         "needle_retention": [[1.0, 0.5], [0.0, 0.5]], "timings": {"evict_s": None, "decode_s": 0.2},
     }  # fmt: skip
-    c = run_cells(rec)
+    c = run_cells(SimpleNamespace(**fields))  # what it reads of a RunResult
     assert (c["verdict"], c["answer"], c["stored"], c["needle"], c["uor"], c["evict_s"]) == (
         "✗ wrong", "42", 7, 0.5, 1.5, None)  # fmt: skip
-    assert run_cells(rec | {"needle_retention": None})["needle"] is None
+    assert run_cells(SimpleNamespace(**fields | {"needle_retention": None}))["needle"] is None
 
 
 @pytest.mark.slow

@@ -141,8 +141,14 @@ def test_every_lesson_shows_its_own_words_from_the_file():
 
 
 def _fake_comparison(correct: dict, answers_text: dict | None = None, plans=None, recs=None):
+    """A comparison whose records hold what the checks read of a `RunResult`."""
+    unread = {"needle_retention": None, "uor": {"mean": 1.0, "max": 1.0}, "policy": "some"}
     records = {
-        k: {"correct": v, "answer": (answers_text or {}).get(k, "x"), **(recs or {}).get(k, {})}
+        k: SimpleNamespace(
+            **unread
+            | {"correct": v, "answer": (answers_text or {}).get(k, "x")}
+            | (recs or {}).get(k, {})
+        )
         for k, v in correct.items()
     }
     plans = plans or {}

@@ -233,9 +233,11 @@ def counted(study, monkeypatch):
     return calls
 
 
-def _same(a: dict, b: dict) -> None:
-    pa, pb = a.pop("plan"), b.pop("plan")
-    assert a == b
+def _same(a, b) -> None:
+    """Two served `RunResult`s of one computation: equal, each its own copy, their plan
+    the memo's one."""
+    pa, pb = a.plan, b.plan
+    assert a.to_dict() == b.to_dict() and a is not b
     assert torch.equal(pa.keep, pb.keep) and torch.equal(pa.page_scores, pb.page_scores)
     assert pa is pb, "a served plan is the memo's own (no tensor copy per request)"
 
@@ -262,15 +264,15 @@ def test_callers_cannot_corrupt_the_memo(study, counted):
     prep = prepared(study)
     cfg = EvictionConfig(policy="mean", budget=0.5, page_size=8, window=16)
     first = study.run(prep, cfg, max_new_tokens=4)
-    answer = first["answer"]
-    first["answer"] = "corrupted"
-    first["stored_tokens"][0][0] = -1
-    first["timings"]["decode_s"] = -1.0
-    first["uor"]["max"] = 99.0
+    answer = first.answer
+    first.answer = "corrupted"
+    first.stored_tokens[0][0] = -1
+    first.timings["decode_s"] = -1.0
+    first.uor["max"] = 99.0
     again = study.run(prep, cfg, max_new_tokens=4)
-    assert again["answer"] == answer and again["stored_tokens"][0][0] > 0
-    assert again["timings"]["decode_s"] >= 0 and again["uor"]["max"] == 1.0
-    assert again["plan"] is first["plan"]  # shared, never mutated (Study's docstring)
+    assert again.answer == answer and again.stored_tokens[0][0] > 0
+    assert again.timings["decode_s"] >= 0 and again.uor["max"] == 1.0
+    assert again.plan is first.plan  # shared, never mutated (Study's docstring)
     assert len(counted) == 1
 
 
@@ -459,7 +461,7 @@ def test_concurrent_identical_pairs_decode_once_and_the_model_runs_one_at_a_time
         t.join()
     assert len(pairs) == 1, "the same pair was decoded more than once"
     assert max(overlaps) == 1, "two evaluations ran on the model at once"
-    answers = {(ra["answer"], rb["answer"]) for ra, rb in got}
+    answers = {(ra.answer, rb.answer) for ra, rb in got}
     assert len(got) == 3 and len(answers) == 1
 
 

@@ -35,7 +35,7 @@ def test_preset_shows_its_difference(study, preset):
     comp = compare_preset(study, preset)
     assert preset_matches(preset, comp)
     finding = check_preset(preset, comp)
-    answers = {k: comp.records[k]["answer"] for k in ("full", "A", "B")}
+    answers = {k: comp.records[k].answer for k in ("full", "A", "B")}
     print(f"{preset['title']}\n  {finding.measured}\n  answers: {answers}")
     assert finding.holds, f"{preset['title']!r}: {finding.measured}"
 

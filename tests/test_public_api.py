@@ -67,8 +67,9 @@ def test_the_calls_outside_checks_make():
     b = a.replace(policy="entropy")
     one = study.run(prep, b)
     ra, rb = study.run_pair(prep, a, b)
-    assert rb["answer"] == one["answer"] and ra["policy"] == "mean"
-    assert one["correct"] in (True, False) and one["timings"]["decode_s"] > 0
+    assert rb.answer == one.answer and ra.policy == "mean"
+    assert one.correct in (True, False) and one.timings["decode_s"] > 0
+    assert one.to_dict()["answer"] == one.answer  # its JSON object (docs/schema.md)
 
     runner = Runner(loaded.model, loaded.tokenizer)
     ids = loaded.tokenizer("The vault code is 4417. " * 12)["input_ids"]

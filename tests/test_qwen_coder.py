@@ -55,7 +55,7 @@ def test_facts_of_the_model(qwen):
 def test_full_cache_finds_the_needle(qwen, mode):
     prep = qwen.prepare(PromptSpec(task="needle", context_tokens=1000, depth=0.5, mode=mode))
     rec = qwen.run_full(prep)
-    assert rec["correct"], rec["answer"]
+    assert rec.correct, rec.answer
 
 
 def test_uor_view_follows_r(qwen):

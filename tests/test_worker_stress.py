@@ -73,8 +73,8 @@ def tokenizer():
         pytest.skip(f"bundled model unavailable: {e}")
 
 
-def _sig(rec: dict) -> tuple:
-    return tuple(rec["tokens"]), tuple(rec["plan"].keep.flatten().tolist())
+def _sig(rec) -> tuple:
+    return tuple(rec.tokens), tuple(rec.plan.keep.flatten().tolist())
 
 
 def _calls() -> dict:
@@ -206,7 +206,7 @@ def test_the_apps_run_path_holds_its_session_turn_across_worker_waits(tokenizer,
         status = last[app_ui.RUN_VIEWS.index("status")]
         assert status.startswith("**Done:**"), status
         comp = last[app_ui.RUN_VIEWS.index("last")]
-        return tuple(tuple(comp.records[k]["tokens"]) for k in ("full", "A", "B"))
+        return tuple(tuple(comp.records[k].tokens) for k in ("full", "A", "B"))
 
     def fresh_model():  # a registry whose one model is a new tiny study (empty memos)
         monkeypatch.setattr(app_ui, "MODELS", ModelRegistry(

@@ -60,20 +60,25 @@ def test_three_owners_take_turns_oldest_first():
 @pytest.mark.slow
 def test_a_slow_models_run_holds_up_another_for_one_job_at_a_time(tokenizer):  # noqa: F811
     """Two models on one worker served forever (as the app does). X's prefill is slowed;
-    Y's run starts while it goes on. Between Y's consecutive jobs, and before its first,
-    at most one job of X runs, and both runs give the answers they give alone."""
+    Y's run starts while it goes on. Whenever both have a job queued, the worker takes
+    the other owner's next (never one owner's twice in a row), and both runs give the
+    answers they give alone. A FIFO worker fails it. (Counting X's jobs between two of
+    Y's would also count those run while Y had nothing queued, as on a loaded machine.)"""
     worker, stop = ModelWorker(), threading.Event()
     server = threading.Thread(target=worker.serve_forever, args=(stop,), daemon=True)
     server.start()
     try:
         x, y = _tiny_study(tokenizer, worker), _tiny_study(tokenizer, worker)
         order: list = []
+        choices: list = []  # per job run: (its owner, the last owner, the owners queued)
         pop = worker._pop_locked
 
-        def recording_pop():
+        def recording_pop():  # under the worker's lock
+            waiting, last = {j.owner for j in worker._queue}, worker._last
             job = pop()
             if job is not None:
                 order.append(job.owner)
+                choices.append((job.owner, last, waiting))
             return job
 
         worker._pop_locked = recording_pop
@@ -115,12 +120,15 @@ def test_a_slow_models_run_holds_up_another_for_one_job_at_a_time(tokenizer):  #
     i = order.index("Y starts")
     ys = [j for j, owner in enumerate(order) if owner == y._tag and j > i]
     assert len(ys) >= 3  # prefill, plans, decoding: several jobs
-    for before, after in zip([i, *ys], ys, strict=False):
-        between = [o for o in order[before + 1 : after] if o == x._tag]
-        assert len(between) <= 1, order
+    # The turns: an owner never runs two jobs in a row while the other has one queued.
+    # (Between two jobs of Y, X may run more than one only while Y has none queued: Y's
+    # thread submits its next job once the last is done.)
+    contested = [(o, last) for o, last, waiting in choices if len(waiting) > 1]
+    print(f"\n{len(contested)} of {len(choices)} jobs chosen between both owners")
+    assert contested and all(o != last for o, last in contested), choices
     for key in ("full", "A", "B"):  # what each run gives alone, on a worker of its own
         alone = compare(_tiny_study(tokenizer, ModelWorker()), spec.replace(seed=5), a, b, 4)
-        assert out["y"].records[key]["tokens"] == alone.records[key]["tokens"]
+        assert out["y"].records[key].tokens == alone.records[key].tokens
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Two policies side by side on one prefilled prompt: the comparison engine.
 
     comp = compare(study, spec, EvictionConfig(policy="mean"), EvictionConfig(policy="entropy"))
-    comp.records["A"]["answer"], comp.records["B"]["correct"], comp.records["full"]["answer"]
+    comp.records["A"].answer, comp.records["B"].correct, comp.records["full"].answer
     summary(comp)                          # its numbers, JSON-ready
     paths = export_data(comp, folder)      # pagekv_run.json and pagekv_run.csv
 
@@ -28,6 +28,7 @@ from pagekv.maths.metrics import sink_advantage, summarize_sink_advantage
 from pagekv.maths.paging import BudgetError
 from pagekv.maths.plan import Plan
 from pagekv.maths.policies import get_policy
+from pagekv.runtime.result import RunResult
 from pagekv.serving.study import Prepared, PromptSpec, Study, served_copy
 
 #: Budgets of the UOR-across-budgets view.
@@ -45,13 +46,15 @@ class Comparison:
 
     prep: Prepared
     configs: dict  # "A", "B" -> EvictionConfig
-    records: dict  # "full", "A", "B" -> result_record dicts (with "plan")
+    plans: dict  # "full", "A", "B" -> Plan (planning: the views draw them at once)
     curve: list  # UOR of head_independent across budgets
     memory: list  # cache kept per policy
     notes: list = field(default_factory=list)
     preps: dict = field(default_factory=dict)  # "A", "B" -> Prepared
     labels: dict = field(default_factory=dict)  # "A", "B" -> "A: entropy, page 16"
     model: str = ""  # the model that ran (`LoadedModel.name`; "bundled" when one fell back)
+    #: "full", "A", "B" -> `RunResult`, each as its decode finishes (`Decoding`).
+    records: dict = field(default_factory=dict)
 
     @property
     def modes(self) -> dict:
@@ -76,7 +79,15 @@ class Comparison:
         return self.prep.prefill.n_groups
 
     def plan_of(self, key: str) -> Plan:
-        return self.records[key]["plan"]
+        return self.plans[key]
+
+    def needle_retention_of(self, key: str) -> list | None:
+        """`[L][G]` the needle's share that `key` keeps: what its decoded cache stored
+        once it is decoded, what its plan keeps before; None without a needle."""
+        if key in self.records:
+            return self.records[key].needle_retention
+        needle = self.needle_positions_of(key)
+        return self.plans[key].needle_retention(needle).tolist() if needle else None
 
     def detached(self) -> Comparison:
         """A copy for keeping after decoding (a session's last run, the app's memo of
@@ -167,9 +178,9 @@ def plan_comparison(
 ) -> Comparison:
     """Everything but decoding: prefill (memoised), then plan both sides.
 
-    The records hold what planning alone knows (plan, budget, union tokens, needle
-    retention of the plan's kept set), so every plan view can be drawn at once, e.g.
-    while a slider is dragged; `decode_comparison` then fills in the answers. Raises
+    Its `plans` are what planning alone knows (the budget, the union tokens, the
+    needle retention of the kept sets), so every plan view can be drawn at once, e.g.
+    while a slider is dragged; `Decoding` then fills in `records`, the answers. Raises
     BudgetError when a side's protected pages exceed its budget (from its plan: `plan`
     checks the budget before any work on the device, the one check). With
     `cached_only`, only prefills already in memory are used (LookupError otherwise):
@@ -179,23 +190,14 @@ def plan_comparison(
     prepare = study.prepared if cached_only else study.prepare
     preps = {k: prepare(spec.replace(mode=m)) for k, m in modes.items()}
     configs = {"A": config_a, "B": config_b}
-    records = {}
     full = EvictionConfig(policy="full")
-    for key, prep, cfg in (("full", preps["A"], full), *((k, preps[k], configs[k]) for k in "AB")):
-        p = study.plan(prep, cfg)  # on the model worker, once per prompt and configuration
-        needle = prep.needle_positions
-        records[key] = {
-            "policy": cfg.policy,
-            "plan": p,
-            "budget_tokens": int(p.budget_tokens),
-            "union_tokens": p.union_tokens.tolist(),
-            "needle_retention": p.needle_retention(needle).tolist() if needle else None,
-            "decoded": False,
-        }
+    sides = (("full", preps["A"], full), *((k, preps[k], configs[k]) for k in "AB"))
+    # On the model worker, once per prompt and configuration.
+    plans = {key: study.plan(prep, cfg) for key, prep, cfg in sides}
     comp = Comparison(
         prep=preps["A"],
         configs=configs,
-        records=records,
+        plans=plans,
         curve=uor_rows(study, preps["B"], config_b),
         memory=memory_rows(study, preps["B"], config_b),
         preps=preps,
@@ -412,16 +414,14 @@ def _memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dic
 def summary(comp: Comparison) -> dict:
     """The run's numbers, JSON-ready (what the Export button writes)."""
     out = {
-        "spec": comp.records["full"]["spec"],
+        "spec": comp.records["full"].spec,
         "task": comp.prep.task.name,
         "question": comp.prep.task.question,
         "expected": comp.prep.task.answer,
         "prompt_tokens": comp.prep.n,
         "needle_positions": comp.prep.needle_positions,
         "notes": comp.notes,
-        "runs": {
-            key: {k: v for k, v in rec.items() if k != "plan"} for key, rec in comp.records.items()
-        },
+        "runs": {key: rec.to_dict() for key, rec in comp.records.items()},
         "uor_curve": comp.curve,
         "memory": comp.memory,
     }
@@ -439,7 +439,7 @@ def summary(comp: Comparison) -> dict:
     return out
 
 
-#: The columns of `pagekv_run.csv`, and the record's `[L][G]` lists its middle four read.
+#: The columns of `pagekv_run.csv`, and the result's `[L][G]` lists its middle four read.
 CSV_COLUMNS = (
     "run policy layer group budget_tokens union_tokens stored_tokens padding_tokens uor "
     "needle_retention"
@@ -462,22 +462,20 @@ def export_data(comp: Comparison, folder: str) -> list[str]:
         w = csv.writer(f)
         w.writerow(CSV_COLUMNS)
         for key, rec in comp.records.items():
-            p: Plan = rec["plan"]
-            ret = rec.get("needle_retention")
+            p: Plan = rec.plan
+            ret = rec.needle_retention
             for layer in range(p.keep.shape[0]):
                 for g in range(p.keep.shape[1]):
-                    per_group = [rec[k][layer][g] for k in CSV_PER_GROUP]
+                    per_group = [getattr(rec, k)[layer][g] for k in CSV_PER_GROUP]
                     needle = "" if ret is None else ret[layer][g]
-                    w.writerow(
-                        [key, rec["policy"], layer, g, rec["budget_tokens"], *per_group, needle]
-                    )
+                    w.writerow([key, rec.policy, layer, g, rec.budget_tokens, *per_group, needle])
     paths.append(cs)
     return paths
 
 
-def retained_fraction(rec: dict) -> float:
+def retained_fraction(rec: RunResult) -> float:
     """Mean needle fraction kept over (layer, group), NaN without a needle."""
-    ret = rec.get("needle_retention")
+    ret = rec.needle_retention
     if not ret:
         return float("nan")
     return float(torch.tensor(ret, dtype=torch.float64).mean())

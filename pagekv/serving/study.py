@@ -4,7 +4,7 @@ the app and the replay harness.
     study = Study.load("bundled")
     prep = study.prepare(PromptSpec(task="needle", context_tokens=2000, depth=0.5))
     out = study.run(prep, EvictionConfig(policy="entropy", budget=0.2))
-    out["answer"], out["correct"]
+    out.answer, out.correct, out.to_dict()  # a RunResult; its JSON object
 
 `prepare` tokenizes and prefills once (memoised per spec); `run` only plans,
 compacts a copy of the cache and decodes (docs/design.md, "The data path"). Every
@@ -21,7 +21,7 @@ the same lesson costs one computation:
   `PREFILL_MEMO_BYTES` (512 MiB);
 - results (`Study.results`, keyed by the prompt, the `EvictionConfig` and
   `max_new_tokens`): identical settings on an identical prompt are computed once
-  and then served from memory: a copy of the record's JSON part, its plan shared;
+  and then served from memory: a copy of the `RunResult`, its plan shared;
   about 0.3 MiB each at 2000 tokens (mostly the plan's masks); default cap
   `RESULT_MEMO_BYTES` (64 MiB). `run_full` goes through the same memo;
 - plans (`Study.plans`, keyed by the prompt and the `EvictionConfig`): what the
@@ -169,7 +169,7 @@ class Study:
     scoring, plans, UOR curves and memory rows, eviction and decoding are all jobs; a
     memo hit never touches the worker.
 
-    What is served is immutable: a record is a fresh copy of its JSON part, and its
+    What is served is immutable: a `RunResult` is a fresh copy of the memo's, and its
     `plan` is the memo's own `Plan`, shared and never mutated (nothing in `pagekv`
     writes into a plan's tensors; callers must not either).
     """
@@ -366,12 +366,13 @@ class Study:
 
     def run(
         self, prep: Prepared, config: EvictionConfig, max_new_tokens: int | None = None
-    ) -> dict:
-        """Evict under `config`, decode, score. Returns a JSON-ready dict (plus `plan`).
+    ) -> RunResult:
+        """Evict under `config`, decode, score: the `RunResult`, its task and score
+        filled in (`to_dict()` is its JSON object, docs/schema.md).
 
         Memoised: the same prompt, configuration and `max_new_tokens` are computed
-        once; every call gets its own copy of the record's JSON part (the plan is
-        shared, see the class docstring).
+        once; every call gets its own copy (the plan is shared, see the class
+        docstring).
         """
         if max_new_tokens is None:  # the task's own: enough for its expected answer
             max_new_tokens = default_max_new_tokens(prep.task)
@@ -384,9 +385,9 @@ class Study:
             "run %s | %s | %s backend on %s | %s | %s",
             _config_text(config),
             f"{_spec_text(prep.spec)}, {prep.n} tokens ({prep.spec.mode}), {max_new_tokens} new",
-            stored.get("backend"),
-            stored.get("device"),
-            _timings_text(stored.get("timings") or {}),
+            stored.backend,
+            stored.device,
+            _timings_text(stored.timings),
             (f"computed in {took:.2f} s" if computed else f"served from memory in {_ms(took)}")
             + f"; result memo {_memo_text(self.results)}",
         )
@@ -395,9 +396,9 @@ class Study:
     def submit_run(
         self, prep: Prepared, config: EvictionConfig, max_new_tokens: int | None = None
     ) -> Job:
-        """The job of `run` without waiting for it: its value is `(record, computed)`,
-        the memo's own record (copy it with `served_copy` before changing it). A record
-        already in memory is a finished job (the worker is not touched)."""
+        """The job of `run` without waiting for it: its value is `(result, computed)`,
+        the memo's own `RunResult` (copy it with `served_copy` before changing it). A
+        result already in memory is a finished job (the worker is not touched)."""
         if max_new_tokens is None:
             max_new_tokens = default_max_new_tokens(prep.task)
         self._check_window(prep, config)
@@ -411,8 +412,8 @@ class Study:
             owner=self._tag,
         )
 
-    def _run_job(self, prep, config, max_new_tokens) -> tuple[dict, bool]:
-        """On the worker: `(record, computed)` for one configuration."""
+    def _run_job(self, prep, config, max_new_tokens) -> tuple[RunResult, bool]:
+        """On the worker: `(result, computed)` for one configuration."""
         key = (_prompt_key(prep), config, max_new_tokens)
         stored = self.results.get(key)
         if stored is not None:  # a pair stored it while this job waited in the queue
@@ -424,9 +425,9 @@ class Study:
             needle_positions=prep.needle_positions or None,
             planned=self._plan_job(prep, config),
         )
-        rec = result_record(res, prep, self.loaded)
-        self.results.put(key, rec)
-        return rec, True
+        completed(res, prep, self.loaded)
+        self.results.put(key, res)
+        return res, True
 
     def submit_pair(
         self,
@@ -440,8 +441,9 @@ class Study:
         (`Runner.evaluate_pair`); a result already in memory is served from there and
         the other is computed alone. Returns at once: wait with `worker.wait(job, s)`;
         while a shared pass decodes, `job.progress` holds `(tokens_a, tokens_b)` so far
-        (streaming). `job.result()` is the memo's records: copy them (`served_copy`)
-        before changing them. A pair already in memory is a finished job."""
+        (streaming). `job.result()` is the memo's `RunResult`s: copy them
+        (`served_copy`) before changing them. A pair already in memory is a finished
+        job."""
         if max_new_tokens is None:
             max_new_tokens = default_max_new_tokens(prep.task)
         for config in (config_a, config_b):
@@ -457,7 +459,7 @@ class Study:
             owner=self._tag,
         )
 
-    def _pair_job(self, job: Job, prep, config_a, config_b, max_new_tokens) -> tuple[dict, dict]:
+    def _pair_job(self, job: Job, prep, config_a, config_b, max_new_tokens):
         key_a = (_prompt_key(prep), config_a, max_new_tokens)
         key_b = (_prompt_key(prep), config_b, max_new_tokens)
         if key_a in self.results or key_b in self.results or config_a == config_b:
@@ -474,7 +476,7 @@ class Study:
             on_token=lambda a, b: job.report((list(a), list(b))),
             planned=(self._plan_job(prep, config_a), self._plan_job(prep, config_b)),
         )
-        records = tuple(result_record(res, prep, self.loaded) for res in (res_a, res_b))
+        records = tuple(completed(res, prep, self.loaded) for res in (res_a, res_b))
         for key, rec in zip((key_a, key_b), records, strict=True):
             self.results.put(key, rec)
         self.prefills.refresh(prep.spec)
@@ -497,7 +499,7 @@ class Study:
         config_b: EvictionConfig,
         max_new_tokens: int | None = None,
         on_token=None,
-    ) -> tuple[dict, dict]:
+    ) -> tuple[RunResult, RunResult]:
         """`run` for two configurations on one prompt (`submit_pair`), memoised exactly
         as `run` memoises each. `on_token(tokens_a, tokens_b)` is called on this thread
         as the tokens of a shared pass grow (at most every `poll_s`, 0.1 s)."""
@@ -510,7 +512,7 @@ class Study:
         rec_a, rec_b = job.result()
         return served_copy(rec_a), served_copy(rec_b)
 
-    def run_full(self, prep: Prepared, max_new_tokens: int | None = None) -> dict:
+    def run_full(self, prep: Prepared, max_new_tokens: int | None = None) -> RunResult:
         """`run` with the full cache (memoised like every run; it ignores every budget knob)."""
         return self.run(prep, EvictionConfig(policy="full"), max_new_tokens)
 
@@ -519,11 +521,10 @@ class Study:
             raise ValueError(f"window must be at most {WINDOW_MAX} tokens; got {config.window}")
 
 
-def served_copy(record: dict) -> dict:
-    """What a caller gets of a memoised record: its JSON part copied (the caller may
-    change it), its `plan` shared (never mutated: no device copy per served request)."""
-    plan = record.get("plan")
-    return copy.deepcopy(record, {id(plan): plan}) if plan is not None else copy.deepcopy(record)
+def served_copy(result: RunResult) -> RunResult:
+    """What a caller gets of a memoised `RunResult`: a copy (the caller may change it),
+    its `plan` shared (never mutated: no device copy per served request)."""
+    return copy.deepcopy(result, {id(result.plan): result.plan})
 
 
 def _prompt_key(prep: Prepared) -> tuple:
@@ -580,10 +581,9 @@ def _memo_text(memo: ByteLRU) -> str:
     return f"{len(memo)} entries, {memo.nbytes / 2**20:.0f}/{memo.max_bytes / 2**20:.0f} MiB"
 
 
-def result_record(res: RunResult, prep: Prepared, loaded: LoadedModel) -> dict:
-    """Complete `res` with the task and its score, and return its JSON object
-    (`RunResult.to_dict()`, the schema of docs/schema.md) with the `Plan` under the
-    key `plan` for the views."""
+def completed(res: RunResult, prep: Prepared, loaded: LoadedModel) -> RunResult:
+    """`res` with its model, task, score and prompt filled in (what `Study.run`
+    serves); returned for chaining."""
     s = score(res.answer, prep.task)
     res.model = loaded.name
     res.task = prep.task.name
@@ -595,6 +595,4 @@ def result_record(res: RunResult, prep: Prepared, loaded: LoadedModel) -> dict:
     res.needle_positions = list(prep.needle_positions)
     res.spec = asdict(prep.spec) | {"haystack": None}
     res.timings = dict(res.timings, load_s=float(loaded.load_s))
-    d = res.to_dict()
-    d["plan"] = res.plan
-    return d
+    return res

@@ -1,7 +1,7 @@
 """The answers table: one builder for the app's table and the CLI's.
 
-`run_cells(record)` reads what a finished run shows (verdict, answer, stored tokens,
-needle kept, UOR, eviction time) from its result record (docs/schema.md); the app
+`run_cells(result)` reads what a finished run shows (verdict, answer, stored tokens,
+needle kept, UOR, eviction time) from its `RunResult` (docs/schema.md); the app
 lays the cells out as a table row (`answers_table`), the CLI as text (`pagekv.cli`).
 While a run decodes, `pending_table` shows what planning alone knows.
 """
@@ -35,27 +35,28 @@ def ms(seconds) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
-def mean_retention(rec: dict) -> float | None:
-    """The needle fraction kept, averaged over (layer, group); None without a needle."""
-    ret = rec.get("needle_retention")
+def mean_retention(rec) -> float | None:
+    """The needle fraction a `RunResult` kept, averaged over (layer, group); None
+    without a needle."""
+    ret = rec.needle_retention
     if not ret:
         return None
     vals = [v for row in ret for v in row]
     return sum(vals) / len(vals)
 
 
-def run_cells(rec: dict) -> dict:
+def run_cells(rec) -> dict:
     """What a finished run shows: `verdict`, `answer`, `stored` (tokens stored per
     (layer, group), the largest), `needle` (mean fraction kept, None without a needle),
     `uor` (max), `evict_s` (None for the full cache), `decode_s`."""
     return {
-        "verdict": "✓ right" if rec["correct"] else "✗ wrong",
-        "answer": rec["answer"],
-        "stored": max(rec["kept_tokens"], default=0),
+        "verdict": "✓ right" if rec.correct else "✗ wrong",
+        "answer": rec.answer,
+        "stored": max(rec.kept_tokens, default=0),
         "needle": mean_retention(rec),
-        "uor": float(rec["uor"]["max"]),
-        "evict_s": rec["timings"]["evict_s"],
-        "decode_s": rec["timings"]["decode_s"],
+        "uor": float(rec.uor["max"]),
+        "evict_s": rec.timings["evict_s"],
+        "decode_s": rec.timings["decode_s"],
     }
 
 
@@ -114,9 +115,8 @@ def pending_table(comp, tokens=None, tokenizer=None) -> list[list]:
     rows = []
     for i, key in enumerate(ROWS):
         p = comp.plan_of(key)
-        rec = comp.records[key]
-        if "answer" in rec:  # already decoded (the full cache comes first)
-            c = run_cells(rec)
+        if key in comp.records:  # already decoded (the full cache comes first)
+            c = run_cells(comp.records[key])
             verdict, answer = c["verdict"], c["answer"]
         elif tokens is not None and key != "full":
             verdict = "..."

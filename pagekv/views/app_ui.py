@@ -302,8 +302,8 @@ def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> s
     if collapsed:
         parts.append(message("info", collapsed))
     if decoded:
-        t = comp.records["B"]["timings"]
-        rec_s = [comp.records[s]["timings"].get("reconstruct_s") for s in ("A", "B")]
+        t = comp.records["B"].timings
+        rec_s = [comp.records[s].timings.get("reconstruct_s") for s in ("A", "B")]
         rec_s = next((x for x in rec_s if x is not None), None)
         parts.append(
             f"<small>prefill {t['prefill_s']:.2f}s (once per prompt), "

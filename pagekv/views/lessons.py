@@ -181,10 +181,10 @@ def answers(full: bool | None = True, a: bool | None = None, b: bool | None = No
 
     def check(ev: Evidence) -> Finding:
         recs = ev.comparison.records
-        got = {k: bool(recs[k]["correct"]) for k in want}
+        got = {k: bool(recs[k].correct) for k in want}
         holds = all(v is None or got[k] == v for k, v in want.items())
         measured = "; ".join(
-            f"{k}: {'right' if got[k] else 'wrong'} ({recs[k]['answer'][:120]!r})" for k in want
+            f"{k}: {'right' if got[k] else 'wrong'} ({recs[k].answer[:120]!r})" for k in want
         )
         return Finding(holds, measured, {"correct": got})
 
@@ -204,12 +204,12 @@ def shared_budget_answers(a: bool, b: bool):
     def check(ev: Evidence) -> Finding:
         first = said.check(ev)
         recs = ev.comparison.records
-        tot = {k: int(sum(map(sum, recs[k]["union_tokens"]))) for k in ("A", "B")}
-        flat = [u for row in recs["B"]["union_tokens"] for u in row]
-        budget = len(flat) * int(recs["B"]["budget_tokens"])
-        stored_b = int(sum(map(sum, recs["B"]["stored_tokens"])))
+        tot = {k: int(sum(map(sum, recs[k].union_tokens))) for k in ("A", "B")}
+        flat = [u for row in recs["B"].union_tokens for u in row]
+        budget = len(flat) * int(recs["B"].budget_tokens)
+        stored_b = int(sum(map(sum, recs["B"].stored_tokens)))
         holds = first.holds and tot["B"] <= budget
-        needle = all(recs[k].get("needle_retention") for k in ("A", "B"))
+        needle = all(recs[k].needle_retention for k in ("A", "B"))
         kept = {k: mean_retention(recs[k]) for k in ("A", "B")}  # the table's "needle kept"
         whole = {k: _whole_needle(recs[k]) if needle else [] for k in ("A", "B")}
         measured = (
@@ -242,10 +242,10 @@ def shared_budget_answers(a: bool, b: bool):
     )
 
 
-def _whole_needle(rec: dict) -> list[int]:
-    """The layers of the (layer, group)s that keep every token of the needle, one entry
-    per such (layer, group)."""
-    return [i for i, row in enumerate(rec["needle_retention"]) for v in row if v >= 1.0 - 1e-9]
+def _whole_needle(rec) -> list[int]:
+    """The layers of the (layer, group)s of a `RunResult` that keep every token of the
+    needle, one entry per such (layer, group)."""
+    return [i for i, row in enumerate(rec.needle_retention) for v in row if v >= 1.0 - 1e-9]
 
 
 def _layer_span(layers: list[int]) -> str:
@@ -264,16 +264,16 @@ def union_over_budget(side: str, factor: float):
     def check(ev: Evidence) -> Finding:
         rec = ev.comparison.records[side]
         p = ev.comparison.plan_of(side)
-        union = torch.tensor(rec["union_tokens"], dtype=torch.float64)  # [L, G]
-        k = rec["budget_tokens"]
+        union = torch.tensor(rec.union_tokens, dtype=torch.float64)  # [L, G]
+        k = rec.budget_tokens
         ratio = union / k
         worst = int(ratio.argmax())
         layer, group = divmod(worst, union.shape[1])
         r = p.head_weights.shape[1] // p.n_groups
         top, mean = float(ratio.max()), float(ratio.mean())
         holds = top >= factor and top <= r + 1e-9
-        uor_max = float(rec.get("uor", {}).get("max", 1.0))
-        policy = rec.get("policy") or p.config.policy
+        uor_max = float(rec.uor["max"])
+        policy = rec.policy
         measured = (
             f"side {side}: the (layer, group) that stores the most (layer {layer}, group "
             f"{group}) holds {int(union.max())} tokens (the table's stored max), {top:.2f}x "
@@ -377,7 +377,7 @@ def tie(min_overlap: float, mean_top_weight_below_r: float):
         top = pb.weights_isolated.view(L, G, r).amax(-1)  # [L, G] largest weight
         mean_top, max_top = float(top.mean()), float(top.max())
         at_layer, at_group = divmod(int(top.argmax()), G)
-        same = ev.comparison.records["A"]["answer"] == ev.comparison.records["B"]["answer"]
+        same = ev.comparison.records["A"].answer == ev.comparison.records["B"].answer
         holds = overlap >= min_overlap and mean_top < bound and same
         measured = (
             f"kept-set overlap {overlap:.3f} on average over the {L * G} (layer, group)s "

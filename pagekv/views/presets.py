@@ -304,7 +304,7 @@ def within_budget(side: str):
 
     def check(ev) -> Finding:
         rec = ev.comparison.records[side]
-        most, k = max(max(row) for row in rec["union_tokens"]), rec["budget_tokens"]
+        most, k = max(max(row) for row in rec.union_tokens), rec.budget_tokens
         return Finding(
             most <= k,
             f"side {side} stores at most {most} tokens in a (layer, group) for a budget of {k}",

@@ -79,14 +79,14 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
         ),
         "memory": lambda: figures.memory_bars(comp.memory),
         "stored": lambda: figures.union_over_budget_heatmap(
-            {lab: comp.records[key]["union_tokens"] for key, lab in both},
-            {lab: comp.records[key]["budget_tokens"] for key, lab in both},
+            {lab: comp.plan_of(key).union_tokens.tolist() for key, lab in both},
+            {lab: comp.plan_of(key).budget_tokens for key, lab in both},
             r=r,
         ),
     }
     if needle:
         builders["retention"] = lambda: figures.needle_retention_heatmap(
-            {lab: comp.records[key]["needle_retention"] for key, lab in both}, G
+            {lab: comp.needle_retention_of(key) for key, lab in both}, G
         )
     return {
         k: build() for k, build in builders.items() if (only is None or k in only) and k not in skip

@@ -272,27 +272,27 @@ def decode_unit(study, prep, cfg: EvictionConfig, max_new_tokens: int) -> dict:
         rec = study.run(prep, cfg, max_new_tokens=max_new_tokens)
     except BudgetError as e:
         return {"feasible": False, "min_budget": e.min_budget}
-    ret = rec.get("needle_retention")
+    ret = rec.needle_retention
     vals = [v for row in ret for v in row] if ret else []
     return {
         "feasible": True,
-        "answer": rec["answer"],
-        "correct": rec["correct"],
-        "hedged": rec["score"]["hedged"],
-        "expected": rec["expected"],
-        "n": rec["context_tokens"],
-        "prompt_tokens": rec["prompt_tokens"],
-        "k": rec["budget_tokens"],
-        "kept": rec["kept_tokens"][0],
+        "answer": rec.answer,
+        "correct": rec.correct,
+        "hedged": rec.score["hedged"],
+        "expected": rec.expected,
+        "n": rec.context_tokens,
+        "prompt_tokens": rec.prompt_tokens,
+        "k": rec.budget_tokens,
+        "kept": rec.kept_tokens[0],
         # Over every (layer, group): what the compacted caches store (a global plan's
         # layers padded to their longest group) and the tokens of the kept pages.
-        "stored_tokens": sum(map(sum, rec["stored_tokens"])),
-        "page_tokens": sum(map(sum, rec["union_tokens"])),
+        "stored_tokens": sum(map(sum, rec.stored_tokens)),
+        "page_tokens": sum(map(sum, rec.union_tokens)),
         # What a paged cache of PHYSICAL_PAGE-token pages holds for the kept tokens.
-        "physical_tokens": physical_tokens(rec["plan"].keep, PHYSICAL_PAGE),
+        "physical_tokens": physical_tokens(rec.plan.keep, PHYSICAL_PAGE),
         "needle_retention": round(sum(vals) / len(vals), ROUND) if vals else None,
-        "needle_kept_all": rec.get("needle_kept_all"),
-        "first_token_from_full_prefill": rec["first_token_from_full_prefill"],
-        "decode_s": rec["timings"]["decode_s"],
-        "n_tokens": len(rec["tokens"]),
+        "needle_kept_all": rec.needle_kept_all,
+        "first_token_from_full_prefill": rec.first_token_from_full_prefill,
+        "decode_s": rec.timings["decode_s"],
+        "n_tokens": len(rec.tokens),
     }
