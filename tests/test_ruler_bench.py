@@ -5,6 +5,7 @@ runs lm-eval's task code and the model (python benchmarks/ruler.py; docs/ruler.m
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -60,11 +61,22 @@ def test_the_table_averages_each_task_and_counts_its_samples():
     }
 
 
+def _section(text: str, mode: str) -> str:
+    """The table's section for `mode` (bundled, 2,048 tokens)."""
+    return text.split(f"### bundled, 2048 tokens, question {mode}", 1)[1].split("###")[0]
+
+
 def _means(text: str, mode: str) -> dict[str, str]:
-    """The `mean` column of the table's section for `mode` (bundled, 2,048 tokens)."""
-    section = text.split(f"### bundled, 2048 tokens, question {mode}", 1)[1].split("###")[0]
-    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ")]
+    """The `mean` column of the table's section for `mode`."""
+    rows = [
+        line.split(" | ") for line in _section(text, mode).splitlines() if line.startswith("| ")
+    ]
     return {r[0].lstrip("| "): r[-2] for r in rows[1:]}
+
+
+def _counts(text: str, mode: str) -> list[int]:
+    """Every cell's sample count in the table's section for `mode`."""
+    return [int(c) for c in re.findall(r"\((\d+)\)", _section(text, mode))]
 
 
 def test_the_quoted_ruler_figures_are_the_committed_answers():
@@ -77,12 +89,24 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
     text = ruler.table(rows)
     assert (ROOT / "docs" / "ruler.md").read_text() == ruler.HEADER + "\n" + text + "\n"
     inside, after = _means(text, "inside"), _means(text, "after")
+    samples = min(_counts(text, "inside") + _counts(text, "after"))
     assert ruler_numbers(rows) == {
         "ruler_mean10": inside["mean 10%"], "ruler_entropy10": inside["entropy 10%"],
         "ruler_mean20": inside["mean 20%"], "ruler_entropy20": inside["entropy 20%"],
-        "ruler_samples": 10,
+        "ruler_samples": samples,
     }  # fmt: skip
     readme = " ".join((ROOT / "README.md").read_text().split())
+    # "On no task, mode or budget do the two poolings' means differ by more than 0.05".
+    scores: dict = {}
+    for r in rows:
+        if (r["model"], r["length"]) == ("bundled", 2048):
+            scores.setdefault((r["mode"], r["method"], r["task"]), []).append(r["score"])
+    gaps = [
+        abs(sum(scores[mode, f"mean {b}%", t]) / len(scores[mode, f"mean {b}%", t])
+            - sum(scores[mode, f"entropy {b}%", t]) / len(scores[mode, f"entropy {b}%", t]))
+        for mode in ("inside", "after") for b in (10, 20) for t in ruler.TASKS
+    ]  # fmt: skip
+    assert max(gaps) <= 0.05 + 1e-9 and "differ by more than 0.05" in readme
     evicted_after = sorted(v for k, v in after.items() if k != "full")
     for quoted in (
         f"was {inside['mean 10%']} for mean pooling and {inside['entropy 10%']} for entropy at "
@@ -90,6 +114,7 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
         f"{inside['head_independent 10%']} and {inside['head_independent 20%']}, the full "
         f"cache {inside['full']})",
         f"fell to {evicted_after[0]}-{evicted_after[-1]}",
+        f"six tasks at length 2,048, {samples} samples each",
         f"mean {inside['mean 10%']}, entropy {inside['entropy 10%']} at 10 %",
     ):
         assert quoted in readme, quoted
