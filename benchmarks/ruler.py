@@ -23,8 +23,10 @@ the seconds they took.
 `--peers snapkv kvzip` adds NVIDIA kvpress's SnapKV and KVzip (`pagekv.measurement.peer`:
 kvpress's own pipeline in its own environment, on the same token ids, one batch per
 task) at the same kept tokens as ours (`budget`), with the 16-token pages their kept
-tokens touch per (layer, KV head) recorded (`pages_16`, ours: the kept tokens / 16), for
-the comparison at equal physical memory.
+tokens touch per (layer, KV head) recorded (`pages_16`: the most of any (layer, KV
+head)), for the comparison at equal physical memory. `--peer-sweep 0.3 0.5` also runs
+them at those fractions of each budget; the table then matches, per prompt, each press's
+run with the most physical memory that is still at most ours (`physical_match`).
 """
 
 from __future__ import annotations
@@ -88,8 +90,48 @@ def prompts(task_names, tokenizer: str, length: int, samples: int):
             yield name, inst.doc_id, prompt, int(kwargs.get("max_gen_toks", 128)), inst.doc, task
 
 
-def peer_methods(peers) -> dict[str, tuple[str, float]]:
-    return {f"{p} {round(100 * b)}%": (p, b) for b in BUDGETS for p in peers}
+def peer_methods(peers, sweep=()) -> dict[str, tuple[str, float]]:
+    """`{"snapkv 10%": ("snapkv", 0.1), ...}`: each press at each budget, and at each
+    `sweep` fraction of it."""
+    budgets = sorted({round(b * f, 4) for b in BUDGETS for f in (1.0, *sweep)})
+    return {f"{p} {100 * b:g}%": (p, b) for p in peers for b in budgets}
+
+
+#: Physical memory is counted in pages of this many tokens (a paged cache's page).
+PHYSICAL_PAGE = 16
+
+
+def physical(row: dict) -> int | None:
+    """The tokens of the 16-token pages a row's kept set touches in the (layer, KV
+    head) that touches most: a press's recorded `pages_16`; ours keeps whole pages of
+    16 but the prompt's last, so its kept tokens rounded up to a page."""
+    if row.get("pages_16") is not None:
+        return PHYSICAL_PAGE * int(row["pages_16"])
+    if row["method"] in methods() and row.get("kept_tokens") is not None:
+        return -(-int(row["kept_tokens"]) // PHYSICAL_PAGE) * PHYSICAL_PAGE
+    return None
+
+
+def physical_match(rows: list[dict], press: str, ours: str) -> list[dict]:
+    """Per prompt (model, length, task, sample, mode) that our method `ours` answered:
+    `press`'s run on it (of any budget) with the most physical memory that is at most
+    ours, or its smallest run where none fits (marked `over`). The picked rows, each
+    renamed `"{press} at {ours}'s memory"`."""
+    runs, mine = defaultdict(list), {}
+    for r in rows:
+        key = (r["model"], r["length"], r["task"], r["index"], r["mode"])
+        if r["method"] == ours and physical(r) is not None:
+            mine[key] = physical(r)
+        elif r["method"].split(" ")[0] == press and physical(r) is not None:
+            runs[key].append(r)
+    out = []
+    for key, limit in mine.items():
+        if not runs[key]:
+            continue
+        fits = [r for r in runs[key] if physical(r) <= limit]
+        pick = max(fits, key=physical) if fits else min(runs[key], key=physical)
+        out.append(pick | {"method": f"{press} at {ours}'s memory", "over": not fits})
+    return out
 
 
 def run_peers(args, model_name, length, cases, out: Path) -> None:
@@ -98,7 +140,7 @@ def run_peers(args, model_name, length, cases, out: Path) -> None:
     from pagekv.measurement.peer import kvpress_peer as kp
 
     requests, meta = [], {}
-    theirs = peer_methods(args.peers)
+    theirs = peer_methods(args.peers, args.peer_sweep)
     for task, index, sha, c_ids, q_ids, max_new, doc, task_obj, todo in cases:
         for mode, name in todo:
             press, budget = theirs[name]
@@ -154,7 +196,7 @@ def run(args) -> None:
 
     out = Path(args.out)
     done = done_cases(out)
-    ours, theirs = methods(), peer_methods(args.peers)
+    ours, theirs = methods(), peer_methods(args.peers, args.peer_sweep)
     window = max(cfg.window for cfg in ours.values())
     stop_at = time.time() + 60 * args.minutes
     for model_name in args.models:
@@ -235,19 +277,35 @@ prefilled into the evicted cache. Methods: the full cache; mean pooling, Page-En
 16, 4 sink tokens, a window of 32. Each cell: the mean score over the samples (their
 count in brackets); `mean`: the mean of the task means; `seconds`: the decode-side
 time of those answers (eviction and decode, not the prefills; a kvpress row's, its
-whole pipeline), on the 2-core CPU machine.
+whole pipeline), on the 2-core CPU machine. Where a kvpress press ran (`--peers`), its
+rows at each budget it ran at, and `PRESS at METHOD's memory`: per prompt, the press's
+run with the most physical memory that is at most METHOD's (the tokens of the 16-token
+pages the kept set touches, in the (layer, KV head) that touches most; ours keeps whole
+pages); `(N over)`: prompts where no run fits and its smallest stands in.
 """
 
 
 def table(rows: list[dict]) -> str:
     """Markdown: per model, length and question mode, a row per method with each
-    task's mean score (samples) and the total seconds."""
+    task's mean score (samples) and the total seconds; where a press ran, also the
+    press at equal physical memory to our entropy and mean rows (`physical_match`)."""
+    presses = sorted({r["method"].split(" ")[0] for r in rows} - set(POOLINGS) - {
+        "full", PER_HEAD})  # fmt: skip
+    matched = [m for p in presses for b in BUDGETS for pool in POOLINGS
+               for m in physical_match(rows, p, f"{pool} {round(100 * b)}%")]  # fmt: skip
     cells = defaultdict(list)
-    for r in rows:
+    for r in rows + matched:
         cells[(r["model"], r["length"], r["mode"], r["method"], r["task"])].append(r)
     lines = []
     keys = sorted({(r["model"], r["length"], r["mode"]) for r in rows})
-    order = [*methods(), *peer_methods(("snapkv", "kvzip"))]
+    order = [
+        *methods(),
+        *sorted(
+            {r["method"] for r in rows} - set(methods()),
+            key=lambda m: (m.split(" ")[0], float(m.split(" ")[1][:-1])),
+        ),
+    ]
+    order += sorted({r["method"] for r in matched})  # fmt: skip
     for model, length, mode in keys:
         lines += [f"### {model}, {length} tokens, question {mode}", ""]
         lines.append("| method | " + " | ".join(TASKS) + " | mean | seconds |")
@@ -265,7 +323,10 @@ def table(rows: list[dict]) -> str:
                     row.append("-")
             if scores:
                 avg = f"{sum(scores) / len(scores):.2f}"
-                lines.append(f"| {name} | " + " | ".join(row) + f" | {avg} | {seconds:.0f} |")
+                over = sum(r.get("over", False) for t in TASKS
+                           for r in cells.get((model, length, mode, name, t), []))  # fmt: skip
+                label = f"{name} ({over} over)" if over else name
+                lines.append(f"| {label} | " + " | ".join(row) + f" | {avg} | {seconds:.0f} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -278,6 +339,8 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--peers", nargs="*", default=[], choices=("snapkv", "kvzip"),
                     help="kvpress presses to run too (in kvpress's own environment)")  # fmt: skip
+    ap.add_argument("--peer-sweep", nargs="*", type=float, default=[],
+                    help="also run the presses at these fractions of each budget")  # fmt: skip
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--out", default="docs/ruler.jsonl")
     ap.add_argument("--table", default=None, help="write the Markdown table here (and run nothing "

@@ -61,6 +61,36 @@ def test_the_table_averages_each_task_and_counts_its_samples():
     }
 
 
+def test_a_press_is_matched_at_our_physical_memory_per_prompt():
+    """Per prompt, the press's run with the most physical memory (16-token pages touched,
+    in the (layer, KV head) that touches most) still at most ours; where none fits, its
+    smallest, counted as over."""
+    ours = [_row("entropy 10%", "ruler_vt", i, 1.0) | {"kept_tokens": 100} for i in (0, 1)]
+    ours[1]["kept_tokens"] = 40  # 48 tokens of pages: no press run fits on sample 1
+    press = [
+        _row("snapkv 10%", "ruler_vt", 0, 1.0) | {"pages_16": 20},  # 320 tokens
+        _row("snapkv 5%", "ruler_vt", 0, 0.5) | {"pages_16": 7},  # 112: the most that fits
+        _row("snapkv 3%", "ruler_vt", 0, 0.0) | {"pages_16": 6},  # 96
+        _row("snapkv 5%", "ruler_vt", 1, 0.25) | {"pages_16": 5},
+        _row("snapkv 3%", "ruler_vt", 1, 0.75) | {"pages_16": 4},  # 64, the smallest
+    ]
+    assert ruler.physical(ours[0]) == 112 and ruler.physical(press[0]) == 320
+    picked = ruler.physical_match(ours + press, "snapkv", "entropy 10%")
+    assert [(r["index"], r["score"], r["over"]) for r in picked] == [
+        (0, 0.5, False),
+        (1, 0.75, True),
+    ]
+    assert {r["method"] for r in picked} == {"snapkv at entropy 10%'s memory"}
+    text = ruler.table(ours + press)
+    # vt: the mean of 0.5 and 0.75 over the two samples, one of them over
+    assert "| snapkv at entropy 10%'s memory (1 over) | - | - | - | 0.62 (2) |" in text
+    runs = [x.split(" |")[0] for x in text.splitlines() if x.startswith("| snapkv ")]
+    assert runs[:3] == ["| snapkv 3%", "| snapkv 5%", "| snapkv 10%"]  # by budget
+    assert ruler.peer_methods(["snapkv"], [0.3, 0.5]) == {
+        f"snapkv {b}%": ("snapkv", b / 100) for b in (3, 5, 6, 10, 20)
+    }
+
+
 def _section(text: str, mode: str) -> str:
     """The table's section for `mode` (bundled, 2,048 tokens)."""
     return text.split(f"### bundled, 2048 tokens, question {mode}", 1)[1].split("###")[0]
