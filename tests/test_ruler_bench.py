@@ -91,22 +91,34 @@ def test_a_press_is_matched_at_our_physical_memory_per_prompt():
     }
 
 
-def _section(text: str, mode: str) -> str:
-    """The table's section for `mode` (bundled, 2,048 tokens)."""
-    return text.split(f"### bundled, 2048 tokens, question {mode}", 1)[1].split("###")[0]
+def _section(text: str, mode: str, length: int = 2048) -> str:
+    """The table's section for `mode` (the bundled model, `length` tokens)."""
+    return text.split(f"### bundled, {length} tokens, question {mode}", 1)[1].split("###")[0]
 
 
-def _means(text: str, mode: str) -> dict[str, str]:
+def _means(text: str, mode: str, length: int = 2048) -> dict[str, str]:
     """The `mean` column of the table's section for `mode`."""
-    rows = [
-        line.split(" | ") for line in _section(text, mode).splitlines() if line.startswith("| ")
-    ]
+    lines = _section(text, mode, length).splitlines()
+    rows = [line.split(" | ") for line in lines if line.startswith("| ")]
     return {r[0].lstrip("| "): r[-2] for r in rows[1:]}
 
 
-def _counts(text: str, mode: str) -> list[int]:
+def _counts(text: str, mode: str, length: int = 2048) -> list[int]:
     """Every cell's sample count in the table's section for `mode`."""
-    return [int(c) for c in re.findall(r"\((\d+)\)", _section(text, mode))]
+    return [int(c) for c in re.findall(r"\((\d+)\)", _section(text, mode, length))]
+
+
+def _quote_4k(text: str) -> str:
+    """What the README says of the 4,096-token tables."""
+    inside, after = _means(text, "inside", 4096), _means(text, "after", 4096)
+    samples = min(_counts(text, "inside", 4096) + _counts(text, "after", 4096))
+    evicted_after = sorted(v for k, v in after.items() if k != "full")
+    return (
+        f"At 4,096 tokens ({samples} samples a task so far) it is the same: question inside, "
+        f"{inside['mean 10%']} for mean pooling and {inside['entropy 10%']} for entropy at "
+        f"10 %, {inside['mean 20%']} and {inside['entropy 20%']} at 20 % (the full cache "
+        f"{inside['full']}); question after, {evicted_after[0]}-{evicted_after[-1]}."
+    )
 
 
 def test_the_quoted_ruler_figures_are_the_committed_answers():
@@ -145,6 +157,7 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
         f"cache {inside['full']})",
         f"fell to {evicted_after[0]}-{evicted_after[-1]}",
         f"six tasks at length 2,048, {samples} samples each",
+        _quote_4k(text),
         f"mean {inside['mean 10%']}, entropy {inside['entropy 10%']} at 10 %",
     ):
         assert quoted in readme, quoted
