@@ -77,8 +77,9 @@ def main(argv=None):
         spec = PromptSpec(task="needle", context_tokens=size, depth=0.5, seed=0)
         t_all = time.perf_counter()
         prep = study.prepare(spec)
-        runs = {p: study.run(prep, cfg.replace(policy=p), args.new_tokens) for p in POLICIES}
-        runs = {p: r.to_dict() for p, r in runs.items()}
+        runs = {
+            p: study.run(prep, cfg.replace(policy=p), args.new_tokens).to_dict() for p in POLICIES
+        }
         all_s = time.perf_counter() - t_all
         # Timed again on the warm prefill: the policy under test and the full cache.
         ev = study.run(prep, cfg, args.new_tokens).to_dict()

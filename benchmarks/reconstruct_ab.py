@@ -84,6 +84,7 @@ from pagekv.measurement.replay.grid import FULL  # noqa: E402
 from pagekv.runtime.backend import pooler  # noqa: E402
 from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.reconstruct import as_profiles  # noqa: E402
+from pagekv.runtime.runner import scored  # noqa: E402
 from pagekv.serving.study import PromptSpec, Study  # noqa: E402
 from pagekv.tasks import default_max_new_tokens, score  # noqa: E402
 from pagekv.tasks.curated import load_tasks  # noqa: E402
@@ -403,9 +404,7 @@ def main(argv=None) -> int:
                             scales=scores[agg].sum(-1),
                             pool_pages=pooler(runner.backend),
                         )
-                        p.backends = {"score": "torch", **p.backends}
-                        p.timings = {"score_s": 0.0, "plan_s": 0.0}
-                        planned = p
+                        planned = scored(p, "torch", 0.0, 0.0)
                     res = runner.evaluate(
                         pre,
                         cfg,

@@ -68,6 +68,10 @@ def methods() -> dict[str, EvictionConfig]:
     return out
 
 
+#: The names of `methods()`, ours (their rows' physical memory is their kept pages).
+OUR_METHODS = frozenset(methods())
+
+
 def prompts(task_names, tokenizer: str, length: int, samples: int):
     """`(task, index, prompt, max_gen_toks, doc, task object)` for the first `samples`
     documents of each task, as lm-eval builds them."""
@@ -107,7 +111,7 @@ def physical(row: dict) -> int | None:
     16 but the prompt's last, so its kept tokens rounded up to a page."""
     if row.get("pages_16") is not None:
         return PHYSICAL_PAGE * int(row["pages_16"])
-    if row["method"] in methods() and row.get("kept_tokens") is not None:
+    if row["method"] in OUR_METHODS and row.get("kept_tokens") is not None:
         return -(-int(row["kept_tokens"]) // PHYSICAL_PAGE) * PHYSICAL_PAGE
     return None
 
@@ -117,19 +121,21 @@ def physical_match(rows: list[dict], press: str, ours: str) -> list[dict]:
     `press`'s run on it (of any budget) with the most physical memory that is at most
     ours, or its smallest run where none fits (marked `over`). The picked rows, each
     renamed `"{press} at {ours}'s memory"`."""
-    runs, mine = defaultdict(list), {}
+    runs, mine = defaultdict(list), {}  # prompt -> [(physical, row)]; prompt -> ours
     for r in rows:
-        key = (r["model"], r["length"], r["task"], r["index"], r["mode"])
-        if r["method"] == ours and physical(r) is not None:
-            mine[key] = physical(r)
-        elif r["method"].split(" ")[0] == press and physical(r) is not None:
-            runs[key].append(r)
+        key, size = (r["model"], r["length"], r["task"], r["index"], r["mode"]), physical(r)
+        if size is None:
+            continue
+        if r["method"] == ours:
+            mine[key] = size
+        elif r["method"].split(" ")[0] == press:
+            runs[key].append((size, r))
     out = []
     for key, limit in mine.items():
         if not runs[key]:
             continue
-        fits = [r for r in runs[key] if physical(r) <= limit]
-        pick = max(fits, key=physical) if fits else min(runs[key], key=physical)
+        fits = [run for run in runs[key] if run[0] <= limit]
+        _, pick = max(fits, key=lambda x: x[0]) if fits else min(runs[key], key=lambda x: x[0])
         out.append(pick | {"method": f"{press} at {ours}'s memory", "over": not fits})
     return out
 
@@ -289,8 +295,7 @@ def table(rows: list[dict]) -> str:
     """Markdown: per model, length and question mode, a row per method with each
     task's mean score (samples) and the total seconds; where a press ran, also the
     press at equal physical memory to our entropy and mean rows (`physical_match`)."""
-    presses = sorted({r["method"].split(" ")[0] for r in rows} - set(POOLINGS) - {
-        "full", PER_HEAD})  # fmt: skip
+    presses = sorted({r["method"].split(" ")[0] for r in rows if r["method"] not in OUR_METHODS})
     matched = [m for p in presses for b in BUDGETS for pool in POOLINGS
                for m in physical_match(rows, p, f"{pool} {round(100 * b)}%")]  # fmt: skip
     cells = defaultdict(list)
@@ -301,7 +306,7 @@ def table(rows: list[dict]) -> str:
     order = [
         *methods(),
         *sorted(
-            {r["method"] for r in rows} - set(methods()),
+            {r["method"] for r in rows} - OUR_METHODS,
             key=lambda m: (m.split(" ")[0], float(m.split(" ")[1][:-1])),
         ),
     ]

@@ -317,9 +317,7 @@ class Runner:
         t1 = _now(self.device)
         pool = pooler(self.backend)
         p = plan(profiles, pre.n_groups, config, masses=masses, scales=scales, pool_pages=pool)
-        p.backends = {"score": scored_on, **p.backends}
-        p.timings = {"score_s": t1 - t0, "plan_s": _now(self.device) - t1}
-        return p
+        return scored(p, scored_on, t1 - t0, _now(self.device) - t1)
 
     def reconstruction(self, pre: Prefill, chunk: int = RECONSTRUCT_CHUNK) -> dict:
         """The reconstruction pass's scores on `pre` (`pagekv.runtime.reconstruct`):
@@ -602,7 +600,7 @@ class Runner:
                 pre, forward, max_new, stop_at_eos, keep_logits
             )
         finally:
-            ev.graphed = getattr(forward, "graphed", False)
+            ev.graphed = self.cuda_graphs and forward.graphed
         return tokens, logits, stop
 
     def _lean_decoder(self) -> LeanDecoder:
@@ -723,6 +721,15 @@ class Runner:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def scored(p: Plan, backend: str, score_s: float, plan_s: float) -> Plan:
+    """`p` with how its prefill was scored, what `evict` reads and reports: the backend
+    in `backends["score"]`, the seconds in `timings` (`plan_prefill`, or a caller that
+    planned from its own profiles)."""
+    p.backends = {"score": backend, **p.backends}
+    p.timings = {"score_s": score_s, "plan_s": plan_s}
+    return p
 
 
 def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
