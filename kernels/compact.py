@@ -7,10 +7,11 @@ One program copies `BLOCK_T` kept rows of K and of V for one (layer, batch, grou
 
 Per-layer tensors (`compact_every_layer`): a model's cache is one tensor per layer, and the
 layers may keep different counts `k_l` (a padded plan). One launch still gathers them
-all: the launcher writes a table of the layers' addresses and counts (int64 `[6, L]`:
-keys, values, indices, key out, value out, `k_l`), copied to the device without a
-host wait, and each program loads its layer's pointers from it (the pointer-array
-pattern of Triton's grouped GEMM). No stacked copy of the cache is made.
+all: the launcher writes a table of the layers' addresses and counts (int64 `[7, L]`:
+keys, values, indices, key out, value out, `k_l`, the indices' row stride), copied to
+the device without a host wait, and each program loads its layer's pointers from it
+(the pointer-array pattern of Triton's grouped GEMM). No stacked copy of the cache is
+made.
 
 The kernels move bits: they read the tensors as same-width integers, so the copy
 is exact for float32, float16 and bfloat16 alike. Memory traffic: read and write
@@ -156,7 +157,8 @@ def compact(
 def _gather_layers_kernel(tab_ptr, L, B, G, d, s_b, s_g, s_n,
                           ELEM: tl.constexpr, BLOCK_T: tl.constexpr,
                           D_PAD: tl.constexpr):  # fmt: skip
-    # tab_ptr: int64 [6, L], rows: key, value, index, key out, value out addresses, k_l.
+    # tab_ptr: int64 [7, L], rows: key, value, index, key out, value out addresses, k_l,
+    # and the index rows' stride (a layer's [G, k_l] indices may be a view of a wider one).
     i_lbg = tl.program_id(0)
     i_tb = tl.program_id(1)
     i_l = i_lbg // (B * G)
@@ -174,7 +176,8 @@ def _gather_layers_kernel(tab_ptr, L, B, G, d, s_b, s_g, s_n,
     o_d = tl.arange(0, D_PAD)
     m_t = o_t < k_out  # the grid covers the largest k_l; shorter layers mask the rest
     m_td = m_t[:, None] & (o_d < d)[None, :]
-    b_idx = tl.load(p_i + i_g * k_out + o_t, mask=m_t, other=0)  # [BT] of [G, k_l]
+    s_i = tl.load(tab_ptr + 6 * L + i_l)
+    b_idx = tl.load(p_i + i_g * s_i + o_t, mask=m_t, other=0)  # [BT] of [G, k_l]
     src = (
         i_b.to(tl.int64) * s_b
         + i_g.to(tl.int64) * s_g
@@ -197,7 +200,8 @@ def compact_every_layer(
 
     Args:
         keys, values: per layer `[B, G, n, d]`, one shape, dtype and device for all.
-        kept_idx: per layer sorted indices `[G, k_l]` in `[0, n)`; `k_l` may differ.
+        kept_idx: per layer sorted indices `[G, k_l]` in `[0, n)`; `k_l` may differ, and
+            a layer's may be a view of a wider tensor (its last dimension contiguous).
         block_t: kept rows per program (a power of two); default by device.
 
     Returns:
@@ -236,12 +240,12 @@ def compact_every_layer(
         strides = keys[0].stride()
     if first.element_size() not in _ELEM:
         raise ValueError(f"unsupported element size {first.element_size()} for {first.dtype}")
-    idx = [i.to(device=device, dtype=torch.int64).contiguous() for i in kept_idx]
+    idx = [i.to(device=device, dtype=torch.int64) for i in kept_idx]
+    idx = [i if i.stride(-1) == 1 else i.contiguous() for i in idx]
     counts = [int(i.shape[1]) for i in idx]  # shapes: host ints, no wait
-    nonempty = [i for i in idx if i.numel()]
-    if nonempty:  # one flag for all layers, one read
-        bad = torch.stack([((i < 0) | (i >= n)).any() for i in nonempty]).any()
-        if bool(bad):
+    if sum(counts):  # one check of all layers' indices at once, one read
+        lo, hi = torch.aminmax(torch.cat(idx, dim=1))
+        if bool((lo < 0) | (hi >= n)):
             raise ValueError(f"kept_idx must lie in [0, n={n})")
     out = [
         (
@@ -260,7 +264,8 @@ def compact_every_layer(
     idx = [i if i.data_ptr() % 16 == 0 else i.clone() for i in idx]
     ptr = [[t.data_ptr() for t in col] for col in (keys, values, idx)]
     ptr += [[o[0].data_ptr() for o in out], [o[1].data_ptr() for o in out], counts]
-    table = torch.tensor(ptr, dtype=torch.int64)  # [6, L] on the host
+    ptr.append([i.stride(0) for i in idx])
+    table = torch.tensor(ptr, dtype=torch.int64)  # [7, L] on the host
     if device.type == "cuda":  # pinned, so the copy is queued, not waited for
         table = table.pin_memory().to(device, non_blocking=True)
     else:

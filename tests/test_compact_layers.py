@@ -58,3 +58,30 @@ def test_compact_layers_checks_the_bounds(device):
     idx[1][0, -1] = keys[0].shape[2]  # one past the prompt, in the second layer
     with pytest.raises(ValueError, match="must lie in"):
         be.compact_layers(keys, values, idx, backend="triton")
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=IDS[:2])
+def test_compact_layers_reads_index_views(device, shape):
+    """Each layer's `[G, k_l]` indices a view of one `[L, G, max k_l]` tensor (what
+    `padded_kept_indices` passes): its rows `max k_l` apart, not `k_l`. A kernel that
+    steps its index rows by `k_l` reads the wrong tokens for every shorter layer."""
+    keys, values, idx = _cache(shape, torch.float16, device, seed=3)
+    k_max = max(i.shape[1] for i in idx)
+    wide = torch.full((len(idx), shape[1], k_max), shape[2], dtype=torch.int64, device=device)
+    for layer, i in enumerate(idx):
+        wide[layer, :, : i.shape[1]] = i
+    views = [wide[layer, :, : i.shape[1]] for layer, i in enumerate(idx)]
+    assert any(v.shape[1] < k_max for v in views)  # the strides differ from the counts
+    got, used = be.compact_layers(keys, values, views, backend="triton")
+    assert used == "triton"
+    for layer, (k, v) in enumerate(got):
+        want_k, want_v = compact_layer(keys[layer], values[layer], idx[layer])
+        assert torch.equal(k, want_k) and torch.equal(v, want_v), f"layer {layer}"
+
+
+def test_compact_layers_refuses_a_negative_index(device):
+    keys, values, idx = _cache(SHAPES[0], torch.float32, device)
+    idx[2] = idx[2].clone()
+    idx[2][1, 0] = -1
+    with pytest.raises(ValueError, match="must lie in"):
+        be.compact_layers(keys, values, idx, backend="triton")

@@ -14,6 +14,12 @@ which wait on nothing: an upper bound, and constant too. On CUDA, in addition, b
 `torch.cuda.set_sync_debug_mode("warn")`, which reports every synchronising operation,
 copies to and from the device included. A negative control plants the old per-layer
 wait (a bounds check read back per layer) and the count grows with the layers.
+
+The device work is constant in the depth too, on the Triton backend (the GPU's): the
+operations the step dispatches (`TorchDispatchMode`), less views and allocations (an
+output tensor per layer is the one thing that grows), are as many at 2 layers as at 6.
+At these sizes the step is bound by the host's launches, so each per-layer operation
+would cost its launch at every layer of a 28-layer model.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pagekv import EvictionConfig
 from pagekv.runtime import runner as runner_mod
@@ -211,3 +218,47 @@ def test_the_count_sees_a_per_layer_wait(models, device, monkeypatch):
     runners = _warmed(models, device, "triton", cfg)
     n = {L: _step_reads(runners[L], device, cfg, reads)[0] for L in DEPTHS}
     assert n[6] - n[2] >= 6 - 2, n
+
+
+class DeviceOps(TorchDispatchMode):
+    """Counts the operations dispatched inside `with`, less views (no work) and
+    allocations (`empty*`: an output per layer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        is_view = any(r.alias_info is not None for r in func._schema.returns)
+        if not is_view and "empty" not in name:
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _step_ops(runner, cfg) -> Counter:
+    pre = runner.prefill(prompt(150, seed=3), window_max=16)  # fresh: scoring counted
+    with DeviceOps() as ops:
+        runner.evict(pre, cfg)
+    return ops.counts
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{p}-{a}" for p, a in CASES])
+def test_device_work_does_not_grow_with_the_layers(models, device, case):
+    policy, allocation = case
+    cfg = EvictionConfig(policy=policy, budget=0.4, page_size=8, window=16, allocation=allocation)
+    runners = _warmed(models, device, "triton", cfg)
+    c2, c6 = (_step_ops(runners[L], cfg) for L in DEPTHS)
+    assert c2 == c6, f"grow with the layers: {dict(c6 - c2)}; fewer at L=6: {dict(c2 - c6)}"
+
+
+def test_the_op_count_sees_per_layer_work(models, device, monkeypatch):
+    """Negative control: one more operation per layer (each layer's padded indices
+    copied, as `.contiguous()` did before the kernel read index views) makes the count
+    grow by one per layer."""
+    padded = runner_mod.padded_kept_indices
+    monkeypatch.setattr(runner_mod, "padded_kept_indices", lambda p: [i.clone() for i in padded(p)])
+    cfg = EvictionConfig(policy="entropy", budget=0.4, page_size=8, window=16, allocation="global")
+    runners = _warmed(models, device, "triton", cfg)
+    c2, c6 = (_step_ops(runners[L], cfg) for L in DEPTHS)
+    assert sum(c6.values()) - sum(c2.values()) >= 6 - 2, dict(c6 - c2)

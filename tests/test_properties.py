@@ -6,7 +6,7 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from pagekv import POOLED_POLICIES, EvictionConfig, min_feasible_budget, plan
-from pagekv.maths.paging import page_sizes, protected_pages, select_pages
+from pagekv.maths.paging import page_sizes, protected_pages, select_pages, select_pages_padded
 from tests.strategies import geometry, random_profiles
 
 SETTINGS = settings(max_examples=120, deadline=None)
@@ -252,3 +252,38 @@ def test_general_page_sizes_match_reference(sizes, levels, seed, u, data):
     got = select_pages(scores, pr, sz, k)
     for row in range(2):
         assert got[row].tolist() == reference_select(scores[row].tolist(), prot, sizes, k)
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 120),
+    P=st.integers(1, 16),
+    n_sink=st.integers(0, 5),
+    window=st.integers(1, 20),
+    L=st.integers(1, 4),
+    G=st.integers(1, 3),
+    levels=st.integers(1, 4),
+    seed=st.integers(0, 10**6),
+    data=st.data(),
+)
+def test_padding_matches_the_reference_per_layer(n, P, n_sink, window, L, G, levels, seed, data):
+    """`select_pages_padded`, every layer at once: each row keeps its own pages and its
+    protected ones, then its best others (lower page on ties) while its count stays
+    within its layer's target, the reference rule row by row."""
+    sizes = page_sizes(n, P)
+    prot = protected_pages(n, P, n_sink, min(window, n))
+    g = torch.Generator().manual_seed(seed)
+    n_pages = sizes.numel()
+    scores = torch.randint(0, levels, (L, G, n_pages), generator=g).float()
+    keep = (torch.rand(L, G, n_pages, generator=g) < 0.3) | prot
+    held = (keep.to(torch.int64) * sizes).sum(-1)  # [L, G] tokens each row must keep
+    extra = data.draw(st.lists(st.integers(0, n), min_size=L, max_size=L))
+    targets = [min(n, int(held[layer].max()) + e) for layer, e in enumerate(extra)]
+    got = select_pages_padded(scores, keep, prot, sizes, targets)
+    for layer in range(L):
+        for row in range(G):
+            first = (keep[layer, row] | prot).tolist()
+            want = reference_select(
+                scores[layer, row].tolist(), first, sizes.tolist(), targets[layer]
+            )
+            assert got[layer, row].tolist() == want, (layer, row)

@@ -147,29 +147,30 @@ def select_pages_padded(
 ) -> torch.Tensor:
     """Pad every row's kept pages with its next-best pages up to its layer's target.
 
-    Row `(l, g)` keeps its pages `page_keep[l, g]` (ranked first), then its best other
-    pages by `page_scores[l, g]` while its count stays `<= targets[l]`: `select_pages`
-    itself, with the same tie rule (the lower page), per layer. The runner stores a
-    plan whose groups keep different counts this way (`padded_kept_indices`).
+    Row `(l, g)` keeps its pages `page_keep[l, g]` and its protected pages (ranked
+    first), then its best other pages by `page_scores[l, g]` while its count stays
+    `<= targets[l]`: `select_pages`' rule, with the same tie rule (the lower page). The
+    runner stores a plan whose groups keep different counts this way
+    (`padded_kept_indices`). Every layer at once: one stable sort of all rows, and each
+    layer's target a threshold on the running count, so the device work does not grow
+    with the layers and nothing waits on the device.
 
     Args:
         page_scores: `[L, G, n_pages]` float; page_keep: `[L, G, n_pages]` bool.
-        protected, sizes: `[n_pages]`, on the CPU (host arithmetic on `n` and `P`): the
-            protected mask goes to the device once for all layers, so the loop over
-            layers queues work and never waits on the device.
-        targets: `L` host ints, each `>=` its layer's largest kept count.
+        protected, sizes: `[n_pages]`, on the CPU (host arithmetic on `n` and `P`).
+        targets: `L` host ints, each `>=` its layer's largest kept count (protected
+            pages included).
 
     Returns:
         Bool `[L, G, n_pages]`.
     """
-    sizes_h, prot_h = sizes.cpu(), protected.cpu()
-    prot_d = to_device(prot_h, page_scores.device)
-    geometry = _free_pages(sizes_h, prot_h)  # read once: the loop is host ints only
-    ranked = page_scores.masked_fill(page_keep, float("inf"))  # kept pages first
-    rows = [
-        _select(ranked[i], prot_h, sizes_h, prot_d, int(t), geometry) for i, t in enumerate(targets)
-    ]
-    return torch.stack(rows)
+    dev = page_scores.device
+    first = page_keep | to_device(protected.cpu(), dev)
+    key = page_scores.masked_fill(first, float("inf"))  # kept and protected pages first
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    cum = torch.cumsum(to_device(sizes.cpu(), dev)[order], dim=-1)  # [L, G, n_pages]
+    budget = to_device(torch.tensor(targets, dtype=cum.dtype), dev).view(-1, 1, 1)
+    return torch.zeros_like(first).scatter(-1, order, cum <= budget)
 
 
 def _free_pages(sizes_h: torch.Tensor, prot_h: torch.Tensor) -> tuple[int, int | None, int]:

@@ -745,7 +745,9 @@ def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
 
     Host waits: the plan's counts (`Plan.union_counts`, read once and shared with the
     runner) and one check that every layer reached its target, for any number of
-    layers (the page geometry is computed on the host).
+    layers (the page geometry is computed on the host). The device work is the same
+    for any number of layers too: every layer is padded and indexed at once, and each
+    layer's indices are a view `[G, k_l]` of one `[L, G, max k_l]` tensor.
 
     Example: `P = 2`, group 0 keeps pages {0, 3} (4 tokens), group 1 keeps
     {0, 1, 3} (6 tokens); group 0 gains its best remaining page, say 2, and both
@@ -766,13 +768,18 @@ def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
     if not bool(reached.all()):  # one wait for all layers
         layer = int((~reached).any(-1).to(torch.int64).argmax())
         raise AssertionError(f"cannot pad layer {layer} to exactly {targets[layer]} tokens")
-    keep = expand_pages(page_keep, n, P)  # [L, G, n]
-    return [kept_token_indices(keep[layer], t) for layer, t in enumerate(targets)]
+    idx = kept_token_indices(expand_pages(page_keep, n, P), max(targets))  # [L, G, k_max]
+    return [idx[layer, :, :t] for layer, t in enumerate(targets)]
 
 
 def allocated_tokens(p: Plan, kept_idx) -> list[torch.Tensor]:
     """Per layer bool `[G, k_l]`: whether each stored token of a padded plan was
-    allocated to its group (True) or is padding (False)."""
+    allocated to its group (True) or is padding (False). One gather for all layers when
+    the indices are views of one tensor (`padded_kept_indices`)."""
+    base = kept_idx[0]._base
+    if base is not None and base.dim() == 3 and all(i._base is base for i in kept_idx):
+        at = p.keep.gather(2, base.clamp(max=p.n - 1).to(p.keep.device))  # [L, G, k_max]
+        return [at[layer, :, : i.shape[1]] for layer, i in enumerate(kept_idx)]
     return [p.keep[layer].gather(1, idx.to(p.keep.device)) for layer, idx in enumerate(kept_idx)]
 
 
