@@ -7,7 +7,7 @@ On a GPU (one command)::
 times, for the pilot model's shapes (Qwen2.5-1.5B: 28 layers, 12 query heads, 2 KV
 groups, head dim 128, window 32, bfloat16) and prompts of 4k to 128k tokens:
 
-- each kernel (score, pool+pages, dense compaction) with
+- each kernel (score, pool+pages, the runner's compaction of every layer) with
   `triton.testing.do_bench` (CUDA events, median), its twin in eager torch and under
   `torch.compile`;
 - the whole eviction step (score + pool + select + compact, all layers) per backend;
@@ -155,8 +155,8 @@ def make_step(cfg, G, n, backend):
         prof, masses, _ = be.score_window(q, keys[:, 0], cfg.n_sink, backend=backend)
         p = plan(prof, G, cfg, masses=masses, pool_pages=be.pooler(backend))
         idx = p.kept_indices()  # [L, G, k']
-        k_new, v_new, _ = be.compact_kv(keys, values, idx, backend=backend)
-        return prof, p.page_keep, idx, k_new, v_new
+        layers, _ = be.compact_layers(keys.unbind(0), values.unbind(0), idx.unbind(0), backend)
+        return prof, p.page_keep, idx, layers
 
     return step
 
@@ -181,6 +181,15 @@ def _twin_pool(prof, weights, G, P, n_sink, window):
     pooled = weighted_pool(prof, weights, G)
     n = prof.shape[-1]
     return pooled, page_reduce(pooled, P, "max"), protected_pages(n, P, n_sink, window, prof.device)
+
+
+def _kernel_compact(keys, values, idx):
+    """The runner's compaction kernel (`compact_every_layer`) on stacked `[L, ...]`
+    inputs: one launch, every layer's output its own tensor, stacked here."""
+    from pagekv.kernels.compact import compact_every_layer
+
+    pairs = compact_every_layer(keys.unbind(0), values.unbind(0), idx.unbind(0))
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
 def _twin_compact(keys, values, idx):
@@ -234,7 +243,6 @@ def measure(results: dict, name: str, fn, bench, nbytes: int, peak_tbps: float |
 
 def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
     from pagekv import EvictionConfig
-    from pagekv.kernels.compact import compact as k_compact
     from pagekv.kernels.pool_pages import pool_pages
     from pagekv.kernels.score import score_layers as k_score
     from pagekv.maths.entropy import HeadMasses, weights_from_mass
@@ -272,7 +280,7 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
         t_prof, *_ = _twin_score(q, k4, cfg.n_sink)
         _, t_pages, t_prot = _twin_pool(t_prof, weights, G, P, cfg.n_sink, window)
         _, k_pages, _ = pool_pages(t_prof, weights, G, P, cfg.n_sink, window)
-        kk, vv = k_compact(keys, values, idx)
+        kk, vv = _kernel_compact(keys, values, idx)
         tk, tv = _twin_compact(keys, values, idx)
         res["parity"] = {
             "profiles_max_abs_err": float((prof - t_prof).abs().max()),
@@ -309,8 +317,10 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
     measure(m, "pool_pages/triton", pool_fn, bench, nbytes["pool_pages"], peak)
     measure(m, "pool_pages/torch", lambda: _twin_pool(prof, weights, G, P, cfg.n_sink, window),
             bench, nbytes["pool_pages"], peak)  # fmt: skip
-    measure(m, "compact/triton", lambda: k_compact(keys, values, idx), bench, nbytes["compact"],
-            peak)  # fmt: skip
+    from pagekv.kernels.compact import compact_every_layer as k_compact
+
+    c_args = (keys.unbind(0), values.unbind(0), idx.unbind(0))
+    measure(m, "compact/triton", lambda: k_compact(*c_args), bench, nbytes["compact"], peak)
     measure(m, "compact/torch", lambda: _twin_compact(keys, values, idx), bench,
             nbytes["compact"], peak)  # fmt: skip
     for backend in ("triton", "torch"):

@@ -122,19 +122,6 @@ def _short(value) -> str:
     return getattr(value, "name", None) or str(value)
 
 
-def bits_view(t: torch.Tensor) -> torch.Tensor:
-    """The same memory as an integer tensor of the same width.
-
-    A gather copies bits, so the compaction kernels move integers: the copy is
-    exact for every float format, and the interpreter (numpy, no bfloat16) can run it.
-    """
-    size = t.element_size()
-    as_int = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    if size not in as_int:
-        raise ValueError(f"unsupported element size {size} for dtype {t.dtype}")
-    return t.view(as_int[size])
-
-
 @triton.jit
 def _add(a, b):
     return a + b

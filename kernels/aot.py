@@ -11,7 +11,7 @@ runs the whole pipeline (Triton IR, LLVM, PTX, ptxas to a cubin) and reports the
 memory a program asks for (`metadata.shared`).
 
 What is compiled: for each target (`pagekv.kernels.targets.CHECKED`: sm_80 and sm_90), every
-distinct `Launch` that the launchers (`score_launch`, `pool_launch`, `gather_launch`,
+distinct `Launch` that the launchers (`score_launch`, `pool_launch`,
 `gather_layers_launch`, `paged_decode_launch`) choose over `GRID`, a
 grid of real shapes: the pilot model (Qwen2.5-1.5B: head dim 128, r = 6), the bundled
 (SmolLM2-135M: 64, r = 3) and the second model (Qwen2.5-Coder-0.5B: 64, r = 7), and
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from ._common import Launch, is_interpreted
-from .compact import gather_launch, gather_layers_launch
+from .compact import gather_layers_launch
 from .paged_decode import paged_decode_launch
 from .pool_pages import pool_launch
 from .score import score_launch
@@ -92,7 +92,6 @@ def launches(target: Target, grid: Grid = GRID) -> list[Launch]:
     sizes = sorted({torch.tensor([], dtype=k).element_size() for _, k in grid.dtypes})
     for e in sizes:
         for d in grid.head_dims:
-            out[gather_launch(target, e, d)] = None
             out[gather_layers_launch(target, e, d)] = None
     for d, r in grid.shapes():
         for dtype in sorted({k for _, k in grid.dtypes}, key=str):

@@ -1,22 +1,18 @@
-"""Compaction kernels: gather the kept K/V tokens into a dense cache.
+"""The compaction kernel: gather the kept K/V tokens of every layer into a dense cache.
 
-Dense (`compact`): twin `pagekv.runtime.compaction.compact_layer`. keys/values
-`[B, G, n, d]` of one layer and sorted kept indices `[G, k']` give `[B, G, k', d]`;
-or all layers at once, `[L, B, G, n, d]` with `[L, G, k']`, in one launch.
-One program copies `BLOCK_T` kept rows of K and of V for one (layer, batch, group).
+`compact_every_layer` (twin: `pagekv.runtime.compaction.compact_layer`, per layer): a
+model's cache is one tensor per layer, `[B, G, n, d]`, and sorted kept indices `[G, k_l]`
+per layer give `[B, G, k_l, d]`; the layers may keep different counts `k_l` (a padded
+plan). One launch gathers them all: the launcher writes a table of the layers'
+addresses and counts (int64 `[7, L]`: keys, values, indices, key out, value out,
+`k_l`, the indices' row stride), copied to the device without a host wait, and each
+program loads its layer's pointers from it (the pointer-array pattern of Triton's
+grouped GEMM). One program copies `BLOCK_T` kept rows of K and of V for one (layer,
+batch, group). No stacked copy of the cache is made.
 
-Per-layer tensors (`compact_every_layer`): a model's cache is one tensor per layer, and the
-layers may keep different counts `k_l` (a padded plan). One launch still gathers them
-all: the launcher writes a table of the layers' addresses and counts (int64 `[7, L]`:
-keys, values, indices, key out, value out, `k_l`, the indices' row stride), copied to
-the device without a host wait, and each program loads its layer's pointers from it
-(the pointer-array pattern of Triton's grouped GEMM). No stacked copy of the cache is
-made.
-
-The kernels move bits: they read the tensors as same-width integers, so the copy
-is exact for float32, float16 and bfloat16 alike. Memory traffic: read and write
-the kept rows once, `2 (K and V) * 2 (read + write) * rows * d * e` bytes, plus the
-indices.
+The kernel moves bits: it reads the tensors as same-width integers, so the copy is
+exact for float32, float16 and bfloat16 alike. Memory traffic: read and write the kept
+rows once, `2 (K and V) * 2 (read + write) * rows * d * e` bytes, plus the indices.
 """
 
 from __future__ import annotations
@@ -27,12 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import TRITON_TYPES, Launch, bits_view, check_same_device, is_interpreted, next_pow2
+from ._common import Launch, check_same_device, is_interpreted, next_pow2
 from .targets import Target, target_of
 
-#: The integer dtype a gather moves for each element size (`bits_view`), and its
-#: Triton type (`_gather_layers_kernel`'s `ELEM`).
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: The integer type the gather moves for each element size (`_gather_layers_kernel`'s
+#: `ELEM`): the kernel copies bits.
 _ELEM = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
 
 
@@ -40,25 +35,12 @@ def _block_t(target: Target, block_t: int | None) -> int:
     return block_t or (256 if target.interpreted else 64)
 
 
-def gather_launch(target: Target, elem_size: int, d: int, block_t: int | None = None) -> Launch:
-    """`compact`'s launch: `BLOCK_T` kept rows of `D_PAD` elements per program, moved as
-    integers of `elem_size` bytes (no shared memory: a copy through registers)."""
-    bits = "*" + TRITON_TYPES[_BITS[elem_size]]
-    ptrs = ("k_ptr", "v_ptr", "ko_ptr", "vo_ptr")
-    return Launch(
-        module=__name__,
-        kernel="_gather_kernel",
-        types=(*((p, bits) for p in ptrs), ("idx_ptr", "*i64")),
-        constexprs=(("BLOCK_T", _block_t(target, block_t)), ("D_PAD", next_pow2(d))),
-        aligned=(*ptrs, "idx_ptr"),
-    )
-
-
 def gather_layers_launch(
     target: Target, elem_size: int, d: int, block_t: int | None = None
 ) -> Launch:
-    """`compact_every_layer`'s launch: as `gather_launch`, the layers' addresses read
-    from a table."""
+    """`compact_every_layer`'s launch: `BLOCK_T` kept rows of `D_PAD` elements per
+    program, moved as integers of `elem_size` bytes (no shared memory: a copy through
+    registers), the layers' addresses read from a table."""
     return Launch(
         module=__name__,
         kernel="_gather_layers_kernel",
@@ -70,87 +52,6 @@ def gather_layers_launch(
         ),  # fmt: skip
         aligned=("tab_ptr",),
     )
-
-
-@triton.jit
-def _gather_kernel(k_ptr, v_ptr, idx_ptr, ko_ptr, vo_ptr, B, G, k_out, d,
-                   s_l, s_b, s_g, s_n, si_l, si_g, so_l, so_b, so_g, so_n,
-                   BLOCK_T: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
-    i_lbg = tl.program_id(0)
-    i_tb = tl.program_id(1)
-    i_l = i_lbg // (B * G)
-    i_b = (i_lbg // G) % B
-    i_g = i_lbg % G
-    o_t = i_tb * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT] slots of the output
-    o_d = tl.arange(0, D_PAD)
-    m_t = o_t < k_out
-    m_td = m_t[:, None] & (o_d < d)[None, :]
-    b_idx = tl.load(idx_ptr + i_l * si_l + i_g * si_g + o_t, mask=m_t, other=0)  # [BT]
-    src = (
-        i_l.to(tl.int64) * s_l
-        + i_b.to(tl.int64) * s_b
-        + i_g.to(tl.int64) * s_g
-        + b_idx[:, None].to(tl.int64) * s_n
-        + o_d[None, :]
-    )  # [BT, D]
-    dst = (
-        i_l.to(tl.int64) * so_l
-        + i_b.to(tl.int64) * so_b
-        + i_g.to(tl.int64) * so_g
-        + o_t[:, None].to(tl.int64) * so_n
-        + o_d[None, :]
-    )
-    tl.store(ko_ptr + dst, tl.load(k_ptr + src, mask=m_td), mask=m_td)
-    tl.store(vo_ptr + dst, tl.load(v_ptr + src, mask=m_td), mask=m_td)
-
-
-def compact(
-    keys: torch.Tensor, values: torch.Tensor, kept_idx: torch.Tensor, block_t: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gather kept tokens in one launch.
-
-    Shapes: keys/values `[B, G, n, d]` with kept_idx `[G, k']` -> `[B, G, k', d]`
-    (one layer, like `compact_layer`), or `[L, B, G, n, d]` with `[L, G, k']` ->
-    `[L, B, G, k', d]` (all layers). Indices must lie in `[0, n)`.
-    """
-    if keys.shape != values.shape or keys.dtype != values.dtype:
-        raise ValueError(
-            f"keys and values must match; got {tuple(keys.shape)} {keys.dtype} and "
-            f"{tuple(values.shape)} {values.dtype}"
-        )
-    one_layer = keys.dim() == 4
-    if one_layer:
-        keys, values, kept_idx = keys[None], values[None], kept_idx[None]
-    if keys.dim() != 5 or kept_idx.dim() != 3:
-        raise ValueError(
-            "expected keys [B, G, n, d] with kept_idx [G, k'], or [L, B, G, n, d] with "
-            f"[L, G, k']; got {tuple(keys.shape)} and {tuple(kept_idx.shape)}"
-        )
-    L, B, G, n, d = keys.shape
-    if kept_idx.shape[:2] != (L, G):
-        raise ValueError(f"kept_idx must be [L={L}, G={G}, k']; got {tuple(kept_idx.shape)}")
-    device = check_same_device(keys=keys, values=values)
-    kept_idx = kept_idx.to(device=device, dtype=torch.int64).contiguous()
-    if kept_idx.numel() and bool(((kept_idx < 0) | (kept_idx >= n)).any()):  # one read
-        raise ValueError(f"kept_idx must lie in [0, n={n})")
-    k_out = kept_idx.shape[2]
-    if keys.stride() != values.stride() or keys.stride(-1) != 1:
-        keys, values = keys.contiguous(), values.contiguous()  # one set of strides for both
-    k_new = torch.empty(L, B, G, k_out, d, dtype=keys.dtype, device=device)
-    v_new = torch.empty_like(k_new)
-    if k_out:
-        interpreted = is_interpreted(_gather_kernel)
-        launch = gather_launch(target_of(device, interpreted), keys.element_size(), d, block_t)
-        BLOCK_T = dict(launch.constexprs)["BLOCK_T"]
-        kb, vb, kob, vob = (bits_view(t) for t in (keys, values, k_new, v_new))
-        _gather_kernel[(L * B * G, triton.cdiv(k_out, BLOCK_T))](
-            kb, vb, kept_idx, kob, vob, B, G, k_out, d,
-            *keys.stride()[:4], kept_idx.stride(0), kept_idx.stride(1), *k_new.stride()[:4],
-            **launch.kwargs(interpreted),
-        )  # fmt: skip
-    if one_layer:
-        return k_new[0], v_new[0]
-    return k_new, v_new
 
 
 @triton.jit

@@ -203,13 +203,13 @@ def test_the_count_sees_a_per_layer_wait(models, device, monkeypatch):
     """Negative control: compaction as it was before issue 20, one launch per layer,
     each launcher checking its indices' bounds with a read, makes the count grow by at
     least one per layer (and so fails the test above)."""
-    from pagekv.runtime.backend import compact_kv
+    from pagekv.runtime.backend import compact_layers
 
     def per_layer(keys, values, kept_idx, backend):
         out = []
         for k, v, idx in zip(keys, values, kept_idx, strict=True):
-            kk, vv, used = compact_kv(k, v, idx, backend)  # its launcher reads the bounds
-            out.append((kk, vv))
+            [kv], used = compact_layers([k], [v], [idx], backend)  # each reads its bounds
+            out.append(kv)
         return out, used
 
     monkeypatch.setattr(runner_mod, "compact_layers", per_layer)

@@ -466,14 +466,14 @@ def test_compact_matches_twin(kern, device, shape, dtype):
     gen = torch.Generator().manual_seed(d)
     keys = torch.randn(L, B, G, n, d, generator=gen).to(device, dtype)
     values = torch.randn(L, B, G, n, d, generator=gen).to(device, dtype)
-    k_all, v_all = kern.compact.compact(keys, values, idx)  # all layers, one launch
-    for i in range(L):
+    every = kern.compact.compact_every_layer(keys.unbind(0), values.unbind(0), idx.unbind(0))
+    for i, (k_all, v_all) in enumerate(every):  # all layers, one launch
         k_ref, v_ref = compact_layer(keys[i], values[i], idx[i])
-        k_one, v_one = kern.compact.compact(keys[i], values[i], idx[i])  # one layer
+        (k_one, v_one), *_ = kern.compact.compact_every_layer([keys[i]], [values[i]], [idx[i]])
         assert_equal(f"keys layer {i}", k_one, k_ref)
         assert_equal(f"values layer {i}", v_one, v_ref)
-        assert_equal(f"keys layer {i} (all layers)", k_all[i], k_ref)
-        assert_equal(f"values layer {i} (all layers)", v_all[i], v_ref)
+        assert_equal(f"keys layer {i} (all layers)", k_all, k_ref)
+        assert_equal(f"values layer {i} (all layers)", v_all, v_ref)
 
 
 # ---------------------------------------------------------------- backend
@@ -507,8 +507,8 @@ def test_backend_dispatch_parity(kern, device, caplog):
                  select_pages(pages_t, prot_t, sizes, 24))  # fmt: skip
     idx = torch.arange(0, n, 2, device=device).expand(G, -1)
     kv = torch.randn(1, G, n, d, generator=gen).to(device)
-    k_t, v_t, _ = be.compact_kv(kv, -kv, idx, backend="torch")
-    k_k, v_k, used = be.compact_kv(kv, -kv, idx, backend="triton")
+    [(k_t, v_t)], _ = be.compact_layers([kv], [-kv], [idx], backend="torch")
+    [(k_k, v_k)], used = be.compact_layers([kv], [-kv], [idx], backend="triton")
     assert used == "triton"
     assert_equal("compact keys", k_k, k_t)
     assert_equal("compact values", v_k, v_t)

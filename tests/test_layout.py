@@ -240,7 +240,7 @@ def test_layer_imports_stay_in_their_layer(place):
     [
         ("pagekv/maths/x.py", "def f():\n    from pagekv.serving.study import Study\n"),
         ("pagekv/maths/plan.py", "def f():\n    from pagekv.runtime.backend import pooler\n"),
-        ("pagekv/maths/x.py", "def f():\n    from pagekv.runtime.backend import compact_kv\n"),
+        ("pagekv/maths/x.py", "def f():\n    from pagekv.runtime.backend import compact_layers\n"),
         ("pagekv/maths/x.py", "def f():\n    from pagekv.kernels.score import score_layers\n"),
         ("pagekv/serving/x.py", "import pagekv.kernels.compact\n"),
         ("pagekv/runtime/x.py", "from pagekv.serving import worker\n"),

@@ -21,9 +21,8 @@ Dispatch functions (the runner's entry points):
   `attention_scores_focus` adds how focused each query is (its head weights).
 - `page_scores(scores, weights, n_groups, page_size, n_sink, window)`: pooled and
   page scores plus the protected pages; `select_pages` (torch) then decides.
-- `compact_kv(keys, values, kept_idx)`: the dense compacted cache.
-- `compact_layers(keys, values, kept_idx)`: every layer's compacted cache, one tensor per
-  layer (the layers may keep different counts), in one launch on Triton.
+- `compact_layers(keys, values, kept_idx)`: the compacted cache, one tensor per layer
+  (the layers may keep different counts), in one launch on Triton.
 """
 
 from __future__ import annotations
@@ -348,37 +347,6 @@ def pooler(backend: str = "auto"):
         return pages, used
 
     return pool_pages
-
-
-def compact_kv(
-    keys: torch.Tensor, values: torch.Tensor, kept_idx: torch.Tensor, backend: str = "auto"
-) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """Gather the kept tokens (twin: `pagekv.runtime.compaction.compact_layer`).
-
-    Shapes: one layer, `[B, G, n, d]` with kept_idx `[G, k']` -> `[B, G, k', d]`; or all
-    layers stacked, `[L, B, G, n, d]` with `[L, G, k']` -> `[L, B, G, k', d]` (one launch).
-
-    Returns:
-        `(keys, values, backend_used)`, bit-identical across backends.
-    """
-    used = resolve_backend(backend, keys)
-    if used == "triton":
-        from pagekv.kernels.compact import compact as kernel
-
-        k, v = kernel(keys, values, kept_idx)
-    elif keys.dim() == 5:
-        if kept_idx.dim() != 3 or kept_idx.shape[0] != keys.shape[0]:
-            raise ValueError(
-                f"stacked keys {tuple(keys.shape)} need kept_idx [L, G, k']; got "
-                f"{tuple(kept_idx.shape)}"
-            )
-        pairs = [compact_layer(keys[i], values[i], kept_idx[i]) for i in range(keys.shape[0])]
-        k = torch.stack([p[0] for p in pairs])
-        v = torch.stack([p[1] for p in pairs])
-    else:
-        k, v = compact_layer(keys, values, kept_idx)
-    _ran("compact_kv", used, keys.device)
-    return k, v, used
 
 
 def compact_layers(

@@ -14,8 +14,9 @@ decides with pagekv's own core, layer by layer:
 3. ``pagekv.plan(profiles, n_groups=G, config=EvictionConfig(...))`` picks the pages each
    KV head keeps (the batch plays the role of plan's layer axis, so every sequence of a
    batch gets its own pages);
-4. ``pagekv.runtime.backend.compact_kv`` gathers them: keys and values ``[B, G, k', d]``, with the
-   same ``k'`` in every KV head (the pooled policies are dense by construction).
+4. ``pagekv.runtime.backend.compact_layers`` gathers them: keys and values
+   ``[B, G, k', d]``, with the same ``k'`` in every KV head (the pooled policies are
+   dense by construction).
 
 Worked example, one layer of SmolLM2-135M (H = 9 query heads, G = 3 KV heads) on a
 context of ``n = 100`` tokens, ``PageEntroKVPress(budget=0.3, page_size=16)``: pages
@@ -89,7 +90,7 @@ from pagekv.maths.paging import BudgetError
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import POOLED_POLICIES, get_policy
 from pagekv.measurement.peer.kvpress_peer import kvpress_kept
-from pagekv.runtime.backend import BACKENDS, compact_kv, pooler, score_window
+from pagekv.runtime.backend import BACKENDS, compact_layers, pooler, score_window
 from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
 from pagekv.runtime.reconstruct import (
@@ -378,15 +379,11 @@ class PageEntroKVPress(_Base):
         )
         p = self._plan(profiles, G, cfg, masses, used)
         kept = p.kept_indices().to(keys.device)  # [B, G, k']
-        if B == 1:
-            keys, values, _ = compact_kv(keys, values, kept[0], backend=used)
-        else:
-            pairs = [
-                compact_kv(keys[b : b + 1], values[b : b + 1], kept[b], backend=used)
-                for b in range(B)
-            ]
-            keys = torch.cat([pr[0] for pr in pairs])
-            values = torch.cat([pr[1] for pr in pairs])
+        # Each batch row as a layer of its own: its own kept set, one launch for all.
+        rows = list(keys.split(1)), list(values.split(1)), list(kept.unbind(0))
+        pairs, _ = compact_layers(*rows, backend=used)
+        keys = torch.cat([pr[0] for pr in pairs])
+        values = torch.cat([pr[1] for pr in pairs])
         if self.record:
             self.plans[getattr(module, "layer_idx", len(self.plans))] = p
         return keys.contiguous(), values.contiguous()
@@ -553,7 +550,7 @@ class PageEntroKVPress(_Base):
             plans.append(self._plan(prof, int(la.keys.shape[1]), cfg, masses, self.backend))
         for i, (la, p) in enumerate(zip(layers, plans, strict=True)):
             kept = p.kept_indices()[0].to(la.keys.device)  # [G, k']
-            keys, values, _ = compact_kv(la.keys, la.values, kept, backend=self.backend)
+            [(keys, values)], _ = compact_layers([la.keys], [la.values], [kept], self.backend)
             la.keys, la.values = keys.contiguous(), values.contiguous()
             if self.record:
                 self.plans[i] = p
