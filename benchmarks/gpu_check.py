@@ -30,8 +30,11 @@ runs, each stage in its own subprocess with a time limit, under a global deadlin
    tokens/s full against evicted (each plan decoded twice: the first decode captures
    its bucket's CUDA graph, `decode_tok_s_first_*`, the second replays it) and against
    transformers' `generate` on the same prompt, cache bytes before/after, the backend
-   of each step, peak GPU memory. A warm-up at the first size (untimed, its time recorded) pays the
-   Triton compilation.
+   of each step, peak GPU memory, and one more eviction step under `torch.profiler`
+   (`evict_profile`: its wall time, the host time of the operations and CUDA runtime
+   calls, their device time, the 15 with the most host time), since the step is
+   host-bound. A warm-up at the first size (untimed, its time recorded) pays the Triton
+   compilation.
 4. `bench_kernels`: `benchmarks/bench_kernels.py` at 4k-128k tokens on the pilot
    model's shapes (28 layers, 12 query heads, 2 KV heads, head dim 128, bfloat16),
    eager torch twins only (`--bench-compile` adds the torch.compile twins), with the
@@ -501,6 +504,44 @@ def _result_summary(res) -> dict:
     return out
 
 
+def _profile_step(runner, pre, cfg, device) -> dict:
+    """One eviction step (scoring from scratch) under `torch.profiler`: where its time
+    goes. The wall time; the host time of the operations and runtime calls it records
+    (on a GPU `cudaLaunchKernel`, `cudaMalloc`, `cudaStreamSynchronize`, ...; the Python
+    between them is the rest of the wall time); their device time; and the events with
+    the most host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _clear_profile_memo(pre)
+    with profile(activities=acts) as prof:
+        t0 = _sync(device)
+        runner.evaluate(pre, cfg, max_new_tokens=0, stop_at_eos=False)
+        wall = _sync(device) - t0
+    events = prof.key_averages()
+
+    def device_us(e) -> float:
+        return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)))
+
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
+    return {
+        "wall_ms": 1e3 * wall,
+        "host_ops_ms": sum(e.self_cpu_time_total for e in events) / 1e3,
+        "device_ms": sum(device_us(e) for e in events) / 1e3,
+        "events": sum(e.count for e in events),
+        "top_host": [
+            {
+                "name": e.key,
+                "count": e.count,
+                "self_host_us": round(e.self_cpu_time_total, 1),
+                "self_device_us": round(device_us(e), 1),
+            }
+            for e in top
+        ],
+        "note": "under the profiler: its own overhead inflates the wall time",
+    }
+
+
 def _generate_tok_s(model, ids, new: int, device) -> float | None:
     """transformers' `generate`, greedy, `new` tokens exactly: decode tokens per second,
     from two runs (`new` tokens, and 1: the same prefill) so the prefill cancels."""
@@ -666,6 +707,7 @@ def stage_e2e(args) -> int:
             run["evict_step_s_first"] = run["entropy"]["evict_step_s"]
             run["evict_frac_of_prefill"] = step / prefill_s
             run["score_s"] = statistics.median(score_reps) if score_reps else None
+            run["evict_profile"] = _profile_step(runner, pre, cfg_e, device)
             run["score_frac_of_prefill"] = (run["score_s"] or 0.0) / prefill_s
             run["decode_tok_s_full"] = run["full"]["decode_tok_s"]
             run["decode_tok_s_evicted"] = run["entropy"]["decode_tok_s"]
@@ -701,6 +743,12 @@ def stage_e2e(args) -> int:
         if "error" in run:
             say(f"n = {n}: FAILED {run['error']}")
             continue
+        prof = run["evict_profile"]
+        say(f"n = {n}: the step under the profiler: {prof['wall_ms']:.2f} ms wall, "
+            f"{prof['host_ops_ms']:.2f} ms host in {prof['events']} events, "
+            f"{prof['device_ms']:.2f} ms device; most host time: "
+            + ", ".join(f"{e['name']} x{e['count']} {e['self_host_us'] / 1e3:.2f} ms"
+                        for e in prof["top_host"][:5]))  # fmt: skip
         dec_f, dec_e = run["decode_tok_s_full"], run["decode_tok_s_evicted"]
         bound = report["decode_bound_ms_per_token"]
         by_weights = f" (the weights bound it at {bound:.2f} ms/token)" if bound else ""

@@ -153,6 +153,10 @@ def test_gpu_check_dry_run(tmp_path):
         assert 0 < run["cache_bytes_after"] <= 0.2 * run["cache_bytes_before"]
         assert run["full"]["cache_bytes_after"] == run["cache_bytes_before"]
         assert run["profile_memo_cleared"], "the repeats would not time the scoring"
+        prof = run["evict_profile"]  # where the step's time goes, for the next lease
+        assert prof["wall_ms"] > 0 and 0 < prof["host_ops_ms"] and prof["events"] > 0, prof
+        names = {e["name"] for e in prof["top_host"]}
+        assert any(name.startswith("aten::") for name in names), names
     parity = e2e["runs"][0]["backend_parity"]
     assert parity["tokens_equal"] and parity["kept_pages_equal"] is True, parity
 
