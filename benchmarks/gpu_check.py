@@ -430,12 +430,7 @@ def build_model(config: dict, dtype, device):
     cfg = Qwen2Config(**config)
     torch.manual_seed(0)
     with torch.device(device):  # initialise on the device: seconds, not a minute, at 1.5B
-        try:
-            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
-        except TypeError:  # an older transformers that only knows `torch_dtype`
-            model = AutoModelForCausalLM.from_config(
-                cfg, torch_dtype=dtype, attn_implementation="sdpa"
-            )
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
     return model.to(device).eval()
 
 
@@ -447,21 +442,14 @@ def _sync(device) -> float:
     return time.perf_counter()
 
 
-#: Where a `Prefill` memoises its scoring (the name has changed once; both are tried).
-MEMO_ATTRS = ("_scores", "_profiles")
-
-
 def _clear_profile_memo(pre) -> bool:
-    """Forget the prefill's memoised profiles, so that the next eviction scores again.
-    False when the prefill has no memo this function knows (then the repeats time the
-    eviction step without its scoring, and the JSON says so)."""
-    found = False
-    for name in MEMO_ATTRS:
-        memo = getattr(pre, name, None)
-        if isinstance(memo, dict):
-            memo.clear()
-            found = True
-    return found
+    """Forget the prefill's memoised scoring (`Prefill._scores`), so that the next
+    eviction scores again. False when the prefill has no such memo (then the repeats
+    time the eviction step without its scoring, and the JSON says so)."""
+    memo = getattr(pre, "_scores", None)
+    if isinstance(memo, dict):
+        memo.clear()
+    return isinstance(memo, dict)
 
 
 def _step_seconds(timings: dict) -> tuple[float, list[str]]:
@@ -485,7 +473,7 @@ def _flat_ints(x) -> list[int]:
 
 def _result_summary(res) -> dict:
     """The JSON-ready fields of a RunResult that the check reports (no [L][G] lists)."""
-    d = res.to_dict() if hasattr(res, "to_dict") else dict(vars(res))
+    d = res.to_dict()
     left_out = ("answer", "kept_tokens", "union_tokens", "needle_retention",
                 "needle_retention_union", "plan", "logits")  # fmt: skip
     out = {k: v for k, v in d.items() if k not in left_out}
