@@ -43,10 +43,6 @@ from pagekv.views.run_figures import comparison_figures  # noqa: E402
 from pagekv.views.run_inputs import RunInputs  # noqa: E402
 from pagekv.views.view_memo import SAME_AFTER_DECODING  # noqa: E402
 
-#: The views `run_comparison` draws while the pair decodes (the plan views come from
-#: the preview; retention waits for the decoded records).
-DURING_DECODE = ("weights", "weights_overview", "sink_mass", "sink_advantage")
-
 
 def release(run: dict, pct: float) -> dict:
     """Preview then release at `pct` %, as a client would; seconds."""

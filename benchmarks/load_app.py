@@ -665,16 +665,9 @@ def _measure(args, moves, contexts, result: dict, log_path: Path, app_tmp: Path)
         # Phase 0: one student alone (the app idle).
         t00 = time.perf_counter()
         recs0 = solo(url, solo_budgets, t00 + args.max_seconds) if solo_budgets else []
-        solo_summary = summarize(recs0)
-        result["solo"] = {
-            "wall_s": round(time.perf_counter() - t00, 1),
-            "requests": len(recs0),
-            "errors": sum("error" in r for r in recs0),
-            "by_kind": solo_summary,
-            "error_samples": [r["error"] for r in recs0 if "error" in r][:10],
-        }
+        result["solo"] = _phase(recs0, t00)
         print_table("Alone: the first preset (2000 tokens), budget dragged and released",
-                    solo_summary)  # fmt: skip
+                    result["solo"]["by_kind"])  # fmt: skip
 
         # Phase 1: the class.
         t0 = time.perf_counter()
@@ -692,23 +685,11 @@ def _measure(args, moves, contexts, result: dict, log_path: Path, app_tmp: Path)
             th.start()
         for th in threads:
             th.join()
-        sampler.sample()
-        class_wall = time.perf_counter() - t0
-        class_summary = summarize(cls.records)
-        result["class"] = {
-            "wall_s": round(class_wall, 1),
-            "requests": len(cls.records),
-            "errors": sum("error" in r for r in cls.records),
-            "skipped": cls.skipped,
-            "by_kind": class_summary,
-            "peak_rss_gb": round(sampler.mark() / GB, 3),
-            "rss_after_gb": round(sampler.last_rss / GB, 3),
-            "error_samples": [r["error"] for r in cls.records if "error" in r][:10],
-        }
+        result["class"] = _phase(cls.records, t0, sampler, skipped=cls.skipped)
         print_table(
             f"Class: {args.students} students x {args.lessons} lessons "
-            f"({class_wall:.0f} s, {cls.skipped} skipped)",
-            class_summary,
+            f"({result['class']['wall_s']:.0f} s, {cls.skipped} skipped)",
+            result["class"]["by_kind"],
         )
 
         # Phase 2: one visitor's varied runs.
@@ -718,19 +699,8 @@ def _measure(args, moves, contexts, result: dict, log_path: Path, app_tmp: Path)
             if args.varied_runs
             else ([], 0)
         )
-        sampler.sample()
-        varied_summary = summarize(recs)
-        result["varied"] = {
-            "wall_s": round(time.perf_counter() - t1, 1),
-            "runs": len(recs),
-            "errors": sum("error" in r for r in recs),
-            "skipped": skipped,
-            "by_kind": varied_summary,
-            "peak_rss_gb": round(sampler.mark() / GB, 3),
-            "rss_after_gb": round(sampler.last_rss / GB, 3),
-            "error_samples": [r["error"] for r in recs if "error" in r][:10],
-        }
-        print_table(f"Varied runs: {len(recs)} ({skipped} skipped)", varied_summary)
+        result["varied"] = _phase(recs, t1, sampler, "runs", skipped=skipped)
+        print_table(f"Varied runs: {len(recs)} ({skipped} skipped)", result["varied"]["by_kind"])
         sampler.stop()
         result["memory"] = {
             "peak_rss_gb": round(sampler.peak_rss / GB, 3),
@@ -746,6 +716,19 @@ def _measure(args, moves, contexts, result: dict, log_path: Path, app_tmp: Path)
         "what": "the app's temporary files (export folders, Gradio's served copies), "
         "removed after the run unless --keep-tmp",
     }
+
+
+def _phase(records, t0, sampler=None, count="requests", **extra) -> dict:
+    """A phase's part of the JSON: its wall time, requests, errors, summary by kind and
+    (with `sampler`, sampled now) the app's memory peak during it and after it."""
+    out = {"wall_s": round(time.perf_counter() - t0, 1), count: len(records),
+           "errors": sum("error" in r for r in records), **extra,
+           "by_kind": summarize(records)}  # fmt: skip
+    if sampler is not None:
+        sampler.sample()
+        out |= {"peak_rss_gb": round(sampler.mark() / GB, 3),
+                "rss_after_gb": round(sampler.last_rss / GB, 3)}  # fmt: skip
+    return out | {"error_samples": [r["error"] for r in records if "error" in r][:10]}
 
 
 def _interrupt(signum, frame):

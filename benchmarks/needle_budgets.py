@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import POLICIES, BudgetError, EvictionConfig  # noqa: E402
-from pagekv.serving.comparison import retained_fraction  # noqa: E402
 from pagekv.serving.study import PromptSpec, Study  # noqa: E402
+from pagekv.views.answers import mean_retention  # noqa: E402
 
 
 def main(argv=None):
@@ -61,7 +61,7 @@ def main(argv=None):
                 except BudgetError as e:
                     print(f"| {budget} | {policy} | - | - | - | infeasible: {e.min_budget:.3f} |")
                     continue
-                ret, rec = retained_fraction(res), res.to_dict()
+                ret, rec = mean_retention(res), res.to_dict()
                 row = {
                     "mode": mode,
                     "budget": budget if policy != "full" else 1.0,

@@ -21,14 +21,11 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from pagekv.maths.config import POLICIES, EvictionConfig
 from pagekv.maths.metrics import sink_advantage, summarize_sink_advantage
 from pagekv.maths.paging import BudgetError
 from pagekv.maths.plan import Plan
 from pagekv.maths.policies import get_policy
-from pagekv.runtime.result import RunResult
 from pagekv.serving.study import Prepared, PromptSpec, Study, served_copy
 
 #: Budgets of the UOR-across-budgets view.
@@ -471,11 +468,3 @@ def export_data(comp: Comparison, folder: str) -> list[str]:
                     w.writerow([key, rec.policy, layer, g, rec.budget_tokens, *per_group, needle])
     paths.append(cs)
     return paths
-
-
-def retained_fraction(rec: RunResult) -> float:
-    """Mean needle fraction kept over (layer, group), NaN without a needle."""
-    ret = rec.needle_retention
-    if not ret:
-        return float("nan")
-    return float(torch.tensor(ret, dtype=torch.float64).mean())

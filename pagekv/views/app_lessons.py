@@ -54,16 +54,7 @@ def apply_lesson(title):
     run = _lesson_run_args(lesson, title, "bundled") if lesson.kind == "live" else None
     values = _run_controls(run)
     if lesson.mechanism is not None:
-        m = lesson.mechanism
-        values.update(
-            m_heads=m.heads,
-            m_retr=m.retrieval,
-            m_dist=m.distractors,
-            m_dstr=m.distractor_strength,
-            m_sink=m.sink_head,
-            m_n=m.n,
-            m_budget=round(100 * m.budget),
-        )
+        values.update(zip(MECH_CONTROLS, lesson.mechanism.inputs(), strict=True))
     waiting = "**Observation:** " + lesson.observation.statement + " - *checking...*"
     return [
         *(values[name] for name in LESSON_CONTROLS),
@@ -106,14 +97,9 @@ def pick_lesson(title, model="bundled", request: gr.Request = None):
     *controls, tabs, text, waiting = apply_lesson(title)
     head = (*controls, tabs, text)
     i_obs = RUN_VIEWS.index("observation")
-    keep_mech = tuple(gr.update() for _ in MECH_VIEWS)
-    mech = keep_mech
+    mech = tuple(gr.update() for _ in MECH_VIEWS)
     if lesson.mechanism is not None:
-        m = lesson.mechanism
-        mech = run_mechanism(
-            m.heads, m.retrieval, m.distractors, m.distractor_strength, m.sink_head, m.n,
-            round(100 * m.budget),
-        )  # fmt: skip
+        mech = run_mechanism(*lesson.mechanism.inputs())
     if lesson.kind == "live":
         for views in run_inputs(_lesson_run_args(lesson, title, model), request):
             views = list(views)

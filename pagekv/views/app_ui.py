@@ -187,6 +187,8 @@ PLOTS = (
     "frame", "retention", "weights", "overview", "sink_mass", "sink_adv", "uor", "stored",
     "memory",
 )  # fmt: skip
+#: The figure (`comparison_figures`' name) each plot view shows, where the names differ.
+FIGURE_OF = {"overview": "weights_overview", "sink_adv": "sink_advantage"}
 #: Run views a run leaves as they are unless it sets them.
 KEPT_UNLESS_SET = ("layer", "observation", "budget", "budget_b")
 
@@ -445,15 +447,7 @@ def _run(v: RunInputs, session=None):
             + [message("info", note) for note in range_notes]
         ),
         answers=answers_html(done["table"]),
-        frame=figs["frame"],
-        retention=figs.get("retention"),
-        weights=figs["weights"],
-        overview=figs["weights_overview"],
-        sink_mass=figs["sink_mass"],
-        sink_adv=figs["sink_advantage"],
-        uor=figs["uor"],
-        stored=figs["stored"],
-        memory=figs["memory"],
+        **{view: figs.get(FIGURE_OF.get(view, view)) for view in PLOTS},
         files=None,  # the Export tab writes the files of this run on request
         layer=slider_range(0, done["n_layers"] - 1, done["layer"]),
         observation=_observation(lesson, comp),
@@ -637,15 +631,8 @@ def _mechanism(heads, retrieval, distractors, distractor_strength, sink_head, n,
                distractor_strength=distractor_strength, n=n, budget_pct=budget_pct)  # fmt: skip
     clamped: list[str] = []
     v = {name: _in_range(name, value, clamped) for name, value in raw.items()}
-    view = mechanism_view(
-        heads=v["heads"],
-        retrieval=v["retrieval"],
-        distractors=v["distractors"],
-        distractor_strength=v["distractor_strength"],
-        sink_head=sink_head is True,
-        n=v["n"],
-        budget=v["budget_pct"] / 100,
-    )
+    same = {k: x for k, x in v.items() if k != "budget_pct"}
+    view = mechanism_view(**same, sink_head=sink_head is True, budget=v["budget_pct"] / 100)
     return view, v, clamped
 
 

@@ -137,6 +137,12 @@ class MechanismSettings:
     n: int = 64
     budget: float = 0.19
 
+    def inputs(self) -> tuple:
+        """The mechanism controls' values, in `app_ui.MECH_CONTROLS` order (budget in %)."""
+        s = self
+        return (s.heads, s.retrieval, s.distractors, s.distractor_strength, s.sink_head, s.n,
+                round(100 * s.budget))  # fmt: skip
+
 
 # ------------------------------------------------------------------ evidence and findings
 

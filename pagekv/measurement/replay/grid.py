@@ -13,7 +13,7 @@ cells where a prompt is infeasible instead of silently dropping it:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from pagekv.maths.policies import EVICTING_POOLED, POOLING_POLICIES
 
@@ -36,12 +36,7 @@ class Setting:
     tau: float = 1.0
 
     def config_fields(self) -> dict:
-        return {
-            "budget": self.budget,
-            "page_size": self.page_size,
-            "window": self.window,
-            "tau": self.tau,
-        }
+        return {k: v for k, v in asdict(self).items() if k != "label"}
 
 
 #: T7, one factor at a time around the base (10 %, page 16, window 32, tau 1).
@@ -71,7 +66,7 @@ class Scoring:
     window: int = 8
 
     def config_fields(self) -> dict:
-        return {"scorer": self.scorer, "allocation": self.allocation, "window": self.window}
+        return {k: v for k, v in asdict(self).items() if k != "label"}
 
 
 #: The settings `benchmarks/reconstruct_ab.py` chose (docs/reconstruct_ab.md): the

@@ -146,7 +146,7 @@ def run_replay(
         "command": _command(model, out, quick, peer, grid.name, update_presets),
         "model": model,
         "grid": grid.name,
-        "grid_definition": _grid_dict(grid),
+        "grid_definition": asdict(grid),
         "wall_s": wall,
         "units": store.stats(),
         "prompts": len(jobs),
@@ -360,12 +360,6 @@ def _cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 0
-
-
-def _grid_dict(grid: Grid) -> dict:
-    d = asdict(grid)
-    d["t7_settings"] = [asdict(s) for s in grid.t7_settings]
-    return d
 
 
 def _command(model, out, quick, peer, grid_name=None, update_presets=False) -> str:

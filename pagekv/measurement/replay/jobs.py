@@ -23,17 +23,15 @@ class PromptJob:
         return {k: v for k, v in asdict(self.spec).items() if v is not None}
 
 
-def _decodes(tag: str, policies, budgets, base: EvictionConfig | None = None, label="",
-             scorings=()):  # fmt: skip
+def _decodes(tag: str, policies, budgets, scorings=()):
     """Every policy at every budget, each `Scoring` (entropy pooling) at every budget
     (labelled by it), and the full cache once."""
-    base = base or EvictionConfig()
-    out = [(tag, base.replace(policy=p, budget=b), label) for b in budgets for p in policies]
+    out = [(tag, EvictionConfig(policy=p, budget=b), "") for b in budgets for p in policies]
     for sc in scorings:
-        cfg = base.replace(policy="entropy", **sc.config_fields())
+        cfg = EvictionConfig(policy="entropy", **sc.config_fields())
         out += [(tag, cfg.replace(budget=b), sc.label) for b in budgets]
     if budgets:
-        out.append((tag, base.replace(policy="full", budget=1.0), label or "full"))
+        out.append((tag, EvictionConfig(policy="full", budget=1.0), "full"))
     return out
 
 
@@ -82,13 +80,6 @@ def build_jobs(grid: Grid, curated_names: dict[str, list[str]]) -> list[PromptJo
             j.decodes += [("T7", base.replace(policy=p), st.label) for p in ("entropy", "mean")]
         j.decodes.append(("T7", EvictionConfig(policy="full", budget=1.0), "full"))
 
-    out = list(jobs.values())
-    for j in out:  # drop duplicate configurations (same tag and config)
-        seen, uniq = set(), []
-        for d in j.decodes:
-            key = (d[0], d[1], d[2])
-            if key not in seen:
-                seen.add(key)
-                uniq.append(d)
-        j.decodes = uniq
-    return out
+    for j in jobs.values():  # drop duplicate (tag, config, label)s, first kept
+        j.decodes = list(dict.fromkeys(j.decodes))
+    return list(jobs.values())

@@ -25,12 +25,9 @@ from pagekv.measurement.replay.grid import (
     Grid,
 )
 
-#: Pooled policies whose UOR T1 checks beside head-independent selection.
-POOLED_CHECKED = EVICTING_POOLED
-#: Policies of the cache-level needle sweep.
-CACHE_POLICIES = EVICTING_POOLED
-#: T5 checks the stored counts of every pooled policy that evicts.
-CARDINALITY_POLICIES = EVICTING_POOLED
+#: What T1 checks beside head-independent selection, the cache-level needle sweep runs
+#: and T5 counts: every pooled policy that evicts.
+POOLED_CHECKED = CACHE_POLICIES = CARDINALITY_POLICIES = EVICTING_POOLED
 ROUND = 6
 #: The page of the paged cache whose memory `physical_tokens` counts (ours and the peer's).
 PHYSICAL_PAGE = 16

@@ -58,7 +58,7 @@ class PeerAdapter:
                 f"pagekv.measurement.peer.kvpress_peer is not importable: {one_line(e, limit=300)}"
             )
             return
-        if self.quick and not _installed(self.module):
+        if self.quick and not self.module.env_ready()[0]:
             self.reason = "skipped in --quick: the kvpress environment is not installed yet"
             return
         if not self.quick:  # create the environment once (pip; fails clearly offline)
@@ -75,9 +75,8 @@ class PeerAdapter:
         if not ok:
             self.reason = f"kvpress unavailable: {why}"
             return
-        names = [str(p) for p in getattr(self.module, "PRESSES", KVPRESS_WANTED)]
-        names += [str(p) for p in getattr(self.module, "PAGEKV_PRESSES", ())]
-        self.presses = [p for p in WANTED if p in names] or names[: len(WANTED)]
+        names = set(self.module.PRESSES) | set(self.module.PAGEKV_PRESSES)
+        self.presses = [p for p in WANTED if p in names]
         self.available = True
         self.reason = why or "ok"
 
@@ -91,12 +90,7 @@ class PeerAdapter:
             kw |= {"context_ids": ids["context_ids"], "question_ids": ids["question_ids"]}
         else:
             kw["input_ids"] = ids["input_ids"]
-        make = getattr(self.module, "make_request", None)
-        if make is not None:
-            return make(rid, press, press_kwargs=PRESS_KWARGS.get(press), **kw)
-        req = {"id": rid, "press": press, "compression_ratio": round(1.0 - budget, 6)}
-        req["mode"] = "after" if "context_ids" in kw else "inside"
-        return req | {k: v for k, v in kw.items() if k != "budget"}
+        return self.module.make_request(rid, press, press_kwargs=PRESS_KWARGS.get(press), **kw)
 
     def run(self, requests: list[dict], timeout: float = 3600.0) -> list[dict]:
         """Send the requests; on a failure of the whole batch every result carries it."""
@@ -110,16 +104,3 @@ class PeerAdapter:
             msg = f"run_kvpress failed: {one_line(e, limit=300)}"
             self.reason = msg
             return [{"id": r["id"], "error": msg} for r in requests]
-
-
-def _installed(module) -> bool:
-    """Whether the bridge's environment exists already (no install in --quick)."""
-    for name in ("kvpress_installed", "env_ready", "is_installed"):
-        fn = getattr(module, name, None)
-        if callable(fn):
-            try:
-                res = fn()
-                return bool(res[0] if isinstance(res, tuple) else res)
-            except Exception:
-                return False
-    return False
