@@ -42,6 +42,18 @@ def check_same_device(**tensors: torch.Tensor) -> torch.device:
     return next(iter(devices.values()))
 
 
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A launch's small host table on `device`: pinned and queued on CUDA (no host wait)."""
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
+def aligned(tensors) -> list[torch.Tensor]:
+    """`tensors`, each cloned unless 16-byte aligned (the kernels' vectorisation hint)."""
+    return [t if t.data_ptr() % 16 == 0 else t.clone() for t in tensors]
+
+
 def check_window_shapes(q_shape: tuple, k_shape: tuple) -> tuple[int, ...]:
     """Validate the shapes `q_win [L, H, w, d]` and `keys [L, G, n, d]`; `(L, H, w, d, G, n)`.
 

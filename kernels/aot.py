@@ -33,10 +33,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import multiprocessing
 import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -143,27 +145,17 @@ def compile_launch(launch: Launch, target: Target) -> dict:
     return {**out, "ok": True}
 
 
-def _compile_job(job):
-    return compile_launch(*job)
-
-
-def check(targets, jobs: int = 1, grid: Grid = GRID, echo=print) -> list[dict]:
-    """Compile every launch of `grid` for every target, `jobs` at a time."""
-    work = [(launch, t) for t in targets for launch in launches(t, grid)]
-    if jobs <= 1:
-        results = []
-        for job in work:
-            results.append(_compile_job(job))
-            echo(_line(results[-1]))
-        return results
-    import multiprocessing
-
+def check(targets, jobs: int = 1) -> list[dict]:
+    """Compile every launch of `GRID` for every target, `jobs` at a time."""
+    work = list(zip(*[(launch, t) for t in targets for launch in launches(t)], strict=True))
     ctx = multiprocessing.get_context("fork")  # the workers inherit the compiled kernels
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        results = []
-        for res in pool.map(_compile_job, work, chunksize=4):
+    results = []
+    with ProcessPoolExecutor(jobs, mp_context=ctx) if jobs > 1 else nullcontext() as pool:
+        for res in (
+            pool.map(compile_launch, *work, chunksize=4) if pool else map(compile_launch, *work)
+        ):
             results.append(res)
-            echo(_line(res))
+            print(_line(res))
     return results
 
 

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import Launch, check_same_device, is_interpreted, next_pow2
+from ._common import Launch, aligned, check_same_device, is_interpreted, next_pow2, to_device
 from .targets import Target, target_of
 
 #: The integer type the gather moves for each element size (`_gather_layers_kernel`'s
@@ -31,13 +31,7 @@ from .targets import Target, target_of
 _ELEM = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
 
 
-def _block_t(target: Target, block_t: int | None) -> int:
-    return block_t or (256 if target.interpreted else 64)
-
-
-def gather_layers_launch(
-    target: Target, elem_size: int, d: int, block_t: int | None = None
-) -> Launch:
+def gather_layers_launch(target: Target, elem_size: int, d: int) -> Launch:
     """`compact_every_layer`'s launch: `BLOCK_T` kept rows of `D_PAD` elements per
     program, moved as integers of `elem_size` bytes (no shared memory: a copy through
     registers), the layers' addresses read from a table."""
@@ -47,7 +41,7 @@ def gather_layers_launch(
         types=(("tab_ptr", "*i64"),),
         constexprs=(
             ("ELEM", _ELEM[elem_size]),
-            ("BLOCK_T", _block_t(target, block_t)),
+            ("BLOCK_T", 256 if target.interpreted else 64),
             ("D_PAD", next_pow2(d)),
         ),  # fmt: skip
         aligned=("tab_ptr",),
@@ -95,7 +89,6 @@ def compact_every_layer(
     keys: Sequence[torch.Tensor],
     values: Sequence[torch.Tensor],
     kept_idx: Sequence[torch.Tensor],
-    block_t: int | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Gather the kept tokens of every layer in one launch, each layer its own tensor.
 
@@ -103,12 +96,12 @@ def compact_every_layer(
         keys, values: per layer `[B, G, n, d]`, one shape, dtype and device for all.
         kept_idx: per layer sorted indices `[G, k_l]` in `[0, n)`; `k_l` may differ, and
             a layer's may be a view of a wider tensor (its last dimension contiguous).
-        block_t: kept rows per program (a power of two); default by device.
 
     Returns:
         Per layer `(keys [B, G, k_l, d], values [B, G, k_l, d])`, contiguous, equal to
-        `compact` of that layer alone. The one host wait is the bounds check of all
-        the indices at once (one flag read back), whatever the number of layers.
+        `pagekv.runtime.compaction.compact_layer` of that layer. The one host wait is
+        the bounds check of all the indices at once (one flag read back), whatever the
+        number of layers.
     """
     L = len(keys)
     if L == 0 or len(values) != L or len(kept_idx) != L:
@@ -158,22 +151,14 @@ def compact_every_layer(
     k_max = max(counts)
     if k_max == 0:
         return out
-    # The kernel promises the compiler 16-byte aligned addresses (vectorised rows); a
-    # view that starts elsewhere is copied (fresh tensors are aligned).
-    keys = [k if k.data_ptr() % 16 == 0 else k.clone() for k in keys]
-    values = [v if v.data_ptr() % 16 == 0 else v.clone() for v in values]
-    idx = [i if i.data_ptr() % 16 == 0 else i.clone() for i in idx]
+    keys, values, idx = aligned(keys), aligned(values), aligned(idx)
     ptr = [[t.data_ptr() for t in col] for col in (keys, values, idx)]
     ptr += [[o[0].data_ptr() for o in out], [o[1].data_ptr() for o in out], counts]
     ptr.append([i.stride(0) for i in idx])
-    table = torch.tensor(ptr, dtype=torch.int64)  # [7, L] on the host
-    if device.type == "cuda":  # pinned, so the copy is queued, not waited for
-        table = table.pin_memory().to(device, non_blocking=True)
-    else:
-        table = table.to(device)
+    table = to_device(torch.tensor(ptr, dtype=torch.int64), device)  # [7, L]
     interpreted = is_interpreted(_gather_layers_kernel)
     target = target_of(device, interpreted)
-    launch = gather_layers_launch(target, first.element_size(), d, block_t)
+    launch = gather_layers_launch(target, first.element_size(), d)
     BLOCK_T = dict(launch.constexprs)["BLOCK_T"]
     _gather_layers_kernel[(L * B * G, triton.cdiv(k_max, BLOCK_T))](
         table, L, B, G, d, strides[0], strides[1], strides[2], **launch.kwargs(interpreted),

@@ -113,38 +113,18 @@ class DecodeLaunch:
 
     def launch(self, dtype: torch.dtype) -> Launch:
         t = TRITON_TYPES[dtype]
+        ptrs = (*((p, f"*{t}") for p in ("q_ptr", "k_ptr", "v_ptr")),
+                *((p, "*i32") for p in ("table_ptr", "len_ptr")),
+                *((p, "*fp32") for p in ("m_ptr", "l_ptr", "acc_ptr")))  # fmt: skip
+        consts = ("R_PAD", "BLOCK_T", "D_PAD", "DOT_FP32")
         return Launch(
             module=__name__,
             kernel="_paged_decode_kernel",
-            types=(
-                ("q_ptr", f"*{t}"),
-                ("k_ptr", f"*{t}"),
-                ("v_ptr", f"*{t}"),
-                ("table_ptr", "*i32"),
-                ("len_ptr", "*i32"),
-                ("m_ptr", "*fp32"),
-                ("l_ptr", "*fp32"),
-                ("acc_ptr", "*fp32"),
-                ("qk_scale", "fp32"),
-            ),  # fmt: skip
-            constexprs=(
-                ("R_PAD", self.R_PAD),
-                ("BLOCK_T", self.BLOCK_T),
-                ("D_PAD", self.D_PAD),
-                ("DOT_FP32", self.DOT_FP32),
-            ),  # fmt: skip
+            types=(*ptrs, ("qk_scale", "fp32")),
+            constexprs=tuple((c, getattr(self, c)) for c in consts),
             num_warps=self.num_warps,
             num_stages=2,
-            aligned=(
-                "q_ptr",
-                "k_ptr",
-                "v_ptr",
-                "table_ptr",
-                "len_ptr",
-                "m_ptr",
-                "l_ptr",
-                "acc_ptr",
-            ),  # fmt: skip
+            aligned=tuple(p for p, _ in ptrs),
         )
 
 

@@ -83,14 +83,14 @@ def _pool_pages_kernel(s_ptr, w_ptr, pooled_ptr, page_ptr, prot_ptr, n, H, G, r,
     tl.store(prot_ptr + o_j, b_prot.to(tl.int8), mask=m_j & ((o_j * 0 + i_lg) == 0))
 
 
-def pool_launch(target: Target, page_size: int, block_tokens: int | None = None) -> Launch:
+def pool_launch(target: Target, page_size: int) -> Launch:
     """The pooling kernel's launch for pages of `page_size` on `target`: a tile of
-    `BLOCK_J` pages of `P_PAD = next_pow2(P)` slots, about `block_tokens` tokens (2048 on
+    `BLOCK_J` pages of `P_PAD = next_pow2(P)` slots, about 2048 tokens (on
     a GPU, 16384 in the interpreter), whatever the prompt length (a short prompt masks
     the rest of its one tile), so a GPU compiles one kernel per page size. No shared
     memory but the reductions' scratch; fp contraction off (see the module docstring)."""
     P_PAD = next_pow2(page_size)
-    tokens = block_tokens or (1 << 14 if target.interpreted else 2048)
+    tokens = 1 << 14 if target.interpreted else 2048
     BLOCK_J = max(1, next_pow2(tokens) // P_PAD)
     ptrs = ("s_ptr", "w_ptr", "pooled_ptr", "page_ptr")
     return Launch(
@@ -115,7 +115,6 @@ def pool_pages(
     pooling: str = "weighted",
     reduction: str = "max",
     return_pooled: bool = True,
-    block_tokens: int | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """Pooled scores, page scores and protected pages in one launch.
 
@@ -128,7 +127,6 @@ def pool_pages(
         pooling: "weighted" (`sum_h w_h s_h`) or "max" (`max_h s_h`).
         reduction: page score, "max" or "sum" over the page's tokens.
         return_pooled: also write the pooled `[L, G, n]` scores.
-        block_tokens: tokens per program (a power of two); default by target.
 
     Returns:
         `(pooled [L, G, n] float32 or None, page_scores [L, G, n_pages] float32,
@@ -160,7 +158,7 @@ def pool_pages(
     P = page_size
     n_pages = triton.cdiv(n, P)
     interpreted = is_interpreted(_pool_pages_kernel)
-    launch = pool_launch(target_of(device, interpreted), P, block_tokens)
+    launch = pool_launch(target_of(device, interpreted), P)
     BLOCK_J = dict(launch.constexprs)["BLOCK_J"]
     page_scores = torch.empty(L, G, n_pages, dtype=torch.float32, device=device)
     prot = torch.empty(n_pages, dtype=torch.int8, device=device)

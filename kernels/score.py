@@ -102,10 +102,12 @@ from ._common import (
     SUM,
     TRITON_TYPES,
     Launch,
+    aligned,
     check_same_device,
     check_window_shapes,
     is_interpreted,
     next_pow2,
+    to_device,
 )
 from .targets import Target, target_of
 
@@ -325,36 +327,24 @@ class ScoreLaunch:
         consts = (("R_BLK", self.R_BLK), ("W_BLK", self.W_BLK), ("D_PAD", self.D_PAD),
                   ("BLOCK_N", self.BLOCK_N), ("DOT_FP32", self.DOT_FP32),
                   ("K_ELEM", _K_ELEM[k_dtype]))  # fmt: skip
-        q = TRITON_TYPES[q_dtype]
+        head = (
+            ("q_ptr", f"*{TRITON_TYPES[q_dtype]}"),
+            ("ktab_ptr", "*i64"),
+            ("scale_ptr", "*fp32"),
+        )
         strides = ("stride_ql", "stride_qh", "stride_qw", "stride_kg", "stride_kn")
-        common = dict(module=__name__, constexprs=consts, num_warps=self.num_warps)
-        stats = Launch(
-            kernel="_stats_kernel",
-            types=(
-                ("q_ptr", f"*{q}"),
-                ("ktab_ptr", "*i64"),
-                ("scale_ptr", "*fp32"),
-                ("m_ptr", "*fp32"),
-                ("l_ptr", "*fp32"),
-            ),  # fmt: skip
-            num_stages=self.stages[0],
-            aligned=("q_ptr", "ktab_ptr", "scale_ptr", "m_ptr", "l_ptr", *strides),
-            **common,
+
+        def launch(kernel: str, ptrs: tuple, stages: int) -> Launch:
+            types = (*head, *((p, "*fp32") for p in ptrs))
+            aligned = (*(p for p, _ in types), *strides)
+            return Launch(__name__, kernel, types, consts, self.num_warps, stages, aligned=aligned)
+
+        return (
+            launch("_stats_kernel", ("m_ptr", "l_ptr"), self.stages[0]),
+            launch(
+                "_profile_kernel", ("lse_ptr", "prof_ptr", "top_ptr", "part_ptr"), self.stages[1]
+            ),
         )
-        ptrs = ("lse_ptr", "prof_ptr", "top_ptr", "part_ptr")
-        profile = Launch(
-            kernel="_profile_kernel",
-            types=(
-                ("q_ptr", f"*{q}"),
-                ("ktab_ptr", "*i64"),
-                ("scale_ptr", "*fp32"),
-                *((p, "*fp32") for p in ptrs),
-            ),  # fmt: skip
-            num_stages=self.stages[1],
-            aligned=("q_ptr", "ktab_ptr", "scale_ptr", *ptrs, *strides),
-            **common,
-        )
-        return stats, profile
 
 
 def row_blocks(
@@ -494,18 +484,8 @@ def _key_table(layers: list[torch.Tensor], device: torch.device):
     strides = first.stride()
     if strides[-1] != 1 or any(k.stride() != strides for k in layers):
         layers = [k.contiguous() for k in layers]
-    # The kernel promises the compiler 16-byte aligned layer addresses (`_layer_keys`);
-    # a view that starts elsewhere is copied (a fresh tensor is aligned).
-    layers = [k if k.data_ptr() % 16 == 0 else k.clone() for k in layers]
-    table = torch.tensor([k.data_ptr() for k in layers], dtype=torch.int64)
-    return layers, _to_device(table, device)
-
-
-def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small host tensor on `device`: pinned and queued on CUDA (no host wait)."""
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
+    layers = aligned(layers)  # the kernel's hint (`_layer_keys`)
+    return layers, to_device(torch.tensor([k.data_ptr() for k in layers]), device)
 
 
 def score_layers(
@@ -570,7 +550,7 @@ def score_layers(
     q_win = q_win if q_win.stride(-1) == 1 else q_win.contiguous()
     layers, ktab = _key_table(layers, device)
     qk_scale = [(d**-0.5 if s is None else float(s)) * LOG2E for s in scales]
-    scale_t = _to_device(torch.tensor(qk_scale, dtype=torch.float32), device)
+    scale_t = to_device(torch.tensor(qk_scale, dtype=torch.float32), device)
 
     interpreted = is_interpreted(_profile_kernel)
     target = target_of(device, interpreted)
