@@ -1,24 +1,16 @@
 """Backend choice: Triton kernels (`kernels/`) or their torch twins, same results.
 
-`auto` picks Triton for CUDA tensors when Triton imports, torch otherwise; `torch`
-always runs the twins; `triton` always runs the kernels, and on CPU tensors that
-means the Triton interpreter, which Triton only builds when `TRITON_INTERPRET=1`
-was in the environment before the kernels were defined (before `kernels.*` was
-first imported). Asking for `triton` on CPU without it raises a `BackendError`
-that says so.
-
-Nothing here imports Triton or queries CUDA at import time: `kernels` is imported
-inside the dispatch functions, so `pagekv` imports on a machine without Triton.
-Each dispatch logs (logger "pagekv") which backend ran and returns its name, so
-results can record it.
+What `auto`, `torch` and `triton` run: docs/design.md, "What runs where" (`resolve_backend`).
+Nothing here imports Triton or queries CUDA at import time; each dispatch logs (logger
+"pagekv") which backend ran and returns its name, so results can record it.
 
 Dispatch functions (the runner's entry points):
 
 - `score_window(q_win, keys, n_sink, scale)`: profiles and per-head masses (`HeadMasses`)
   of every layer, the keys stacked or one tensor per layer (a model's cache).
 - `attention_scores(q, keys)`: the mean and the max attention of `w` causal queries on
-  every key (the reconstruction scorer's, one chunk of queries at a time);
-  `attention_scores_focus` adds how focused each query is (its head weights).
+  every key (the reconstruction scorer's, one chunk of queries at a time), and with
+  `focus` how focused each query is (its head weights).
 - `page_scores(scores, weights, n_groups, page_size, n_sink, window)`: pooled and
   page scores plus the protected pages; `select_pages` (torch) then decides.
 - `compact_layers(keys, values, kept_idx)`: the compacted cache, one tensor per layer
@@ -49,12 +41,6 @@ class BackendError(RuntimeError):
     """The requested backend cannot run here (no Triton, or no interpreter on CPU)."""
 
 
-def _device_of(tensor_or_device) -> torch.device:
-    if isinstance(tensor_or_device, torch.Tensor):
-        return tensor_or_device.device
-    return torch.device(tensor_or_device)
-
-
 def _kernel_modules():
     """Import the kernel modules (and so Triton); BackendError when that fails."""
     try:
@@ -81,7 +67,7 @@ def resolve_backend(name: str, tensor_or_device) -> str:
     """
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {name!r}")
-    device = _device_of(tensor_or_device)
+    device = getattr(tensor_or_device, "device", None) or torch.device(tensor_or_device)
     if name == "torch":
         return "torch"
     if name == "auto":
@@ -174,7 +160,8 @@ def attention_scores(
     keys: torch.Tensor,
     scale: float | None = None,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor, str]:
+    focus: tuple[int, int] | None = None,
+) -> tuple:
     """The mean and the max over `w` causal queries of their attention on every key.
 
     Query `i` sits at key index `n - w + i` and sees the keys `t <= n - w + i` (the
@@ -187,12 +174,18 @@ def attention_scores(
         q: `[L, H, w, d]` queries after RoPE (or `[H, w, d]`), any float dtype.
         keys: `[L, G, n, d]` keys (or `[G, n, d]`), the queries' own included.
         scale: softmax scale (default `1/sqrt(d)`).
+        focus: `(n_ctx, S)`: also how focused each query is on the first `n_ctx` keys.
 
     Returns:
         `(mean [L, H, n], top [L, H, n], backend_used)`, float32. On Triton it is the
         scoring kernel with `return_max` (its query axis tiled, so long `w` is fine);
         the torch twin (`_attention_scores_torch`) computes in float32, one layer at a
-        time, so its largest tensor is one layer's `[H, w, n]` attention.
+        time, so its largest tensor is one layer's `[H, w, n]` attention. With `focus`,
+        `(mean, top, masses [L, H, S + 1], sinks [L, H, S + 1], backend_used)`: the
+        `row_focus_sums` of the queries' attention rows (summed over the queries, per
+        head, for every sink count `0 .. S`), a reduction along each row that the
+        scoring kernel (a reduction over queries per key) does not make: torch ops give
+        it on both backends, one layer's `[H, w, n]` attention at a time.
     """
     used = resolve_backend(backend, keys)
     if q.dim() == 3 and keys.dim() == 3:
@@ -201,42 +194,11 @@ def attention_scores(
         from pagekv.kernels.score import score_layers as kernel
 
         mean, _, top = kernel(q, keys, 0, scale=scale, return_max=True)
+        rows = () if focus is None else _attention_scores_torch(q, keys, scale, focus, False)[2:]
     else:
-        mean, top = _attention_scores_torch(q, keys, scale)
+        mean, top, *rows = _attention_scores_torch(q, keys, scale, focus)
     _ran("attention_scores", used, keys.device)
-    return mean, top, used
-
-
-def attention_scores_focus(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    n_ctx: int,
-    max_sink: int,
-    scale: float | None = None,
-    backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, str]:
-    """`attention_scores`, and how focused each query is on the first `n_ctx` keys.
-
-    Returns `(mean [L, H, n], top [L, H, n], masses [L, H, S + 1], sinks [L, H, S + 1],
-    backend_used)` with `S = max_sink`: `masses` / `sinks` are `row_focus_sums` of the
-    `w` queries' attention rows (summed over the queries, per head, for every sink count
-    `0 .. S`). The focus is a reduction along each query's row, which the scoring kernel
-    (a reduction over queries per key) does not make: on Triton the kernel gives `mean`
-    and `top` and torch ops give the focus, one layer's `[H, w, n]` attention at a time;
-    on torch one pass of the twin gives all four.
-    """
-    used = resolve_backend(backend, keys)
-    if q.dim() == 3 and keys.dim() == 3:
-        q, keys = q[None], keys[None]
-    if used == "triton":
-        mean, top, _ = attention_scores(q, keys, scale, backend=used)
-        _, _, masses, sinks = _attention_scores_torch(
-            q, keys, scale, focus=(n_ctx, max_sink), reduce=False
-        )
-    else:
-        mean, top, masses, sinks = _attention_scores_torch(q, keys, scale, focus=(n_ctx, max_sink))
-        _ran("attention_scores", used, keys.device)
-    return mean, top, masses, sinks, used
+    return (mean, top, *rows, used)
 
 
 def _attention_scores_torch(

@@ -23,13 +23,8 @@ If the capture fails, the step says why in the log and runs eagerly from then on
 (`GraphedStep.failed`); each result names the decode that ran (`backends["decode"]`).
 
 A capture costs as much as some tens of replays, so a graph serves every decode of its
-capacity bucket (`GraphBuckets`): the runner keeps one `GraphedStep` per
-`PagedCache.bucket_key` (pools and tables rounded up to under a quarter more blocks,
-`paged_cache.bucket`), and a later decode of the same bucket copies its cache into that
-step's pools (`PagedCache.adopt`) and replays at once. On the CPU the eager form (the
-static cache and a device position, a bucketed cache adopting another) is checked
-against the ordinary step (tests/test_decode_graph.py); the capture and the replays run
-on a GPU only (benchmarks/gpu_check.py, docs/performance.md).
+capacity bucket (`GraphBuckets`); docs/design.md, "What runs where", says how buckets
+are kept and what tests/test_decode_graph.py checks on the CPU.
 """
 
 from __future__ import annotations

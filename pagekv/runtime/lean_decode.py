@@ -2,13 +2,8 @@
 decoders, on the CPU and on a GPU: few ops per layer, linear weights in one dtype,
 the kept pages in a paged cache.
 
-Why. Decoding one token reads every weight of the model once, and on the CPU (2 cores)
-that read is the cost: float32 weights give about 10.6 GB/s whatever the kernel (the
-linear layers of the bundled model, 30 layers and its head, take 51 ms per token;
-`benchmarks/bench_decode.py` and docs/performance.md). Half-precision weights halve
-the bytes. Two more costs are per step and not arithmetic: a transformers
-`DynamicCache` concatenates every layer's keys and values into new tensors at each
-token (a copy of the whole cache), and a layer's forward is some 40 small ops.
+Why: docs/design.md, "What runs where" (the decode), and docs/performance.md: on the CPU
+reading the weights is the cost, and a `DynamicCache` copies the whole cache per token.
 
 What. `LeanDecoder(model, weight_dtype)` keeps a copy of the model's linear weights
 in `weight_dtype` (`resolve_decode`: float16 for a float32 model on the CPU, 10

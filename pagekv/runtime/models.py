@@ -31,10 +31,6 @@ Cache location (the converted bundled model)::
     $XDG_CACHE_HOME/pagekv/models/smollm2-135m-instruct if XDG_CACHE_HOME is set
     ~/.cache/pagekv/models/smollm2-135m-instruct         otherwise
 
-Environment variables:
-
-- ``PAGEKV_CACHE_DIR``: root of pagekv's cache (replaces ``~/.cache/pagekv``).
-
 The cache is written to a temporary sibling folder and renamed into place, with
 ``manifest.json`` written last as the completion marker. The manifest records a
 format version, the GGUF's name and size, the size of every cached file, and the
@@ -362,14 +358,9 @@ def _resolve_device(device: str | torch.device | None) -> str:
 
 
 _DTYPE_NAMES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
+    **dict.fromkeys(("float32", "fp32", "float"), torch.float32),
+    **dict.fromkeys(("bfloat16", "bf16"), torch.bfloat16),
+    **dict.fromkeys(("float16", "fp16", "half"), torch.float16),
 }
 
 
@@ -521,14 +512,12 @@ def _probe_mismatch(tokenizer: Any, manifest: dict) -> str | None:
     return None
 
 
-def cache_problem(
-    path: str | Path | None = None, gguf_path: str | Path | None = None, model: str = BUNDLED
-) -> str | None:
+def cache_problem(path: str | Path | None = None, model: str = BUNDLED) -> str | None:
     """Why the converted cache at ``path`` cannot be used; ``None`` when it looks valid.
 
     File-level checks only (fast, no weights read): manifest present and current,
-    source GGUF unchanged (name and size; ``gguf_path``, else what `model` has
-    installed, if anything), every recorded file present with its recorded size.
+    source GGUF unchanged (name and size of what `model` has installed, if anything),
+    every recorded file present with its recorded size.
     Tokenizer and weight checks happen when the cache is loaded.
     """
     path = Path(path) if path is not None else bundled_cache_dir(model)
@@ -541,10 +530,7 @@ def cache_problem(
     if manifest.get("format") != CACHE_FORMAT_VERSION:
         return f"cache format {manifest.get('format')!r} != {CACHE_FORMAT_VERSION}"
     try:
-        if gguf_path is not None:
-            source = (Path(gguf_path).name, Path(gguf_path).stat().st_size)
-        else:
-            source = _bundled_spec(model).source()
+        source = _bundled_spec(model).source()
     except (OSError, ModelLoadError):
         source = None  # the GGUF is not installed: the cache stands on its own
     if source is not None and (manifest.get("source_file"), manifest.get("source_size")) != source:
@@ -565,14 +551,13 @@ def cache_problem(
 def build_bundled_cache(
     dest: str | Path | None = None,
     gguf: tuple[Any, Any] | None = None,
-    gguf_path: str | Path | None = None,
     model: str = BUNDLED,
 ) -> Path:
     """Convert a bundled model's GGUF into a ``save_pretrained`` copy at ``dest``
     (default: `bundled_cache_dir(model)`), atomically.
 
-    The GGUF is ``gguf_path``, else what `model` installed (`BundledModel.gguf`: for
-    registry parts, joined and checked by size and SHA-256 first, and removed after).
+    The GGUF is what `model` installed (`BundledModel.gguf`: for registry parts, joined
+    and checked by size and SHA-256 first, and removed after).
     ``gguf`` may pass an already loaded ``(model, tokenizer)`` from :func:`load_gguf`
     (saves the ~15 s read). The copy is verified before it is moved into place: the
     reloaded tokenizer must match the GGUF's tokenizer exactly
@@ -581,13 +566,12 @@ def build_bundled_cache(
     """
     dest = Path(dest) if dest is not None else bundled_cache_dir(model)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if gguf_path is not None:
-        return _build_cache(dest, Path(gguf_path), gguf)
     with _bundled_spec(model).gguf(dest.parent) as src:
         return _build_cache(dest, Path(src), gguf)
 
 
 def _build_cache(dest: Path, src: Path, gguf: tuple[Any, Any] | None) -> Path:
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model, tokenizer = gguf if gguf is not None else load_gguf(src)
@@ -623,7 +607,7 @@ def _build_cache(dest: Path, src: Path, gguf: tuple[Any, Any] | None) -> Path:
             "format": CACHE_FORMAT_VERSION,
             "source_file": src.name,
             "source_size": src.stat().st_size,
-            "transformers_version": _transformers_version(),
+            "transformers_version": transformers.__version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "probe": {
                 "text": TOKENIZER_PROBE,
@@ -696,8 +680,9 @@ def _load_cached(
 
 def _load_bundled(
     spec: BundledModel, device: str, dtype: torch.dtype, attn: str, hub_copy: bool = True
-) -> tuple[Any, Any, str, Path | None, str, str]:
-    """A bundled model: ``(model, tokenizer, source, cache_path, origin, caveat)``.
+) -> tuple[Any, Any, dict]:
+    """A bundled model: ``(model, tokenizer, meta)``, ``meta`` the `LoadedModel` fields
+    that say where it came from (``source``, ``cache_path``, ``origin``, ``caveat``).
 
     From the converted cache when it is there and valid; else converted from its GGUF
     (and cached; registry parts are joined and checked first); else, without the GGUF,
@@ -712,7 +697,7 @@ def _load_bundled(
         try:
             model, tok = _load_cached(path, device, dtype, attn, spec.key)
             log.info("%s loaded from cache %s", spec.key, path)
-            return model, tok, "cache", path, spec.origin, ""
+            return model, tok, dict(source="cache", cache_path=str(path), origin=spec.origin)
         except ModelLoadError as e:
             problem = e
     try:
@@ -735,12 +720,12 @@ def _load_bundled(
         model, tok = _load_cached(path, device, dtype, attn, spec.key)
     except ModelLoadError as e:
         raise ModelLoadError(f"freshly converted {spec.key} model does not load: {e}") from e
-    return model, tok, "gguf", path, spec.origin, ""
+    return model, tok, dict(source="gguf", cache_path=str(path), origin=spec.origin)
 
 
 def _load_bundled_from_hub(
     spec: BundledModel, device: str, dtype: torch.dtype, attn: str
-) -> tuple[Any, Any, str, None, str, str]:
+) -> tuple[Any, Any, dict]:
     """A bundled model without its GGUF: the same model from the hub (a Space)."""
     try:
         model, tok, _ = _load_hub(spec.hub_id, device, dtype, attn, suggest_bundled=False)
@@ -748,7 +733,7 @@ def _load_bundled_from_hub(
         log.info("%s: its GGUF is not installed and its hub copy is not available: %s", spec.key, e)
         raise GGUFMissing(spec.missing) from None
     log.info("%s: its GGUF is not installed: the model runs from the hub copy", spec.key)
-    return model, tok, "hub", None, f"hub: {spec.hub_id}", spec.hub_caveat
+    return model, tok, dict(source="hub", origin=f"hub: {spec.hub_id}", caveat=spec.hub_caveat)
 
 
 # --------------------------------------------------------------------------- hub / local
@@ -858,13 +843,8 @@ def load_model(
         )
 
     def finish_bundled(spec, dt, **extra) -> LoadedModel:
-        model, tok, source, path, origin, caveat = _load_bundled(
-            spec, dev, dt, attn_implementation, hub_copy
-        )
-        return _finish(
-            model, tok, spec.key, dev, dt, t0, source=source, cache_path=path, origin=origin,
-            caveat=caveat, **extra,
-        )  # fmt: skip
+        model, tok, meta = _load_bundled(spec, dev, dt, attn_implementation, hub_copy)
+        return _finish(model, tok, spec.key, dev, dt, t0, **meta, **extra)
 
     try:
         if spec is not None:
@@ -884,35 +864,21 @@ def load_model(
     return _finish(model, tok, name, dev, dt, t0, source=source)
 
 
-def _finish(
-    model: Any,
-    tok: Any,
-    name: str,
-    device: str,
-    dtype: torch.dtype,
-    t0: float,
-    *,
-    source: str,
-    cache_path: Path | None = None,
-    fell_back: bool = False,
-    note: str = "",
-    origin: str = "",
-    caveat: str = "",
-) -> LoadedModel:
+def _finish(model, tok, name: str, device: str, dtype, t0: float, **meta) -> LoadedModel:
+    """The `LoadedModel`: its shape from `check_gqa`, ``meta`` its other fields (at least
+    ``source``; ``origin`` and ``note`` said from it when not given)."""
     n_layers, n_heads, n_kv, head_dim = check_gqa(model)
     from pagekv.runtime.runner import eos_token_ids
 
-    eos = eos_token_ids(model, tok)
     gen = getattr(model, "generation_config", None)
     if gen is not None and gen.pad_token_id is None and tok.pad_token_id is not None:
         gen.pad_token_id = tok.pad_token_id
     max_ctx = int(getattr(model.config, "max_position_embeddings", 0) or 0)
     if not max_ctx:
         max_ctx = int(min(getattr(tok, "model_max_length", 2048), 1 << 20))
-    if not origin:
-        origin = f"local folder {name}" if source == "local" else f"{source}: {name}"
-    if not note:
-        note = f"{name}: {source}" + (f" ({cache_path})" if cache_path else "")
+    source, path = meta["source"], meta.get("cache_path")
+    meta.setdefault("origin", f"local folder {name}" if source == "local" else f"{source}: {name}")
+    meta.setdefault("note", f"{name}: {source}" + (f" ({path})" if path else ""))
     return LoadedModel(
         model=model,
         tokenizer=tok,
@@ -925,20 +891,6 @@ def _finish(
         head_dim=head_dim,
         max_context=max_ctx,
         load_s=time.perf_counter() - t0,
-        fell_back=fell_back,
-        note=note,
-        source=source,
-        cache_path=str(cache_path) if cache_path else None,
-        origin=origin,
-        caveat=caveat,
-        eos_token_ids=eos,
+        eos_token_ids=eos_token_ids(model, tok),
+        **meta,
     )
-
-
-def _transformers_version() -> str:
-    try:
-        import transformers
-
-        return transformers.__version__
-    except ImportError:  # pragma: no cover
-        return "?"

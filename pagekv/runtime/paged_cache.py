@@ -17,24 +17,20 @@ Per layer `l`:
   same tokens at once (`grow(t)`, then `write` per layer).
 
 Room. (b, g) gets `ceil((t + extra) / P)` blocks for its `t` kept tokens and `extra`
-more (the question and the answer): its kept pages, whose partial last page takes the
-first new tokens, and the blocks the rest need. Nothing else is stored, so a plan's
-decode-time cache is its kept pages plus the tokens it will generate, rounded up to a
-page per (layer, row, group) (`nbytes`, tests/test_paged_cache.py).
+more (the question and the answer; docs/design.md, "What runs where", the decode cache).
 
 Blocks are handed out in (row, group) order and each (row, group) gets consecutive
 ones. The torch path of `attend` reads them through that order (a (row, group)'s
 tokens are one slice of the pool, and a layer whose (row, group)s all hold the same
 number of blocks is one `[B, G, C, d]` view); the kernel path reads the block tables.
 
-Attention. `attend(l, q, scale)` for `t` new queries per row `[B, H, t, d]` (already
-appended): one new token on the Triton backend runs `pagekv.kernels.paged_decode` (one
-program reads a group's pages once for its `r` heads); everything else runs torch's
-SDPA over the slices, with each new token seeing every kept token of its group and
-the new tokens before it.
+Attention: `attend` (the paged-decode kernel for one new token on the Triton backend,
+torch's SDPA over the slices otherwise).
 """
 
 from __future__ import annotations
+
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -83,12 +79,8 @@ class PagedCache:
             B, G = len(ks), len(ks[0])
             counts = [[int(k.shape[0]) for k in row] for row in ks]
             blocks = [[max(1, -(-(t + extra) // P)) for t in row] for row in counts]
-            first, firsts = 0, []
-            for row in blocks:
-                firsts.append([])
-                for c in row:
-                    firsts[-1].append(first)
-                    first += c
+            *starts, first = accumulate((c for row in blocks for c in row), initial=0)
+            firsts = [starts[b * G : (b + 1) * G] for b in range(B)]  # each (row, group)'s
             k0 = ks[0][0]
             d = int(k0.shape[-1])
             k_pool = k0.new_zeros(first, P, d)

@@ -14,7 +14,7 @@ the reconstruction so far, causally), exactly the model's own attention rows. Th
 profile is `s_h` normalised to sum to 1 over the context, so the rest of the method
 (sink-isolated collision entropy, pooling per group, page selection) is unchanged.
 
-Each chunk's scores come from `pagekv.runtime.backend.attention_scores_focus` (its `c`
+Each chunk's scores come from `pagekv.runtime.backend.attention_scores` (its `c`
 queries over the `N` keys so far, query `i` at key index `N - c + i`: the scoring
 kernel's causal geometry with `w = c`), on the backend chosen by `backend`: the torch
 twin (the reference, the default) or the Triton scoring kernel with its max output,
@@ -26,10 +26,7 @@ focus); the full `[L, H, n, n]` is never formed. The queries come from the modul
 projection and rotary tables (`window_queries`), the keys from the cache after the
 module appended the chunk's own keys.
 
-Head weights. The plan's head weights stay sink-isolated collision entropy, taken of the
-reconstruction queries' own attention rather than of the aggregated profile: a head's
-mass is the mean, over the reconstruction queries, of the sink-isolated collision mass
-of the query's attention renormalised over the context (`reconstruction_masses`).
+Head weights: the reconstruction queries' own focus (`reconstruction_masses`).
 
 The instruction (`REPEAT_PROMPT`), the choice to reconstruct every context token, the
 max over queries and the queries' focus as head weights are this module's choices;
@@ -44,7 +41,7 @@ import logging
 import torch
 
 from pagekv.maths.entropy import HeadMasses
-from pagekv.runtime.backend import attention_scores_focus, resolve_backend
+from pagekv.runtime.backend import attention_scores, resolve_backend
 from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
 
 log = logging.getLogger("pagekv")
@@ -125,9 +122,7 @@ def reconstruction_scores(
             `pagekv.runtime.backend.resolve_backend` (a BackendError where Triton
             cannot run). Both give the same scores up to float32 rounding.
     """
-    if cache_kw is None:
-        params = inspect.signature(model.forward).parameters
-        cache_kw = "cache" if "cache" in params else "past_key_values"
+    cache_kw = cache_kw or cache_kwarg(model)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be an integer >= 1; got {chunk!r}")
     mods = attention_modules(model)
@@ -140,14 +135,12 @@ def reconstruction_scores(
         )
     dev = cache.layers[0].keys.device
     used = resolve_backend(backend, dev)
-    best: list[torch.Tensor | None] = [None] * len(mods)  # [H, n] running max per layer
-    total: list[torch.Tensor | None] = [None] * len(mods)  # [H, n] running sum per layer
-    focus: list[list[torch.Tensor] | None] = [None] * len(mods)  # [H, S + 1] sums x 2
-    queries: list[torch.Tensor | None] = [None] * len(mods)
+    #: Per layer `[max, sum]` `[H, n]` and the focus sums `[H, S + 1]` x 2, over the chunks.
+    acc: list[list[torch.Tensor] | None] = [None] * len(mods)
     active = {"on": False}
 
-    def pre_hook(index):
-        def hook(module, args, kwargs):
+    def hook(index):
+        def after(module, args, kwargs, output):
             if not active["on"]:
                 return None
             hidden = kwargs.get("hidden_states", args[0] if args else None)
@@ -155,60 +148,39 @@ def reconstruction_scores(
             # [1, H, c, d] in the model's dtype: the twin upcasts; the kernel takes bf16 or
             # fp16 with a cache of the same dtype to its native dot (exact products,
             # float32 sums) and anything else to its float32 dot.
-            queries[index] = window_queries(module, hidden, cos, sin)
-            return None
-
-        return hook
-
-    def post_hook(index):
-        def hook(module, args, kwargs, output):
-            if not active["on"]:
-                return None
-            q = queries[index]  # [1, H, c, d]
+            q = window_queries(module, hidden, cos, sin)
             keys = cache.layers[index].keys[:1]  # [1, G, N, d], the chunk's included
-            c = q.shape[2]
             # Causal: query i of the chunk sits at key index N - c + i.
-            mean, top, masses, sinks, _ = attention_scores_focus(
-                q, keys, n, FOCUS_SINKS, attention_scale(module), backend=used
+            mean, top, masses, sinks, _ = attention_scores(
+                q, keys, attention_scale(module), used, focus=(n, FOCUS_SINKS)
             )
-            top, summed = top[0, :, :n], mean[0, :, :n] * c  # [H, n] over the context
-            best[index] = top if best[index] is None else torch.maximum(best[index], top)
-            total[index] = summed if total[index] is None else total[index] + summed
-            if focus[index] is None:
-                focus[index] = [masses[0], sinks[0]]
-            else:
-                focus[index][0] += masses[0]
-                focus[index][1] += sinks[0]
-            queries[index] = None
+            new = [top[0, :, :n], mean[0, :, :n] * q.shape[2], masses[0], sinks[0]]
+            if (old := acc[index]) is not None:  # the max over the queries; sums of the rest
+                new[0] = torch.maximum(old[0], new[0])
+                new[1:] = [a + b for a, b in zip(old[1:], new[1:], strict=True)]
+            acc[index] = new
             return None
 
-        return hook
+        return after
 
-    handles = []
-    for i, m in enumerate(mods):
-        handles.append(m.register_forward_pre_hook(pre_hook(i), with_kwargs=True))
-        handles.append(m.register_forward_hook(post_hook(i), with_kwargs=True))
+    handles = [m.register_forward_hook(hook(i), with_kwargs=True) for i, m in enumerate(mods)]
     try:
         with torch.inference_mode():
             pos = n
             if prompt_ids:
-                _forward(model, prompt_ids, pos, cache, cache_kw, dev)
+                forward(model, prompt_ids, pos, cache, cache_kw, dev)
                 pos += len(prompt_ids)
             active["on"] = True
             for start in range(0, n, chunk):
                 part = context_ids[start : start + chunk]
-                _forward(model, part, pos, cache, cache_kw, dev)
+                forward(model, part, pos, cache, cache_kw, dev)
                 pos += len(part)
     finally:
         for h in handles:
             h.remove()
     log.debug("reconstruction_scores ran on the %s backend (%s)", used, dev)
-    return {
-        "max": torch.stack(best),  # [L, H, n]
-        "mean": torch.stack(total) / n,
-        "focus_mass": torch.stack([f[0] for f in focus]) / n,  # [L, H, S + 1], n queries
-        "focus_sink": torch.stack([f[1] for f in focus]) / n,
-    }
+    best, total, mass, sink = (torch.stack(x) for x in zip(*acc, strict=True))  # [L, ...]
+    return {"max": best, "mean": total / n, "focus_mass": mass / n, "focus_sink": sink / n}
 
 
 def reconstruction_masses(scores: dict, profiles: torch.Tensor, n_sink: int) -> HeadMasses:
@@ -217,14 +189,10 @@ def reconstruction_masses(scores: dict, profiles: torch.Tensor, n_sink: int) -> 
     of the sink-isolated collision mass of its attention on the context), not the
     collision mass of the aggregated `profiles`.
 
-    Why: a head's profile here is its LARGEST attention over some n repeating queries,
-    and a head that copies the context (what the reconstruction needs kept) gives a high
-    maximum to every token it copies: its profile is flat, its collision entropy high, its
-    weight low; a head whose maximum sits on a few tokens whatever is repeated gets the
-    weight instead. The queries' own focus ranks them the other way round. Measured on
-    the replay's after-mode needles, docs/reconstruct_ab.md. The sink masses are the
-    queries' mean sink share (`scores["focus_sink"]`). `profiles` `[L, H, n]` give the
-    shape and `n` only.
+    Why: docs/design.md, "Choices where the code settles a detail" (head weights under
+    the reconstruction scorer). The sink masses
+    are the queries' mean sink share (`scores["focus_sink"]`). `profiles` `[L, H, n]`
+    give the shape and `n` only.
     """
     masses, sinks = scores["focus_mass"], scores["focus_sink"]
     most = masses.shape[-1] - 1
@@ -244,10 +212,16 @@ def reconstruction_masses(scores: dict, profiles: torch.Tensor, n_sink: int) -> 
     )
 
 
-def _forward(model, ids: list[int], pos: int, cache, cache_kw: str, dev) -> None:
-    x = torch.tensor([ids], dtype=torch.long, device=dev)
-    model(
-        input_ids=x,
+def cache_kwarg(model) -> str:
+    """`model.forward`'s cache argument: `cache` in transformers 5.24, `past_key_values`
+    before (5.17 on the GPU machines, which silently ignores `cache`)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def forward(model, ids: list[int], pos: int, cache, cache_kw: str, dev):
+    """`model`'s forward of `ids` at positions `pos..` into `cache`: the last logits only."""
+    return model(
+        input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
         position_ids=torch.arange(pos, pos + len(ids), device=dev)[None],
         **{cache_kw: cache},
         use_cache=True,

@@ -10,17 +10,9 @@ greedily, without a new prefill::
     res = runner.evaluate(pre, EvictionConfig(policy="entropy", budget=0.2))
     res.answer, res.stored_tokens, res.timings  # a pagekv.runtime.result.RunResult
 
-Positions. A compacted cache holds `k' < n` tokens but they keep their original
-RoPE phases, so the decode continues at position `n` (not `k'`): the decode step
-(`pagekv.runtime.lean_decode`) is given the positions explicitly. `generate` cannot be
-used: it would place the next token at position `k'`.
-
-Modes. Question inside the prompt ("inside"): the first answer token is the argmax
-of the prefill's last logits, which saw the whole prompt before eviction
-(`first_token_from_full_prefill=True` in the result). Question after the context
-("after"): the prefill holds the context only; the question is prefilled into the
-compacted cache at positions `n..n+q-1`, in one step, so every answer token sees the
-evicted cache.
+Positions and modes (docs/design.md, the end of "The data path"): the decode continues
+at position `n`, not `k'`; "inside", the first answer token is the prefill's argmax;
+"after", the question is prefilled into the compacted cache at `n..n+q-1` in one step.
 
 The decode cache. Every plan decodes from a `PagedCache`
 (`pagekv.runtime.paged_cache`): each (layer, group)'s kept tokens in blocks of a pool,
@@ -37,7 +29,6 @@ pages the plan allocated to each group (`Evicted.allocated`).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -65,6 +56,8 @@ from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
 from pagekv.runtime.reconstruct import (
     REPEAT_PROMPT,
     as_profiles,
+    cache_kwarg,
+    forward,
     reconstruction_masses,
     reconstruction_scores,
 )
@@ -142,10 +135,8 @@ class Prefill:
         """The attention profiles `[L, H, n]` of `scores(window, n_sink)` (profiles do
         not depend on the sinks; an existing entry of any n_sink is reused)."""
         w = self._effective_window(window)
-        for (kw, _), v in self._scores.items():
-            if kw == w:
-                return v[0]
-        return self.scores(w, EvictionConfig().n_sink)[0]
+        n_sink = next((ns for kw, ns in self._scores if kw == w), EvictionConfig().n_sink)
+        return self.scores(w, n_sink)[0]
 
     def _effective_window(self, window: int) -> int:
         w = min(int(window), self.n)
@@ -218,11 +209,7 @@ class Runner:
         log.info("pagekv runner: %s backend on %s", self.backend, self.device)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
         self.text_config = cfg if cfg is not None else model.config
-        WindowQueryCapture(model, 1)  # fails early on an unsupported architecture
-        # transformers 5.24 names the forward's cache argument `cache`; older 5.x releases
-        # (5.17 on the GPU machines) call it `past_key_values` and silently ignore `cache`.
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_kwarg(model)
         self.eos_ids = set(eos_token_ids(model, tokenizer))
         #: The decode step's weight dtype, and the label each result carries.
         self.decode_weights, self.decode_path = resolve_decode(decode_dtype, model)
@@ -265,18 +252,11 @@ class Runner:
             raise ValueError(f"window_max must be an integer >= 1; got {window_max!r}")
         n = len(ids)
         self._check_length(n + (len(q_ids) if q_ids else 0))
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, n]
         cache = _new_cache()
         cap = WindowQueryCapture(self.model, window_max)
         with torch.inference_mode(), cap:
             t0 = _now(self.device)
-            out = self.model(
-                input_ids=x,
-                position_ids=torch.arange(n, device=self.device)[None],
-                **{self._cache_kw: cache},
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            out = forward(self.model, ids, 0, cache, self._cache_kw, self.device)
             prefill_s = _now(self.device) - t0
         q_win = cap.stacked()  # [L, H, w', d]
         scales = cap.scales
@@ -487,12 +467,11 @@ class Runner:
         """
         self._check_decode(pre, max_new_tokens)
         ev_a, ev_b = self.evict(pre, config_a, planned[0]), self.evict(pre, config_b, planned[1])
-        shapes = [
-            (tuple(la.keys.shape), tuple(lb.keys.shape))
-            for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
-        ]
         same = ev_a.allocated is None and ev_b.allocated is None
-        same = same and all(x == y for x, y in shapes)
+        same = same and all(
+            la.keys.shape == lb.keys.shape
+            for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
+        )
         if not same or max_new_tokens == 0:
             out = [
                 self._decoded(pre, cfg, ev, max_new_tokens, stop_at_eos, False, needle_positions)
@@ -503,8 +482,8 @@ class Runner:
             return out[0], out[1]
         with torch.inference_mode():
             t0 = _now(self.device)
-            (tok_a, tok_b), (stop_a, stop_b) = self._decode_pair(
-                pre, ev_a, ev_b, max_new_tokens, stop_at_eos, on_token
+            (tok_a, tok_b), _, (stop_a, stop_b) = self._decode(
+                pre, ev_a, max_new_tokens, stop_at_eos, pair=ev_b, on_token=on_token
             )
             decode_s = _now(self.device) - t0
         res_a = self._result(pre, config_a, ev_a, tok_a, None, stop_a, decode_s, needle_positions)
@@ -579,13 +558,17 @@ class Runner:
 
     # ---------------------------------------------------------------- internals
 
-    def _decode(self, pre, ev, max_new, stop_at_eos, keep_logits):
-        """Greedy decode of `ev` in the lean step over a paged copy of its cache;
-        positions continue at `n` (see the module docstring)."""
-        cache = self._paged_cache([ev], pre, max_new)
-        ev.cache = None  # the paged cache holds its own copy
-        ev.decode_bytes = cache.row_nbytes(0)
-        if not self.cuda_graphs:
+    def _decode(self, pre, ev, max_new, stop_at_eos, keep_logits=False, pair=None, on_token=None):
+        """Greedy decode of `ev` in the lean step over a paged copy of its cache, with
+        `pair` (a same-shape compacted cache) as a batch of 2 when given; positions
+        continue at `n` (see the module docstring). `(tokens, logits, stop)`, each stop
+        and token list per row with `pair`."""
+        evs = [ev] if pair is None else [ev, pair]
+        cache = self._paged_cache(evs, pre, max_new)
+        for row, e in enumerate(evs):  # the paged cache holds its own copy
+            e.cache, e.decode_bytes = None, cache.row_nbytes(row)
+        graphs = self.cuda_graphs and pair is None
+        if not graphs:
             step = self._lean_decoder().step
             forward = lambda ids, pos, c=cache: step(ids, pos, c)  # noqa: E731
         else:
@@ -596,12 +579,12 @@ class Runner:
             forward = self._graphs.step_for(cache)
             del cache
         try:
-            (tokens,), logits, (stop,) = self._greedy(
-                pre, forward, max_new, stop_at_eos, keep_logits
+            tokens, logits, stops = self._greedy(
+                pre, forward, max_new, stop_at_eos, keep_logits, len(evs), on_token
             )
         finally:
-            ev.graphed = self.cuda_graphs and forward.graphed
-        return tokens, logits, stop
+            ev.graphed = graphs and forward.graphed
+        return (tokens[0], logits, stops[0]) if pair is None else (tokens, logits, stops)
 
     def _lean_decoder(self) -> LeanDecoder:
         if self._lean is None:
@@ -680,18 +663,6 @@ class Runner:
             pos += 1
         logits_out = torch.stack(kept[: len(tokens[0])]).cpu() if keep_logits else None
         return tokens, logits_out, stops
-
-    def _decode_pair(self, pre, ev_a, ev_b, max_new, stop_at_eos, on_token):
-        """Greedy decode of two same-shape compacted caches as one batch of 2."""
-        cache = self._paged_cache([ev_a, ev_b], pre, max_new)
-        ev_a.decode_bytes, ev_b.decode_bytes = cache.row_nbytes(0), cache.row_nbytes(1)
-        ev_a.cache = ev_b.cache = None  # the batched copy replaces them
-        step = self._lean_decoder().step
-        forward = lambda ids, pos: step(ids, pos, cache)  # noqa: E731
-        tokens, _, stops = self._greedy(
-            pre, forward, max_new, stop_at_eos, rows=2, on_token=on_token
-        )
-        return tokens, stops
 
     def _detok(self, tokens: list[int]) -> str:
         if self.tokenizer is None:
