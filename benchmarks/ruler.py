@@ -292,7 +292,9 @@ whole pipeline), on the 2-core CPU machine. Where a kvpress press ran (`--peers`
 rows at each budget it ran at, and `PRESS at METHOD's memory`: per prompt, the press's
 run with the most physical memory that is at most METHOD's (the tokens of the 16-token
 pages the kept set touches, in the (layer, KV head) that touches most; ours keeps whole
-pages); `(N over)`: prompts where no run fits and its smallest stands in.
+pages); `(N over)`: prompts where no run fits and its smallest stands in. Since the
+presses have answered fewer samples than ours, each block where one ran is followed by
+the same table on the prompts the presses answered, every method on those alone.
 """
 
 
@@ -316,29 +318,47 @@ def table(rows: list[dict]) -> str:
         ),
     ]
     order += sorted({r["method"] for r in matched})  # fmt: skip
-    for model, length, mode in keys:
-        lines += [f"### {model}, {length} tokens, question {mode}", ""]
-        lines.append("| method | " + " | ".join(TASKS) + " | mean | seconds |")
-        lines.append("|---" * (len(TASKS) + 3) + "|")
-        for name in order:
-            row, scores, seconds = [], [], 0.0
-            for task in TASKS:
-                got = cells.get((model, length, mode, name, task), [])
-                if got:
-                    mean = sum(r["score"] for r in got) / len(got)
-                    scores.append(mean)
-                    seconds += sum(r["seconds"] for r in got)
-                    row.append(f"{mean:.2f} ({len(got)})")
-                else:
-                    row.append("-")
-            if scores:
-                avg = f"{sum(scores) / len(scores):.2f}"
-                over = sum(r.get("over", False) for t in TASKS
-                           for r in cells.get((model, length, mode, name, t), []))  # fmt: skip
-                label = f"{name} ({over} over)" if over else name
-                lines.append(f"| {label} | " + " | ".join(row) + f" | {avg} | {seconds:.0f} |")
-        lines.append("")
+    for key in keys:
+        lines += [f"### {key[0]}, {key[1]} tokens, question {key[2]}", ""]
+        lines += _grid(cells, key, order)
+        # Our rows average more samples than a press's: the same prompts, side by side.
+        asked = {(r["task"], r["index"]) for r in rows
+                 if r["method"] not in OUR_METHODS and _block_of(r) == key}  # fmt: skip
+        if asked:
+            same = defaultdict(list)
+            for r in rows + matched:
+                if _block_of(r) == key and (r["task"], r["index"]) in asked:
+                    same[(*key, r["method"], r["task"])].append(r)
+            lines += [f"On the {len(asked)} prompts the presses answered:", ""]
+            lines += _grid(same, key, order)
     return "\n".join(lines)
+
+
+def _block_of(r: dict) -> tuple:
+    return r["model"], r["length"], r["mode"]
+
+
+def _grid(cells: dict, key: tuple, order: list[str]) -> list[str]:
+    """One Markdown table: a row per method of `order` that has answers under `key`."""
+    lines = ["| method | " + " | ".join(TASKS) + " | mean | seconds |"]
+    lines.append("|---" * (len(TASKS) + 3) + "|")
+    for name in order:
+        row, scores, seconds, over = [], [], 0.0, 0
+        for task in TASKS:
+            got = cells.get((*key, name, task), [])
+            if got:
+                mean = sum(r["score"] for r in got) / len(got)
+                scores.append(mean)
+                seconds += sum(r["seconds"] for r in got)
+                over += sum(r.get("over", False) for r in got)
+                row.append(f"{mean:.2f} ({len(got)})")
+            else:
+                row.append("-")
+        if scores:
+            avg = f"{sum(scores) / len(scores):.2f}"
+            label = f"{name} ({over} over)" if over else name
+            lines.append(f"| {label} | " + " | ".join(row) + f" | {avg} | {seconds:.0f} |")
+    return [*lines, ""]
 
 
 def main(argv=None) -> int:

@@ -91,9 +91,28 @@ def test_a_press_is_matched_at_our_physical_memory_per_prompt():
     }
 
 
+def test_a_block_with_presses_repeats_every_method_on_the_presses_prompts():
+    """Ours over all its samples, then every row again on the prompts a press answered
+    alone (sample 0 of vt), so the two sides are read on the same prompts."""
+    rows = [_row("entropy 10%", "ruler_vt", i, s) for i, s in ((0, 1.0), (1, 0.0), (2, 0.0))]
+    rows += [_row("full", "ruler_vt", i, 1.0) for i in (0, 1, 2)]
+    rows += [_row("snapkv 10%", "ruler_vt", 0, 0.5), _row("full", "ruler_vt", 0, 1.0, "after")]
+    text = ruler.table(rows)
+    inside = text.split("question inside")[1]
+    whole, same = inside.split("On the 1 prompts the presses answered:")
+    assert "| entropy 10% | - | - | - | 0.33 (3) |" in whole
+    assert "| entropy 10% | - | - | - | 1.00 (1) |" in same
+    assert "| full | - | - | - | 1.00 (1) |" in same
+    assert "| snapkv 10% | - | - | - | 0.50 (1) |" in same
+    # No press answered with the question after: that block has one table.
+    assert "On the" not in text.split("question after")[1].split("###")[0]
+
+
 def _section(text: str, mode: str, length: int = 2048) -> str:
-    """The table's section for `mode` (the bundled model, `length` tokens)."""
-    return text.split(f"### bundled, {length} tokens, question {mode}", 1)[1].split("###")[0]
+    """The table's section for `mode` (the bundled model, `length` tokens), its first
+    table (all samples; the one on the presses' prompts left out)."""
+    section = text.split(f"### bundled, {length} tokens, question {mode}", 1)[1]
+    return section.split("###")[0].split("\nOn the ")[0]
 
 
 def _means(text: str, mode: str, length: int = 2048) -> dict[str, str]:
