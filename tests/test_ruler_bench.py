@@ -123,8 +123,11 @@ def _means(text: str, mode: str, length: int = 2048) -> dict[str, str]:
 
 
 def _counts(text: str, mode: str, length: int = 2048) -> list[int]:
-    """Every cell's sample count in the table's section for `mode`."""
-    return [int(c) for c in re.findall(r"\((\d+)\)", _section(text, mode, length))]
+    """Every cell's sample count in our methods' rows of the table's section for `mode`
+    (a press's rows count their own, fewer, samples)."""
+    rows = [x for x in _section(text, mode, length).splitlines() if x.startswith("| ")]
+    ours = [x for x in rows if x.split(" | ")[0].lstrip("| ") in ruler.OUR_METHODS]
+    return [int(c) for x in ours for c in re.findall(r"\((\d+)\)", x)]
 
 
 def _quote_4k(text: str) -> str:
