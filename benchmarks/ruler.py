@@ -294,7 +294,7 @@ run with the most physical memory that is at most METHOD's (the tokens of the 16
 pages the kept set touches, in the (layer, KV head) that touches most; ours keeps whole
 pages); `(N over)`: prompts where no run fits and its smallest stands in. Since the
 presses have answered fewer samples than ours, each block where one ran is followed by
-the same table on the prompts the presses answered, every method on those alone.
+the same table on the prompts every press answered, every method on those alone.
 """
 
 
@@ -321,15 +321,19 @@ def table(rows: list[dict]) -> str:
     for key in keys:
         lines += [f"### {key[0]}, {key[1]} tokens, question {key[2]}", ""]
         lines += _grid(cells, key, order)
-        # Our rows average more samples than a press's: the same prompts, side by side.
-        asked = {(r["task"], r["index"]) for r in rows
-                 if r["method"] not in OUR_METHODS and _block_of(r) == key}  # fmt: skip
+        # Our rows average more samples than a press's: the prompts every press answered,
+        # every method on those alone.
+        by_press = defaultdict(set)
+        for r in rows:
+            if r["method"] not in OUR_METHODS and _block_of(r) == key:
+                by_press[r["method"].split(" ")[0]].add((r["task"], r["index"]))
+        asked = set.intersection(*by_press.values()) if by_press else set()
         if asked:
             same = defaultdict(list)
             for r in rows + matched:
                 if _block_of(r) == key and (r["task"], r["index"]) in asked:
                     same[(*key, r["method"], r["task"])].append(r)
-            lines += [f"On the {len(asked)} prompts the presses answered:", ""]
+            lines += [f"On the {len(asked)} prompts every press answered:", ""]
             lines += _grid(same, key, order)
     return "\n".join(lines)
 

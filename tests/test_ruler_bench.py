@@ -92,18 +92,22 @@ def test_a_press_is_matched_at_our_physical_memory_per_prompt():
 
 
 def test_a_block_with_presses_repeats_every_method_on_the_presses_prompts():
-    """Ours over all its samples, then every row again on the prompts a press answered
-    alone (sample 0 of vt), so the two sides are read on the same prompts."""
+    """Ours over all its samples, then every row again on the prompts every press
+    answered (sample 0 of vt: kvzip has not answered sample 1), so all sides are read on
+    the same prompts."""
     rows = [_row("entropy 10%", "ruler_vt", i, s) for i, s in ((0, 1.0), (1, 0.0), (2, 0.0))]
     rows += [_row("full", "ruler_vt", i, 1.0) for i in (0, 1, 2)]
-    rows += [_row("snapkv 10%", "ruler_vt", 0, 0.5), _row("full", "ruler_vt", 0, 1.0, "after")]
+    rows += [_row("snapkv 10%", "ruler_vt", i, s) for i, s in ((0, 0.5), (1, 0.25))]
+    rows += [_row("kvzip 10%", "ruler_vt", 0, 0.75), _row("full", "ruler_vt", 0, 1.0, "after")]
     text = ruler.table(rows)
     inside = text.split("question inside")[1]
-    whole, same = inside.split("On the 1 prompts the presses answered:")
+    whole, same = inside.split("On the 1 prompts every press answered:")
     assert "| entropy 10% | - | - | - | 0.33 (3) |" in whole
+    assert "| snapkv 10% | - | - | - | 0.38 (2) |" in whole
     assert "| entropy 10% | - | - | - | 1.00 (1) |" in same
     assert "| full | - | - | - | 1.00 (1) |" in same
     assert "| snapkv 10% | - | - | - | 0.50 (1) |" in same
+    assert "| kvzip 10% | - | - | - | 0.75 (1) |" in same
     # No press answered with the question after: that block has one table.
     assert "On the" not in text.split("question after")[1].split("###")[0]
 
@@ -140,6 +144,44 @@ def _quote_4k(text: str) -> str:
         f"{inside['mean 10%']} for mean pooling and {inside['entropy 10%']} for entropy at "
         f"10 %, {inside['mean 20%']} and {inside['entropy 20%']} at 20 % (the full cache "
         f"{inside['full']}); question after, {evicted_after[0]}-{evicted_after[-1]}."
+    )
+
+
+def _same_prompts(text: str, mode: str) -> tuple[int, dict[str, str], dict[str, int]]:
+    """On the table of the prompts every press answered (2,048 tokens, the bundled
+    model): their number, each row's `mean`, and each row's `(N over)` count."""
+    block = text.split(f"### bundled, 2048 tokens, question {mode}", 1)[1].split("###")[0]
+    table = block.split("\nOn the ", 1)[1]
+    means, over = {}, {}
+    for cells in (x.split(" | ") for x in table.splitlines()[3:] if x.startswith("| ")):
+        name, _, count = cells[0].lstrip("| ").partition(" (")
+        means[name], over[name] = cells[-2], int(count.split(" ")[0]) if count else 0
+    return int(table.split(" ", 1)[0]), means, over
+
+
+def _quote_presses(text: str, rows: list[dict]) -> str:
+    """What the README says of kvpress's presses on RULER."""
+    n, after, over = _same_prompts(text, "after")
+    _, inside, over_inside = _same_prompts(text, "inside")
+    # "none of its runs fits": KVzip's smallest run stands in on every prompt.
+    assert all(over[f"kvzip at {m}'s memory"] == n for m in ("mean 10%", "entropy 20%"))
+    assert all(over_inside[f"kvzip at {m}'s memory"] == n for m in ("mean 10%", "entropy 20%"))
+    kvzip = [r for r in rows if r["method"].startswith("kvzip ") and r["length"] == 2048]
+    touched = min(r["pages_16"] / -(-r["prompt_tokens"] // 16) for r in kvzip)
+    snap_at = "snapkv at entropy 10%'s memory"
+    return (
+        f"({n // len(ruler.TASKS)} samples a task so far, {n} prompts: too few to rank). At "
+        f"equal kept tokens KVzip did best: with the question after the context it scored "
+        f"{after['kvzip 10%']} at 10 % (the full cache {after['full']}; on the same prompts "
+        f"mean pooling {after['mean 10%']}, entropy {after['entropy 10%']}, SnapKV "
+        f"{after['snapkv 10%']}), and with the question inside {inside['kvzip 10%']} (mean "
+        f"{inside['mean 10%']}, entropy {inside['entropy 10%']}, SnapKV "
+        f"{inside['snapkv 10%']}). But the tokens it keeps are scattered: in some (layer, KV "
+        f"head) they touch at least {int(100 * touched)} % of the prompt's 16-token pages, "
+        f"so a paged cache of them holds nearly the whole prompt, and neither of its runs "
+        f"(10 and 20 %) fits in the memory of ours. SnapKV at the memory of our 10 % (its "
+        f"largest run that fits, or its smallest, 3 %, where none does) scored "
+        f"{after[snap_at]} with the question after and {inside[snap_at]} with it inside."
     )
 
 
@@ -183,6 +225,7 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
         f"fell to {evicted_after[0]}-{evicted_after[-1]}",
         f"six tasks at length 2,048, {samples} samples each",
         _quote_4k(text),
+        _quote_presses(text, rows),
         f"mean {inside['mean 10%']}, entropy {inside['entropy 10%']} at 10 %",
     ):
         assert quoted in readme, quoted
