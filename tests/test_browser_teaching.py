@@ -650,6 +650,12 @@ def test_lesson_7_verdict_follows_the_mechanism_tab(served):
             ".includes('as the controls set it now (heads 4, tokens 128,')",
             timeout=SOON_MS,
         )
+        # The verdict and the table are two outputs: the table may still be pending (a
+        # loaded machine once read its old rows under "processing").
+        page.wait_for_function(
+            "() => !document.querySelector('#m-table').innerText.includes('processing')",
+            timeout=SOON_MS,
+        )
         table = page.locator("#m-table").inner_text()
         verdict = observation_text(page)
         mean_kept = re.search(r"\nmean\s+(kept|evicted)\s", table).group(1)
