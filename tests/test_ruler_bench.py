@@ -168,6 +168,13 @@ def _quote_presses(text: str, rows: list[dict]) -> str:
     # "none of its runs fits": KVzip's smallest run stands in on every prompt.
     assert all(over[f"kvzip at {m}'s memory"] == n for m in ("mean 10%", "entropy 20%"))
     assert all(over_inside[f"kvzip at {m}'s memory"] == n for m in ("mean 10%", "entropy 20%"))
+    # "At equal kept tokens KVzip did best": at each budget, in each mode.
+    for means in (after, inside):
+        for b in (10, 20):
+            rest = [
+                float(means[f"{m} {b}%"]) for m in (*ruler.POOLINGS, "head_independent", "snapkv")
+            ]
+            assert float(means[f"kvzip {b}%"]) >= max(rest), (b, means)
     kvzip = [r for r in rows if r["method"].startswith("kvzip ") and r["length"] == 2048]
     touched = min(r["pages_16"] / -(-r["prompt_tokens"] // 16) for r in kvzip)
     snap_at = "snapkv at entropy 10%'s memory"
