@@ -147,24 +147,24 @@ def _quote_4k(text: str) -> str:
     )
 
 
-def _same_prompts(text: str, mode: str) -> tuple[int, dict[str, str], dict[str, int]]:
+def _same_prompts(text: str, mode: str) -> tuple[int, int, dict[str, str], dict[str, int]]:
     """On the table of the prompts every press answered (2,048 tokens, the bundled
-    model): their number, each row's `mean`, and each row's `(N over)` count (and under
-    "samples", the fewest samples of any cell)."""
+    model): their number, the fewest samples of any cell, each row's `mean`, and each
+    row's `(N over)` count."""
     block = text.split(f"### bundled, 2048 tokens, question {mode}", 1)[1].split("###")[0]
     table = block.split("\nOn the ", 1)[1]
     means, over = {}, {}
     for cells in (x.split(" | ") for x in table.splitlines()[3:] if x.startswith("| ")):
         name, _, count = cells[0].lstrip("| ").partition(" (")
         means[name], over[name] = cells[-2], int(count.split(" ")[0]) if count else 0
-    over["samples"] = min(int(c) for c in re.findall(r"\((\d+)\)", table))
-    return int(table.split(" ", 1)[0]), means, over
+    fewest = min(int(c) for c in re.findall(r"\((\d+)\)", table))
+    return int(table.split(" ", 1)[0]), fewest, means, over
 
 
 def _quote_presses(text: str, rows: list[dict]) -> str:
     """What the README says of kvpress's presses on RULER."""
-    n, after, over = _same_prompts(text, "after")
-    _, inside, over_inside = _same_prompts(text, "inside")
+    n, fewest, after, over = _same_prompts(text, "after")
+    _, _, inside, over_inside = _same_prompts(text, "inside")
     # "none of its runs fits": KVzip's smallest run stands in on every prompt.
     assert all(over[f"kvzip at {m}'s memory"] == n for m in ("mean 10%", "entropy 20%"))
     assert all(over_inside[f"kvzip at {m}'s memory"] == n for m in ("mean 10%", "entropy 20%"))
@@ -179,7 +179,7 @@ def _quote_presses(text: str, rows: list[dict]) -> str:
     touched = min(r["pages_16"] / -(-r["prompt_tokens"] // 16) for r in kvzip)
     snap_at = "snapkv at entropy 10%'s memory"
     return (
-        f"(at least {over['samples']} samples a task so far, {n} prompts: too few to rank). At "
+        f"(at least {fewest} samples a task so far, {n} prompts: too few to rank). At "
         f"equal kept tokens KVzip did best: with the question after the context it scored "
         f"{after['kvzip 10%']} at 10 % (the full cache {after['full']}; on the same prompts "
         f"mean pooling {after['mean 10%']}, entropy {after['entropy 10%']}, SnapKV "

@@ -190,9 +190,8 @@ def reconstruction_masses(scores: dict, profiles: torch.Tensor, n_sink: int) -> 
     collision mass of the aggregated `profiles`.
 
     Why: docs/design.md, "Choices where the code settles a detail" (head weights under
-    the reconstruction scorer). The sink masses
-    are the queries' mean sink share (`scores["focus_sink"]`). `profiles` `[L, H, n]`
-    give the shape and `n` only.
+    the reconstruction scorer). The sink masses are the queries' mean sink share
+    (`scores["focus_sink"]`). `profiles` `[L, H, n]` give the shape and `n` only.
     """
     masses, sinks = scores["focus_mass"], scores["focus_sink"]
     most = masses.shape[-1] - 1

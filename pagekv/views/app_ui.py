@@ -447,7 +447,9 @@ def _run(v: RunInputs, session=None):
             + [message("info", note) for note in range_notes]
         ),
         answers=answers_html(done["table"]),
-        **{view: figs.get(FIGURE_OF.get(view, view)) for view in PLOTS},
+        # Every figure but retention (drawn only where a needle is) must be there.
+        **{v: figs[FIGURE_OF.get(v, v)] for v in PLOTS if v != "retention"},
+        retention=figs.get("retention"),
         files=None,  # the Export tab writes the files of this run on request
         layer=slider_range(0, done["n_layers"] - 1, done["layer"]),
         observation=_observation(lesson, comp),
