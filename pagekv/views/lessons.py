@@ -607,26 +607,53 @@ def lesson_text(
 
 
 def ruler_numbers(rows: list[dict] | None = None) -> dict:
-    """`{ruler_samples, ruler_mean10, ruler_entropy10, ruler_mean20, ruler_entropy20}`:
-    on RULER (`RULER_RESULTS`, the bundled model, 2,048 tokens, question inside), the mean
-    over its tasks of each task's mean score per policy and budget, and the fewest
-    samples behind a task's mean."""
+    """RULER's figures the lessons quote (`RULER_RESULTS`, the bundled model, 2,048
+    tokens), each the mean over its tasks of each task's mean score. Lesson 6's, with the
+    question inside: `ruler_{mean,entropy}{10,20}` and `ruler_samples`, the fewest
+    samples behind a task's mean. Lesson 8's, with the question after, on the prompts
+    both kvpress presses answered (`ruler_press_prompts`, as docs/ruler.md's second
+    table): `ruler_press_{kvzip,snapkv,entropy,mean}` at 10 % and `ruler_press_full`;
+    and `ruler_kvzip_pages`, the least share (%) of a prompt's 16-token pages that
+    KVzip's kept tokens at 10 % touch in their fullest (layer, KV head)."""
     if rows is None:
         rows = [json.loads(x) for x in RULER_RESULTS.read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if (r["model"], r["length"], r["mode"]) == ("bundled", 2048, "inside")]
+    rows = [r for r in rows if (r["model"], r["length"]) == ("bundled", 2048)]
+    inside = [r for r in rows if r["mode"] == "inside"]
+    after = [r for r in rows if r["mode"] == "after"]
     out: dict = {}
     counts = []
     for policy in ("mean", "entropy"):
         for pct in (10, 20):
-            per_task: dict[str, list[float]] = {}
-            for r in rows:
-                if r["method"] == f"{policy} {pct}%":
-                    per_task.setdefault(r["task"], []).append(r["score"])
-            means = [sum(v) / len(v) for v in per_task.values()]
-            out[f"ruler_{policy}{pct}"] = f"{sum(means) / len(means):.2f}"
-            counts += [len(v) for v in per_task.values()]
+            out[f"ruler_{policy}{pct}"], n = _task_means(inside, f"{policy} {pct}%")
+            counts += n
     out["ruler_samples"] = min(counts)
+    asked = set.intersection(
+        *(
+            {(r["task"], r["index"]) for r in after if r["method"].startswith(f"{press} ")}
+            for press in ("kvzip", "snapkv")
+        )
+    )
+    shared = [r for r in after if (r["task"], r["index"]) in asked]
+    out["ruler_press_prompts"] = len(asked)
+    for name in ("kvzip", "snapkv", "entropy", "mean"):
+        out[f"ruler_press_{name}"] = _task_means(shared, f"{name} 10%")[0]
+    out["ruler_press_full"] = _task_means(shared, "full")[0]
+    kvzip = [r for r in rows if r["method"] == "kvzip 10%"]
+    out["ruler_kvzip_pages"] = int(
+        100 * min(r["pages_16"] / -(-r["prompt_tokens"] // 16) for r in kvzip)
+    )
     return out
+
+
+def _task_means(rows: list[dict], method: str) -> tuple[str, list[int]]:
+    """The mean over tasks of `method`'s mean score per task in `rows` (two decimals),
+    and the samples behind each task's mean."""
+    per_task: dict[str, list[float]] = {}
+    for r in rows:
+        if r["method"] == method:
+            per_task.setdefault(r["task"], []).append(r["score"])
+    means = [sum(v) / len(v) for v in per_task.values()]
+    return f"{sum(means) / len(means):.2f}", [len(v) for v in per_task.values()]
 
 
 def search_numbers(total: dict | None = None) -> dict:
