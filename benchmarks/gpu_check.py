@@ -5,34 +5,25 @@ gradio, plotly, gguf or accelerate needed)::
 
     python benchmarks/gpu_check.py --out docs/perf_gpu.json
 
-runs, each stage in its own subprocess with a time limit, under a global deadline
+runs four stages, each in its own subprocess with a time limit, under a global deadline
 (`--deadline`, 400 s by default, so the whole check ends within 7 minutes):
 
 1. `runner_tests`, first: the tests of the whole Triton path on the GPU, each on a tiny
-   random model (`RUNNER_TESTS`, slow-marked ones deselected): the runner's Triton path
-   against its torch path with the twins made to raise (tests/test_triton_path.py),
-   the eviction step's host waits, counted by `torch.cuda.set_sync_debug_mode`, the
-   same at 2 and 6 layers (tests/test_host_waits.py), the decode's attention masks
-   (tests/test_decode_masks.py), the one-launch compaction of a whole cache
-   (tests/test_compact_layers.py), the reconstruction scorer's Triton path
-   (tests/test_reconstruct.py) and the greedy decode's syncs, one per chunk of tokens
-   (tests/test_decode_reads.py). Pass/fail counts, overall and for `[cuda]`.
+   random model (`RUNNER_TESTS`): the runner's Triton path against its torch path with
+   the twins made to raise, the eviction step's host waits (counted by
+   `torch.cuda.set_sync_debug_mode`), the decode's masks and syncs, the one-launch
+   compaction, the reconstruction scorer. Pass/fail counts, overall and for `[cuda]`.
 2. `kernel_tests`: the kernel parity tests, `tests/test_kernels.py` and the paged
    decode's `tests/test_paged_decode.py` (their `[cuda]` copies compiled on the GPU),
-   less the hypothesis property test, whose random shapes each compile anew
-   (`KERNEL_TESTS_K`); the CPU suite runs it interpreted.
+   less the hypothesis property test (`KERNEL_TESTS_K`).
 3. `end_to_end`: a model with Qwen2.5-1.5B-Instruct's configuration and random weights
-   (built from the config below, nothing downloaded; bfloat16, SDPA prefill) through
+   (nothing downloaded; bfloat16, SDPA prefill) through
    `pagekv.runtime.runner.Runner(model, None, backend="triton")` at 4k, 16k and 32k random
    prompt tokens: prefill, the eviction step (`policy="entropy"`, budget 0.2, pages of
-   16) and 32 decoded tokens, against `policy="full"`. Recorded: prefill seconds, the
-   eviction step and its scoring in seconds and as a fraction of prefill, decode
-   tokens/s full against evicted (each plan decoded twice: the first decode captures
-   its bucket's CUDA graph, `decode_tok_s_first_*`, the second replays it) and against
-   transformers' `generate` on the same prompt, cache bytes before/after, the backend
-   of each step, peak GPU memory, and one more eviction step under `torch.profiler`
-   (`evict_profile`: its wall time, the host time of the operations and CUDA runtime
-   calls, their device time, the 15 with the most host time), since the step is
+   16) and 32 decoded tokens, against `policy="full"` and against transformers'
+   `generate` on the same prompt. Each plan is decoded twice: the first decode captures
+   its bucket's CUDA graph (`decode_tok_s_first_*`), the second replays it. One more
+   eviction step runs under `torch.profiler` (`evict_profile`), since the step is
    host-bound. A warm-up at the first size (untimed, its time recorded) pays the Triton
    compilation.
 4. `bench_kernels`: `benchmarks/bench_kernels.py` at 4k-128k tokens on the pilot
@@ -57,11 +48,10 @@ the elapsed time: `[  42.0s] ...`.
 test in under 3 minutes: the Triton interpreter (`TRITON_INTERPRET=1`, set before
 anything imports `kernels`), a few of the runner and kernel tests (`RUNNER_TESTS_DRY`,
 `KERNEL_TESTS_DRY_K`; the CPU suite runs them all), a tiny Qwen2 configuration in
-float32, prompts of 512 and 1024 tokens, 4 decoded tokens, the benchmark at 256
-tokens. It writes the same JSON structure to a temporary file (never over
-docs/perf_gpu.json unless `--out` says so) and ends with the same verdict line; the GPU
-targets are not judged (its numbers say nothing about GPU performance: it proves the
-script).
+float32 and the small sizes of `PLANS["dry-run"]`. It writes the same JSON structure to a
+temporary file (never over docs/perf_gpu.json unless `--out` says so) and ends with the
+same verdict line; the GPU targets are not judged (its numbers say nothing about GPU
+performance: it proves the script).
 
 Compatibility: it runs with the GPU machine's older stack (transformers 5.17, triton
 3.6) as well as ours; the runner passes the cache under whichever name the installed
@@ -72,7 +62,9 @@ transformers' `forward` takes (`cache` in 5.24, `past_key_values` in 5.17).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import functools
 import gc
 import importlib.metadata
 import json
@@ -148,20 +140,14 @@ QWEN25_1_5B = dict(
     bos_token_id=151643,
     eos_token_id=151645,
 )
-#: The dry run's stand-in: the same family and GQA ratio class, tiny.
-TINY = dict(
+#: The dry run's stand-in: the same family and GQA ratio class, tiny (no special tokens).
+TINY = {k: v for k, v in QWEN25_1_5B.items() if not k.endswith("_token_id")} | dict(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
     num_attention_heads=4,
-    num_key_value_heads=2,
     vocab_size=256,
     max_position_embeddings=4096,
-    rope_theta=1e6,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-    use_sliding_window=False,
-    hidden_act="silu",
 )
 
 #: Per mode: sizes, decode length, stage limits (s) and the deadline (s).
@@ -189,8 +175,16 @@ PLANS = {
     ),
 }
 
+#: The stages in order, and the report key of each.
+STAGES = {
+    "runner_tests": "runner_tests",
+    "kernel_tests": "kernel_tests",
+    "e2e": "end_to_end",
+    "bench": "bench_kernels",
+}
 
-# --------------------------------------------------------------------------- helpers
+
+# -------------------------------------------------------------------- helpers
 
 
 class Clock:
@@ -217,24 +211,13 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _git_commit() -> str | None:
+def _output(cmd: list[str], timeout: float, need_success: bool = False) -> str | None:
+    """What `cmd` prints, stripped; None if it cannot run, prints nothing or fails (if told)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=10)  # fmt: skip
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError):
         return None
-    return (out.stdout.strip() or None) if out.returncode == 0 else None
-
-
-def _nvidia_smi() -> str | None:
-    """Driver, clocks and power limit, as nvidia-smi reports them (None without it)."""
-    query = "name,driver_version,clocks.max.sm,clocks.max.memory,power.limit,memory.total"
-    try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv"],
-                             capture_output=True, text=True, timeout=15)  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+    return None if need_success and out.returncode != 0 else (out.stdout.strip() or None)
 
 
 def environment(mode: str, args) -> dict:
@@ -255,28 +238,42 @@ def environment(mode: str, args) -> dict:
         "triton": _version("triton"),
         "transformers": _version("transformers"),
         "pytest": _version("pytest"),
-        "git_commit": _git_commit(),
+        "git_commit": _output(["git", "rev-parse", "HEAD"], 10, need_success=True),
         "triton_interpret": os.environ.get("TRITON_INTERPRET"),
         "cuda_available": cuda,
     }
     if cuda:
         props = torch.cuda.get_device_properties(0)
+        # Driver, clocks and power limit, as nvidia-smi reports them (None without it).
+        query = "name,driver_version,clocks.max.sm,clocks.max.memory,power.limit,memory.total"
         meta["gpu"] = {
             "name": props.name,
             "capability": f"{props.major}.{props.minor}",
             "memory_gib": round(props.total_memory / 2**30, 1),
             "multiprocessors": props.multi_processor_count,
             "count": torch.cuda.device_count(),
-            "nvidia_smi": _nvidia_smi(),
+            "nvidia_smi": _output(["nvidia-smi", f"--query-gpu={query}", "--format=csv"], 15),
         }
     return meta
 
 
-def run_stage(cmd: list[str], timeout: float, clock: Clock, label: str, env=None,
+def _set_mode_env(env, dry: bool) -> None:
+    """A dry run: the Triton interpreter, and the CPU even on a GPU machine; else compiled."""
+    if dry:
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        env.pop("TRITON_INTERPRET", None)
+
+
+def run_stage(cmd: list[str], timeout: float, clock: Clock, label: str, dry: bool,
               lines: list[str] | None = None) -> dict:  # fmt: skip
-    """Run `cmd` from the repository root, echo its lines with the elapsed time, stop it at
-    `timeout` seconds (its whole process group). Returns rc, wall time and the tail;
-    every line is also appended to `lines` when given."""
+    """Run `cmd` from the repository root in the mode's environment, echo its lines with the
+    elapsed time, stop it at `timeout` seconds (its whole process group). Returns rc, wall
+    time and the tail; every line is also appended to `lines` when given."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    _set_mode_env(env, dry)
     tail: deque[str] = deque(maxlen=60)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -299,10 +296,8 @@ def run_stage(cmd: list[str], timeout: float, clock: Clock, label: str, env=None
     except subprocess.TimeoutExpired:
         timed_out = True
         clock.say(f"{label}: time limit of {timeout:.0f} s reached; stopping it")
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)  # the stage's own process group (start_new_session)
-        except ProcessLookupError:
-            pass
         rc = proc.wait()
     reader.join(timeout=5)
     return {
@@ -315,17 +310,6 @@ def run_stage(cmd: list[str], timeout: float, clock: Clock, label: str, env=None
     }
 
 
-def stage_env(dry: bool) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    if dry:
-        env["TRITON_INTERPRET"] = "1"
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    else:
-        env.pop("TRITON_INTERPRET", None)
-    return env
-
-
 def write_json(path: Path, report: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -333,7 +317,11 @@ def write_json(path: Path, report: dict) -> None:
     tmp.replace(path)
 
 
-# --------------------------------------------------------------------------- stage 1
+def _fmt(x, unit="", scale=1.0, digits=1) -> str:
+    return "n/a" if x is None else f"{x * scale:.{digits}f}{unit}"
+
+
+# -------------------------------------------------- stages 1 and 2: the tests
 
 
 def _tally(outcomes) -> dict:
@@ -374,34 +362,22 @@ def verbose_counts(lines: list[str]) -> dict:
     return _tally((m.group(1), word[m.group(2)], "[cuda" in m.group(1)) for m in found if m)
 
 
-def _peak_bandwidth() -> float:
-    """Bytes per second of the GPU's memory: `bench_kernels.PEAKS` (an H200's HBM3e)."""
-    from bench_kernels import PEAKS  # benchmarks/ is this script's own folder
-
-    return PEAKS["tbps"] * 1e12
-
-
-def test_command(stage: str, dry: bool, xml_path: Path, k: str | None = None) -> list[str]:
-    """The pytest command of a test stage (`runner_tests` or `kernel_tests`)."""
-    # -v: one line per test, so a stage stopped at its limit still has its counts.
-    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
-           f"--junitxml={xml_path}"]  # fmt: skip
-    if stage == "runner_tests":
-        cmd += [*(RUNNER_TESTS_DRY if dry else RUNNER_TESTS), "-m", "not slow"]
-        k = k or (RUNNER_TESTS_DRY_K if dry else None)
-    else:
-        cmd += ["tests/test_kernels.py", "tests/test_paged_decode.py"]
-        k = k or (KERNEL_TESTS_DRY_K if dry else KERNEL_TESTS_K)
-    return cmd + (["-k", k] if k else [])
-
-
 def stage_tests(args, clock: Clock, dry: bool, limit: float, stage: str) -> dict:
+    """A test stage (`runner_tests` or `kernel_tests`): pytest, and its counts."""
     with tempfile.TemporaryDirectory() as tmp:
         xml_path = Path(tmp) / "junit.xml"
-        k = args.tests_k if stage == "kernel_tests" else None
-        cmd = test_command(stage, dry, xml_path, k)
+        # -v: one line per test, so a stage stopped at its limit still has its counts.
+        cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
+               f"--junitxml={xml_path}"]  # fmt: skip
+        if stage == "runner_tests":
+            cmd += [*(RUNNER_TESTS_DRY if dry else RUNNER_TESTS), "-m", "not slow"]
+            k = RUNNER_TESTS_DRY_K if dry else None
+        else:
+            cmd += ["tests/test_kernels.py", "tests/test_paged_decode.py"]
+            k = args.tests_k or (KERNEL_TESTS_DRY_K if dry else KERNEL_TESTS_K)
+        cmd += ["-k", k] if k else []
         lines: list[str] = []
-        out = run_stage(cmd, limit, clock, stage, stage_env(dry), lines)
+        out = run_stage(cmd, limit, clock, stage, dry, lines)
         try:
             out.update(junit_counts(xml_path))
             out["counts_from"] = "junit xml"
@@ -410,16 +386,12 @@ def stage_tests(args, clock: Clock, dry: bool, limit: float, stage: str) -> dict
             out["counts_from"] = f"pytest -v lines (no junit xml: {type(e).__name__})"
     summary = [ln for ln in out["output_tail"] if re.search(r"\d+ (passed|failed|error)", ln)]
     out["summary"] = summary[-1] if summary else None
-    out["ok"] = (
-        out["rc"] == 0
-        and not out["timed_out"]
-        and out["failed"] == out["errors"] == 0
-        and out["passed"] > 0
-    )
+    passed = out["failed"] == out["errors"] == 0 and out["passed"] > 0
+    out["ok"] = out["rc"] == 0 and not out["timed_out"] and passed
     return out
 
 
-# --------------------------------------------------------------------------- stage 2
+# -------------------------------------------------------- stage 3: end to end
 
 
 def build_model(config: dict, dtype, device):
@@ -454,11 +426,8 @@ def _clear_profile_memo(pre) -> bool:
 
 def _step_seconds(timings: dict) -> tuple[float, list[str]]:
     """The eviction step: every timed part except the prefill and the decode."""
-    keys = [
-        k
-        for k, v in timings.items()
-        if k.endswith("_s") and k not in ("prefill_s", "decode_s") and v is not None
-    ]
+    other = ("prefill_s", "decode_s")
+    keys = [k for k, v in timings.items() if k.endswith("_s") and k not in other and v is not None]
     return float(sum(float(timings[k]) for k in keys)), keys
 
 
@@ -480,15 +449,11 @@ def _result_summary(res) -> dict:
     flat = _flat_ints(d.get("kept_tokens"))
     if flat:
         out["kept_tokens_per_layer_group"] = {"min": min(flat), "max": max(flat)}
-    tokens = d.get("tokens") or []
     decode_s = float(d.get("timings", {}).get("decode_s", 0.0))
     # The first answer token is the prefill's argmax: len(tokens) - 1 decode forwards.
-    forwards = max(len(tokens) - 1, 0)
-    out["decode_forwards"] = forwards
+    out["decode_forwards"] = forwards = max(len(d.get("tokens") or []) - 1, 0)
     out["decode_tok_s"] = forwards / decode_s if decode_s > 0 and forwards else None
-    step_s, step_keys = _step_seconds(d.get("timings", {}))
-    out["evict_step_s"] = step_s
-    out["evict_step_parts"] = step_keys
+    out["evict_step_s"], out["evict_step_parts"] = _step_seconds(d.get("timings", {}))
     return out
 
 
@@ -596,8 +561,7 @@ def stage_e2e(args) -> int:
         "skipped": [],
     }
 
-    def save():
-        part_out.write_text(json.dumps(report, indent=1, default=str))
+    save = functools.partial(write_json, part_out, report)
 
     from pagekv import EvictionConfig
     from pagekv.runtime.runner import Runner
@@ -607,12 +571,13 @@ def stage_e2e(args) -> int:
     report["build_s"] = time.perf_counter() - t
     report["parameters"] = sum(p.numel() for p in model.parameters())
     # A batch-1 decode step reads every weight once: at the GPU's bandwidth that bounds
-    # the tokens per second (bench_kernels.PEAKS, an H200's; none on the CPU).
+    # the tokens per second (bench_kernels.PEAKS, an H200's HBM3e; none on the CPU).
     report["weight_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-    bandwidth = _peak_bandwidth() if device.type == "cuda" else None
-    report["decode_bound_ms_per_token"] = (
-        1e3 * report["weight_bytes"] / bandwidth if bandwidth else None
-    )
+    report["decode_bound_ms_per_token"] = None
+    if device.type == "cuda":
+        from bench_kernels import PEAKS  # benchmarks/ is this script's own folder
+
+        report["decode_bound_ms_per_token"] = 1e3 * report["weight_bytes"] / (PEAKS["tbps"] * 1e12)
     report["compat_shims"] = []  # the runner itself handles transformers 5.17 and 5.24
     say(f"model built in {report['build_s']:.1f} s ({report['parameters'] / 1e6:.1f} M "
         f"parameters, {report['dtype']}); shims: {report['compat_shims'] or 'none'}")  # fmt: skip
@@ -624,10 +589,9 @@ def stage_e2e(args) -> int:
     cfg_f = EvictionConfig(policy="full", budget=0.2, page_size=16)
     new = report["new_tokens"]
     gen = torch.Generator().manual_seed(1)
-    vocab = config["vocab_size"]
 
     def ids_of(n):
-        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+        return torch.randint(0, config["vocab_size"], (n,), generator=gen).tolist()
 
     # Warm-up (untimed in the figures): compiles the Triton kernels and the SDPA path.
     n0 = args.e2e_sizes[0]
@@ -665,8 +629,7 @@ def stage_e2e(args) -> int:
             run["prefill_s_first"] = float(pre.timings["prefill_s"])
             del pre
             pre = runner.prefill(ids, window_max=cfg_e.window)
-            prefill_s = float(pre.timings["prefill_s"])
-            run["prefill_s"] = prefill_s
+            run["prefill_s"] = prefill_s = float(pre.timings["prefill_s"])
             run["prefill_tok_s"] = n / prefill_s
             # Each decode twice: the first captures its bucket's CUDA graph (reported as
             # decode_tok_s_first_*), the second replays it from its first one-token step.
@@ -758,11 +721,32 @@ def stage_e2e(args) -> int:
     return 0
 
 
-def _fmt(x) -> str:
-    return "n/a" if x is None else f"{x:.1f}"
+def stage_e2e_run(args, clock: Clock, dry: bool, mode: str, limit: float) -> dict:
+    """Run the end-to-end stage in a child process and read back what it wrote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        part = Path(tmp) / "e2e.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", "e2e", "--mode", mode,
+               "--part-out", str(part), "--stage-limit", f"{max(limit - 10.0, 5.0):.0f}",
+               "--evict-reps", str(args.evict_reps),
+               "--e2e-sizes", *map(str, args.e2e_sizes)]  # fmt: skip
+        if args.new_tokens is not None:
+            cmd += ["--new-tokens", str(args.new_tokens)]
+        if dry:
+            cmd.append("--dry-run")
+        run = run_stage(cmd, limit, clock, "e2e", dry)
+        try:
+            out = json.loads(part.read_text())
+        except (OSError, ValueError) as e:
+            out = {"result_error": f"{type(e).__name__}: {e}"}
+    out["process"] = run
+    done = {r.get("n") for r in out.get("runs", [])} | {s["n"] for s in out.get("skipped", [])}
+    out["not_reached"] = [n for n in args.e2e_sizes if n not in done]
+    erred = any("error" in r for r in out.get("runs", []))
+    out["ok"] = run["rc"] == 0 and not run["timed_out"] and not erred
+    return out
 
 
-# --------------------------------------------------------------------------- stage 3
+# ---------------------------------------------- stage 4: the kernel benchmark
 
 
 def bench_summary(bench: dict) -> list[dict]:
@@ -775,9 +759,7 @@ def bench_summary(bench: dict) -> list[dict]:
             return t.get(name, {}).get("ms")
 
         row = {"n": r.get("n")}
-        for key in ("error", "skipped"):
-            if key in r:
-                row[key] = r[key]
+        row.update({key: r[key] for key in ("error", "skipped") if key in r})
         s_tr, s_to = ms("score/triton"), ms("score/torch")
         row["score_triton_ms"], row["score_torch_ms"] = s_tr, s_to
         row["score_speedup"] = s_to / s_tr if s_tr and s_to else None
@@ -800,6 +782,26 @@ def bench_summary(bench: dict) -> list[dict]:
     return rows
 
 
+def _bench_line(row: dict) -> str:
+    if "error" in row or "skipped" in row:
+        return str(row.get("error") or f"skipped: {row.get('skipped')}")
+
+    ms = functools.partial(_fmt, unit=" ms", digits=3)
+    long = [
+        f"; {key[: -len('_triton_ms')]} triton {ms(row[key])} vs torch "
+        f"{ms(row.get(key.replace('_triton_', '_torch_')))}"
+        for key in row
+        if key.startswith(("score_w", "max_w")) and key.endswith("_triton_ms")
+    ]
+    return (
+        f"score triton {ms(row['score_triton_ms'])} vs torch "
+        f"{ms(row['score_torch_ms'])} ({_fmt(row['score_speedup'], 'x')}, "
+        f"{_fmt(row['score_frac_of_peak'], '% of peak', 100)}, "
+        f"{_fmt(row.get('score_frac_of_bound'), '%', 100)} of its {row.get('score_bound')} "
+        f"bound); eviction step triton {ms(row['eviction_step_triton_ms'])}" + "".join(long)
+    )
+
+
 def stage_bench(args, clock: Clock, dry: bool, limit: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out_path = Path(tmp) / "bench.json"
@@ -810,7 +812,7 @@ def stage_bench(args, clock: Clock, dry: bool, limit: float) -> dict:
             cmd.append("--no-compile")
         if not dry:
             cmd.append("--rng-device")
-        out = run_stage(cmd, limit, clock, "bench", stage_env(dry))
+        out = run_stage(cmd, limit, clock, "bench", dry)
         try:
             out["result"] = json.loads(out_path.read_text())
         except (OSError, ValueError) as e:
@@ -823,151 +825,7 @@ def stage_bench(args, clock: Clock, dry: bool, limit: float) -> dict:
     return out
 
 
-# --------------------------------------------------------------------------- main
-
-
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    ap.add_argument("--out", type=Path, default=None,
-                    help="the JSON file (default: docs/perf_gpu.json on a GPU, a temporary "
-                    "file in a dry run)")  # fmt: skip
-    ap.add_argument("--dry-run", action="store_true",
-                    help="the CPU smoke version (automatic without CUDA)")  # fmt: skip
-    ap.add_argument("--deadline", type=float, default=None,
-                    help="seconds for the whole check (default 400 on a GPU, 170 dry)")  # fmt: skip
-    stages = list(STAGES)
-    ap.add_argument("--stages", nargs="+", default=stages, choices=stages,
-                    help="the stages to run, in order")  # fmt: skip
-    ap.add_argument("--e2e-sizes", type=int, nargs="+", default=None, help="prompt tokens")
-    ap.add_argument("--new-tokens", type=int, default=None, help="decoded tokens per run")
-    ap.add_argument("--evict-reps", type=int, default=None,
-                    help="repeats of the eviction step per size (median reported)")  # fmt: skip
-    ap.add_argument("--bench-sizes", type=int, nargs="+", default=None)
-    ap.add_argument("--bench-compile", action="store_true",
-                    help="also time the torch.compile twins (slow to compile)")  # fmt: skip
-    ap.add_argument("--tests-k", default=None, help="pytest -k expression for the kernel tests")
-    # Internal: the end-to-end stage runs in a child process of this script.
-    ap.add_argument("--stage", choices=["e2e"], help=argparse.SUPPRESS)
-    ap.add_argument("--mode", choices=list(PLANS), help=argparse.SUPPRESS)
-    ap.add_argument("--part-out", help=argparse.SUPPRESS)
-    ap.add_argument("--stage-limit", type=float, help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
-
-
-#: The stages in order, and the report key of each.
-STAGES = {
-    "runner_tests": "runner_tests",
-    "kernel_tests": "kernel_tests",
-    "e2e": "end_to_end",
-    "bench": "bench_kernels",
-}
-
-
-def prepare_environment(argv: list[str]) -> None:
-    """This process's environment, set before anything imports torch or pagekv: the
-    Triton interpreter is chosen when a kernel is defined (when `kernels.*` is first
-    imported), so a dry run sets it here, from a plain look at argv (argparse is set not
-    to abbreviate); a GPU run unsets it. Offline, no analytics. Called by `main` (not at
-    import: a test that loads this module keeps its own environment)."""
-    if "--dry-run" in argv:
-        os.environ["TRITON_INTERPRET"] = "1"
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a dry run on a GPU machine stays on the CPU
-    else:
-        os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels where CUDA is present
-    for key, value in (
-        ("HF_HUB_OFFLINE", "1"),
-        ("TRANSFORMERS_OFFLINE", "1"),
-        ("GRADIO_ANALYTICS_ENABLED", "False"),
-        ("TOKENIZERS_PARALLELISM", "false"),
-    ):
-        os.environ.setdefault(key, value)
-
-
-def main(argv=None) -> int:
-    prepare_environment(sys.argv[1:] if argv is None else list(argv))
-    args = parse_args(argv)
-    if args.stage == "e2e":
-        return stage_e2e(args)
-
-    import torch
-
-    mode = "dry-run" if args.dry_run or not torch.cuda.is_available() else "gpu"
-    if mode == "dry-run":
-        os.environ["TRITON_INTERPRET"] = "1"  # nothing has imported `kernels` yet
-    plan = PLANS[mode]
-    args.deadline = args.deadline or plan["deadline"]
-    args.e2e_sizes = args.e2e_sizes or plan["e2e_sizes"]
-    args.bench_sizes = args.bench_sizes or plan["bench_sizes"]
-    args.evict_reps = plan["evict_reps"] if args.evict_reps is None else args.evict_reps
-    if args.out is None:
-        if mode == "gpu":
-            args.out = ROOT / "docs" / "perf_gpu.json"
-        else:
-            args.out = Path(tempfile.gettempdir()) / "pagekv_gpu_check_dry_run.json"
-    clock = Clock(args.deadline)
-    dry = mode == "dry-run"
-    if dry and not args.dry_run:
-        clock.say("no CUDA device: running the CPU dry run (these numbers are not GPU figures)")
-    report: dict = {"meta": environment(mode, args)}
-    meta = report["meta"]
-    clock.say(
-        f"gpu_check ({mode}): torch {meta['torch']}, triton {meta['triton']}, transformers "
-        f"{meta['transformers']}, {meta.get('gpu', {}).get('name', 'no GPU')}; deadline "
-        f"{args.deadline:.0f} s; writing {args.out}"
-    )
-    for key in STAGES.values():
-        report[key] = {"status": "not run"}
-    write_json(args.out, report)
-
-    order = [s for s in STAGES if s in args.stages]
-    for i, stage in enumerate(order):
-        reserve = sum(plan["reserves"][later] for later in order[i + 1 :])
-        limit = min(clock.left() - reserve - 5.0, plan["limits"][stage])
-        key = STAGES[stage]
-        if limit < 10:
-            report[key] = {"status": "skipped", "reason": f"deadline: {clock.left():.0f} s left"}
-            clock.say(f"{stage}: skipped, {clock.left():.0f} s left")
-            write_json(args.out, report)
-            continue
-        clock.say(f"stage {stage}: limit {limit:.0f} s")
-        try:
-            if stage.endswith("_tests"):
-                out = stage_tests(args, clock, dry, limit, stage)
-                clock.say(
-                    f"{stage}: {out.get('passed')} passed, {out.get('failed')} failed, "
-                    f"{out.get('errors')} errors, {out.get('skipped')} skipped "
-                    f"([cuda]: {out.get('cuda')}) in {out['wall_s']:.0f} s"
-                )
-            elif stage == "e2e":
-                out = stage_e2e_run(args, clock, dry, mode, limit)
-            else:
-                out = stage_bench(args, clock, dry, limit)
-                for row in out["summary"]:
-                    clock.say(f"bench n = {row['n']}: " + _bench_line(row))
-        except Exception as e:  # the check itself failing is a failure, said, not a crash
-            out = {"ok": False, "error": f"{type(e).__name__}: {e}"[:800],
-                   "traceback": traceback.format_exc().splitlines()[-12:]}  # fmt: skip
-            clock.say(f"{stage}: the stage itself failed: {out['error']}")
-        out["status"] = "done"
-        report[key] = out
-        report["elapsed_s"] = round(clock.elapsed(), 1)
-        write_json(args.out, report)
-
-    report["imports"] = {
-        "forbidden": list(FORBIDDEN),
-        "imported_by_check": [m for m in FORBIDDEN if m in sys.modules],
-        "imported_by_end_to_end": report["end_to_end"].get("forbidden_imported"),
-        "note": "transformers imports accelerate itself wherever it is installed; "
-        "tests/test_gpu_check.py checks that nothing else does",
-    }
-    report["elapsed_s"] = round(clock.elapsed(), 1)
-    report["within_deadline"] = report["elapsed_s"] <= args.deadline
-    failures = verdict(report, mode, args)
-    report["verdict"] = {"passed": not failures, "failures": failures}
-    write_json(args.out, report)
-    clock.say(f"done in {report['elapsed_s']:.0f} s; wrote {args.out}")
-    print("GPU check: PASSED" if not failures else "GPU check: FAILED: " + "; ".join(failures))
-    return 0 if not failures else 1
+# ---------------------------------------------------------------- the verdict
 
 
 def _test_failures(label: str, out: dict) -> list[str]:
@@ -1061,55 +919,134 @@ def target_failures(report: dict) -> list[str]:
     return out
 
 
-def stage_e2e_run(args, clock: Clock, dry: bool, mode: str, limit: float) -> dict:
-    """Run the end-to-end stage in a child process and read back what it wrote."""
-    with tempfile.TemporaryDirectory() as tmp:
-        part = Path(tmp) / "e2e.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", "e2e", "--mode", mode,
-               "--part-out", str(part), "--stage-limit", f"{max(limit - 10.0, 5.0):.0f}",
-               "--evict-reps", str(args.evict_reps),
-               "--e2e-sizes", *map(str, args.e2e_sizes)]  # fmt: skip
-        if args.new_tokens is not None:
-            cmd += ["--new-tokens", str(args.new_tokens)]
-        if dry:
-            cmd.append("--dry-run")
-        run = run_stage(cmd, limit, clock, "e2e", stage_env(dry))
+# ----------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the JSON file (default: docs/perf_gpu.json on a GPU, a temporary "
+                    "file in a dry run)")  # fmt: skip
+    ap.add_argument("--dry-run", action="store_true",
+                    help="the CPU smoke version (automatic without CUDA)")  # fmt: skip
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds for the whole check (default 400 on a GPU, 170 dry)")  # fmt: skip
+    stages = list(STAGES)
+    ap.add_argument("--stages", nargs="+", default=stages, choices=stages,
+                    help="the stages to run, in order")  # fmt: skip
+    ap.add_argument("--e2e-sizes", type=int, nargs="+", default=None, help="prompt tokens")
+    ap.add_argument("--new-tokens", type=int, default=None, help="decoded tokens per run")
+    ap.add_argument("--evict-reps", type=int, default=None,
+                    help="repeats of the eviction step per size (median reported)")  # fmt: skip
+    ap.add_argument("--bench-sizes", type=int, nargs="+", default=None)
+    ap.add_argument("--bench-compile", action="store_true",
+                    help="also time the torch.compile twins (slow to compile)")  # fmt: skip
+    ap.add_argument("--tests-k", default=None, help="pytest -k expression for the kernel tests")
+    # Internal: the end-to-end stage runs in a child process of this script.
+    ap.add_argument("--stage", choices=["e2e"], help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=list(PLANS), help=argparse.SUPPRESS)
+    ap.add_argument("--part-out", help=argparse.SUPPRESS)
+    ap.add_argument("--stage-limit", type=float, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def prepare_environment(argv: list[str]) -> None:
+    """This process's environment, set before anything imports torch or pagekv: the
+    Triton interpreter is chosen when a kernel is defined (when `kernels.*` is first
+    imported), so a dry run sets it here, from a plain look at argv (argparse is set not
+    to abbreviate); a GPU run unsets it. Offline, no analytics. Called by `main` (not at
+    import: a test that loads this module keeps its own environment)."""
+    _set_mode_env(os.environ, "--dry-run" in argv)
+    for key, value in (
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("GRADIO_ANALYTICS_ENABLED", "False"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+    ):
+        os.environ.setdefault(key, value)
+
+
+def main(argv=None) -> int:
+    prepare_environment(sys.argv[1:] if argv is None else list(argv))
+    args = parse_args(argv)
+    if args.stage == "e2e":
+        return stage_e2e(args)
+
+    import torch
+
+    mode = "dry-run" if args.dry_run or not torch.cuda.is_available() else "gpu"
+    dry = mode == "dry-run"
+    if dry:
+        os.environ["TRITON_INTERPRET"] = "1"  # nothing has imported `kernels` yet
+    plan = PLANS[mode]
+    args.deadline = args.deadline or plan["deadline"]
+    args.e2e_sizes = args.e2e_sizes or plan["e2e_sizes"]
+    args.bench_sizes = args.bench_sizes or plan["bench_sizes"]
+    args.evict_reps = plan["evict_reps"] if args.evict_reps is None else args.evict_reps
+    dry_out = Path(tempfile.gettempdir()) / "pagekv_gpu_check_dry_run.json"
+    args.out = args.out or (dry_out if dry else ROOT / "docs" / "perf_gpu.json")
+    clock = Clock(args.deadline)
+    if dry and not args.dry_run:
+        clock.say("no CUDA device: running the CPU dry run (these numbers are not GPU figures)")
+    report: dict = {"meta": environment(mode, args)}
+    meta = report["meta"]
+    clock.say(
+        f"gpu_check ({mode}): torch {meta['torch']}, triton {meta['triton']}, transformers "
+        f"{meta['transformers']}, {meta.get('gpu', {}).get('name', 'no GPU')}; deadline "
+        f"{args.deadline:.0f} s; writing {args.out}"
+    )
+    report.update({key: {"status": "not run"} for key in STAGES.values()})
+    write_json(args.out, report)
+
+    order = [s for s in STAGES if s in args.stages]
+    for i, stage in enumerate(order):
+        reserve = sum(plan["reserves"][later] for later in order[i + 1 :])
+        limit = min(clock.left() - reserve - 5.0, plan["limits"][stage])
+        key = STAGES[stage]
+        if limit < 10:
+            report[key] = {"status": "skipped", "reason": f"deadline: {clock.left():.0f} s left"}
+            clock.say(f"{stage}: skipped, {clock.left():.0f} s left")
+            write_json(args.out, report)
+            continue
+        clock.say(f"stage {stage}: limit {limit:.0f} s")
         try:
-            out = json.loads(part.read_text())
-        except (OSError, ValueError) as e:
-            out = {"result_error": f"{type(e).__name__}: {e}"}
-    out["process"] = run
-    done = {r.get("n") for r in out.get("runs", [])} | {s["n"] for s in out.get("skipped", [])}
-    out["not_reached"] = [n for n in args.e2e_sizes if n not in done]
-    out["ok"] = (
-        run["rc"] == 0
-        and not run["timed_out"]
-        and not any("error" in r for r in out.get("runs", []))
-    )
-    return out
+            if stage.endswith("_tests"):
+                out = stage_tests(args, clock, dry, limit, stage)
+                clock.say(
+                    f"{stage}: {out.get('passed')} passed, {out.get('failed')} failed, "
+                    f"{out.get('errors')} errors, {out.get('skipped')} skipped "
+                    f"([cuda]: {out.get('cuda')}) in {out['wall_s']:.0f} s"
+                )
+            elif stage == "e2e":
+                out = stage_e2e_run(args, clock, dry, mode, limit)
+            else:
+                out = stage_bench(args, clock, dry, limit)
+                for row in out["summary"]:
+                    clock.say(f"bench n = {row['n']}: " + _bench_line(row))
+        except Exception as e:  # the check itself failing is a failure, said, not a crash
+            out = {"ok": False, "error": f"{type(e).__name__}: {e}"[:800],
+                   "traceback": traceback.format_exc().splitlines()[-12:]}  # fmt: skip
+            clock.say(f"{stage}: the stage itself failed: {out['error']}")
+        out["status"] = "done"
+        report[key] = out
+        report["elapsed_s"] = round(clock.elapsed(), 1)
+        write_json(args.out, report)
 
-
-def _bench_line(row: dict) -> str:
-    if "error" in row or "skipped" in row:
-        return str(row.get("error") or f"skipped: {row.get('skipped')}")
-
-    def f(x, unit="", scale=1.0, digits=3):
-        return "n/a" if x is None else f"{x * scale:.{digits}f}{unit}"
-
-    long = [
-        f"; {key[: -len('_triton_ms')]} triton {f(row[key], ' ms')} vs torch "
-        f"{f(row.get(key.replace('_triton_', '_torch_')), ' ms')}"
-        for key in row
-        if key.startswith(("score_w", "max_w")) and key.endswith("_triton_ms")
-    ]
-    return (
-        f"score triton {f(row['score_triton_ms'], ' ms')} vs torch "
-        f"{f(row['score_torch_ms'], ' ms')} ({f(row['score_speedup'], 'x', digits=1)}, "
-        f"{f(row['score_frac_of_peak'], '% of peak', 100, 1)}, "
-        f"{f(row.get('score_frac_of_bound'), '%', 100, 1)} of its {row.get('score_bound')} "
-        f"bound); eviction step triton "
-        f"{f(row['eviction_step_triton_ms'], ' ms')}" + "".join(long)
-    )
+    report["imports"] = {
+        "forbidden": list(FORBIDDEN),
+        "imported_by_check": [m for m in FORBIDDEN if m in sys.modules],
+        "imported_by_end_to_end": report["end_to_end"].get("forbidden_imported"),
+        "note": "transformers imports accelerate itself wherever it is installed; "
+        "tests/test_gpu_check.py checks that nothing else does",
+    }
+    report["elapsed_s"] = round(clock.elapsed(), 1)
+    report["within_deadline"] = report["elapsed_s"] <= args.deadline
+    failures = verdict(report, mode, args)
+    report["verdict"] = {"passed": not failures, "failures": failures}
+    write_json(args.out, report)
+    clock.say(f"done in {report['elapsed_s']:.0f} s; wrote {args.out}")
+    print("GPU check: PASSED" if not failures else "GPU check: FAILED: " + "; ".join(failures))
+    return 0 if not failures else 1
 
 
 if __name__ == "__main__":
