@@ -33,6 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from pagekv import POLICIES, EvictionConfig  # noqa: E402
 from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
+from pagekv.runtime.reconstruct import forward  # noqa: E402 (one token's forward into a cache)
 from pagekv.runtime.runner import _now  # noqa: E402 (wall time after the device's queue)
 from pagekv.serving.study import PromptSpec, Study  # noqa: E402
 
@@ -57,11 +58,12 @@ def main(argv=None):
     load_s = time.perf_counter() - t0
     # time every run: no result memo
     study = Study(loaded, result_memo_bytes=0, plan_memo_bytes=0, decode_dtype=args.dtype)
-    study.runner.warm_up()
+    runner = study.runner
+    runner.warm_up()
     print(
         f"model {loaded.name} ({loaded.source}) on {loaded.device}, {loaded.dtype}; "
         f"load {load_s:.2f}s; torch {torch.__version__}, {torch.get_num_threads()} threads; "
-        f"backend {study.runner.backend}; decode: {study.runner.decode_path}"
+        f"backend {runner.backend}; decode: {runner.decode_path}"
     )
     cfg = EvictionConfig(policy=args.policy, budget=args.budget, page_size=args.page_size)
     full = cfg.replace(policy="full")
@@ -99,16 +101,13 @@ def main(argv=None):
             "answers": {p: (r["answer"], r["correct"]) for p, r in runs.items()},
         }
         # Both decode paths on this prefill, alternated so that both see the same machine.
-        pairs = {"full": full, "evicted": cfg}
-        for label, c in pairs.items():
+        for label, c in (("full", full), ("evicted", cfg)):
             times = {"float32": [], "default": []}
             toks = {}
             for _ in range(args.repeats):
-                s, toks["float32"] = transformers_decode(
-                    study.runner, prep.prefill, c, args.new_tokens
-                )
+                s, toks["float32"] = transformers_decode(runner, prep.prefill, c, args.new_tokens)
                 times["float32"].append(s)
-                r = study.runner.evaluate(prep.prefill, c, args.new_tokens, stop_at_eos=False)
+                r = runner.evaluate(prep.prefill, c, args.new_tokens, stop_at_eos=False)
                 times["default"].append(r.timings["decode_s"] / _forwards(r))
                 toks["default"] = r.tokens
             f32, dft = min(times["float32"]), min(times["default"])
@@ -129,7 +128,7 @@ def main(argv=None):
     )
     print(
         f"\ndecode ms per token: transformers = the model's own forward with a DynamicCache; "
-        f"pagekv = {study.runner.decode_path}"
+        f"pagekv = {runner.decode_path}"
     )
     print(hdr2)
     print("-" * len(hdr2))
@@ -151,7 +150,7 @@ def main(argv=None):
     )
     if args.json:
         with open(args.json, "w") as f:
-            meta = {"load_s": load_s, "device": loaded.device, "decode": study.runner.decode_path}
+            meta = {"load_s": load_s, "device": loaded.device, "decode": runner.decode_path}
             json.dump({**meta, "torch_threads": torch.get_num_threads(), "rows": rows}, f, indent=1)
     return rows
 
@@ -166,19 +165,13 @@ def transformers_decode(runner, pre, config, new_tokens: int) -> tuple[float, li
         raise ValueError("the transformers baseline needs a dense plan and the question inside")
     cache = ev.cache  # a DynamicCache: appending concatenates, the prefill is left alone
     tokens = [int(pre.first_logits.argmax())]
+    dev = runner.device
     with torch.inference_mode():
-        t0 = _now(runner.device)
+        t0 = _now(dev)
         for i in range(new_tokens - 1):
-            x = torch.tensor([[tokens[-1]]], device=runner.device)
-            out = runner.model(
-                input_ids=x,
-                position_ids=torch.tensor([[pre.n + i]], device=runner.device),
-                **{runner._cache_kw: cache},
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            out = forward(runner.model, tokens[-1:], pre.n + i, cache, runner._cache_kw, dev)
             tokens.append(int(out.logits[0, -1].argmax()))
-        s = _now(runner.device) - t0
+        s = _now(dev) - t0
     return s / max(1, new_tokens - 1), tokens
 
 

@@ -48,6 +48,7 @@ numbers say nothing about GPU performance.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -138,10 +139,7 @@ def make_inputs(L, H, G, n, d, w, dtype, device, seed=0, rng_device="cpu"):
     def randn(*shape):
         return torch.randn(*shape, generator=gen, device=rng_device).to(device, dtype)
 
-    q = randn(L, H, w, d)
-    keys = randn(L, 1, G, n, d)  # [L, B=1, G, n, d]
-    values = randn(L, 1, G, n, d)
-    return q, keys, values
+    return randn(L, H, w, d), randn(L, 1, G, n, d), randn(L, 1, G, n, d)  # q, K, V [L, 1, G, n, d]
 
 
 def make_step(cfg, G, n, backend):
@@ -201,12 +199,9 @@ def _twin_compact(keys, values, idx):
 
 def timer(cuda: bool, warmup: int, rep: int):
     if cuda:
-        import triton.testing
+        from triton.testing import do_bench
 
-        def bench(fn):
-            return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-
-        return bench
+        return functools.partial(do_bench, warmup=warmup, rep=rep, return_mode="median")
 
     def bench_cpu(fn):
         fn()  # warm-up
@@ -243,6 +238,7 @@ def measure(results: dict, name: str, fn, bench, nbytes: int, peak_tbps: float |
 
 def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
     from pagekv import EvictionConfig
+    from pagekv.kernels.compact import compact_every_layer as k_compact
     from pagekv.kernels.pool_pages import pool_pages
     from pagekv.kernels.score import score_layers as k_score
     from pagekv.maths.entropy import HeadMasses, weights_from_mass
@@ -267,7 +263,8 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
     weights = weights_from_mass(masses.isolated, G, cfg.tau)
     _, pages, prot = pool_pages(prof, weights, G, P, cfg.n_sink, window)
     sizes = page_sizes(n, P, device)
-    page_keep = select_pages(pages, prot, sizes, cfg.budget_tokens(n))
+    budget_tokens = cfg.budget_tokens(n)
+    page_keep = select_pages(pages, prot, sizes, budget_tokens)
     keep = expand_pages(page_keep, n, P)
     k_kept = int(keep[0, 0].sum())
     idx = torch.arange(n, device=device).expand(L, G, n)[keep].view(L, G, k_kept)
@@ -282,15 +279,11 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
         _, k_pages, _ = pool_pages(t_prof, weights, G, P, cfg.n_sink, window)
         kk, vv = _kernel_compact(keys, values, idx)
         tk, tv = _twin_compact(keys, values, idx)
+        kept = [select_pages(p, t_prot, sizes, budget_tokens) for p in (k_pages, t_pages)]
         res["parity"] = {
             "profiles_max_abs_err": float((prof - t_prof).abs().max()),
             "protected_equal": bool(torch.equal(prot, t_prot)),
-            "kept_pages_equal": bool(
-                torch.equal(
-                    select_pages(k_pages, t_prot, sizes, cfg.budget_tokens(n)),
-                    select_pages(t_pages, t_prot, sizes, cfg.budget_tokens(n)),
-                )
-            ),
+            "kept_pages_equal": bool(torch.equal(*kept)),
             "compact_equal": bool(torch.equal(kk, tk) and torch.equal(vv, tv)),
         }
         del t_prof, kk, vv, tk, tv
@@ -300,7 +293,11 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
 
     peak = args.peak_tbps if cuda else None
     m = res.setdefault("times", {})
-    measure(m, "score/triton", lambda: k_score(q, k4, cfg.n_sink), bench, nbytes["score"], peak)
+
+    def time_it(name, fn, nbytes, flops=None):
+        measure(m, name, fn, bench, nbytes, peak, flops)
+
+    time_it("score/triton", lambda: k_score(q, k4, cfg.n_sink), nbytes["score"])
     score = m["score/triton"]
     peaks = {"tbps": args.peak_tbps, "tflops_half": args.peak_tflops,
              "tflops_fp32": args.peak_tflops_fp32, "texp": args.peak_texp}  # fmt: skip
@@ -312,43 +309,35 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
               f"{rf['ridge_flops_per_byte']:.0f}), {rf['bound']}-bound at "
               f"{rf['bound_ms'][rf['bound']]:.3f} ms: {100 * rf['frac_of_bound']:.1f}% of it",
               flush=True)  # fmt: skip
-    measure(m, "score/torch", lambda: _twin_score(q, k4, cfg.n_sink), bench, nbytes["score"], peak)
-    pool_fn = lambda: pool_pages(prof, weights, G, P, cfg.n_sink, window)  # noqa: E731
-    measure(m, "pool_pages/triton", pool_fn, bench, nbytes["pool_pages"], peak)
-    measure(m, "pool_pages/torch", lambda: _twin_pool(prof, weights, G, P, cfg.n_sink, window),
-            bench, nbytes["pool_pages"], peak)  # fmt: skip
-    from pagekv.kernels.compact import compact_every_layer as k_compact
-
+    time_it("score/torch", lambda: _twin_score(q, k4, cfg.n_sink), nbytes["score"])
+    pool_args = (prof, weights, G, P, cfg.n_sink, window)
+    time_it("pool_pages/triton", lambda: pool_pages(*pool_args), nbytes["pool_pages"])
+    time_it("pool_pages/torch", lambda: _twin_pool(*pool_args), nbytes["pool_pages"])
     c_args = (keys.unbind(0), values.unbind(0), idx.unbind(0))
-    measure(m, "compact/triton", lambda: k_compact(*c_args), bench, nbytes["compact"], peak)
-    measure(m, "compact/torch", lambda: _twin_compact(keys, values, idx), bench,
-            nbytes["compact"], peak)  # fmt: skip
+    time_it("compact/triton", lambda: k_compact(*c_args), nbytes["compact"])
+    time_it("compact/torch", lambda: _twin_compact(keys, values, idx), nbytes["compact"])
     for backend in ("triton", "torch"):
-        step = make_step(cfg, G, n, backend)
-        measure(m, f"eviction_step/{backend}", lambda s=step: s(q, keys, values), bench,
-                nbytes["eviction_step"], peak)  # fmt: skip
+        step = functools.partial(make_step(cfg, G, n, backend), q, keys, values)
+        time_it(f"eviction_step/{backend}", step, nbytes["eviction_step"])
     if compiled:
         c_score, c_pool, c_compact = compiled
-        measure(m, "score/torch.compile", lambda: c_score(q, k4, cfg.n_sink), bench,
-                nbytes["score"], peak)  # fmt: skip
-        measure(m, "pool_pages/torch.compile",
-                lambda: c_pool(prof, weights, G, P, cfg.n_sink, window), bench,
-                nbytes["pool_pages"], peak)  # fmt: skip
-        measure(m, "compact/torch.compile", lambda: c_compact(keys, values, idx), bench,
-                nbytes["compact"], peak)  # fmt: skip
-    long_windows(args, res, n, k4, device, bench, peak, e)
+        time_it("score/torch.compile", lambda: c_score(q, k4, cfg.n_sink), nbytes["score"])
+        time_it("pool_pages/torch.compile", lambda: c_pool(*pool_args), nbytes["pool_pages"])
+        time_it("compact/torch.compile", lambda: c_compact(keys, values, idx), nbytes["compact"])
+    long_windows(args, res, n, k4, device, time_it, e)
     return res
 
 
-def long_windows(args, res, n, k4, device, bench, peak, e) -> None:
+def long_windows(args, res, n, k4, device, time_it, e) -> None:
     """Long query sets over the same keys: the score kernel and the max output against
-    their twins (`res["times"]`), and their parity (`res["long_parity"]`)."""
+    their twins (timed by `time_it(name, fn, nbytes, flops)` into `res["times"]`), and
+    their parity (`res["long_parity"]`)."""
     from pagekv.kernels.score import score_layers as k_score
     from pagekv.runtime import backend as be
 
     L, H, G, d = args.layers, args.heads, args.groups, args.head_dim
     dtype = getattr(torch, args.dtype)
-    m, parity = res["times"], res.setdefault("long_parity", {})
+    parity = res.setdefault("long_parity", {})
     for W in args.long_windows:
         if W > n or n > args.long_max_n:
             parity[f"w{W}"] = {"skipped": "W > n" if W > n else "n > --long-max-n"}
@@ -371,14 +360,13 @@ def long_windows(args, res, n, k4, device, bench, peak, e) -> None:
             parity[f"w{W}"] = {"error": f"{type(ex).__name__}: {ex}"[:500]}
         print(f"  parity w={W}: {parity[f'w{W}']}", flush=True)
         fl = model["flops"]
-        measure(m, f"score_w{W}/triton", lambda q=q: k_score(q, k4, args.n_sink), bench,
-                model["score"], peak, fl)  # fmt: skip
-        measure(m, f"score_w{W}/torch", lambda q=q: _twin_score(q, k4, args.n_sink), bench,
-                model["score"], peak, fl)  # fmt: skip
+        time_it(f"score_w{W}/triton", lambda q=q: k_score(q, k4, args.n_sink), model["score"], fl)
+        time_it(f"score_w{W}/torch", lambda q=q: _twin_score(q, k4, args.n_sink),
+                model["score"], fl)  # fmt: skip
         for backend in ("triton", "torch"):
-            measure(m, f"max_w{W}/{backend}",
-                    lambda q=q, b=backend: be.attention_scores(q, k4, backend=b), bench,
-                    model["max"], peak, fl)  # fmt: skip
+            time_it(f"max_w{W}/{backend}",
+                    lambda q=q, b=backend: be.attention_scores(q, k4, backend=b),
+                    model["max"], fl)  # fmt: skip
         del q
         if device.type == "cuda":
             torch.cuda.empty_cache()

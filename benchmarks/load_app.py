@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import platform
@@ -56,7 +57,6 @@ import shlex
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,6 +75,7 @@ for _k, _v in (
     os.environ.setdefault(_k, _v)
 
 import app  # noqa: E402  (the lesson list, the output order and the run inputs)
+from pagekv.measurement.replay.tables import quantile  # noqa: E402
 from pagekv.serving.study import MODES  # noqa: E402
 from pagekv.views import app_lessons, app_ui  # noqa: E402
 from pagekv.views.lessons import LESSONS  # noqa: E402
@@ -96,14 +97,11 @@ def free_port() -> int:
 def _proc_rss(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of `pid` in bytes from /proc (0, 0 once it has gone)."""
     out = {"VmRSS": 0, "VmHWM": 0}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key = line.split(":", 1)[0]
-                if key in out:
-                    out[key] = int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key = line.split(":", 1)[0]
+            if key in out:
+                out[key] = int(line.split()[1]) * 1024  # kB
     return out["VmRSS"], out["VmHWM"]
 
 
@@ -138,10 +136,8 @@ class MemorySampler(threading.Thread):
     def __init__(self, pid: int, every: float = 0.5):
         super().__init__(name="rss-sampler", daemon=True)
         self.pid, self.every = pid, every
-        self.peak_rss = self.hwm = self.last_rss = 0
-        self.children_seen = 0
+        self.peak_rss = self.hwm = self.last_rss = self.phase_peak = self.children_seen = 0
         self._stop_event = threading.Event()
-        self.mark()
 
     def sample(self) -> int:
         rss, hwm = _proc_rss(self.pid)
@@ -157,7 +153,7 @@ class MemorySampler(threading.Thread):
 
     def mark(self) -> int:
         """Start a new phase: return the phase peak so far and reset it."""
-        peak, self.phase_peak = getattr(self, "phase_peak", 0), 0
+        peak, self.phase_peak = self.phase_peak, 0
         return peak
 
     def run(self):
@@ -179,6 +175,14 @@ def disk_bytes(folder: Path) -> tuple[int, int]:
     return total, files
 
 
+def _serves(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def running_app(
     log_path: Path, tmp: Path, start_timeout: float = 300.0, warm: bool = True, dtype: str = "auto"
@@ -194,39 +198,32 @@ def running_app(
     `dtype` is the app's `--dtype` (how answers decode)."""
     port = free_port()
     cmd = [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port)]
-    cmd += [] if warm else ["--no-warm"]
-    cmd += ["--dtype", dtype]
+    cmd += ([] if warm else ["--no-warm"]) + ["--dtype", dtype]
     env = dict(os.environ, TMPDIR=str(tmp), GRADIO_TEMP_DIR=str(tmp / "gradio"))
     log = open(log_path, "w")  # noqa: SIM115  (closed in finally)
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     url = f"http://127.0.0.1:{port}/"
+    t0 = time.perf_counter()
+
+    def wait_until(ready, failure: str):
+        while not ready():
+            if proc.poll() is not None:
+                raise RuntimeError(f"the app exited with {proc.returncode}; see {log_path}")
+            if time.perf_counter() - t0 > start_timeout:
+                raise RuntimeError(f"{failure} within {start_timeout:.0f} s")
+            time.sleep(0.5)
+
+    def lessons_ready() -> bool:
+        text = log_path.read_text(errors="replace")
+        return "lessons ready" in text or "lessons not warmed" in text
+
     try:
-        t0 = time.perf_counter()
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the app exited with {proc.returncode}; see {log_path}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.perf_counter() - t0 > start_timeout:
-                raise RuntimeError(f"the app did not serve within {start_timeout:.0f} s")
-            time.sleep(0.5)
+        wait_until(lambda: _serves(url), "the app did not serve")
         print(f"[{time.perf_counter() - t0:6.1f}s] app serving at {url} (pid {proc.pid})")
-        while warm and not any(
-            line in log_path.read_text(errors="replace")
-            for line in ("lessons ready", "lessons not warmed")
-        ):
-            if proc.poll() is not None:
-                raise RuntimeError(f"the app exited with {proc.returncode}; see {log_path}")
-            if time.perf_counter() - t0 > start_timeout:
-                raise RuntimeError(f"the lessons were not ready within {start_timeout:.0f} s")
-            time.sleep(0.5)
         if warm:
+            wait_until(lessons_ready, "the lessons were not ready")
             print(f"[{time.perf_counter() - t0:6.1f}s] lessons ready (computed by the app)")
         yield url, proc
     finally:
@@ -253,11 +250,8 @@ def _lesson_outputs_status(out) -> tuple[str | None, str | None]:
     expected = base + len(views) + len(app.MECH_VIEWS)
     if not isinstance(out, (list, tuple)) or len(out) != expected:
         raise RuntimeError(f"/lesson returned {type(out).__name__} of unexpected length")
-    status = out[base + views.index("status")]
-    observation = out[base + views.index("observation")]
-    return (status if isinstance(status, str) else None), (
-        observation if isinstance(observation, str) else None
-    )
+    picked = (out[base + views.index(k)] for k in ("status", "observation"))
+    return tuple(x if isinstance(x, str) else None for x in picked)
 
 
 def _observation_outcome(text: str | None) -> str:
@@ -275,6 +269,7 @@ def timed_call(client, deadline: float, api_name: str, *args, **kwargs) -> dict:
     """Submit one request and wait for its final output; times in seconds."""
     from gradio_client.utils import Status
 
+    busy = (Status.PROCESSING, Status.ITERATING, Status.PROGRESS)
     rec: dict = {"api": api_name}
     t0 = time.perf_counter()
     try:
@@ -286,11 +281,7 @@ def timed_call(client, deadline: float, api_name: str, *args, **kwargs) -> dict:
                 job.cancel()
                 rec["timed_out"] = True  # abandoned by us, not failed by the app
                 return rec
-            if started is None and job.status().code in (
-                Status.PROCESSING,
-                Status.ITERATING,
-                Status.PROGRESS,
-            ):
+            if started is None and job.status().code in busy:
                 started = now
             if first is None and job.outputs():
                 first = now
@@ -314,12 +305,18 @@ def timed_call(client, deadline: float, api_name: str, *args, **kwargs) -> dict:
 # ----------------------------------------------------------------- phase 0: alone
 
 
+def _check_run_status(rec: dict, out):
+    """A `/run` or `/budget` answer's status into `rec`; none, or "**Error:**", is an error."""
+    status = out[0] if isinstance(out, (list, tuple)) and out else None
+    rec["status"] = (status or "")[:200]
+    if not status or status.startswith("**Error:**"):
+        rec["error"] = (status or "no status")[:300]
+
+
 def solo(url: str, budgets: tuple, deadline: float) -> list[dict]:
-    """One student alone on the idle app, on the first preset (a 2000-token needle
-    prompt): its run (it computes), then for each of `budgets` what dragging the budget
-    slider sends (the plan-only preview, `preview_plans`) and what releasing it sends
-    (`/budget`, which decodes). Kinds: `solo first run`, `solo preview`, `solo budget
-    release` (its `first_s` is when the plan views arrive; `total_s` both answers)."""
+    """Phase 0, one student alone (the module's docstring), at `budgets`. Kinds: `solo first
+    run`, `solo preview`, `solo budget release` (its `first_s` is when the plan views
+    arrive; `total_s` both answers)."""
     from gradio_client import Client
 
     client = Client(url, verbose=False)
@@ -328,11 +325,8 @@ def solo(url: str, budgets: tuple, deadline: float) -> list[dict]:
 
     def add(rec, kind, pct=None):
         out = rec.pop("output", None)
-        status = out[0] if isinstance(out, (list, tuple)) and out else None
         if kind != "solo preview" and out is not None:
-            rec["status"] = (status or "")[:200]
-            if not status or status.startswith("**Error:**"):
-                rec["error"] = (status or "no status")[:300]
+            _check_run_status(rec, out)
         if kind == "solo preview" and out is not None and not any(out):
             rec["error"] = "the preview returned nothing"
         rec.update(kind=kind, first=True, budget_pct=pct)
@@ -492,10 +486,7 @@ def varied_runs(url: str, n: int, deadline: float, contexts=CONTEXTS) -> tuple[l
         rec = timed_call(client, deadline, "/run", **kw)
         out = rec.pop("output", None)
         if out is not None:
-            status = out[0] if isinstance(out, (list, tuple)) else None
-            rec["status"] = (status or "")[:200]
-            if not status or status.startswith("**Error:**"):
-                rec["error"] = (status or "no status")[:300]
+            _check_run_status(rec, out)
         rec.update(kind="varied run", first=True, settings={
             k: kw[k] for k in ("context", "seed", "mode", "policy_a", "policy_b", "budget_pct",
                                "page_size", "link_b", "budget_b", "page_size_b", "mode_b")
@@ -512,18 +503,13 @@ def varied_runs(url: str, n: int, deadline: float, contexts=CONTEXTS) -> tuple[l
 # ----------------------------------------------------------------- summary
 
 
-def _pct(xs: list[float], q: float) -> float | None:
-    """The q-quantile (0..1) by linear interpolation between order statistics."""
-    if not xs:
-        return None
-    if len(xs) == 1:
-        return xs[0]
-    return statistics.quantiles(xs, n=100, method="inclusive")[round(q * 100) - 1]
-
-
 def _stats(xs: list[float]) -> dict:
     r = lambda x: None if x is None else round(x, 3)  # noqa: E731
-    return {"p50": r(_pct(xs, 0.5)), "p95": r(_pct(xs, 0.95)), "max": r(max(xs, default=None))}
+    return {
+        "p50": r(quantile(xs, 0.5)),
+        "p95": r(quantile(xs, 0.95)),
+        "max": r(max(xs, default=None)),
+    }
 
 
 def summarize(records: list[dict]) -> dict:
@@ -566,10 +552,9 @@ def print_table(title: str, summary: dict):
 
 
 def machine_state() -> dict:
-    load = os.getloadavg()
     return {
         "cpus": os.cpu_count(),
-        "loadavg_1_5_15": [round(x, 2) for x in load],
+        "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
@@ -633,9 +618,7 @@ def main(argv=None) -> int:
     finally:
         if not args.keep_tmp:
             shutil.rmtree(app_tmp, ignore_errors=True)
-    result["errors"] = (
-        result["solo"]["errors"] + result["class"]["errors"] + result["varied"]["errors"]
-    )
+    result["errors"] = sum(result[phase]["errors"] for phase in ("solo", "class", "varied"))
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
     result["machine_after"] = machine_state()
     result["app_log"] = str(log_path)
@@ -706,7 +689,7 @@ def _measure(args, moves, contexts, result: dict, log_path: Path, app_tmp: Path)
             "peak_rss_gb": round(sampler.peak_rss / GB, 3),
             "vm_hwm_gb": round(sampler.hwm / GB, 3),
             "children": sampler.children_seen,
-            "sampler": "psutil" if _has_psutil() else "/proc",
+            "sampler": "psutil" if importlib.util.find_spec("psutil") else "/proc",
             "every_s": sampler.every,
         }
     size, files = disk_bytes(app_tmp)
@@ -733,14 +716,6 @@ def _phase(records, t0, sampler=None, count="requests", **extra) -> dict:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def _has_psutil() -> bool:
-    try:
-        import psutil  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

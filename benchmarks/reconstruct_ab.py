@@ -10,17 +10,12 @@ decode (`auto`: float16 linear weights on the CPU; the first measurements, befor
 existed, decoded in float32).
 
     python benchmarks/reconstruct_ab.py [--contexts 500 1000 2000 | --curated qa|code|all]
-                                         [--budgets 0.2 0.5]
-                                         [--page-size 16] [--json out.json]
-                                         [--peer kvzip kvzip_layerwise keydiff]
-                                         [--settings "reconstruct/max, global" ...]
-                                         [--window 32] [--n-sink 4] [--dtype auto]
-                                         [--page-reduction max|sum]
-                                         [--mode after|inside]
-                                         [--physical-page 16] [--peer-sweep 0.3 0.5 0.7]
-                                         [--seed-offset 5000] [--peer-json earlier.json]
-                                         [--variant "LABEL: field=value ..." ...]
-                                         [--adaptive 0.9 ...] [--adaptive-pages 16 8 4]
+        [--budgets 0.2 0.5] [--page-size 16] [--window 32] [--n-sink 4] [--dtype auto]
+        [--page-reduction max|sum] [--mode after|inside] [--json out.json]
+        [--settings "reconstruct/max, global" ...] [--variant "LABEL: field=value ..." ...]
+        [--adaptive 0.9 ...] [--adaptive-pages 16 8 4]
+        [--peer kvzip kvzip_layerwise keydiff] [--physical-page 16] [--peer-sweep 0.3 0.5 0.7]
+        [--seed-offset 5000] [--peer-json earlier.json]
 
 Each prompt is prefilled once and reconstructed once (both aggregations come from the
 same pass); every setting then plans and decodes on that prefill. Prints one row per
@@ -248,7 +243,6 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", type=int, nargs="+", default=[500, 1000, 2000])
     ap.add_argument(
         "--curated",
-        default=None,
         choices=("qa", "code", "all"),
         help="the curated tasks of this kind (the replay's T6) instead of T4's needles",
     )
@@ -316,7 +310,6 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--peer-json",
-        default=None,
         help="reuse the peer rows of this earlier --json run on the same prompts (no kvpress)",
     )
     ap.add_argument(
@@ -337,13 +330,8 @@ def main(argv=None) -> int:
     reused, reused_names = earlier_peer_rows(args.peer_json, args) if args.peer_json else ({}, [])
     study = Study.load("bundled", decode_dtype=args.dtype)
     runner = study.runner
-    base = EvictionConfig(
-        policy="entropy",
-        page_size=args.page_size,
-        n_sink=args.n_sink,
-        window=args.window,
-        page_reduction=args.page_reduction,
-    )
+    # Policy, page reduction, allocation, scorer and budget are each setting's (below).
+    base = EvictionConfig(page_size=args.page_size, n_sink=args.n_sink, window=args.window)
     rows: dict[str, dict] = {}
     times = {"prefill_s": [], "reconstruct_s": []}
     specs = (
@@ -353,11 +341,9 @@ def main(argv=None) -> int:
     )
     prompts, labels = [], []
     for spec in specs:
-        what = (
-            spec.name
-            if spec.task != "needle"
-            else f"{spec.context_tokens} tokens, depth {spec.depth}"
-        )
+        what = spec.name
+        if spec.task == "needle":
+            what = f"{spec.context_tokens} tokens, depth {spec.depth}"
         labels.append(what)
         prep = study.prepare(spec)
         pre = prep.prefill
@@ -382,15 +368,13 @@ def main(argv=None) -> int:
                 choice = None
                 try:
                     if setting in adaptive:
-                        tried = {}  # page size -> the runner's Plan
 
-                        def plan_at(size, c=cfg, p=pre, tried=tried):
-                            tried[size] = runner.plan_prefill(p, c.replace(page_size=size))
-                            return tried[size]
+                        def plan_at(size, c=cfg, p=pre):  # the runner's Plan at that page size
+                            return runner.plan_prefill(p, c.replace(page_size=size))
 
                         choice = choose_page_size(plan_at, args.adaptive_pages, adaptive[setting])
-                        cfg = choice.plan.config
-                        planned = tried[choice.page_size]
+                        planned = choice.plan
+                        cfg = planned.config
                     elif agg in (None, "max") and policy != "profile":
                         planned = runner.plan_prefill(pre, cfg)  # the runner's own path
                     else:
@@ -430,9 +414,9 @@ def main(argv=None) -> int:
                     }
         print(f"done {pre.n} tokens, {what}", file=sys.stderr)
 
-    def save():
+    def save(**extra):
         if args.json:
-            Path(args.json).write_text(json.dumps({"rows": rows, **meta}, indent=1))
+            Path(args.json).write_text(json.dumps({"rows": rows, **extra, **meta}, indent=1))
 
     meta = {"settings": {**vars(args), "decode": runner.decode_path}}
     rows |= reused
@@ -457,8 +441,7 @@ def main(argv=None) -> int:
         ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in mean.items())
         + f" (mean per prompt, {len(specs)} prompts)"
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "mean_s": mean, **meta}, indent=1))
+    save(mean_s=mean)
     return 0
 
 

@@ -67,8 +67,8 @@ def test_summarize_counts_errors_and_splits_budget_moves():
     assert s["budget move (first)"]["count"] == s["budget move (repeated)"]["count"] == 1
     assert s["budget move"]["total_s"]["max"] == 4.0
     assert s["lesson first"]["observations"] == {"holds": 1}
-    assert la._pct([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0
-    assert la._pct([], 0.5) is None
+    assert la.quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0
+    assert la.quantile([], 0.5) is None
 
 
 def test_lesson_output_order():

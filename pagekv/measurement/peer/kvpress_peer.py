@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 PRESSES = ("snapkv", "expected_attention", "knorm", "streaming_llm", "kvzip", "keydiff")
@@ -210,10 +211,9 @@ def make_request(
             raise ValueError(f"compression_ratio must be in [0, 1); got {compression_ratio}")
     req["compression_ratio"] = ratio
     req["expected_kept"] = kvpress_kept(n, ratio) if ratio > 0 else n
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+    is_int = isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool)
+    if not is_int or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens}")
     req["max_new_tokens"] = max_new_tokens
     req["page_sizes"] = [int(P) for P in page_sizes]
     if press_kwargs:
@@ -238,10 +238,7 @@ def kvpress_venv_dir() -> Path:
 
 
 def venv_python(venv: str | Path) -> Path:
-    venv = Path(venv)
-    if os.name == "nt":
-        return venv / "Scripts" / "python.exe"
-    return venv / "bin" / "python"
+    return Path(venv) / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
 def requirements_hash(requirements: str | Path = REQUIREMENTS_FILE) -> str:
@@ -373,24 +370,17 @@ def ensure_kvpress_env(
     return venv
 
 
-class _lock:
+@contextmanager
+def _lock(path: Path):
     """An exclusive advisory file lock (no-op where fcntl is missing)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        self.f = open(self.path, "a+")  # closed in __exit__
+    with open(path, "a+") as f:  # closing the file releases the lock
         try:
             import fcntl
 
-            fcntl.flock(self.f, fcntl.LOCK_EX)
+            fcntl.flock(f, fcntl.LOCK_EX)
         except ImportError:
             pass
-        return self
-
-    def __exit__(self, *exc):
-        self.f.close()  # closing releases the lock
+        yield
 
 
 def kvpress_available(
@@ -481,7 +471,6 @@ def run_kvpress(
                 f"kvpress worker timed out after {timeout:.0f} s; stderr tail: {_tail(e.stderr)}"
             ) from e
         text = dst.read_text() if dst.exists() else ""
-    stderr = _tail(proc.stderr)
     try:
         response = json.loads(text)
     except ValueError:
@@ -489,7 +478,7 @@ def run_kvpress(
     if not isinstance(response, dict):
         raise PeerUnavailable(
             f"kvpress worker wrote no valid JSON (exit {proc.returncode}); "
-            f"output: {_tail(text, 200)!r}; stderr tail: {stderr}"
+            f"output: {_tail(text, 200)!r}; stderr tail: {_tail(proc.stderr)}"
         )
     if not response.get("ok"):
         raise PeerUnavailable(

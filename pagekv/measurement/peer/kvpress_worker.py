@@ -328,10 +328,9 @@ class Worker:
         with torch.inference_mode():
             with press(self.model) if press is not None else contextlib.nullcontext():
                 if mode == "inside":
-                    out = self.model(
+                    logits = self.model(
                         input_ids=self._tensor(prompt), past_key_values=cache, logits_to_keep=1
-                    )
-                    logits = out.logits[0, -1]
+                    ).logits[0, -1]
                 else:  # kvpress pipeline: prefill the context without the LM head
                     self.model.model(input_ids=self._tensor(prompt), past_key_values=cache)
             kept = [int(layer.keys.shape[-2]) for layer in cache.layers]
@@ -342,13 +341,12 @@ class Worker:
             t_prefill = time.perf_counter() - t0
             pos = n
             if question:
-                out = self.model(
+                logits = self.model(
                     input_ids=self._tensor(question),
                     past_key_values=cache,
                     position_ids=self._positions(pos, len(question)),
                     logits_to_keep=1,
-                )
-                logits = out.logits[0, -1]
+                ).logits[0, -1]
                 pos += len(question)
             tokens: list[int] = []
             stop = "max_new_tokens"
@@ -360,12 +358,11 @@ class Worker:
                     break
                 if len(tokens) >= max_new:
                     break
-                out = self.model(
+                logits = self.model(
                     input_ids=self._tensor([tok]),
                     past_key_values=cache,
                     position_ids=self._positions(pos, 1),
-                )
-                logits = out.logits[0, -1]
+                ).logits[0, -1]
                 pos += 1
         seconds = time.perf_counter() - t0
         answer = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()

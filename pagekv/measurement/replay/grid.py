@@ -25,8 +25,14 @@ POLICIES = EVICTING_POOLED  # every pooled policy that evicts (pagekv.maths.poli
 PAGE_SIZES_T5 = (1, 2, 4, 8, 16, 32, 64)
 
 
+class _Labelled:
+    def config_fields(self) -> dict:
+        """The `EvictionConfig` fields: every field but the label."""
+        return {k: v for k, v in asdict(self).items() if k != "label"}
+
+
 @dataclass(frozen=True)
-class Setting:
+class Setting(_Labelled):
     """One T7 eviction setting (entropy and mean are decoded under it)."""
 
     label: str
@@ -34,9 +40,6 @@ class Setting:
     page_size: int = 16
     window: int = 32
     tau: float = 1.0
-
-    def config_fields(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "label"}
 
 
 #: T7, one factor at a time around the base (10 %, page 16, window 32, tau 1).
@@ -54,7 +57,7 @@ T7_SETTINGS = (
 
 
 @dataclass(frozen=True)
-class Scoring:
+class Scoring(_Labelled):
     """A question-agnostic setting (issue 19) decoded in T4 and T6 beside the window
     scorer, with entropy pooling at every budget of the table and both question modes:
     the reconstruction scorer, its allocation of the budget and its observation window
@@ -64,9 +67,6 @@ class Scoring:
     scorer: str = "reconstruct"
     allocation: str = "global"
     window: int = 8
-
-    def config_fields(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "label"}
 
 
 #: The settings `benchmarks/reconstruct_ab.py` chose (docs/reconstruct_ab.md): the

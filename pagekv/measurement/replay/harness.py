@@ -95,14 +95,13 @@ def run_replay(
     from pagekv.tasks import task_names
 
     jobs = build_jobs(grid, {"qa": task_names("qa"), "code": task_names("code")})
-    model_key = model
     profile_units, decode_units, card_units = [], [], []
     errors = []
     n_decodes = sum(len(j.decodes) for j in jobs)
     _say(f"{len(jobs)} prompts, {n_decodes} decodes")
     bar = _progress(len(jobs))
     for i, job in enumerate(jobs):
-        keys = _job_keys(model_key, grid, job, decode_dtype)
+        keys = _job_keys(model, grid, job, decode_dtype)
         missing = [k for k in keys.values() if k not in store]
         if missing:
             try:
@@ -130,10 +129,9 @@ def run_replay(
         bar(i, job, "cached" if not missing else "done")
 
     peer_adapter = PeerAdapter(peer, quick, model_dir=_peer_model_dir(model), progress=_say)
-    peer_units = _run_peer(peer_adapter, lazy, store, model_key, jobs, grid, peer_minutes)
+    peer_units = _run_peer(peer_adapter, lazy, store, model, jobs, grid, peer_minutes)
 
     wall = time.perf_counter() - t_start
-    env = _environment(lazy, model)
     results = tables.build(
         grid=grid,
         profile_units=profile_units,
@@ -151,7 +149,7 @@ def run_replay(
         "units": store.stats(),
         "prompts": len(jobs),
         "prompt_errors": errors,
-        **env,
+        **_environment(lazy),
     }
     report.write_all(out, results, update_presets=PRESETS_PATH if update_presets else None)
     _say(
@@ -284,8 +282,7 @@ def _run_peer(
                 ids = task.build_prompt_ids(study.tokenizer, mode=job.spec.mode)
                 if job.spec.mode != "after":
                     ids = {"input_ids": ids["input_ids"]}
-                req = adapter.request(key, press, b, ids, grid.max_new_tokens)
-                requests.append(req)
+                requests.append(adapter.request(key, press, b, ids, grid.max_new_tokens))
     order = {p: i for i, p in enumerate(presses)}
 
     def rank(req):
@@ -311,21 +308,19 @@ def _run_peer(
                 from pagekv.tasks import score
 
                 task = lazy.study.make_task(job.spec)
-                s = score(data.get("answer", ""), task)
-                data["correct"] = bool(s["correct"])
+                data["correct"] = bool(score(data.get("answer", ""), task)["correct"])
                 store.put(key, data)
-    out = []
-    for key, (job, tag, press, b) in meta.items():
-        if key in store:
-            rec = store.get(key)
-            out.append({"spec": job.spec_dict(), "table": tag, "press": press, "budget": b} | rec)
-    return out
+    return [
+        {"spec": job.spec_dict(), "table": tag, "press": press, "budget": b} | store.get(key)
+        for key, (job, tag, press, b) in meta.items()
+        if key in store
+    ]
 
 
 # --------------------------------------------------------------------------- meta
 
 
-def _environment(lazy: _Lazy, model: str) -> dict:
+def _environment(lazy: _Lazy) -> dict:
     import transformers
 
     env = {
@@ -355,18 +350,17 @@ def _environment(lazy: _Lazy, model: str) -> dict:
 
 
 def _cpu_count() -> int:
-
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 0
 
 
-def _command(model, out, quick, peer, grid_name=None, update_presets=False) -> str:
+def _command(model, out, quick, peer, grid_name, update_presets) -> str:
     cmd = f"python -m pagekv replay --model {model} --out {out}"
     if quick:
         cmd += " --quick"
-    elif grid_name and grid_name != "full":
+    elif grid_name != "full":
         cmd += f" --grid {grid_name}"
     if not peer:
         cmd += " --no-peer"

@@ -59,11 +59,9 @@ def build_jobs(grid: Grid, curated_names: dict[str, list[str]]) -> list[PromptJo
     for j in t4_jobs[: grid.t5_prompts]:
         j.cardinality = True
 
-    names = curated_names or {}
-    wanted = grid.t6_tasks
     for kind in ("qa", "code"):
-        for name in names.get(kind, []):
-            if wanted is not None and name not in wanted:
+        for name in (curated_names or {}).get(kind, []):
+            if grid.t6_tasks is not None and name not in grid.t6_tasks:
                 continue
             for mode in grid.t6_modes:
                 j = job(PromptSpec(task=kind, name=name, mode=mode))

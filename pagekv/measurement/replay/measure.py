@@ -211,7 +211,7 @@ def profile_unit(runner, prep, grid: Grid) -> dict:
     return out
 
 
-def cardinality_unit(runner, prep, grid: Grid, policies=CARDINALITY_POLICIES):
+def cardinality_unit(runner, prep, grid: Grid):
     """T5: stored tokens of the compacted caches against the plan, for every page size.
 
     Three counts must agree per (layer, group): the tokens the compacted cache stores
@@ -223,7 +223,7 @@ def cardinality_unit(runner, prep, grid: Grid, policies=CARDINALITY_POLICIES):
     rows = []
     for P in grid.t5_page_sizes:
         for b in grid.t5_budgets:
-            for pol in policies:
+            for pol in CARDINALITY_POLICIES:
                 cfg = EvictionConfig(policy=pol, budget=b, page_size=P)
                 row = {"page_size": P, "budget": b, "policy": pol, "n": n}
                 try:
@@ -238,25 +238,23 @@ def cardinality_unit(runner, prep, grid: Grid, policies=CARDINALITY_POLICIES):
                 sizes = torch.clamp((j + 1) * P, max=n) - j * P  # [n_pages]
                 page_sum = (p.page_keep.to(torch.int64) * sizes).sum(-1)  # [L, G]
                 token_count = p.keep.sum(-1)  # [L, G]
-                last_partial = int(sizes[-1]) != P
+                stored_eq = bool((stored == p.union_tokens).all())
+                pages_eq = bool((p.union_tokens == page_sum).all())
+                mask_eq = bool((token_count == p.union_tokens).all())
                 rows.append(
                     row
                     | {
                         "feasible": True,
                         "k": p.budget_tokens,
                         "kept": int(p.union_tokens.max()),
-                        "stored_eq_plan": bool((stored == p.union_tokens).all()),
-                        "plan_eq_page_sum": bool((p.union_tokens == page_sum).all()),
-                        "mask_eq_plan": bool((token_count == p.union_tokens).all()),
+                        "stored_eq_plan": stored_eq,
+                        "plan_eq_page_sum": pages_eq,
+                        "mask_eq_plan": mask_eq,
                         "within_budget": bool((p.union_tokens <= p.budget_tokens).all()),
                         "dense": p.dense,
                         "n_pages": p.n_pages,
-                        "last_page_partial": last_partial,
-                        "exact": bool(
-                            (stored == p.union_tokens).all()
-                            and (p.union_tokens == page_sum).all()
-                            and (token_count == p.union_tokens).all()
-                        ),
+                        "last_page_partial": int(sizes[-1]) != P,
+                        "exact": stored_eq and pages_eq and mask_eq,
                     }
                 )
                 del ev

@@ -30,10 +30,10 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
+def markdown_table(rows: list[dict]) -> str:
     if not rows:
         return "_(no rows)_\n"
-    cols = columns or list(rows[0])
+    cols = list(rows[0])
     head = "| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n"
     body = "".join("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |\n" for r in rows)
     return head + body
@@ -72,10 +72,7 @@ def figures(out: Path, results: dict) -> dict:
     tabs = results["tables"]
     r = results.get("shape", {}).get("r") or 3
 
-    geoms = []
-    for row in tabs["T1_uor"]:
-        if row["geometry"] not in geoms:
-            geoms.append(row["geometry"])
+    geoms = list(dict.fromkeys(row["geometry"] for row in tabs["T1_uor"]))  # in order, once
     for g in geoms:
         rows = [x for x in tabs["T1_uor"] if x["geometry"] == g and x["measurements"]]
         if rows:
@@ -95,12 +92,12 @@ def figures(out: Path, results: dict) -> dict:
     if results["_figures"].get("t3"):
         import torch
 
-        iso, raw = results["_figures"]["t3"]
-        nan = float("nan")
-        t_iso = torch.tensor([[nan if v is None else v for v in row] for row in iso])
-        t_raw = torch.tensor([[nan if v is None else v for v in row] for row in raw])
+        iso, raw = (  # [L, G] grids, None (no mixed group) as NaN
+            torch.tensor([[float("nan") if v is None else v for v in row] for row in grid])
+            for grid in results["_figures"]["t3"]
+        )
         figs["t3_sink_advantage"] = F.sink_advantage_lines(
-            t_iso, t_raw, title="T3: sink advantage per layer, with and without isolation"
+            iso, raw, title="T3: sink advantage per layer, with and without isolation"
         )
     rec = [x for x in tabs["T4_recall"] if x["recall"] is not None]
     if rec:
@@ -127,10 +124,9 @@ def figures(out: Path, results: dict) -> dict:
 
 
 def tables_markdown(results: dict) -> str:
-    parts = []
-    for name, rows in results["tables"].items():
-        parts.append(f"### {name}\n\n{markdown_table(rows)}")
-    return "\n".join(parts)
+    return "\n".join(
+        f"### {name}\n\n{markdown_table(rows)}" for name, rows in results["tables"].items()
+    )
 
 
 def write_all(out: Path, results: dict, update_presets: Path | None = None) -> None:

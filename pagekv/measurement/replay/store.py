@@ -38,7 +38,6 @@ class UnitStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.path = self.folder / "units.jsonl"
         self._data: dict[str, dict] = {}
-        self.loaded = 0
         self.computed = 0
         self.reused = 0
         self._fresh: set[str] = set()
@@ -69,7 +68,6 @@ class UnitStore:
         self.computed += 1
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps({"key": key, "data": data}, separators=(",", ":")) + "\n")
-            f.flush()
         return data
 
     def stats(self) -> dict:

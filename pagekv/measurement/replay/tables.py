@@ -37,7 +37,8 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
-def _pct(xs, q):
+def quantile(xs, q):
+    """The `q`-quantile of `xs`, Nones left out (None if nothing is left)."""
     xs = sorted(x for x in xs if x is not None)
     if not xs:
         return None
@@ -57,8 +58,7 @@ def _corr(xs, ys):
     return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else None
 
 
-def _spec_id(spec: dict) -> str:
-    s = spec
+def _spec_id(s: dict) -> str:
     if s.get("task") in ("qa", "code"):
         return f"{s['name']}|{s.get('mode', 'inside')}"
     return (
@@ -95,7 +95,7 @@ def t1_t2(grid: Grid, units: list[dict]):
                     ),
                     "measurements": len(uors),
                     "uor_max": max(uors, default=None),
-                    "uor_p95": _pct(uors, 0.95),
+                    "uor_p95": quantile(uors, 0.95),
                     "uor_mean": _mean(uors),
                     "pooled_uor_min": min((p["uor_min"] for p in pooled), default=None),
                     "pooled_uor_max": max((p["uor_max"] for p in pooled), default=None),
@@ -170,10 +170,10 @@ def t3(units: list[dict]):
         "prompts": len(units),
         "mixed_group_measurements": len(all_iso),
         "adv_raw_mean": _mean(all_raw),
-        "adv_raw_median": _pct(all_raw, 0.5),
+        "adv_raw_median": quantile(all_raw, 0.5),
         "adv_raw_max": max(all_raw, default=None),
         "adv_isolated_mean": _mean(all_iso),
-        "adv_isolated_median": _pct(all_iso, 0.5),
+        "adv_isolated_median": quantile(all_iso, 0.5),
         "adv_isolated_max": max(all_iso, default=None),
         "sink_heads_total_mean": _mean([sum(u["t3"]["sink_heads_per_layer"]) for u in units]),
     }
@@ -192,6 +192,14 @@ def _group(rows, keys):
     for r in rows:
         out[tuple(r[k] for k in keys)].append(r)
     return out
+
+
+def _per_group(rows, keys, summarise) -> list[dict]:
+    """One row per value of `keys` (sorted): the keys, then `summarise(rows of the group)`."""
+    return [
+        dict(zip(keys, key, strict=True)) | summarise(recs)
+        for key, recs in sorted(_group(rows, keys).items())
+    ]
 
 
 def _recall_row(recs):
@@ -251,36 +259,29 @@ def scoring(config: dict) -> str:
 
 def t4(decode_units, profile_units, peer_units):
     rows = _flat_decodes(decode_units, "T4")
-    summary = []
-    keys = ("mode", "budget", "policy", "scoring")
-    for key, recs in sorted(_group(rows, keys).items()):
-        summary.append(dict(zip(keys, key, strict=True)) | _recall_row(recs))
-    detail = []
-    keys = ("mode", "context", "depth", "budget", "policy", "scoring")
-    for key, recs in sorted(_group(rows, keys).items()):
-        detail.append(dict(zip(keys, key, strict=True)) | _recall_row(recs))
+    summary = _per_group(rows, ("mode", "budget", "policy", "scoring"), _recall_row)
+    detail = _per_group(
+        rows, ("mode", "context", "depth", "budget", "policy", "scoring"), _recall_row
+    )
     # Cache-level retention: the plan sweep at the default geometry (page 16, window 32).
-    cache = []
-    crow = []
-    for u in profile_units:
-        if "T4" not in u["tables"] or "sweep" not in u:
-            continue
-        s = u["spec"]
-        for r in u["sweep"]:
-            if r["page_size"] == 16 and r["window"] == 32 and r["tau"] == 1.0:
-                crow.append(r | {"mode": s.get("mode"), "depth": s.get("depth")})
-    keys = ("mode", "budget", "depth", "policy")
-    for key, recs in sorted(_group(crow, keys).items()):
+    crow = [
+        r | {"mode": u["spec"].get("mode"), "depth": u["spec"].get("depth")}
+        for u in profile_units
+        if "T4" in u["tables"] and "sweep" in u
+        for r in u["sweep"]
+        if r["page_size"] == 16 and r["window"] == 32 and r["tau"] == 1.0
+    ]
+
+    def retention(recs):
         feas = [r for r in recs if r["feasible"]]
-        cache.append(
-            dict(zip(keys, key, strict=True))
-            | {
-                "prompts": len(recs),
-                "feasible": len(feas),
-                "retention_mean": _mean([r["retention_mean"] for r in feas]),
-                "kept_all": _mean([1.0 if r["kept_all"] else 0.0 for r in feas]),
-            }
-        )
+        return {
+            "prompts": len(recs),
+            "feasible": len(feas),
+            "retention_mean": _mean([r["retention_mean"] for r in feas]),
+            "kept_all": _mean([1.0 if r["kept_all"] else 0.0 for r in feas]),
+        }
+
+    cache = _per_group(crow, ("mode", "budget", "depth", "policy"), retention)
     peer = _peer_rows(peer_units, "T4", rows)
     return summary, detail, cache, peer
 
@@ -370,30 +371,26 @@ def _kept(v):
 
 def t5(card_units):
     rows = [r | {"prompt": _spec_id(u["spec"])} for u in card_units for r in u["rows"]]
-    out = []
-    for (P, b, pol), recs in sorted(_group(rows, ("page_size", "budget", "policy")).items()):
+
+    def cardinality(recs):
         feas = [r for r in recs if r["feasible"]]
-        out.append(
-            {
-                "page_size": P,
-                "budget": b,
-                "policy": pol,
-                "prompts": len(recs),
-                "feasible": len(feas),
-                "n": _mean([r["n"] for r in recs]),
-                "k": _mean([r["k"] for r in feas]),
-                "kept": _mean([r["kept"] for r in feas]),
-                "last_page_partial": any(r["last_page_partial"] for r in feas),
-                "stored_eq_plan": all(r["stored_eq_plan"] for r in feas),
-                "plan_eq_page_sum": all(r["plan_eq_page_sum"] for r in feas),
-                "within_budget": all(r["within_budget"] for r in feas),
-                "exact": all(r["exact"] for r in feas) if feas else None,
-                "smallest_feasible_budget": max(
-                    (r["min_budget"] for r in recs if not r["feasible"]), default=None
-                ),
-            }
-        )
-    return out
+        return {
+            "prompts": len(recs),
+            "feasible": len(feas),
+            "n": _mean([r["n"] for r in recs]),
+            "k": _mean([r["k"] for r in feas]),
+            "kept": _mean([r["kept"] for r in feas]),
+            "last_page_partial": any(r["last_page_partial"] for r in feas),
+            "stored_eq_plan": all(r["stored_eq_plan"] for r in feas),
+            "plan_eq_page_sum": all(r["plan_eq_page_sum"] for r in feas),
+            "within_budget": all(r["within_budget"] for r in feas),
+            "exact": all(r["exact"] for r in feas) if feas else None,
+            "smallest_feasible_budget": max(
+                (r["min_budget"] for r in recs if not r["feasible"]), default=None
+            ),
+        }
+
+    return _per_group(rows, ("page_size", "budget", "policy"), cardinality)
 
 
 def t6(decode_units, peer_units):
@@ -401,21 +398,19 @@ def t6(decode_units, peer_units):
     for r in rows:
         r["kind"] = r["spec"]["task"]
         r["task"] = r["spec"]["name"]
-    summary = []
-    keys = ("mode", "kind", "budget", "policy", "scoring")
-    for key, recs in sorted(_group(rows, keys).items()):
+
+    def solved(recs):
         feas = [r for r in recs if r.get("feasible")]
-        summary.append(
-            dict(zip(keys, key, strict=True))
-            | {
-                "tasks": len(recs),
-                "feasible": len(feas),
-                "solved": sum(1 for r in feas if r["correct"]),
-                "solved_fraction": _mean([1.0 if r["correct"] else 0.0 for r in feas]),
-                "stored_tokens": _mean([r.get("stored_tokens") for r in feas]),
-                "page_tokens": _mean([r.get("page_tokens") for r in feas]),
-            }
-        )
+        return {
+            "tasks": len(recs),
+            "feasible": len(feas),
+            "solved": sum(1 for r in feas if r["correct"]),
+            "solved_fraction": _mean([1.0 if r["correct"] else 0.0 for r in feas]),
+            "stored_tokens": _mean([r.get("stored_tokens") for r in feas]),
+            "page_tokens": _mean([r.get("page_tokens") for r in feas]),
+        }
+
+    summary = _per_group(rows, ("mode", "kind", "budget", "policy", "scoring"), solved)
     detail = [
         {
             "mode": r["mode"],
@@ -506,13 +501,13 @@ def t7(decode_units, profile_units, grid: Grid):
             }
         )
     # Cache level: every needle prompt, the whole plan sweep.
-    sweep = []
-    for u in profile_units:
-        for r in u.get("sweep", []):
-            sweep.append(r | {"mode": u["spec"].get("mode"), "sid": _spec_id(u["spec"])})
-    keyset = ("mode", "budget", "page_size", "window", "tau")
-    cache_rows = []
-    for key, recs in sorted(_group(sweep, keyset).items()):
+    sweep = [
+        r | {"mode": u["spec"].get("mode"), "sid": _spec_id(u["spec"])}
+        for u in profile_units
+        for r in u.get("sweep", [])
+    ]
+
+    def entropy_vs_mean(recs):
         d = {(r["sid"], r["policy"]): r for r in recs}
         cnt = defaultdict(int)
         diffs = []
@@ -528,26 +523,24 @@ def t7(decode_units, profile_units, grid: Grid):
             cnt["beats" if rd > EPS else "loses" if rd < -EPS else "tie"] += 1
             cnt["all_beats"] += int(e["kept_all"] and not m["kept_all"])
             cnt["all_loses"] += int(m["kept_all"] and not e["kept_all"])
-        pol_means = {
+        return {
+            "prompts": len(diffs),
+            "entropy_beats": cnt["beats"],
+            "ties": cnt["tie"],
+            "entropy_loses": cnt["loses"],
+            "kept_all_beats": cnt["all_beats"],
+            "kept_all_loses": cnt["all_loses"],
+            "infeasible": cnt["infeasible"],
+            "mean_diff": _mean(diffs),
+        } | {
             f"ret_{p}": _mean(
                 [r["retention_mean"] for r in recs if r["policy"] == p and r["feasible"]]
             )
             for p in EVICTING_POOLED
         }
-        cache_rows.append(
-            dict(zip(keyset, key, strict=True))
-            | {
-                "prompts": len(diffs),
-                "entropy_beats": cnt["beats"],
-                "ties": cnt["tie"],
-                "entropy_loses": cnt["loses"],
-                "kept_all_beats": cnt["all_beats"],
-                "kept_all_loses": cnt["all_loses"],
-                "infeasible": cnt["infeasible"],
-                "mean_diff": _mean(diffs),
-            }
-            | pol_means
-        )
+
+    keys = ("mode", "budget", "page_size", "window", "tau")
+    cache_rows = _per_group(sweep, keys, entropy_vs_mean)
     return answer_rows, page_rows, cache_rows, pairs, by
 
 
@@ -610,7 +603,6 @@ def build(grid, profile_units, decode_units, card_units, peer_units, peer_status
     t5_rows = t5(card_units)
     t6_sum, t6_detail, t6_peer = t6(decode_units, peer_units)
     t7_ans, t7_pages, t7_cache, pairs, by = t7(decode_units, profile_units, grid)
-    preset_list = presets(pairs, by)
     headline = _headline(t1_rows, t2_rows, t3_summary, t4_sum, t5_rows, t6_sum, t7_ans, t7_cache)
     u0 = profile_units[0] if profile_units else {}
     shape = {k: u0.get(k) for k in ("n_layers", "n_heads", "n_groups")}
@@ -637,20 +629,20 @@ def build(grid, profile_units, decode_units, card_units, peer_units, peer_status
             "T7_page_size": t7_pages,
             "T7_cache": t7_cache,
         },
-        "presets": preset_list,
+        "presets": presets(pairs, by),
         "_figures": {"scatter": scatter, "t3": t3_fig},
     }
 
 
 def _headline(t1, t2, t3s, t4s, t5, t6s, t7a, t7c) -> dict:
-    def at(rows, **kw):
-        return [r for r in rows if all(r.get(k) == v for k, v in kw.items())]
-
     low = [r for r in t1 if r["budget"] == min(x["budget"] for x in t1)] if t1 else []
 
     def tag(r, *keys):  # window-scored rows keep the keys they had before issue 19
         extra = () if r["scoring"] == WINDOW_SCORING else (r["scoring"],)
         return "|".join([*(str(r[k]) for k in keys), *extra])
+
+    def totals(rows):
+        return {k: sum(r[k] for r in rows) for k in ("entropy_beats", "ties", "entropy_loses")}
 
     recall20 = {tag(r, "mode", "policy"): r["recall"] for r in t4s if r["budget"] in (0.2, 1.0)}
     return {
@@ -677,10 +669,6 @@ def _headline(t1, t2, t3s, t4s, t5, t6s, t7a, t7c) -> dict:
             for r in t6s
             if r["budget"] in (0.2, 1.0)
         },
-        "t7_answer_totals": {
-            k: sum(r[k] for r in t7a) for k in ("entropy_beats", "ties", "entropy_loses")
-        },
-        "t7_cache_totals": {
-            k: sum(r[k] for r in t7c) for k in ("entropy_beats", "ties", "entropy_loses")
-        },
+        "t7_answer_totals": totals(t7a),
+        "t7_cache_totals": totals(t7c),
     }
