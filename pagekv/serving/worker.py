@@ -16,16 +16,12 @@ while holding anything that job needs.** The code guarantees it by construction:
 
 So every queued job eventually runs, and every waiter eventually returns.
 
-Who owns the worker: the thread in `serve_forever` (the app gives it its main thread:
-on the CPU, torch's OpenMP workers stay fast only on the first thread that computes,
-`python benchmarks/bench_pair_decode.py --threads`). Where nothing serves forever (the
-CLI, tests, a notebook), a caller that finds the worker free and waits without a
-timeout owns it while it waits: it runs the queued jobs in order, its own among them,
-then lets go (caller-runs), so a single-threaded program computes on its own thread and
-concurrent callers still get one computation at a time. A caller that waits with a
-timeout never runs a job itself (a job cannot be stopped midway, so its timeout could
-not hold): if nobody owns the worker it starts a helper thread that owns it until the
-queue is empty, and returns when its job is done or its time is up, whichever is first.
+Who owns the worker (docs/design.md, "One model worker", says why): the thread in
+`serve_forever` (the app's main thread); elsewhere, a caller that finds the worker free
+and waits without a timeout owns it while it waits and runs the queued jobs in order,
+its own among them (caller-runs). A caller that waits with a timeout never runs a job
+itself (a job cannot be stopped midway, so its timeout could not hold): if nobody owns
+the worker it starts a helper thread that owns it until the queue is empty.
 
     from pagekv.serving.worker import WORKER
     out = WORKER.run(("prefill", spec), lambda: runner.prefill(ids))   # anywhere
