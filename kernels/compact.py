@@ -141,13 +141,7 @@ def compact_every_layer(
         lo, hi = torch.aminmax(torch.cat(idx, dim=1))
         if bool((lo < 0) | (hi >= n)):
             raise ValueError(f"kept_idx must lie in [0, n={n})")
-    out = [
-        (
-            torch.empty(B, G, k_l, d, dtype=first.dtype, device=device),
-            torch.empty(B, G, k_l, d, dtype=first.dtype, device=device),
-        )
-        for k_l in counts
-    ]
+    out = [(first.new_empty(B, G, k_l, d), first.new_empty(B, G, k_l, d)) for k_l in counts]
     k_max = max(counts)
     if k_max == 0:
         return out

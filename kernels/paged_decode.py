@@ -123,7 +123,6 @@ class DecodeLaunch:
             types=(*ptrs, ("qk_scale", "fp32")),
             constexprs=tuple((c, getattr(self, c)) for c in consts),
             num_warps=self.num_warps,
-            num_stages=2,
             aligned=tuple(p for p, _ in ptrs),
         )
 

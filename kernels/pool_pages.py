@@ -98,8 +98,6 @@ def pool_launch(target: Target, page_size: int) -> Launch:
         kernel="_pool_pages_kernel",
         types=(*((p, "*fp32") for p in ptrs), ("prot_ptr", "*i8")),
         constexprs=(("BLOCK_J", BLOCK_J), ("P_PAD", P_PAD)),
-        num_warps=4,
-        num_stages=2,
         options=(("enable_fp_fusion", False),),
         aligned=(*ptrs, "prot_ptr"),
     )

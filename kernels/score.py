@@ -28,9 +28,7 @@ Rows. A program's rows are `R_BLK` heads of one group times `W_BLK` queries,
 head count, whatever the window: a GPU compiles (and `tests/test_kernel_compile.py`
 checks) a handful of configurations, not one per window length. `max_rows`, the key
 tile and the compile options come from the target, the dtypes and the head dim
-(`score_launch`): 256 rows of 64-key tiles for fp16/bf16 where they fit the target's
-shared memory, fewer rows for a large head dim, 32 rows of 32-key tiles for the fp32
-dot (fp32 or mixed inputs).
+(`score_launch`).
 
 Pass 1 (`_stats_kernel`, grid `[L * G * head blocks * query blocks, splits]`) streams
 key tiles `[BLOCK_N, d]` and keeps, per (head, query) row, the running max `m` and the
@@ -350,16 +348,11 @@ class ScoreLaunch:
 def row_blocks(
     w: int, r: int, max_rows: int, block_w: int | None = None, tight: bool = False
 ) -> tuple[int, ...]:
-    """How `w` queries of `r` heads per group are cut into program rows:
-    `(W_BLK, n_qb, R_BLK, n_rb)`, query rows per block, query blocks, heads per block,
-    head blocks. `R_BLK = min(next_pow2(r), max_rows // 16)` and `W_BLK` is 16 for
-    `w <= 16`, else `max_rows // R_BLK` (two row shapes per head count: a compiled
-    kernel per shape); with `tight` (the interpreter, which compiles nothing but pays
-    for padding rows) `W_BLK = next_pow2(w)` within `[16, max_rows // R_BLK]`. A
-    program holds `R_BLK * W_BLK <= max(max_rows, 16, block_w)` rows.
-
-    `block_w` (a power of two >= 16) overrides `W_BLK`.
-    """
+    """How `w` queries of `r` heads per group are cut into program rows (the module
+    docstring, "Rows"): `(W_BLK, n_qb, R_BLK, n_rb)`, query rows per block, query blocks,
+    heads per block, head blocks. With `tight` (the interpreter, which compiles nothing
+    but pays for padding rows) `W_BLK = next_pow2(w)` within `[16, max_rows // R_BLK]`;
+    `block_w` (a power of two >= 16) overrides `W_BLK`."""
     R_BLK = max(1, min(next_pow2(r), max_rows // 16))
     if block_w is None and tight:
         W_BLK = max(min(next_pow2(w), max_rows // R_BLK), 16)
@@ -560,13 +553,11 @@ def score_layers(
     BLOCK_N, M, n_qb, n_rb = cfg.BLOCK_N, cfg.rows, cfg.n_qb, cfg.n_rb
     n_tiles = triton.cdiv(n, BLOCK_N)
     rows = L * G * n_rb  # pass-2 programs per key tile
-    if tiles_per_split is None:
-        if interpreted:
-            tiles_per_split = n_tiles  # one program per row block: fewest Python steps
-        else:
-            # Aim at ~8 programs per SM-ish worth of work; at least 4 tiles each.
-            target_programs = 1024
-            tiles_per_split = max(4, triton.cdiv(n_tiles * rows * n_qb, target_programs))
+    if tiles_per_split is None and interpreted:
+        tiles_per_split = n_tiles  # one program per row block: fewest Python steps
+    elif tiles_per_split is None:
+        # Aim at ~8 programs per SM-ish worth of work (1024 programs); at least 4 tiles each.
+        tiles_per_split = max(4, triton.cdiv(n_tiles * rows * n_qb, 1024))
     tiles_per_split = max(1, min(int(tiles_per_split), n_tiles))
     n_splits = triton.cdiv(n_tiles, tiles_per_split)
     k_strides = layers[0].stride()[:2]  # (group, token) of every layer

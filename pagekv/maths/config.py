@@ -78,23 +78,11 @@ class EvictionConfig:
         _check_int(
             "smoothing", self.smoothing, "an odd integer >= 1", lambda v: v >= 1 and v % 2 == 1
         )
-        if self.smoothing_kind not in SMOOTHING_KINDS:
-            raise ValueError(
-                f"smoothing_kind must be one of {', '.join(SMOOTHING_KINDS)}; "
-                f"got {self.smoothing_kind!r}"
-            )
-        if self.page_reduction not in PAGE_REDUCTIONS:
-            raise ValueError(
-                f"page_reduction must be one of {', '.join(PAGE_REDUCTIONS)}; "
-                f"got {self.page_reduction!r}"
-            )
+        _check_choice("smoothing_kind", self.smoothing_kind, SMOOTHING_KINDS)
+        _check_choice("page_reduction", self.page_reduction, PAGE_REDUCTIONS)
         _check_real("sink_threshold", self.sink_threshold, "in (0, 1]", lambda v: 0.0 < v <= 1.0)
-        if self.allocation not in ALLOCATIONS:
-            raise ValueError(
-                f"allocation must be one of {', '.join(ALLOCATIONS)}; got {self.allocation!r}"
-            )
-        if self.scorer not in SCORERS:
-            raise ValueError(f"scorer must be one of {', '.join(SCORERS)}; got {self.scorer!r}")
+        _check_choice("allocation", self.allocation, ALLOCATIONS)
+        _check_choice("scorer", self.scorer, SCORERS)
         if self.allocation != "uniform" and get_policy(self.policy).per_head:
             raise ValueError(
                 f"allocation {self.allocation!r} shares one budget by pooled page scores; policy "
@@ -127,6 +115,11 @@ class EvictionConfig:
 def _check_int(name: str, value, allowed: str, ok) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not ok(value):
         raise ValueError(f"{name} must be {allowed}; got {value!r}")
+
+
+def _check_choice(name: str, value, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 def _check_real(name: str, value, allowed: str, ok) -> None:

@@ -59,27 +59,17 @@ def mechanism_profiles(
     dist = 5 * n // 8 if distractor_token is None else distractor_token
     if not (0 <= needle < n and 0 <= dist < n - 1):
         raise ValueError("needle and distractor tokens must lie inside the prompt")
+    spots = {  # (token, mass) each role places; the rest of a head's mass is uniform
+        "retrieval": [(needle, retrieval_strength)],
+        "distractor": [(dist, distractor_strength), (dist + 1, distractor_strength)],
+        "sink": [(0, sink_strength)],
+        "diffuse": [],
+    }
+    roles = ["retrieval", *["distractor"] * distractor_heads, *["sink"] * int(sink_head)]
+    roles += ["diffuse"] * (heads - len(roles))
     prof = torch.zeros(heads, n, dtype=torch.float64)
-    roles = []
-
-    def place(h, spots):
-        placed = sum(m for _, m in spots)
-        prof[h] = (1.0 - placed) / n
-        for t, m in spots:
+    for h, role in enumerate(roles):
+        prof[h] = (1.0 - sum(m for _, m in spots[role])) / n
+        for t, m in spots[role]:
             prof[h, t] += m
-
-    place(0, [(needle, retrieval_strength)])
-    roles.append("retrieval")
-    h = 1
-    for _ in range(distractor_heads):
-        place(h, [(dist, distractor_strength), (dist + 1, distractor_strength)])
-        roles.append("distractor")
-        h += 1
-    if sink_head:
-        place(h, [(0, sink_strength)])
-        roles.append("sink")
-        h += 1
-    for diffuse in range(h, heads):
-        place(diffuse, [])
-        roles.append("diffuse")
     return Mechanism(prof.float()[None], tuple(roles), needle, (dist, dist + 1))

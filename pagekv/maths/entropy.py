@@ -41,10 +41,10 @@ def isolate_sinks(profiles: torch.Tensor, n_sink: int) -> torch.Tensor:
 
     `[L, H, n]` -> `[L, H, n]` float32; rows sum to 1.
     """
-    n = profiles.shape[-1]
-    if n_sink <= 0 or n <= n_sink:
-        return profiles.float()
     p = profiles.float()
+    n = p.shape[-1]
+    if n_sink <= 0 or n <= n_sink:
+        return p
     rest = p[..., n_sink:]  # [L, H, n - n_sink]
     rest_mass = rest.sum(-1, keepdim=True)  # [L, H, 1]
     degenerate = rest_mass < SINK_EPS
@@ -185,15 +185,14 @@ def row_focus_sums(
     total = rest[..., :1]  # the row's context mass
     left = n_ctx - torch.arange(s + 1, device=p.device)  # tokens after the sinks
     degenerate = rest < SINK_EPS * total
+    tiny = torch.finfo(p.dtype).tiny
     mass = torch.where(
         degenerate,
         1.0 / left.clamp_min(1).to(p.dtype),
-        sq / rest.clamp_min(torch.finfo(p.dtype).tiny).square(),
+        sq / rest.clamp_min(tiny).square(),
     )
     mass = torch.where(left == 0, mass[..., :1], mass)  # s >= n_ctx: the plain mass
-    sink = torch.cat([torch.zeros_like(total), head.cumsum(-1)], dim=-1) / total.clamp_min(
-        torch.finfo(p.dtype).tiny
-    )
+    sink = torch.cat([torch.zeros_like(total), head.cumsum(-1)], dim=-1) / total.clamp_min(tiny)
     if s < max_sink:  # fewer keys than sink counts: the rest as s >= n_ctx
         pad = max_sink - s
         mass = torch.cat([mass, mass[..., :1].expand(*mass.shape[:-1], pad)], dim=-1)

@@ -47,11 +47,6 @@ def to_device(host: torch.Tensor, device) -> torch.Tensor:
     return host.to(device)
 
 
-def page_of_token(n: int, page_size: int, device=None) -> torch.Tensor:
-    """`[n]` int64: the page each token lives in."""
-    return torch.arange(n, device=device) // page_size
-
-
 def page_reduce(scores: torch.Tensor, page_size: int, reduction: str = "max") -> torch.Tensor:
     """Page scores from token scores: `[..., n]` -> `[..., n_pages]` (max or sum)."""
     n = scores.shape[-1]
@@ -167,19 +162,16 @@ def select_pages_padded(
     dev = page_scores.device
     first = page_keep | to_device(protected.cpu(), dev)
     key = page_scores.masked_fill(first, float("inf"))  # kept and protected pages first
+    budget = to_device(torch.tensor(targets, dtype=torch.int64), dev).view(-1, 1, 1)
+    return _keep_sorted(key, to_device(sizes.cpu(), dev), budget)
+
+
+def _keep_sorted(key: torch.Tensor, sizes: torch.Tensor, budget) -> torch.Tensor:
+    """Bool like `key`: the pages by a stable descending sort of `key` (ties to the lower
+    index) while their running size `sizes[page]` stays `<= budget`."""
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices
-    cum = torch.cumsum(to_device(sizes.cpu(), dev)[order], dim=-1)  # [L, G, n_pages]
-    budget = to_device(torch.tensor(targets, dtype=cum.dtype), dev).view(-1, 1, 1)
-    return torch.zeros_like(first).scatter(-1, order, cum <= budget)
-
-
-def _free_pages(sizes_h: torch.Tensor, prot_h: torch.Tensor) -> tuple[int, int | None, int]:
-    """`(protected tokens, the free pages' common size or None, free pages)` of host
-    geometry (None: no free page, or free pages of different sizes)."""
-    free_sizes = sizes_h[~prot_h]
-    n_free = int(free_sizes.numel())
-    uniform = n_free > 0 and bool((free_sizes == free_sizes[0]).all())
-    return int(sizes_h[prot_h].sum()), int(free_sizes[0]) if uniform else None, n_free
+    keep_sorted = torch.cumsum(sizes[order], dim=-1) <= budget
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
 def _select(
@@ -188,25 +180,19 @@ def _select(
     sizes_h: torch.Tensor,
     prot_d: torch.Tensor,
     budget_tokens: int,
-    geometry: tuple[int, int | None, int] | None = None,
 ) -> torch.Tensor:
-    """`select_pages` with the geometry on the host (`prot_h`, `sizes_h`, and
-    `_free_pages` of them when the caller has it) and the protected mask already on the
-    scores' device (`prot_d`): it queues device work and never waits. The caller has
-    checked the budget (`check_budget`: `plan` once for every row, `select_pages` at
-    its entry; a padded row's target holds its kept pages, protected ones included)."""
-    prot_tokens, free_size, n_free = geometry or _free_pages(sizes_h, prot_h)
-    if free_size is not None:
-        return _select_uniform(
-            page_scores, prot_d, free_size, budget_tokens - prot_tokens, n_free=n_free
-        )
+    """`select_pages` with the geometry on the host (`prot_h`, `sizes_h`) and the
+    protected mask already on the scores' device (`prot_d`): it queues device work and
+    never waits. The caller has checked the budget (`check_budget`: `plan` once for
+    every row, `select_pages` at its entry)."""
+    free_sizes = sizes_h[~prot_h]
+    n_free = int(free_sizes.numel())
+    if n_free > 0 and bool((free_sizes == free_sizes[0]).all()):
+        room = budget_tokens - int(sizes_h[prot_h].sum())
+        return _select_uniform(page_scores, prot_d, int(free_sizes[0]), room, n_free=n_free)
     # General page sizes: protected first, then a stable descending sort of the scores.
-    sizes = to_device(sizes_h, page_scores.device)
     key = torch.where(prot_d, torch.full_like(page_scores, float("inf")), page_scores)
-    order = torch.sort(key, dim=-1, descending=True, stable=True).indices  # [..., n_pages]
-    cum = torch.cumsum(sizes[order], dim=-1)  # [..., n_pages]
-    keep_sorted = cum <= budget_tokens
-    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return _keep_sorted(key, to_device(sizes_h, page_scores.device), budget_tokens)
 
 
 def select_pages_global(
@@ -252,40 +238,27 @@ def select_pages_global(
     check_budget(sizes_h, prot_h, budget_tokens)  # then every row's protected pages fit
     dev = page_scores.device
     return _select_global(
-        page_scores,
-        prot_h,
-        sizes_h,
-        to_device(prot_h, dev),
-        to_device(sizes_h, dev),
-        budget_tokens,
-        per_layer,
+        page_scores, to_device(prot_h, dev), to_device(sizes_h, dev), budget_tokens, per_layer
     )
 
 
 def _select_global(
     page_scores: torch.Tensor,
-    prot_h: torch.Tensor,
-    sizes_h: torch.Tensor,
     prot_d: torch.Tensor,
     sizes_d: torch.Tensor,
     budget_tokens: int,
     per_layer: bool = False,
 ) -> torch.Tensor:
-    """`select_pages_global` with the geometry on the host and already on the scores'
-    device (`prot_d`, `sizes_d`): it queues device work and never waits. The caller has
-    checked the budget (`plan`, or `select_pages_global` at its entry)."""
+    """`select_pages_global` with the geometry already on the scores' device (`prot_d`,
+    `sizes_d`): it queues device work and never waits. The caller has checked the budget
+    (`plan`, or `select_pages_global` at its entry)."""
     shape = page_scores.shape
     S = shape[0] if per_layer and len(shape) > 1 else 1  # budgets shared within each
     rows = page_scores.reshape(S, -1, shape[-1]).double()  # [S, R, n_pages]
     R = rows.shape[1]
     free = (~prot_d).expand_as(rows)
     key = torch.where(free, rows, torch.full_like(rows, float("inf"))).reshape(S, -1)
-    order = torch.sort(key, dim=-1, descending=True, stable=True).indices  # [S, R * n_pages]
-    flat_sizes = sizes_d.repeat(R)
-    cum = torch.cumsum(flat_sizes[order], dim=-1)
-    keep_sorted = cum <= R * budget_tokens
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    return keep.view(shape)
+    return _keep_sorted(key, sizes_d.repeat(R), R * budget_tokens).view(shape)
 
 
 def _select_uniform(
@@ -316,7 +289,7 @@ def _select_uniform(
 
 def expand_pages(page_keep: torch.Tensor, n: int, page_size: int) -> torch.Tensor:
     """Page mask `[..., n_pages]` -> token mask `[..., n]`."""
-    return page_keep[..., page_of_token(n, page_size, page_keep.device)]
+    return page_keep[..., torch.arange(n, device=page_keep.device) // page_size]
 
 
 def kept_token_indices(keep: torch.Tensor, k: int) -> torch.Tensor:

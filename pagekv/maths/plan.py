@@ -207,7 +207,7 @@ def plan(
         # `select_pages` and `select_pages_global`, given the geometry on both sides.
         if cfg.allocation != "uniform":  # "global", or "layer": shared within a layer
             per_layer = cfg.allocation == "layer"
-            page_keep = _select_global(page_scores, prot, sizes, prot_d, sizes_d, k, per_layer)
+            page_keep = _select_global(page_scores, prot_d, sizes_d, k, per_layer)
         else:
             page_keep = _select(page_scores, prot, sizes, prot_d, k)
         uor = torch.ones(L, G, dtype=torch.float64, device=dev)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from pagekv.maths.paging import page_reduce
+
 
 def weighted_pool(scores: torch.Tensor, weights: torch.Tensor, n_groups: int) -> torch.Tensor:
     """`sum_{h in g} w_h s_h(t)`: scores `[L, H, n]`, weights `[L, H]` -> `[L, G, n]`."""
@@ -39,8 +41,6 @@ def pooled_page_scores(
     by `weights` (`max_pool` for None) and reduced over each page. `n_sink` and
     `window` are unused here; the Triton kernel's step takes them
     (`pagekv.runtime.backend.pooler`), and gives bit-identical page scores."""
-    from pagekv.maths.paging import page_reduce
-
     pooled = (
         max_pool(scores, n_groups) if weights is None else weighted_pool(scores, weights, n_groups)
     )

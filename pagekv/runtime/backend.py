@@ -4,17 +4,9 @@ What `auto`, `torch` and `triton` run: docs/design.md, "What runs where" (`resol
 Nothing here imports Triton or queries CUDA at import time; each dispatch logs (logger
 "pagekv") which backend ran and returns its name, so results can record it.
 
-Dispatch functions (the runner's entry points):
-
-- `score_window(q_win, keys, n_sink, scale)`: profiles and per-head masses (`HeadMasses`)
-  of every layer, the keys stacked or one tensor per layer (a model's cache).
-- `attention_scores(q, keys)`: the mean and the max attention of `w` causal queries on
-  every key (the reconstruction scorer's, one chunk of queries at a time), and with
-  `focus` how focused each query is (its head weights).
-- `page_scores(scores, weights, n_groups, page_size, n_sink, window)`: pooled and
-  page scores plus the protected pages; `select_pages` (torch) then decides.
-- `compact_layers(keys, values, kept_idx)`: the compacted cache, one tensor per layer
-  (the layers may keep different counts), in one launch on Triton.
+The dispatch functions (the runner's entry points): `score_window`, `attention_scores`
+(the reconstruction scorer's), `page_scores` (`select_pages`, torch, then decides) and
+`compact_layers`.
 """
 
 from __future__ import annotations
@@ -80,18 +72,16 @@ def resolve_backend(name: str, tensor_or_device) -> str:
             return "torch"
         return "triton"
     mods = _kernel_modules()
-    if device.type == "cuda":
-        return "triton"
-    if device.type == "cpu":
-        if not _interpreted(mods):
-            raise BackendError(
-                "backend 'triton' on CPU tensors runs the Triton interpreter, which needs "
-                "TRITON_INTERPRET=1 in the environment before the kernels are first "
-                "imported (set it before importing kernels or calling pagekv.runtime.backend); "
-                "use backend='torch' or 'auto' on CPU otherwise"
-            )
-        return "triton"
-    raise BackendError(f"no Triton backend for device {device}; use backend='torch'")
+    if device.type == "cpu" and not _interpreted(mods):
+        raise BackendError(
+            "backend 'triton' on CPU tensors runs the Triton interpreter, which needs "
+            "TRITON_INTERPRET=1 in the environment before the kernels are first "
+            "imported (set it before importing kernels or calling pagekv.runtime.backend); "
+            "use backend='torch' or 'auto' on CPU otherwise"
+        )
+    if device.type not in ("cuda", "cpu"):
+        raise BackendError(f"no Triton backend for device {device}; use backend='torch'")
+    return "triton"
 
 
 def _ran(op: str, backend: str, device) -> None:

@@ -89,8 +89,7 @@ def window_queries(
     if q_norm is not None:
         q = q_norm(q)
     q = q.transpose(1, 2)  # [B, H, w, d]
-    q, _ = _rotary_fn(module)(q, q, cos, sin)
-    return q
+    return _rotary_fn(module)(q, q, cos, sin)[0]
 
 
 class WindowQueryCapture:

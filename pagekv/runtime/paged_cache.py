@@ -247,38 +247,37 @@ class PagedCache:
 
     def _attend_torch(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Torch's SDPA over the (row, group) slices (module docstring)."""
-        B, H, t, d = q.shape
+        B, H = q.shape[:2]
         G = len(self._base[layer][0])
         r = H // G
         views = self._views[layer]
         if views is not None:
             n = self._base[layer][0][0] + self.added
-            keys, values = views[0][:, :, :n], views[1][:, :, :n]  # [B, G, n, d]
-            if t == 1:
-                # A group's r query heads are r query rows over the group's keys: each
-                # group's keys and values are read once, not once per query head.
-                a = F.scaled_dot_product_attention(q.reshape(B, G, r, d), keys, values, scale=scale)
-                return a.reshape(B, H, 1, d)
-            mask = _causal_tail(n, t, q.dtype, q.device)  # [t, n]
-            return F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
-            )
+            return _group_attention(q, views[0][:, :, :n], views[1][:, :, :n], scale)
         out = torch.empty_like(q)
         for b in range(B):
             for g in range(G):
                 keys, values = self.read(layer, b, g)  # [n_bg, d]
-                n_bg = int(keys.shape[0])
-                qg = q[b, g * r : (g + 1) * r]  # [r, t, d]
-                kv = keys[None, None], values[None, None]  # [1, 1, n_bg, d]
-                if t == 1:  # the group's r heads as r query rows, as above
-                    a = F.scaled_dot_product_attention(qg.reshape(1, 1, r, d), *kv, scale=scale)
-                else:
-                    mask = _causal_tail(n_bg, t, q.dtype, q.device)
-                    a = F.scaled_dot_product_attention(
-                        qg[None], *kv, attn_mask=mask, scale=scale, enable_gqa=True
-                    )
-                out[b, g * r : (g + 1) * r] = a.reshape(r, t, d)
+                qg = q[None, b, g * r : (g + 1) * r]  # [1, r, t, d]
+                a = _group_attention(qg, keys[None, None], values[None, None], scale)
+                out[b, g * r : (g + 1) * r] = a[0]
         return out
+
+
+def _group_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):
+    """SDPA of queries `[B, H, t, d]` over their groups' `[B, G, n, d]`, the `t` new
+    tokens the last of the `n` (causal among themselves): `[B, H, t, d]`."""
+    B, H, t, d = q.shape
+    G, n = keys.shape[1], keys.shape[2]
+    if t == 1:
+        # A group's r query heads are r query rows over the group's keys: each group's
+        # keys and values are read once, not once per query head.
+        a = F.scaled_dot_product_attention(q.reshape(B, G, H // G, d), keys, values, scale=scale)
+        return a.reshape(B, H, 1, d)
+    mask = _causal_tail(n, t, q.dtype, q.device)  # [t, n]
+    return F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+    )
 
 
 def _groups(x) -> list[list[torch.Tensor]]:

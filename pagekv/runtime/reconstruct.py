@@ -129,10 +129,9 @@ def reconstruction_scores(
     n = len(context_ids)
     if n < 1:
         raise ValueError("the context is empty: nothing to reconstruct")
-    if int(cache.layers[0].keys.shape[2]) != n:
-        raise ValueError(
-            f"the cache holds {int(cache.layers[0].keys.shape[2])} tokens, the context {n}"
-        )
+    held = int(cache.layers[0].keys.shape[2])
+    if held != n:
+        raise ValueError(f"the cache holds {held} tokens, the context {n}")
     dev = cache.layers[0].keys.device
     used = resolve_backend(backend, dev)
     #: Per layer `[max, sum]` `[H, n]` and the focus sums `[H, S + 1]` x 2, over the chunks.

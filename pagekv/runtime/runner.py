@@ -260,7 +260,6 @@ class Runner:
             prefill_s = _now(self.device) - t0
         q_win = cap.stacked()  # [L, H, w', d]
         scales = cap.scales
-        G = int(cache.layers[0].keys.shape[1])
         return Prefill(
             ids=ids,
             n=n,
@@ -271,7 +270,7 @@ class Runner:
             timings={"prefill_s": prefill_s},
             n_layers=len(cache.layers),
             n_heads=int(q_win.shape[1]),
-            n_groups=G,
+            n_groups=int(cache.layers[0].keys.shape[1]),
             head_dim=int(q_win.shape[3]),
             scale=scales[0],
             scales=scales,
@@ -306,11 +305,8 @@ class Runner:
         `pre.timings["reconstruct_s"]`."""
         if pre.reconstruction is None:
             t0 = _now(self.device)
-            prompt = (
-                self.tokenizer.encode(REPEAT_PROMPT, add_special_tokens=False)
-                if self.tokenizer is not None
-                else []
-            )
+            tok = self.tokenizer
+            prompt = [] if tok is None else tok.encode(REPEAT_PROMPT, add_special_tokens=False)
             copy = _new_cache([(la.keys.clone(), la.values.clone()) for la in pre.cache.layers])
             pre.reconstruction = reconstruction_scores(
                 self.model,
@@ -612,9 +608,6 @@ class Runner:
         page = evs[0].plan.config.page_size
         return PagedCache(layers, extra, page, kernel=self.backend == "triton")
 
-    def _ids(self, rows: list[list[int]]) -> torch.Tensor:
-        return torch.tensor(rows, dtype=torch.long, device=self.device)
-
     def _greedy(self, pre, forward, max_new, stop_at_eos, keep_logits=False, rows=1, on_token=None):
         """Greedy decode of `rows` batch rows with `forward(ids [rows, t] on the device,
         pos) -> logits [rows, V]` appending to the cache: `(tokens per row, the first
@@ -633,7 +626,8 @@ class Runner:
         if max_new == 0:
             return tokens, (torch.empty(0) if keep_logits else None), stops
         if pre.question_ids:
-            logits = forward(self._ids([pre.question_ids] * rows), pos)
+            ids = torch.tensor([pre.question_ids] * rows, dtype=torch.long, device=self.device)
+            logits = forward(ids, pos)
             pos += len(pre.question_ids)
         else:
             logits = pre.first_logits.expand(rows, -1)  # the prefill saw the whole prompt

@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pagekv.maths.entropy import HeadMasses, weights_from_mass
+from pagekv.maths.pooling import uniform_weights
+
 if TYPE_CHECKING:  # config imports this package for the list of policies
     from pagekv.maths.config import EvictionConfig
-    from pagekv.maths.entropy import HeadMasses
 
 
 @dataclass
@@ -48,22 +50,16 @@ class ScoreInputs:
     @cached_property
     def weights_isolated(self) -> torch.Tensor:
         """float32 `[L, H]`: Page-EntroKV's weights (entropy after sink isolation)."""
-        from pagekv.maths.entropy import weights_from_mass
-
         return weights_from_mass(self.masses.isolated, self.n_groups, self.config.tau)
 
     @cached_property
     def weights_nosink(self) -> torch.Tensor:
         """float32 `[L, H]`: the same without sink isolation."""
-        from pagekv.maths.entropy import weights_from_mass
-
         return weights_from_mass(self.masses.collision, self.n_groups, self.config.tau)
 
     @cached_property
     def weights_uniform(self) -> torch.Tensor:
         """float32 `[L, H]`: 1/r (mean pooling)."""
-        from pagekv.maths.pooling import uniform_weights
-
         L, H, _ = self.scores.shape
         return uniform_weights(L, H, self.n_groups, self.scores.device)
 
