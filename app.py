@@ -169,15 +169,13 @@ def prompt_controls(default_model: str) -> dict:
 
 
 def side_a_controls() -> dict:
-    first = PRESETS[0]
-    policy_a = gr.Dropdown(POLICY_CHOICES, value=first["policy_a"], label="Policy A")
+    policy_a = gr.Dropdown(POLICY_CHOICES, value=PRESETS[0]["policy_a"], label="Policy A")
     scorer_a, allocation_a = method_controls("a")
     return _blocks(locals()) | side_settings("a")
 
 
 def side_b_controls() -> dict:
-    first = PRESETS[0]
-    policy_b = gr.Dropdown(POLICY_CHOICES, value=first["policy_b"], label="Policy B")
+    policy_b = gr.Dropdown(POLICY_CHOICES, value=PRESETS[0]["policy_b"], label="Policy B")
     scorer_b, allocation_b = method_controls("b")
     link_b = gr.Checkbox(
         value=True,
@@ -362,8 +360,7 @@ def wire_runs(c: dict) -> None:
     copy_js = f"(link, ...v) => link === true ? v.slice(0, {n}) : v.slice({n})"
     for control in a_own:
         control.change(None, [c["link_b"], *a_own, *b_own], b_own, js=copy_js, **QUIET)
-    names = shared_names()
-    c["share_btn"].click(None, [c[n] for n in names], c["share_link"], js=share_js())
+    c["share_btn"].click(None, [c[n] for n in shared_names()], c["share_link"], js=share_js())
     c["layer"].release(ui.update_layer, [c["last"], c["layer"]], c["weights"], api_name="layer")
     c["export_btn"].click(ui.export_run, c["last"], c["files"], api_name="export")
 
@@ -417,6 +414,7 @@ def wire_mechanism(c: dict) -> None:
 
 def wire_lessons(c: dict, demo: gr.Blocks) -> None:
     lesson, model = c["lesson"], c["model"]
+    chosen = [lesson, model]  # what every lesson event reads
     outputs = [
         *(c[name] for name in LESSON_CONTROLS), c["tabs"], c["lesson_text"],
         *(c[name] for name in RUN_VIEWS), *(c[name] for name in MECH_VIEWS),
@@ -425,19 +423,15 @@ def wire_lessons(c: dict, demo: gr.Blocks) -> None:
     # In the presenter view, a lesson picked brings its chart into view (browser only).
     show_chart = dict(fn=None, js="() => pagekvShowChart()")
     shown = dict(fn=ui.model_that_ran, inputs=model, outputs=model, queue=False, **QUIET)
-    lesson.select(lessons_ui.pick_lesson, [lesson, model], outputs, api_name="lesson", **kw).then(
-        **show_chart
-    ).then(**shown)
-    for button, step in (
-        ("prev_btn", lessons_ui.previous_lesson),
-        ("next_btn", lessons_ui.next_lesson),
-    ):
-        c[button].click(step, [lesson, model], [lesson, *outputs], **QUIET, **kw).then(
-            **show_chart
-        ).then(**shown)
+    picked = lesson.select(lessons_ui.pick_lesson, chosen, outputs, api_name="lesson", **kw)
+    picked.then(**show_chart).then(**shown)
+    steps = {"prev_btn": lessons_ui.previous_lesson, "next_btn": lessons_ui.next_lesson}
+    for button, step in steps.items():
+        stepped = c[button].click(step, chosen, [lesson, *outputs], **QUIET, **kw)
+        stepped.then(**show_chart).then(**shown)
     c["presenter"].change(None, c["presenter"], None, js="(on) => pagekvPresenter(on)")
     # The page's load: a link's lesson or settings (`?lesson=3`), else the first lesson.
-    demo.load(lessons_ui.open_page, [lesson, model], [lesson, model, *outputs], **QUIET, **kw)
+    demo.load(lessons_ui.open_page, chosen, [lesson, model, *outputs], **QUIET, **kw)
     demo.unload(ui.end_session)  # what the server holds for a closed tab goes
 
 

@@ -27,14 +27,14 @@ from pagekv.views.app_ui import (
     update_layer,
 )
 from pagekv.views.lesson_checks import LESSON_TITLES, check_lesson, lesson_of
-from pagekv.views.lessons import LESSONS, layer_for
+from pagekv.views.lessons import LESSONS, VIEWS, layer_for
 from pagekv.views.run_inputs import RunInputs
 from pagekv.views.share import lesson_in_query, settings_in_query
 
 log = logging.getLogger("pagekv.app")
 
-#: Tab ids of the views (`Lesson.views` names them).
-TABS = ("frame", "retention", "weights", "sinks", "uor", "mechanism", "replay", "export")
+#: Tab ids: the views a lesson can open (`Lesson.views` names them), then Export.
+TABS = (*VIEWS, "export")
 #: The controls a lesson sets, in the order of `apply_lesson`'s outputs (then the
 #: tabs, the lesson text and the observation).
 LESSON_CONTROLS = (
@@ -47,10 +47,9 @@ LESSON_CONTROLS = (
 
 
 def apply_lesson(title):
-    """Set every control to the lesson's settings and open its first view."""
+    """Set every control to the lesson's settings and open its first view (`title`: a
+    lesson's, `pick_lesson` makes sure)."""
     lesson = lesson_of(title)
-    if lesson is None:
-        return [*([gr.update()] * len(LESSON_CONTROLS)), gr.update(), gr.update(), gr.update()]
     run = _lesson_run_args(lesson, title, "bundled") if lesson.kind == "live" else None
     values = _run_controls(run)
     if lesson.mechanism is not None:
@@ -94,8 +93,7 @@ def pick_lesson(title, model="bundled", request: gr.Request = None):
     lesson = lesson_of(title)
     if lesson is None:
         title, lesson = LESSON_TITLES[0], LESSONS[0]
-    *controls, tabs, text, waiting = apply_lesson(title)
-    head = (*controls, tabs, text)
+    *head, waiting = apply_lesson(title)  # the controls, the tabs and the lesson text
     i_obs = RUN_VIEWS.index("observation")
     mech = tuple(gr.update() for _ in MECH_VIEWS)
     if lesson.mechanism is not None:

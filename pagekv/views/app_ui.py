@@ -14,6 +14,7 @@ The API's endpoints and their inputs: `/run` and `/budget` (`run_comparison`),
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import inspect
@@ -47,7 +48,7 @@ from pagekv.views.inputs import (
     parse_run,
     shown_value,
 )
-from pagekv.views.lesson_checks import check_lesson, lesson_of
+from pagekv.views.lesson_checks import check_lesson, lesson_of, verdict
 from pagekv.views.presets import check_preset, load_presets, preset_matches, preset_sides
 from pagekv.views.run_figures import comparison_figures, export
 from pagekv.views.run_inputs import RunInputs, takes_run_inputs
@@ -78,8 +79,8 @@ try:  # ZeroGPU on Hugging Face Spaces: run the GPU work inside spaces.GPU.
     gpu = spaces.GPU
 except Exception:  # not on a Space: a no-op decorator
 
-    def gpu(fn=None, **_kw):
-        return fn if fn is not None else (lambda f: f)
+    def gpu(fn):
+        return fn
 
 
 # ----------------------------------------------------------------- server state
@@ -118,8 +119,7 @@ def model_that_ran(name):
 
 def known_models() -> list[str]:
     """The model control's choices: the default first, then the known models."""
-    names = [MODELS.default] + [m for m in KNOWN_MODELS if m != MODELS.default]
-    return names
+    return [MODELS.default] + [m for m in KNOWN_MODELS if m != MODELS.default]
 
 
 def end_session(request: gr.Request = None) -> None:
@@ -139,17 +139,11 @@ def light(fn):
 
         @functools.wraps(fn)
         def steps(*args, **kwargs):
-            it = fn(*args, **kwargs)
-            try:
-                while True:
-                    keep_this_thread_light()
-                    try:
-                        value = next(it)
-                    except StopIteration:
-                        return
+            with contextlib.closing(fn(*args, **kwargs)) as it:
+                keep_this_thread_light()  # before each step: the first and every next one
+                for value in it:
                     yield value
-            finally:
-                it.close()
+                    keep_this_thread_light()
 
         return steps
 
@@ -174,7 +168,6 @@ def _side_b_note(comp, cfg_a, cfg_b) -> str:
     )
 
 
-EMPTY = None
 #: What a run fills, in the order of the run's outputs (`build_demo` wires the
 #: components of the same names); `_views` turns keyword values into that tuple.
 RUN_VIEWS = (
@@ -194,13 +187,18 @@ KEPT_UNLESS_SET = ("layer", "observation", "budget", "budget_b")
 
 
 def _views(**values):
-    """The run's outputs in `RUN_VIEWS` order; views not given are cleared (the layer
-    slider, the lesson's observation and the budget sliders are left as they are)."""
+    """The run's outputs in `RUN_VIEWS` order; views not given are cleared (None; the
+    layer slider, the lesson's observation and the budget sliders are left as they are)."""
     unknown = set(values) - set(RUN_VIEWS)
     if unknown:
         raise KeyError(f"not a run view: {sorted(unknown)}")
     default = {name: gr.update() for name in KEPT_UNLESS_SET}
-    return tuple(sent(values.get(name, default.get(name, EMPTY))) for name in RUN_VIEWS)
+    return tuple(sent(values.get(name, default.get(name))) for name in RUN_VIEWS)
+
+
+def _updates(**values):
+    """The run's outputs with only `values` set: every other view is left as it is."""
+    return tuple(values.get(name, gr.update()) for name in RUN_VIEWS)
 
 
 def sent(value):
@@ -254,12 +252,11 @@ def _budget_limits(comp, cfg_a, cfg_b) -> dict:
     """The budget sliders: each shows the budget that ran (so a box never holds a value
     other than its results'), from the smallest feasible budget of its side for this
     prompt and these settings (a range of one value kept a step wide)."""
-    lo, hi, step = LIMITS["budget"]
-    out = {}
-    for key, side, cfg in (("budget", "A", cfg_a), ("budget_b", "B", cfg_b)):
-        floor = min_budget_pct(comp.preps[side].n, cfg)
-        out[key] = slider_range(floor, hi, budget_pct(cfg), step)
-    return out
+    _, hi, step = LIMITS["budget"]
+    return {
+        key: slider_range(min_budget_pct(comp.preps[side].n, cfg), hi, budget_pct(cfg), step)
+        for key, side, cfg in (("budget", "A", cfg_a), ("budget_b", "B", cfg_b))
+    }
 
 
 def collapsed_note(comp, cfg_a, cfg_b) -> str | None:
@@ -295,14 +292,9 @@ def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> s
         f"Expected: **{_shown(comp.prep.task.answer)}**"
     )
     parts = [message("ok" if decoded else "info", head if decoded else "Decoding... " + head)]
-    if loaded.fell_back:
-        parts.append(message("info", loaded.note))
-    if loaded.caveat:
-        parts.append(message("info", loaded.caveat))
-    parts += [message("info", note) for note in comp.notes]
-    collapsed = collapsed_note(comp, cfg_a, cfg_b)
-    if collapsed:
-        parts.append(message("info", collapsed))
+    notes = [loaded.note if loaded.fell_back else None, loaded.caveat, *comp.notes]
+    notes.append(collapsed_note(comp, cfg_a, cfg_b))
+    parts += [message("info", note) for note in notes if note]
     if decoded:
         t = comp.records["B"].timings
         rec_s = [comp.records[s].timings.get("reconstruct_s") for s in ("A", "B")]
@@ -354,11 +346,13 @@ def prompt_in_range(v: RunInputs) -> tuple[RunInputs, list[str]]:
         x, where = nearest_in_range(value, lo, hi)
         if where in ("below", "above"):
             changes[name] = int(x) if name in ("context", "needles") else x
-            notes.append(
-                f"{label}: {shown_value(value)} is {where} its range ({lo:g} to {hi:g}), "
-                f"using {x:g}."
-            )
+            notes.append(f"{label}: {_outside(value, where, lo, hi)}, using {x:g}.")
     return (v.replace(**changes) if changes else v), notes
+
+
+def _outside(value, where: str, lo: float, hi: float) -> str:
+    """`value` said to be `where` ("below" or "above") its range, `lo` to `hi`."""
+    return f"{shown_value(value)} is {where} its range ({lo:g} to {hi:g})"
 
 
 def _run(v: RunInputs, session=None):
@@ -412,7 +406,7 @@ def _run(v: RunInputs, session=None):
                 figs |= comparison_figures(comp, layer=layer, skip={*figs, "retention"})
                 for tokens in decoding.stream(poll_s=STREAM_EVERY_S):
                     rows = pending_table(comp, tokens, study.tokenizer)
-                    yield _stream_views(answers_html(rows))
+                    yield _updates(answers=answers_html(rows))  # only the answers change
                 figs |= comparison_figures(comp, layer=layer, only={"retention"})
                 comp = comp.detached()  # what is kept holds no prefill
                 done = dict(comp=comp, figs=figs, table=answers_table(comp), layer=layer,
@@ -465,10 +459,8 @@ def _refused_budget(study, e: BudgetInputError, session, lesson):
     computed at (the browser's box would otherwise show the refused or a clamped
     value); otherwise every view is cleared, as for any failed run."""
     if e.n is None and study is not None:
-        try:
+        with contextlib.suppress(Exception):  # the prompt's own error is said by the next run
             e = e.for_prompt(study.prepare(e.spec).n)
-        except Exception:  # the prompt's own error is said by the next run
-            pass
     log.info("run refused: %s", e)
     before = SESSIONS.recall(session)
     text = html.escape(str(e), quote=False)
@@ -481,11 +473,12 @@ def _refused_budget(study, e: BudgetInputError, session, lesson):
         else f" Nothing ran: the budgets are back at {a:g} % (A) and {b:g} % (B), those of "
         "the results below."
     )
-    views = dict(zip(RUN_VIEWS, _status_views(message("error", text)), strict=True))
-    views["budget"] = gr.update(value=before["budget"])
-    views["budget_b"] = gr.update(value=before["budget_b"])
-    views["observation"] = _observation(lesson, None, refused=True)
-    return tuple(views[name] for name in RUN_VIEWS)
+    return _updates(
+        status=message("error", text),
+        budget=gr.update(value=a),
+        budget_b=gr.update(value=b),
+        observation=_observation(lesson, None, refused=True),
+    )
 
 
 def _observation(lesson, comp, failed: bool = False, refused: bool = False):
@@ -512,11 +505,9 @@ def _export_folder() -> str:
     now = time.time()
     for name in os.listdir(root):
         path = os.path.join(root, name)
-        try:
+        with contextlib.suppress(OSError):
             if now - os.path.getmtime(path) > EXPORT_MAX_AGE_S:
                 shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            pass
     return tempfile.mkdtemp(prefix="run_", dir=root)
 
 
@@ -528,12 +519,10 @@ def _working(what: str) -> str:
     return message("info", f"{what}...{queue}")
 
 
-def _status_views(status: str, lesson=None):
+def _status_views(status: str, lesson):
     """Only the status line changes (a step of a run has begun), and the lesson's
     verdict, which is of the run before, says it is being checked."""
-    views = {name: gr.update() for name in RUN_VIEWS}
-    views["status"], views["observation"] = status, _checking(lesson)
-    return tuple(views[name] for name in RUN_VIEWS)
+    return _updates(status=status, observation=_checking(lesson))
 
 
 def _checking(lesson):
@@ -543,11 +532,6 @@ def _checking(lesson):
     if x is None or x.kind != "live":
         return gr.update()
     return "**Observation:** " + x.observation.statement + " - *checking on this run...*"
-
-
-def _stream_views(table: str):
-    """Only the answers table changes while decoding streams."""
-    return tuple(table if name == "answers" else gr.update() for name in RUN_VIEWS)
 
 
 #: Controls named otherwise than the run input they feed.
@@ -618,9 +602,7 @@ def _in_range(name: str, value, notes: list):
     if where == "no number":
         notes.append(f"{label}: no number, using {lo:g}.")
     elif where is not None:
-        notes.append(
-            f"{label}: {shown_value(value)} is {where} its range ({lo:g} to {hi:g}), using {x:g}."
-        )
+        notes.append(f"{label}: {_outside(value, where, lo, hi)}, using {x:g}.")
     return int(round(x)) if whole else x
 
 
@@ -691,11 +673,7 @@ def mechanism_observation(title, *mech):
         else f"the constructed group as the controls set it now (heads {v['heads']}, tokens "
         f"{v['n']}, budget {v['budget_pct']:g} %, not the lesson's own)"
     )
-    mark = "**holds**" if finding.holds else "**does not hold**"
-    return (
-        f"**Observation:** {lesson.observation.statement}: {mark}, checked now on {where}."
-        f"\n\nMeasured: {finding.measured}"
-    )
+    return verdict(lesson, finding, where)
 
 
 MECH_CONTROLS = ("m_heads", "m_retr", "m_dist", "m_dstr", "m_sink", "m_n", "m_budget")
@@ -757,13 +735,11 @@ def _with_preset_verdict(preset: dict, views) -> tuple:
         log.warning("preset check failed: %s", e, exc_info=True)
         return views
     mark = "**holds**" if found.holds else "**does not hold**"
-    verdict = (
-        f"**Preset:** {preset['shows']} Its check {mark}, checked now on this run.\n\n"
+    views = list(views)
+    views[RUN_VIEWS.index("status")] += (
+        f"\n\n**Preset:** {preset['shows']} Its check {mark}, checked now on this run.\n\n"
         f"Measured: {_shown(found.measured)}"
     )
-    views = list(views)
-    i = RUN_VIEWS.index("status")
-    views[i] = f"{views[i]}\n\n{verdict}"
     return tuple(views)
 
 
@@ -794,10 +770,7 @@ def prompt_range_note(name: str):
         if where == "no number":
             said = f"the box held no number (its range is {lo:g} to {hi:g}); it now holds {lo:g}"
         else:
-            said = (
-                f"{shown_value(value)} is {where} its range ({lo:g} to {hi:g}); the box now "
-                f"holds {x:g}"
-            )
+            said = f"{_outside(value, where, lo, hi)}; the box now holds {x:g}"
         return (
             f"**Note:** {label}: {said}. The results below are for the previous prompt until "
             "you press Run."
@@ -818,10 +791,9 @@ def curated_choices(task, name=None):
         curated = gr.update(choices=names, value=name if name in names else names[0], visible=True)
     else:
         curated = gr.update(visible=False)
-    needle_task = task in ("needle", "custom")
     return (
         curated,
-        gr.update(visible=needle_task),  # depth: where a (custom) needle is inserted
+        gr.update(visible=task in ("needle", "custom")),  # depth: where a (custom) needle goes
         gr.update(visible=task == "needle"),  # needles
         gr.update(visible=task == "needle"),  # seed
         gr.update(visible=task == "custom"),  # the custom text

@@ -261,8 +261,7 @@ def _side_config(v: RunInputs, suffix: str) -> tuple[EvictionConfig, bool]:
 
 
 def _span(name: str) -> tuple:
-    lo, hi, _step = LIMITS[name]
-    return lo, hi
+    return LIMITS[name][:2]  # (lowest, highest): not the step
 
 
 def min_budget_pct(n: int, cfg: EvictionConfig) -> float:

@@ -53,12 +53,17 @@ def check_lesson(title, comp, failed: bool = False, refused: bool = False):
     except Exception as e:  # never a traceback on the page
         log.warning("lesson check failed: %s", e, exc_info=True)
         return message("error", f"the check could not run: {' '.join(str(e).split())}")
-    mark = "**holds**" if finding.holds else "**does not hold**"
     where = {
         "live": "this run",
         "constructed": "the constructed group",
         "replay": "the replay's committed tables",
     }[lesson.kind]
+    return verdict(lesson, finding, where)
+
+
+def verdict(lesson, finding, where: str) -> str:
+    """The lesson's observation checked on `where`: whether it holds, and what was measured."""
+    mark = "**holds**" if finding.holds else "**does not hold**"
     return (
         f"**Observation:** {lesson.observation.statement}: {mark}, checked now on {where}."
         f"\n\nMeasured: {finding.measured}"

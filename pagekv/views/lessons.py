@@ -273,37 +273,32 @@ def union_over_budget(side: str, factor: float):
         union = torch.tensor(rec.union_tokens, dtype=torch.float64)  # [L, G]
         k = rec.budget_tokens
         ratio = union / k
-        worst = int(ratio.argmax())
-        layer, group = divmod(worst, union.shape[1])
+        layer, group = divmod(int(ratio.argmax()), union.shape[1])
         r = p.head_weights.shape[1] // p.n_groups
         top, mean = float(ratio.max()), float(ratio.mean())
         holds = top >= factor and top <= r + 1e-9
         uor_max = float(rec.uor["max"])
-        policy = rec.policy
         measured = (
             f"side {side}: the (layer, group) that stores the most (layer {layer}, group "
             f"{group}) holds {int(union.max())} tokens (the table's stored max), {top:.2f}x "
             f"the budget of {k} tokens; over the {union.numel()} (layer, group)s it stores "
             f"{float(union.mean()):.0f} tokens on average (the number on the "
-            f"{policy} bar of the memory chart, UOR & memory), {mean:.2f}x the budget; "
+            f"{rec.policy} bar of the memory chart, UOR & memory), {mean:.2f}x the budget; "
             f"worst case r = {r}x. The table's UOR max ({uor_max:.2f}) divides a union by the "
             "tokens one head keeps, not by the budget"
         )
-        return Finding(
-            holds,
-            measured,
-            {
-                "max_ratio": top,
-                "mean_ratio": mean,
-                "max_tokens": int(union.max()),
-                "mean_tokens": float(union.mean()),
-                "budget_tokens": k,
-                "r": r,
-                "layer": layer,
-                "group": group,
-                "uor_max": uor_max,
-            },
-        )
+        values = {
+            "max_ratio": top,
+            "mean_ratio": mean,
+            "max_tokens": int(union.max()),
+            "mean_tokens": float(union.mean()),
+            "budget_tokens": k,
+            "r": r,
+            "layer": layer,
+            "group": group,
+            "uor_max": uor_max,
+        }
+        return Finding(holds, measured, values)
 
     return Observation(
         f"side {side} stores at least {factor:g}x the budget in some (layer, group), "
@@ -393,19 +388,16 @@ def tie(min_overlap: float, mean_top_weight_below_r: float):
             f"(layer {at_layer}, group {at_group}: the layer the weights view opens on); answers "
             f"{'equal' if same else 'differ'}"
         )
-        return Finding(
-            holds,
-            measured,
-            {
-                "overlap": overlap,
-                "mean_top_weight": mean_top,
-                "bound": bound,
-                "max_top_weight": max_top,
-                "layer": at_layer,
-                "group": at_group,
-                "same": same,
-            },
-        )
+        values = {
+            "overlap": overlap,
+            "mean_top_weight": mean_top,
+            "bound": bound,
+            "max_top_weight": max_top,
+            "layer": at_layer,
+            "group": at_group,
+            "same": same,
+        }
+        return Finding(holds, measured, values)
 
     return Observation(
         f"a tie: A and B keep at least {min_overlap:.0%} of the same tokens on average, the "

@@ -25,6 +25,7 @@ are no preset (on the bundled model every committed entry is a tie, so none is u
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -174,8 +175,6 @@ def normalize(entry: dict) -> dict:
     if "policy" in entry:  # the replay's format: policy (B) against compare_policy (A)
         p["policy_b"] = entry["policy"]
         p["policy_a"] = entry.get("compare_policy", "mean")
-    if p.get("depth") is None:
-        p["depth"] = _DEFAULTS["depth"]
     title = entry.get("title")
     shows, checks = entry.get(SHOWS) or "", tuple(entry.get(CHECKS) or ())
     if "observed" in entry:
@@ -247,7 +246,7 @@ def load_presets(path: Path | str | None = None) -> list[dict]:
     then the curated ones."""
     src = Path(path) if path is not None else PRESETS_PATH
     measured = []
-    try:
+    with contextlib.suppress(OSError, ValueError, TypeError):
         raw = json.loads(src.read_text(encoding="utf-8"))
         # A preset compares policies against the full cache, so a prompt the full cache
         # answers wrongly (as the replay observed it) is no baseline: left out. So is a
@@ -258,14 +257,10 @@ def load_presets(path: Path | str | None = None) -> list[dict]:
             if isinstance(e, dict) and "task" in e and _full_cache_right(e)
         ]
         measured = [p for p in measured if p[CHECKS]]
-    except (OSError, ValueError, TypeError):
-        pass
-    out, seen = [], set()
+    by_title: dict = {}  # titles key the app's dropdown: the first of a title stays
     for p in measured + [normalize(e) for e in CURATED + QWEN_CODER_PRESETS]:
-        if p["title"] not in seen:  # titles key the app's dropdown
-            seen.add(p["title"])
-            out.append(p)
-    return out
+        by_title.setdefault(p["title"], p)
+    return list(by_title.values())
 
 
 # ------------------------------------------------------------------ checks
@@ -274,11 +269,8 @@ def load_presets(path: Path | str | None = None) -> list[dict]:
 def needle_kept(side: str, at_least: float | None = None, at_most: float | None = None):
     """Side `side` keeps at least `at_least` / at most `at_most` of the needle's tokens,
     on average over (layer, group)."""
-    bounds = []
-    if at_least is not None:
-        bounds.append(f"at least {at_least:g}")
-    if at_most is not None:
-        bounds.append(f"at most {at_most:g}")
+    limits = {"at least": at_least, "at most": at_most}
+    bounds = [f"{word} {x:g}" for word, x in limits.items() if x is not None]
 
     def check(ev) -> Finding:
         comp = ev.comparison

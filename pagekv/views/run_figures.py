@@ -30,16 +30,21 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
     drawn; building figures is most of the cost of a run served from memory)."""
     pa, pb = comp.plan_of("A"), comp.plan_of("B")
     labels = comp.labels or side_labels(comp.configs["A"], comp.configs["B"])
-    label_a, label_b = labels["A"], labels["B"]
     G = comp.n_groups
     r = pb.head_weights.shape[1] // G
     needle = comp.prep.needle_positions or None
     layer = max(0, min(int(layer), pa.keep.shape[0] - 1))
     feasible = [x for x in comp.curve if x["feasible"]]
-    both = (("A", label_a), ("B", label_b))
+    both = (("A", labels["A"]), ("B", labels["B"]))
+
+    def overview(name: str, values, title: str):  # a layer x head heatmap of side B
+        return lambda: memo_figure(
+            name, (values, G), lambda: figures.layer_head_heatmap(values, G, title, zmax=1.0)
+        )
+
     builders = {
         "frame": lambda: figures.page_frame(
-            {label_a: pa, label_b: pb},
+            {lab: comp.plan_of(key) for key, lab in both},
             {lab: comp.needle_positions_of(key) for key, lab in both},
         ),
         # Side B's head weights and sink mass: the budget changes none of them, so
@@ -49,19 +54,11 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
             (pb.weights_isolated, pb.weights_nosink, pb.sink_heads, G, layer),
             lambda: figures.head_weights_bars(pb, layer),
         ),
-        "weights_overview": lambda: memo_figure(
-            "weights_overview",
-            (pb.weights_isolated, G),
-            lambda: figures.layer_head_heatmap(
-                pb.weights_isolated, G, "Page-EntroKV head weights, every layer x head", zmax=1.0
-            ),
+        "weights_overview": overview(
+            "weights_overview", pb.weights_isolated, "Page-EntroKV head weights, every layer x head"
         ),
-        "sink_mass": lambda: memo_figure(
-            "sink_mass",
-            (pb.sink_mass, G),
-            lambda: figures.layer_head_heatmap(
-                pb.sink_mass, G, "Sink mass per layer x head (first n_sink tokens)", zmax=1.0
-            ),
+        "sink_mass": overview(
+            "sink_mass", pb.sink_mass, "Sink mass per layer x head (first n_sink tokens)"
         ),
         "sink_advantage": lambda: memo_figure(
             "sink_advantage",

@@ -46,10 +46,8 @@ def lesson_in_query(query: dict) -> str | None:
         return None
     if said.isdigit() and 1 <= int(said) <= len(LESSONS):
         return LESSON_TITLES[int(said) - 1]
-    for title, lesson in zip(LESSON_TITLES, LESSONS, strict=True):
-        if lesson.id == said:
-            return title
-    return None
+    titles = {lesson.id: title for title, lesson in zip(LESSON_TITLES, LESSONS, strict=True)}
+    return titles.get(said)
 
 
 def settings_in_query(query: dict) -> dict | None:

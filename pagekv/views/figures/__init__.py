@@ -3,7 +3,8 @@
 Pure functions from plans and numbers to `plotly.graph_objects.Figure`s; plotly is
 imported lazily (inside each function), so importing this package needs only torch.
 
-- `style`: the palette (Okabe-Ito, colour-blind safe), page states, `layout`.
+- `style`: the palette (Okabe-Ito, colour-blind safe), page states, `layout` (this
+  package re-exports only the figures: import these from `style`).
 - `eviction`: the app's views of one prompt's plans (page frame with its needle strip
   and `needle_page_counts`, head weights, sinks, needle retention, UOR across
   budgets, memory, the constructed mechanism).
@@ -26,44 +27,12 @@ from pagekv.views.figures.eviction import (
     uor_curve,
 )
 from pagekv.views.figures.replay import answer_bars, disagreement_scatter, recall_bars
-from pagekv.views.figures.style import (
-    BLACK,
-    BLUE,
-    EVICTED,
-    GREEN,
-    NEEDLE,
-    NEEDLE_MARGIN,
-    ORANGE,
-    POLICY_COLOURS,
-    PURPLE,
-    SKY,
-    STATE_COLOURS,
-    STATE_NAMES,
-    VERMILLION,
-    YELLOW,
-    layout,
-)
 
 __all__ = [
-    "BLACK",
-    "BLUE",
-    "EVICTED",
-    "GREEN",
-    "NEEDLE",
-    "NEEDLE_MARGIN",
-    "ORANGE",
-    "POLICY_COLOURS",
-    "PURPLE",
-    "SKY",
-    "STATE_COLOURS",
-    "STATE_NAMES",
-    "VERMILLION",
-    "YELLOW",
     "answer_bars",
     "disagreement_scatter",
     "head_weights_bars",
     "layer_head_heatmap",
-    "layout",
     "mechanism_figure",
     "memory_bars",
     "needle_page_counts",

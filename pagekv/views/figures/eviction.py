@@ -199,14 +199,11 @@ def page_frame(
     # to read at 1280 px.
     widths, titles, cols = [], [], []
     for side in sides:
-        has_strip = "strip" in side
-        frac = 0.0
-        if has_strip:
-            frac = strip_fraction(len(side["strip"]))
+        frac = strip_fraction(len(side["strip"])) if "strip" in side else 0.0
         widths.append(1.0 - frac)
         titles.append("<br>".join(textwrap.wrap(side["label"], SIDE_TITLE_CHARS)))
         cols.append(("overview", side))
-        if has_strip:
+        if "strip" in side:
             kept, total = side["count"]
             widths.append(frac)
             units = "tokens" if side["plan"].config.page_size == 1 else "pages"
@@ -220,9 +217,7 @@ def page_frame(
         column_widths=widths,
         horizontal_spacing=0.03 if len(cols) > len(sides) else 0.04,
     )
-    colorscale = []
-    for i, c in enumerate(STATE_COLOURS):
-        colorscale += [[i / 3, c], [(i + 1) / 3, c]]
+    colorscale = [[k / 3, c] for i, c in enumerate(STATE_COLOURS) for k in (i, i + 1)]
     L, G, _ = sides[0]["states"].shape
     rows = [f"L{layer} g{g}" for layer in range(L) for g in range(G)]
 
@@ -274,7 +269,7 @@ def page_frame(
         n_pages = st.shape[-1]
         unit = "token" if P == 1 else "page"
 
-        def where(j, P=P, p=p, unit=unit):
+        def where(j, P=P, p=p):
             if P == 1:
                 return f"token {j}"
             return f"page {j} (tokens {j * P}-{min((j + 1) * P, p.n) - 1})"
@@ -427,11 +422,10 @@ def layer_head_heatmap(
     go = _go()
     L, H = values.shape
     r = H // n_groups
-    x = [f"g{h // r} h{h}" for h in range(H)]
     fig = go.Figure(
         go.Heatmap(
             z=values.tolist(),
-            x=x,
+            x=[f"g{h // r} h{h}" for h in range(H)],
             y=[f"L{layer}" for layer in range(L)],
             colorscale=colorscale,
             zmin=0,
@@ -495,11 +489,8 @@ def sink_advantage_lines(adv_iso: torch.Tensor, adv_raw: torch.Tensor, title=Non
     go = _go()
 
     def per_layer(adv):
-        out = []
-        for row in adv:
-            ok = row[~torch.isnan(row)]
-            out.append(float(ok.mean()) if ok.numel() else None)
-        return out
+        defined = [row[~torch.isnan(row)] for row in adv]
+        return [float(ok.mean()) if ok.numel() else None for ok in defined]
 
     L = adv_iso.shape[0]
     raw, iso = per_layer(adv_raw), per_layer(adv_iso)
@@ -720,7 +711,6 @@ def mechanism_figure(mech, plans: dict, title=None):
 
     prof = mech.profiles[0]  # [r, n]
     r, n = prof.shape
-    labels = list(plans)
     fig = make_subplots(
         rows=2,
         cols=1,
@@ -747,7 +737,7 @@ def mechanism_figure(mech, plans: dict, title=None):
             row=1,
             col=1,
         )
-    for label in labels:
+    for label in plans:
         keep = plans[label].keep[0, 0]
         xs = torch.nonzero(keep).flatten().tolist()
         fig.add_trace(

@@ -23,8 +23,7 @@ SCATTER_POINTS = 1500
 
 
 def _thin(xs, n):
-    step = max(1, len(xs) // n)
-    return xs[::step]
+    return xs[:: max(1, len(xs) // n)]
 
 
 def disagreement_scatter(series: dict, r: int, title: str):
@@ -78,11 +77,6 @@ def _wrap_name(name: str, width: int = 10) -> str:
     return "<br>".join(lines)
 
 
-def _percent(v: float) -> str:
-    """`0.6` -> "60 %", `0` -> "0 %": the label on a recall bar."""
-    return f"{100 * v:.0f} %"
-
-
 #: The `scoring` of the replay's default decodes (`pagekv.measurement.replay.tables`).
 WINDOW_SCORING = "window/uniform"
 
@@ -116,7 +110,7 @@ def recall_bars(rows: Sequence[dict], title: str):
                     x=[_bar_name(x) for x in sel],
                     y=[x["recall"] for x in sel],
                     name=name,
-                    text=[_percent(x["recall"]) for x in sel],
+                    text=[f"{100 * x['recall']:.0f} %" for x in sel],  # 0.6 -> "60 %"
                     textposition="outside",
                     # Upright and full size: side by side, the bars are narrower than
                     # a level "100 %", which plotly would otherwise shrink.

@@ -129,7 +129,6 @@ def layout_settings(title, height=None, above=0) -> dict:
     """What `layout` sets (the template apart), as `update_layout` arguments."""
     lines = title.count("<br>") + 1
     pad = TITLE_PAD + (TITLE_CAP if lines > 1 else 0)
-    margin = dict(l=60, r=20, t=pad + TITLE_LINE * lines + TITLE_GAP + above, b=40)
     settings = dict(
         title=dict(
             text=title,
@@ -142,7 +141,7 @@ def layout_settings(title, height=None, above=0) -> dict:
             pad=dict(t=pad),
             font=dict(size=15),
         ),
-        margin=margin,
+        margin=dict(l=60, r=20, t=pad + TITLE_LINE * lines + TITLE_GAP + above, b=40),
         legend=LEGEND,
     )
     if height:
