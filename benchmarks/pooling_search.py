@@ -115,10 +115,6 @@ def prompt_id(spec: PromptSpec) -> str:
     return f"{spec.task} {spec.name}"
 
 
-def _same_kept(plan_a, plan_b) -> bool:
-    return bool((plan_a.keep == plan_b.keep).all())
-
-
 def measure(study: Study, prep, setting: Setting) -> dict:
     """One row: both policies' verdicts under `setting` on the prepared prompt."""
     row = {"setting": setting.label, **asdict(setting)}
@@ -127,8 +123,8 @@ def measure(study: Study, prep, setting: Setting) -> dict:
     except BudgetError as e:
         row.update(infeasible=True, min_budget=round(float(e.min_budget), 4))
         return row
-    same = _same_kept(plans["mean"], plans["entropy"])
     keep_m, keep_e = plans["mean"].keep, plans["entropy"].keep
+    same = bool((keep_m == keep_e).all())
     row.update(
         infeasible=False,
         same_kept=same,
@@ -166,21 +162,15 @@ def summarize(rows: list[dict]) -> dict:
         m["same_kept"] += int(r["same_kept"])
         m["full_wrong"] += int(not r["full_correct"])
         a, b = r["mean"]["correct"], r["entropy"]["correct"]
-        if a and b:
-            m["both_right"] += 1
-        elif not a and not b:
-            m["both_wrong"] += 1
-        elif a:
-            m["only_mean"].append(r["prompt"])
+        if a == b:
+            m["both_right" if a else "both_wrong"] += 1
         else:
-            m["only_entropy"].append(r["prompt"])
+            m["only_mean" if a else "only_entropy"].append(r["prompt"])
     total = {"measured": 0, "infeasible": 0, "only_mean": 0, "only_entropy": 0, "same_kept": 0}
     for c in per.values():
         for m in c["mode"].values():
-            for k in ("measured", "infeasible", "same_kept"):
-                total[k] += m[k]
-            total["only_mean"] += len(m["only_mean"])
-            total["only_entropy"] += len(m["only_entropy"])
+            for k in total:  # the `only_` counts are lists of prompts
+                total[k] += len(m[k]) if k.startswith("only_") else m[k]
     return {"settings": list(per.values()), "total": total}
 
 
@@ -231,9 +221,8 @@ def _search(study: Study, args, done: set, rows: list, t0: float) -> None:
                     row["full_correct"] = bool(full["correct"])
                     rows.append(row)
                     f.write(json.dumps(row) + "\n")
-            study.prefills.clear()
-            study.results.clear()
-            study.plans.clear()
+            for memo in (study.prefills, study.results, study.plans):
+                memo.clear()
             print(
                 f"{mode} {pid}: {prep.n} tokens, full {'right' if full['correct'] else 'wrong'}, "
                 f"{len(todo)} settings in {time.perf_counter() - t1:.0f} s "
@@ -255,14 +244,11 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
 
-    done = set()
     rows = []
     if os.path.exists(args.out):
         with open(args.out) as f:
-            for line in f:
-                r = json.loads(line)
-                rows.append(r)
-                done.add((r["prompt"], r["mode"], r["setting"]))
+            rows = [json.loads(line) for line in f]
+    done = {(r["prompt"], r["mode"], r["setting"]) for r in rows}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     t0 = time.perf_counter()
     if not args.summarize_only:

@@ -34,7 +34,7 @@ def rss_bytes() -> int:
 
 
 class PeakSampler:
-    """The largest resident memory seen while the block runs, sampled every `period` s."""
+    """Peak resident memory while the block runs (sampled every `period` s), and its seconds."""
 
     def __init__(self, period: float = 0.002):
         self.period = period
@@ -46,6 +46,7 @@ class PeakSampler:
         self.peak = self.start
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+        self.t0 = time.perf_counter()
         return self
 
     def _run(self):
@@ -54,6 +55,7 @@ class PeakSampler:
             time.sleep(self.period)
 
     def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.t0
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, rss_bytes())
@@ -75,17 +77,12 @@ def main(argv=None) -> int:
     for ctx in args.contexts:
         spec = PromptSpec(context_tokens=ctx, depth=0.5, seed=0, mode="after")
         prep = study.prepare(spec)  # the prompt's ids (its own prefill is not measured)
-        ids = prep.prefill.ids
-        t0 = time.perf_counter()
         with PeakSampler() as pre_mem:
-            pre = runner.prefill(ids, question_ids=prep.prefill.question_ids)
-        t_pre = time.perf_counter() - t0
-        t0 = time.perf_counter()
+            pre = runner.prefill(prep.prefill.ids, question_ids=prep.prefill.question_ids)
         with PeakSampler() as rec_mem:
             runner.reconstruction(pre, chunk=args.chunk)
-        t_rec = time.perf_counter() - t0
-        print(f"{ctx:>8} {pre.n:>7} {t_pre:>10.2f} {pre_mem.added_mib:>7.0f} {t_rec:>14.2f} "
-              f"{rec_mem.added_mib:>7.0f}")  # fmt: skip
+        print(f"{ctx:>8} {pre.n:>7} {pre_mem.seconds:>10.2f} {pre_mem.added_mib:>7.0f} "
+              f"{rec_mem.seconds:>14.2f} {rec_mem.added_mib:>7.0f}")  # fmt: skip
     return 0
 
 

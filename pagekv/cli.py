@@ -155,9 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _config_from(args, policy: str, every: bool = False) -> EvictionConfig:
     """The run's configuration for `policy`; with `every` (`--policy all`) a per-head
     policy keeps the uniform allocation (a shared budget needs pooled page scores)."""
-    allocation = args.allocation
-    if every and get_policy(policy).per_head:
-        allocation = "uniform"
+    allocation = "uniform" if every and get_policy(policy).per_head else args.allocation
     keys = ("scorer", "budget", "page_size", "n_sink", "window", "tau", "smoothing")
     return EvictionConfig(
         allocation=allocation,
@@ -329,8 +327,7 @@ def cmd_models(args) -> int:
         spec = m.bundled_model(name)
         if spec is None:
             raise UsageError(f"{name!r} is not a bundled model ({', '.join(m.BUNDLED_MODELS)})")
-        problem = m.cache_problem(model=spec.key)
-        if problem is None:
+        if m.cache_problem(model=spec.key) is None:
             print(f"{spec.key}: converted copy ready at {m.bundled_cache_dir(spec.key)}")
             continue
         spec.source()  # GGUFMissing: what to install, in one sentence

@@ -206,8 +206,7 @@ class Task:
                     "cannot be located in the prompt"
                 )
             return text, where + ctx_in_block, True
-        prefix = "Context:\n"
-        return self.plain_prompt(), len(prefix) + ctx_in_block, False
+        return self.plain_prompt(), len("Context:\n") + ctx_in_block, False
 
     def build_prompt_ids(self, tokenizer: Any, mode: str | None = None) -> dict[str, Any]:
         """Tokenize the prompt and locate the needle's answer tokens.
@@ -251,27 +250,20 @@ class Task:
             # (0, 0) offsets are special tokens; they never overlap a span
             return [i for i, (s, e) in enumerate(offsets) if e > s and s < hi and e > lo]
 
-        out: dict[str, Any] = {"input_ids": ids, "text": text, "templated": templated}
-        out["mode"] = mode
+        def in_context(span: tuple[int, int] | None) -> list[int]:
+            return [] if span is None else overlapping(ctx_start + span[0], ctx_start + span[1])
+
+        out: dict[str, Any] = {"input_ids": ids, "text": text, "templated": templated, "mode": mode}
         ctx_tokens = overlapping(ctx_start, ctx_end)
         out["context_token_range"] = (ctx_tokens[0], ctx_tokens[-1] + 1) if ctx_tokens else (0, 0)
 
-        needle_span = self.needle_span()
-        answer_span = self.answer_span()
-        if needle_span is None:
-            out.update(
-                needle_text_positions=[], needle_token_positions=[], needle_positions_of=None
-            )
-        else:
-            n_lo, n_hi = needle_span
-            out["needle_text_positions"] = overlapping(ctx_start + n_lo, ctx_start + n_hi)
-            if answer_span is not None:
-                a_lo, a_hi = answer_span
-                out["needle_token_positions"] = overlapping(ctx_start + a_lo, ctx_start + a_hi)
-                out["needle_positions_of"] = "answer"
-            else:
-                out["needle_token_positions"] = list(out["needle_text_positions"])
-                out["needle_positions_of"] = "needle"
+        # no needle text: no answer span either; an answer not inside the needle: the needle
+        needle_span, answer_span = self.needle_span(), self.answer_span()
+        out["needle_text_positions"] = in_context(needle_span)
+        out["needle_token_positions"] = in_context(answer_span or needle_span)
+        out["needle_positions_of"] = (
+            None if needle_span is None else "needle" if answer_span is None else "answer"
+        )
 
         if mode == "after":
             # k = one past the last token that touches the context; a token that

@@ -95,9 +95,8 @@ def _to_task(kind: str, rec: dict[str, Any]) -> Task:
 def load_tasks(kind: str = "all") -> list[Task]:
     """All curated tasks of a kind: "qa", "code" or "all" (fresh objects each call)."""
     kinds = CURATED_KINDS if kind == "all" else (kind,)
-    for k in kinds:
-        if k not in CURATED_KINDS:
-            raise TaskError(f"curated task kind must be one of {CURATED_KINDS} or 'all'")
+    if any(k not in CURATED_KINDS for k in kinds):
+        raise TaskError(f"curated task kind must be one of {CURATED_KINDS} or 'all'")
     return [_to_task(k, rec) for k in kinds for rec in _records(k)]
 
 

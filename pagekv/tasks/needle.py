@@ -160,19 +160,18 @@ def _measure(tokenizer: Any, text: str, char_starts: list[int]) -> tuple[int, li
 
 
 # ----------------------------------------------------------------- assembly
-def _select(counts: list[int], start: int, budget: float, sep_cost: float) -> list[int]:
+def _select(counts: list[int], start: int, budget: float) -> list[int]:
     """Unit indices (cycling from ``start``) whose summed count is closest to ``budget``."""
     chosen: list[int] = []
     total = 0.0
-    n = len(counts)
     i = start
     while True:
-        cost = counts[i] + sep_cost
+        cost = counts[i]  # a joining space is absorbed into the next word's token
         if total + cost > budget and abs(total + cost - budget) >= abs(total - budget):
             break
         chosen.append(i)
         total += cost
-        i = (i + 1) % n
+        i = (i + 1) % len(counts)
         if len(chosen) > 10_000_000:  # a guard, never reached for sane inputs
             raise TaskError("haystack assembly did not terminate")
     return chosen
@@ -197,10 +196,9 @@ def _assemble(
         wraps = j + 1 < len(chosen) and chosen[j + 1] != idx + 1
         picked.append(Unit(u.text, u.ends_paragraph or wraps))
     cum = [0, *itertools.accumulate(counts[idx] for idx in chosen)]
-    total = cum[-1]
     placements = []  # (boundary, sequence, needle index)
     for seq, k in enumerate(sorted(range(len(needles)), key=lambda k: (depths[k], k))):
-        target = depths[k] * total
+        target = depths[k] * cum[-1]
         b = min(range(len(cum)), key=lambda b: (abs(cum[b] - target), b))
         placements.append((b, seq, k))
     placements.sort()
@@ -286,7 +284,6 @@ def make_needle_task(
             raise TaskError(f"the haystack already contains the needle {n.text!r}")
     counts = _unit_counts(tokenizer, units, hash((hay_text, len(units))))
     needle_counts = _count_tokens(tokenizer, [n.text for n in items])
-    sep_cost = 0.0  # a joining space is absorbed into the next word's token
     budget = context_tokens - sum(needle_counts)
     if budget < 1:
         raise TaskError(f"context_tokens={context_tokens} leaves no room beside the needles")
@@ -296,7 +293,7 @@ def make_needle_task(
 
     best: tuple[int, str, list[int], list[int]] | None = None
     for _ in range(2):
-        chosen_units = _select(counts, start, budget, sep_cost)
+        chosen_units = _select(counts, start, budget)
         text, char_starts = _assemble(units, counts, chosen_units, items, depths)
         n_tok, tok_starts = _measure(tokenizer, text, char_starts)
         if best is None or abs(n_tok - context_tokens) < abs(best[0] - context_tokens):
