@@ -391,12 +391,14 @@ def test_lessons_1_and_3_name_their_figures_and_a_run_is_never_checked_early(ser
     open_accordion(page, "Side A")
     page.get_by_label("Policy A", exact=True).click()
     page.get_by_role("option", name="streaming", exact=True).click()
-    page.wait_for_function(
-        "() => document.querySelector('#run-status').innerText.includes('Decoding')",
+    # Both read in the one poll that sees 'Decoding': read apart, a loaded machine could
+    # finish the run between the two reads.
+    during = page.wait_for_function(
+        """() => document.querySelector('#run-status').innerText.includes('Decoding')
+                 && document.querySelector('#lesson-observation').innerText""",
         timeout=SOON_MS,
         polling=50,
-    )
-    during = observation_text(page)
+    ).json_value()
     assert "checked now" not in during and "checking on this run" in during, during
     wait_status(page, r"Done:", timeout=SOON_MS)
     page.get_by_text("not checked").first.wait_for(timeout=SOON_MS)
