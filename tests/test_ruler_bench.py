@@ -112,24 +112,24 @@ def test_a_block_with_presses_repeats_every_method_on_the_presses_prompts():
     assert "On the" not in text.split("question after")[1].split("###")[0]
 
 
-def _section(text: str, mode: str, length: int = 2048) -> str:
-    """The table's section for `mode` (the bundled model, `length` tokens), its first
-    table (all samples; the one on the presses' prompts left out)."""
-    section = text.split(f"### bundled, {length} tokens, question {mode}", 1)[1]
+def _section(text: str, mode: str, length: int = 2048, model: str = "bundled") -> str:
+    """The table's section for `mode` (`model`, `length` tokens), its first table (all
+    samples; the one on the presses' prompts left out)."""
+    section = text.split(f"### {model}, {length} tokens, question {mode}", 1)[1]
     return section.split("###")[0].split("\nOn the ")[0]
 
 
-def _means(text: str, mode: str, length: int = 2048) -> dict[str, str]:
+def _means(text: str, mode: str, length: int = 2048, model: str = "bundled") -> dict[str, str]:
     """The `mean` column of the table's section for `mode`."""
-    lines = _section(text, mode, length).splitlines()
+    lines = _section(text, mode, length, model).splitlines()
     rows = [line.split(" | ") for line in lines if line.startswith("| ")]
     return {r[0].lstrip("| "): r[-2] for r in rows[1:]}
 
 
-def _counts(text: str, mode: str, length: int = 2048) -> list[int]:
+def _counts(text: str, mode: str, length: int = 2048, model: str = "bundled") -> list[int]:
     """Every cell's sample count in our methods' rows of the table's section for `mode`
     (a press's rows count their own, fewer, samples)."""
-    rows = [x for x in _section(text, mode, length).splitlines() if x.startswith("| ")]
+    rows = [x for x in _section(text, mode, length, model).splitlines() if x.startswith("| ")]
     ours = [x for x in rows if x.split(" | ")[0].lstrip("| ") in ruler.OUR_METHODS]
     return [int(c) for x in ours for c in re.findall(r"\((\d+)\)", x)]
 
@@ -144,6 +144,42 @@ def _quote_4k(text: str) -> str:
         f"{inside['mean 10%']} for mean pooling and {inside['entropy 10%']} for entropy at "
         f"10 %, {inside['mean 20%']} and {inside['entropy 20%']} at 20 % (the full cache "
         f"{inside['full']}); question after, {evicted_after[0]}-{evicted_after[-1]}."
+    )
+
+
+def _quote_qwen(text: str, rows: list[dict]) -> str:
+    """What the README says of qwen-coder-0.5b's tables (2,048 tokens)."""
+    model = "qwen-coder-0.5b"
+    inside, after = _means(text, "inside", model=model), _means(text, "after", model=model)
+    samples = min(_counts(text, "inside", model=model) + _counts(text, "after", model=model))
+    scores, kept = {}, {}
+    for r in rows:
+        if r["model"] == model:
+            scores.setdefault((r["mode"], r["method"], r["task"]), []).append(r["score"])
+            kept.setdefault(r["method"], []).append(r["kept_tokens"])
+    avg = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    gap, mode, b, task = max(
+        (abs(avg(scores[mode, f"mean {b}%", t]) - avg(scores[mode, f"entropy {b}%", t])),
+         mode, b, t)
+        for mode in ("inside", "after") for b in (10, 20) for t in ruler.TASKS
+    )  # fmt: skip
+    m, e = (avg(scores[mode, f"{p} {b}%", task]) for p in ("mean", "entropy"))
+    union = [avg(kept[f"head_independent {b}%"]) / avg(kept[f"entropy {b}%"]) for b in (10, 20)]
+    apart = max(abs(float(t[f"mean {b}%"]) - float(t[f"entropy {b}%"]))
+                for t in (inside, after) for b in (10, 20))  # fmt: skip
+    return (
+        f"On qwen-coder-0.5b (r = 7: seven query heads share each KV head; {samples} samples "
+        f"a task at 2,048 tokens) the poolings' averages are again within {apart:.2f} of "
+        f"each other: question inside, "
+        f"{inside['mean 10%']} for mean pooling and {inside['entropy 10%']} for entropy at "
+        f"10 %, {inside['mean 20%']} and {inside['entropy 20%']} at 20 % (the full cache "
+        f"{inside['full']}); question after, {after['mean 10%']} and {after['entropy 10%']}, "
+        f"{after['mean 20%']} and {after['entropy 20%']}. Their largest gap on one task is "
+        f"{gap:.2f} ({task}, question {mode}, {b} %: mean {m:.2f}, entropy {e:.2f}). "
+        f"Head-independent selection scored higher ({inside['head_independent 10%']} and "
+        f"{inside['head_independent 20%']} inside), but its group stores the union of seven "
+        f"heads' picks: {union[0]:.1f}x the tokens of a pooled policy at 10 %, "
+        f"{union[1]:.1f}x at 20 %."
     )
 
 
@@ -207,14 +243,14 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
     samples = min(_counts(text, "inside") + _counts(text, "after"))
     n, _, shared, _ = _same_prompts(text, "after")
     kvzip10 = [r for r in rows if r["method"] == "kvzip 10%" and r["length"] == 2048]
+    touched10 = int(min(100 * r["pages_16"] / -(-r["prompt_tokens"] // 16) for r in kvzip10))
     assert ruler_numbers(rows) == {
         "ruler_mean10": inside["mean 10%"], "ruler_entropy10": inside["entropy 10%"],
         "ruler_mean20": inside["mean 20%"], "ruler_entropy20": inside["entropy 20%"],
         "ruler_samples": samples, "ruler_press_prompts": n,
         **{f"ruler_press_{m}": shared[f"{m} 10%"] for m in ("kvzip", "snapkv", "entropy", "mean")},
         "ruler_press_full": shared["full"],
-        "ruler_kvzip_pages": int(min(100 * r["pages_16"] / -(-r["prompt_tokens"] // 16)
-                                     for r in kvzip10)),
+        "ruler_kvzip_pages": touched10,
     }  # fmt: skip
     readme = " ".join((ROOT / "README.md").read_text().split())
     # "On no task, mode, budget or length do the two poolings' means differ by more than
@@ -240,7 +276,12 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
         f"fell to {evicted_after[0]}-{evicted_after[-1]}",
         f"six tasks at length 2,048, {samples} samples each",
         _quote_4k(text),
+        _quote_qwen(text, rows),
         _quote_presses(text, rows),
         f"mean {inside['mean 10%']}, entropy {inside['entropy 10%']} at 10 %",
+        # Lesson 8's row of the lessons' table.
+        f"KVzip at 10 % {shared['kvzip 10%']}, Page-EntroKV {shared['entropy 10%']}, mean "
+        f"pooling {shared['mean 10%']}, SnapKV {shared['snapkv 10%']}, and KVzip's kept "
+        f"tokens touching at least {touched10} %",
     ):
         assert quoted in readme, quoted
