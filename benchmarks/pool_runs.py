@@ -43,9 +43,12 @@ def pool(runs: list[dict]) -> dict:
     offsets = [r["settings"].get("seed_offset", 0) for r in runs]
     if len(set(offsets)) != len(offsets):
         raise ValueError(f"runs on the same prompts cannot be pooled (seed offsets {offsets})")
-    for key, theirs in ((k, r["settings"].get(k)) for r in runs[1:] for k in SHARED):
-        if theirs != first.get(key):
-            raise ValueError(f"runs differ in {key}: {first.get(key)!r}, {theirs!r}")
+    for run in runs[1:]:
+        for key in SHARED:
+            if run["settings"].get(key) != first.get(key):
+                raise ValueError(
+                    f"runs differ in {key}: {first.get(key)!r}, {run['settings'].get(key)!r}"
+                )
     matched = matched_keys(runs[0]["rows"])
     keys = [k for k in runs[0]["rows"] if k not in matched and all(k in r["rows"] for r in runs)]
     rows = {}

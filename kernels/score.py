@@ -553,11 +553,12 @@ def score_layers(
     BLOCK_N, M, n_qb, n_rb = cfg.BLOCK_N, cfg.rows, cfg.n_qb, cfg.n_rb
     n_tiles = triton.cdiv(n, BLOCK_N)
     rows = L * G * n_rb  # pass-2 programs per key tile
-    if tiles_per_split is None and interpreted:
-        tiles_per_split = n_tiles  # one program per row block: fewest Python steps
-    elif tiles_per_split is None:
-        # Aim at ~8 programs per SM-ish worth of work (1024 programs); at least 4 tiles each.
-        tiles_per_split = max(4, triton.cdiv(n_tiles * rows * n_qb, 1024))
+    if tiles_per_split is None:
+        if interpreted:
+            tiles_per_split = n_tiles  # one program per row block: fewest Python steps
+        else:
+            # Aim at ~8 programs per SM-ish worth of work (1024 programs); at least 4 tiles.
+            tiles_per_split = max(4, triton.cdiv(n_tiles * rows * n_qb, 1024))
     tiles_per_split = max(1, min(int(tiles_per_split), n_tiles))
     n_splits = triton.cdiv(n_tiles, tiles_per_split)
     k_strides = layers[0].stride()[:2]  # (group, token) of every layer

@@ -197,6 +197,12 @@ def _same_prompts(text: str, mode: str) -> tuple[int, int, dict[str, str], dict[
     return int(table.split(" ", 1)[0]), fewest, means, over
 
 
+def _least_touched(rows: list[dict]) -> int:
+    """The least share (%, floored) of a prompt's 16-token pages that a run's kept tokens
+    touch in their fullest (layer, KV head), over `rows`."""
+    return int(min(100 * r["pages_16"] / -(-r["prompt_tokens"] // 16) for r in rows))
+
+
 def _quote_presses(text: str, rows: list[dict]) -> str:
     """What the README says of kvpress's presses on RULER."""
     n, fewest, after, over = _same_prompts(text, "after")
@@ -212,7 +218,7 @@ def _quote_presses(text: str, rows: list[dict]) -> str:
             ]
             assert float(means[f"kvzip {b}%"]) >= max(rest), (b, means)
     kvzip = [r for r in rows if r["method"].startswith("kvzip ") and r["length"] == 2048]
-    touched = min(r["pages_16"] / -(-r["prompt_tokens"] // 16) for r in kvzip)
+    touched = _least_touched(kvzip)
     snap_at = "snapkv at entropy 10%'s memory"
     return (
         f"(at least {fewest} samples a task so far, {n} prompts: too few to rank). At "
@@ -222,7 +228,7 @@ def _quote_presses(text: str, rows: list[dict]) -> str:
         f"{after['snapkv 10%']}), and with the question inside {inside['kvzip 10%']} (mean "
         f"{inside['mean 10%']}, entropy {inside['entropy 10%']}, SnapKV "
         f"{inside['snapkv 10%']}). But the tokens it keeps are scattered: in some (layer, KV "
-        f"head) they touch at least {int(100 * touched)} % of the prompt's 16-token pages, "
+        f"head) they touch at least {touched} % of the prompt's 16-token pages, "
         f"so a paged cache of them holds nearly the whole prompt, and neither of its runs "
         f"(10 and 20 %) fits in the memory of ours. SnapKV at the memory of our 10 % (its "
         f"largest run that fits, or its smallest, 3 %, where none does) scored "
@@ -243,7 +249,7 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
     samples = min(_counts(text, "inside") + _counts(text, "after"))
     n, _, shared, _ = _same_prompts(text, "after")
     kvzip10 = [r for r in rows if r["method"] == "kvzip 10%" and r["length"] == 2048]
-    touched10 = int(min(100 * r["pages_16"] / -(-r["prompt_tokens"] // 16) for r in kvzip10))
+    touched10 = _least_touched(kvzip10)
     assert ruler_numbers(rows) == {
         "ruler_mean10": inside["mean 10%"], "ruler_entropy10": inside["entropy 10%"],
         "ruler_mean20": inside["mean 20%"], "ruler_entropy20": inside["entropy 20%"],

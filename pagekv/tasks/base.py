@@ -257,13 +257,14 @@ class Task:
         ctx_tokens = overlapping(ctx_start, ctx_end)
         out["context_token_range"] = (ctx_tokens[0], ctx_tokens[-1] + 1) if ctx_tokens else (0, 0)
 
-        # no needle text: no answer span either; an answer not inside the needle: the needle
         needle_span, answer_span = self.needle_span(), self.answer_span()
         out["needle_text_positions"] = in_context(needle_span)
-        out["needle_token_positions"] = in_context(answer_span or needle_span)
-        out["needle_positions_of"] = (
-            None if needle_span is None else "needle" if answer_span is None else "answer"
-        )
+        if answer_span is not None:  # the answer inside the needle
+            out["needle_token_positions"] = in_context(answer_span)
+            out["needle_positions_of"] = "answer"
+        else:  # the needle stands for itself (no needle text: no answer span either)
+            out["needle_token_positions"] = list(out["needle_text_positions"])
+            out["needle_positions_of"] = None if needle_span is None else "needle"
 
         if mode == "after":
             # k = one past the last token that touches the context; a token that

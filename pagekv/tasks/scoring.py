@@ -78,8 +78,11 @@ def exact_match(pred: str | None, answers: str | Iterable[str]) -> bool:
 def contains(pred: str | None, answers: str | Iterable[str]) -> bool:
     """One normalised answer occurs in the prediction as a whole-token run."""
     p = _tokens(pred)
-    runs = (p[i : i + len(a)] == a for a in _answers(answers) for i in range(len(p) - len(a) + 1))
-    return any(runs)
+    for a in _answers(answers):
+        k = len(a)
+        if any(p[i : i + k] == a for i in range(len(p) - k + 1)):
+            return True
+    return False
 
 
 def score(pred: str | None, task: Any) -> dict[str, bool]:
