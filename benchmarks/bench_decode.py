@@ -73,8 +73,7 @@ def main(argv=None):
         f"{'full tok/s':>12}{'evicted tok/s':>15}{'MiB before':>12}{'MiB after':>11}"
         f"{'all policies s':>16}"
     )
-    print(hdr)
-    print("-" * len(hdr))
+    print(hdr, "-" * len(hdr), sep="\n")
     for size in args.sizes:
         spec = PromptSpec(task="needle", context_tokens=size, depth=0.5, seed=0)
         t_all = time.perf_counter()
@@ -102,19 +101,16 @@ def main(argv=None):
         }
         # Both decode paths on this prefill, alternated so that both see the same machine.
         for label, c in (("full", full), ("evicted", cfg)):
-            times = {"float32": [], "default": []}
-            toks = {}
+            f32, dft = [], []  # seconds per forward: transformers', the runner's
             for _ in range(args.repeats):
-                s, toks["float32"] = transformers_decode(runner, prep.prefill, c, args.new_tokens)
-                times["float32"].append(s)
+                s, f32_tokens = transformers_decode(runner, prep.prefill, c, args.new_tokens)
+                f32.append(s)
                 r = runner.evaluate(prep.prefill, c, args.new_tokens, stop_at_eos=False)
-                times["default"].append(r.timings["decode_s"] / _forwards(r))
-                toks["default"] = r.tokens
-            f32, dft = min(times["float32"]), min(times["default"])
-            row[f"decode_ms_{label}_float32"] = 1000 * f32
-            row[f"decode_ms_{label}_default"] = 1000 * dft
-            row[f"decode_ratio_{label}"] = f32 / dft
-            row[f"same_tokens_{label}"] = toks["float32"] == toks["default"]
+                dft.append(r.timings["decode_s"] / _forwards(r))
+            row[f"decode_ms_{label}_float32"] = 1000 * min(f32)
+            row[f"decode_ms_{label}_default"] = 1000 * min(dft)
+            row[f"decode_ratio_{label}"] = min(f32) / min(dft)
+            row[f"same_tokens_{label}"] = f32_tokens == r.tokens
         rows.append(row)
         print(
             f"{row['prompt_tokens']:>7}{prefill_s:>11.2f}{row['evict_ms']:>10.1f}"
@@ -130,8 +126,7 @@ def main(argv=None):
         f"\ndecode ms per token: transformers = the model's own forward with a DynamicCache; "
         f"pagekv = {runner.decode_path}"
     )
-    print(hdr2)
-    print("-" * len(hdr2))
+    print(hdr2, "-" * len(hdr2), sep="\n")
     for row in rows:
         for label in ("full", "evicted"):
             print(

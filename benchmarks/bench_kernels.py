@@ -13,10 +13,9 @@ groups, head dim 128, window 32, bfloat16) and prompts of 4k to 128k tokens:
 - the whole eviction step (score + pool + select + compact, all layers) per backend;
 - achieved GB/s against the byte model below, and its ratio to the GPU's memory
   bandwidth (`--peak-tbps`, 4.8 for an H200);
-- the scoring kernel's roofline (`roofline`): its bytes, flops and exp2 count, the time
-  each takes at the GPU's peak (`--peak-tflops`, `--peak-tflops-fp32`, `--peak-texp`),
-  the bound that applies and the fraction of it achieved (at w = 32 and r = 6 the
-  kernel sits near the ridge point, so the bandwidth alone is not its bound);
+- the scoring kernel's roofline (`roofline`, near its ridge point at these shapes): its
+  bytes, flops and exp2 count, the time each takes at the GPU's peak (`--peak-tflops`,
+  `--peak-tflops-fp32`, `--peak-texp`), the bound that applies and the fraction achieved;
 - a parity check per size (profile error, kept pages equal, compacted cache equal);
 - long query sets (`--long-windows`, 1024 and 2048 queries by default, at sizes up to
   `--long-max-n`): the scoring kernel (`score_w{W}/...`) and its max output as the
@@ -64,16 +63,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 
 def byte_model(L, H, G, n, d, w, e, P, k_kept):
-    n_pages = math.ceil(n / P)
-    score = 2 * L * G * n * d * e + L * H * n * 4 + 2 * L * H * w * d * e
-    pool = L * H * n * 4 + L * G * n * 4 + L * G * n_pages * 4
-    compact = 2 * 2 * L * G * k_kept * d * e + L * G * k_kept * 8
-    return {
-        "score": score,
-        "pool_pages": pool,
-        "compact": compact,
-        "eviction_step": score + pool + compact,
+    parts = {
+        "score": 2 * L * G * n * d * e + L * H * n * 4 + 2 * L * H * w * d * e,
+        "pool_pages": L * H * n * 4 + L * G * n * 4 + L * G * math.ceil(n / P) * 4,
+        "compact": 2 * 2 * L * G * k_kept * d * e + L * G * k_kept * 8,
     }
+    return {**parts, "eviction_step": sum(parts.values())}
 
 
 #: An H200 SXM's peaks, the defaults of the roofline (`--peak-*`): HBM3e bandwidth;
@@ -88,8 +83,7 @@ def roofline(L, H, G, n, d, w, e, dot_fp32: bool, ms: float | None = None, peaks
     takes at the GPU's peak, the bound that applies (the slowest) and, given `ms`, the
     fraction of that bound achieved.
 
-    - bytes: the score byte model (`byte_model`): K read by both passes, the float32
-      profiles written, the queries;
+    - bytes: the score byte model (`byte_model`);
     - flops: `4 L H w n d`, the logits of both passes (causal triangle counted full;
       padding rows not counted: the useful work);
     - exps: `2 L H w n`, one exp2 per logit per pass.
@@ -142,10 +136,9 @@ def make_inputs(L, H, G, n, d, w, dtype, device, seed=0, rng_device="cpu"):
     return randn(L, H, w, d), randn(L, 1, G, n, d), randn(L, 1, G, n, d)  # q, K, V [L, 1, G, n, d]
 
 
-def make_step(cfg, G, n, backend):
-    """The eviction step for all layers on one backend, as the runner runs it:
-    `score_window` (profiles and masses), `plan` (weights from the masses, pooling,
-    protected pages, selection) and `compact`."""
+def make_step(cfg, G, backend):
+    """The eviction step for all layers on one backend, as the runner runs it (`plan`:
+    weights from the masses, pooling, protected pages, selection)."""
     from pagekv.maths.plan import plan
     from pagekv.runtime import backend as be
 
@@ -215,7 +208,7 @@ def timer(cuda: bool, warmup: int, rep: int):
     return bench_cpu
 
 
-def measure(results: dict, name: str, fn, bench, nbytes: int, peak_tbps: float | None,
+def measure(results: dict, bench, peak_tbps: float | None, name: str, fn, nbytes: int,
             flops: int | None = None) -> None:  # fmt: skip
     """Time `fn` into `results[name]`; a failure is recorded, not raised."""
     try:
@@ -264,8 +257,7 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
     _, pages, prot = pool_pages(prof, weights, G, P, cfg.n_sink, window)
     sizes = page_sizes(n, P, device)
     budget_tokens = cfg.budget_tokens(n)
-    page_keep = select_pages(pages, prot, sizes, budget_tokens)
-    keep = expand_pages(page_keep, n, P)
+    keep = expand_pages(select_pages(pages, prot, sizes, budget_tokens), n, P)
     k_kept = int(keep[0, 0].sum())
     idx = torch.arange(n, device=device).expand(L, G, n)[keep].view(L, G, k_kept)
     res["kept_tokens"] = k_kept
@@ -293,17 +285,13 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
 
     peak = args.peak_tbps if cuda else None
     m = res.setdefault("times", {})
-
-    def time_it(name, fn, nbytes, flops=None):
-        measure(m, name, fn, bench, nbytes, peak, flops)
-
+    time_it = functools.partial(measure, m, bench, peak)  # (name, fn, nbytes, flops=None)
     time_it("score/triton", lambda: k_score(q, k4, cfg.n_sink), nbytes["score"])
     score = m["score/triton"]
     peaks = {"tbps": args.peak_tbps, "tflops_half": args.peak_tflops,
              "tflops_fp32": args.peak_tflops_fp32, "texp": args.peak_texp}  # fmt: skip
-    score["roofline"] = roofline(L, H, G, n, d, window, e, dtype == torch.float32,
-                                 score.get("ms"), peaks)  # fmt: skip
-    rf = score["roofline"]
+    rf = score["roofline"] = roofline(L, H, G, n, d, window, e, dtype == torch.float32,
+                                      score.get("ms"), peaks)  # fmt: skip
     if cuda and "frac_of_bound" in rf:
         print(f"  score roofline: {rf['flops_per_byte']:.0f} flop/B (ridge "
               f"{rf['ridge_flops_per_byte']:.0f}), {rf['bound']}-bound at "
@@ -317,7 +305,7 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
     time_it("compact/triton", lambda: k_compact(*c_args), nbytes["compact"])
     time_it("compact/torch", lambda: _twin_compact(keys, values, idx), nbytes["compact"])
     for backend in ("triton", "torch"):
-        step = functools.partial(make_step(cfg, G, n, backend), q, keys, values)
+        step = functools.partial(make_step(cfg, G, backend), q, keys, values)
         time_it(f"eviction_step/{backend}", step, nbytes["eviction_step"])
     if compiled:
         c_score, c_pool, c_compact = compiled
@@ -336,15 +324,14 @@ def long_windows(args, res, n, k4, device, time_it, e) -> None:
     from pagekv.runtime import backend as be
 
     L, H, G, d = args.layers, args.heads, args.groups, args.head_dim
-    dtype = getattr(torch, args.dtype)
+    rng = device if args.rng_device else "cpu"
     parity = res.setdefault("long_parity", {})
     for W in args.long_windows:
         if W > n or n > args.long_max_n:
             parity[f"w{W}"] = {"skipped": "W > n" if W > n else "n > --long-max-n"}
             continue
-        rng = device if args.rng_device else "cpu"
         gen = torch.Generator(device=rng).manual_seed(W)
-        q = torch.randn(L, H, W, d, generator=gen, device=rng).to(device, dtype)
+        q = torch.randn(L, H, W, d, generator=gen, device=rng).to(device, k4.dtype)
         model = long_window_model(L, H, G, n, d, W, e)
         try:
             prof, _, top = k_score(q, k4, args.n_sink, return_max=True)
@@ -360,13 +347,12 @@ def long_windows(args, res, n, k4, device, time_it, e) -> None:
             parity[f"w{W}"] = {"error": f"{type(ex).__name__}: {ex}"[:500]}
         print(f"  parity w={W}: {parity[f'w{W}']}", flush=True)
         fl = model["flops"]
-        time_it(f"score_w{W}/triton", lambda q=q: k_score(q, k4, args.n_sink), model["score"], fl)
-        time_it(f"score_w{W}/torch", lambda q=q: _twin_score(q, k4, args.n_sink),
-                model["score"], fl)  # fmt: skip
+        for backend, fn in (("triton", k_score), ("torch", _twin_score)):
+            score = functools.partial(fn, q, k4, args.n_sink)
+            time_it(f"score_w{W}/{backend}", score, model["score"], fl)
         for backend in ("triton", "torch"):
-            time_it(f"max_w{W}/{backend}",
-                    lambda q=q, b=backend: be.attention_scores(q, k4, backend=b),
-                    model["max"], fl)  # fmt: skip
+            top = functools.partial(be.attention_scores, q, k4, backend=backend)
+            time_it(f"max_w{W}/{backend}", top, model["max"], fl)
         del q
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -20,11 +20,12 @@ threshold (the app's is `allocator.MMAP_THRESHOLD`).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -67,23 +68,17 @@ def main(argv=None) -> int:
         b = a.replace(policy="entropy")
         t_sep, sep = median_time(lambda a=a, b=b: [runner.evaluate(pre, c) for c in (a, b)],
                                  args.repeats)  # fmt: skip
-        t_pair, pair = median_time(lambda a=a, b=b: runner.evaluate_pair(pre, a, b),
-                                   args.repeats)  # fmt: skip
+        evaluate_pair = functools.partial(runner.evaluate_pair, pre, a, b)
+        t_pair, pair = median_time(evaluate_pair, args.repeats)
         same = all(x.tokens == z.tokens for x, z in zip(sep, pair, strict=True))
         n_tok = max(len(r.tokens) for r in sep)
         line = (
             f"{budget:6.2f} {n_tok:6d} {t_sep:10.2f} {t_pair:5.2f} ({t_pair / t_sep:4.2f}x)  {same}"
         )
         if args.threads:
-            box = {}
-
-            def other(a=a, b=b, box=box):
-                box["t"] = median_time(lambda: runner.evaluate_pair(pre, a, b), args.repeats)[0]
-
-            th = threading.Thread(target=other)
-            th.start()
-            th.join()
-            line += f"  pair, other thread {box['t']:5.2f} ({box['t'] / t_sep:4.2f}x)"
+            with ThreadPoolExecutor(max_workers=1) as other:
+                t = other.submit(median_time, evaluate_pair, args.repeats).result()[0]
+            line += f"  pair, other thread {t:5.2f} ({t / t_sep:4.2f}x)"
         print(line)
     return 0
 

@@ -57,10 +57,9 @@ def main(argv=None):
     for policy in POLICIES:
         cfg = EvictionConfig(policy=policy, budget=args.budget, page_size=args.page_size)
         results[policy] = best_time(lambda cfg=cfg: plan(prof, args.groups, cfg), args.repeats)
-    base = results["mean"]
     print(f"{'policy':<18}{'seconds':>10}{'vs mean':>10}")
     for policy, t in results.items():
-        print(f"{policy:<18}{t:>10.3f}{t / base:>9.2f}x")
+        print(f"{policy:<18}{t:>10.3f}{t / results['mean']:>9.2f}x")
     return results
 
 

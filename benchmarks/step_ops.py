@@ -21,8 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pagekv import EvictionConfig  # noqa: E402
 from pagekv.runtime.runner import Runner  # noqa: E402

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import itertools
 import json
 import sys
 import time
@@ -45,14 +47,9 @@ PILOT = (28, 12, 2, 128, 32)
 
 def options() -> list[dict]:
     """The swept options, the launcher's own first (an empty dict)."""
-    out = [{}]
-    for block_n in (32, 64, 128):
-        for warps in (4, 8):
-            for stages in ((1, 1), (2, 2), (3, 3)):
-                out.append({"BLOCK_N": block_n, "num_warps": warps, "stages": stages})
-    for warps in (4, 8):
-        out.append({"BLOCK_N": 64, "num_warps": warps, "stages": (2, 2), "block_w": 16})
-    return out
+    grid = itertools.product((32, 64, 128), (4, 8), ((1, 1), (2, 2), (3, 3)))
+    out = [{}] + [{"BLOCK_N": b, "num_warps": w, "stages": s} for b, w, s in grid]
+    return out + [{"BLOCK_N": 64, "num_warps": w, "stages": (2, 2), "block_w": 16} for w in (4, 8)]
 
 
 def label(opt: dict) -> str:
@@ -112,13 +109,10 @@ def main() -> int:
             row = {"option": label(opt), **opt, "tiles_per_prog": tiles, "ms": {}, "err": {}}
             for n, (q, k, ref) in inputs.items():
                 try:
-                    launch = launch_for(opt, q, k)
-
-                    def run(q=q, k=k, launch=launch, tiles=tiles):
-                        return score_layers(q, k, 4, launch=launch, tiles_per_prog=tiles)
-
-                    got = run()[0]
-                    row["err"][n] = float((got - ref).abs().max())
+                    run = functools.partial(
+                        score_layers, q, k, 4, launch=launch_for(opt, q, k), tiles_per_prog=tiles
+                    )
+                    row["err"][n] = float((run()[0] - ref).abs().max())
                     row["ms"][n] = triton.testing.do_bench(
                         run, warmup=10, rep=40, return_mode="median"
                     )
