@@ -28,6 +28,7 @@ import statistics
 import sys
 import threading
 import time
+from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -70,20 +71,15 @@ def parts(run: dict, pct: float) -> dict:
     skip = {*SAME_AFTER_DECODING, "retention"}
     comparison_figures(comp, layer=layer, skip=skip)  # memo warm (drawn by the release)
     t3 = time.perf_counter()
-    saved = figure_memo.figure_memo
-    figure_memo.figure_memo = figure_memo.ByteLRU(0)  # nothing kept: every view drawn
-    try:
-        comparison_figures(comp, layer=layer, skip=skip)
-    finally:
-        figure_memo.figure_memo = saved
+    with mock.patch.object(figure_memo, "figure_memo", figure_memo.ByteLRU(0)):  # nothing kept
+        comparison_figures(comp, layer=layer, skip=skip)  # every view drawn
     t4 = time.perf_counter()
     comparison_figures(comp, layer=layer, only={"retention"})
     t5 = time.perf_counter()
-    tokens = max(len(comp.records[k]["tokens"]) for k in "AB")
     return {
         "plan_s": t1 - t0,
         "pair_decode_s": t2 - t1,
-        "pair_tokens": tokens,
+        "pair_tokens": max(len(comp.records[k]["tokens"]) for k in "AB"),
         "views_during_decode_s": t3 - t2,
         "views_during_decode_unmemoised_s": t4 - t3,
         "retention_view_s": t5 - t4,

@@ -38,17 +38,15 @@ CONFIGS = {
 
 
 def specs() -> list[PromptSpec]:
-    out = [
+    return [
         PromptSpec(task=t.kind, name=t.name, mode=mode)
         for t in load_tasks()
         for mode in t.meta["modes"]
-    ]
-    out += [
+    ] + [
         PromptSpec(task="needle", context_tokens=n, depth=0.5, seed=0, mode=mode)
         for n in (1000, 2000, 4000)
         for mode in ("inside", "after")
     ]
-    return out
 
 
 def main(argv=None):

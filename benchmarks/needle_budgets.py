@@ -40,11 +40,9 @@ def main(argv=None):
     t0 = time.perf_counter()
     study = Study.load(args.model, allow_fallback=False)
     rows = []
+    spec = PromptSpec(task="needle", context_tokens=args.context, depth=args.depth, seed=args.seed)
     for mode in args.modes:
-        spec = PromptSpec(
-            task="needle", context_tokens=args.context, depth=args.depth, seed=args.seed, mode=mode
-        )
-        prep = study.prepare(spec)
+        prep = study.prepare(spec.replace(mode=mode))
         print(
             f"\n### question {mode}: {prep.n} prefilled tokens, expected "
             f"{prep.task.answer!r} ({prep.task.question})\n"

@@ -108,8 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--titles", nargs="*", default=None)
     ap.add_argument("--out", type=Path, required=True, help="path without suffix")
     args = ap.parse_args(argv)
-    titles = args.titles or [f.stem.replace("_", " ") for f in args.files]
-    fig = chart(args.files, titles)
+    fig = chart(args.files, args.titles or [f.stem.replace("_", " ") for f in args.files])
     html = args.out.with_suffix(".html")
     fig.write_html(str(html), include_plotlyjs="cdn", full_html=True)
     shot = screenshot(fig, args.out.with_suffix(".png"))

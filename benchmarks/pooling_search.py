@@ -57,10 +57,9 @@ class Setting:
         return f"{self.scorer} b{self.budget:g} P{self.page_size} tau{self.tau:g}"
 
     def config(self, policy: str) -> EvictionConfig:
+        extra = {"scorer": "window", "allocation": "uniform", "window": 32}
         if self.scorer == "reconstruct":  # the replay's question-agnostic setting
             extra = {"scorer": "reconstruct", "allocation": "global", "window": 8}
-        else:
-            extra = {"scorer": "window", "allocation": "uniform", "window": 32}
         return EvictionConfig(
             policy=policy, budget=self.budget, page_size=self.page_size, tau=self.tau, **extra
         )
@@ -94,8 +93,7 @@ def prompt_specs(mode: str) -> list[PromptSpec]:
     specs = [
         PromptSpec(task="needle", context_tokens=c, depth=d, seed=SEED_BASE + i, mode=mode)
         for i, (c, d) in enumerate(singles)
-    ]
-    specs += [
+    ] + [
         PromptSpec(
             task="needle", context_tokens=1500, n_needles=k, seed=SEED_BASE + 50 + s, mode=mode
         )

@@ -63,6 +63,7 @@ the page size chosen per prompt (`page_sizes`) and the share each size tried cap
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -85,24 +86,16 @@ from pagekv.tasks import default_max_new_tokens, score  # noqa: E402
 from pagekv.tasks.curated import load_tasks  # noqa: E402
 
 
-def curated_specs(kind: str, mode: str = "after") -> list[PromptSpec]:
-    """The curated tasks of `kind` ("qa", "code" or "all": the replay's T6 prompts), the
-    question asked `mode`."""
-    return [PromptSpec(task=t.kind, name=t.name, mode=mode) for t in load_tasks(kind)]
-
-
 def t4_specs(contexts, mode: str = "after", seed_offset: int = 0) -> list[PromptSpec]:
     """The replay's T4 prompts (its seeds, plus `seed_offset`: 5000 gives the held-out
     set, prompts never used to choose settings) for the given context lengths, the
     question asked `mode` ("after" compression: the strict test; "inside" the prompt)."""
-    out = []
-    for ci, ctx in enumerate(FULL.t4_contexts):
-        if ctx not in contexts:
-            continue
-        for di, depth in enumerate(FULL.t4_depths):
-            seed = 100 * ci + 10 * di + seed_offset
-            out.append(PromptSpec(context_tokens=ctx, depth=depth, seed=seed, mode=mode))
-    return out
+    return [
+        PromptSpec(context_tokens=ctx, depth=d, seed=100 * ci + 10 * di + seed_offset, mode=mode)
+        for ci, ctx in enumerate(FULL.t4_contexts)
+        if ctx in contexts
+        for di, d in enumerate(FULL.t4_depths)
+    ]
 
 
 #: pagekv's settings: name -> (scorer, aggregation, allocation, policy, page reduction:
@@ -139,12 +132,10 @@ def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None, physic
     """Run kvpress's presses `names` on `prompts` [(ids, question ids, task)] at `budgets`,
     one peer batch per (press, budget) in that order, adding one row per batch to `rows`
     (and calling `save()` after each, so a long run keeps what it finished). `labels`
-    names the prompts in a row's `wrong` list (their indices when None). Each row also
-    sums `physical`: the tokens a paged cache of pages of `physical_page` holds for what
-    the press kept (its pages touched per layer and KV head, times the page). With
-    `fractions`, each press also runs at every `budget * f` (the sweep that
-    `equal_physical_rows` matches our physical memory from). Batches whose row is in
-    `skip` (an earlier run's, `--peer-json`) are not run again."""
+    names the prompts in a row's `wrong` list (their indices when None); a row's
+    `physical` counts pages of `physical_page` (the module's docstring). With `fractions`,
+    each press also runs at every `budget * f` (the sweep `equal_physical_rows` matches
+    from); batches whose row is in `skip` (an earlier run's, `--peer-json`) are not run again."""
     labels = labels or [str(i) for i in range(len(prompts))]
     from pagekv.measurement.peer import kvpress_peer as kp
 
@@ -198,11 +189,9 @@ def variant(text: str) -> tuple[str, dict]:
         if not eq or key not in EvictionConfig.__dataclass_fields__:
             raise argparse.ArgumentTypeError(f"{item!r} is not an EvictionConfig field=value")
         for kind in (int, float, str):
-            try:
+            with contextlib.suppress(ValueError):
                 changes[key] = kind(raw)
                 break
-            except ValueError:
-                continue
     if not sep or not label.strip() or not changes:
         raise argparse.ArgumentTypeError(f"expected 'LABEL: field=value ...'; got {text!r}")
     try:
@@ -210,11 +199,6 @@ def variant(text: str) -> tuple[str, dict]:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return f"{VARIANT_BASE}, {label.strip()}", changes
-
-
-def adaptive_name(threshold: float) -> str:
-    """The setting `--adaptive threshold` adds."""
-    return f"{VARIANT_BASE}, adaptive page {threshold:g}"
 
 
 #: What an earlier run's settings must share with this one for its peer rows to be reused.
@@ -321,7 +305,7 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     variants = dict(args.variant)
-    adaptive = {adaptive_name(t): t for t in args.adaptive}
+    adaptive = {f"{VARIANT_BASE}, adaptive page {t:g}": t for t in args.adaptive}
     if any(not 0.0 <= t <= 1.0 for t in adaptive.values()):
         ap.error(f"--adaptive thresholds must be in [0, 1]; got {args.adaptive}")
     if any(p < 1 for p in args.adaptive_pages):
@@ -335,7 +319,7 @@ def main(argv=None) -> int:
     rows: dict[str, dict] = {}
     times = {"prefill_s": [], "reconstruct_s": []}
     specs = (
-        curated_specs(args.curated, args.mode)
+        [PromptSpec(task=t.kind, name=t.name, mode=args.mode) for t in load_tasks(args.curated)]
         if args.curated
         else t4_specs(set(args.contexts), args.mode, args.seed_offset)
     )

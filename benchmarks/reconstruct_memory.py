@@ -29,21 +29,15 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
+    return int(Path("/proc/self/statm").read_text().split()[1]) * PAGE
 
 
 class PeakSampler:
-    """Peak resident memory while the block runs (sampled every `period` s), and its seconds."""
-
-    def __init__(self, period: float = 0.002):
-        self.period = period
-        self.peak = 0
-        self._stop = threading.Event()
+    """Peak resident memory while the block runs (sampled every 2 ms), and its seconds."""
 
     def __enter__(self):
-        self.start = rss_bytes()
-        self.peak = self.start
+        self.start = self.peak = rss_bytes()
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         self.t0 = time.perf_counter()
@@ -52,7 +46,7 @@ class PeakSampler:
     def _run(self):
         while not self._stop.is_set():
             self.peak = max(self.peak, rss_bytes())
-            time.sleep(self.period)
+            time.sleep(0.002)
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.t0
