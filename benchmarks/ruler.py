@@ -4,15 +4,10 @@ eviction policies (issue 43).
     python benchmarks/ruler.py [--models bundled qwen-coder-0.5b] [--lengths 2048]
         [--samples 20] [--minutes 60] [--out docs/ruler.jsonl] [--table docs/ruler.md]
 
-For each model, length (lm-eval's `max_seq_lengths`), task and sample: lm-eval's task
-code builds the prompt (with the model's tokenizer, offline: the six RULER tasks that
-need no download), pagekv's runner prefills it once per question mode (`inside`: the
-whole prompt; `after`: the context, the question, its last paragraph, prefilled after
-eviction: `lm_eval_model.split_question`), and that one prefill serves every method:
-the full cache, and mean pooling, Page-EntroKV (entropy) and head-independent
-selection at each budget, pages of 16. Each greedy answer (at most the task's
-`max_gen_toks` tokens, raw prompt, no chat template) is scored by the task's own
-`process_results` (RULER's `string_match_all`).
+For each model, length (lm-eval's `max_seq_lengths`), task and sample, lm-eval's task
+code builds the prompt (offline: the six RULER tasks that need no download) and scores
+the answers, and pagekv's runner answers it under every method (question `after`:
+`lm_eval_model.split_question`); `HEADER`, the table's preamble, says how.
 
 Resumable: each answer is one JSON line appended to `--out`, and a case already there
 is skipped, so the command can be run again (`--minutes` stops it starting new
@@ -302,37 +297,30 @@ def table(rows: list[dict]) -> str:
     """Markdown: per model, length and question mode, a row per method with each
     task's mean score (samples) and the total seconds; where a press ran, also the
     press at equal physical memory to our entropy and mean rows (`physical_match`)."""
-    presses = sorted({r["method"].split(" ")[0] for r in rows if r["method"] not in OUR_METHODS})
+    theirs = {r["method"] for r in rows} - OUR_METHODS
+    presses = sorted({m.split(" ")[0] for m in theirs})
     matched = [m for p in presses for b in BUDGETS for pool in POOLINGS
                for m in physical_match(rows, p, f"{pool} {round(100 * b)}%")]  # fmt: skip
     cells = defaultdict(list)
     for r in rows + matched:
-        cells[(r["model"], r["length"], r["mode"], r["method"], r["task"])].append(r)
+        cells[(*_block_of(r), r["method"], r["task"])].append(r)
     lines = []
-    keys = sorted({(r["model"], r["length"], r["mode"]) for r in rows})
-    order = [
-        *methods(),
-        *sorted(
-            {r["method"] for r in rows} - OUR_METHODS,
-            key=lambda m: (m.split(" ")[0], float(m.split(" ")[1][:-1])),
-        ),
-    ]
-    order += sorted({r["method"] for r in matched})  # fmt: skip
-    for key in keys:
+    by_budget = sorted(theirs, key=lambda m: (m.split(" ")[0], float(m.split(" ")[1][:-1])))
+    order = [*methods(), *by_budget, *sorted({r["method"] for r in matched})]
+    for key in sorted({_block_of(r) for r in rows}):
         lines += [f"### {key[0]}, {key[1]} tokens, question {key[2]}", ""]
         lines += _grid(cells, key, order)
         # Our rows average more samples than a press's: the prompts every press answered,
         # every method on those alone.
         by_press = defaultdict(set)
         for r in rows:
-            if r["method"] not in OUR_METHODS and _block_of(r) == key:
+            if r["method"] in theirs and _block_of(r) == key:
                 by_press[r["method"].split(" ")[0]].add((r["task"], r["index"]))
         asked = set.intersection(*by_press.values()) if by_press else set()
         if asked:
-            same = defaultdict(list)
-            for r in rows + matched:
-                if _block_of(r) == key and (r["task"], r["index"]) in asked:
-                    same[(*key, r["method"], r["task"])].append(r)
+            same = {
+                k: [r for r in got if (r["task"], r["index"]) in asked] for k, got in cells.items()
+            }
             lines += [f"On the {len(asked)} prompts every press answered:", ""]
             lines += _grid(same, key, order)
     return "\n".join(lines)

@@ -238,10 +238,10 @@ class PageEntroKVPress(_Base):
                 "give budget (fraction kept) or compression_ratio (fraction removed), not "
                 f"both; got budget={self.budget!r}, compression_ratio={self.compression_ratio!r}"
             )
-        if self.budget is not None and not _real_in(self.budget, 0.0, 1.0, lo_open=True):
+        if self.budget is not None and not (_number(self.budget) and 0 < self.budget <= 1):
             raise ValueError(f"budget must be a number in (0, 1]; got {self.budget!r}")
         ratio = self.compression_ratio
-        if ratio is not None and not _real_in(ratio, 0.0, 1.0, hi_open=True):
+        if ratio is not None and not (_number(ratio) and 0 <= ratio < 1):
             raise ValueError(f"compression_ratio must be a number in [0, 1); got {ratio!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
@@ -267,15 +267,8 @@ class PageEntroKVPress(_Base):
             )
 
     def _config(self, budget: float) -> EvictionConfig:
-        return EvictionConfig(
-            policy=self.policy,
-            budget=budget,
-            page_size=self.page_size,
-            n_sink=self.n_sink,
-            window=self.window,
-            tau=self.tau,
-            scorer=self.scorer,
-        )
+        shared = ("policy", "page_size", "n_sink", "window", "tau", "scorer")
+        return EvictionConfig(budget=budget, **{f: getattr(self, f) for f in shared})
 
     @property
     def compresses(self) -> bool:
@@ -285,12 +278,8 @@ class PageEntroKVPress(_Base):
         return self.budget is not None or bool(self.compression_ratio)
 
     def budget_tokens(self, n: int) -> int:
-        """``k``, the most tokens each (layer, KV head) keeps out of a context of ``n``.
-
-        ``floor(budget * n)`` (`EvictionConfig.budget_tokens`) for ``budget``; kvpress's
-        own count ``max(1, int(n * (1 - compression_ratio)))`` for ``compression_ratio``,
-        so a press compared at the same ratio gets the same number of tokens.
-        """
+        """``k``, the most tokens each (layer, KV head) keeps of ``n``: see the module's Budget
+        (for ``compression_ratio``, kvpress's own count: a press at that ratio keeps as many)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer; got {n!r}")
         if not self.compresses:
@@ -326,13 +315,8 @@ class PageEntroKVPress(_Base):
 
     @contextmanager
     def __call__(self, model):
-        """``with press(model):``: the prefill run inside the block is compressed.
-
-        ``scorer="window"``: kvpress's hook protocol unchanged (``BasePress.__call__`` or
-        ``HookProtocol.__call__``), every layer pressed during its prefill.
-        ``scorer="reconstruct"``: the prefill is captured and the cache compressed when
-        the block exits (`_reconstructing`).
-        """
+        """``with press(model):``: the prefill run inside the block is compressed, layer by
+        layer by kvpress's hook protocol unchanged, or (reconstruct) when the block exits."""
         if self.scorer == "reconstruct":
             with self._reconstructing(model):
                 yield
@@ -344,12 +328,11 @@ class PageEntroKVPress(_Base):
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         """Keep the planned pages of this layer: keys, values ``[B, G, n, d] -> [B, G, k', d]``.
 
-        Runs without autograd (eviction is not differentiated). When the protected pages
-        (sinks and window) alone exceed the budget, keeps exactly them and logs one
-        warning per press naming the smallest feasible budget; with `strict`, raises
-        that BudgetError (a ValueError) instead. ``scorer="window"`` only: the
-        reconstruction scorer needs the whole prefill first, so a caller that presses
-        layer by layer (``ComposedPress``) gets a ValueError.
+        Runs without autograd (eviction is not differentiated); a budget below the
+        protected pages is handled as `strict` says (`_plan`; its BudgetError is a
+        ValueError). ``scorer="window"`` only: the reconstruction scorer needs the whole
+        prefill first, so a caller that presses layer by layer (``ComposedPress``) gets a
+        ValueError.
         """
         self.check()  # kvpress's evaluation sets compression_ratio after construction
         if self.scorer == "reconstruct":
@@ -382,11 +365,9 @@ class PageEntroKVPress(_Base):
         # Each batch row as a layer of its own: its own kept set, one launch for all.
         rows = list(keys.split(1)), list(values.split(1)), list(kept.unbind(0))
         pairs, _ = compact_layers(*rows, backend=used)
-        keys = torch.cat([pr[0] for pr in pairs])
-        values = torch.cat([pr[1] for pr in pairs])
         if self.record:
             self.plans[getattr(module, "layer_idx", len(self.plans))] = p
-        return keys.contiguous(), values.contiguous()
+        return tuple(torch.cat(parts).contiguous() for parts in zip(*pairs, strict=True))
 
     def _plan(self, profiles, n_groups: int, cfg: EvictionConfig, masses, backend: str) -> Plan:
         """`plan`, or, when the protected pages alone exceed the budget, the plan that
@@ -473,9 +454,8 @@ class PageEntroKVPress(_Base):
             self.compress_by_reconstruction(model, captured["cache"], captured["ids"], prompt_ids)
 
     def instruction_ids(self, model) -> list[int]:
-        """The ids read before the reconstruction: `reconstruct_prompt_ids`, else
-        ``REPEAT_PROMPT`` tokenised (no special tokens) by the tokenizer of
-        ``model.config.name_or_path``. Raises ValueError where that does not load."""
+        """The ids read before the reconstruction (the field `reconstruct_prompt_ids`
+        says which); a ValueError where the model's tokenizer does not load."""
         if self.reconstruct_prompt_ids is not None:
             return [int(t) for t in self.reconstruct_prompt_ids]
         name = str(getattr(getattr(model, "config", None), "name_or_path", "") or "")
@@ -574,9 +554,6 @@ def _output_cache(out):
     return None
 
 
-def _real_in(v, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
-        return False
-    above = v > lo if lo_open else v >= lo
-    below = v < hi if hi_open else v <= hi
-    return above and below
+def _number(v) -> bool:
+    """An int or float, not a bool (NaN fails every range check it is put to)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

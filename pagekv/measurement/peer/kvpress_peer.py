@@ -57,7 +57,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 PRESSES = ("snapkv", "expected_attention", "knorm", "streaming_llm", "kvzip", "keydiff")
@@ -323,15 +323,11 @@ def ensure_kvpress_env(
     requirements: str | Path = REQUIREMENTS_FILE,
     timeout: float = ENV_TIMEOUT,
 ) -> Path:
-    """Create (once) the kvpress virtual environment; returns its folder.
-
-    Idempotent: when the marker file matches the requirements' hash, returns at once.
-    Otherwise creates the venv (``python -m venv``; an existing one is reused and
-    upgraded in place), installs the pinned torch alone, then the whole requirements
-    file, checks that kvpress imports, and writes the marker. A lock file serialises
-    concurrent callers. Raises :class:`PeerUnavailable` with pip's own words when an
-    install fails (e.g. no network and no local wheels).
-    """
+    """Create (once: step 1 of the module docstring) the kvpress virtual environment; returns
+    its folder. An existing venv is reused and upgraded in place, and the marker written
+    once kvpress imports; a lock file serialises concurrent callers. Raises
+    :class:`PeerUnavailable` with pip's own words when an install fails (e.g. no network
+    and no local wheels)."""
     say = progress or (lambda _msg: None)
     venv = Path(venv) if venv is not None else kvpress_venv_dir()
     requirements = Path(requirements)
@@ -374,12 +370,10 @@ def ensure_kvpress_env(
 def _lock(path: Path):
     """An exclusive advisory file lock (no-op where fcntl is missing)."""
     with open(path, "a+") as f:  # closing the file releases the lock
-        try:
+        with suppress(ImportError):
             import fcntl
 
             fcntl.flock(f, fcntl.LOCK_EX)
-        except ImportError:
-            pass
         yield
 
 

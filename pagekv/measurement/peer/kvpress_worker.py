@@ -93,6 +93,7 @@ import os
 import sys
 import time
 import traceback
+from importlib.metadata import version
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -244,46 +245,34 @@ class Worker:
     def _positions(self, start: int, count: int):
         return self.torch.arange(start, start + count, device=self.device)[None]
 
-    def _attended(self, cache) -> list[list[int]]:
-        """Per layer and KV head, the context tokens a decoding step can attend to: the
-        cache length less the keys a press masked (kvpress's KVzip and AdaKV keep every
-        token in the cache and hide the evicted ones through ``masked_key_indices``,
-        read by kvpress's attention patch)."""
-        out = []
-        for layer, block in zip(cache.layers, self.model.model.layers, strict=False):
-            G, length = int(layer.keys.shape[1]), int(layer.keys.shape[-2])
-            counts = [length] * G
-            masked = getattr(block.self_attn, "masked_key_indices", None)
-            if masked is not None:
-                batch, head = masked[0], masked[1]
-                per_head = self.torch.bincount(head[batch == 0].cpu(), minlength=G).tolist()
-                counts = [length - int(m) for m in per_head]
-            out.append(counts)
-        return out
-
-    def _kept_positions(self, cache, recorded: dict, dropped: bool) -> list | None:
-        """Per layer, a bool ``[G, n]`` mask of the context positions each KV head keeps:
-        a masking press's complement of ``masked_key_indices`` (KVzip, AdaKV), a scoring
-        press's own top-k (``recorded``), the whole cache without a press; None where a
-        press drops tokens and did not say which."""
-        torch, out = self.torch, []
+    def _masks(self, cache, recorded: dict, dropped: bool) -> tuple[list, list | None]:
+        """Per layer, the ``attended_tokens`` of the module docstring (KVzip and AdaKV hide
+        evicted keys through ``masked_key_indices``, read by kvpress's attention patch), and
+        a bool ``[G, n]`` mask of the context positions each KV head keeps: the complement
+        of the masked keys, a scoring press's own top-k (``recorded``), the whole cache
+        without a press; None where a press drops tokens and did not say which."""
+        torch, attended, keeps = self.torch, [], []
         for i, (layer, block) in enumerate(
             zip(cache.layers, self.model.model.layers, strict=False)
         ):
             G, length = int(layer.keys.shape[1]), int(layer.keys.shape[-2])
             masked = getattr(block.self_attn, "masked_key_indices", None)
             keep = torch.ones(G, length, dtype=torch.bool)
+            counts = [length] * G
             if masked is not None:
                 batch, head, seq = (t.cpu() for t in masked)
+                per_head = torch.bincount(head[batch == 0], minlength=G).tolist()
+                counts = [length - int(m) for m in per_head]
                 keep[head[batch == 0], seq[batch == 0]] = False
             elif i in recorded:
-                n = int(recorded[i][1])
-                keep = torch.zeros(G, n, dtype=torch.bool)
+                keep = torch.zeros(G, int(recorded[i][1]), dtype=torch.bool)
                 keep.scatter_(1, recorded[i][0].cpu(), True)
             elif dropped:
-                return None
-            out.append(keep)
-        return out
+                keeps = None
+            attended.append(counts)
+            if keeps is not None:
+                keeps.append(keep)
+        return attended, keeps
 
     def _touched_pages(self, keeps: list | None, page_sizes) -> dict | None:
         """``{P: [[pages touched per KV head] per layer]}``: the pages of ``P`` tokens a
@@ -334,37 +323,29 @@ class Worker:
                 else:  # kvpress pipeline: prefill the context without the LM head
                     self.model.model(input_ids=self._tensor(prompt), past_key_values=cache)
             kept = [int(layer.keys.shape[-2]) for layer in cache.layers]
-            attended = self._attended(cache)
             dropped = press is not None and any(k < n for k in kept)
-            keeps = self._kept_positions(cache, recorded, dropped)
+            attended, keeps = self._masks(cache, recorded, dropped)
             touched = self._touched_pages(keeps, page_sizes)
             t_prefill = time.perf_counter() - t0
-            pos = n
             if question:
                 logits = self.model(
                     input_ids=self._tensor(question),
                     past_key_values=cache,
-                    position_ids=self._positions(pos, len(question)),
+                    position_ids=self._positions(n, len(question)),
                     logits_to_keep=1,
                 ).logits[0, -1]
-                pos += len(question)
-            tokens: list[int] = []
-            stop = "max_new_tokens"
-            while True:
-                tok = int(torch.argmax(logits))
-                tokens.append(tok)
-                if tok in self.eos_ids:
-                    stop = "eos"
-                    break
-                if len(tokens) >= max_new:
+            tokens = [int(torch.argmax(logits))]
+            for pos in range(n + len(question), n + len(question) + max_new - 1):
+                if tokens[-1] in self.eos_ids:
                     break
                 logits = self.model(
-                    input_ids=self._tensor([tok]),
+                    input_ids=self._tensor(tokens[-1:]),
                     past_key_values=cache,
                     position_ids=self._positions(pos, 1),
                 ).logits[0, -1]
-                pos += 1
+                tokens.append(int(torch.argmax(logits)))
         seconds = time.perf_counter() - t0
+        stop = "eos" if tokens[-1] in self.eos_ids else "max_new_tokens"
         answer = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         extra = {"pagekv": pagekv_report(press)} if hasattr(press, "plans") else {}
         return extra | {
@@ -385,8 +366,6 @@ def versions() -> dict:
     out = {"python": sys.version.split()[0]}
     for name in ("torch", "transformers", "kvpress"):
         try:
-            from importlib.metadata import version
-
             out[name] = version(name)
         except Exception as e:  # report, never fail on this
             out[name] = f"unknown ({_one_line(e)})"
