@@ -122,9 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="also copy the measured presets over the app's assets/presets.json",
     )
     rep.add_argument("--device", default=None)
-    rep.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
-    rep.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help=DTYPE_HELP)
-    rep.add_argument("-v", "--verbose", action="store_true")
 
     sub.add_parser("eval", add_help=False, help="lm-evaluation-harness's command line "
                    "with the `pagekv` model (pip install '.[eval]')")  # fmt: skip
@@ -146,9 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     les.add_argument("--json", action="store_true", help="print one JSON object")
     les.add_argument("--only", nargs="+", metavar="ID", help="these lessons only")
     les.add_argument("--model", default="bundled")
-    les.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
-    les.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help=DTYPE_HELP)
-    les.add_argument("-v", "--verbose", action="store_true")
+    for p in (rep, les):  # both end with these options
+        p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+        p.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help=DTYPE_HELP)
+        p.add_argument("-v", "--verbose", action="store_true")
     return ap
 
 
@@ -171,10 +169,9 @@ def _spec_from(args):
 
     haystack = None
     task = args.task
-    custom = [args.needle, args.question, args.answer]
     if args.haystack_file:
         haystack = load_haystack_file(args.haystack_file)
-        if task == "needle" and not any(custom):
+        if task == "needle" and not any([args.needle, args.question, args.answer]):
             raise UsageError("--haystack-file needs --needle, --question and --answer")
         task = "custom" if task in ("needle", "custom") else task
     depth = needle_depth(haystack, args.needle, args.depth) if task == "custom" else args.depth

@@ -123,7 +123,6 @@ def _check_choice(name: str, value, choices: tuple) -> None:
 
 
 def _check_real(name: str, value, allowed: str, ok) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be {allowed}; got {value!r}")
-    if math.isnan(value) or not ok(float(value)):
+    real = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not real or math.isnan(value) or not ok(float(value)):
         raise ValueError(f"{name} must be {allowed}; got {value!r}")

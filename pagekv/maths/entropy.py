@@ -129,13 +129,10 @@ def mass_sums(profiles: torch.Tensor, n_sink: int) -> torch.Tensor:
 def isolated_mass_from_sums(
     rest: torch.Tensor, sq_rest: torch.Tensor, sq_all: torch.Tensor, n: int, n_sink: int
 ) -> torch.Tensor:
-    """`sum_t a~_h(t)^2` from the non-sink mass and squares: `sq_rest / rest^2`.
-
-    The divisor is the measured non-sink mass (equal to `1 - m_h` in exact
-    arithmetic, and free of cancellation when `m_h` is near 1). Heads whose non-sink
-    mass is below `SINK_EPS` get `1 / (n - n_sink)`, the uniform non-sink profile's
-    value (see `SINK_EPS`); with `n_sink <= 0` or `n <= n_sink` there is nothing to
-    isolate and this is the plain collision mass `sq_all`.
+    """`sum_t a~_h(t)^2` from the non-sink mass and squares: `sq_rest / rest^2`, with
+    `isolate_sinks`' measured divisor and guard (a head below `SINK_EPS` gets
+    `1 / (n - n_sink)`, the uniform non-sink profile's value); with `n_sink <= 0` or
+    `n <= n_sink` there is nothing to isolate and this is the plain collision mass `sq_all`.
     """
     if n_sink <= 0 or n <= n_sink:
         return sq_all.float()

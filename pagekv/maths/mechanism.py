@@ -80,14 +80,10 @@ def mechanism_view(
     needle_page = mech.needle_token // page_size
     rows = []
     for pol, p in plans.items():
-        w = p.head_weights[0].tolist()
-        weights = (
-            "max over heads"
-            if pol == "max"
-            else ", ".join(f"{mech.roles[h]} {w[h]:.2f}" for h in range(len(w)))
-        )
+        heads = zip(mech.roles, p.head_weights[0].tolist(), strict=True)
+        weights = ", ".join(f"{role} {x:.2f}" for role, x in heads)
         kept = "kept" if bool(p.page_keep[0, 0, needle_page]) else "evicted"
-        rows.append([pol, kept, weights])
+        rows.append([pol, kept, "max over heads" if pol == "max" else weights])
     return MechanismView(
         mech=mech,
         plans=plans,

@@ -66,8 +66,7 @@ def group_overlap(head_keep: torch.Tensor, n_groups: int) -> GroupOverlap:
         upper = torch.clamp(1.0 + row.amin(-1), max=float(r))
     else:  # r = 1: one head, no pairs; the union is that head's set.
         mean_dis = torch.zeros(L, n_groups, dtype=torch.float64, device=head_keep.device)
-        lower = torch.ones_like(mean_dis)
-        upper = torch.ones_like(mean_dis)
+        lower, upper = torch.ones_like(mean_dis), torch.ones_like(mean_dis)
     return GroupOverlap(k, union, inter, uor, dis, mean_dis, lower, upper)
 
 

@@ -186,19 +186,17 @@ def plan_comparison(
     sides = (("full", preps["A"], full), *((k, preps[k], configs[k]) for k in "AB"))
     # On the model worker, once per prompt and configuration.
     plans = {key: study.plan(prep, cfg) for key, prep, cfg in sides}
-    comp = Comparison(
+    return Comparison(
         prep=preps["A"],
         configs=configs,
         plans=plans,
         curve=uor_rows(study, preps["B"], config_b),
         memory=memory_rows(study, preps["B"], config_b),
+        notes=mode_notes(modes) + answer_notes(spec),
         preps=preps,
         labels=side_labels(config_a, config_b, modes["A"], modes["B"]),
         model=study.loaded.name,
     )
-    comp.notes.extend(mode_notes(modes))
-    comp.notes.extend(answer_notes(spec))
-    return comp
 
 
 def answer_notes(spec: PromptSpec) -> list[str]:
@@ -373,8 +371,7 @@ def memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict
 
 def _memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
     pre = prep.prefill
-    elem = pre.cache.layers[0].keys.element_size()
-    per_token = pre.head_dim * 2 * elem
+    per_token = pre.head_dim * 2 * pre.cache.layers[0].keys.element_size()
     rows = []
     for policy in POLICIES:
         per_head = get_policy(policy).per_head
@@ -387,7 +384,6 @@ def _memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dic
         padded = cfg.allocation != "uniform"
         if padded:  # padded to the layer's largest group
             stored = stored.amax(-1, keepdim=True).expand_as(stored)
-        tokens = int(stored.sum())
         rows.append(
             {
                 "policy": policy,
@@ -395,7 +391,7 @@ def _memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dic
                 if policy == "full"
                 else f"{policy}<br>{cfg.scorer}, {cfg.allocation}" + (", padded" if padded else ""),
                 "tokens": int(stored.float().mean().round()),
-                "bytes": tokens * per_token,
+                "bytes": int(stored.sum()) * per_token,
             }
         )
     return rows
@@ -416,9 +412,8 @@ def summary(comp: Comparison) -> dict:
         "memory": comp.memory,
     }
     pb = comp.plan_of("B")
-    G = comp.n_groups
     out["sink_advantage"] = {
-        name: summarize_sink_advantage(sink_advantage(w, pb.sink_heads, G))
+        name: summarize_sink_advantage(sink_advantage(w, pb.sink_heads, comp.n_groups))
         for name, w in (("isolated", pb.weights_isolated), ("no_isolation", pb.weights_nosink))
     }
     out["head_weights"] = {

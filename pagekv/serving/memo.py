@@ -124,8 +124,7 @@ class ByteLRU:
         return key in self._data
 
     def __iter__(self):
-        with self._lock:
-            return iter(list(self._data))
+        return iter(self.keys())
 
     def keys(self) -> list:
         """The keys, least recently used first (a snapshot)."""

@@ -27,7 +27,6 @@ SmolLM2 tokenizer the split is exact (tests check it).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -279,8 +278,8 @@ class Task:
 
     # -------------------------------------------------------------- plumbing
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready copy (for exports)."""
-        return copy.deepcopy(asdict(self))
+        """A JSON-ready copy (for exports; `asdict` copies every value)."""
+        return asdict(self)
 
 
 def default_max_new_tokens(task: Task | None, fallback: int = DEFAULT_MAX_NEW_TOKENS) -> int:

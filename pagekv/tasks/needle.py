@@ -119,9 +119,7 @@ def as_needle(item: NeedleLike) -> Needle:
         return item
     if isinstance(item, str) or len(item) not in (3, 4):
         raise TaskError("a needle is a (needle sentence, question, answer) triple")
-    text, question, answer = item[0], item[1], item[2]
-    aliases = tuple(item[3]) if len(item) == 4 else ()
-    return Needle(str(text), str(question), str(answer), aliases)
+    return Needle(*map(str, item[:3]), tuple(item[3]) if len(item) == 4 else ())
 
 
 # ------------------------------------------------------------------ counting

@@ -65,8 +65,7 @@ class ScoreInputs:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        L, H, n = self.scores.shape
-        return L, H, n
+        return tuple(self.scores.shape)
 
     def weighted_pages(self, weights: torch.Tensor) -> torch.Tensor:
         """`reduce_{t in page} sum_{h in g} w_h s_h(t)`: `[L, G, n_pages]`."""

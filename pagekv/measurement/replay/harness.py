@@ -9,12 +9,12 @@ re-run; a prompt whose units are all done is not even prefilled again.
 
 from __future__ import annotations
 
-import logging
 import os
 import platform
 import sys
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,8 +27,8 @@ from pagekv.measurement.replay.peer import WANTED, PeerAdapter
 from pagekv.measurement.replay.store import UnitStore, unit_key
 from pagekv.paths import PRESETS_PATH
 from pagekv.serving.study import Study
+from pagekv.tasks import task_names
 
-log = logging.getLogger(__name__)
 SEED = 0
 
 
@@ -92,13 +92,9 @@ def run_replay(
     store = UnitStore(out)
     _say(f"grid {grid.name}, output {out} ({store.loaded} cached units)")
     lazy = _Lazy(model, device, backend, decode_dtype)
-    from pagekv.tasks import task_names
-
     jobs = build_jobs(grid, {"qa": task_names("qa"), "code": task_names("code")})
-    profile_units, decode_units, card_units = [], [], []
-    errors = []
-    n_decodes = sum(len(j.decodes) for j in jobs)
-    _say(f"{len(jobs)} prompts, {n_decodes} decodes")
+    profile_units, decode_units, card_units, errors = [], [], [], []
+    _say(f"{len(jobs)} prompts, {sum(len(j.decodes) for j in jobs)} decodes")
     bar = _progress(len(jobs))
     for i, job in enumerate(jobs):
         keys = _job_keys(model, grid, job, decode_dtype)
@@ -193,16 +189,10 @@ def _compute_job(lazy: _Lazy, store: UnitStore, grid: Grid, job: PromptJob, keys
     # Work on the model and the prefill's tensors runs as jobs on the model worker, as
     # every model job does (docs/design.md, "One model worker"); the decodes are jobs
     # of `Study.run` already.
-    if keys["profile"] not in store:
-        unit = study.derive(
-            prep, ("replay-profile", grid), lambda p: profile_unit(study.runner, p, grid)
-        )
-        store.put(keys["profile"], unit)
-    if job.cardinality and keys["t5"] not in store:
-        unit = study.derive(
-            prep, ("replay-t5", grid), lambda p: cardinality_unit(study.runner, p, grid)
-        )
-        store.put(keys["t5"], unit)
+    for name, unit in (("profile", profile_unit), ("t5", cardinality_unit)):
+        if name in keys and keys[name] not in store:  # keys has "t5" for a `cardinality` job
+            fn = partial(unit, study.runner, grid=grid)
+            store.put(keys[name], study.derive(prep, (f"replay-{name}", grid), fn))
     for tag, cfg, label in job.decodes:
         k = keys[("decode", tag, cfg, label)]
         if k in store:
@@ -302,8 +292,7 @@ def _run_peer(
             if key not in meta:
                 continue
             job = meta[key][0]
-            data = dict(res)
-            data.pop("id", None)
+            data = {k: v for k, v in res.items() if k != "id"}
             if not data.get("error"):
                 from pagekv.tasks import score
 
@@ -332,17 +321,14 @@ def _environment(lazy: _Lazy) -> dict:
         "cuda": torch.cuda.is_available(),
     }
     if lazy._study is not None:
-        ld = lazy._study.loaded
-        env["model_info"] = {
-            "name": ld.name,
-            "n_layers": ld.n_layers,
-            "n_heads": ld.n_heads,
-            "n_kv_heads": ld.n_kv_heads,
+        ld, runner = lazy._study.loaded, lazy._study.runner
+        names = ("name", "n_layers", "n_heads", "n_kv_heads")
+        env["model_info"] = {k: getattr(ld, k) for k in names} | {
             "r": ld.group_size,
             "device": ld.device,
             "dtype": str(ld.dtype),
-            "backend": lazy._study.runner.backend,
-            "decode": lazy._study.runner.decode_path,
+            "backend": runner.backend,
+            "decode": runner.decode_path,
             "fell_back": ld.fell_back,
             "note": ld.note,
         }

@@ -185,18 +185,14 @@ def cache_sweep(prefill, needle_positions, base: EvictionConfig) -> list[dict]:
 
 
 def profile_unit(runner, prep, grid: Grid) -> dict:
-    """Everything a prompt gives without decoding (T1, T2, T3, cache-level T4 / T7).
-
-    `runner` compacts the caches on which T1 measures the pooled policies' UOR.
-    """
+    """Everything a prompt gives without decoding (T1, T2, T3, cache-level T4 / T7)."""
     pre = prep.prefill
     G = pre.n_groups
     base = EvictionConfig()
     t1 = {}
-    for label, P, w in grid.geometries:
-        for b in grid.t1_budgets:
-            cfg = base.replace(budget=b, page_size=P, window=w)
-            t1[f"{label}|{b}"] = overlap_measurements(runner, pre, cfg)
+    for (label, P, w), b in itertools.product(grid.geometries, grid.t1_budgets):
+        cfg = base.replace(budget=b, page_size=P, window=w)
+        t1[f"{label}|{b}"] = overlap_measurements(runner, pre, cfg)
     out = {
         "n": pre.n,
         "n_layers": pre.n_layers,
@@ -221,43 +217,40 @@ def cardinality_unit(runner, prep, grid: Grid):
     pre = prep.prefill
     n = pre.n
     rows = []
-    for P in grid.t5_page_sizes:
-        for b in grid.t5_budgets:
-            for pol in CARDINALITY_POLICIES:
-                cfg = EvictionConfig(policy=pol, budget=b, page_size=P)
-                row = {"page_size": P, "budget": b, "policy": pol, "n": n}
-                try:
-                    ev = runner.evict(pre, cfg)
-                except BudgetError as e:
-                    rows.append(row | {"feasible": False, "min_budget": e.min_budget})
-                    continue
-                p = ev.plan
-                lengths = [int(layer.keys.shape[2]) for layer in ev.cache.layers]
-                stored = torch.tensor(lengths)[:, None].expand(-1, pre.n_groups)  # [L, G]
-                j = torch.arange(p.n_pages)
-                sizes = torch.clamp((j + 1) * P, max=n) - j * P  # [n_pages]
-                page_sum = (p.page_keep.to(torch.int64) * sizes).sum(-1)  # [L, G]
-                token_count = p.keep.sum(-1)  # [L, G]
-                stored_eq = bool((stored == p.union_tokens).all())
-                pages_eq = bool((p.union_tokens == page_sum).all())
-                mask_eq = bool((token_count == p.union_tokens).all())
-                rows.append(
-                    row
-                    | {
-                        "feasible": True,
-                        "k": p.budget_tokens,
-                        "kept": int(p.union_tokens.max()),
-                        "stored_eq_plan": stored_eq,
-                        "plan_eq_page_sum": pages_eq,
-                        "mask_eq_plan": mask_eq,
-                        "within_budget": bool((p.union_tokens <= p.budget_tokens).all()),
-                        "dense": p.dense,
-                        "n_pages": p.n_pages,
-                        "last_page_partial": int(sizes[-1]) != P,
-                        "exact": stored_eq and pages_eq and mask_eq,
-                    }
-                )
-                del ev
+    for P, b, pol in itertools.product(grid.t5_page_sizes, grid.t5_budgets, CARDINALITY_POLICIES):
+        cfg = EvictionConfig(policy=pol, budget=b, page_size=P)
+        row = {"page_size": P, "budget": b, "policy": pol, "n": n}
+        try:
+            ev = runner.evict(pre, cfg)
+        except BudgetError as e:
+            rows.append(row | {"feasible": False, "min_budget": e.min_budget})
+            continue
+        p = ev.plan
+        lengths = [int(layer.keys.shape[2]) for layer in ev.cache.layers]
+        stored = torch.tensor(lengths)[:, None].expand(-1, pre.n_groups)  # [L, G]
+        j = torch.arange(p.n_pages)
+        sizes = torch.clamp((j + 1) * P, max=n) - j * P  # [n_pages]
+        page_sum = (p.page_keep.to(torch.int64) * sizes).sum(-1)  # [L, G]
+        stored_eq = bool((stored == p.union_tokens).all())
+        pages_eq = bool((p.union_tokens == page_sum).all())
+        mask_eq = bool((p.keep.sum(-1) == p.union_tokens).all())
+        rows.append(
+            row
+            | {
+                "feasible": True,
+                "k": p.budget_tokens,
+                "kept": int(p.union_tokens.max()),
+                "stored_eq_plan": stored_eq,
+                "plan_eq_page_sum": pages_eq,
+                "mask_eq_plan": mask_eq,
+                "within_budget": bool((p.union_tokens <= p.budget_tokens).all()),
+                "dense": p.dense,
+                "n_pages": p.n_pages,
+                "last_page_partial": int(sizes[-1]) != P,
+                "exact": stored_eq and pages_eq and mask_eq,
+            }
+        )
+        del ev
     return {"rows": rows}
 
 

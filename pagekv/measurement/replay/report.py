@@ -40,9 +40,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
+    cols = list(dict.fromkeys(k for r in rows for k in r))  # every row's keys, first seen first
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
@@ -107,11 +105,10 @@ def figures(out: Path, results: dict) -> dict:
             tabs["T7_answers"], "T7: entropy against mean pooling, decoded answers"
         )
     for name, fig in figs.items():
-        files = []
         path = out / "figures" / f"{name}.html"
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.write_html(str(path), include_plotlyjs="cdn", full_html=True)
-        files.append(str(path.relative_to(out)))
+        files = [str(path.relative_to(out))]
         if png:
             try:
                 fig.write_image(str(path.with_suffix(".png")))

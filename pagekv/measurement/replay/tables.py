@@ -6,6 +6,7 @@ rebuilds every table without the model. Row dicts become CSV rows and markdown t
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 
@@ -72,56 +73,54 @@ def _spec_id(s: dict) -> str:
 
 def t1_t2(grid: Grid, units: list[dict]):
     t1, t2, scatter = [], [], {}
-    for label, P, w in grid.geometries:
-        for b in grid.t1_budgets:
-            ms = [u["t1"].get(f"{label}|{b}") for u in units]
-            ms = [m for m in ms if m is not None]
-            feas = [m for m in ms if m["feasible"]]
-            infeas = [m for m in ms if not m["feasible"]]
-            uors = [x for m in feas for x in m["uor"]]
-            dms = [x for m in feas for x in m["dmean"]]
-            pooled = [pm for m in feas for pm in m["pooled"].values()]
-            t1.append(
-                {
-                    "geometry": label,
-                    "page_size": P,
-                    "window": w,
-                    "budget": b,
-                    "prompts": len(ms),
-                    "feasible_prompts": len(feas),
-                    "infeasible_prompts": len(infeas),
-                    "smallest_feasible_budget_max": max(
-                        (m["min_budget"] for m in infeas), default=None
-                    ),
-                    "measurements": len(uors),
-                    "uor_max": max(uors, default=None),
-                    "uor_p95": quantile(uors, 0.95),
-                    "uor_mean": _mean(uors),
-                    "pooled_uor_min": min((p["uor_min"] for p in pooled), default=None),
-                    "pooled_uor_max": max((p["uor_max"] for p in pooled), default=None),
-                    "pooled_dense_and_within_budget": all(
-                        p["dense"] and p["within_budget"] and p["stored_eq_plan"] for p in pooled
-                    ),
-                }
-            )
-            t2.append(
-                {
-                    "geometry": label,
-                    "budget": b,
-                    "measurements": len(uors),
-                    "pair_identity_max_abs_err": max(
-                        (m["pair_identity_max_err"] for m in feas), default=None
-                    ),
-                    "pairs_checked": 3 * len(uors),
-                    "lower_bound_violations": sum(m["lower_violations"] for m in feas),
-                    "upper_bound_violations": sum(m["upper_violations"] for m in feas),
-                    "lower_slack_min": min((m["lower_slack_min"] for m in feas), default=None),
-                    "upper_slack_min": min((m["upper_slack_min"] for m in feas), default=None),
-                    "disagreement_mean": _mean(dms),
-                    "corr_disagreement_uor": _corr(dms, uors),
-                }
-            )
-            scatter[(label, b)] = (dms, uors)
+    for (label, P, w), b in itertools.product(grid.geometries, grid.t1_budgets):
+        ms = [m for m in (u["t1"].get(f"{label}|{b}") for u in units) if m is not None]
+        feas = [m for m in ms if m["feasible"]]
+        infeas = [m for m in ms if not m["feasible"]]
+        uors = [x for m in feas for x in m["uor"]]
+        dms = [x for m in feas for x in m["dmean"]]
+        pooled = [pm for m in feas for pm in m["pooled"].values()]
+        t1.append(
+            {
+                "geometry": label,
+                "page_size": P,
+                "window": w,
+                "budget": b,
+                "prompts": len(ms),
+                "feasible_prompts": len(feas),
+                "infeasible_prompts": len(infeas),
+                "smallest_feasible_budget_max": max(
+                    (m["min_budget"] for m in infeas), default=None
+                ),
+                "measurements": len(uors),
+                "uor_max": max(uors, default=None),
+                "uor_p95": quantile(uors, 0.95),
+                "uor_mean": _mean(uors),
+                "pooled_uor_min": min((p["uor_min"] for p in pooled), default=None),
+                "pooled_uor_max": max((p["uor_max"] for p in pooled), default=None),
+                "pooled_dense_and_within_budget": all(
+                    p["dense"] and p["within_budget"] and p["stored_eq_plan"] for p in pooled
+                ),
+            }
+        )
+        t2.append(
+            {
+                "geometry": label,
+                "budget": b,
+                "measurements": len(uors),
+                "pair_identity_max_abs_err": max(
+                    (m["pair_identity_max_err"] for m in feas), default=None
+                ),
+                "pairs_checked": 3 * len(uors),
+                "lower_bound_violations": sum(m["lower_violations"] for m in feas),
+                "upper_bound_violations": sum(m["upper_violations"] for m in feas),
+                "lower_slack_min": min((m["lower_slack_min"] for m in feas), default=None),
+                "upper_slack_min": min((m["upper_slack_min"] for m in feas), default=None),
+                "disagreement_mean": _mean(dms),
+                "corr_disagreement_uor": _corr(dms, uors),
+            }
+        )
+        scatter[(label, b)] = (dms, uors)
     return t1, t2, scatter
 
 
@@ -131,22 +130,20 @@ def t1_t2(grid: Grid, units: list[dict]):
 def t3(units: list[dict]):
     if not units:
         return [], {}, None
-    L = units[0]["n_layers"]
-    per_layer = []
-    grid_iso = [[[] for _ in range(units[0]["n_groups"])] for _ in range(L)]
-    grid_raw = [[[] for _ in range(units[0]["n_groups"])] for _ in range(L)]
-    all_iso, all_raw = [], []
-    for layer in range(L):
-        heads = [u["t3"]["sink_heads_per_layer"][layer] for u in units]
-        iso = [v for u in units for v in u["t3"]["adv_isolated"][layer] if v is not None]
-        raw = [v for u in units for v in u["t3"]["adv_raw"][layer] if v is not None]
-        for u in units:
-            for g, (vi, vr) in enumerate(
-                zip(u["t3"]["adv_isolated"][layer], u["t3"]["adv_raw"][layer], strict=True)
-            ):
+    ts = [u["t3"] for u in units]
+    per_layer, fig_iso, fig_raw, all_iso, all_raw = [], [], [], [], []
+    for layer in range(units[0]["n_layers"]):
+        heads = [t["sink_heads_per_layer"][layer] for t in ts]
+        iso = [v for t in ts for v in t["adv_isolated"][layer] if v is not None]
+        raw = [v for t in ts for v in t["adv_raw"][layer] if v is not None]
+        cells = [[] for _ in range(units[0]["n_groups"])]  # (isolated, raw) per group
+        for t in ts:
+            pairs = zip(t["adv_isolated"][layer], t["adv_raw"][layer], strict=True)
+            for g, (vi, vr) in enumerate(pairs):
                 if vi is not None:
-                    grid_iso[layer][g].append(vi)
-                    grid_raw[layer][g].append(vr)
+                    cells[g].append((vi, vr))
+        fig_iso.append([_mean([vi for vi, _ in c]) for c in cells])
+        fig_raw.append([_mean([vr for _, vr in c]) for c in cells])
         all_iso += iso
         all_raw += raw
         per_layer.append(
@@ -155,10 +152,8 @@ def t3(units: list[dict]):
                 "sink_heads_mean": _mean(heads),
                 "sink_heads_min": min(heads),
                 "sink_heads_max": max(heads),
-                "n_heads": units[0]["t3"]["n_heads"],
-                "sink_mass_mean": _mean(
-                    [u["t3"]["sink_mass_mean_per_layer"][layer] for u in units]
-                ),
+                "n_heads": ts[0]["n_heads"],
+                "sink_mass_mean": _mean([t["sink_mass_mean_per_layer"][layer] for t in ts]),
                 "mixed_groups": len(iso),
                 "adv_raw_mean": _mean(raw),
                 "adv_raw_max": max(raw, default=None),
@@ -175,13 +170,9 @@ def t3(units: list[dict]):
         "adv_isolated_mean": _mean(all_iso),
         "adv_isolated_median": quantile(all_iso, 0.5),
         "adv_isolated_max": max(all_iso, default=None),
-        "sink_heads_total_mean": _mean([sum(u["t3"]["sink_heads_per_layer"]) for u in units]),
+        "sink_heads_total_mean": _mean([sum(t["sink_heads_per_layer"]) for t in ts]),
     }
-    fig = (
-        [[_mean(c) for c in row] for row in grid_iso],
-        [[_mean(c) for c in row] for row in grid_raw],
-    )
-    return per_layer, summary, fig
+    return per_layer, summary, (fig_iso, fig_raw)
 
 
 # --------------------------------------------------------------------------- decode groups
@@ -221,25 +212,21 @@ def _recall_row(recs):
 
 
 def _flat_decodes(decode_units, table):
-    rows = []
-    for u in decode_units:
-        if u["table"] != table:
-            continue
-        s, c = u["spec"], u["config"]
-        rows.append(
-            u
-            | {
-                "mode": s.get("mode", "inside"),
-                "context": s.get("context_tokens"),
-                "depth": s.get("depth"),
-                "policy": c["policy"],
-                "budget": c["budget"] if c["policy"] != "full" else 1.0,
-                "page_size": c["page_size"],
-                "scoring": scoring(c),
-                "spec_id": _spec_id(s),
-            }
-        )
-    return rows
+    return [
+        u
+        | {
+            "mode": u["spec"].get("mode", "inside"),
+            "context": u["spec"].get("context_tokens"),
+            "depth": u["spec"].get("depth"),
+            "policy": u["config"]["policy"],
+            "budget": u["config"]["budget"] if u["config"]["policy"] != "full" else 1.0,
+            "page_size": u["config"]["page_size"],
+            "scoring": scoring(u["config"]),
+            "spec_id": _spec_id(u["spec"]),
+        }
+        for u in decode_units
+        if u["table"] == table
+    ]
 
 
 #: The `scoring` of a decode made with the defaults (the last window's queries score the
@@ -282,8 +269,7 @@ def t4(decode_units, profile_units, peer_units):
         }
 
     cache = _per_group(crow, ("mode", "budget", "depth", "policy"), retention)
-    peer = _peer_rows(peer_units, "T4", rows)
-    return summary, detail, cache, peer
+    return summary, detail, cache, _peer_rows(peer_units, "T4", rows)
 
 
 #: pagekv's presses run inside kvpress, and the runner policy each one reproduces.
@@ -326,7 +312,11 @@ def _peer_rows(peer_units, table, decode_rows=()):
                 "prompts": len(rs),
                 "answered": len(ok),
                 "recall": _mean([1.0 if r.get("correct") else 0.0 for r in ok]),
-                "kept_tokens": _mean([_kept(_stored(r)) for r in ok]),
+                # what the decode attends to where the peer reports it (KVzip masks evicted
+                # keys, its cache keeps the whole context), else the cache length per layer
+                "kept_tokens": _mean(
+                    [_kept(r.get("attended_tokens") or r.get("kept_tokens")) for r in ok]
+                ),
                 "stored_tokens": _mean([_total(r.get("attended_tokens")) for r in ok]),
                 "physical_tokens": _mean([_physical(r) for r in ok]),
                 "same_answer_as_runner": _mean(same) if same else None,
@@ -335,14 +325,6 @@ def _peer_rows(peer_units, table, decode_rows=()):
             }
         )
     return rows
-
-
-def _stored(r: dict):
-    """What a press's decode attends to: ``attended_tokens`` (per layer and KV head) where
-    the peer reports it (KVzip masks evicted keys and keeps the whole context in its
-    cache), else the cache length per layer."""
-    att = r.get("attended_tokens")
-    return att if att else r.get("kept_tokens")
 
 
 def _physical(r: dict):
@@ -412,12 +394,8 @@ def t6(decode_units, peer_units):
 
     summary = _per_group(rows, ("mode", "kind", "budget", "policy", "scoring"), solved)
     detail = [
-        {
-            "mode": r["mode"],
-            "task": r["task"],
-            "policy": r["policy"],
-            "scoring": r["scoring"],
-            "budget": r["budget"],
+        {k: r[k] for k in ("mode", "task", "policy", "scoring", "budget")}
+        | {
             "correct": r.get("correct"),
             "answer": (r.get("answer") or r.get("error") or "")[:80],
             "expected": r.get("expected"),
@@ -448,8 +426,7 @@ def t7(decode_units, profile_units, grid: Grid):
         r["setting"] = label
         by[(r["spec_id"], label, r["policy"])] = r
     answer_rows, pairs = [], []
-    settings = sorted({(k[1], k[0].split("|")[1]) for k in by})
-    for label, mode in settings:
+    for label, mode in sorted({(k[1], k[0].split("|")[1]) for k in by}):
         cnt = defaultdict(int)
         n = 0
         for (sid, lab, pol), e in by.items():
@@ -539,8 +516,9 @@ def t7(decode_units, profile_units, grid: Grid):
             for p in EVICTING_POOLED
         }
 
-    keys = ("mode", "budget", "page_size", "window", "tau")
-    cache_rows = _per_group(sweep, keys, entropy_vs_mean)
+    cache_rows = _per_group(
+        sweep, ("mode", "budget", "page_size", "window", "tau"), entropy_vs_mean
+    )
     return answer_rows, page_rows, cache_rows, pairs, by
 
 
@@ -561,8 +539,7 @@ def presets(pairs, by, limit: int = 8) -> list[dict]:
         if sid in seen:
             continue
         seen.add(sid)
-        spec = {f: e["spec"].get(f) for f in PromptSpec.__dataclass_fields__}
-        spec["haystack"] = None
+        spec = {f: e["spec"].get(f) for f in PromptSpec.__dataclass_fields__} | {"haystack": None}
         cfg = EvictionConfig(**{**e["config"], "policy": "entropy"}).to_dict()
         full = by.get((sid, "full" if not label.startswith("T4") else "T4 full", "full"))
         observed = {}
