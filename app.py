@@ -4,15 +4,14 @@
                   [--allow-hub-models] [--dtype auto]
 
 Layout and wiring only: `build_demo()` lays out the page (a function per part:
-`explore_controls`, `prompt_controls`, `side_a_controls` and `side_b_controls` (each
-with its `side_settings`), `lesson_header`, `view_tabs`) and the `wire_*` functions
-connect each control to its handler in `pagekv.views.app_ui` (`ui`: runs, previews,
-presets, layer, mechanism, export) and `pagekv.views.app_lessons` (`lessons_ui`:
-lessons, warm-up), with the texts of `pagekv.views.app_text` (`text`); inputs are
-checked in `pagekv.views.inputs`. The model's work runs on the model worker, which
-`main` gives this process's main thread (`pagekv.serving.worker`; docs/design.md, "One
-model worker"). Once it serves, the app computes its live lessons (`--no-warm` skips
-this).
+`explore_controls`, `prompt_controls`, `side_controls` (side A, side B), `lesson_header`,
+`view_tabs`) and the `wire_*` functions connect each control to its handler in
+`pagekv.views.app_ui` (`ui`: runs, previews, presets, layer, mechanism, export) and
+`pagekv.views.app_lessons` (`lessons_ui`: lessons, warm-up), with the texts of
+`pagekv.views.app_text` (`text`); inputs are checked in `pagekv.views.inputs`. The
+model's work runs on the model worker, which `main` gives this process's main thread
+(`pagekv.serving.worker`; docs/design.md, "One model worker"). Once it serves, the app
+computes its live lessons (`--no-warm` skips this).
 """
 
 from __future__ import annotations
@@ -59,20 +58,6 @@ def launch_assets() -> dict:
     return dict(css=css, head=head)
 
 
-def method_controls(side: str) -> tuple[gr.Radio, gr.Radio]:
-    """Side `side`'s scorer and allocation, in one row, at the run's defaults."""
-    with gr.Row():
-        scorer = gr.Radio(
-            list(inputs.SCORERS), value=RUN_DEFAULTS[f"scorer_{side}"],
-            label=f"Scorer {side.upper()}", info=text.SCORER_INFO,
-        )  # fmt: skip
-        allocation = gr.Radio(
-            list(inputs.ALLOCATIONS), value=RUN_DEFAULTS[f"allocation_{side}"],
-            label=f"Allocation {side.upper()}", info=text.ALLOCATION_INFO,
-        )  # fmt: skip
-    return scorer, allocation
-
-
 def slider(name: str, value, label: str, **kw) -> gr.Slider:
     """A slider over the range and step the API accepts for `name` (`LIMITS`)."""
     lo, hi, step = inputs.LIMITS[name]
@@ -109,9 +94,9 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
                 with gr.Accordion("Prompt", open=False):
                     c |= prompt_controls(default_model)
                 with gr.Accordion("Side A", open=False):
-                    c |= side_a_controls()
+                    c |= side_controls("a")
                 with gr.Accordion("Side B", open=False):
-                    c |= side_b_controls()
+                    c |= side_controls("b")
             with gr.Column(scale=3, elem_id="lesson-col"):
                 c |= lesson_header()
                 with gr.Tabs(elem_id="lesson-views") as tabs:
@@ -168,32 +153,36 @@ def prompt_controls(default_model: str) -> dict:
     return _blocks(locals())
 
 
-def side_a_controls() -> dict:
-    policy_a = gr.Dropdown(POLICY_CHOICES, value=PRESETS[0]["policy_a"], label="Policy A")
-    scorer_a, allocation_a = method_controls("a")
-    return _blocks(locals()) | side_settings("a")
-
-
-def side_b_controls() -> dict:
-    policy_b = gr.Dropdown(POLICY_CHOICES, value=PRESETS[0]["policy_b"], label="Policy B")
-    scorer_b, allocation_b = method_controls("b")
-    link_b = gr.Checkbox(
-        value=True,
-        label="Same settings as A (policy, scorer and allocation are B's own)",
-        info="untick to give B its own question position, budget and pages",
-    )
-    return _blocks(locals()) | side_settings("b")
-
-
-def side_settings(side: str) -> dict:
-    """A side's question position, budget, page size, n_sink, window and tau, at the
-    first preset's values. Side B's are named `..._b` and start locked: while "Same
-    settings as A" is ticked they show A's and cannot be edited (`linked_b`, on every
-    change of the link or of A's settings)."""
+def side_controls(side: str) -> dict:
+    """A side's policy, scorer and allocation (in one row), side B's "Same settings as A",
+    then the side's question position, budget, page size, n_sink, window and tau, at the
+    first preset's values. Side B's settings are named `..._b` and start locked: while
+    "Same settings as A" is ticked they show A's and cannot be edited (`linked_b`, on
+    every change of the link or of A's settings)."""
     first = PRESETS[0]
     b = side == "b"
     sfx, tag, kw = ("_b", " B", dict(interactive=False)) if b else ("", "", {})
     out = {
+        f"policy_{side}": gr.Dropdown(
+            POLICY_CHOICES, value=first[f"policy_{side}"], label=f"Policy {side.upper()}"
+        )
+    }
+    with gr.Row():
+        for name, choices, info in (
+            ("scorer", inputs.SCORERS, text.SCORER_INFO),
+            ("allocation", inputs.ALLOCATIONS, text.ALLOCATION_INFO),
+        ):
+            out[f"{name}_{side}"] = gr.Radio(
+                list(choices), value=RUN_DEFAULTS[f"{name}_{side}"],
+                label=f"{name.capitalize()} {side.upper()}", info=info,
+            )  # fmt: skip
+    if b:
+        out["link_b"] = gr.Checkbox(
+            value=True,
+            label="Same settings as A (policy, scorer and allocation are B's own)",
+            info="untick to give B its own question position, budget and pages",
+        )
+    out |= {
         "mode" + sfx: gr.Radio(
             list(inputs.MODES), value=first["mode"], label="Question position" + tag,
             info=None if b else "after = asked after compression (the strict test)", **kw,
@@ -370,13 +359,8 @@ def wire_prompt(c: dict) -> None:
     stale (in the browser only: no request to the server). The note is a run output:
     every run clears it. A browser-side clear on the run's own trigger does not work:
     Gradio does not run a JS-only listener on a trigger that also has a Python one."""
-    c["task"].input(
-        ui.curated_choices,
-        c["task"],
-        [c[n] for n in ("curated", "depth", "needles", "seed", "custom_box")],
-        show_progress="hidden",
-        **QUIET,
-    )
+    follow_task = [c[n] for n in ("curated", "depth", "needles", "seed", "custom_box")]
+    c["task"].input(ui.curated_choices, c["task"], follow_task, show_progress="hidden", **QUIET)
     prompt = ("task", "context", "depth", "seed", "needles", "mode", "curated", "haystack",
               "needle", "question", "answer", "model")  # fmt: skip
     for name in prompt:
@@ -391,17 +375,15 @@ def wire_prompt(c: dict) -> None:
 
 
 def wire_mechanism(c: dict) -> None:
+    mech = [c[name] for name in ui.MECH_CONTROLS]
     # Raw values: a value typed outside a slider's range is said, never an error badge.
     mech_io = dict(
-        fn=ui.run_mechanism,
-        inputs=[c[name] for name in ui.MECH_CONTROLS],
-        outputs=[c[name] for name in MECH_VIEWS],
-        preprocess=False,
+        fn=ui.run_mechanism, inputs=mech, outputs=[c[n] for n in MECH_VIEWS], preprocess=False
     )
     # A constructed lesson's verdict follows the inputs (`mechanism_observation`).
     verdict = dict(
         fn=ui.mechanism_observation,
-        inputs=[c["lesson"], *(c[name] for name in ui.MECH_CONTROLS)],
+        inputs=[c["lesson"], *mech],
         outputs=[c["observation"]],
         preprocess=False,
         **QUIET,

@@ -54,12 +54,11 @@ def apply_lesson(title):
     values = _run_controls(run)
     if lesson.mechanism is not None:
         values.update(zip(MECH_CONTROLS, lesson.mechanism.inputs(), strict=True))
-    waiting = "**Observation:** " + lesson.observation.statement + " - *checking...*"
     return [
         *(values[name] for name in LESSON_CONTROLS),
         gr.Tabs(selected=lesson.views[0]),
         lesson_markdown(lesson),
-        waiting,
+        "**Observation:** " + lesson.observation.statement + " - *checking...*",
     ]
 
 
@@ -112,13 +111,12 @@ def pick_lesson(title, model="bundled", request: gr.Request = None):
         "constructed": "the Mechanism tab shows it",
         "replay": "the Replay tab shows the replay's committed results",
     }[lesson.kind]
-    checked = check_lesson(title, None)
     # The session's last results are cleared: a refused budget later has none to keep.
     SESSIONS.remember(getattr(request, "session_hash", None))
     views = cleared_views(
         f"Lesson {LESSON_TITLES.index(title) + 1} runs no model: {where}.",
         status=message("info", f"This lesson runs no model; {where}."),
-        observation=gr.update() if checked is None else checked,
+        observation=check_lesson(title, None),  # a lesson's title: never None
     )
     yield (*head, *views, *mech)
 
@@ -195,9 +193,8 @@ def open_page(title, model="bundled", request: gr.Request = None):
             yield (title, gr.update(), *out)
         return
     run = RunInputs(model=model).replace(**settings, lesson=None)
-    controls = _run_controls(run)
     shown_model = run.model if run.model in known_models() else gr.update()
-    head = (gr.update(value=None), shown_model, *controls.values(), gr.update())
+    head = (gr.update(value=None), shown_model, *_run_controls(run).values(), gr.update())
     keep_mech = tuple(gr.update() for _ in MECH_VIEWS)
     for views in run_inputs(run, request):
         views = list(views)

@@ -175,11 +175,9 @@ RUN_VIEWS = (
     "uor", "stored", "memory", "files", "layer", "observation", "budget", "budget_b",
     "stale_note", "last",
 )  # fmt: skip
-#: The run's plot views (an error shows a placeholder in each: no empty frames).
-PLOTS = (
-    "frame", "retention", "weights", "overview", "sink_mass", "sink_adv", "uor", "stored",
-    "memory",
-)  # fmt: skip
+#: The run's plot views, the page frame to the memory chart (an error shows a
+#: placeholder in each: no empty frames).
+PLOTS = RUN_VIEWS[RUN_VIEWS.index("frame") : RUN_VIEWS.index("files")]
 #: The figure (`comparison_figures`' name) each plot view shows, where the names differ.
 FIGURE_OF = {"overview": "weights_overview", "sink_adv": "sink_advantage"}
 #: Run views a run leaves as they are unless it sets them.
@@ -367,7 +365,7 @@ def _run(v: RunInputs, session=None):
         name = model_key(v.model if isinstance(v.model, str) else "")
         loading = name not in MODELS.loaded_names() and MODELS.unavailable(name) is None
         if MODELS.offered(name) and loading:  # a model that cannot load says so at once
-            yield _status_views(_working(f"Loading the model {name} (once)"), lesson)
+            yield _working(f"Loading the model {name} (once)", lesson)
         study = get_study(name)
         if refused is not None:
             raise refused
@@ -378,9 +376,8 @@ def _run(v: RunInputs, session=None):
         if done is None:
             with view_memo.computing(key):
                 if not all(spec.replace(mode=m) in study.prefills for m in {mode_a, mode_b}):
-                    yield _status_views(
-                        _working(f"Prefilling the prompt on {study.loaded.name}, then planning"),
-                        lesson,
+                    yield _working(
+                        f"Prefilling the prompt on {study.loaded.name}, then planning", lesson
                     )
                 check_budgets(
                     (side, cfg, spec.replace(mode=m), study.prepare(spec.replace(mode=m)).n)
@@ -511,18 +508,14 @@ def _export_folder() -> str:
     return tempfile.mkdtemp(prefix="run_", dir=root)
 
 
-def _working(what: str) -> str:
-    """The status line while a run's longer steps go on, with the model worker's queue
-    (each step is one job on it: a run on another model waits for one job at most)."""
+def _working(what: str, lesson):
+    """A run's longer step has begun: only the status line changes, with the model
+    worker's queue (each step is one job on it: a run on another model waits for one job
+    at most), and the lesson's verdict, which is of the run before, says it is being
+    checked."""
     ahead = WORKER.pending()
     queue = f"; {ahead} job{'s' if ahead != 1 else ''} on the model worker now" if ahead else ""
-    return message("info", f"{what}...{queue}")
-
-
-def _status_views(status: str, lesson):
-    """Only the status line changes (a step of a run has begun), and the lesson's
-    verdict, which is of the run before, says it is being checked."""
-    return _updates(status=status, observation=_checking(lesson))
+    return _updates(status=message("info", f"{what}...{queue}"), observation=_checking(lesson))
 
 
 def _checking(lesson):
@@ -598,11 +591,10 @@ def _in_range(name: str, value, notes: list):
     """A mechanism input within its slider's range: a value outside it (or no number)
     becomes the nearest end, as the browser's box shows it, and `notes` says so."""
     label, lo, hi, _step, whole = MECH_LIMITS[name]
-    x, where = nearest_in_range(value, lo, hi)
-    if where == "no number":
-        notes.append(f"{label}: no number, using {lo:g}.")
-    elif where is not None:
-        notes.append(f"{label}: {_outside(value, where, lo, hi)}, using {x:g}.")
+    x, where = nearest_in_range(value, lo, hi)  # no number: `lo`
+    if where is not None:
+        said = "no number" if where == "no number" else _outside(value, where, lo, hi)
+        notes.append(f"{label}: {said}, using {x:g}.")
     return int(round(x)) if whole else x
 
 
@@ -611,10 +603,9 @@ def _mechanism(heads, retrieval, distractors, distractor_strength, sink_head, n,
     within its slider's range (`notes` says which were not)."""
     from pagekv.maths.mechanism import mechanism_view
 
-    raw = dict(heads=heads, retrieval=retrieval, distractors=distractors,
-               distractor_strength=distractor_strength, n=n, budget_pct=budget_pct)  # fmt: skip
+    raw = (heads, retrieval, distractors, distractor_strength, n, budget_pct)  # MECH_LIMITS' order
     clamped: list[str] = []
-    v = {name: _in_range(name, value, clamped) for name, value in raw.items()}
+    v = {name: _in_range(name, x, clamped) for name, x in zip(MECH_LIMITS, raw, strict=True)}
     same = {k: x for k, x in v.items() if k != "budget_pct"}
     view = mechanism_view(**same, sink_head=sink_head is True, budget=v["budget_pct"] / 100)
     return view, v, clamped

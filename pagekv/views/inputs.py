@@ -194,12 +194,10 @@ def parse_run(v: RunInputs):
         kw["depth"] = needle_depth(texts["haystack"], texts["needle"], kw["depth"])
     spec = PromptSpec(**kw)
     cfg_a, refused_a = _side_config(v, "")
-    cfg_a = _method(cfg_a, v, "A")
     if _flag("same settings as A", v.link_b):
         (cfg_b, mode_b), refused_b = (_method(cfg_a, v, "B"), mode), False
     else:
         cfg_b, refused_b = _side_config(v, "_b")
-        cfg_b = _method(cfg_b, v, "B")
         mode_b = _choice("question position B", v.mode_b, MODES)
     layer = _num("layer", v.layer, *_span("layer"), integer=True)
     # The budgets last: their message needs the side's other settings and the prompt.
@@ -242,8 +240,8 @@ def _budget(value) -> float | None:
 
 
 def _side_config(v: RunInputs, suffix: str) -> tuple[EvictionConfig, bool]:
-    """A side's settings, and whether its budget is refused (1.0 then stands in, and
-    `parse_run` raises for it once everything else is read)."""
+    """A side's settings with its method (`_method`), and whether its budget is refused
+    (1.0 then stands in, and `parse_run` raises for it once everything else is read)."""
     side = "B" if suffix else "A"
     budget = _budget(v.budget_b if suffix else v.budget_pct)
 
@@ -257,7 +255,7 @@ def _side_config(v: RunInputs, suffix: str) -> tuple[EvictionConfig, bool]:
         window=whole("window"),
         tau=_num(f"tau {side}", getattr(v, "tau" + suffix), *_span("tau")),
     )
-    return cfg, budget is None
+    return _method(cfg, v, side), budget is None
 
 
 def _span(name: str) -> tuple:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 
 import torch
@@ -139,9 +139,7 @@ class MechanismSettings:
 
     def inputs(self) -> tuple:
         """The mechanism controls' values, in `app_ui.MECH_CONTROLS` order (budget in %)."""
-        s = self
-        return (s.heads, s.retrieval, s.distractors, s.distractor_strength, s.sink_head, s.n,
-                round(100 * s.budget))  # fmt: skip
+        return (*astuple(self)[:-1], round(100 * self.budget))  # the fields' order, budget last
 
 
 # ------------------------------------------------------------------ evidence and findings
@@ -619,12 +617,8 @@ def ruler_numbers(rows: list[dict] | None = None) -> dict:
             out[f"ruler_{policy}{pct}"], n = _task_means(inside, f"{policy} {pct}%")
             counts += n
     out["ruler_samples"] = min(counts)
-    asked = set.intersection(
-        *(
-            {(r["task"], r["index"]) for r in after if r["method"].startswith(f"{press} ")}
-            for press in ("kvzip", "snapkv")
-        )
-    )
+    asked = {(r["task"], r["index"]) for r in after if r["method"].startswith("kvzip ")}
+    asked &= {(r["task"], r["index"]) for r in after if r["method"].startswith("snapkv ")}
     shared = [r for r in after if (r["task"], r["index"]) in asked]
     out["ruler_press_prompts"] = len(asked)
     for name in ("kvzip", "snapkv", "entropy", "mean"):

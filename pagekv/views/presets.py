@@ -198,8 +198,8 @@ def _answered(p: dict, entry: dict) -> tuple[bool | None, bool | None]:
 
 def _measured_title(p: dict, entry: dict) -> str:
     """A readable title for a replay preset, naming what the replay observed."""
-    what = "needle" if p["task"] == "needle" else p["task"]
-    if p["task"] == "needle" and p["n_needles"] > 1:
+    what = p["task"]
+    if what == "needle" and p["n_needles"] > 1:
         what = f"{p['n_needles']} needles"
     head = (
         f"Measured: {what}, {p['context_tokens']} tokens, depth {p['depth']:g}, question "

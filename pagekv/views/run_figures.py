@@ -69,10 +69,7 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
             ),
         ),
         "uor": lambda: _uor_figure(
-            tuple(x["budget"] for x in feasible),
-            tuple(x["uor_mean"] for x in feasible),
-            tuple(x["uor_max"] for x in feasible),
-            r,
+            *(tuple(x[k] for x in feasible) for k in ("budget", "uor_mean", "uor_max")), r
         ),
         "memory": lambda: figures.memory_bars(comp.memory),
         "stored": lambda: figures.union_over_budget_heatmap(

@@ -42,8 +42,6 @@ def lesson_in_query(query: dict) -> str | None:
     """The lesson a link names (`lesson=3`, its number, or `lesson=sink-masquerade`, its
     id), as its title; None if it names none or no such lesson."""
     said = str(query.get("lesson", "")).strip()
-    if not said:
-        return None
     if said.isdigit() and 1 <= int(said) <= len(LESSONS):
         return LESSON_TITLES[int(said) - 1]
     titles = {lesson.id: title for title, lesson in zip(LESSON_TITLES, LESSONS, strict=True)}

@@ -5,9 +5,7 @@ imported lazily (inside each function), so importing this package needs only tor
 
 - `style`: the palette (Okabe-Ito, colour-blind safe), page states, `layout` (this
   package re-exports only the figures: import these from `style`).
-- `eviction`: the app's views of one prompt's plans (page frame with its needle strip
-  and `needle_page_counts`, head weights, sinks, needle retention, UOR across
-  budgets, memory, the constructed mechanism).
+- `eviction`: the app's views of one prompt's plans and of the constructed mechanism.
 - `replay`: the replay harness's table figures (T2 scatter, T4 recall, T7 answers).
 """
 

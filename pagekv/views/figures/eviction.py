@@ -53,17 +53,13 @@ def needle_pages(p, needle_positions: Sequence[int]) -> list[int]:
 
 
 def needle_page_counts(p, needle_positions: Sequence[int]) -> tuple[int, int]:
-    """`(kept, total)`: how many of the `L x G` (layer, group)s keep every needle page.
-
-    `p` is a `Plan`; a (layer, group) counts as keeping the needle when each page that
-    holds a needle token is kept (for head-independent plans, kept in the group's
-    union: what the server stores). This is the count the page frame prints per side;
-    it equals the number of (layer, group)s whose `Plan.needle_retention` is 1.
-    """
+    """`(kept, total)`: how many of the `L x G` (layer, group)s of the `Plan` `p` keep
+    every page that holds a needle token (head-independent plans: kept in the group's
+    union, what the server stores). The page frame prints this count per side; it equals
+    the number of (layer, group)s whose `Plan.needle_retention` is 1."""
     pages = needle_pages(p, needle_positions)
-    L, G, _ = p.page_keep.shape
     kept = p.page_keep[..., pages].all(-1)  # [L, G]
-    return int(kept.sum()), L * G
+    return int(kept.sum()), kept.numel()
 
 
 def strip_pages(n_pages: int, pages: Sequence[int], margin: int = NEEDLE_MARGIN) -> list[int]:
@@ -181,12 +177,10 @@ def page_frame(
     go = _go()
     from plotly.subplots import make_subplots
 
-    labels = list(plans)
-    needles = _needles_by_label(labels, needle_positions)
+    needles = _needles_by_label(list(plans), needle_positions)
     # Per side: the states, and (with a needle) its pages, strip and count.
     sides = []
-    for label in labels:
-        p = plans[label]
+    for label, p in plans.items():
         side = {"label": label, "plan": p, "states": page_states(p)}  # [L, G, n_pages]
         if needles[label]:
             side["needle"] = needle_pages(p, needles[label])
@@ -221,7 +215,7 @@ def page_frame(
     L, G, _ = sides[0]["states"].shape
     rows = [f"L{layer} g{g}" for layer in range(L) for g in range(G)]
 
-    def heatmap(z, x, hover, meta, gap, label, where="%{y}"):
+    def heatmap(z, x, hover, meta, gap, where="%{y}"):
         return go.Heatmap(
             z=z,
             x=x,
@@ -231,10 +225,10 @@ def page_frame(
             colorscale=colorscale,
             showscale=False,
             text=hover,
-            hovertemplate=where + " %{text}<extra>" + label + "</extra>",
+            hovertemplate=where + " %{text}<extra>" + meta["label"] + "</extra>",
             xgap=gap,
             ygap=1 if meta["role"] == "needle_strip" else 0.5,
-            name=label,
+            name=meta["label"],
             meta=meta,
             showlegend=False,
         )
@@ -284,9 +278,7 @@ def page_frame(
             # Gaps between columns only while a column is a few pixels wide.
             gap = 0.5 if n_pages <= 256 else 0
             meta = {"role": "overview", "label": label}
-            trace = heatmap(
-                z, np.arange(n_pages), hover, meta, gap, label, f"%{{y}} {unit} %{{x}}:"
-            )
+            trace = heatmap(z, np.arange(n_pages), hover, meta, gap, f"%{{y}} {unit} %{{x}}:")
             fig.add_trace(trace, 1, col)
             fig.update_xaxes(title_text=unit, row=1, col=col)
             if "needle" in side:
@@ -310,7 +302,7 @@ def page_frame(
                 "total": total,
             }
             x = list(range(len(pages)))  # positions; gaps between runs collapse
-            fig.add_trace(heatmap(z, x, hover, meta, 2, label), 1, col)
+            fig.add_trace(heatmap(z, x, hover, meta, 2), 1, col)
             at = {j: i for i, j in enumerate(pages)}
             # The needle's pages outlined and pointed at; labelled, with the strip's ends
             # where they leave room (`strip_ticks`).
@@ -370,9 +362,8 @@ HEAD_WEIGHTS_RIGHT = 100
 def head_weights_bars(p, layer: int, title=None):
     """Weights of the heads of each group at one layer, with and without isolation."""
     go = _go()
-    L, H = p.weights_isolated.shape
-    G = p.n_groups
-    r = H // G
+    H = p.weights_isolated.shape[1]
+    r = H // p.n_groups
     heads = [
         f"g{h // r} h{h}" + (" (sink)" if bool(p.sink_heads[layer, h]) else "") for h in range(H)
     ]
@@ -737,9 +728,8 @@ def mechanism_figure(mech, plans: dict, title=None):
             row=1,
             col=1,
         )
-    for label in plans:
-        keep = plans[label].keep[0, 0]
-        xs = torch.nonzero(keep).flatten().tolist()
+    for label, plan in plans.items():
+        xs = torch.nonzero(plan.keep[0, 0]).flatten().tolist()
         fig.add_trace(
             go.Scatter(
                 x=xs,

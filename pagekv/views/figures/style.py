@@ -12,16 +12,8 @@ import functools
 from pagekv.maths.policies import POLICIES
 
 #: Okabe-Ito colours.
-BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, YELLOW, BLACK = (
-    "#0072B2",
-    "#E69F00",
-    "#009E73",
-    "#D55E00",
-    "#56B4E9",
-    "#CC79A7",
-    "#F0E442",
-    "#000000",
-)
+BLUE, ORANGE, GREEN, VERMILLION = "#0072B2", "#E69F00", "#009E73", "#D55E00"
+SKY, PURPLE, YELLOW, BLACK = "#56B4E9", "#CC79A7", "#F0E442", "#000000"
 EVICTED = "#EDEDED"
 #: One colour per policy, in registry order (entropy blue, mean orange, ...).
 _PALETTE = (BLUE, SKY, ORANGE, PURPLE, VERMILLION, GREEN, BLACK, YELLOW)
