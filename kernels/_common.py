@@ -125,13 +125,9 @@ class Launch:
 
     @property
     def label(self) -> str:
-        consts = ", ".join(f"{k}={_short(v)}" for k, v in self.constexprs)
+        consts = ", ".join(f"{k}={getattr(v, 'name', None) or v}" for k, v in self.constexprs)
         types = ", ".join(f"{k}:{v}" for k, v in self.types if v.startswith("*"))
         return f"{self.kernel}[{consts}; {types}; warps {self.num_warps}, stages {self.num_stages}]"
-
-
-def _short(value) -> str:
-    return getattr(value, "name", None) or str(value)
 
 
 @triton.jit

@@ -151,8 +151,7 @@ def compact_every_layer(
     ptr.append([i.stride(0) for i in idx])
     table = to_device(torch.tensor(ptr, dtype=torch.int64), device)  # [7, L]
     interpreted = is_interpreted(_gather_layers_kernel)
-    target = target_of(device, interpreted)
-    launch = gather_layers_launch(target, first.element_size(), d)
+    launch = gather_layers_launch(target_of(device, interpreted), first.element_size(), d)
     BLOCK_T = dict(launch.constexprs)["BLOCK_T"]
     _gather_layers_kernel[(L * B * G, triton.cdiv(k_max, BLOCK_T))](
         table, L, B, G, d, strides[0], strides[1], strides[2], **launch.kwargs(interpreted),

@@ -215,5 +215,4 @@ def paged_decode(
         q, k_pool, v_pool, table, lens, m, l, acc, G, r, d, P, max_pages, per_split, qk_scale,
         q.stride(0), q.stride(1), **cfg.launch(q.dtype).kwargs(interpreted),
     )  # fmt: skip
-    out = merge_splits(m, l, acc)[:, :r, :d]  # [B G, r, d]
-    return out.reshape(B, H, d).to(q.dtype)
+    return merge_splits(m, l, acc)[:, :r, :d].reshape(B, H, d).to(q.dtype)

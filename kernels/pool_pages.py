@@ -161,8 +161,7 @@ def pool_pages(
     page_scores = torch.empty(L, G, n_pages, dtype=torch.float32, device=device)
     prot = torch.empty(n_pages, dtype=torch.int8, device=device)
     pooled = torch.empty(L, G, n, dtype=torch.float32, device=device) if return_pooled else None
-    grid = (L * G, triton.cdiv(n_pages, BLOCK_J))
-    _pool_pages_kernel[grid](
+    _pool_pages_kernel[(L * G, triton.cdiv(n_pages, BLOCK_J))](
         scores, weights, pooled if return_pooled else page_scores, page_scores, prot,
         n, H, G, r, P, n_pages, n_sink, window,
         int(pooling == "max"), int(reduction == "sum"), int(bool(return_pooled)),

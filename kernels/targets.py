@@ -26,15 +26,9 @@ import torch
 SHARED_BYTES = {
     70: 98_304,
     75: 65_536,
-    80: 166_912,
-    86: 101_376,
-    87: 166_912,
-    89: 101_376,
-    90: 232_448,
-    100: 232_448,
-    103: 232_448,
-    120: 101_376,
-    121: 101_376,
+    **dict.fromkeys((80, 87), 166_912),
+    **dict.fromkeys((86, 89, 120, 121), 101_376),
+    **dict.fromkeys((90, 100, 103), 232_448),
 }
 #: What an architecture missing from the table is assumed to allow (the smallest
 #: figure of the Ampere and later rows: a block that fits this fits them all).
@@ -78,8 +72,7 @@ CHECKED = (cuda_target(80), cuda_target(90))
 def _cuda_device_target(index: int) -> Target:
     major, minor = torch.cuda.get_device_capability(index)
     props = torch.cuda.get_device_properties(index)
-    optin = getattr(props, "shared_memory_per_block_optin", None)
-    return cuda_target(10 * major + minor, optin)
+    return cuda_target(10 * major + minor, getattr(props, "shared_memory_per_block_optin", None))
 
 
 def target_of(device: torch.device, interpreted: bool) -> Target:

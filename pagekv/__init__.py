@@ -66,9 +66,8 @@ class _CheckoutKernels(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name != "pagekv.kernels":
             return None
-        init = self.folder / "__init__.py"
         return importlib.util.spec_from_file_location(
-            name, init, submodule_search_locations=[str(self.folder)]
+            name, self.folder / "__init__.py", submodule_search_locations=[str(self.folder)]
         )
 
 

@@ -60,11 +60,9 @@ def resolve_backend(name: str, tensor_or_device) -> str:
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {name!r}")
     device = getattr(tensor_or_device, "device", None) or torch.device(tensor_or_device)
-    if name == "torch":
+    if name == "torch" or (name == "auto" and device.type != "cuda"):
         return "torch"
     if name == "auto":
-        if device.type != "cuda":
-            return "torch"
         try:
             _kernel_modules()
         except BackendError as e:
@@ -228,9 +226,7 @@ def _attention_scores_torch(
         if focus is not None:
             m, s = row_focus_sums(probs.view(H, w, n), *focus)
             masses[layer], sinks[layer] = m, s
-    if focus is None:
-        return mean, top
-    return mean, top, masses, sinks
+    return (mean, top) if focus is None else (mean, top, masses, sinks)
 
 
 def page_scores(

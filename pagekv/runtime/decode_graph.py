@@ -75,10 +75,7 @@ class GraphedStep:
                 out = self.decoder.step(ids, position, self.cache)
             torch.cuda.current_stream().wait_stream(side)
             return out
-        return self._capture(ids, position, pos)
-
-    def _capture(self, ids: torch.Tensor, position: torch.Tensor, pos: int) -> torch.Tensor:
-        self._ids, self._pos = ids.clone(), position
+        self._ids, self._pos = ids.clone(), position  # the capture
         added = self.cache.added
         graph = torch.cuda.CUDAGraph()
         try:

@@ -97,7 +97,6 @@ def join_parts(parts: GGUFParts, folder: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     dest = folder / parts.filename
     digest = hashlib.sha256()
-    size = 0
     fd, tmp = tempfile.mkstemp(prefix=f".{parts.filename}.", dir=folder)
     try:
         with os.fdopen(fd, "wb") as out:
@@ -106,7 +105,7 @@ def join_parts(parts: GGUFParts, folder: str | Path) -> Path:
                     while chunk := f.read(_CHUNK):
                         digest.update(chunk)
                         out.write(chunk)
-                        size += len(chunk)
+            size = out.tell()
         if size != parts.size:
             raise ModelLoadError(
                 f"the parts of {parts.filename} join to {size} bytes, not {parts.size}: "

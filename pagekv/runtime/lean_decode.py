@@ -15,8 +15,8 @@ the norms (Qwen3's per-head q/k norms included) and RoPE; the attention reads th
 cache in the prefill's dtype.
 Each linear casts its input to `weight_dtype`. A forward of several tokens per row
 (the question, asked after compression) runs its linears in the model's own weights
-instead: a product of many rows reads the weights once either way, and
-half-precision products of many rows are slow on such a CPU. The cache is a
+instead: a product of many rows reads the weights once either way, and on a CPU
+without native half-precision arithmetic float32 is the faster one. The cache is a
 `PagedCache` (`pagekv.runtime.paged_cache`): each (layer, group)'s kept pages in
 blocks of a pool, with room for the new tokens, written in place.
 
@@ -48,8 +48,6 @@ __all__ = ["DECODE_DTYPES", "LeanDecoder", "resolve_decode", "unsupported_reason
 
 #: Model types whose decoder layers `LeanDecoder` reproduces (checked part by part).
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-
-
 #: What `resolve_decode` (and `--dtype`) accept.
 DECODE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -70,8 +68,7 @@ def resolve_decode(decode_dtype, model) -> tuple[torch.dtype, str]:
         raise ValueError(
             f"unknown decode dtype {decode_dtype!r}: use one of {', '.join(DECODE_DTYPES)}"
         )
-    reason = unsupported_reason(model)
-    if reason is not None:
+    if (reason := unsupported_reason(model)) is not None:
         raise ValueError(f"pagekv's decode step cannot run this model: {reason}")
     param = next(model.parameters())
     if key == "auto":
@@ -185,8 +182,7 @@ class LeanDecoder:
     one `PagedCache` is one decode's."""
 
     def __init__(self, model, weight_dtype: torch.dtype = torch.float16):
-        reason = unsupported_reason(model)
-        if reason is not None:
+        if (reason := unsupported_reason(model)) is not None:
             raise ValueError(f"LeanDecoder: {reason}")
         inner = model.model
         self.weight_dtype = weight_dtype
@@ -239,10 +235,7 @@ class LeanDecoder:
         B, t = ids.shape
         cache.grow(t)  # every layer's lengths, at once; each layer writes its slots
         d = self.head_dim
-        # Several tokens per row (the question) use the model's own float32 weights: a
-        # product of many rows reads the weights once in either dtype, and on a CPU
-        # without native half-precision arithmetic float32 is the faster one there.
-        own = t > 1
+        own = t > 1  # several tokens per row: the model's own weights (module docstring)
         x = self.embed(ids).float().view(B * t, -1)  # [rows, D], the residual stream
         cos, signed = self._rope(x, pos, B, t)  # [B, t, 1, d] each
         half = d // 2

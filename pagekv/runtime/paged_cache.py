@@ -128,11 +128,10 @@ class PagedCache:
 
     def row_nbytes(self, row: int) -> int:
         """The bytes of batch row `row`'s blocks (keys and values, every layer)."""
-        total = 0
-        for pool, blocks in zip(self.k_pool, self._blocks, strict=True):
-            block_bytes = pool[0].nbytes if pool.shape[0] else 0
-            total += 2 * block_bytes * sum(blocks[row])
-        return total
+        return sum(
+            2 * pool[0].nbytes * sum(blocks[row])  # every pool holds >= 1 block
+            for pool, blocks in zip(self.k_pool, self._blocks, strict=True)
+        )
 
     def room(self) -> int:
         """How many more tokens every (layer, row, group) can take."""
@@ -144,8 +143,7 @@ class PagedCache:
 
     def read(self, layer: int, row: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The tokens of (layer, row, group) in order: `([t, d], [t, d])` views."""
-        P = self.page_size
-        s = self._firsts[layer][row][group] * P
+        s = self._firsts[layer][row][group] * self.page_size
         t = self._base[layer][row][group] + self.added
         k, v = self.k_pool[layer], self.v_pool[layer]
         return k.view(-1, k.shape[-1])[s : s + t], v.view(-1, v.shape[-1])[s : s + t]
@@ -231,19 +229,14 @@ class PagedCache:
         over `layer`; `[B, H, t, d]` in the pool's dtype (`q` is cast to it)."""
         if q.dtype != self.k_pool[layer].dtype:
             q = q.to(self.k_pool[layer].dtype)
-        if (self.kernel or self.static) and q.shape[2] == 1:
-            return self._attend_kernel(layer, q, scale)
+        if (self.kernel or self.static) and q.shape[2] == 1:  # the kernel reads the tables
+            from pagekv.kernels.paged_decode import paged_decode
+
+            return paged_decode(
+                q[:, :, 0], self.k_pool[layer], self.v_pool[layer], self.tables[layer],
+                self.lengths[layer], scale,
+            )[:, :, None]  # fmt: skip
         return self._attend_torch(layer, q, scale)
-
-    def _attend_kernel(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
-        """One new token per row through `pagekv.kernels.paged_decode`, reading the tables."""
-        from pagekv.kernels.paged_decode import paged_decode
-
-        out = paged_decode(
-            q[:, :, 0], self.k_pool[layer], self.v_pool[layer], self.tables[layer],
-            self.lengths[layer], scale,
-        )  # fmt: skip
-        return out[:, :, None]
 
     def _attend_torch(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Torch's SDPA over the (row, group) slices (module docstring)."""
@@ -300,11 +293,8 @@ def _groups(x) -> list[list[torch.Tensor]]:
 def _causal_tail(n: int, t: int, dtype, device) -> torch.Tensor:
     """The additive mask `[t, n]` of the last `t` of `n` tokens as queries: each sees
     every token before the last `t` and the new ones up to itself."""
-    low = torch.finfo(dtype).min
-    mask = torch.zeros(t, n, dtype=dtype, device=device)
-    causal = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
-    mask[:, n - t :] = mask[:, n - t :].masked_fill(causal, low)
-    return mask
+    low = torch.full((t, n), torch.finfo(dtype).min, dtype=dtype, device=device)
+    return low.triu(n - t + 1)  # query i masks the keys j > n - t + i
 
 
 def allocated_rows(keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, counts):

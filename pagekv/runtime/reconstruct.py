@@ -53,8 +53,6 @@ CHUNK = 256
 #: The head weights' focus is kept for every sink count up to this (the app's n_sink
 #: range, `pagekv.views.inputs.LIMITS`); `reconstruction_masses` refuses more.
 FOCUS_SINKS = 64
-
-
 #: How a head's attention over the reconstruction queries becomes one score per context
 #: token: the largest (the default, as KVzip) or the mean.
 AGGREGATIONS = ("max", "mean")
@@ -114,8 +112,7 @@ def reconstruction_scores(
         context_ids: the `n` context ids (what is reconstructed).
         prompt_ids: the instruction's ids, read before the reconstruction.
         chunk: reconstruction queries per forward (>= 1).
-        cache_kw: the model's name for the cache argument (found from its signature
-            when None: `cache` in transformers 5.24, `past_key_values` before).
+        cache_kw: the model's name for the cache argument (`cache_kwarg(model)` if None).
         backend: "torch" (the float32 twin, the reference), "triton" (the scoring
             kernel with its max output; on CPU tensors the Triton interpreter) or
             "auto" (Triton on CUDA), resolved by

@@ -90,11 +90,7 @@ class RunResult:
 
     def to_dict(self) -> dict:
         """The JSON object: every field but `NOT_SERIALISED`, plus `kept_tokens`."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in self.NOT_SERIALISED:
-            d.pop(name)
-        d["kept_tokens"] = self.kept_tokens
-        return d
+        return {key: getattr(self, key) for key in json_keys()}
 
 
 def json_keys() -> list[str]:

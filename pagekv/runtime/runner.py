@@ -251,7 +251,7 @@ class Runner:
         if isinstance(window_max, bool) or not isinstance(window_max, int) or window_max < 1:
             raise ValueError(f"window_max must be an integer >= 1; got {window_max!r}")
         n = len(ids)
-        self._check_length(n + (len(q_ids) if q_ids else 0))
+        self._check_length(n + len(q_ids or ()))
         cache = _new_cache()
         cap = WindowQueryCapture(self.model, window_max)
         with torch.inference_mode(), cap:
@@ -333,18 +333,13 @@ class Runner:
             )
             scores = self.reconstruction(pre)
             prof = as_profiles(scores["max"]) if cached is None else cached[0]
-            masses = reconstruction_masses(scores, prof, n_sink)
-            pre._scores[key] = (prof, masses, self.backend)
+            pre._scores[key] = (prof, reconstruction_masses(scores, prof, n_sink), self.backend)
         return pre._scores[key]
 
     def evict(self, pre: Prefill, config: EvictionConfig, planned: Plan | None = None) -> Evicted:
         """Build a compacted copy of `pre.cache` under `config`'s plan: `planned` when
         given (from `plan_prefill` on the same prefill and configuration: each run is
-        planned once), else planned here.
-
-        Raises BudgetError (a ValueError naming the smallest feasible budget) when
-        the protected pages alone exceed the budget.
-        """
+        planned once), else planned here (a BudgetError as in `plan_prefill`)."""
         if planned is None:
             planned = self.plan_prefill(pre, config)
         elif planned.config != config or planned.n != pre.n or "score" not in planned.backends:
@@ -353,7 +348,6 @@ class Runner:
             )
         p = planned
         t1 = _now(self.device)
-        L, G = pre.n_layers, pre.n_groups
         # The plan's counts, read once (`Plan.union_counts`): dense, k' and the padding
         # targets come from this one host wait, whatever the number of layers.
         union = p.union_counts()
@@ -380,17 +374,16 @@ class Runner:
                 allocated = allocated_tokens(p, kept_idx)
                 ragged = True  # a group's decode cache holds its own allocation
         cache = _new_cache(layers)
-        stored = [[int(layers[i][0].shape[2])] * G for i in range(L)]  # tensor lengths
+        stored = [[int(k.shape[2])] * pre.n_groups for k, _ in layers]  # tensor lengths
         t2 = _now(self.device)
-        backends = {
-            **{k: v for k, v in p.backends.items() if k != "device"},
-            "compact": compacted_on,
-            "device": str(self.device),
-        }
         return Evicted(
             cache=cache,
             plan=p,
-            backends=backends,
+            backends={
+                **{k: v for k, v in p.backends.items() if k != "device"},
+                "compact": compacted_on,
+                "device": str(self.device),
+            },
             kept_indices=kept_idx,
             stored_tokens=stored,
             union_tokens=union,
@@ -489,9 +482,6 @@ class Runner:
 
     def _result(self, pre, config, ev, tokens, logits, stop, decode_s, needle_positions):
         """The `RunResult` of a decode on `ev` (`ev.cache` is released)."""
-        q_len = len(pre.question_ids) if pre.question_ids else 0
-        bytes_before = _cache_bytes(pre.cache)
-        bytes_after = int(ev.compacted_bytes)  # the cache itself may be released or batched
         ev.cache = None  # the copy is private to this evaluation
 
         p = ev.plan
@@ -503,7 +493,7 @@ class Runner:
             policy=config.policy,
             config=config.to_dict(),
             mode=pre.mode,
-            prompt_tokens=pre.n + q_len,
+            prompt_tokens=pre.n + len(pre.question_ids or ()),
             context_tokens=pre.n,
             budget_tokens=int(p.budget_tokens),
             union_tokens=union,
@@ -533,8 +523,8 @@ class Runner:
                 "decode_s": decode_s,
                 "decode_batch": 1,
             },
-            cache_bytes_before=bytes_before,
-            cache_bytes_after=bytes_after,
+            cache_bytes_before=_cache_bytes(pre.cache),
+            cache_bytes_after=int(ev.compacted_bytes),  # the cache may be released or batched
             cache_bytes_decode=ev.decode_bytes,
             first_token_from_full_prefill=pre.mode == "inside" and bool(tokens),
             stop_reason=stop,
@@ -592,7 +582,7 @@ class Runner:
         with room for the question and the answer, in pages of the plan's size. A
         global plan's padding (`Evicted.allocated`) is left out: each group keeps exactly
         the pages it was allocated."""
-        extra = (len(pre.question_ids) if pre.question_ids else 0) + max_new
+        extra = len(pre.question_ids or ()) + max_new
         layers = []
         for i, rows in enumerate(zip(*(ev.cache.layers for ev in evs), strict=True)):
             if evs[0].allocated is None:  # every group of the layer keeps the same tokens
@@ -600,8 +590,7 @@ class Runner:
                 continue
             keys, values = [], []
             for ev, row in zip(evs, rows, strict=True):
-                keep = ev.allocated[i]  # [G, k_l] the allocated tokens
-                ks, vs = allocated_rows(row.keys, row.values, keep, ev.union_tokens[i])
+                ks, vs = allocated_rows(row.keys, row.values, ev.allocated[i], ev.union_tokens[i])
                 keys += ks
                 values += vs
             layers.append((keys, values))
@@ -655,8 +644,7 @@ class Runner:
                     break
             logits = forward(tok, pos)
             pos += 1
-        logits_out = torch.stack(kept[: len(tokens[0])]).cpu() if keep_logits else None
-        return tokens, logits_out, stops
+        return tokens, (torch.stack(kept[: len(tokens[0])]).cpu() if keep_logits else None), stops
 
     def _detok(self, tokens: list[int]) -> str:
         if self.tokenizer is None:
@@ -668,8 +656,7 @@ class Runner:
         n = max_new_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0; got {n!r}")
-        q_len = len(pre.question_ids) if pre.question_ids else 0
-        self._check_length(pre.n + q_len + n)
+        self._check_length(pre.n + len(pre.question_ids or ()) + n)
 
     def _check_length(self, total: int) -> None:
         """Sliding-window layers index the window by cache slot, which eviction breaks;
