@@ -602,9 +602,10 @@ def ruler_numbers(rows: list[dict] | None = None) -> dict:
     question inside: `ruler_{mean,entropy}{10,20}` and `ruler_samples`, the fewest
     samples behind a task's mean. Lesson 8's, with the question after, on the prompts
     both kvpress presses answered (`ruler_press_prompts`, as docs/ruler.md's second
-    table): `ruler_press_{kvzip,snapkv,entropy,mean}` at 10 % and `ruler_press_full`;
-    and `ruler_kvzip_pages`, the least share (%) of a prompt's 16-token pages that
-    KVzip's kept tokens at 10 % touch in their fullest (layer, KV head)."""
+    table): `ruler_press_{kvzip,snapkv,entropy,mean}` at 10 %, `ruler_press_full` and
+    `ruler_press_kvzip1` (KVzip at 1 %); and `ruler_kvzip_pages` (`ruler_kvzip1_pages`),
+    the least share (%) of a prompt's 16-token pages that KVzip's kept tokens at 10 % (1
+    %) touch in their fullest (layer, KV head)."""
     if rows is None:
         rows = [json.loads(x) for x in RULER_RESULTS.read_text().splitlines() if x.strip()]
     rows = [r for r in rows if (r["model"], r["length"]) == ("bundled", 2048)]
@@ -624,10 +625,10 @@ def ruler_numbers(rows: list[dict] | None = None) -> dict:
     for name in ("kvzip", "snapkv", "entropy", "mean"):
         out[f"ruler_press_{name}"] = _task_means(shared, f"{name} 10%")[0]
     out["ruler_press_full"] = _task_means(shared, "full")[0]
-    kvzip = [r for r in rows if r["method"] == "kvzip 10%"]
-    out["ruler_kvzip_pages"] = int(
-        100 * min(r["pages_16"] / -(-r["prompt_tokens"] // 16) for r in kvzip)
-    )
+    out["ruler_press_kvzip1"] = _task_means(shared, "kvzip 1%")[0]
+    for key, method in (("ruler_kvzip_pages", "kvzip 10%"), ("ruler_kvzip1_pages", "kvzip 1%")):
+        kvzip = [r for r in rows if r["method"] == method]
+        out[key] = int(100 * min(r["pages_16"] / -(-r["prompt_tokens"] // 16) for r in kvzip))
     return out
 
 
