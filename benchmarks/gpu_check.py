@@ -941,9 +941,12 @@ def prepare_environment(argv: list[str]) -> None:
     to abbreviate); a GPU run unsets it. Offline, no analytics. Called by `main` (not at
     import: a test that loads this module keeps its own environment)."""
     _set_mode_env(os.environ, "--dry-run" in argv)
-    offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    quiet = {"GRADIO_ANALYTICS_ENABLED": "False", "TOKENIZERS_PARALLELISM": "false"}
-    for key, value in (offline | quiet).items():
+    for key, value in (
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("GRADIO_ANALYTICS_ENABLED", "False"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+    ):
         os.environ.setdefault(key, value)
 
 

@@ -319,7 +319,9 @@ def table(rows: list[dict]) -> str:
         asked = set.intersection(*by_press.values()) if by_press else set()
         if asked:
             same = {
-                k: [r for r in got if (r["task"], r["index"]) in asked] for k, got in cells.items()
+                k: [r for r in got if (r["task"], r["index"]) in asked]
+                for k, got in cells.items()
+                if k[:3] == key
             }
             lines += [f"On the {len(asked)} prompts every press answered:", ""]
             lines += _grid(same, key, order)

@@ -679,15 +679,7 @@ def _load_bundled(
             log.warning("%s: cache unusable (%s) and its GGUF is absent", spec.key, problem)
         if not hub_copy:
             raise GGUFMissing(spec.missing) from None
-        try:  # the same model from the hub (a Space)
-            model, tok, _ = _load_hub(spec.hub_id, device, dtype, attn, suggest_bundled=False)
-        except ModelLoadError as e:
-            log.info(
-                "%s: its GGUF is not installed and its hub copy is not available: %s", spec.key, e
-            )
-            raise GGUFMissing(spec.missing) from None
-        log.info("%s: its GGUF is not installed: the model runs from the hub copy", spec.key)
-        return model, tok, dict(source="hub", origin=f"hub: {spec.hub_id}", caveat=spec.hub_caveat)
+        return _load_bundled_from_hub(spec, device, dtype, attn)
     what = f"the {spec.key} model"
     if problem is None:
         log.info("building the converted cache of %s (about %s, once)", what, spec.convert_time)
@@ -701,6 +693,19 @@ def _load_bundled(
     except ModelLoadError as e:
         raise ModelLoadError(f"freshly converted {spec.key} model does not load: {e}") from e
     return model, tok, dict(source="gguf", cache_path=str(path), origin=spec.origin)
+
+
+def _load_bundled_from_hub(
+    spec: BundledModel, device: str, dtype: torch.dtype, attn: str
+) -> tuple[Any, Any, dict]:
+    """A bundled model without its GGUF: the same model from the hub (a Space)."""
+    try:
+        model, tok, _ = _load_hub(spec.hub_id, device, dtype, attn, suggest_bundled=False)
+    except ModelLoadError as e:
+        log.info("%s: its GGUF is not installed and its hub copy is not available: %s", spec.key, e)
+        raise GGUFMissing(spec.missing) from None
+    log.info("%s: its GGUF is not installed: the model runs from the hub copy", spec.key)
+    return model, tok, dict(source="hub", origin=f"hub: {spec.hub_id}", caveat=spec.hub_caveat)
 
 
 # --------------------------------------------------------------------------- hub / local

@@ -175,9 +175,11 @@ RUN_VIEWS = (
     "uor", "stored", "memory", "files", "layer", "observation", "budget", "budget_b",
     "stale_note", "last",
 )  # fmt: skip
-#: The run's plot views, the page frame to the memory chart (an error shows a
-#: placeholder in each: no empty frames).
-PLOTS = RUN_VIEWS[RUN_VIEWS.index("frame") : RUN_VIEWS.index("files")]
+#: The run's plot views (an error shows a placeholder in each: no empty frames).
+PLOTS = (
+    "frame", "retention", "weights", "overview", "sink_mass", "sink_adv", "uor", "stored",
+    "memory",
+)  # fmt: skip
 #: The figure (`comparison_figures`' name) each plot view shows, where the names differ.
 FIGURE_OF = {"overview": "weights_overview", "sink_adv": "sink_advantage"}
 #: Run views a run leaves as they are unless it sets them.
@@ -603,9 +605,10 @@ def _mechanism(heads, retrieval, distractors, distractor_strength, sink_head, n,
     within its slider's range (`notes` says which were not)."""
     from pagekv.maths.mechanism import mechanism_view
 
-    raw = (heads, retrieval, distractors, distractor_strength, n, budget_pct)  # MECH_LIMITS' order
+    raw = dict(heads=heads, retrieval=retrieval, distractors=distractors,
+               distractor_strength=distractor_strength, n=n, budget_pct=budget_pct)  # fmt: skip
     clamped: list[str] = []
-    v = {name: _in_range(name, x, clamped) for name, x in zip(MECH_LIMITS, raw, strict=True)}
+    v = {name: _in_range(name, value, clamped) for name, value in raw.items()}
     same = {k: x for k, x in v.items() if k != "budget_pct"}
     view = mechanism_view(**same, sink_head=sink_head is True, budget=v["budget_pct"] / 100)
     return view, v, clamped

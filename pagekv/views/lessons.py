@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, astuple, dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -139,7 +139,9 @@ class MechanismSettings:
 
     def inputs(self) -> tuple:
         """The mechanism controls' values, in `app_ui.MECH_CONTROLS` order (budget in %)."""
-        return (*astuple(self)[:-1], round(100 * self.budget))  # the fields' order, budget last
+        s = self
+        return (s.heads, s.retrieval, s.distractors, s.distractor_strength, s.sink_head, s.n,
+                round(100 * s.budget))  # fmt: skip
 
 
 # ------------------------------------------------------------------ evidence and findings

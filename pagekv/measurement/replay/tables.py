@@ -212,21 +212,25 @@ def _recall_row(recs):
 
 
 def _flat_decodes(decode_units, table):
-    return [
-        u
-        | {
-            "mode": u["spec"].get("mode", "inside"),
-            "context": u["spec"].get("context_tokens"),
-            "depth": u["spec"].get("depth"),
-            "policy": u["config"]["policy"],
-            "budget": u["config"]["budget"] if u["config"]["policy"] != "full" else 1.0,
-            "page_size": u["config"]["page_size"],
-            "scoring": scoring(u["config"]),
-            "spec_id": _spec_id(u["spec"]),
-        }
-        for u in decode_units
-        if u["table"] == table
-    ]
+    rows = []
+    for u in decode_units:
+        if u["table"] != table:
+            continue
+        s, c = u["spec"], u["config"]
+        rows.append(
+            u
+            | {
+                "mode": s.get("mode", "inside"),
+                "context": s.get("context_tokens"),
+                "depth": s.get("depth"),
+                "policy": c["policy"],
+                "budget": c["budget"] if c["policy"] != "full" else 1.0,
+                "page_size": c["page_size"],
+                "scoring": scoring(c),
+                "spec_id": _spec_id(s),
+            }
+        )
+    return rows
 
 
 #: The `scoring` of a decode made with the defaults (the last window's queries score the
