@@ -18,7 +18,11 @@ it when missing; a stand-in folder is put on nltk's path first, so nothing is fe
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from lm_eval.api.instance import Instance
@@ -112,7 +116,7 @@ def test_lm_eval_scores_the_answers_as_the_project_does(offline_nltk, bundled_st
 
 
 @pytest.mark.slow
-def test_bad_arguments_are_refused_in_one_sentence(bundled_study):
+def test_bad_arguments_are_refused_in_one_sentence(bundled_study, caplog):
     with pytest.raises(ValueError, match=r"does not take bogus: it takes pretrained"):
         PageKVLM.create_from_arg_string("pretrained=bundled,bogus=1")
     with pytest.raises(ValueError, match="question must be 'inside' or 'after'"):
@@ -121,6 +125,16 @@ def test_bad_arguments_are_refused_in_one_sentence(bundled_study):
         "pretrained=bundled,budget=0.1,page_size=8,question=after", {"batch_size": 1}
     )
     assert (lm.config.budget, lm.config.page_size, lm.question) == (0.1, 8, "after")
+    # No tokenizer= for a bundled model: one warning naming the folder to give.
+    told = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert told == [
+        f"lm-eval's RULER tasks load the tokenizer that tokenizer= (else pretrained=) names, "
+        f"and 'bundled' is pagekv's name, not a hub id: add tokenizer={bundled_cache_dir()} "
+        f"(python -m pagekv eval adds it)"
+    ]
+    caplog.clear()
+    PageKVLM.create_from_arg_string(f"pretrained=bundled,tokenizer={bundled_cache_dir()}")
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
     request = Instance("loglikelihood", {}, ("a", " b"), 0)
     with pytest.raises(NotImplementedError, match="only generates"):
         lm.loglikelihood([request])
@@ -152,3 +166,40 @@ def test_the_command_line_refuses_a_bad_argument_in_one_line(monkeypatch, capsys
     assert main(args) == EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "pagekv: error: question must be 'inside' or 'after', not 'before'"
+
+
+#: Loads the hook file as the wheel's top-level `pagekv_lm_eval` does, installs it twice,
+#: then imports lm-eval's registry and asks it for `pagekv`.
+HOOK_PROBE = r"""
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("pagekv_lm_eval", sys.argv[1])
+hook = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(hook)
+hook.install(); hook.install()
+finders = sum(isinstance(f, hook.RegisterPagekv) for f in sys.meta_path)
+from lm_eval.api.registry import get_model, model_registry
+left = sum(isinstance(f, hook.RegisterPagekv) for f in sys.meta_path)
+before = ["pagekv" in model_registry, "pagekv" in sys.modules, "torch" in sys.modules]
+model = get_model("pagekv")
+hook.install()  # the registry already loaded: nothing new, no error
+print(json.dumps([finders, left, *before, f"{model.__module__}:{model.__name__}"]))
+"""
+
+
+def test_the_hook_registers_pagekv_lazily_when_lm_evals_registry_loads(tmp_path):
+    """`lm_eval_hook.install()` (what the wheel's `.pth` runs at start): one finder, gone
+    once lm-eval's registry has loaded; `pagekv` registered in it as lm-eval's own
+    lazy placeholder, so neither pagekv nor torch is imported until a run asks for it;
+    then the placeholder loads `PageKVLM`."""
+    import pagekv.measurement.integrations.lm_eval_hook as hook
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", HOOK_PROBE, hook.__file__], cwd=tmp_path, capture_output=True,
+        text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    finders, left, listed, imported, torch_in, model = json.loads(out.stdout.splitlines()[-1])
+    assert (finders, left) == (1, 0)
+    assert (listed, imported, torch_in) == (True, False, False)
+    assert model == hook.TARGET == f"{PageKVLM.__module__}:PageKVLM"

@@ -1,7 +1,9 @@
 """pagekv as a package (issue 41): the wheel `pip install .` builds holds the library,
 its kernels as `pagekv.kernels` and the data it reads, and nothing of the app; installed
 into a new virtual environment it imports, kernels and press included, from outside the
-checkout.
+checkout. Installed, lm-eval's own command line knows `--model pagekv` (issue 43: the
+wheel's `pagekv_lm_eval.pth`, setup.py) and reports on two RULER samples the project's
+own scoring of the answers.
 
 Offline: the build backend is the dev requirements' setuptools (`--no-build-isolation`),
 and the new environment borrows this one's packages (torch, transformers, ...) through a
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +22,8 @@ import sysconfig
 import venv
 import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,13 +50,25 @@ print(json.dumps({
 """
 
 
+#: Run inside the new environment: what lm-eval's registry holds, before and after
+#: `pagekv` is asked for.
+REGISTRY_PROBE = r"""
+import json, sys
+from lm_eval.api.registry import get_model, model_registry
+before = ["pagekv" in model_registry, "pagekv" in sys.modules, "torch" in sys.modules]
+model = get_model("pagekv")
+print(json.dumps(before + [f"{model.__module__}:{model.__name__}", sys.modules["pagekv"].__file__]))
+"""
+LM_EVAL_MODEL = "pagekv.measurement.integrations.lm_eval_model:PageKVLM"
+
+
 def build_wheel(tmp_path: Path) -> Path:
     """The wheel of a copy of what the build reads (the checkout stays clean)."""
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("pagekv", "kernels"):
         shutil.copytree(ROOT / name, src / name, ignore=ignore)
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     dist = tmp_path / "dist"
     subprocess.run(
@@ -77,11 +94,27 @@ def _new_env(tmp_path: Path) -> tuple[Path, str]:
     return python, site
 
 
+def _clean_env() -> dict:
+    """This environment without PYTHONPATH or PYTHONHOME: the new one finds only what it
+    has installed (and borrowed)."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 def _probe(python: Path, cwd: Path) -> dict:
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     out = subprocess.run(
         [python, "-c", PROBE], cwd=cwd, capture_output=True, text=True, timeout=300,
-        env={**clean, "TRITON_INTERPRET": "1"},
+        env={**_clean_env(), "TRITON_INTERPRET": "1"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _registry(python: Path, cwd: Path) -> list:
+    """REGISTRY_PROBE's answer: `pagekv` listed, pagekv imported, torch imported (before
+    the model is asked for), the model's "module:Class", and pagekv's file."""
+    out = subprocess.run(
+        [python, "-c", REGISTRY_PROBE], cwd=cwd, capture_output=True, text=True,
+        env=_clean_env(), timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -99,12 +132,29 @@ def test_an_editable_install_imports_the_checkout(tmp_path):
     assert got["pagekv"] == str(ROOT / "pagekv" / "__init__.py")
     assert got["kernels"] == str(ROOT / "kernels" / "score.py")
     assert got["top_level_kernels"] is False and got["kept"] > 0
+    assert _registry(python, tmp_path) == [True, False, False, LM_EVAL_MODEL, got["pagekv"]]
 
 
-def test_the_wheel_holds_the_library_and_installs_outside_the_checkout(tmp_path):
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path, str]:
+    """The wheel, and a new environment it is installed in: its python, site-packages."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     wheel = build_wheel(tmp_path)
+    python, site = _new_env(tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+         "--no-index", str(wheel)],
+        check=True, timeout=300,
+    )  # fmt: skip
+    return wheel, python, site
+
+
+def test_the_wheel_holds_the_library_and_installs_outside_the_checkout(installed, tmp_path):
+    wheel, python, site = installed
     names = zipfile.ZipFile(wheel).namelist()
-    assert {n.split("/")[0] for n in names} == {"pagekv", "pagekv-0.1.0.dist-info"}
+    assert {n.split("/")[0] for n in names} == {
+        "pagekv", "pagekv-0.1.0.dist-info", "pagekv_lm_eval.py", "pagekv_lm_eval.pth"
+    }  # fmt: skip
     for needed in ("pagekv/kernels/score.py", "pagekv/kernels/paged_decode.py",
                    "pagekv/measurement/peer/requirements-kvpress.txt",
                    "pagekv/views/lessons.md",
@@ -113,14 +163,49 @@ def test_the_wheel_holds_the_library_and_installs_outside_the_checkout(tmp_path)
     assert not [n for n in names if n.startswith(("kernels/", "tests/", "assets/"))]
     assert not [n for n in names if n.endswith(("app.py", "conftest.py")) or "bench" in n]
 
-    python, site = _new_env(tmp_path)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-         "--no-index", str(wheel)],
-        check=True, timeout=300,
-    )  # fmt: skip
     got = _probe(python, tmp_path)
     assert got["pagekv"].startswith(site) and got["kernels"].startswith(site), got
     assert got["press"] == "pagekv.measurement.integrations.kvpress_press"
     assert got["top_level_kernels"] is False  # no name another package owns
     assert got["backend"] == "triton" and got["kept"] > 0
+
+
+@pytest.mark.slow
+def test_lm_evals_own_command_line_runs_the_installed_pagekv_model(installed, tmp_path):
+    """The wheel's `.pth` registers `pagekv` lazily when lm-eval's registry loads
+    (pagekv and torch not imported until asked for); then `python -m lm_eval run
+    --model pagekv` (the `lm_eval` command's own entry) on two `niah_single_1` samples
+    prints lm-eval's table, and the score it reports is the project's own scoring
+    (`contains`) of the answers it logged."""
+    from pagekv.runtime.models import bundled_cache_dir
+    from pagekv.tasks.scoring import contains
+
+    _, python, site = installed
+    *registry, where = _registry(python, tmp_path)
+    assert registry == [True, False, False, LM_EVAL_MODEL] and where.startswith(site)
+
+    nltk_data = tmp_path / "nltk_data"  # a stand-in punkt_tab: lm-eval's RULER fetches none
+    (nltk_data / "tokenizers" / "punkt_tab").mkdir(parents=True)
+    args = ("pretrained=bundled,policy=entropy,budget=0.2,page_size=16,question=inside,"
+            f"tokenizer={bundled_cache_dir()}")  # fmt: skip
+    run = subprocess.run(
+        [python, "-m", "lm_eval", "run", "--model", "pagekv", "--model_args", args,
+         "--tasks", "niah_single_1", "--limit", "2", "--metadata", '{"max_seq_lengths": [1024]}',
+         "--output_path", str(tmp_path / "out"), "--log_samples"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**_clean_env(), "NLTK_DATA": str(nltk_data), "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    row = re.search(r"^\|niah_single_1\|.*\|\s*1024\|[^|]*\|\s*([\d.]+)\|", run.stdout, re.M)
+    assert row, run.stdout[-2000:]  # lm-eval's own table
+    (results,) = (tmp_path / "out").rglob("results_*.json")
+    reported = json.loads(results.read_text())["results"]["niah_single_1"]["1024,none"]
+    (logged,) = (tmp_path / "out").rglob("samples_niah_single_1_*.jsonl")
+    ours = []
+    for line in logged.read_text().splitlines():
+        sample = json.loads(line)
+        refs = sample["doc"]["outputs"]
+        ours.append(sum(contains(sample["resps"][0][0], [r]) for r in refs) / len(refs))
+    assert len(ours) == 2
+    assert reported == pytest.approx(sum(ours) / len(ours))
+    assert float(row.group(1)) == pytest.approx(reported, abs=1e-4)

@@ -6,7 +6,8 @@
 
 (`python -m pagekv eval` is lm-eval's own command line with this model registered and,
 for a bundled model, `tokenizer=` set to its local copy: lm-eval's RULER tasks build
-their prompts with the tokenizer the model arguments name.)
+their prompts with the tokenizer the model arguments name. Where pagekv is installed,
+`lm_eval --model pagekv` itself works too, `tokenizer=` given: `lm_eval_hook`.)
 
 `generate_until` runs the project's prefill, eviction and greedy decode
 (`pagekv.runtime.runner.Runner`) on each prompt, raw (no chat template, as lm-eval's
@@ -143,6 +144,12 @@ class PageKVLM(LM):
         self.tokenizer = self.loaded.tokenizer
         self.runner = Runner(self.loaded.model, self.tokenizer, backend, decode_dtype=dtype)
         log.info("pagekv lm-eval model: %s, %s, question %s", pretrained, self.config, question)
+        if tokenizer is None and bundled_model(str(pretrained)) is not None:
+            log.warning(
+                "lm-eval's RULER tasks load the tokenizer that tokenizer= (else pretrained=) "
+                "names, and %r is pagekv's name, not a hub id: add tokenizer=%s "
+                "(python -m pagekv eval adds it)", pretrained, tokenizer_name(str(pretrained))
+            )  # fmt: skip
 
     def answer(self, prompt: str, max_new_tokens: int, until=()) -> str:
         """The greedy answer to `prompt` under this model's eviction and question mode
