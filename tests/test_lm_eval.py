@@ -168,29 +168,38 @@ def test_the_command_line_refuses_a_bad_argument_in_one_line(monkeypatch, capsys
     assert err[-1] == "pagekv: error: question must be 'inside' or 'after', not 'before'"
 
 
-#: Loads the hook file as the wheel's top-level `pagekv_lm_eval` does, installs it twice,
-#: then imports lm-eval's registry and asks it for `pagekv`.
+#: Loads the hook file as the wheel's top-level `pagekv_lm_eval` does, installs it twice
+#: and looks lm-eval's models up without importing them; then imports lm-eval's registry
+#: and asks it for a model of lm-eval's own and for `pagekv`.
 HOOK_PROBE = r"""
 import importlib.util, json, sys
+start = set(sys.modules)
 spec = importlib.util.spec_from_file_location("pagekv_lm_eval", sys.argv[1])
 hook = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(hook)
 hook.install(); hook.install()
+imported_by_hook = sorted(set(sys.modules) - start)
 finders = sum(isinstance(f, hook.RegisterPagekv) for f in sys.meta_path)
+found = importlib.util.find_spec("lm_eval.models") is not None  # looked up, not imported
 from lm_eval.api.registry import get_model, model_registry
+empty = len(model_registry) == 0  # lm-eval fills it with its own models on first use
+own = get_model("dummy").__name__
 left = sum(isinstance(f, hook.RegisterPagekv) for f in sys.meta_path)
-before = ["pagekv" in model_registry, "pagekv" in sys.modules, "torch" in sys.modules]
+lazy = ["pagekv" in model_registry, "pagekv" in sys.modules, "torch" in sys.modules]
 model = get_model("pagekv")
-hook.install()  # the registry already loaded: nothing new, no error
-print(json.dumps([finders, left, *before, f"{model.__module__}:{model.__name__}"]))
+hook.install()  # lm-eval's models already loaded: nothing new, no error
+print(json.dumps([imported_by_hook, finders, found, empty, own, left, *lazy,
+                  f"{model.__module__}:{model.__name__}"]))
 """
 
 
-def test_the_hook_registers_pagekv_lazily_when_lm_evals_registry_loads(tmp_path):
-    """`lm_eval_hook.install()` (what the wheel's `.pth` runs at start): one finder, gone
-    once lm-eval's registry has loaded; `pagekv` registered in it as lm-eval's own
-    lazy placeholder, so neither pagekv nor torch is imported until a run asks for it;
-    then the placeholder loads `PageKVLM`."""
+def test_the_hook_registers_pagekv_lazily_beside_lm_evals_own_models(tmp_path):
+    """`lm_eval_hook.install()` (what the wheel's `.pth` runs at start) imports nothing
+    new and puts one finder in place, which a look-up without import leaves in place.
+    lm-eval's registry stays empty until lm-eval fills it with its own models (were
+    `pagekv` in it first, lm-eval would never load them); then `pagekv` is there too,
+    as lm-eval's own kind of lazy entry, so neither pagekv nor torch is imported until a
+    run asks for it, and the finder is gone."""
     import pagekv.measurement.integrations.lm_eval_hook as hook
 
     root = Path(__file__).resolve().parents[1]
@@ -199,7 +208,28 @@ def test_the_hook_registers_pagekv_lazily_when_lm_evals_registry_loads(tmp_path)
         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    finders, left, listed, imported, torch_in, model = json.loads(out.stdout.splitlines()[-1])
-    assert (finders, left) == (1, 0)
-    assert (listed, imported, torch_in) == (True, False, False)
-    assert model == hook.TARGET == f"{PageKVLM.__module__}:PageKVLM"
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert set(got[0]) <= {"__future__"}, got[0]  # at most the annotations' future import
+    assert got[1:] == [1, True, True, "DummyLM", 0, True, False, False, hook.TARGET]
+    assert hook.TARGET == f"{PageKVLM.__module__}:PageKVLM"
+
+
+#: pagekv's lm-eval model imported: lm-eval's own models still resolve by name.
+OWN_MODELS_PROBE = r"""
+import pagekv.measurement.integrations.lm_eval_model as m
+from lm_eval.api.registry import get_model
+print(get_model("dummy").__name__, get_model("pagekv") is m.PageKVLM)
+"""
+
+
+def test_importing_the_model_keeps_lm_evals_own_models(tmp_path):
+    """lm-eval loads its own models only while its registry is empty: the module that
+    registers `PageKVLM` has them registered first, so `--model hf` (here `dummy`) still
+    resolves beside `pagekv` (`python -m pagekv eval`, or a script that imports it)."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", OWN_MODELS_PROBE], cwd=tmp_path, capture_output=True,
+        text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["DummyLM", "True"]

@@ -50,14 +50,17 @@ print(json.dumps({
 """
 
 
-#: Run inside the new environment: what lm-eval's registry holds, before and after
-#: `pagekv` is asked for.
+#: Run inside the new environment: lm-eval's registry before its models load (empty),
+#: then what it holds once a model of lm-eval's own is asked for, then `pagekv`.
 REGISTRY_PROBE = r"""
 import json, sys
 from lm_eval.api.registry import get_model, model_registry
-before = ["pagekv" in model_registry, "pagekv" in sys.modules, "torch" in sys.modules]
+empty = len(model_registry) == 0
+own = get_model("dummy").__name__
+lazy = ["pagekv" in model_registry, "pagekv" in sys.modules, "torch" in sys.modules]
 model = get_model("pagekv")
-print(json.dumps(before + [f"{model.__module__}:{model.__name__}", sys.modules["pagekv"].__file__]))
+print(json.dumps([empty, own, *lazy, f"{model.__module__}:{model.__name__}",
+                  sys.modules["pagekv"].__file__]))
 """
 LM_EVAL_MODEL = "pagekv.measurement.integrations.lm_eval_model:PageKVLM"
 
@@ -110,8 +113,9 @@ def _probe(python: Path, cwd: Path) -> dict:
 
 
 def _registry(python: Path, cwd: Path) -> list:
-    """REGISTRY_PROBE's answer: `pagekv` listed, pagekv imported, torch imported (before
-    the model is asked for), the model's "module:Class", and pagekv's file."""
+    """REGISTRY_PROBE's answer: the registry empty at first, lm-eval's `dummy` model's
+    class, then `pagekv` listed, pagekv imported, torch imported (before the model is
+    asked for), the model's "module:Class", and pagekv's file."""
     out = subprocess.run(
         [python, "-c", REGISTRY_PROBE], cwd=cwd, capture_output=True, text=True,
         env=_clean_env(), timeout=300,
@@ -132,7 +136,9 @@ def test_an_editable_install_imports_the_checkout(tmp_path):
     assert got["pagekv"] == str(ROOT / "pagekv" / "__init__.py")
     assert got["kernels"] == str(ROOT / "kernels" / "score.py")
     assert got["top_level_kernels"] is False and got["kept"] > 0
-    assert _registry(python, tmp_path) == [True, False, False, LM_EVAL_MODEL, got["pagekv"]]
+    assert _registry(python, tmp_path) == [
+        True, "DummyLM", True, False, False, LM_EVAL_MODEL, got["pagekv"]
+    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +178,8 @@ def test_the_wheel_holds_the_library_and_installs_outside_the_checkout(installed
 
 @pytest.mark.slow
 def test_lm_evals_own_command_line_runs_the_installed_pagekv_model(installed, tmp_path):
-    """The wheel's `.pth` registers `pagekv` lazily when lm-eval's registry loads
-    (pagekv and torch not imported until asked for); then `python -m lm_eval run
+    """The wheel's `.pth` registers `pagekv` lazily beside lm-eval's own models (pagekv
+    and torch not imported until asked for); then `python -m lm_eval run
     --model pagekv` (the `lm_eval` command's own entry) on two `niah_single_1` samples
     prints lm-eval's table, and the score it reports is the project's own scoring
     (`contains`) of the answers it logged."""
@@ -182,7 +188,8 @@ def test_lm_evals_own_command_line_runs_the_installed_pagekv_model(installed, tm
 
     _, python, site = installed
     *registry, where = _registry(python, tmp_path)
-    assert registry == [True, False, False, LM_EVAL_MODEL] and where.startswith(site)
+    assert registry == [True, "DummyLM", True, False, False, LM_EVAL_MODEL]
+    assert where.startswith(site)
 
     nltk_data = tmp_path / "nltk_data"  # a stand-in punkt_tab: lm-eval's RULER fetches none
     (nltk_data / "tokenizers" / "punkt_tab").mkdir(parents=True)

@@ -35,6 +35,7 @@ import dataclasses
 import logging
 import sys
 
+import lm_eval.models  # noqa: F401  (lm-eval's own models first: see below)
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
@@ -108,6 +109,9 @@ def _field(name: str, value):
     return str(value) if not isinstance(value, bool) else value
 
 
+# lm-eval imports its own models (`lm_eval.models`) only while its registry is empty
+# (`get_model`): registering `pagekv` before they are would hide them, `hf` and the rest.
+# Hence the import above.
 @register_model("pagekv")
 class PageKVLM(LM):
     """lm-eval's `LM` over pagekv's runner (see the module docstring)."""
