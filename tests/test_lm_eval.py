@@ -214,6 +214,42 @@ def test_the_hook_registers_pagekv_lazily_beside_lm_evals_own_models(tmp_path):
     assert hook.TARGET == f"{PageKVLM.__module__}:PageKVLM"
 
 
+#: The hook installed, its registration broken (as a later lm-eval without
+#: `model_registry` would break it): lm-eval still imports and serves its own models.
+BROKEN_HOOK_PROBE = r"""
+import importlib.util, sys, warnings
+spec = importlib.util.spec_from_file_location("pagekv_lm_eval", sys.argv[1])
+hook = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(hook)
+def register():
+    raise ImportError("no model_registry here")
+hook.register = register
+hook.install()
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    from lm_eval.api.registry import get_model, model_registry
+    print(get_model("dummy").__name__, "pagekv" in model_registry)
+print(*[str(w.message) for w in seen if "pagekv" in str(w.message)], sep="\n")
+"""
+
+
+def test_a_failing_registration_leaves_lm_eval_working(tmp_path):
+    """Should registering `pagekv` fail (another lm-eval), importing lm-eval's models
+    still works: one warning says pagekv's model is not registered."""
+    import pagekv.measurement.integrations.lm_eval_hook as hook
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", BROKEN_HOOK_PROBE, hook.__file__], cwd=tmp_path,
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == [
+        "DummyLM False",
+        "pagekv's lm-eval model is not registered: ImportError('no model_registry here')",
+    ]
+
+
 #: pagekv's lm-eval model imported: lm-eval's own models still resolve by name.
 OWN_MODELS_PROBE = r"""
 import pagekv.measurement.integrations.lm_eval_model as m

@@ -52,9 +52,14 @@ class ThenRegister:
 
     def exec_module(self, module):
         self.loader.exec_module(module)
-        register()
         if self.finder in sys.meta_path:
             sys.meta_path.remove(self.finder)
+        try:
+            register()
+        except Exception as e:  # lm-eval's own models load whatever becomes of ours
+            import warnings
+
+            warnings.warn(f"pagekv's lm-eval model is not registered: {e!r}", stacklevel=2)
 
     def __getattr__(self, name):  # only for what is not set here
         if name in ("loader", "finder"):
