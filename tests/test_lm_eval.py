@@ -168,6 +168,17 @@ def test_the_command_line_refuses_a_bad_argument_in_one_line(monkeypatch, capsys
     assert err[-1] == "pagekv: error: question must be 'inside' or 'after', not 'before'"
 
 
+def _run_probe(code: str, cwd: Path, *args: str) -> list[str]:
+    """`code` run in a new Python with the checkout on its path; its stdout's lines."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True,
+        timeout=300, env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.splitlines()
+
+
 #: Loads the hook file as the wheel's top-level `pagekv_lm_eval` does, installs it twice
 #: and looks lm-eval's models up without importing them; then imports lm-eval's registry
 #: and asks it for a model of lm-eval's own and for `pagekv`.
@@ -202,13 +213,7 @@ def test_the_hook_registers_pagekv_lazily_beside_lm_evals_own_models(tmp_path):
     run asks for it, and the finder is gone."""
     import pagekv.measurement.integrations.lm_eval_hook as hook
 
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run(
-        [sys.executable, "-c", HOOK_PROBE, hook.__file__], cwd=tmp_path, capture_output=True,
-        text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)},
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.splitlines()[-1])
+    got = json.loads(_run_probe(HOOK_PROBE, tmp_path, hook.__file__)[-1])
     assert set(got[0]) <= {"__future__"}, got[0]  # at most the annotations' future import
     assert got[1:] == [1, True, True, "DummyLM", 0, True, False, False, hook.TARGET]
     assert hook.TARGET == f"{PageKVLM.__module__}:PageKVLM"
@@ -238,13 +243,7 @@ def test_a_failing_registration_leaves_lm_eval_working(tmp_path):
     still works: one warning says pagekv's model is not registered."""
     import pagekv.measurement.integrations.lm_eval_hook as hook
 
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run(
-        [sys.executable, "-c", BROKEN_HOOK_PROBE, hook.__file__], cwd=tmp_path,
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)},
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.splitlines() == [
+    assert _run_probe(BROKEN_HOOK_PROBE, tmp_path, hook.__file__) == [
         "DummyLM False",
         "pagekv's lm-eval model is not registered: ImportError('no model_registry here')",
     ]
@@ -262,10 +261,4 @@ def test_importing_the_model_keeps_lm_evals_own_models(tmp_path):
     """lm-eval loads its own models only while its registry is empty: the module that
     registers `PageKVLM` has them registered first, so `--model hf` (here `dummy`) still
     resolves beside `pagekv` (`python -m pagekv eval`, or a script that imports it)."""
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run(
-        [sys.executable, "-c", OWN_MODELS_PROBE], cwd=tmp_path, capture_output=True,
-        text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)},
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["DummyLM", "True"]
+    assert _run_probe(OWN_MODELS_PROBE, tmp_path) == ["DummyLM True"]

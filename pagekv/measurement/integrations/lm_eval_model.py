@@ -148,11 +148,14 @@ class PageKVLM(LM):
         self.tokenizer = self.loaded.tokenizer
         self.runner = Runner(self.loaded.model, self.tokenizer, backend, decode_dtype=dtype)
         log.info("pagekv lm-eval model: %s, %s, question %s", pretrained, self.config, question)
-        if tokenizer is None and bundled_model(str(pretrained)) is not None:
+        spec = bundled_model(str(pretrained))
+        if tokenizer is None and spec is not None:
+            # What to name: the copy just loaded (no second load: not `tokenizer_name`).
+            name = spec.hub_id if self.loaded.source == "hub" else bundled_cache_dir(spec.key)
             log.warning(
                 "lm-eval's RULER tasks load the tokenizer that tokenizer= (else pretrained=) "
                 "names, and %r is pagekv's name, not a hub id: add tokenizer=%s "
-                "(python -m pagekv eval adds it)", pretrained, tokenizer_name(str(pretrained))
+                "(python -m pagekv eval adds it)", pretrained, name
             )  # fmt: skip
 
     def answer(self, prompt: str, max_new_tokens: int, until=()) -> str:
