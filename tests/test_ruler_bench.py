@@ -228,8 +228,9 @@ def _quote_presses(text: str, rows: list[dict]) -> str:
     return (
         f"whose answers took {round(min(seconds))}-{round(max(seconds))} s each here, most "
         f"near {round(statistics.median(seconds), -1):.0f} s: the long ones while the "
-        f"machine ran other work), are in the same tables (at least {fewest} samples a task "
-        f"so far, {n} prompts: too few to rank). At equal kept tokens KVzip did best: with "
+        f"machine ran other work), are in the same tables (at least {fewest} samples a task"
+        f"{' so far' if fewest < 20 else ''}, {n} prompts: too few to order methods a few "
+        f"hundredths apart). At equal kept tokens KVzip did best: with "
         f"the question after the context it scored {after['kvzip 10%']} at 10 % (the full "
         f"cache {after['full']}; on the same prompts mean pooling {after['mean 10%']}, "
         f"entropy {after['entropy 10%']}, SnapKV {after['snapkv 10%']}), and with the "
