@@ -51,6 +51,8 @@ PER_HEAD = "head_independent"
 BUDGETS = (0.1, 0.2)
 PAGE = 16
 MODES = ("inside", "after")
+#: Samples a task and length the table is run to (`--samples`'s default).
+SAMPLES = 20
 
 
 def methods() -> dict[str, EvictionConfig]:
@@ -360,7 +362,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=["bundled"])
     ap.add_argument("--lengths", nargs="+", type=int, default=[2048])
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
-    ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--samples", type=int, default=SAMPLES)
     ap.add_argument("--peers", nargs="*", default=[], choices=("snapkv", "kvzip"),
                     help="kvpress presses to run too (in kvpress's own environment)")  # fmt: skip
     ap.add_argument("--peer-sweep", nargs="*", type=float, default=[],

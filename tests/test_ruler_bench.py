@@ -225,12 +225,13 @@ def _quote_presses(text: str, rows: list[dict]) -> str:
     # "at 10 and 20 %, ... they touch at least N %": the runs at our budgets.
     touched = _least_touched([r for r in kvzip if r["method"] in ("kvzip 10%", "kvzip 20%")])
     snap_at = "snapkv at entropy 10%'s memory"
+    so_far = " so far" if fewest < ruler.SAMPLES else ""  # until the command's target
     return (
         f"whose answers took {round(min(seconds))}-{round(max(seconds))} s each here, most "
         f"near {round(statistics.median(seconds), -1):.0f} s: the long ones while the "
         f"machine ran other work), are in the same tables (at least {fewest} samples a task"
-        f"{' so far' if fewest < 20 else ''}, {n} prompts: too few to order methods a few "
-        f"hundredths apart). At equal kept tokens KVzip did best: with "
+        f"{so_far}, {n} prompts: too few to order methods a few hundredths apart). At equal "
+        f"kept tokens KVzip did best: with "
         f"the question after the context it scored {after['kvzip 10%']} at 10 % (the full "
         f"cache {after['full']}; on the same prompts mean pooling {after['mean 10%']}, "
         f"entropy {after['entropy 10%']}, SnapKV {after['snapkv 10%']}), and with the "
