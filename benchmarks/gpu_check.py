@@ -22,10 +22,12 @@ runs four stages, each in its own subprocess with a time limit, under a global d
    prompt tokens: prefill, the eviction step (`policy="entropy"`, budget 0.2, pages of
    16) and 32 decoded tokens, against `policy="full"` and against transformers'
    `generate` on the same prompt. Each plan is decoded twice: the first decode captures
-   its bucket's CUDA graph (`decode_tok_s_first_*`), the second replays it. One more
-   eviction step runs under `torch.profiler` (`evict_profile`), since the step is
-   host-bound. A warm-up at the first size (untimed, its time recorded) pays the Triton
-   compilation.
+   its bucket's CUDA graph (`decode_tok_s_first_*`), the second replays it. The
+   eviction step is timed before the size's decodes (`evict_step_s_before_decode`) and
+   after them (`evict_step_s_reps`, with Python's garbage collections during those
+   repeats, `gc_collections_in_reps`), and once more under `torch.profiler`
+   (`evict_profile`), since the step is host-bound. A warm-up at the first size
+   (untimed, its time recorded) pays the Triton compilation.
 4. `bench_kernels`: `benchmarks/bench_kernels.py` at 4k-128k tokens on the pilot model's
    shapes (its defaults), eager twins only (`--bench-compile` adds the torch.compile ones),
    with the time left; sizes that would not fit are skipped, the reason recorded. The
@@ -416,6 +418,31 @@ def _clear_profile_memo(pre) -> bool:
     return isinstance(memo, dict)
 
 
+def _evict_alone(runner, pre, cfg) -> float:
+    """One eviction step, scoring from scratch, with no decode: its seconds as the runner
+    times them (scoring, planning and compaction)."""
+    _clear_profile_memo(pre)
+    ev = runner.evict(pre, cfg)
+    return float(ev.score_s or 0.0) + float(ev.evict_s or 0.0)
+
+
+class _GcCount:
+    """Python's garbage collections, per generation, while the `with` block runs."""
+
+    def __enter__(self):
+        self.by_generation = [0, 0, 0]
+        gc.callbacks.append(self._seen)
+        return self
+
+    def _seen(self, phase, info):
+        if phase == "start":
+            self.by_generation[info["generation"]] += 1
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._seen)
+        return False
+
+
 def _step_seconds(timings: dict) -> tuple[float, list[str]]:
     """The eviction step: every timed part except the prefill and the decode."""
     other = ("prefill_s", "decode_s")
@@ -623,6 +650,11 @@ def stage_e2e(args) -> int:
             pre = runner.prefill(ids, window_max=cfg_e.window)
             run["prefill_s"] = prefill_s = float(pre.timings["prefill_s"])
             run["prefill_tok_s"] = n / prefill_s
+            # The step before this size's decodes (the repeats below come after them: the
+            # H200 runs of 2026-12-04 saw the step slow down after graphed decodes).
+            run["evict_step_s_before_decode"] = [
+                _evict_alone(runner, pre, cfg_e) for _ in range(min(3, args.evict_reps))
+            ]
             # Each decode twice: the first captures its bucket's CUDA graph (reported as
             # decode_tok_s_first_*), the second replays it from its first one-token step.
             firsts = [_result_summary(evaluate(pre, cfg))["decode_tok_s"] for cfg in (cfg_e, cfg_f)]
@@ -631,12 +663,14 @@ def stage_e2e(args) -> int:
             run["decode_tok_s_first_evicted"], run["decode_tok_s_first_full"] = firsts
             # The eviction step again, scoring from scratch each time (memo cleared).
             reps, score_reps, cleared = [], [], True
-            for _ in range(args.evict_reps):
-                cleared = _clear_profile_memo(pre) and cleared
-                r = evaluate(pre, cfg_e, 0)
-                reps.append(_step_seconds(r.timings)[0])
-                score_reps.append(float(r.timings.get("score_s") or 0.0))
+            with _GcCount() as collections:  # Python's pauses, if any, during the repeats
+                for _ in range(args.evict_reps):
+                    cleared = _clear_profile_memo(pre) and cleared
+                    r = evaluate(pre, cfg_e, 0)
+                    reps.append(_step_seconds(r.timings)[0])
+                    score_reps.append(float(r.timings.get("score_s") or 0.0))
             run["evict_step_s_reps"] = reps
+            run["gc_collections_in_reps"] = collections.by_generation
             run["score_s_reps"] = score_reps
             run["profile_memo_cleared"] = cleared
             step = statistics.median(reps) if reps else run["entropy"]["evict_step_s"]
@@ -681,6 +715,12 @@ def stage_e2e(args) -> int:
             say(f"n = {n}: FAILED {run['error']}")
             continue
         prof = run["evict_profile"]
+        before = statistics.median(run["evict_step_s_before_decode"])
+        say(
+            f"n = {n}: the step before this size's decodes {1e3 * before:.2f} ms, after them "
+            f"{1e3 * run['evict_step_s']:.2f} ms (median); garbage collections during the "
+            f"repeats, per generation: {run['gc_collections_in_reps']}"
+        )
         say(f"n = {n}: the step under the profiler: {prof['wall_ms']:.2f} ms wall, "
             f"{prof['host_ops_ms']:.2f} ms host in {prof['events']} events, "
             f"{prof['device_ms']:.2f} ms device; most host time: "

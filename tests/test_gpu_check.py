@@ -153,6 +153,11 @@ def test_gpu_check_dry_run(tmp_path):
         assert 0 < run["cache_bytes_after"] <= 0.2 * run["cache_bytes_before"]
         assert run["full"]["cache_bytes_after"] == run["cache_bytes_before"]
         assert run["profile_memo_cleared"], "the repeats would not time the scoring"
+        # The step before the size's decodes too (the dry run's two repeats), and the
+        # repeats' garbage collections per generation.
+        before = run["evict_step_s_before_decode"]
+        assert len(before) == 2 and min(before) > 0, before
+        assert len(run["gc_collections_in_reps"]) == 3, run["gc_collections_in_reps"]
         prof = run["evict_profile"]  # where the step's time goes, for the next lease
         assert prof["wall_ms"] > 0 and 0 < prof["host_ops_ms"] and prof["events"] > 0, prof
         names = {e["name"] for e in prof["top_host"]}
@@ -262,3 +267,20 @@ def test_the_scoring_roofline_by_hand():
     assert abs(slow_fp32["bound_ms"]["compute"] - 10 * r["bound_ms"]["compute"]) < 1e-18
     exp_bound = bench.roofline(1, 2, 1, 10, 4, 2, 2, False, peaks={**ones, "texp": 0.01})
     assert exp_bound["bound"] == "exp2"
+
+
+def test_gc_count_sees_the_collections_inside_its_block():
+    """`_GcCount` counts the collections made inside `with` by generation, and stops
+    listening when the block ends."""
+    import gc
+
+    from tests.benchmark_scripts import load
+
+    gpu_check = load("gpu_check")
+    with gpu_check._GcCount() as seen:
+        gc.collect()  # a full collection: generation 2
+        gc.collect(0)
+    assert seen.by_generation[2] >= 1 and seen.by_generation[0] >= 1, seen.by_generation
+    counted = list(seen.by_generation)
+    gc.collect()
+    assert seen.by_generation == counted
