@@ -651,7 +651,8 @@ def stage_e2e(args) -> int:
             run["prefill_s"] = prefill_s = float(pre.timings["prefill_s"])
             run["prefill_tok_s"] = n / prefill_s
             # The step before this size's decodes (the repeats below come after them: the
-            # H200 runs of 2026-12-04 saw the step slow down after graphed decodes).
+            # H200 runs of 2026-12-04 saw the step slow down after graphed decodes). At
+            # the first size the warm-up has decoded already, at that size.
             run["evict_step_s_before_decode"] = [
                 _evict_alone(runner, pre, cfg_e) for _ in range(min(3, args.evict_reps))
             ]
