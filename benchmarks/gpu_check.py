@@ -423,7 +423,7 @@ def _evict_alone(runner, pre, cfg) -> float:
     times them (scoring, planning and compaction)."""
     _clear_profile_memo(pre)
     ev = runner.evict(pre, cfg)
-    return float(ev.score_s or 0.0) + float(ev.evict_s or 0.0)
+    return _step_seconds({"score_s": ev.score_s, "evict_s": ev.evict_s})[0]
 
 
 class _GcCount:
