@@ -26,8 +26,9 @@ runs four stages, each in its own subprocess with a time limit, under a global d
    eviction step is timed before the size's decodes (`evict_step_s_before_decode`) and
    after them (`evict_step_s_reps`, with Python's garbage collections during those
    repeats, `gc_collections_in_reps`), and once more under `torch.profiler`
-   (`evict_profile`), since the step is host-bound. A warm-up at the first size
-   (untimed, its time recorded) pays the Triton compilation.
+   (`evict_profile`: the operations' host and device time) and once under `cProfile`
+   (`evict_py_profile`: the Python around them), since the step is host-bound. A
+   warm-up at the first size (untimed, its time recorded) pays the Triton compilation.
 4. `bench_kernels`: `benchmarks/bench_kernels.py` at 4k-128k tokens on the pilot model's
    shapes (its defaults), eager twins only (`--bench-compile` adds the torch.compile ones),
    with the time left; sizes that would not fit are skipped, the reason recorded. The
@@ -512,6 +513,58 @@ def _profile_step(runner, pre, cfg, device) -> dict:
     }
 
 
+def _code_area(filename: str) -> str:
+    """Which code a profiled function is in: this repo's `pagekv` or `kernels`, a
+    library (`triton`, `transformers`, `torch`), `C` (built-ins: torch's operations
+    as called from Python, `len`, ...) or `other`."""
+    if filename == "~":
+        return "C"
+    for area in ("triton", "transformers", "torch"):  # also a virtual env inside the repo
+        if f"-packages/{area}/" in filename:
+            return area
+    path = Path(filename)
+    if ROOT in path.parents and "site-packages" not in path.parts:
+        return path.relative_to(ROOT).parts[0]
+    return "other"
+
+
+def _py_profile_step(runner, pre, cfg, device, top: int = 20) -> dict:
+    """One eviction step (scoring from scratch) under `cProfile`: the Python side of the
+    host time, which `torch.profiler` leaves out. Its own time per code area
+    (`own_ms_by_area`); the functions with the most own time (`top_own`: torch's
+    operations show as `C` built-ins, Triton's launch path under `triton`); and this
+    repo's functions with the most time including their callees (`top_cumulative`)."""
+    import cProfile
+    import pstats
+
+    _clear_profile_memo(pre)
+    prof = cProfile.Profile()
+    t0 = _sync(device)
+    prof.enable()
+    runner.evaluate(pre, cfg, max_new_tokens=0, stop_at_eos=False)
+    prof.disable()
+    wall = _sync(device) - t0
+    rows = []
+    for (filename, line, name), (_, calls, own, cum, _) in pstats.Stats(prof).stats.items():
+        area = _code_area(filename)
+        where = name if filename == "~" else f"{filename}:{line}:{name}"
+        if area in ("pagekv", "kernels"):
+            where = f"{Path(filename).relative_to(ROOT)}:{line}:{name}"
+        rows.append({"where": where, "area": area, "calls": calls,
+                     "own_ms": round(1e3 * own, 3), "cum_ms": round(1e3 * cum, 3)})  # fmt: skip
+    by_area: dict = {}
+    for r in rows:
+        by_area[r["area"]] = round(by_area.get(r["area"], 0.0) + r["own_ms"], 3)
+    ours = [r for r in rows if r["area"] in ("pagekv", "kernels")]
+    return {
+        "wall_ms": 1e3 * wall,
+        "own_ms_by_area": dict(sorted(by_area.items(), key=lambda kv: -kv[1])),
+        "top_own": sorted(rows, key=lambda r: -r["own_ms"])[:top],
+        "top_cumulative": sorted(ours, key=lambda r: -r["cum_ms"])[:top],
+        "note": "under cProfile: its own overhead (per Python call) inflates the times",
+    }
+
+
 def _generate_tok_s(model, ids, new: int, device) -> float | None:
     """transformers' `generate`, greedy, `new` tokens exactly: decode tokens per second,
     from two runs (`new` tokens, and 1: the same prefill) so the prefill cancels."""
@@ -680,6 +733,7 @@ def stage_e2e(args) -> int:
             run["evict_frac_of_prefill"] = step / prefill_s
             run["score_s"] = statistics.median(score_reps) if score_reps else None
             run["evict_profile"] = _profile_step(runner, pre, cfg_e, device)
+            run["evict_py_profile"] = _py_profile_step(runner, pre, cfg_e, device)
             run["score_frac_of_prefill"] = (run["score_s"] or 0.0) / prefill_s
             run["decode_tok_s_full"] = run["full"]["decode_tok_s"]
             run["decode_tok_s_evicted"] = run["entropy"]["decode_tok_s"]
@@ -727,6 +781,12 @@ def stage_e2e(args) -> int:
             f"{prof['device_ms']:.2f} ms device; most host time: "
             + ", ".join(f"{e['name']} x{e['count']} {e['self_host_us'] / 1e3:.2f} ms"
                         for e in prof["top_host"][:5]))  # fmt: skip
+        py = run["evict_py_profile"]
+        say(f"n = {n}: the step under cProfile: {py['wall_ms']:.2f} ms wall; own time by "
+            "area: " + ", ".join(f"{a} {ms:.2f} ms" for a, ms in py["own_ms_by_area"].items())
+            + "; most time in this repo's functions: "
+            + ", ".join(f"{r['where'].rsplit(':', 1)[-1]} {r['cum_ms']:.2f} ms"
+                        for r in py["top_cumulative"][:5]))  # fmt: skip
         dec_f, dec_e = run["decode_tok_s_full"], run["decode_tok_s_evicted"]
         bound = report["decode_bound_ms_per_token"]
         by_weights = f" (the weights bound it at {bound:.2f} ms/token)" if bound else ""

@@ -162,6 +162,11 @@ def test_gpu_check_dry_run(tmp_path):
         assert prof["wall_ms"] > 0 and 0 < prof["host_ops_ms"] and prof["events"] > 0, prof
         names = {e["name"] for e in prof["top_host"]}
         assert any(name.startswith("aten::") for name in names), names
+        py = run["evict_py_profile"]  # the Python around the operations
+        assert py["wall_ms"] > 0 and {"pagekv", "kernels", "C"} <= set(py["own_ms_by_area"]), py
+        steps = {r["where"] for r in py["top_cumulative"]}
+        assert any(w.startswith("pagekv/runtime/runner.py:") and w.endswith(":evict")
+                   for w in steps), steps  # fmt: skip
     parity = e2e["runs"][0]["backend_parity"]
     assert parity["tokens_equal"] and parity["kept_pages_equal"] is True, parity
 
@@ -284,3 +289,24 @@ def test_gc_count_sees_the_collections_inside_its_block():
     counted = list(seen.by_generation)
     gc.collect()
     assert seen.by_generation == counted
+
+
+def test_code_area_names_this_repo_and_the_libraries():
+    """`_code_area` sorts the profiled functions: this repo's top-level folder, a
+    library by its installed package folder, cProfile's `~` as C built-ins, anything
+    else `other`."""
+    from tests.benchmark_scripts import load
+
+    gpu_check = load("gpu_check")
+    area = gpu_check._code_area
+    assert area(str(ROOT / "pagekv" / "runtime" / "runner.py")) == "pagekv"
+    assert area(str(ROOT / "kernels" / "score.py")) == "kernels"
+    assert area("/venv/lib/python3.11/site-packages/triton/runtime/jit.py") == "triton"
+    assert area("/venv/lib/python3.11/site-packages/transformers/cache_utils.py") == "transformers"
+    assert area("/venv/lib/python3.11/site-packages/torch/nn/functional.py") == "torch"
+    assert area("~") == "C"
+    assert area("/usr/lib/python3.11/inspect.py") == "other"
+    # A virtual environment inside the repo (the README's .venv) is not the repo's code.
+    venv = ROOT / ".venv" / "lib" / "python3.11" / "site-packages"
+    assert area(str(venv / "triton" / "runtime" / "interpreter.py")) == "triton"
+    assert area(str(venv / "numpy" / "core" / "fromnumeric.py")) == "other"
