@@ -19,7 +19,8 @@ The device work is constant in the depth too, on the Triton backend (the GPU's):
 operations the step dispatches (`TorchDispatchMode`), less views and allocations (an
 output tensor per layer is the one thing that grows), are as many at 2 layers as at 6.
 At these sizes the step is bound by the host's launches, so each per-layer operation
-would cost its launch at every layer of a 28-layer model.
+would cost its launch at every layer of a 28-layer model. The cache that wraps the
+compacted layers (`_new_cache`) dispatches nothing per layer, counting every operation.
 """
 
 from __future__ import annotations
@@ -262,3 +263,57 @@ def test_the_op_count_sees_per_layer_work(models, device, monkeypatch):
     runners = _warmed(models, device, "triton", cfg)
     c2, c6 = (_step_ops(runners[L], cfg) for L in DEPTHS)
     assert sum(c6.values()) - sum(c2.values()) >= 6 - 2, dict(c6 - c2)
+
+
+class AllOps(TorchDispatchMode):
+    """Counts every operation dispatched inside `with`, views and allocations included."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _layer_pairs(n_layers: int, device, dtypes=(torch.float16,)) -> list:
+    return [
+        tuple(torch.randn(1, 2, 5, 4, device=device).to(dtypes[i % len(dtypes)]) for _ in "kv")
+        for i in range(n_layers)
+    ]
+
+
+def test_the_evicted_cache_is_made_without_a_tensor_per_layer(device):
+    """`_new_cache`, which wraps the compacted layers in the step, dispatches as many
+    operations (views and allocations included) for 28 layers as for 2: transformers'
+    `lazy_initialization` makes two placeholder tensors per layer, which it replaced."""
+    counts = []
+    for n_layers in (2, 28):
+        pairs = _layer_pairs(n_layers, device)
+        with AllOps() as ops:
+            runner_mod._new_cache(pairs)
+        counts.append(ops.count)
+    assert counts[0] == counts[1], counts
+
+
+def test_the_evicted_cache_layers_are_as_transformers_makes_them(device):
+    """Each layer of `_new_cache` holds the given tensors and otherwise the state that
+    transformers' own `lazy_initialization` gives it (device, flags, and a dtype where the
+    installed version keeps one), for layers of mixed dtypes too."""
+    from transformers.cache_utils import DynamicLayer
+
+    pairs = _layer_pairs(5, device, dtypes=(torch.float16, torch.float16, torch.float32))
+    cache = runner_mod._new_cache(pairs)
+    assert len(cache.layers) == len(pairs)
+    for layer, (k, v) in zip(cache.layers, pairs, strict=True):
+        ref = DynamicLayer()
+        ref.lazy_initialization(k, v)
+        assert layer.keys is k and layer.values is v
+        got = {a: x for a, x in vars(layer).items() if a not in ("keys", "values")}
+        want = {a: x for a, x in vars(ref).items() if a not in ("keys", "values")}
+        assert got == want
+    assert cache.get_seq_length() == 5
+    new_k, new_v = _layer_pairs(1, device)[0]
+    keys, _ = cache.update(new_k, new_v, layer_idx=0)  # appends, as before
+    assert torch.equal(keys, torch.cat([pairs[0][0], new_k], dim=2))

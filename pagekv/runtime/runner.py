@@ -752,9 +752,18 @@ def _new_cache(layers=None):
     from transformers.cache_utils import DynamicLayer
 
     cache = DynamicCache()
+    first, made_as = None, None
     for k, v in layers or ():
         layer = DynamicLayer()
-        layer.lazy_initialization(k, v)
+        if made_as == (k.dtype, v.dtype, k.device):
+            # The state `lazy_initialization` gives (device, flags, whatever the
+            # installed transformers sets) without its two placeholder tensors, each
+            # made on the host and moved to the device: 2 x 28 of them per eviction
+            # step on the pilot model (tests/test_host_waits.py).
+            layer.__dict__.update(first.__dict__)
+        else:
+            layer.lazy_initialization(k, v)
+            first, made_as = layer, (k.dtype, v.dtype, k.device)
         layer.keys, layer.values = k, v  # later `update`s concatenate into new tensors
         cache.layers.append(layer)
     return cache
