@@ -12,7 +12,8 @@ groups, head dim 128, window 32, bfloat16) and prompts of 4k to 128k tokens:
   `torch.compile`;
 - the whole eviction step (score + pool + select + compact, all layers) per backend;
 - achieved GB/s against the byte model below, and its ratio to the GPU's memory
-  bandwidth (`--peak-tbps`, 4.8 for an H200);
+  bandwidth (`--peak-tbps`; by default the GPU's published figure, `GPU_PEAKS`: 4.8
+  for an H200, 3.35 for an H100 SXM);
 - the scoring kernel's roofline (`roofline`, near its ridge point at these shapes): its
   bytes, flops and exp2 count, the time each takes at the GPU's peak (`--peak-tflops`,
   `--peak-tflops-fp32`, `--peak-texp`), the bound that applies and the fraction achieved;
@@ -71,11 +72,60 @@ def byte_model(L, H, G, n, d, w, e, P, k_kept):
     return {**parts, "eviction_step": sum(parts.values())}
 
 
-#: An H200 SXM's peaks, the defaults of the roofline (`--peak-*`): HBM3e bandwidth;
+#: An H200 SXM's peaks, the roofline's defaults (`--peak-*`): HBM3e bandwidth;
 #: dense bf16/fp16 tensor-core and fp32 (non-tensor) throughput; exp2 on the special
 #: function units (132 SMs x 16 per clock x 1.98 GHz). NVIDIA's published figures, not
 #: measured here.
 PEAKS = {"tbps": 4.8, "tflops_half": 989.0, "tflops_fp32": 67.0, "texp": 4.18}
+
+#: NVIDIA's published peaks of the GPUs this may run on, by a piece of the name
+#: `torch.cuda.get_device_name` gives ("NVIDIA H100 80GB HBM3"; the leading space keeps
+#: a GH200 from matching " H200"); the first that matches wins, so the more specific
+#: come first. Dense (no sparsity) bf16 tensor and fp32 TFLOP/s; exp2 as
+#: SMs x 16 per clock x boost clock. Not measured here.
+GPU_PEAKS = (
+    # 132 SMs at 1.785 GHz
+    (" H200 NVL", {"tbps": 4.8, "tflops_half": 835.0, "tflops_fp32": 60.0, "texp": 3.77}),
+    (" H200", PEAKS),
+    # 114 SMs at 1.755 GHz
+    (" H100 PCIe", {"tbps": 2.0, "tflops_half": 756.0, "tflops_fp32": 51.0, "texp": 3.20}),
+    # 132 SMs at 1.785 GHz
+    (" H100 NVL", {"tbps": 3.9, "tflops_half": 835.0, "tflops_fp32": 60.0, "texp": 3.77}),
+    # The SXM card ("NVIDIA H100 80GB HBM3"): an H200's chip with HBM3
+    (" H100", {"tbps": 3.35, "tflops_half": 989.0, "tflops_fp32": 67.0, "texp": 4.18}),
+    # 108 SMs at 1.41 GHz; 40 GB cards have slower HBM2
+    (" A100-SXM4-80GB", {"tbps": 2.039, "tflops_half": 312.0, "tflops_fp32": 19.5, "texp": 2.44}),
+    (" A100 80GB PCIe", {"tbps": 1.935, "tflops_half": 312.0, "tflops_fp32": 19.5, "texp": 2.44}),
+    (" A100", {"tbps": 1.555, "tflops_half": 312.0, "tflops_fp32": 19.5, "texp": 2.44}),
+)
+
+
+def peaks_of(device_name: str) -> tuple[dict, str] | None:
+    """The published peaks for a GPU by its name, and the entry that matched; None for
+    a GPU not in `GPU_PEAKS` (its roofline then needs the `--peak-*` flags)."""
+    for piece, peaks in GPU_PEAKS:
+        if piece in device_name:
+            return dict(peaks), piece.strip()
+    return None
+
+
+def choose_peaks(device_name: str | None, flags: dict) -> tuple[dict | None, str]:
+    """The peaks to judge against and where they came from: each `--peak-*` flag given,
+    else the GPU's published figure (`peaks_of`); without CUDA (`device_name` None) the
+    H200's, which only the smoke run's roofline shapes use. None when some peak is
+    known from neither, with the reason."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    if device_name is None:
+        return {**PEAKS, **given}, "no GPU: an H200's figures, for the smoke run's shapes"
+    found = peaks_of(device_name)
+    base, source = (found[0], f"published figures for {found[1]}") if found else ({}, "")
+    peaks = {**base, **given}
+    if set(peaks) != set(PEAKS):
+        missing = sorted(set(PEAKS) - set(peaks))
+        return None, f"{device_name}: no published peaks on file; --peak-* flags missing {missing}"
+    if given:
+        source = (source + "; " if source else "") + "flags " + ", ".join(sorted(given))
+    return peaks, source
 
 
 def roofline(L, H, G, n, d, w, e, dot_fp32: bool, ms: float | None = None, peaks=None) -> dict:
@@ -283,15 +333,16 @@ def run_size(args, n, device, cuda, bench, compiled=None) -> dict:
         res["parity"] = {"error": f"{type(ex).__name__}: {ex}"[:500]}
     print(f"  parity: {res['parity']}", flush=True)
 
-    peak = args.peak_tbps if cuda else None
+    peaks = args.peaks  # `choose_peaks`: None for a GPU whose peaks are not known
+    peak = peaks["tbps"] if cuda and peaks else None
     m = res.setdefault("times", {})
     time_it = functools.partial(measure, m, bench, peak)  # (name, fn, nbytes, flops=None)
     time_it("score/triton", lambda: k_score(q, k4, cfg.n_sink), nbytes["score"])
     score = m["score/triton"]
-    peaks = {"tbps": args.peak_tbps, "tflops_half": args.peak_tflops,
-             "tflops_fp32": args.peak_tflops_fp32, "texp": args.peak_texp}  # fmt: skip
-    rf = score["roofline"] = roofline(L, H, G, n, d, window, e, dtype == torch.float32,
-                                      score.get("ms"), peaks)  # fmt: skip
+    rf = {}
+    if peaks:
+        rf = score["roofline"] = roofline(L, H, G, n, d, window, e, dtype == torch.float32,
+                                          score.get("ms"), peaks)  # fmt: skip
     if cuda and "frac_of_bound" in rf:
         print(f"  score roofline: {rf['flops_per_byte']:.0f} flop/B (ridge "
               f"{rf['ridge_flops_per_byte']:.0f}), {rf['bound']}-bound at "
@@ -382,13 +433,14 @@ def main(argv=None) -> int:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--budget", type=float, default=0.2)
     ap.add_argument("--n-sink", type=int, default=4)
-    ap.add_argument("--peak-tbps", type=float, default=PEAKS["tbps"],
-                    help="GPU memory bandwidth in TB/s for the ratio (H200: ~4.8)")  # fmt: skip
-    ap.add_argument("--peak-tflops", type=float, default=PEAKS["tflops_half"],
+    ap.add_argument("--peak-tbps", type=float, default=None,
+                    help="GPU memory bandwidth in TB/s for the ratio (default: the "
+                    "GPU's published figure, GPU_PEAKS; H200: 4.8)")  # fmt: skip
+    ap.add_argument("--peak-tflops", type=float, default=None,
                     help="dense bf16/fp16 tensor TFLOP/s (H200: 989)")  # fmt: skip
-    ap.add_argument("--peak-tflops-fp32", type=float, default=PEAKS["tflops_fp32"],
+    ap.add_argument("--peak-tflops-fp32", type=float, default=None,
                     help="fp32 (non-tensor) TFLOP/s (H200: 67)")  # fmt: skip
-    ap.add_argument("--peak-texp", type=float, default=PEAKS["texp"],
+    ap.add_argument("--peak-texp", type=float, default=None,
                     help="exp2 on the special function units, 1e12/s (H200: 4.18)")  # fmt: skip
     ap.add_argument("--no-compile", dest="compile", action="store_false",
                     help="skip the torch.compile twins (they compile once per size)")  # fmt: skip
@@ -415,12 +467,19 @@ def main(argv=None) -> int:
         args.sizes = [n for n in args.sizes if n <= 512] or [256, 512]
         args.compile = False
     device = torch.device("cuda" if cuda else "cpu")
+    flags = {"tbps": args.peak_tbps, "tflops_half": args.peak_tflops,
+             "tflops_fp32": args.peak_tflops_fp32, "texp": args.peak_texp}  # fmt: skip
+    args.peaks, peaks_from = choose_peaks(torch.cuda.get_device_name(0) if cuda else None, flags)
+    if cuda:
+        print(f"peaks: {args.peaks} ({peaks_from})", flush=True)
     meta = {
         "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})",
         "smoke": not cuda,
         "torch": torch.__version__,
         "shapes": {k: getattr(args, k) for k in SHAPE_ARGS},
-        "peak_tbps": args.peak_tbps if cuda else None,
+        "peak_tbps": args.peaks["tbps"] if cuda and args.peaks else None,
+        "peaks": args.peaks,
+        "peaks_from": peaks_from,
         "timer": "triton.testing.do_bench (median, ms)" if cuda else "time.perf_counter (median)",
     }
     try:

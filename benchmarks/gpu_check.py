@@ -640,13 +640,19 @@ def stage_e2e(args) -> int:
     report["build_s"] = time.perf_counter() - t
     report["parameters"] = sum(p.numel() for p in model.parameters())
     # A batch-1 decode step reads every weight once: at the GPU's bandwidth that bounds
-    # the tokens per second (bench_kernels.PEAKS, an H200's HBM3e; none on the CPU).
+    # the tokens per second (its published figure, bench_kernels.GPU_PEAKS; none on the
+    # CPU or on a GPU not listed there).
     report["weight_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
     report["decode_bound_ms_per_token"] = None
     if device.type == "cuda":
-        from bench_kernels import PEAKS  # benchmarks/ is this script's own folder
+        from bench_kernels import peaks_of  # benchmarks/ is this script's own folder
 
-        report["decode_bound_ms_per_token"] = 1e3 * report["weight_bytes"] / (PEAKS["tbps"] * 1e12)
+        found = peaks_of(torch.cuda.get_device_name(device))
+        report["decode_bound_bandwidth"] = found and {"tbps": found[0]["tbps"], "gpu": found[1]}
+        if found:
+            report["decode_bound_ms_per_token"] = (
+                1e3 * report["weight_bytes"] / (found[0]["tbps"] * 1e12)
+            )
     report["compat_shims"] = []  # the runner itself handles transformers 5.17 and 5.24
     say(f"model built in {report['build_s']:.1f} s ({report['parameters'] / 1e6:.1f} M "
         f"parameters, {report['dtype']}); shims: {report['compat_shims'] or 'none'}")  # fmt: skip

@@ -310,3 +310,39 @@ def test_code_area_names_this_repo_and_the_libraries():
     venv = ROOT / ".venv" / "lib" / "python3.11" / "site-packages"
     assert area(str(venv / "triton" / "runtime" / "interpreter.py")) == "triton"
     assert area(str(venv / "numpy" / "core" / "fromnumeric.py")) == "other"
+
+
+def test_the_peaks_follow_the_gpu():
+    """`bench_kernels` judges the roofline and gpu_check the decode's weight bound against
+    the GPU it runs on: each card's published figures by its name (the more specific
+    names first, a GH200 not taken for an H200), `--peak-*` flags over them, and no
+    peaks at all for a GPU not on file unless every flag is given."""
+    from tests.benchmark_scripts import load
+
+    bench = load("bench_kernels")
+    tbps = {
+        "NVIDIA H200": 4.8,
+        "NVIDIA H100 80GB HBM3": 3.35,
+        "NVIDIA H100 PCIe": 2.0,
+        "NVIDIA H100 NVL": 3.9,
+        "NVIDIA A100-SXM4-80GB": 2.039,
+        "NVIDIA A100 80GB PCIe": 1.935,
+        "NVIDIA A100-SXM4-40GB": 1.555,
+    }
+    for name, want in tbps.items():
+        peaks, matched = bench.peaks_of(name)
+        assert peaks["tbps"] == want and matched in name, (name, peaks, matched)
+        assert set(peaks) == set(bench.PEAKS)
+    assert bench.peaks_of("NVIDIA H200 NVL")[0]["tflops_half"] == 835.0
+    assert bench.peaks_of("NVIDIA GH200 480GB") is None
+    assert bench.peaks_of("NVIDIA L4") is None
+
+    none = dict.fromkeys(bench.PEAKS)
+    assert bench.choose_peaks(None, none)[0] == bench.PEAKS  # the CPU smoke run's shapes
+    peaks, source = bench.choose_peaks("NVIDIA H100 80GB HBM3", {**none, "tbps": 3.0})
+    assert peaks == {**bench.peaks_of("NVIDIA H100 80GB HBM3")[0], "tbps": 3.0}
+    assert "H100" in source and "tbps" in source, source
+    peaks, reason = bench.choose_peaks("NVIDIA L4", {**none, "tbps": 0.3})
+    assert peaks is None and "tflops_half" in reason and "tbps" not in reason, reason
+    given = {"tbps": 0.3, "tflops_half": 121.0, "tflops_fp32": 30.3, "texp": 1.0}
+    assert bench.choose_peaks("NVIDIA L4", given)[0] == given
