@@ -35,11 +35,15 @@ import importlib
 import json
 import multiprocessing
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -101,19 +105,17 @@ def launches(target: Target, grid: Grid = GRID) -> list[Launch]:
     return list(out)
 
 
-def compile_launch(launch: Launch, target: Target) -> dict:
-    """Compile `launch` for `target`; its shared memory against the target's limit.
-
-    Returns a JSON-ready dict: `label`, `target`, `ok`, `shared`, `limit`, `seconds` and,
-    when it failed, `error` (the compiler's message, or that it does not fit)."""
+def compile_for(launch: Launch, target: Target):
+    """`launch` compiled for `target`: Triton's compiled kernel (its `metadata`, and its
+    `asm` by stage: `ttgir`, `ptx`, `cubin`, ...). Raises the compiler's own error, and
+    ValueError for kernels defined under the interpreter."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     fn = getattr(importlib.import_module(launch.module), launch.kernel)
-    out = {"label": launch.label, "target": target.name, "limit": target.shared_bytes}
     if is_interpreted(fn):
-        return {**out, "ok": False, "error": "kernels defined under TRITON_INTERPRET=1"}
+        raise ValueError("kernels defined under TRITON_INTERPRET=1")
     consts = dict(launch.constexprs)
     types = dict(launch.types)
     sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
@@ -125,13 +127,54 @@ def compile_launch(launch: Launch, target: Target) -> dict:
     sizes = [a for a in fn.arg_names if a not in consts and types.get(a, "i32") == "i32"]
     marked = [*launch.aligned, *(a for a in sizes if a not in launch.aligned)]
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in marked}
+    return triton.compile(
+        ASTSource(fn, sig, constexprs=consts, attrs=attrs),
+        target=GPUTarget("cuda", target.arch, 32),
+        options=launch.compile_options(),
+    )
+
+
+def resource_usage(compiled) -> dict:
+    """What one program of a compiled kernel holds, read from its cubin by the
+    `cuobjdump` that ships with Triton (`-res-usage`): `registers` per thread, `stack`
+    bytes per thread (nonzero: registers spilled to local memory) and `shared` bytes."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout  # fmt: skip
+    found = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    if found is None:
+        raise RuntimeError(f"no resource usage in cuobjdump's output: {out[-300:]!r}")
+    return {"registers": int(found[1]), "stack": int(found[2]),
+            "shared": int(compiled.metadata.shared)}  # fmt: skip
+
+
+def programs_per_sm(usage: dict, num_warps: int, target: Target) -> int:
+    """How many such programs an SM of `target` holds at once: the fewest its registers
+    (65,536 a SM, a thread's count rounded up to 8), its shared memory (the target's
+    per-program limit plus the 1 KB a program reserves is the SM's whole) and its warps
+    (64 a SM) allow. Programs that share an SM hide each other's waits."""
+    regs = -(-max(usage["registers"], 1) // 8) * 8
+    by_regs = 65536 // (regs * 32 * num_warps)
+    by_shared = (target.shared_bytes + 1024) // (usage["shared"] + 1024)
+    return min(by_regs, by_shared, 64 // num_warps, 32)
+
+
+def compile_launch(launch: Launch, target: Target) -> dict:
+    """Compile `launch` for `target`; its shared memory against the target's limit.
+
+    Returns a JSON-ready dict: `label`, `target`, `ok`, `shared`, `limit`, `seconds` and,
+    when it failed, `error` (the compiler's message, or that it does not fit)."""
+    out = {"label": launch.label, "target": target.name, "limit": target.shared_bytes}
+    if is_interpreted(getattr(importlib.import_module(launch.module), launch.kernel)):
+        return {**out, "ok": False, "error": "kernels defined under TRITON_INTERPRET=1"}
     t0 = time.perf_counter()
     try:
-        compiled = triton.compile(
-            ASTSource(fn, sig, constexprs=consts, attrs=attrs),
-            target=GPUTarget("cuda", target.arch, 32),
-            options=launch.compile_options(),
-        )
+        compiled = compile_for(launch, target)
     except Exception as e:  # the compiler's own error, whatever its class
         message = " ".join(str(e).split())[-600:]
         return {**out, "ok": False, "seconds": time.perf_counter() - t0,
