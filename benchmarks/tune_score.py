@@ -63,8 +63,8 @@ def options(family: str = "all") -> list[dict]:
       queries in each), so that the head blocks divide r = 6 (1 and 2: no padding
       rows) and a program holds 32-128 rows instead of 256. Compiled for sm_90 here
       (docs/performance.md, "The scoring kernel's programs"), such launches need
-      fewer registers, spill none and fit 2-5 programs on an SM where the launcher's
-      pass 2 fits one and spills; untimed until a GPU sweeps them.
+      fewer registers and fit 2-5 programs on an SM where the launcher's pass 2 fits
+      one; untimed until a GPU sweeps them.
     """
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}; got {family!r}")

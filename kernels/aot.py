@@ -92,7 +92,8 @@ def launches(target: Target, grid: Grid = GRID) -> list[Launch]:
         for q_dtype, k_dtype in grid.dtypes:
             for w in grid.windows:
                 cfg = score_launch(target, q_dtype, k_dtype, d, r, w)
-                out.update(dict.fromkeys(cfg.launches(q_dtype, k_dtype)))
+                for with_max in (False, True):  # the reconstruction scorer's maxima
+                    out.update(dict.fromkeys(cfg.launches(q_dtype, k_dtype, with_max)))
     for P in grid.page_sizes:
         out[pool_launch(target, P)] = None
     sizes = sorted({torch.tensor([], dtype=k).element_size() for _, k in grid.dtypes})

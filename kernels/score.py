@@ -44,8 +44,8 @@ streams a run of `tiles_per_prog` key tiles (a runtime argument, `profile_tiles`
 one query block (a window of at most `W_BLK` queries, the usual case) it loads the
 queries and their log-sum-exps once, and per key tile recomputes the logits `[M, BLOCK_N]`,
 turns them into probabilities `exp(s - lse)` (each <= 1, exact normalisation, no
-division) and sums them over the block's queries (and, with `return_max`, a runtime flag,
-takes their max): a loop the compiler pipelines, the next tile's load under this one's
+division) and sums them over the block's queries (and, with `return_max`, compiled in as
+`WITH_MAX`, takes their max): a loop the compiler pipelines, the next tile's load under this one's
 arithmetic. With several query blocks, per key tile it LOOPS over the query blocks, in
 index order, from the first block whose last query sees the tile, adding each block's
 sum into a `[R_BLK, BLOCK_N]` accumulator. Either way it then holds the tile of the
@@ -216,8 +216,9 @@ def _profile_probs(b_q, b_k, o_n, b_lse, m_m, n, w, i_w, qk_scale,
 
 
 @triton.jit
-def _write_tile(b_sum, b_top, with_max, prof_ptr, top_ptr, part_ptr, o_n, i_t, i_l, i_g, i_rb,
-                n, w, r, H, n_tiles, n_sink, R_BLK: tl.constexpr):  # fmt: skip
+def _write_tile(b_sum, b_top, prof_ptr, top_ptr, part_ptr, o_n, i_t, i_l, i_g, i_rb,
+                n, w, r, H, n_tiles, n_sink, R_BLK: tl.constexpr,
+                WITH_MAX: tl.constexpr):  # fmt: skip
     # The tile of the averaged profile (and of the maxima), and its four partial sums
     # per head: [sink, rest, rest^2, all^2].
     b_a = b_sum / w  # [R_BLK, N]
@@ -228,7 +229,7 @@ def _write_tile(b_sum, b_top, with_max, prof_ptr, top_ptr, part_ptr, o_n, i_t, i
     p_prof = (i_l * H + o_h)[:, None].to(tl.int64) * n + o_n[None, :]
     m_out = m_r[:, None] & m_n[None, :]
     tl.store(prof_ptr + p_prof, b_a, mask=m_out)  # writes R_BLK * BLOCK_N * 4 bytes
-    if with_max:
+    if WITH_MAX:
         tl.store(top_ptr + p_prof, b_top, mask=m_out)
     is_sink = (o_n < n_sink)[None, :]
     is_rest = ((o_n >= n_sink) & m_n)[None, :]
@@ -245,10 +246,15 @@ def _write_tile(b_sum, b_top, with_max, prof_ptr, top_ptr, part_ptr, o_n, i_t, i
 
 @triton.jit(do_not_specialize=["tiles_per_prog"])  # a run length: one compile for any
 def _profile_kernel(q_ptr, ktab_ptr, scale_ptr, lse_ptr, prof_ptr, top_ptr, part_ptr, n, w, d,
-                    r, G, H, n_rb, n_qb, n_tiles, tiles_per_prog, n_sink, with_max, stride_ql,
+                    r, G, H, n_rb, n_qb, n_tiles, tiles_per_prog, n_sink, stride_ql,
                     stride_qh, stride_qw, stride_kg, stride_kn, R_BLK: tl.constexpr,
                     W_BLK: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                    DOT_FP32: tl.constexpr, K_ELEM: tl.constexpr):  # fmt: skip
+                    DOT_FP32: tl.constexpr, K_ELEM: tl.constexpr,
+                    WITH_MAX: tl.constexpr):  # fmt: skip
+    # WITH_MAX (the maxima too, for the reconstruction scorer) is compiled in or out:
+    # as a runtime flag its registers stayed live in the profile-only launch, which then
+    # spilled at the pilot's launch on sm_90 (255 registers and 56 bytes of stack a
+    # thread; 254 and none without it; `benchmarks/tune_score.py --resources`).
     i_lgr = tl.program_id(0)
     i_c = tl.program_id(1)  # this program's run of `tiles_per_prog` key tiles
     i_l = i_lgr // (G * n_rb)
@@ -271,10 +277,10 @@ def _profile_kernel(q_ptr, ktab_ptr, scale_ptr, lse_ptr, prof_ptr, top_ptr, part
                                   BLOCK_N, DOT_FP32)  # fmt: skip
             b_sum = tl.reduce(b_p3, 1, SUM)  # [R_BLK, N]
             b_top = b_sum
-            if with_max:
+            if WITH_MAX:
                 b_top = tl.reduce(b_p3, 1, MAX)
-            _write_tile(b_sum, b_top, with_max, prof_ptr, top_ptr, part_ptr, o_n, i_t, i_l, i_g,
-                        i_rb, n, w, r, H, n_tiles, n_sink, R_BLK)  # fmt: skip
+            _write_tile(b_sum, b_top, prof_ptr, top_ptr, part_ptr, o_n, i_t, i_l, i_g, i_rb, n,
+                        w, r, H, n_tiles, n_sink, R_BLK, WITH_MAX)  # fmt: skip
     else:
         for i_t in range(t_lo, t_hi):
             b_k, o_n = _load_k(p_kl, i_g, i_t, n, d, stride_kg, stride_kn, BLOCK_N, D_PAD)
@@ -291,10 +297,10 @@ def _profile_kernel(q_ptr, ktab_ptr, scale_ptr, lse_ptr, prof_ptr, top_ptr, part
                 b_p3 = _profile_probs(b_q, b_k, o_n, tl.load(p_lse), m_m, n, w, i_w, qk_scale,
                                       R_BLK, W_BLK, BLOCK_N, DOT_FP32)  # fmt: skip
                 b_sum += tl.reduce(b_p3, 1, SUM)
-                if with_max:
+                if WITH_MAX:
                     b_top = tl.maximum(b_top, tl.reduce(b_p3, 1, MAX))
-            _write_tile(b_sum, b_top, with_max, prof_ptr, top_ptr, part_ptr, o_n, i_t, i_l, i_g,
-                        i_rb, n, w, r, H, n_tiles, n_sink, R_BLK)  # fmt: skip
+            _write_tile(b_sum, b_top, prof_ptr, top_ptr, part_ptr, o_n, i_t, i_l, i_g, i_rb, n,
+                        w, r, H, n_tiles, n_sink, R_BLK, WITH_MAX)  # fmt: skip
 
 
 #: The Triton element type of each key dtype (`K_ELEM`).
@@ -319,9 +325,11 @@ class ScoreLaunch:
     def rows(self) -> int:
         return self.R_BLK * self.W_BLK
 
-    def launches(self, q_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple[Launch, Launch]:
+    def launches(
+        self, q_dtype: torch.dtype, k_dtype: torch.dtype, with_max: bool = False
+    ) -> tuple[Launch, Launch]:
         """The two kernels' `Launch` records (what the launcher passes, and what
-        `kernels/aot.py` compiles)."""
+        `kernels/aot.py` compiles); `with_max` compiles pass 2 with the maxima."""
         consts = (("R_BLK", self.R_BLK), ("W_BLK", self.W_BLK), ("D_PAD", self.D_PAD),
                   ("BLOCK_N", self.BLOCK_N), ("DOT_FP32", self.DOT_FP32),
                   ("K_ELEM", _K_ELEM[k_dtype]))  # fmt: skip
@@ -332,15 +340,19 @@ class ScoreLaunch:
         )
         strides = ("stride_ql", "stride_qh", "stride_qw", "stride_kg", "stride_kn")
 
-        def launch(kernel: str, ptrs: tuple, stages: int) -> Launch:
+        def launch(kernel: str, ptrs: tuple, stages: int, more: tuple = ()) -> Launch:
             types = (*head, *((p, "*fp32") for p in ptrs))
             aligned = (*(p for p, _ in types), *strides)
-            return Launch(__name__, kernel, types, consts, self.num_warps, stages, aligned=aligned)
+            return Launch(__name__, kernel, types, consts + more, self.num_warps, stages,
+                          aligned=aligned)  # fmt: skip
 
         return (
             launch("_stats_kernel", ("m_ptr", "l_ptr"), self.stages[0]),
             launch(
-                "_profile_kernel", ("lse_ptr", "prof_ptr", "top_ptr", "part_ptr"), self.stages[1]
+                "_profile_kernel",
+                ("lse_ptr", "prof_ptr", "top_ptr", "part_ptr"),
+                self.stages[1],
+                (("WITH_MAX", bool(with_max)),),
             ),
         )
 
@@ -549,7 +561,7 @@ def score_layers(
     target = target_of(device, interpreted)
     r = H // G
     cfg = launch or score_launch(target, q_win.dtype, k_dtype, d, r, w, block_n, block_w)
-    stats, profile = cfg.launches(q_win.dtype, k_dtype)
+    stats, profile = cfg.launches(q_win.dtype, k_dtype, return_max)
     BLOCK_N, M, n_qb, n_rb = cfg.BLOCK_N, cfg.rows, cfg.n_qb, cfg.n_rb
     n_tiles = triton.cdiv(n, BLOCK_N)
     rows = L * G * n_rb  # pass-2 programs per key tile
@@ -585,8 +597,8 @@ def score_layers(
     )
     _profile_kernel[(rows, triton.cdiv(n_tiles, per_prog))](
         q_win, ktab, scale_t, lse, profiles, top, part, n, w, d, r, G, H, n_rb, n_qb, n_tiles,
-        per_prog, n_sink, int(bool(return_max)), q_win.stride(0), q_win.stride(1),
-        q_win.stride(2), *k_strides, **profile.kwargs(interpreted),
+        per_prog, n_sink, q_win.stride(0), q_win.stride(1), q_win.stride(2), *k_strides,
+        **profile.kwargs(interpreted),
     )  # fmt: skip
     if return_max:
         return profiles, part.sum(2), top

@@ -63,7 +63,8 @@ def test_programs_per_sm_by_hand():
 
 def test_resources_compiles_for_sm90_without_a_gpu(tmp_path):
     """`tune_score.py --resources` compiles the launcher's two kernels for sm_90 (no GPU)
-    and reads their registers, spills and shared memory from the cubin."""
+    and reads their registers, spills and shared memory from the cubin: at the pilot's
+    shapes neither spills."""
     import json
     import os
     import subprocess
@@ -84,8 +85,11 @@ def test_resources_compiles_for_sm90_without_a_gpu(tmp_path):
     assert row["option"] == "launcher" and row["rows"] == 256 and row["R_BLK"] == 8
     for kernel in ("stats", "profile"):
         usage = row[kernel]
-        assert 0 < usage["registers"] <= 255 and usage["stack"] >= 0, usage
-        assert 0 < usage["shared"] <= 232_448 and usage["programs_per_sm"] >= 1, usage
+        assert 0 < usage["registers"] <= 255 and 0 < usage["shared"] <= 232_448, usage
+        assert usage["programs_per_sm"] >= 1, usage
+        # Nothing spilled to local memory (pass 2 did, 56 bytes a thread, while it took
+        # the maxima's flag at run time instead of compiling it in or out).
+        assert usage["stack"] == 0, usage
     # Refused where the kernels would be defined interpreted.
     proc = subprocess.run(
         [sys.executable, "benchmarks/tune_score.py", "--resources", "--limit", "1"],
