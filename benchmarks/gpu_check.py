@@ -23,12 +23,14 @@ runs four stages, each in its own subprocess with a time limit, under a global d
    16) and 32 decoded tokens, against `policy="full"` and against transformers'
    `generate` on the same prompt. Each plan is decoded twice: the first decode captures
    its bucket's CUDA graph (`decode_tok_s_first_*`), the second replays it. The
-   eviction step is timed before the size's decodes (`evict_step_s_before_decode`) and
-   after them (`evict_step_s_reps`, with Python's garbage collections during those
-   repeats, `gc_collections_in_reps`), and once more under `torch.profiler`
-   (`evict_profile`: the operations' host and device time) and once under `cProfile`
-   (`evict_py_profile`: the Python around them), since the step is host-bound. A
-   warm-up at the first size (untimed, its time recorded) pays the Triton compilation.
+   eviction step is timed before the size's decodes (`evict_step_s_before_decode`;
+   `evict_step_s_unsynced`: the same with the runner's phase timers not waiting for
+   the device, one sync before and one after) and after them (`evict_step_s_reps`,
+   with Python's garbage collections during those repeats, `gc_collections_in_reps`),
+   and once more under `torch.profiler` (`evict_profile`: the operations' host and
+   device time) and once under `cProfile` (`evict_py_profile`: the Python around
+   them), since the step is host-bound. A warm-up at the first size (untimed, its time
+   recorded) pays the Triton compilation.
 4. `bench_kernels`: `benchmarks/bench_kernels.py` at 4k-128k tokens on the pilot model's
    shapes (its defaults), eager twins only (`--bench-compile` adds the torch.compile ones),
    with the time left; sizes that would not fit are skipped, the reason recorded. The
@@ -427,6 +429,25 @@ def _evict_alone(runner, pre, cfg) -> float:
     return _step_seconds({"score_s": ev.score_s, "evict_s": ev.evict_s})[0]
 
 
+def _evict_unsynced(runner, pre, cfg, device) -> float:
+    """One eviction step's wall time (scoring from scratch) with the runner's phase
+    timers made not to wait for the device: one sync before, one after. On a GPU each
+    timer (`_now`: scoring, planning, compaction) synchronises, so the host cannot
+    queue a phase's launches while the device still runs the one before; the
+    difference from the timed step is what those waits cost."""
+    import pagekv.runtime.runner as runner_mod
+
+    _clear_profile_memo(pre)
+    timer = runner_mod._now
+    t0 = _sync(device)
+    runner_mod._now = lambda _device: time.perf_counter()
+    try:
+        runner.evict(pre, cfg)
+    finally:
+        runner_mod._now = timer
+    return _sync(device) - t0
+
+
 class _GcCount:
     """Python's garbage collections, per generation, while the `with` block runs."""
 
@@ -715,6 +736,10 @@ def stage_e2e(args) -> int:
             run["evict_step_s_before_decode"] = [
                 _evict_alone(runner, pre, cfg_e) for _ in range(min(3, args.evict_reps))
             ]
+            # The same step with no wait at the phase boundaries (the runner's timers).
+            run["evict_step_s_unsynced"] = [
+                _evict_unsynced(runner, pre, cfg_e, device) for _ in range(min(3, args.evict_reps))
+            ]
             # Each decode twice: the first captures its bucket's CUDA graph (reported as
             # decode_tok_s_first_*), the second replays it from its first one-token step.
             firsts = [_result_summary(evaluate(pre, cfg))["decode_tok_s"] for cfg in (cfg_e, cfg_f)]
@@ -777,8 +802,10 @@ def stage_e2e(args) -> int:
             continue
         prof = run["evict_profile"]
         before = statistics.median(run["evict_step_s_before_decode"])
+        unsynced = statistics.median(run["evict_step_s_unsynced"])
         say(
-            f"n = {n}: the step before this size's decodes {1e3 * before:.2f} ms, after them "
+            f"n = {n}: the step before this size's decodes {1e3 * before:.2f} ms (with no "
+            f"wait at its phase boundaries {1e3 * unsynced:.2f} ms), after them "
             f"{1e3 * run['evict_step_s']:.2f} ms (median); garbage collections during the "
             f"repeats, per generation: {run['gc_collections_in_reps']}"
         )

@@ -157,6 +157,8 @@ def test_gpu_check_dry_run(tmp_path):
         # repeats' garbage collections per generation.
         before = run["evict_step_s_before_decode"]
         assert len(before) == 2 and min(before) > 0, before
+        unsynced = run["evict_step_s_unsynced"]  # the runner's own timer put back after
+        assert len(unsynced) == 2 and min(unsynced) > 0, unsynced
         assert len(run["gc_collections_in_reps"]) == 3, run["gc_collections_in_reps"]
         prof = run["evict_profile"]  # where the step's time goes, for the next lease
         assert prof["wall_ms"] > 0 and 0 < prof["host_ops_ms"] and prof["events"] > 0, prof
@@ -346,3 +348,35 @@ def test_the_peaks_follow_the_gpu():
     assert peaks is None and "tflops_half" in reason and "tbps" not in reason, reason
     given = {"tbps": 0.3, "tflops_half": 121.0, "tflops_fp32": 30.3, "texp": 1.0}
     assert bench.choose_peaks("NVIDIA L4", given)[0] == given
+
+
+def test_the_unsynced_step_puts_the_runner_s_timer_back(monkeypatch):
+    """`_evict_unsynced` swaps the runner's phase timer for one that does not wait for
+    the device only while its step runs: the timer is the runner's own again after it,
+    also when the step raises, and the step it timed is a real eviction."""
+    import pytest
+    import torch
+
+    import pagekv.runtime.runner as runner_mod
+    from pagekv import EvictionConfig
+    from tests.benchmark_scripts import load
+    from tests.test_runner import prompt, tiny_model
+
+    gpu_check = load("gpu_check")
+    timer = runner_mod._now
+    runner = runner_mod.Runner(tiny_model("llama", layers=2, seed=0), None, backend="torch")
+    pre = runner.prefill(prompt(120, seed=1), window_max=16)
+    cfg = EvictionConfig(policy="entropy", budget=0.4, page_size=8, window=16)
+    seen = []
+    evict = runner.evict
+    monkeypatch.setattr(runner, "evict", lambda *a: seen.append(runner_mod._now) or evict(*a))
+    assert gpu_check._evict_unsynced(runner, pre, cfg, torch.device("cpu")) > 0
+    assert seen and seen[0] is not timer and runner_mod._now is timer
+
+    def fails(*a):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(runner, "evict", fails)
+    with pytest.raises(RuntimeError, match="planted"):
+        gpu_check._evict_unsynced(runner, pre, cfg, torch.device("cpu"))
+    assert runner_mod._now is timer
