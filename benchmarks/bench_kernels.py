@@ -91,7 +91,7 @@ GPU_PEAKS = (
     (" H100 PCIe", {"tbps": 2.0, "tflops_half": 756.0, "tflops_fp32": 51.0, "texp": 3.20}),
     # 132 SMs at 1.785 GHz
     (" H100 NVL", {"tbps": 3.9, "tflops_half": 835.0, "tflops_fp32": 60.0, "texp": 3.77}),
-    # The SXM card ("NVIDIA H100 80GB HBM3"): an H200's chip with HBM3
+    # The SXM card ("NVIDIA H100 80GB HBM3"): the H200's chip, with 80 GB of HBM3
     (" H100", {"tbps": 3.35, "tflops_half": 989.0, "tflops_fp32": 67.0, "texp": 4.18}),
     # 108 SMs at 1.41 GHz; 40 GB cards have slower HBM2
     (" A100-SXM4-80GB", {"tbps": 2.039, "tflops_half": 312.0, "tflops_fp32": 19.5, "texp": 2.44}),

@@ -44,14 +44,14 @@ streams a run of `tiles_per_prog` key tiles (a runtime argument, `profile_tiles`
 one query block (a window of at most `W_BLK` queries, the usual case) it loads the
 queries and their log-sum-exps once, and per key tile recomputes the logits `[M, BLOCK_N]`,
 turns them into probabilities `exp(s - lse)` (each <= 1, exact normalisation, no
-division) and sums them over the block's queries (and, with `return_max`, compiled in as
-`WITH_MAX`, takes their max): a loop the compiler pipelines, the next tile's load under this one's
-arithmetic. With several query blocks, per key tile it LOOPS over the query blocks, in
-index order, from the first block whose last query sees the tile, adding each block's
-sum into a `[R_BLK, BLOCK_N]` accumulator. Either way it then holds the tile of the
-averaged profile, writes it, and writes the tile's four partial sums per head: sink
-mass, non-sink mass, non-sink squares and all squares; the host adds the tiles (a
-`[L, H, tiles, 4]` buffer) into `[L, H, 4]`.
+division) and sums them over the block's queries (and, with `return_max`, compiled in
+as `WITH_MAX`, takes their max): a loop the compiler pipelines, the next tile's load
+under this one's arithmetic. With several query blocks, per key tile it LOOPS over the
+query blocks, in index order, from the first block whose last query sees the tile,
+adding each block's sum into a `[R_BLK, BLOCK_N]` accumulator. Either way it then holds
+the tile of the averaged profile, writes it, and writes the tile's four partial sums
+per head: sink mass, non-sink mass, non-sink squares and all squares; the host adds the
+tiles (a `[L, H, tiles, 4]` buffer) into `[L, H, 4]`.
 
 Why the merge across query blocks happens inside one program (and not by writing one
 partial profile per query block and reducing them afterwards):
