@@ -568,9 +568,9 @@ def _py_profile_step(runner, pre, cfg, device, top: int = 20) -> dict:
     rows = []
     for (filename, line, name), (_, calls, own, cum, _) in pstats.Stats(prof).stats.items():
         area = _code_area(filename)
-        where = name if filename == "~" else f"{filename}:{line}:{name}"
         if area in ("pagekv", "kernels"):
-            where = f"{Path(filename).relative_to(ROOT)}:{line}:{name}"
+            filename = str(Path(filename).relative_to(ROOT))
+        where = name if area == "C" else f"{filename}:{line}:{name}"
         rows.append({"where": where, "area": area, "calls": calls,
                      "own_ms": round(1e3 * own, 3), "cum_ms": round(1e3 * cum, 3)})  # fmt: skip
     by_area: dict = {}

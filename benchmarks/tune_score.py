@@ -139,13 +139,16 @@ def resources(family: str, arch: int, limit: int | None = None) -> list[dict]:
                 usage = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
             row[name] = usage
         rows.append(row)
-        print(f"{target.name} {row['option']:<22} rows {launch.rows:>3} | "
-              + " | ".join(f"{name}: " + (
-                  f"{u['registers']} regs, stack {u['stack']} B, {u['shared']} B shared, "
-                  f"{u['programs_per_sm']} per SM" if "error" not in u else u["error"])
-                  for name, u in ((n, row[n]) for n in ("stats", "profile"))),
-              flush=True)  # fmt: skip
+        kernels = " | ".join(f"{name}: {_usage_text(row[name])}" for name in ("stats", "profile"))
+        print(f"{target.name} {row['option']:<22} rows {launch.rows:>3} | {kernels}", flush=True)
     return rows
+
+
+def _usage_text(usage: dict) -> str:
+    if "error" in usage:
+        return usage["error"]
+    return (f"{usage['registers']} regs, stack {usage['stack']} B, {usage['shared']} B shared, "
+            f"{usage['programs_per_sm']} per SM")  # fmt: skip
 
 
 def main() -> int:

@@ -5,6 +5,11 @@ compute)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -65,11 +70,6 @@ def test_resources_compiles_for_sm90_without_a_gpu(tmp_path):
     """`tune_score.py --resources` compiles the launcher's two kernels for sm_90 (no GPU)
     and reads their registers, spills and shared memory from the cubin: at the pilot's
     shapes neither spills."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     from tests.test_kernel_compile import ROOT, _compiled_env
 
     out = tmp_path / "resources.json"
