@@ -25,6 +25,7 @@ compacted layers (`_new_cache`) dispatches nothing per layer, counting every ope
 
 from __future__ import annotations
 
+import os
 import traceback
 import warnings
 from collections import Counter
@@ -317,3 +318,24 @@ def test_the_evicted_cache_layers_are_as_transformers_makes_them(device):
     new_k, new_v = _layer_pairs(1, device)[0]
     keys, _ = cache.update(new_k, new_v, layer_idx=0)  # appends, as before
     assert torch.equal(keys, torch.cat([pairs[0][0], new_k], dim=2))
+
+
+def test_step_ops_baseline_is_the_per_layer_wrapping(monkeypatch, device):
+    """benchmarks/step_ops.py's baseline (`cache_per_layer`, what `_new_cache` did
+    before) builds the same layers and dispatches two tensors more per layer after the
+    first: the difference `--per-layer-cache` and `--new-cache` measure."""
+    from tests.benchmark_scripts import load
+
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))
+    step_ops = load("step_ops")  # it sets TRITON_INTERPRET; put back after the test
+    extra = []
+    for n_layers in (1, 2, 6):
+        pairs = _layer_pairs(n_layers, device)
+        counts = []
+        for wrap in (step_ops.cache_per_layer, runner_mod._new_cache):
+            with AllOps() as ops:
+                cache = wrap(pairs)
+            counts.append(ops.count)
+            assert [(la.keys, la.values) for la in cache.layers] == pairs
+        extra.append(counts[0] - counts[1])
+    assert extra[0] == 0 and extra[1] > 0 and extra[2] == 5 * extra[1], extra
