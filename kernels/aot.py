@@ -106,17 +106,21 @@ def launches(target: Target, grid: Grid = GRID) -> list[Launch]:
     return list(out)
 
 
+class Interpreted(ValueError):
+    """The kernel was defined under `TRITON_INTERPRET=1`: there is nothing to compile."""
+
+
 def compile_for(launch: Launch, target: Target):
     """`launch` compiled for `target`: Triton's compiled kernel (its `metadata`, and its
     `asm` by stage: `ttgir`, `ptx`, `cubin`, ...). Raises the compiler's own error, and
-    ValueError for kernels defined under the interpreter."""
+    `Interpreted` for kernels defined under the interpreter."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     fn = getattr(importlib.import_module(launch.module), launch.kernel)
     if is_interpreted(fn):
-        raise ValueError("kernels defined under TRITON_INTERPRET=1")
+        raise Interpreted("kernels defined under TRITON_INTERPRET=1")
     consts = dict(launch.constexprs)
     types = dict(launch.types)
     sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
@@ -171,11 +175,11 @@ def compile_launch(launch: Launch, target: Target) -> dict:
     Returns a JSON-ready dict: `label`, `target`, `ok`, `shared`, `limit`, `seconds` and,
     when it failed, `error` (the compiler's message, or that it does not fit)."""
     out = {"label": launch.label, "target": target.name, "limit": target.shared_bytes}
-    if is_interpreted(getattr(importlib.import_module(launch.module), launch.kernel)):
-        return {**out, "ok": False, "error": "kernels defined under TRITON_INTERPRET=1"}
     t0 = time.perf_counter()
     try:
         compiled = compile_for(launch, target)
+    except Interpreted as e:
+        return {**out, "ok": False, "error": str(e)}
     except Exception as e:  # the compiler's own error, whatever its class
         message = " ".join(str(e).split())[-600:]
         return {**out, "ok": False, "seconds": time.perf_counter() - t0,

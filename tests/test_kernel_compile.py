@@ -109,6 +109,21 @@ def test_launchers_fit_blocks_to_the_target_dtype_and_head_dim():
         score_launch(sm86, bf16, bf16, 4096, 8, 32)
 
 
+def test_an_interpreted_kernel_is_reported_not_compiled():
+    """In this process the kernels are defined interpreted (tests/conftest.py): the check
+    reports that, without trying a compile, and `compile_for` refuses it."""
+    from pagekv.kernels.aot import Interpreted, compile_for, compile_launch, launches
+    from pagekv.kernels.targets import cuda_target
+
+    sm90 = cuda_target(90)
+    launch = launches(sm90)[0]
+    got = compile_launch(launch, sm90)
+    assert got == {"label": launch.label, "target": sm90.name, "limit": sm90.shared_bytes,
+                   "ok": False, "error": "kernels defined under TRITON_INTERPRET=1"}  # fmt: skip
+    with pytest.raises(Interpreted, match="TRITON_INTERPRET=1"):
+        compile_for(launch, sm90)
+
+
 PLANTED = """
 import triton
 import triton.language as tl
