@@ -85,6 +85,7 @@ import traceback
 import xml.etree.ElementTree as ET
 from collections import deque
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere
@@ -438,13 +439,9 @@ def _evict_unsynced(runner, pre, cfg, device) -> float:
     import pagekv.runtime.runner as runner_mod
 
     _clear_profile_memo(pre)
-    timer = runner_mod._now
     t0 = _sync(device)
-    runner_mod._now = lambda _device: time.perf_counter()
-    try:
+    with mock.patch.object(runner_mod, "_now", lambda _device: time.perf_counter()):
         runner.evict(pre, cfg)
-    finally:
-        runner_mod._now = timer
     return _sync(device) - t0
 
 

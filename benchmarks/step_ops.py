@@ -27,6 +27,7 @@ import os
 import sys
 import timeit
 from pathlib import Path
+from unittest import mock
 
 os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -57,12 +58,10 @@ def step_ops(layers: int, policy: str, allocation: str, every: bool = False) -> 
 
 def step_ops_per_layer_cache(*args) -> int:
     """`step_ops` with the runner wrapping the compacted layers by `cache_per_layer`."""
-    wrap = runner_mod._new_cache
-    runner_mod._new_cache = lambda layers=None: cache_per_layer(layers or ())
-    try:
+    with mock.patch.object(
+        runner_mod, "_new_cache", lambda layers=None: cache_per_layer(layers or ())
+    ):
         return step_ops(*args)
-    finally:
-        runner_mod._new_cache = wrap
 
 
 def cache_per_layer(layers):
