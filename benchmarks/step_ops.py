@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from pagekv import EvictionConfig  # noqa: E402
 from pagekv.runtime import runner as runner_mod  # noqa: E402
 from pagekv.runtime.runner import Runner, _new_cache  # noqa: E402
-from tests.test_host_waits import AllOps, DeviceOps  # noqa: E402
+from tests.test_host_waits import DeviceOps  # noqa: E402
 from tests.test_runner import prompt, tiny_model  # noqa: E402
 
 CASES = (("entropy", "uniform"), ("head_independent", "uniform"), ("entropy", "global"),
@@ -51,9 +51,9 @@ def step_ops(layers: int, policy: str, allocation: str, every: bool = False) -> 
     ids = prompt(150, seed=3)
     runner.evict(runner.prefill(ids, window_max=16), cfg)  # warm: one-off work left out
     pre = runner.prefill(ids, window_max=16)
-    with AllOps() if every else DeviceOps() as ops:
+    with DeviceOps(every) as ops:
         runner.evict(pre, cfg)
-    return ops.count if every else sum(ops.counts.values())
+    return ops.total
 
 
 def step_ops_per_layer_cache(*args) -> int:
