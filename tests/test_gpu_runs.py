@@ -1,4 +1,4 @@
-"""The GPU figures the README and docs/performance.md quote are those of the runs in
+"""The GPU figures docs/app.md and docs/performance.md quote are those of the runs in
 docs/gpu_runs/ (what `benchmarks/gpu_check.py` wrote on an H200) and of the launch sweep
 in docs/tune_score.json: a quoted figure that drifts from its file fails here."""
 
@@ -17,7 +17,7 @@ def _run(i: int) -> dict:
 
 def test_the_quoted_end_to_end_figures_are_run_1s():
     perf = (ROOT / "docs" / "performance.md").read_text()
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "app.md").read_text()
     runs = {r["n"]: r for r in _run(1)["end_to_end"]["runs"]}
     big = runs[32768]
     step = f"{100 * big['evict_frac_of_prefill']:.2f} %"
@@ -61,8 +61,8 @@ def test_the_quoted_decode_runs_are_runs_4_to_6():
             assert "CUDA graph" in r["decode_path"]
     for i in (4, 5):
         assert _run(i)["runner_tests"]["failed"] == _run(i)["kernel_tests"]["failed"] == 0
-    # The README's sentence on them.
-    readme = (ROOT / "README.md").read_text()
+    # The app guide's sentence on them.
+    readme = (ROOT / "docs" / "app.md").read_text()
     cuda = sum(_run(4)[s]["cuda"]["passed"] for s in ("runner_tests", "kernel_tests"))
     runs = {i: {r["n"]: r for r in _run(i)["end_to_end"]["runs"]} for i in (4, 5, 6)}
     step = f"{100 * runs[4][32768]['evict_frac_of_prefill']:.2f} %"

@@ -838,15 +838,6 @@ def test_five_line_example_runs_as_written(tmp_path):
     assert answer  # the pipeline answered through the press
 
 
-def test_readme_example_is_the_tested_example():
-    """The README's kvpress example is the five-line block the opt-in test runs as written
-    (docs/kvpress.md), so the README's example is tested too."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Using Page-EntroKV inside kvpress", 1)[1]
-    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    assert block == _readme_block()
-
-
 @pytest.mark.slow
 @pytest.mark.kvpress
 @OPT_IN

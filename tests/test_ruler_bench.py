@@ -136,7 +136,7 @@ def _counts(text: str, mode: str, length: int = 2048, model: str = "bundled") ->
 
 
 def _quote_4k(text: str) -> str:
-    """What the README says of the 4,096-token tables."""
+    """What docs/research.md says of the 4,096-token tables."""
     inside, after = _means(text, "inside", 4096), _means(text, "after", 4096)
     samples = min(_counts(text, "inside", 4096) + _counts(text, "after", 4096))
     evicted_after = sorted(v for k, v in after.items() if k in ruler.OUR_METHODS - {"full"})
@@ -149,7 +149,7 @@ def _quote_4k(text: str) -> str:
 
 
 def _quote_qwen(text: str, rows: list[dict]) -> str:
-    """What the README says of qwen-coder-0.5b's tables (2,048 tokens)."""
+    """What docs/research.md says of qwen-coder-0.5b's tables (2,048 tokens)."""
     model = "qwen-coder-0.5b"
     inside, after = _means(text, "inside", model=model), _means(text, "after", model=model)
     samples = min(_counts(text, "inside", model=model) + _counts(text, "after", model=model))
@@ -205,7 +205,7 @@ def _least_touched(rows: list[dict]) -> int:
 
 
 def _quote_presses(text: str, rows: list[dict]) -> str:
-    """What the README says of kvpress's presses on RULER."""
+    """What docs/research.md says of kvpress's presses on RULER."""
     n, fewest, after, over = _same_prompts(text, "after")
     _, _, inside, over_inside = _same_prompts(text, "inside")
     # "one fits in the memory of our 10 % on 0 ...": prompts where no KVzip run fits
@@ -251,7 +251,7 @@ def _quote_presses(text: str, rows: list[dict]) -> str:
 
 def test_the_quoted_ruler_figures_are_the_committed_answers():
     """docs/ruler.md is the command's table of docs/ruler.jsonl, and lesson 6 and the
-    README quote that table."""
+    researcher's page (docs/research.md) quote that table."""
     from pagekv.views.lessons import ruler_numbers
 
     path = ROOT / "docs" / "ruler.jsonl"
@@ -274,7 +274,7 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
         "ruler_kvzip_pages": touched10, "ruler_press_kvzip1": shared["kvzip 1%"],
         "ruler_kvzip1_pages": touched1,
     }  # fmt: skip
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "research.md").read_text().split())
     # "On no task, mode, budget or length do the two poolings' means differ by more than
     # 0.05" (the bundled model, at both lengths).
     scores: dict = {}
@@ -300,11 +300,15 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
         _quote_4k(text),
         _quote_qwen(text, rows),
         _quote_presses(text, rows),
+    ):
+        assert quoted in readme, quoted
+    # Lessons 6 and 8's rows of the lessons' table in the app's guide.
+    guide = " ".join((ROOT / "docs" / "app.md").read_text().split())
+    for quoted in (
         f"mean {inside['mean 10%']}, entropy {inside['entropy 10%']} at 10 %",
-        # Lesson 8's row of the lessons' table.
         f"KVzip at 10 % {shared['kvzip 10%']}, Page-EntroKV {shared['entropy 10%']}, mean "
         f"pooling {shared['mean 10%']}, SnapKV {shared['snapkv 10%']}, KVzip's kept tokens "
         f"touching at least {touched10} % of some (layer, KV head)'s pages; and at 1 % of the "
         f"tokens KVzip {shared['kvzip 1%']}, its tokens touching at least {touched1} %",
     ):
-        assert quoted in readme, quoted
+        assert quoted in guide, quoted

@@ -183,7 +183,7 @@ def test_the_run_does_not_say_loading_for_a_model_that_cannot_load(
 
 @pytest.mark.slow
 def test_the_readme_s_shortest_context_is_what_the_budgets_fit(bundled_study):
-    """README.md: the shortest context (300) fits the default budget (20 %), its floor
+    """docs/app.md: the shortest context (300) fits the default budget (20 %), its floor
     16 %; the lessons' 10 % needs at least 600 (floor 9.5 %), and 500 does not fit it."""
     from pathlib import Path
 
@@ -192,7 +192,7 @@ def test_the_readme_s_shortest_context_is_what_the_budgets_fit(bundled_study):
     from pagekv.views.inputs import LIMITS, min_budget_pct
     from pagekv.views.run_inputs import RunInputs
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "app.md").read_text()
     cfg = EvictionConfig(page_size=16, n_sink=4, window=32)
 
     def floor(context, mode="inside"):
@@ -273,14 +273,14 @@ def test_a_bad_link_says_its_settings_do_not_run(bundled_study):
 
 
 def test_the_readme_counts_the_live_lessons_the_console_warms():
-    """README.md said five live lessons while the app warmed six."""
+    """The app's guide (docs/app.md) counts the live lessons the console warms."""
     from pathlib import Path
 
     from pagekv.views.lessons import LESSONS
 
     words = {5: "five", 6: "six", 7: "seven", 8: "eight"}
     live = sum(x.kind == "live" for x in LESSONS)
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "app.md").read_text()
     assert f"the app computes its {words[live]} live lessons" in readme
 
 

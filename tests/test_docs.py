@@ -1,0 +1,163 @@
+"""The README and the pages it sends readers to say what is: every path and link they
+name exists, every Python block in the README and the researcher's page runs as
+written, the README stays short, and its findings are the committed results' numbers."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+RESEARCH = ROOT / "docs" / "research.md"
+#: The pages the README's "Where next" sends its three readers to, checked like it.
+GUIDES = [README, RESEARCH, ROOT / "docs" / "app.md", ROOT / "docs" / "testing.md"]
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+#: A path in backticks: words joined by slashes, or a file name with an extension.
+CODE_PATH = re.compile(r"`((?:[\w.-]+/)+[\w.-]*|[\w-]+\.(?:py|md|sh|txt|json|jsonl|toml|csv))`")
+#: Named paths that are not this repository's: a hub id, kvpress's own registry file
+#: (where its docs say to add the press) and the replay's output file.
+NOT_OURS = {
+    "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "evaluation/evaluate_registry.py",
+    "results.json",
+}
+
+
+def named_paths(text: str) -> list[str]:
+    """The local paths `text` names: its markdown links (not web addresses, anchors
+    dropped) and the file paths in its backticks (not a virtual environment's, a home
+    folder's or an output folder a command creates)."""
+    links = [t.split("#")[0] for t in LINK.findall(text) if not re.match(r"[a-z]+:", t)]
+    codes = [c for c in CODE_PATH.findall(text) if not c.startswith((".venv", "~", "runs/"))]
+    return [p for p in links + codes if p and p not in NOT_OURS]
+
+
+def missing_paths(text: str, folder: Path) -> list[str]:
+    """The paths `text`, a page in `folder`, names that exist neither beside it nor at
+    the repository's root (a code path is written from the root; a link from the
+    page's folder)."""
+    return [p for p in named_paths(text) if not (folder / p).exists() and not (ROOT / p).exists()]
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_named_paths_finds_links_and_code_paths_and_skips_the_web():
+    text = (
+        "See [a](docs/a.md#x), [b](https://example.org/b.md), `pagekv/maths/plan.py`, "
+        "`.venv/bin/python`, `app.py`, `--budget 0.2`."
+    )
+    assert named_paths(text) == ["docs/a.md", "pagekv/maths/plan.py", "app.py"]
+
+
+@pytest.mark.parametrize("page", GUIDES, ids=lambda p: p.name)
+def test_every_path_and_link_a_guide_names_exists(page):
+    text = page.read_text()
+    assert missing_paths(text, page.parent) == []
+    # The check can fail: the same page naming files that are not there.
+    bad = text + "\nSee [gone](docs/no_such_page.md) and `pagekv/gone.py`."
+    assert missing_paths(bad, page.parent) == ["docs/no_such_page.md", "pagekv/gone.py"]
+
+
+def test_the_readme_reads_in_two_minutes():
+    """At most 150 lines, with the two commands a fresh machine needs and a way on for
+    each of the three readers."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150
+    assert "bash scripts/setup.sh && .venv/bin/python app.py" in text
+    assert "\nbash .ci/run\n" in text
+    for reader, page in (
+        ("Teachers", "docs/app.md"),
+        ("Researchers", "docs/research.md"),
+        ("Contributors", "docs/design.md"),
+    ):
+        assert f"**{reader}: [{page}]({page}).**" in text
+
+
+def test_the_ci_script_runs_the_readme_s_test_command():
+    """The README's test command is CI's: `.ci/run` installs and runs pytest."""
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "scripts/setup.sh --dev" in script and "python -m pytest" in script
+
+
+def _run_block(block: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-"], input=block, text=True, capture_output=True, cwd=ROOT,
+        env=env, timeout=600,
+    )  # fmt: skip
+
+
+def test_the_maths_block_runs_as_written_and_prints_what_it_says():
+    """The researcher's page's `plan` block: run as written, it prints a keep mask of
+    [L, G, n] and kept counts within the budget (floor(0.2 * 256) = 51)."""
+    blocks = python_blocks(RESEARCH.read_text())
+    maths = next(b for b in blocks if "from pagekv import EvictionConfig, plan" in b)
+    out = _run_block(maths)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "torch.Size([2, 2, 256])"
+    kept = [int(x) for x in re.findall(r"\d+", lines[1])]
+    assert len(kept) == 4 and all(0 < k <= 51 for k in kept), lines[1]
+
+
+@pytest.mark.slow
+def test_every_python_block_runs_as_written(bundled_study):
+    """Every Python block of the README and the researcher's page, run as written from
+    the checkout; the model-to-answer example keeps pages and answers right."""
+    blocks = python_blocks(README.read_text()) + python_blocks(RESEARCH.read_text())
+    assert len(blocks) >= 2
+    for block in blocks:
+        out = _run_block(block)
+        assert out.returncode == 0, (block, out.stderr[-2000:])
+        if "runner.evaluate" in block:
+            shape, answer = out.stdout.strip().splitlines()[-2:]
+            assert re.fullmatch(r"torch\.Size\(\[30, 3, \d+\]\) \[0, [\d, ]+\]", shape), shape
+            assert " True [" in answer, answer  # scored right by the task's own scoring
+
+
+def _ruler_means(model: str, mode: str) -> dict[str, str]:
+    """The `mean` column of docs/ruler.md's 2,048-token table for `model` and `mode`."""
+    text = (ROOT / "docs" / "ruler.md").read_text()
+    section = text.split(f"### {model}, 2048 tokens, question {mode}", 1)[1]
+    rows = [x.split(" | ") for x in section.split("###")[0].split("\nOn the ")[0].splitlines()]
+    return {r[0].lstrip("| "): r[-2] for r in rows if r[0].startswith("| ")}
+
+
+def test_the_readme_s_findings_are_the_committed_results():
+    """Each number of the README's "What was found" comes from the file it cites."""
+    from pagekv.views.lessons import ruler_numbers, search_numbers
+
+    readme = " ".join(README.read_text().split())
+    uor = max(float(r["uor_max"]) for r in csv.DictReader(open(ROOT / "docs/results/T1_uor.csv")))
+    assert f"up to {uor:.2f}x the budget of a possible 3x" in readme
+    s = search_numbers()
+    assert (
+        f"different right/wrong verdicts on {s['search_differ']} of {s['search_measured']} "
+        f"prompt-settings: mean alone right on {s['search_mean']}, entropy alone on "
+        f"{s['search_entropy']}"
+    ) in readme
+    inside = _ruler_means("qwen-coder-0.5b", "inside")
+    after = _ruler_means("qwen-coder-0.5b", "after")
+    assert inside["mean 10%"] == inside["entropy 10%"]  # "both score"
+    assert f"both score {inside['mean 10%']} at 10 % of the tokens, the full cache " \
+        f"{inside['full']}" in readme  # fmt: skip
+    assert f"the same two score {after['mean 10%']} and {after['entropy 10%']} at 10 %" in readme
+    rows = [json.loads(x) for x in (ROOT / "docs/ruler.jsonl").read_text().splitlines() if x]
+    r = ruler_numbers(rows)
+    assert r["ruler_press_mean"] == r["ruler_press_entropy"]  # "both poolings"
+    assert (
+        f"KVzip scores {r['ruler_press_kvzip']} at 10 % (the full cache "
+        f"{r['ruler_press_full']}, both poolings {r['ruler_press_mean']}), but its kept "
+        f"tokens touch at least {r['ruler_kvzip_pages']} % of the prompt's 16-token pages"
+    ) in readme
