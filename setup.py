@@ -1,6 +1,6 @@
 """setuptools' build (the project is in pyproject.toml), plus two files at the root of
 the wheel so that lm-eval's own command line knows `--model pagekv`: the top-level
-module `pagekv_lm_eval` (a copy of pagekv/measurement/integrations/lm_eval_hook.py) and
+module `pagekv_lm_eval` (a copy of pagekv/integrations/lm_eval_hook.py) and
 `pagekv_lm_eval.pth`, which Python's `site` runs at start to install its import hook.
 lm-eval has no plugin discovery; the hook's docstring says how it registers the model.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-HOOK = Path("pagekv", "measurement", "integrations", "lm_eval_hook.py")
+HOOK = Path("pagekv", "integrations", "lm_eval_hook.py")
 PTH_LINE = "import pagekv_lm_eval; pagekv_lm_eval.install()\n"
 
 

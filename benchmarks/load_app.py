@@ -72,7 +72,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402  (the lesson list, the output order and the run inputs)
-from pagekv.measurement.replay.tables import quantile  # noqa: E402
+from experiments.replay.tables import quantile  # noqa: E402
 from pagekv.serving.study import MODES  # noqa: E402
 from pagekv.views import app_lessons, app_ui  # noqa: E402
 from pagekv.views.lessons import LESSONS  # noqa: E402

@@ -7,7 +7,10 @@ The package is in layers, one folder each (docs/design.md, "Layers"):
 - `pagekv.serving`: the model worker, memos, models held, sessions, `Study`;
 - `pagekv.tasks`: prompts with a known answer;
 - `pagekv.views`: comparisons, figures, presets, lessons, the app's handlers;
-- `pagekv.measurement`: the replay, the kvpress peer, integrations.
+- `pagekv.integrations`: Page-EntroKV as a kvpress press and as an lm-eval model.
+
+The research harness (the replay of the paper's tables, the kvpress peer, the studies)
+is the checkout's `experiments/` folder, outside the wheel.
 
 The public core::
 

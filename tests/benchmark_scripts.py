@@ -1,16 +1,20 @@
-"""Load a script of `benchmarks/` (not a package) as a module, for its tests."""
+"""Load a script of `benchmarks/` or `experiments/` (scripts, not packages) as a module,
+for its tests."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = (ROOT / "benchmarks", ROOT / "experiments")
 
 
 def load(name: str):
-    """`benchmarks/<name>.py`, executed anew as the module `name`."""
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    """`benchmarks/<name>.py` or `experiments/<name>.py`, executed anew as the module
+    `name`."""
+    path = next(p for p in (f / f"{name}.py" for f in FOLDERS) if p.is_file())
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

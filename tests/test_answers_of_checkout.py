@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.answers_of_checkout import compare, parting, write
+from experiments.answers_of_checkout import compare, parting, write
 
 ROOT = Path(__file__).resolve().parents[1]
 #: `--dtype` -> (before, after): ce39643 and the decode engine, decoded on one machine.

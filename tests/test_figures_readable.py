@@ -322,7 +322,7 @@ def test_recall_bars_name_a_question_agnostic_row_by_its_scoring():
     """Two entropy rows of one budget, the default scoring and the reconstruction's:
     two bars, the second named by its scoring (the replay's tables, not the figure,
     define the default label)."""
-    from pagekv.measurement.replay.tables import WINDOW_SCORING
+    from experiments.replay.tables import WINDOW_SCORING
 
     assert fr.WINDOW_SCORING == WINDOW_SCORING
     rows = [

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import pytest
 
-from pagekv.measurement.peer import kvpress_peer as kp
+from experiments.peer import kvpress_peer as kp
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "tests" / "kvpress_generic" / "checks.py"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from experiments.peer import kvpress_peer as kp
+from experiments.peer import kvpress_worker as kw
 from pagekv.maths.config import EvictionConfig
-from pagekv.measurement.peer import kvpress_peer as kp
-from pagekv.measurement.peer import kvpress_worker as kw
 
 # ------------------------------------------------------------------ budgets
 

@@ -1,4 +1,4 @@
-"""Page-EntroKV as a kvpress press (`pagekv.measurement.integrations.kvpress_press`).
+"""Page-EntroKV as a kvpress press (`pagekv.integrations.kvpress_press`).
 
 Fast tests (default suite, no kvpress): the press's settings, its budget accounting and
 its hook on a tiny random Llama, checked against `pagekv.maths.plan` and against the runner
@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from experiments.peer import kvpress_peer as kp
 from pagekv import BudgetError, EvictionConfig, plan
-from pagekv.measurement.integrations import kvpress_press as kpp
-from pagekv.measurement.integrations.kvpress_press import MeanPoolPagePress, PageEntroKVPress
-from pagekv.measurement.peer import kvpress_peer as kp
+from pagekv.integrations import kvpress_press as kpp
+from pagekv.integrations.kvpress_press import MeanPoolPagePress, PageEntroKVPress
 from tests.test_wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ needs_protocol = pytest.mark.skipif(
 
 def test_module_imports_without_kvpress_and_pagekv_stays_light():
     code = (
-        "import sys, pagekv, pagekv.measurement.integrations; "
+        "import sys, pagekv, pagekv.integrations; "
         "bad = [m for m in ('kvpress', 'transformers', 'triton', 'gradio') if m in sys.modules]; "
         "print(bad)"
     )
@@ -659,7 +659,7 @@ def _layer_inputs_of(model, n):
 
 
 def test_worker_knows_the_pagekv_presses():
-    from pagekv.measurement.peer import kvpress_worker as kw
+    from experiments.peer import kvpress_worker as kw
 
     assert set(kp.PAGEKV_PRESSES) == set(kw.PAGEKV_PRESS_CLASSES)
     press = kw.make_press("pagekv_mean", 0.6, {"page_size": 8})
@@ -851,7 +851,7 @@ def test_a_short_prompt_at_ratio_0_8_never_aborts_the_pipeline(tmp_path):
     script.write_text(
         "import json, logging\n"
         "from transformers import pipeline\n"
-        "from pagekv.measurement.integrations import PageEntroKVPress\n"
+        "from pagekv.integrations import PageEntroKVPress\n"
         "logging.basicConfig(level=logging.WARNING)\n"
         "pipe = pipeline('kv-press-text-generation', "
         "model='HuggingFaceTB/SmolLM2-135M-Instruct')\n"
@@ -877,7 +877,7 @@ RECONSTRUCT_PIPELINE = """
 import json, torch
 from transformers import DynamicCache, pipeline
 from pagekv import EvictionConfig, plan
-from pagekv.measurement.integrations import PageEntroKVPress
+from pagekv.integrations import PageEntroKVPress
 from pagekv.runtime.reconstruct import (
     REPEAT_PROMPT, as_profiles, reconstruction_masses, reconstruction_scores,
 )

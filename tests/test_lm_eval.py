@@ -1,4 +1,4 @@
-"""Page-EntroKV as an lm-evaluation-harness model (`pagekv.measurement.integrations.
+"""Page-EntroKV as an lm-evaluation-harness model (`pagekv.integrations.
 lm_eval_model`), on lm-eval's own RULER task code (issue 43).
 
 - The question split (`question=after`) on real prompts of the six RULER tasks that
@@ -29,11 +29,11 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
 from lm_eval.evaluator import simple_evaluate
 
-from pagekv.measurement.integrations import lm_eval_model as lem
-from pagekv.measurement.integrations.lm_eval_model import (
+from pagekv.integrations import lm_eval_model as lem
+from pagekv.integrations.lm_eval_model import (
     RULER_OFFLINE_TASKS as TASKS,
 )
-from pagekv.measurement.integrations.lm_eval_model import PageKVLM, split_question
+from pagekv.integrations.lm_eval_model import PageKVLM, split_question
 from pagekv.runtime.models import bundled_cache_dir
 from pagekv.tasks.scoring import contains
 
@@ -211,7 +211,7 @@ def test_the_hook_registers_pagekv_lazily_beside_lm_evals_own_models(tmp_path):
     `pagekv` in it first, lm-eval would never load them); then `pagekv` is there too,
     as lm-eval's own kind of lazy entry, so neither pagekv nor torch is imported until a
     run asks for it, and the finder is gone."""
-    import pagekv.measurement.integrations.lm_eval_hook as hook
+    import pagekv.integrations.lm_eval_hook as hook
 
     got = json.loads(_run_probe(HOOK_PROBE, tmp_path, hook.__file__)[-1])
     assert set(got[0]) <= {"__future__"}, got[0]  # at most the annotations' future import
@@ -241,7 +241,7 @@ print(*[str(w.message) for w in seen if "pagekv" in str(w.message)], sep="\n")
 def test_a_failing_registration_leaves_lm_eval_working(tmp_path):
     """Should registering `pagekv` fail (another lm-eval), importing lm-eval's models
     still works: one warning says pagekv's model is not registered."""
-    import pagekv.measurement.integrations.lm_eval_hook as hook
+    import pagekv.integrations.lm_eval_hook as hook
 
     assert _run_probe(BROKEN_HOOK_PROBE, tmp_path, hook.__file__) == [
         "DummyLM False",
@@ -251,7 +251,7 @@ def test_a_failing_registration_leaves_lm_eval_working(tmp_path):
 
 #: pagekv's lm-eval model imported: lm-eval's own models still resolve by name.
 OWN_MODELS_PROBE = r"""
-import pagekv.measurement.integrations.lm_eval_model as m
+import pagekv.integrations.lm_eval_model as m
 from lm_eval.api.registry import get_model
 print(get_model("dummy").__name__, get_model("pagekv") is m.PageKVLM)
 """

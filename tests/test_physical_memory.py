@@ -1,6 +1,6 @@
 """Physical memory of a kept set in a paged cache (`pagekv.maths.paging.pages_touched`,
 `physical_tokens`) and the benchmark's comparison at equal physical memory
-(`benchmarks/physical_rows.py`'s `equal_physical_rows`, and `benchmarks/reconstruct_ab.py`'s
+(`experiments/physical_rows.py`'s `equal_physical_rows`, and `experiments/reconstruct_ab.py`'s
 reuse of an earlier run's peer rows)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.physical_rows import (
+from experiments.physical_rows import (
     add_result,
     equal_physical_rows,
     matched_keys,
@@ -106,7 +106,7 @@ def test_earlier_peer_rows_are_reused_only_on_the_same_prompts(tmp_path):
 
 
 def test_run_peer_runs_only_the_batches_an_earlier_run_lacks(monkeypatch):
-    from pagekv.measurement.peer import kvpress_peer as kp
+    from experiments.peer import kvpress_peer as kp
 
     ab = _script()
     batches = []

@@ -1,4 +1,4 @@
-"""`benchmarks/physical_memory_chart.py`: which rows become points, and one colour per
+"""`experiments/physical_memory_chart.py`: which rows become points, and one colour per
 setting (KVzip red, each of ours its own)."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""`benchmarks/pool_runs.py`: reconstruct_ab runs on disjoint prompt sets pooled into one,
+"""`experiments/pool_runs.py`: reconstruct_ab runs on disjoint prompt sets pooled into one,
 with the rows at equal physical memory matched anew from the pooled runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.physical_rows import add_result, new_row
+from experiments.physical_rows import add_result, new_row
 from tests.benchmark_scripts import load
 
 

@@ -1,4 +1,4 @@
-"""`benchmarks/reconstruct_ab.py`'s `--variant`: a setting with EvictionConfig fields
+"""`experiments/reconstruct_ab.py`'s `--variant`: a setting with EvictionConfig fields
 changed, run on the same prefill as the others, gives what the same fields given as the
 script's flags give."""
 

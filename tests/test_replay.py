@@ -1,4 +1,4 @@
-"""The replication harness (`pagekv.measurement.replay`): store, peer adapter, and a --quick run.
+"""The replication harness (`experiments.replay`): store, peer adapter, and a --quick run.
 
 The quick run loads the bundled model and decodes on the CPU (slow marker); it checks
 the outputs' structure and the invariants every run must satisfy: pooled UOR exactly
@@ -13,11 +13,11 @@ import json
 import pytest
 import torch
 
+from experiments.replay import run_replay
+from experiments.replay.measure import POOLED_CHECKED, overlap_measurements
+from experiments.replay.peer import PeerAdapter
+from experiments.replay.store import UnitStore, unit_key
 from pagekv import EvictionConfig
-from pagekv.measurement.replay import run_replay
-from pagekv.measurement.replay.measure import POOLED_CHECKED, overlap_measurements
-from pagekv.measurement.replay.peer import PeerAdapter
-from pagekv.measurement.replay.store import UnitStore, unit_key
 from pagekv.runtime import models
 from pagekv.runtime.runner import Runner
 from tests.test_runner import prompt, tiny_model
@@ -47,7 +47,7 @@ def test_peer_adapter_records_why_it_is_unavailable(monkeypatch):
     real = importlib.import_module
 
     def fail(name, *a, **k):
-        if name == "pagekv.measurement.peer.kvpress_peer":
+        if name == "experiments.peer.kvpress_peer":
             raise ImportError("no bridge here")
         return real(name, *a, **k)
 

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from experiments.replay import harness
+from experiments.replay.grid import GRIDS
+from experiments.replay.jobs import PromptJob
+from experiments.replay.store import UnitStore
 from pagekv import PromptSpec
-from pagekv.measurement.replay import harness
-from pagekv.measurement.replay.grid import GRIDS
-from pagekv.measurement.replay.jobs import PromptJob
-from pagekv.measurement.replay.store import UnitStore
 from pagekv.serving.worker import ModelWorker
 
 from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)

@@ -6,10 +6,10 @@ No model here: the jobs are built from the grid, the tables from hand-made units
 
 from __future__ import annotations
 
+from experiments.replay import tables
+from experiments.replay.grid import AGNOSTIC, AGNOSTIC_GRID, FULL, QUICK, Scoring
+from experiments.replay.jobs import build_jobs
 from pagekv import EvictionConfig
-from pagekv.measurement.replay import tables
-from pagekv.measurement.replay.grid import AGNOSTIC, AGNOSTIC_GRID, FULL, QUICK, Scoring
-from pagekv.measurement.replay.jobs import build_jobs
 
 CURATED = {"qa": ["qa_one", "qa_two"], "code": ["code_one"]}
 
@@ -193,8 +193,8 @@ class _Adapter:
 
 def _peer_setup(tmp_path, monkeypatch):
     import pagekv.tasks
-    from pagekv.measurement.replay import harness
-    from pagekv.measurement.replay.store import UnitStore
+    from experiments.replay import harness
+    from experiments.replay.store import UnitStore
 
     monkeypatch.setattr(pagekv.tasks, "score", lambda answer, task: {"correct": True})
     monkeypatch.setattr(harness, "PEER_BATCH", 4)
@@ -207,7 +207,7 @@ def test_the_peer_runs_in_stored_batches_after_mode_first(tmp_path, monkeypatch)
     press and budget; batches of PEER_BATCH; every result stored as its batch returns,
     so a run stopped in the third batch keeps the first two and the next run sends only
     what is missing."""
-    from pagekv.measurement.replay.store import UnitStore
+    from experiments.replay.store import UnitStore
 
     harness, store, jobs = _peer_setup(tmp_path, monkeypatch)
     modes = [j.spec.mode for j in jobs]

@@ -1,6 +1,6 @@
-"""benchmarks/ruler.py's bookkeeping: the cases already answered (what a resumed run
+"""experiments/ruler.py's bookkeeping: the cases already answered (what a resumed run
 skips) and the table of everything answered, on hand-made rows. The measurement itself
-runs lm-eval's task code and the model (python benchmarks/ruler.py; docs/ruler.md)."""
+runs lm-eval's task code and the model (python experiments/ruler.py; docs/ruler.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "experiments"))
 
 import ruler  # noqa: E402
 

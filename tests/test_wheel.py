@@ -34,7 +34,7 @@ import torch
 import pagekv
 from pagekv import EvictionConfig, plan
 from pagekv.kernels.score import score_layers
-from pagekv.measurement.integrations import PageEntroKVPress
+from pagekv.integrations import PageEntroKVPress
 from pagekv.runtime.backend import resolve_backend
 torch.manual_seed(0)
 prof = torch.softmax(torch.randn(2, 4, 64), -1)
@@ -62,7 +62,7 @@ model = get_model("pagekv")
 print(json.dumps([empty, own, *lazy, f"{model.__module__}:{model.__name__}",
                   sys.modules["pagekv"].__file__]))
 """
-LM_EVAL_MODEL = "pagekv.measurement.integrations.lm_eval_model:PageKVLM"
+LM_EVAL_MODEL = "pagekv.integrations.lm_eval_model:PageKVLM"
 
 
 def build_wheel(tmp_path: Path) -> Path:
@@ -162,18 +162,28 @@ def test_the_wheel_holds_the_library_and_installs_outside_the_checkout(installed
         "pagekv", "pagekv-0.1.0.dist-info", "pagekv_lm_eval.py", "pagekv_lm_eval.pth"
     }  # fmt: skip
     for needed in ("pagekv/kernels/score.py", "pagekv/kernels/paged_decode.py",
-                   "pagekv/measurement/peer/requirements-kvpress.txt",
                    "pagekv/views/lessons.md",
-                   "pagekv/measurement/integrations/kvpress_press.py"):  # fmt: skip
+                   "pagekv/integrations/kvpress_press.py",
+                   "pagekv/integrations/lm_eval_model.py"):  # fmt: skip
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("kernels/", "tests/", "assets/"))]
     assert not [n for n in names if n.endswith(("app.py", "conftest.py")) or "bench" in n]
+    # The research harness (experiments/: the replay, the kvpress peer, the studies) is
+    # not the library's.
+    assert not [n for n in names if "experiments" in n or "replay/" in n or "peer/" in n]
 
     got = _probe(python, tmp_path)
     assert got["pagekv"].startswith(site) and got["kernels"].startswith(site), got
-    assert got["press"] == "pagekv.measurement.integrations.kvpress_press"
+    assert got["press"] == "pagekv.integrations.kvpress_press"
     assert got["top_level_kernels"] is False  # no name another package owns
     assert got["backend"] == "triton" and got["kept"] > 0
+    # Installed, `pagekv replay` says in one line that the harness runs from a checkout.
+    out = subprocess.run(
+        [python, "-m", "pagekv", "replay", "--out", str(tmp_path / "replay")], cwd=tmp_path,
+        capture_output=True, text=True, timeout=300, env=_clean_env(),
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert len(out.stderr.strip().splitlines()) == 1 and "from a checkout" in out.stderr
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@
     >>> one_line(KeyError(), limit=5)
     'KeyEr'
 
-(`pagekv/measurement/peer/kvpress_worker.py` keeps a copy of its own: it runs in the
+(`experiments/peer/kvpress_worker.py` keeps a copy of its own: it runs in the
 kvpress environment and imports nothing of `pagekv` it does not need.)
 """
 

@@ -33,10 +33,10 @@ from pagekv.views.answers import mean_retention
 #: The replay run the lessons cite (docs/results.md reads it too).
 REPLAY_RESULTS = ROOT / "docs" / "results" / "full" / "results.json"
 #: The search for settings where mean and entropy pooling differ on qwen-coder-0.5b
-#: (`python benchmarks/pooling_search.py`, docs/pooling_search.md): lesson 6 reads its
+#: (`python experiments/pooling_search.py`, docs/pooling_search.md): lesson 6 reads its
 #: totals.
 POOLING_SEARCH = ROOT / "docs" / "pooling_search" / "qwen-coder-0.5b.json"
-#: RULER built and scored by lm-eval's own task code (`python benchmarks/ruler.py`,
+#: RULER built and scored by lm-eval's own task code (`python experiments/ruler.py`,
 #: docs/ruler.md): lesson 6 reads its means.
 RULER_RESULTS = ROOT / "docs" / "ruler.jsonl"
 #: The app's views a lesson can open (tab ids of app.py).

@@ -131,7 +131,7 @@ CURATED = [
 
 
 #: Presets measured on the second bundled model (r = 7), where mean and entropy pooling
-#: give different verdicts (`python benchmarks/pooling_search.py`,
+#: give different verdicts (`python experiments/pooling_search.py`,
 #: docs/pooling_search.md): one where mean pooling wins and one where entropy pooling
 #: wins, both question inside and the window scorer. Choosing one switches the model.
 #: Checked on that model by `tests/test_qwen_coder.py` (opt-in).

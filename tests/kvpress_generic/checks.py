@@ -34,13 +34,13 @@ from kvpress import (
     ScorerPress,
 )
 
+from experiments.peer.kvpress_peer import kvpress_kept
 from pagekv import EvictionConfig, plan
-from pagekv.measurement.integrations.kvpress_press import (
+from pagekv.integrations.kvpress_press import (
     KVPRESS_BASE,
     MeanPoolPagePress,
     PageEntroKVPress,
 )
-from pagekv.measurement.peer.kvpress_peer import kvpress_kept
 from pagekv.runtime.reconstruct import (
     REPEAT_PROMPT,
     as_profiles,
@@ -49,7 +49,7 @@ from pagekv.runtime.reconstruct import (
 )
 
 VOCAB = 1024  # kvpress's tests draw ids from randint(0, 1024)
-LOGGER = "pagekv.measurement.integrations.kvpress_press"
+LOGGER = "pagekv.integrations.kvpress_press"
 
 # ------------------------------------------------------------------ tiny models
 

@@ -1,5 +1,5 @@
 """Figures of the replay harness's tables (T2, T4, T7); T1 and T3 reuse the plan views
-(`uor_curve`, `sink_advantage_lines`). Inputs are the rows `pagekv.measurement.replay.tables`
+(`uor_curve`, `sink_advantage_lines`). Inputs are the rows `experiments.replay.tables`
 builds, so these are pure functions of numbers."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _wrap_name(name: str, width: int = 10) -> str:
     return "<br>".join(lines)
 
 
-#: The `scoring` of the replay's default decodes (`pagekv.measurement.replay.tables`).
+#: The `scoring` of the replay's default decodes (`experiments.replay.tables`).
 WINDOW_SCORING = "window/uniform"
 
 

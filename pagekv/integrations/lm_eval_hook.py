@@ -28,7 +28,7 @@ import sys
 #: names in its registry.
 MODELS = "lm_eval.models"
 MODEL = "pagekv"
-TARGET = "pagekv.measurement.integrations.lm_eval_model:PageKVLM"
+TARGET = "pagekv.integrations.lm_eval_model:PageKVLM"
 
 
 def register() -> None:

@@ -1,6 +1,6 @@
 """The kvpress peer behind a small adapter, so the replay runs whether or not it works.
 
-The bridge itself is `pagekv.measurement.peer.kvpress_peer` (kvpress runs in its own environment
+The bridge itself is `experiments.peer.kvpress_peer` (kvpress runs in its own environment
 on the converted bundled model, fed the very token ids the replay uses). This adapter
 only imports it, asks whether it can run, sends one batch of requests and turns every
 failure (module missing, kvpress not installable, a request error) into a recorded
@@ -8,7 +8,7 @@ reason: `{"available": False, "reason": ...}` in results.json.
 
 Besides kvpress's presses the replay runs pagekv's own presses through kvpress
 (`pagekv_entropy` = `PageEntroKVPress`, `pagekv_mean` = `MeanPoolPagePress`, from
-`pagekv.measurement.integrations.kvpress_press`) at the replay's default geometry (pages of 16,
+`pagekv.integrations.kvpress_press`) at the replay's default geometry (pages of 16,
 window 32), so T4 and T6 compare every method in one pipeline.
 """
 
@@ -52,10 +52,10 @@ class PeerAdapter:
             self.reason = "disabled (--no-peer)"
             return
         try:
-            self.module = importlib.import_module("pagekv.measurement.peer.kvpress_peer")
+            self.module = importlib.import_module("experiments.peer.kvpress_peer")
         except Exception as e:  # ImportError, or the module failing at import
             self.reason = (
-                f"pagekv.measurement.peer.kvpress_peer is not importable: {one_line(e, limit=300)}"
+                f"experiments.peer.kvpress_peer is not importable: {one_line(e, limit=300)}"
             )
             return
         if self.quick and not self.module.env_ready()[0]:

@@ -1,8 +1,8 @@
-"""The rows of `benchmarks/reconstruct_ab.py`'s results, as its JSON holds them: one row a
+"""The rows of `experiments/reconstruct_ab.py`'s results, as its JSON holds them: one row a
 setting and budget (``"NAME, B%"``), prompts answered right, kept tokens and physical
 memory summed over prompts with each prompt's own entry; the peer's runs among them; and
 the rows at equal physical memory matched from those runs. Plain Python, no torch: what
-`benchmarks/pool_runs.py` needs without loading a model's libraries.
+`experiments/pool_runs.py` needs without loading a model's libraries.
 """
 
 from __future__ import annotations

@@ -5,12 +5,12 @@ that decide with `pagekv.maths.plan`, scoring by the last window's queries durin
 prefill (``scorer="window"``) or by pagekv's reconstruction pass after it
 (``scorer="reconstruct"``); see docs/kvpress.md::
 
-    from pagekv.measurement.integrations import PageEntroKVPress
+    from pagekv.integrations import PageEntroKVPress
 
 ``lm_eval_model``: `PageKVLM`, the lm-evaluation-harness model type ``pagekv``
 (``python -m pagekv eval``; importing the module registers it, and imports lm-eval).
 
-Names are loaded on first use, so ``import pagekv.measurement.integrations`` imports neither kvpress
+Names are loaded on first use, so ``import pagekv.integrations`` imports neither kvpress
 nor transformers.
 """
 

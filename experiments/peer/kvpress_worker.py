@@ -3,7 +3,7 @@
 This script runs INSIDE the kvpress virtual environment (see ``requirements-kvpress.txt``
 and ``kvpress_peer.ensure_kvpress_env``). It imports the standard library, torch,
 transformers and kvpress; ``pagekv`` only for the ``pagekv_*`` presses, and then only
-its torch-only core and ``pagekv.measurement.integrations.kvpress_press`` (the
+its torch-only core and ``pagekv.integrations.kvpress_press`` (the
 repository root that holds this file is put on ``sys.path``), never the runtime that
 needs transformers 5.24.
 
@@ -109,7 +109,7 @@ PRESS_CLASSES = {
     "kvzip": "KVzipPress",
     "keydiff": "KeyDiffPress",
 }
-#: pagekv's presses run inside kvpress (pagekv.measurement.integrations.kvpress_press).
+#: pagekv's presses run inside kvpress (pagekv.integrations.kvpress_press).
 PAGEKV_PRESS_CLASSES = {
     "pagekv_entropy": "PageEntroKVPress",
     "pagekv_mean": "MeanPoolPagePress",
@@ -151,9 +151,7 @@ def make_press(name: str, compression_ratio: float, press_kwargs: dict | None):
 def _pagekv_importable() -> None:
     """Put this checkout on ``sys.path``: the kvpress environment does not install
     pagekv, and its presses and page counts are imported from here."""
-    root = os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if root not in sys.path:
         sys.path.insert(0, root)
 
@@ -162,7 +160,7 @@ def make_pagekv_press(name: str, compression_ratio: float, press_kwargs: dict | 
     """pagekv's press ``name``, recording its plans; ``press_kwargs["budget"]`` (fraction
     kept) replaces the request's ``compression_ratio`` when given."""
     _pagekv_importable()
-    from pagekv.measurement.integrations import kvpress_press
+    from pagekv.integrations import kvpress_press
 
     kwargs = dict(press_kwargs or {})
     if "budget" not in kwargs:

@@ -1,7 +1,7 @@
 """RULER, built and scored by lm-evaluation-harness's own task code, under pagekv's
 eviction policies (issue 43).
 
-    python benchmarks/ruler.py [--models bundled qwen-coder-0.5b] [--lengths 2048]
+    python experiments/ruler.py [--models bundled qwen-coder-0.5b] [--lengths 2048]
         [--samples 20] [--minutes 60] [--out docs/ruler.jsonl] [--table docs/ruler.md]
 
 For each model, length (lm-eval's `max_seq_lengths`), task and sample, lm-eval's task
@@ -15,7 +15,7 @@ prompts). `--table` writes the Markdown table of everything in `--out`: per mode
 length, question mode and method, each task's mean score, the samples behind it and
 the seconds they took.
 
-`--peers snapkv kvzip` adds NVIDIA kvpress's SnapKV and KVzip (`pagekv.measurement.peer`:
+`--peers snapkv kvzip` adds NVIDIA kvpress's SnapKV and KVzip (`experiments.peer`:
 kvpress's own pipeline in its own environment, on the same token ids, one batch per
 task) at the same kept tokens as ours (`budget`), with the 16-token pages their kept
 tokens touch per (layer, KV head) recorded (`pages_16`: the most of any (layer, KV
@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import EvictionConfig  # noqa: E402
-from pagekv.measurement.integrations.lm_eval_model import (  # noqa: E402
+from pagekv.integrations.lm_eval_model import (  # noqa: E402
     RULER_OFFLINE_TASKS as TASKS,
 )
 
@@ -140,7 +140,7 @@ def physical_match(rows: list[dict], press: str, ours: str) -> list[dict]:
 def run_peers(args, model_name, length, cases, out: Path) -> None:
     """kvpress's presses on `cases` (`(task, index, prompt sha, c_ids, q_ids, max_new,
     doc, task object, todo)`), one batch for all, each answer scored and appended."""
-    from pagekv.measurement.peer import kvpress_peer as kp
+    from experiments.peer import kvpress_peer as kp
 
     requests, meta = [], {}
     theirs = peer_methods(args.peers, args.peer_sweep)
@@ -198,7 +198,7 @@ def check_same_prompt(done: dict, key: tuple, sha: str) -> None:
 
 
 def run(args) -> None:
-    from pagekv.measurement.integrations.lm_eval_model import prefill, prompt_ids, tokenizer_name
+    from pagekv.integrations.lm_eval_model import prefill, prompt_ids, tokenizer_name
     from pagekv.runtime.models import load_model
     from pagekv.runtime.runner import Runner
 
@@ -270,7 +270,7 @@ def _append(out: Path, key, sha, n, answer, doc, task_obj, seconds, kept, **extr
 
 HEADER = """# RULER under pagekv's eviction, on lm-evaluation-harness's own task code
 
-Made by `python benchmarks/ruler.py --table docs/ruler.md` from the answers in
+Made by `python experiments/ruler.py --table docs/ruler.md` from the answers in
 `docs/ruler.jsonl` (one JSON line per answer; the command is resumable, see its
 docstring). lm-eval 0.4.13 builds each prompt (its RULER tasks that need no download,
 seeded as its `simple_evaluate` seeds them, sized with the model's tokenizer to the

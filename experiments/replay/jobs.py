@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from experiments.replay.grid import Grid
 from pagekv.maths.config import EvictionConfig
-from pagekv.measurement.replay.grid import Grid
 from pagekv.serving.study import PromptSpec
 
 

@@ -1,6 +1,6 @@
 """Which prompts decode the same tokens with the default decode as with float32.
 
-Usage: python benchmarks/decode_agreement.py [--dtype auto] [--json PATH]
+Usage: python experiments/decode_agreement.py [--dtype auto] [--json PATH]
 
 On the bundled model, every curated task (`assets/tasks`) in both question modes, and
 the needle prompts of 1k, 2k and 4k tokens, each decoded with the full cache and with

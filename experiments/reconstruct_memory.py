@@ -1,7 +1,7 @@
 """Time and peak memory of the reconstruction pass against the prefill, on the bundled
 model (CPU), for the prompt lengths given.
 
-    python benchmarks/reconstruct_memory.py [--contexts 500 1000 2000] [--chunk 256]
+    python experiments/reconstruct_memory.py [--contexts 500 1000 2000] [--chunk 256]
 
 For each prompt (the replay's T4 needle prompt at that length, question after), a
 thread samples the process's resident memory (``/proc/self/statm``) every 2 ms while

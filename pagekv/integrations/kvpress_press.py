@@ -89,7 +89,6 @@ from pagekv.maths.config import SCORERS, EvictionConfig
 from pagekv.maths.paging import BudgetError
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import POOLED_POLICIES, get_policy
-from pagekv.measurement.peer.kvpress_peer import kvpress_kept
 from pagekv.runtime.backend import BACKENDS, compact_layers, pooler, score_window
 from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
@@ -101,6 +100,14 @@ from pagekv.runtime.reconstruct import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def kvpress_kept(n: int, compression_ratio: float) -> int:
+    """Tokens kvpress keeps per layer and KV head out of ``n``
+    (``kvpress.utils.compute_n_kept``, 0.5.5): ``max(1, int(n * (1 - ratio)))``."""
+    if compression_ratio >= 1.0:
+        return 0
+    return max(1, int(n * (1 - compression_ratio)))
 
 
 class HookProtocol:

@@ -10,10 +10,10 @@ import itertools
 import math
 from collections import defaultdict
 
+from experiments.replay.grid import Grid
+from experiments.replay.measure import PHYSICAL_PAGE
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.policies import EVICTING_POOLED
-from pagekv.measurement.replay.grid import Grid
-from pagekv.measurement.replay.measure import PHYSICAL_PAGE
 from pagekv.serving.study import PromptSpec
 
 EPS = 1e-9

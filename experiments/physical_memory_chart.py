@@ -1,9 +1,9 @@
 """The chart of docs/physical_memory.md: prompts answered right against the physical
 memory a paged cache of 16-token pages holds, for kvpress's KVzip at every budget of
 its sweep and for pagekv's pages of 16, on the tuning and the held-out needle prompts
-(the JSON files of `benchmarks/reconstruct_ab.py --peer kvzip --peer-sweep ...`).
+(the JSON files of `experiments/reconstruct_ab.py --peer kvzip --peer-sweep ...`).
 
-    python benchmarks/physical_memory_chart.py docs/physical_memory/needles_tuning.json \
+    python experiments/physical_memory_chart.py docs/physical_memory/needles_tuning.json \
         docs/physical_memory/needles_heldout.json --out docs/physical_memory/chart
 
 writes `chart.html` (plotly) and, where Playwright drives /usr/bin/chromium, `chart.png`.
@@ -22,7 +22,7 @@ from plotly.subplots import make_subplots
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.physical_rows import matched_keys  # noqa: E402
+from experiments.physical_rows import matched_keys  # noqa: E402
 
 #: A row's name -> (who, budget %): "kvpress kvzip, 14%" or "reconstruct/max, global, 20%".
 ROW = re.compile(r"^(?P<who>.+), (?P<pct>[\d.]+)%$")

@@ -9,7 +9,7 @@ question-inside check; the peer presses are for after mode). `--dtype` is the ru
 decode (`auto`: float16 linear weights on the CPU; the first measurements, before it
 existed, decoded in float32).
 
-    python benchmarks/reconstruct_ab.py [--contexts 500 1000 2000 | --curated qa|code|all]
+    python experiments/reconstruct_ab.py [--contexts 500 1000 2000 | --curated qa|code|all]
         [--budgets 0.2 0.5] [--page-size 16] [--window 32] [--n-sink 4] [--dtype auto]
         [--page-reduction max|sum] [--mode after|inside] [--json out.json]
         [--settings "reconstruct/max, global" ...] [--variant "LABEL: field=value ..." ...]
@@ -29,7 +29,7 @@ over (layer, group) (`retention`: the needle's code, a curated task's answer wit
 evidence line).
 
 ``--peer`` also runs kvpress's presses on the same token ids, question after the
-compressed context as in kvpress's pipeline (`pagekv.measurement.peer.kvpress_peer`, its
+compressed context as in kvpress's pipeline (`experiments.peer.kvpress_peer`, its
 own environment): ``kvzip`` (KVzipPress as it comes: one budget shared by every layer
 and head), ``kvzip_layerwise`` (``layerwise=True``: the same budget in every layer) and
 ``keydiff`` (KeyDiffPress), each at the same budgets (kvpress keeps ``floor(budget * n)``
@@ -72,11 +72,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.physical_rows import add_result, equal_physical_rows, new_row, peer_runs  # noqa: E402
+from experiments.physical_rows import add_result, equal_physical_rows, new_row, peer_runs  # noqa: E402
+from experiments.replay.grid import FULL  # noqa: E402
 from pagekv import EvictionConfig, plan  # noqa: E402
 from pagekv.maths.adaptive import choose_page_size  # noqa: E402
 from pagekv.maths.paging import physical_tokens  # noqa: E402
-from pagekv.measurement.replay.grid import FULL  # noqa: E402
 from pagekv.runtime.backend import pooler  # noqa: E402
 from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.reconstruct import as_profiles  # noqa: E402
@@ -137,7 +137,7 @@ def run_peer(names, prompts, budgets, rows: dict, save=None, labels=None, physic
     each press also runs at every `budget * f` (the sweep `equal_physical_rows` matches
     from); batches whose row is in `skip` (an earlier run's, `--peer-json`) are not run again."""
     labels = labels or [str(i) for i in range(len(prompts))]
-    from pagekv.measurement.peer import kvpress_peer as kp
+    from experiments.peer import kvpress_peer as kp
 
     for name in names:
         press, kwargs = PEER_PRESSES[name]

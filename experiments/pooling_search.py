@@ -1,6 +1,6 @@
 """Where do mean and entropy pooling give different right/wrong verdicts? (issue 30)
 
-Usage: python benchmarks/pooling_search.py [--model qwen-coder-0.5b] [--prompts N]
+Usage: python experiments/pooling_search.py [--model qwen-coder-0.5b] [--prompts N]
        [--modes inside after] [--out docs/pooling_search/qwen-coder-0.5b.jsonl]
        [--summary docs/pooling_search/qwen-coder-0.5b.json] [--minutes M]
 
@@ -255,7 +255,7 @@ def main(argv=None) -> int:
         _search(study, args, done, rows, t0)
     summary = summarize(rows)
     summary["model"] = args.model
-    summary["command"] = f"python benchmarks/pooling_search.py --model {args.model}"
+    summary["command"] = f"python experiments/pooling_search.py --model {args.model}"
     with open(args.summary, "w") as f:
         json.dump(summary, f, indent=1)
     print(_markdown(summary))

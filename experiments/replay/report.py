@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from pagekv.measurement.replay.store import clean
+from experiments.replay.store import clean
 
 
 def _fmt(v) -> str:

@@ -1,6 +1,6 @@
 """Needle results of every policy at several budgets on one fixed prompt.
 
-Usage: python benchmarks/needle_budgets.py [--context 2000] [--depth 0.5] [--seed 0]
+Usage: python experiments/needle_budgets.py [--context 2000] [--depth 0.5] [--seed 0]
        [--budgets 0.05 0.1 0.2 0.5] [--page-size 16] [--modes inside after] [--json PATH]
 
 One prefill per question mode; every (budget, policy) re-runs only planning,

@@ -39,7 +39,7 @@ Environment variables:
 
 Example::
 
-    from pagekv.measurement.peer import kvpress_peer as kp
+    from experiments.peer import kvpress_peer as kp
     req = kp.make_request("q1", "snapkv", input_ids=ids, budget=0.2, max_new_tokens=24)
     [res] = kp.run_kvpress(kp.bundled_model_dir(), [req])
     res["answer"], res["kept_tokens"]  # text, per-layer cache length after compression
@@ -60,10 +60,12 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from pagekv.integrations.kvpress_press import kvpress_kept
+
 PRESSES = ("snapkv", "expected_attention", "knorm", "streaming_llm", "kvzip", "keydiff")
 """The kvpress presses the peer runs (``"none"`` is also accepted: no compression)."""
 PAGEKV_PRESSES = ("pagekv_entropy", "pagekv_mean")
-"""pagekv's own presses run through kvpress (``pagekv.measurement.integrations.kvpress_press``:
+"""pagekv's own presses run through kvpress (``pagekv.integrations.kvpress_press``:
 ``PageEntroKVPress`` and ``MeanPoolPagePress``); their results add a ``pagekv`` record
 with the pages each (layer, KV head) kept."""
 MODES = ("inside", "after")
@@ -88,14 +90,6 @@ class PeerUnavailable(RuntimeError):
 def budget_tokens(beta: float, n: int) -> int:
     """``k = floor(beta * n)``, as ``EvictionConfig.budget_tokens`` computes it."""
     return int(math.floor(beta * n + 1e-9))
-
-
-def kvpress_kept(n: int, compression_ratio: float) -> int:
-    """Tokens kvpress keeps per layer and KV head out of ``n``
-    (``kvpress.utils.compute_n_kept``, 0.5.5): ``max(1, int(n * (1 - ratio)))``."""
-    if compression_ratio >= 1.0:
-        return 0
-    return max(1, int(n * (1 - compression_ratio)))
 
 
 def compression_ratio(beta: float) -> float:

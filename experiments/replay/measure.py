@@ -12,18 +12,18 @@ import itertools
 
 import torch
 
-from pagekv.maths.config import EvictionConfig
-from pagekv.maths.metrics import sink_advantage
-from pagekv.maths.paging import BudgetError, physical_tokens
-from pagekv.maths.plan import plan
-from pagekv.maths.policies import EVICTING_POOLED
-from pagekv.measurement.replay.grid import (
+from experiments.replay.grid import (
     T7_CACHE_BUDGETS,
     T7_CACHE_PAGES,
     T7_CACHE_TAUS,
     T7_CACHE_WINDOWS,
     Grid,
 )
+from pagekv.maths.config import EvictionConfig
+from pagekv.maths.metrics import sink_advantage
+from pagekv.maths.paging import BudgetError, physical_tokens
+from pagekv.maths.plan import plan
+from pagekv.maths.policies import EVICTING_POOLED
 
 #: What T1 checks beside head-independent selection, the cache-level needle sweep runs
 #: and T5 counts: every pooled policy that evicts.

@@ -3,5 +3,5 @@
 ``kvpress_peer`` drives NVIDIA kvpress in its own virtual environment (kvpress needs an
 older transformers than pagekv); import it explicitly::
 
-    from pagekv.measurement.peer import kvpress_peer
+    from experiments.peer import kvpress_peer
 """

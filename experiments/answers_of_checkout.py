@@ -2,8 +2,8 @@
 policy family, written to JSON, so two checkouts (say, before and after a change to the
 decode) can be compared token by token.
 
-Usage: python benchmarks/answers_of_checkout.py --out A.json [--tree PATH] [--dtype auto]
-       python benchmarks/answers_of_checkout.py --compare A.json B.json
+Usage: python experiments/answers_of_checkout.py --out A.json [--tree PATH] [--dtype auto]
+       python experiments/answers_of_checkout.py --compare A.json B.json
 
 `--tree` imports `pagekv` from another checkout (its `Study`, `Runner.evaluate` and
 `EvictionConfig`, the API this script uses), e.g. a `git worktree` of an older commit.

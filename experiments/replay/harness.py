@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from pagekv.measurement.replay import report, tables
-from pagekv.measurement.replay.grid import FULL, QUICK, Grid
-from pagekv.measurement.replay.jobs import PromptJob, build_jobs
-from pagekv.measurement.replay.measure import cardinality_unit, decode_unit, profile_unit
-from pagekv.measurement.replay.peer import WANTED, PeerAdapter
-from pagekv.measurement.replay.store import UnitStore, unit_key
+from experiments.replay import report, tables
+from experiments.replay.grid import FULL, QUICK, Grid
+from experiments.replay.jobs import PromptJob, build_jobs
+from experiments.replay.measure import cardinality_unit, decode_unit, profile_unit
+from experiments.replay.peer import WANTED, PeerAdapter
+from experiments.replay.store import UnitStore, unit_key
 from pagekv.paths import PRESETS_PATH
 from pagekv.serving.study import Study
 from pagekv.tasks import task_names
@@ -231,7 +231,7 @@ def _progress(total: int):
 
 
 def _peer_model_dir(model: str):
-    from pagekv.measurement.peer.kvpress_peer import bundled_model_dir
+    from experiments.peer.kvpress_peer import bundled_model_dir
     from pagekv.runtime.models import bundled_model
 
     spec = bundled_model(model)

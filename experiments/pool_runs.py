@@ -1,9 +1,9 @@
-"""Pool `benchmarks/reconstruct_ab.py` runs on disjoint prompt sets (the held-out needles
+"""Pool `experiments/reconstruct_ab.py` runs on disjoint prompt sets (the held-out needles
 of several seed offsets) into one JSON of the same shape: a row's counts and sums added
 over the runs that have it, its prompts named with their run's seed offset, and the rows
 at equal physical memory matched anew, per prompt, from the pooled runs.
 
-    python benchmarks/pool_runs.py docs/physical_memory/needles_heldout*.json \
+    python experiments/pool_runs.py docs/physical_memory/needles_heldout*.json \
         --out docs/physical_memory/needles_heldout_pooled.json
 
 A row is pooled only from runs that all have it (a sweep budget one run lacks is left
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.physical_rows import (  # noqa: E402
+from experiments.physical_rows import (  # noqa: E402
     add_result,
     equal_physical_rows,
     matched_keys,
