@@ -6,11 +6,11 @@
 Layout and wiring only: `build_demo()` lays out the page (a function per part:
 `explore_controls`, `prompt_controls`, `side_controls` (side A, side B), `lesson_header`,
 `view_tabs`) and the `wire_*` functions connect each control to its handler in
-`pagekv.views.app_ui` (`ui`: runs, previews, presets, layer, mechanism, export) and
-`pagekv.views.app_lessons` (`lessons_ui`: lessons, warm-up), with the texts of
-`pagekv.views.app_text` (`text`); inputs are checked in `pagekv.views.inputs`. The
+`pagekv.app.handlers` (`ui`: runs, previews, presets, layer, mechanism, export) and
+`pagekv.app.lesson_handlers` (`lessons_ui`: lessons, warm-up), with the texts of
+`pagekv.app.page_text` (`text`); inputs are checked in `pagekv.app.inputs`. The
 model's work runs on the model worker, which `main` gives this process's main thread
-(`pagekv.serving.worker`; docs/design.md, "One model worker"). Once it serves, the app
+(`pagekv.app.worker`; docs/design.md, "One model worker"). Once it serves, the app
 computes its live lessons (`--no-warm` skips this).
 """
 
@@ -24,22 +24,22 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
+from pagekv.app import handlers as ui  # noqa: E402
+from pagekv.app import inputs  # noqa: E402
+from pagekv.app import lesson_checks as checks  # noqa: E402
+from pagekv.app import lesson_handlers as lessons_ui  # noqa: E402
+from pagekv.app import page_text as text  # noqa: E402
+from pagekv.app.handlers import MECH_VIEWS, POLICY_CHOICES, PRESETS, RUN_VIEWS  # noqa: E402
+from pagekv.app.inputs import PAGE_SIZES  # noqa: E402
+from pagekv.app.lesson_checks import LESSON_TITLES  # noqa: E402
+from pagekv.app.lesson_handlers import LESSON_CONTROLS, TABS, warm_lessons  # noqa: E402
+from pagekv.app.lessons import LESSONS  # noqa: E402
+from pagekv.app.run_inputs import RUN_DEFAULTS, RUN_INPUTS  # noqa: E402
+from pagekv.app.share import share_js, shared_names  # noqa: E402
+from pagekv.app.view_memo import PLAN_VIEWS  # noqa: E402
+from pagekv.app.worker import WORKER  # noqa: E402
 from pagekv.paths import ASSETS_DIR, CSS_PATH  # noqa: E402
-from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
-from pagekv.serving.worker import WORKER  # noqa: E402
-from pagekv.views import app_lessons as lessons_ui  # noqa: E402
-from pagekv.views import app_text as text  # noqa: E402
-from pagekv.views import app_ui as ui  # noqa: E402
-from pagekv.views import inputs  # noqa: E402
-from pagekv.views import lesson_checks as checks  # noqa: E402
-from pagekv.views.app_lessons import LESSON_CONTROLS, TABS, warm_lessons  # noqa: E402
-from pagekv.views.app_ui import MECH_VIEWS, POLICY_CHOICES, PRESETS, RUN_VIEWS  # noqa: E402
-from pagekv.views.inputs import PAGE_SIZES  # noqa: E402
-from pagekv.views.lesson_checks import LESSON_TITLES  # noqa: E402
-from pagekv.views.lessons import LESSONS  # noqa: E402
-from pagekv.views.run_inputs import RUN_DEFAULTS, RUN_INPUTS  # noqa: E402
-from pagekv.views.share import share_js, shared_names  # noqa: E402
-from pagekv.views.view_memo import PLAN_VIEWS  # noqa: E402
+from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 
 #: The page's own script (assets/app.js: number boxes, presenter view, share links).
 JS_PATH = ASSETS_DIR / "app.js"
@@ -440,7 +440,7 @@ def main(argv=None):
     demo = build_demo(default_model=ui.MODELS.default)
     demo.queue(default_concurrency_limit=1, max_size=128)  # a class: ~30 pages x a few events
     # The model worker runs on this (the main) thread, the first to compute with torch:
-    # its OpenMP workers stay hot (pagekv/serving/worker.py). Load the default model here.
+    # its OpenMP workers stay hot (pagekv/app/worker.py). Load the default model here.
     import torch
 
     torch.ones(1 << 17).add_(1).sum()  # this thread's OpenMP team comes first

@@ -31,11 +31,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import POLICIES, EvictionConfig  # noqa: E402
-from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
+from pagekv.app.study import PromptSpec, Study  # noqa: E402
+from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
-from pagekv.runtime.reconstruct import forward  # noqa: E402 (one token's forward into a cache)
+from pagekv.runtime.prefill import forward  # noqa: E402 (one token's forward into a cache)
 from pagekv.runtime.runner import _now  # noqa: E402 (wall time after the device's queue)
-from pagekv.serving.study import PromptSpec, Study  # noqa: E402
 
 
 def main(argv=None):

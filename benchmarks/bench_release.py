@@ -12,7 +12,7 @@ its last update. Then, for each budget, its parts on their own (a budget + 0.5
 percentage points, so nothing is served from a memo of finished runs): the plan of
 both sides; the decode of the pair (the full cache is memoised per prompt, as in the
 app); the views drawn while the pair decodes, with the memo of drawn figures
-(`pagekv.views.figure_memo`) warm, as on a release, and emptied (as before it
+(`pagekv.app.figure_memo`) warm, as on a release, and emptied (as before it
 existed); and the retention view drawn after decoding.
 
 In the app the views are drawn on the request thread while the model decodes on the
@@ -35,24 +35,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402
-from pagekv.runtime.lean_decode import DECODE_DTYPES  # noqa: E402
-from pagekv.serving.comparison import Decoding, plan_comparison
-from pagekv.serving.worker import WORKER  # noqa: E402
-from pagekv.views import app_ui, figure_memo  # noqa: E402
-from pagekv.views.inputs import parse_run  # noqa: E402
-from pagekv.views.run_figures import comparison_figures  # noqa: E402
-from pagekv.views.run_inputs import RunInputs  # noqa: E402
-from pagekv.views.view_memo import SAME_AFTER_DECODING  # noqa: E402
+from pagekv.app import figure_memo, handlers  # noqa: E402
+from pagekv.app.comparison import Decoding, plan_comparison
+from pagekv.app.inputs import parse_run  # noqa: E402
+from pagekv.app.run_figures import comparison_figures  # noqa: E402
+from pagekv.app.run_inputs import RunInputs  # noqa: E402
+from pagekv.app.view_memo import SAME_AFTER_DECODING  # noqa: E402
+from pagekv.app.worker import WORKER  # noqa: E402
+from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 
 
 def release(run: dict, pct: float) -> dict:
     """Preview then release at `pct` %, as a client would; seconds."""
     kw = dict(run, budget_pct=pct, budget_b=pct)
     t0 = time.perf_counter()
-    app_ui.preview_plans(*[kw[k] for k in app.RUN_INPUTS])
+    handlers.preview_plans(*[kw[k] for k in app.RUN_INPUTS])
     t1 = time.perf_counter()
     first = None
-    for _ in app_ui.run_comparison(**kw):
+    for _ in handlers.run_comparison(**kw):
         first = time.perf_counter() - t1 if first is None else first
     return {"preview_s": t1 - t0, "release_s": time.perf_counter() - t1, "first_s": first}
 
@@ -61,7 +61,7 @@ def parts(run: dict, pct: float) -> dict:
     """The parts of a release at `pct` %, each on its own; seconds."""
     kw = dict(run, budget_pct=pct, budget_b=pct)
     spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(RunInputs(**kw))
-    study = app_ui.get_study(kw["model"])
+    study = handlers.get_study(kw["model"])
     t0 = time.perf_counter()
     comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
     t1 = time.perf_counter()
@@ -92,13 +92,13 @@ def main(argv=None):
     ap.add_argument("--dtype", default="auto", choices=DECODE_DTYPES, help="the decode")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
-    app_ui.configure("bundled", decode_dtype=args.dtype)
-    run = app_ui._preset_run_args(app.PRESETS[0]).as_dict()
+    handlers.configure("bundled", decode_dtype=args.dtype)
+    run = handlers._preset_run_args(app.PRESETS[0]).as_dict()
     out: dict = {}
 
     def client():
         try:
-            for _ in app_ui.run_comparison(**run):  # the prefill, the first run
+            for _ in handlers.run_comparison(**run):  # the prefill, the first run
                 pass
             out["rows"] = [
                 {"budget_pct": p, **release(run, p), **parts(run, p + 0.5)} for p in args.budgets
@@ -125,7 +125,7 @@ def main(argv=None):
         ("views_during_decode_unmemoised_s", "views (drawn)", "{:.3f}"),
         ("retention_view_s", "retention", "{:.3f}"),
     )
-    print(f"decode: {app_ui.get_study('bundled').runner.decode_path}; seconds")
+    print(f"decode: {handlers.get_study('bundled').runner.decode_path}; seconds")
     print("".join(f"{h:>14}" for _, h, _ in cols))
     for r in rows:
         print("".join(f"{f.format(r[k]):>14}" for k, _, f in cols))

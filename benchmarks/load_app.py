@@ -14,7 +14,7 @@ also on an error or Ctrl-C), waits until it serves, then:
    session), started staggered over `--stagger` seconds. Each student runs the first
    `--lessons` lessons in order (`/lesson`) and after each live lesson moves the budget
    twice (`/budget` with the lesson's exact run inputs,
-   `pagekv.views.app_lessons._lesson_run_args`, and both sides' budgets +5 and +10
+   `pagekv.app.lesson_handlers._lesson_run_args`, and both sides' budgets +5 and +10
    percentage points).
 2. **Varied runs**: one client makes `--varied-runs` `/run` calls with different
    budgets, page sizes, policies, seeds, context lengths (500-4000) and question
@@ -73,9 +73,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402  (the lesson list, the output order and the run inputs)
 from experiments.replay.tables import quantile  # noqa: E402
-from pagekv.serving.study import MODES  # noqa: E402
-from pagekv.views import app_lessons, app_ui  # noqa: E402
-from pagekv.views.lessons import LESSONS  # noqa: E402
+from pagekv.app import handlers, lesson_handlers  # noqa: E402
+from pagekv.app.lessons import LESSONS  # noqa: E402
+from pagekv.app.study import MODES  # noqa: E402
 
 GB = 1e9
 POLL_S = 0.05  # how often a student's thread reads its job's status
@@ -304,7 +304,7 @@ def solo(url: str, budgets: tuple, deadline: float) -> list[dict]:
     from gradio_client import Client
 
     client = Client(url, verbose=False)
-    run = app_ui._preset_run_args(app.PRESETS[0]).as_dict()
+    run = handlers._preset_run_args(app.PRESETS[0]).as_dict()
     records = []
 
     def add(rec, kind, pct=None):
@@ -375,7 +375,7 @@ def student(i: int, url: str, cls: Class, n_lessons: int, start_at: float, moves
         title, lesson = app.LESSON_TITLES[k], LESSONS[k]
         actions = [("lesson", title, None)]
         if LIVE[k]:
-            run = app_lessons._lesson_run_args(lesson, title, "bundled").as_dict()
+            run = lesson_handlers._lesson_run_args(lesson, title, "bundled").as_dict()
             for d in moves:
                 kw = dict(run, budget_pct=run["budget_pct"] + d, budget_b=run["budget_b"] + d)
                 actions.append(("budget move", (title, d), kw))

@@ -46,8 +46,12 @@ def answers(tree: str, dtype: str) -> dict:
     sys.path.insert(0, tree)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pagekv import EvictionConfig
+
+    try:
+        from pagekv.app.study import PromptSpec, Study
+    except ModuleNotFoundError:  # a checkout from before the app's parts were pagekv/app
+        from pagekv.serving.study import PromptSpec, Study
     from pagekv.runtime.models import load_model
-    from pagekv.serving.study import PromptSpec, Study
     from pagekv.tasks import load_tasks
 
     study = Study(load_model("bundled"), decode_dtype=dtype, result_memo_bytes=0)

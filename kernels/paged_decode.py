@@ -1,7 +1,7 @@
 """Paged decode attention: one new token's queries against a cache kept as pages.
 
-Torch twin: `pagekv.runtime.paged_decode.paged_decode_torch` (gathers the pages into a
-dense cache and runs the same softmax).
+Torch twin: the torch path of `pagekv.runtime.paged_cache.PagedCache.attend` (SDPA over
+each (row, group)'s tokens), which the torch backend's decode runs.
 
 The cache of one layer is a pool of blocks, `k_pool` and `v_pool` `[num_blocks, P, d]`,
 and per batch row `b` and KV group `g` a list of blocks, `block_table[b, g, :]` (int32,

@@ -1,16 +1,15 @@
 """Page-EntroKV: entropy-weighted, page-level KV-cache eviction under GQA.
 
-The package is in layers, one folder each (docs/design.md, "Layers"):
+The library is in layers, one folder each (docs/design.md, "Layers"):
 
 - `pagekv.maths`: configuration, policies, profiles, entropy, pooling, pages, plan;
 - `pagekv.runtime`: models, capture, runner, eviction backends, compaction, result;
-- `pagekv.serving`: the model worker, memos, models held, sessions, `Study`;
 - `pagekv.tasks`: prompts with a known answer;
-- `pagekv.views`: comparisons, figures, presets, lessons, the app's handlers;
 - `pagekv.integrations`: Page-EntroKV as a kvpress press and as an lm-eval model.
 
-The research harness (the replay of the paper's tables, the kvpress peer, the studies)
-is the checkout's `experiments/` folder, outside the wheel.
+Beside them, `pagekv.app` holds the app's own parts (the model worker, `Study`, the
+comparison, lessons, figures, the page's handlers): the library never imports it and the
+wheel does not hold it. The research harness is the checkout's `experiments/` folder.
 
 The public core::
 
@@ -19,15 +18,17 @@ The public core::
     p = plan(profiles, n_groups=G, config=cfg)  # profiles [L, H, n]
     p.keep  # bool [L, G, n]
 
-and real decoding::
+and real decoding (docs/research.md)::
 
-    from pagekv import Study, PromptSpec
-    study = Study.load("bundled")
-    out = study.run(study.prepare(PromptSpec()), EvictionConfig(policy="entropy"))
+    from pagekv import Runner, load_model
+    lm = load_model("bundled")
+    runner = Runner(lm.model, lm.tokenizer)
+    pre = runner.prefill(input_ids)
+    out = runner.evaluate(pre, cfg)  # out.answer, out.union_tokens, ...
 
-The maths names import torch only. The runtime and serving names (`Runner`, `Study`,
-`PromptSpec`, `load_model`, ...) load on first use, so `import pagekv` does not
-import transformers.
+The maths names import torch only. The runtime names (`Runner`, `load_model`, ...) load
+on first use, so `import pagekv` does not import transformers; so do `Study`,
+`PromptSpec` and `Prepared`, the app's engine, which run from a checkout.
 
 The Triton kernels are `pagekv.kernels`. Installed, they are the folder
 `pagekv/kernels` (pyproject.toml maps the repository's top-level `kernels/` there); in
@@ -89,12 +90,13 @@ _LAZY = {
     "LoadedModel": "pagekv.runtime.models",
     "ModelLoadError": "pagekv.runtime.model_errors",
     "load_model": "pagekv.runtime.models",
-    "Prefill": "pagekv.runtime.runner",
+    "Prefill": "pagekv.runtime.prefill",
     "Runner": "pagekv.runtime.runner",
     "RunResult": "pagekv.runtime.result",
-    "Prepared": "pagekv.serving.study",
-    "PromptSpec": "pagekv.serving.study",
-    "Study": "pagekv.serving.study",
+    # The app's engine (`pagekv.app.study`): from a checkout, not in the wheel.
+    "Prepared": "pagekv.app.study",
+    "PromptSpec": "pagekv.app.study",
+    "Study": "pagekv.app.study",
 }
 
 
@@ -102,7 +104,15 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'pagekv' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as e:
+        if not (e.name and module.startswith(e.name)):  # not the module's own absence
+            raise
+        raise ImportError(
+            f"pagekv.{name} is the app's ({module}), which runs from a checkout of the "
+            "repository: the installed library does not hold it"
+        ) from None
     globals()[name] = value  # later lookups skip this function
     return value
 

@@ -23,9 +23,12 @@ import time
 
 from pagekv.maths.config import ALLOCATIONS, POLICIES, SCORERS, EvictionConfig
 from pagekv.maths.policies import get_policy
-from pagekv.runtime.lean_decode import DECODE_DTYPES
+from pagekv.runtime.decode import DECODE_DTYPES
 
 EXIT_USAGE = 2
+#: What the installed package does not hold: the app's parts (`run` and `lessons` use its
+#: `Study`) and the research harness (`replay`); those commands run from a checkout.
+CHECKOUT_ONLY = ("pagekv.app", "experiments")
 DTYPE_HELP = (
     "the decode step's linear weights: auto (default: float16 on the CPU, the model's own "
     "dtype on a GPU), float32 (the prefill's numerics), float16 or bfloat16"
@@ -163,7 +166,7 @@ def _config_from(args, policy: str, every: bool = False) -> EvictionConfig:
 
 
 def _spec_from(args):
-    from pagekv.serving.study import PromptSpec
+    from pagekv.app.study import PromptSpec
     from pagekv.tasks import load_haystack_file, needle_depth
 
     haystack = None
@@ -199,8 +202,8 @@ def cmd_run(args) -> int:
     configs = [_config_from(args, p, every) for p in policies]  # checked before a model loads
     spec = _spec_from(args)
 
+    from pagekv.app.study import Study
     from pagekv.runtime.models import load_model
-    from pagekv.serving.study import Study
 
     loaded = load_model(args.model, device=args.device)
     study = Study(loaded, backend=args.backend, decode_dtype=args.dtype)
@@ -221,7 +224,7 @@ def cmd_run(args) -> int:
 def format_table(runs: list) -> str:
     """A readable table of runs (`RunResult`s) on one prompt (the cells of the app's
     answers table)."""
-    from pagekv.views.answers import run_cells
+    from pagekv.app.answers import run_cells
 
     r0 = runs[0]
     t = r0.timings
@@ -255,16 +258,8 @@ def format_table(runs: list) -> str:
 def cmd_replay(args) -> int:
     """The replay of the paper's claims: the research harness in the checkout's
     experiments/ folder, which the wheel does not hold."""
-    try:
-        from experiments.replay import run_replay
-        from experiments.replay.grid import GRIDS
-    except ModuleNotFoundError as e:
-        if not (e.name or "").startswith("experiments"):
-            raise
-        raise UsageError(
-            "replay runs from a checkout of the repository (its experiments/ folder is not "
-            "in the installed package): run `python -m pagekv replay` from the checkout's root"
-        ) from None
+    from experiments.replay import run_replay
+    from experiments.replay.grid import GRIDS
 
     same = ("model", "out", "quick", "device", "backend", "update_presets", "peer_minutes")
     run_replay(
@@ -278,7 +273,7 @@ def cmd_replay(args) -> int:
 
 def cmd_lessons(args) -> int:
     """List the lessons, or (`--check`) run each and say whether its observation holds."""
-    from pagekv.views.lessons import LESSONS, get_lesson, run_lesson
+    from pagekv.app.lessons import LESSONS, get_lesson, run_lesson
 
     lessons = [get_lesson(i) for i in args.only] if args.only else list(LESSONS)
     if not args.check:
@@ -294,7 +289,7 @@ def cmd_lessons(args) -> int:
         return 0
     study = None
     if any(x.kind == "live" for x in lessons):
-        from pagekv.serving.study import Study
+        from pagekv.app.study import Study
 
         study = Study.load(
             args.model, backend=args.backend, allow_fallback=False, decode_dtype=args.dtype
@@ -366,6 +361,16 @@ def main(argv=None) -> int:
     except (UsageError, ValueError, OSError) as e:  # BudgetError, TaskError, ModelLoadError
         msg = " ".join(str(e).split())
         print(f"pagekv: error: {msg}", file=sys.stderr)
+        return EXIT_USAGE
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith(CHECKOUT_ONLY):
+            raise
+        command = argv[0] if argv else "this command"
+        print(
+            f"pagekv: error: {command} runs from a checkout of the repository (the installed "
+            f"package does not hold {e.name}): run `python -m pagekv {command}` from its root",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
 
 

@@ -4,7 +4,7 @@
         Client(url).predict(..., api_name="/run")
 
 The app runs in-process so that tests can look at server-side state (the models held,
-`pagekv.views.app_ui.MODELS`, and their memos) next to what the HTTP API returns.
+`pagekv.app.handlers.MODELS`, and their memos) next to what the HTTP API returns.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def launched_app(cold: bool = False):
     a fresh `python app.py` would.
     """
     import app
-    from pagekv.views.app_ui import MODELS
-    from pagekv.views.view_memo import view_memo
+    from pagekv.app.handlers import MODELS
+    from pagekv.app.view_memo import view_memo
 
     if cold:
         with MODELS.lock:

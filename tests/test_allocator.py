@@ -1,4 +1,4 @@
-"""`pagekv.serving.allocator`: glibc's allocator settings for a long-running server.
+"""`pagekv.app.allocator`: glibc's allocator settings for a long-running server.
 
 The settings are process-wide and cannot be undone, so the real ones are checked in a
 child process; in this process `mallopt` is faked."""
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from pagekv.serving import allocator
+from pagekv.app import allocator
 
 #: In a child: a freed 30 MiB block raises glibc's dynamic mmap threshold, so a 20 MiB
 #: block then comes from the heap; after `tame()` (threshold 16 MiB) it is mapped on
@@ -23,7 +23,7 @@ from pagekv.serving import allocator
 CHILD = textwrap.dedent(
     """
     import ctypes, os, sys
-    from pagekv.serving import allocator
+    from pagekv.app import allocator
 
     lib = ctypes.CDLL("libc.so.6")
     if not hasattr(lib, "mallinfo2"):

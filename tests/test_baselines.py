@@ -6,7 +6,7 @@ cache (no eviction) answers it correctly. These tests run the bundled model
 
 - every curated task (`assets/tasks/{qa,code}.json`), decoding the task's own
   `max_new_tokens`;
-- every preset of the app (`pagekv.views.presets.load_presets()`).
+- every preset of the app (`pagekv.app.presets.load_presets()`).
 
 Which question modes. Every curated task lists the modes it is meant for (`modes`,
 default both; all of them list both today). With the full cache the two modes decode
@@ -30,8 +30,8 @@ import os
 
 import pytest
 
+from pagekv.app.presets import load_presets
 from pagekv.tasks import QUESTION_POSITIONS, default_max_new_tokens, load_tasks
-from pagekv.views.presets import load_presets
 
 ALL_MODES = os.environ.get("PAGEKV_BASELINES_ALL_MODES", "") not in ("", "0")
 
@@ -111,7 +111,7 @@ def test_every_task_has_enough_new_tokens_and_modes(tokenizer):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, name, mode", TASK_CASES)
 def test_full_cache_answers_curated_task(study, kind, name, mode):
-    from pagekv.serving.study import PromptSpec
+    from pagekv.app.study import PromptSpec
 
     spec = PromptSpec(task=kind, name=name, mode=mode)
     out, m = _full(study, spec)
@@ -122,7 +122,7 @@ def test_full_cache_answers_curated_task(study, kind, name, mode):
 def test_full_cache_is_mode_independent(study):
     """Question inside or after: the same tokens in, so the same answer out. On the
     last task of the set, whose "after" record the test above has just memoised."""
-    from pagekv.serving.study import PromptSpec
+    from pagekv.app.study import PromptSpec
 
     task = load_tasks()[-1]
     assert set(task.meta["modes"]) == set(QUESTION_POSITIONS), "pick a task meant for both"
@@ -138,7 +138,7 @@ def test_full_cache_is_mode_independent(study):
 @pytest.mark.parametrize("preset", PRESET_CASES)
 def test_full_cache_answers_preset(study, preset):
     """The preset's prompt as the app builds it (`app._spec`), with the full cache."""
-    from pagekv.serving.study import PromptSpec
+    from pagekv.app.study import PromptSpec
 
     kw = dict(
         task=preset["task"],

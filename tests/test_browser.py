@@ -353,7 +353,7 @@ def check_screen(page, lesson) -> None:
         assert rows == [], (lesson.id, rows)
         assert "runs no model" in status and "prompt tokens" not in status, status
         if lesson.kind == "replay":  # the caption's "look for" is counted on the bars
-            from pagekv.views.lesson_checks import replay_caption
+            from pagekv.app.lesson_checks import replay_caption
 
             counted = replay_caption().split("**Look for** ")[1].split(":")[1].strip()
             page_text = page.locator("body").inner_text()

@@ -1,4 +1,4 @@
-"""The decode step in the form a CUDA graph replays (`pagekv.runtime.decode_graph`).
+"""The decode step in the form a CUDA graph replays (`pagekv.runtime.decode`).
 
 A graph replays fixed launches: the step must take its position from a device tensor and
 write and attend through the block tables and the device lengths (a `static`
@@ -22,8 +22,8 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pagekv import EvictionConfig
-from pagekv.runtime import decode_graph
-from pagekv.runtime.decode_graph import GraphBuckets, GraphedStep
+from pagekv.runtime import decode as decode_graph
+from pagekv.runtime.decode import GraphBuckets, GraphedStep
 from pagekv.runtime.paged_cache import bucket
 from pagekv.runtime.runner import Runner
 from tests.test_host_waits import HostReads

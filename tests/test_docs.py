@@ -136,7 +136,7 @@ def _ruler_means(model: str, mode: str) -> dict[str, str]:
 
 def test_the_readme_s_findings_are_the_committed_results():
     """Each number of the README's "What was found" comes from the file it cites."""
-    from pagekv.views.lessons import ruler_numbers, search_numbers
+    from pagekv.app.lessons import ruler_numbers, search_numbers
 
     readme = " ".join(README.read_text().split())
     uor = max(float(r["uor_max"]) for r in csv.DictReader(open(ROOT / "docs/results/T1_uor.csv")))

@@ -1,4 +1,4 @@
-"""Figures drawn once per content (`pagekv.views.figure_memo`), and the app's views of
+"""Figures drawn once per content (`pagekv.app.figure_memo`), and the app's views of
 head weights and sink mass drawn from it: the same across budgets, new when what they
 draw changes."""
 
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pagekv.views import figure_memo as fm
-from pagekv.views.figures import eviction as fp
-from pagekv.views.run_figures import comparison_figures
+from pagekv.app import figure_memo as fm
+from pagekv.app.figures import eviction as fp
+from pagekv.app.run_figures import comparison_figures
 from tests.test_figures_readable import random_plan
 
 pytest.importorskip("plotly")
@@ -134,15 +134,15 @@ def test_app_views_redrawn_when_what_they_draw_changes(change):
 
 
 def test_the_layer_control_redraws_from_the_same_memo():
-    """`app_ui.update_layer` (the layer slider) sends the run's own weights view: the
+    """`handlers.update_layer` (the layer slider) sends the run's own weights view: the
     layer clamped to the model's, drawn once per content, the same JSON as a fresh draw."""
-    from pagekv.views import app_ui
+    from pagekv.app import handlers
 
     p = random_plan()  # 2 layers
     comp = fake_comparison(p)
-    sent = app_ui.update_layer(comp, 99)
+    sent = handlers.update_layer(comp, 99)
     assert sent.plot == fp.head_weights_bars(p, 1).to_json()
-    assert app_ui.update_layer(comp, 1) is sent  # memoised figure, its JSON made once
+    assert handlers.update_layer(comp, 1) is sent  # memoised figure, its JSON made once
     drawn = comparison_figures(comp, layer=1, only={"weights"})["weights"]
-    assert app_ui.sent(drawn) is sent
-    assert app_ui.update_layer(None, 0) is None
+    assert handlers.sent(drawn) is sent
+    assert handlers.update_layer(None, 0) is None

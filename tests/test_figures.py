@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import pagekv
+from pagekv.app.figures import eviction as fp
+from pagekv.app.figures import style
 from pagekv.maths.config import EvictionConfig
-from pagekv.views.figures import eviction as fp
-from pagekv.views.figures import style
 
 pytest.importorskip("plotly")
 
@@ -287,7 +287,7 @@ def test_strip_ticks_keep_clear_of_each_other():
     """A token strip (page size 1) at a four-token needle: one label for the run, and
     the strip's ends only where they keep clear of it at the narrowest the strip is
     drawn (labels at neighbouring positions ran into each other at 800 px)."""
-    from pagekv.views.figures.eviction import (
+    from pagekv.app.figures.eviction import (
         STRIP_SIDE_PX,
         TICK_CHAR_PX,
         TICK_GAP_PX,

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from pagekv import EvictionConfig, PromptSpec
-from pagekv.serving.comparison import plan_comparison
-from pagekv.serving.worker import ModelWorker
-from pagekv.views.run_figures import comparison_figures
+from pagekv.app.comparison import plan_comparison
+from pagekv.app.run_figures import comparison_figures
+from pagekv.app.worker import ModelWorker
 
 from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
 

@@ -22,12 +22,12 @@ import pytest
 import torch
 
 import pagekv
+from pagekv.app.figures import eviction as fp
+from pagekv.app.figures import replay as fr
+from pagekv.app.figures import style
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.constructed import mechanism_profiles
 from pagekv.maths.mechanism import mechanism_view
-from pagekv.views.figures import eviction as fp
-from pagekv.views.figures import replay as fr
-from pagekv.views.figures import style
 
 pytest.importorskip("plotly")
 

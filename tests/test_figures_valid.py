@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from pagekv.views.figures import style
-from pagekv.views.figures.placeholder import placeholder
+from pagekv.app.figures import style
+from pagekv.app.figures.placeholder import placeholder
 from tests.test_figures_readable import FIGURES, every_figure, random_plan
 
 go = pytest.importorskip("plotly.graph_objects")
@@ -80,26 +80,26 @@ def test_layout_leaves_its_input_settings_alone():
 def test_head_weights_keeps_its_right_margin():
     """`head_weights_bars` sets its right margin after `layout` (on the figure `layout`
     returns, not the one it was given)."""
-    from pagekv.views.figures import eviction as fp
+    from pagekv.app.figures import eviction as fp
 
     fig = fp.head_weights_bars(random_plan(), 0)
     assert fig.layout.margin.r == fp.HEAD_WEIGHTS_RIGHT
 
 
 def test_a_figure_is_sent_as_gradio_would_send_it_once():
-    """`app_ui.sent`: the `PlotData` gr.Plot makes of a figure (its JSON), made once per
+    """`handlers.sent`: the `PlotData` gr.Plot makes of a figure (its JSON), made once per
     figure object; Gradio passes it through; other values are left as they are."""
     import gradio as gr
 
-    from pagekv.views import app_ui
+    from pagekv.app import handlers
 
     fig = every_figure()["page_frame_needle"]
-    data = app_ui.sent(fig)
+    data = handlers.sent(fig)
     assert data.type == "plotly" and data.plot == fig.to_json()
     assert gr.Plot().postprocess(fig) == data  # what Gradio itself would send
     assert gr.Plot().postprocess(data) is data
-    assert app_ui.sent(fig) is data  # not serialised again
+    assert handlers.sent(fig) is data  # not serialised again
     other = style.layout(go.Figure(), "another")
-    assert app_ui.sent(other) is not data and app_ui.sent(other).plot == other.to_json()
+    assert handlers.sent(other) is not data and handlers.sent(other).plot == other.to_json()
     update = gr.update()
-    assert app_ui.sent(update) is update and app_ui.sent(None) is None
+    assert handlers.sent(update) is update and handlers.sent(None) is None

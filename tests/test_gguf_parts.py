@@ -12,6 +12,7 @@ import itertools
 
 import pytest
 
+from pagekv.app.model_registry import ModelRegistry, model_key
 from pagekv.cli import main as cli_main
 from pagekv.runtime import models
 from pagekv.runtime.gguf_parts import QWEN_CODER_PARTS, GGUFParts, join_parts
@@ -24,7 +25,6 @@ from pagekv.runtime.models import (
     bundled_model,
     load_model,
 )
-from pagekv.serving.model_registry import ModelRegistry, model_key
 
 _NAMES = itertools.count()
 INSTALL = "bash scripts/setup.sh --models"
@@ -168,6 +168,6 @@ def test_the_app_falls_back_and_says_what_to_run(monkeypatch, bundled_study):
 
 
 def _load(name):
-    from pagekv.serving.study import Study
+    from pagekv.app.study import Study
 
     return Study(load_model(name, device="cpu"))

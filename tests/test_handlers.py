@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from pagekv.views import app_ui
-from pagekv.views.answers import ANSWER_HEADERS, run_cells
-from pagekv.views.inputs import InputError, parse_run
-from pagekv.views.run_inputs import RunInputs
-from pagekv.views.view_memo import view_memo
+from pagekv.app import handlers
+from pagekv.app.answers import ANSWER_HEADERS, run_cells
+from pagekv.app.inputs import InputError, parse_run
+from pagekv.app.run_inputs import RunInputs
+from pagekv.app.view_memo import view_memo
 
 from .app_server import answer_rows
 
@@ -86,37 +86,37 @@ def test_run_cells_read_the_record():
 @pytest.mark.slow
 def test_a_run_streams_then_is_served_from_memory():
     view_memo.clear()
-    steps = list(app_ui.run_comparison(**RUN))
+    steps = list(handlers.run_comparison(**RUN))
     # The steps that set the status (the answers' streaming steps leave it as it is).
-    status = [s[app_ui.RUN_VIEWS.index("status")] for s in steps]
+    status = [s[handlers.RUN_VIEWS.index("status")] for s in steps]
     status = [s for s in status if isinstance(s, str)]
     # The longer steps say what they do first (the model's load, if any; the prefill).
     working = [s for s in status if s.startswith(("**Note:** Loading", "**Note:** Prefilling"))]
     assert working and status[len(working) - 1].startswith("**Note:** Prefilling"), status
     assert status[len(working)].startswith("**Note:** Decoding..."), status  # plan views
     first = steps[len(working)]
-    assert first[app_ui.RUN_VIEWS.index("frame")] is not None  # drawn before decoding
+    assert first[handlers.RUN_VIEWS.index("frame")] is not None  # drawn before decoding
     last = steps[-1]
     assert status[-1].startswith("**Done:**"), status[-1]
-    table = last[app_ui.RUN_VIEWS.index("answers")]
+    table = last[handlers.RUN_VIEWS.index("answers")]
     rows = answer_rows(table)
     assert len(rows) == 3 and all(len(row) == len(ANSWER_HEADERS) for row in rows)
     assert [row[0].split(":")[0] for row in rows] == ["full cache", "A", "B"]
-    again = list(app_ui.run_comparison(**RUN))
+    again = list(handlers.run_comparison(**RUN))
     assert len(again) == 1 and "served from memory" in again[0][0]
-    assert again[0][app_ui.RUN_VIEWS.index("answers")] == table
+    assert again[0][handlers.RUN_VIEWS.index("answers")] == table
 
 
 def test_a_refused_model_is_one_sentence_and_the_next_run_is_unaffected(monkeypatch):
-    monkeypatch.setattr(app_ui.MODELS, "allow_hub", False)
-    (out,) = list(app_ui.run_comparison(**(RUN | dict(model="org/anything"))))
-    status = out[app_ui.RUN_VIEWS.index("status")]
+    monkeypatch.setattr(handlers.MODELS, "allow_hub", False)
+    (out,) = list(handlers.run_comparison(**(RUN | dict(model="org/anything"))))
+    status = out[handlers.RUN_VIEWS.index("status")]
     assert status.startswith("**Error:** this server does not offer the model 'org/anything'")
-    assert "\n" not in status and "org/anything" not in app_ui.MODELS.loaded_names()
+    assert "\n" not in status and "org/anything" not in handlers.MODELS.loaded_names()
 
 
 def test_the_status_says_which_side_asks_inside():
-    from pagekv.serving.comparison import mode_notes
+    from pagekv.app.comparison import mode_notes
 
     assert mode_notes({"A": "after", "B": "after"}) == []
     (both,) = mode_notes({"A": "inside", "B": "inside"})
@@ -131,16 +131,16 @@ def test_html_in_a_custom_question_is_shown_as_text():
     question = "What is the <img src=x> code?"
     custom = dict(task="custom", haystack="The river ran past the mill. " * 20,
                   needle="The vault code is 4417.", question=question, answer="4417")  # fmt: skip
-    *_, last = app_ui.run_comparison(**(RUN | custom))
-    status = last[app_ui.RUN_VIEWS.index("status")]
+    *_, last = handlers.run_comparison(**(RUN | custom))
+    status = last[handlers.RUN_VIEWS.index("status")]
     assert "<img" not in status and "&lt;img src=x&gt;" in status, status
     assert "Expected: **4417**" in status
 
 
 def test_an_error_that_echoes_a_value_shows_it_as_text():
     bad = dict(task="qa", curated="<b>x</b>")  # an unknown curated task, echoed back
-    (out,) = list(app_ui.run_comparison(**(RUN | bad)))
-    status = out[app_ui.RUN_VIEWS.index("status")]
+    (out,) = list(handlers.run_comparison(**(RUN | bad)))
+    status = out[handlers.RUN_VIEWS.index("status")]
     assert status.startswith("**Error:** curated qa task must be one of"), status
     assert "<b>" not in status and "&lt;b&gt;x&lt;/b&gt;" in status, status
 
@@ -148,9 +148,9 @@ def test_an_error_that_echoes_a_value_shows_it_as_text():
 @pytest.mark.slow
 def test_a_preset_run_says_whether_its_difference_holds():
     """Picking a preset runs it and ends the status with its check, done on that run."""
-    preset = app_ui.PRESETS[1]
-    *_, last = app_ui.run_preset(preset["title"], "bundled", None)
-    status = last[len(app_ui.PRESET_CONTROLS) + 2 + app_ui.RUN_VIEWS.index("status")]
+    preset = handlers.PRESETS[1]
+    *_, last = handlers.run_preset(preset["title"], "bundled", None)
+    status = last[len(handlers.PRESET_CONTROLS) + 2 + handlers.RUN_VIEWS.index("status")]
     assert status.startswith("**Done:**"), status
     assert f"**Preset:** {preset['shows']} Its check **holds**, checked now on this run" in status
     assert "Measured: " in status.split("**Preset:**")[1]
@@ -164,29 +164,31 @@ def test_a_budget_below_the_floor_is_refused_and_a_session_keeps_its_results():
     from types import SimpleNamespace
 
     from pagekv import EvictionConfig
-    from pagekv.views.inputs import min_budget_pct
+    from pagekv.app.inputs import min_budget_pct
 
-    i_status, i_budget = app_ui.RUN_VIEWS.index("status"), app_ui.RUN_VIEWS.index("budget")
-    (out,) = list(app_ui.run_comparison(**(RUN | dict(budget_pct=1))))[-1:]
+    i_status, i_budget = handlers.RUN_VIEWS.index("status"), handlers.RUN_VIEWS.index("budget")
+    (out,) = list(handlers.run_comparison(**(RUN | dict(budget_pct=1))))[-1:]
     status = out[i_status]
     n = int(re.search(r"in this (\d+)-token prompt", status).group(1))
     floor = min_budget_pct(n, EvictionConfig(page_size=16, n_sink=4, window=32))
     assert status.startswith(f"**Error:** Budget A must be a number from {floor:g} to 100"), status
     assert status.endswith("; got 1.") and "Nothing ran" not in status, status
-    assert out[app_ui.RUN_VIEWS.index("last")] is None  # no session: every view cleared
+    assert out[handlers.RUN_VIEWS.index("last")] is None  # no session: every view cleared
 
     request = SimpleNamespace(session_hash="budget-rule-test")
     try:
-        *_, done = app_ui.run_comparison(**RUN, request=request)
+        *_, done = handlers.run_comparison(**RUN, request=request)
         assert done[i_status].startswith("**Done:**")
         assert done[i_budget]["value"] == 40.0  # the box shows what ran
         for typed in (0, -5, None, "abc"):
-            (out,) = list(app_ui.run_comparison(**(RUN | dict(budget_pct=typed)), request=request))
+            (out,) = list(
+                handlers.run_comparison(**(RUN | dict(budget_pct=typed)), request=request)
+            )
             status = out[i_status]
             assert f"Budget A must be a number from {floor:g} to 100" in status, status
             assert "Nothing ran: the budget is back at 40 %" in status, status
             assert out[i_budget]["value"] == 40.0
-            kept = [out[app_ui.RUN_VIEWS.index(k)] for k in ("answers", "frame", "last")]
+            kept = [out[handlers.RUN_VIEWS.index(k)] for k in ("answers", "frame", "last")]
             assert all(isinstance(v, dict) and v.get("__type__") == "update" for v in kept)
     finally:
-        app_ui.SESSIONS.end(request.session_hash)
+        handlers.SESSIONS.end(request.session_hash)

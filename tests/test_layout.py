@@ -20,8 +20,9 @@ from pagekv.runtime.result import RunResult, json_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The layer folders of `pagekv/`, bottom up (docs/design.md, "Layers").
-LAYERS = ("maths", "runtime", "tasks", "serving", "views", "integrations")
+#: The folders of `pagekv/`, bottom up (docs/design.md, "Layers"): the library's layers,
+#: then the app's own part.
+LAYERS = ("maths", "runtime", "tasks", "integrations", "app")
 _EVERY_LAYER = {f"pagekv.{name}" for name in LAYERS} | {"pagekv.paths"}
 #: The `pagekv` modules each layer folder (or top-level module) may import, module level
 #: or lazily (a name allows its submodules). A folder or top-level module missing here
@@ -30,10 +31,9 @@ ALLOWED = {
     "maths": {"pagekv.maths"},
     "runtime": {"pagekv.maths", "pagekv.runtime", "pagekv.kernels"},
     "tasks": {"pagekv.paths", "pagekv.tasks"},
-    "serving": {"pagekv.maths", "pagekv.runtime", "pagekv.tasks", "pagekv.serving"},
-    "views": _EVERY_LAYER - {"pagekv.integrations"},
     # The kvpress press and the lm-eval model: the library's, never the app's parts.
     "integrations": {"pagekv.maths", "pagekv.runtime", "pagekv.integrations"},
+    "app": _EVERY_LAYER - {"pagekv.integrations"},
     "paths.py": set(),
     "__init__.py": {"pagekv.maths"},  # the rest of the public names load on first use
     "cli.py": {"pagekv"},
@@ -44,7 +44,6 @@ FRAMEWORKS = {"transformers", "gradio", "plotly", "triton", "gguf", "kvpress"}
 FORBIDDEN = {
     "maths": FRAMEWORKS,
     "runtime": {"gradio", "plotly"},
-    "serving": {"gradio", "plotly"},
     "tasks": {"gradio", "plotly"},
     "integrations": {"gradio", "plotly"},
 }
@@ -52,11 +51,18 @@ FORBIDDEN = {
 #: `replay` reaches it, lazily, from a checkout.
 HARNESS = "experiments"
 HARNESS_USERS = {"cli.py"}
-#: Inside the views: where gradio and plotly may be imported (a path, or a folder
-#: ending in "/"). gradio belongs to the app-facing handlers only.
+#: The app's engine (`pagekv/app/`): the worker, its memos and `Study`, the comparison.
+#: It imports only the library, itself and `pagekv.paths`; never what a person sees
+#: (figures, lessons, the page's handlers), gradio or plotly.
+ENGINE = ("allocator", "comparison", "memo", "model_registry", "sessions", "study", "worker")
+ENGINE_ALLOWED = {"pagekv.maths", "pagekv.runtime", "pagekv.tasks", "pagekv.paths"} | {
+    f"pagekv.app.{m}" for m in ENGINE
+}
+#: Inside the app: where gradio and plotly may be imported (a path, or a folder
+#: ending in "/"). gradio belongs to the page's handlers only.
 VIEWS_ONLY = {
-    "gradio": ("pagekv/views/app_ui.py", "pagekv/views/app_lessons.py"),
-    "plotly": ("pagekv/views/figures/",),
+    "gradio": ("pagekv/app/handlers.py", "pagekv/app/lesson_handlers.py"),
+    "plotly": ("pagekv/app/figures/",),
 }
 #: Third-party packages the maths may import at module level (besides the stdlib).
 MATHS_THIRD_PARTY = {"torch"}
@@ -120,6 +126,10 @@ def _within(module: str, names) -> bool:
     return any(module == a or module.startswith(a + ".") for a in names)
 
 
+def _is_engine(rel: str) -> bool:
+    return rel in {f"pagekv/app/{m}.py" for m in ENGINE}
+
+
 def _layer_violations(root: Path, rel: str) -> list[str]:
     """The `pagekv` imports of one file that its layer does not allow."""
     place = _place(rel)
@@ -131,6 +141,9 @@ def _layer_violations(root: Path, rel: str) -> list[str]:
             bad.append(f"{rel}:{line} imports {mod}, the research harness")
             continue
         if mod != "pagekv" and not mod.startswith("pagekv."):
+            continue
+        if _is_engine(rel) and not _within(mod, ENGINE_ALLOWED):
+            bad.append(f"{rel}:{line} imports {mod}{' (lazily)' if lazy else ''}, not the engine's")
             continue
         if _within(mod, ALLOWED[place]):
             continue
@@ -147,10 +160,8 @@ def _framework_violations(root: Path, rel: str) -> list[str]:
         top = mod.split(".")[0]
         if top in FORBIDDEN.get(place, ()):
             bad.append(f"{rel}:{line} imports {mod}")
-        elif place == "views" and top in VIEWS_ONLY and not rel.startswith(VIEWS_ONLY[top]):
-            bad.append(
-                f"{rel}:{line} imports {mod} (the views import it only in {VIEWS_ONLY[top]})"
-            )
+        elif place == "app" and top in VIEWS_ONLY and not rel.startswith(VIEWS_ONLY[top]):
+            bad.append(f"{rel}:{line} imports {mod} (the app imports it only in {VIEWS_ONLY[top]})")
         elif (
             place == "maths"
             and not lazy
@@ -247,24 +258,25 @@ def test_layer_imports_stay_in_their_layer(place):
 @pytest.mark.parametrize(
     ("rel", "text"),
     [
-        ("pagekv/maths/x.py", "def f():\n    from pagekv.serving.study import Study\n"),
+        ("pagekv/maths/x.py", "def f():\n    from pagekv.app.study import Study\n"),
         ("pagekv/maths/plan.py", "def f():\n    from pagekv.runtime.backend import pooler\n"),
         ("pagekv/maths/x.py", "def f():\n    from pagekv.runtime.backend import compact_layers\n"),
         ("pagekv/maths/x.py", "def f():\n    from pagekv.kernels.score import score_layers\n"),
-        ("pagekv/serving/x.py", "import pagekv.kernels.compact\n"),
-        ("pagekv/runtime/x.py", "from pagekv.serving import worker\n"),
+        ("pagekv/app/x.py", "import pagekv.kernels.compact\n"),
+        ("pagekv/runtime/x.py", "from pagekv.app import worker\n"),
         ("pagekv/tasks/x.py", "from pagekv.maths.config import EvictionConfig\n"),
-        ("pagekv/serving/x.py", "import pagekv.views.figures\n"),
-        ("pagekv/views/x.py", "def f():\n    import experiments.replay\n"),
+        ("pagekv/app/worker.py", "import pagekv.app.figures\n"),
+        ("pagekv/app/study.py", "def f():\n    from pagekv.app.lessons import LESSONS\n"),
+        ("pagekv/app/x.py", "def f():\n    import experiments.replay\n"),
         ("pagekv/integrations/x.py", "from pagekv.cli import main\n"),
-        ("pagekv/integrations/x.py", "def f():\n    from pagekv.serving.study import Study\n"),
+        ("pagekv/integrations/x.py", "def f():\n    from pagekv.app.study import Study\n"),
         ("pagekv/cli.py", "import experiments.replay\n"),
         ("pagekv/paths.py", "from pagekv.tasks import base\n"),
         ("pagekv/__init__.py", "from pagekv.runtime.runner import Runner\n"),
         ("pagekv/newlayer/x.py", "import torch\n"),
         (
             "pagekv/runtime/x.py",
-            "import importlib\ndef f():\n    importlib.import_module('pagekv.serving.memo')\n",
+            "import importlib\ndef f():\n    importlib.import_module('pagekv.app.memo')\n",
         ),
     ],
 )
@@ -293,10 +305,10 @@ def test_layer_frameworks(place):
         ("pagekv/maths/x.py", "import transformers\n"),
         ("pagekv/maths/x.py", "import numpy\n"),
         ("pagekv/runtime/x.py", "def f():\n    import plotly.graph_objects\n"),
-        ("pagekv/serving/x.py", "import gradio as gr\n"),
+        ("pagekv/app/x.py", "import gradio as gr\n"),
         ("pagekv/tasks/x.py", "from plotly import io\n"),
-        ("pagekv/views/comparison.py", "import gradio as gr\n"),
-        ("pagekv/views/lessons.py", "import plotly\n"),
+        ("pagekv/app/comparison.py", "import gradio as gr\n"),
+        ("pagekv/app/lessons.py", "import plotly\n"),
     ],
 )
 def test_the_check_finds_a_framework(tmp_path, rel, text):
@@ -305,8 +317,8 @@ def test_the_check_finds_a_framework(tmp_path, rel, text):
 
 
 def test_the_framework_check_allows_their_places(tmp_path):
-    a = _plant(tmp_path, "pagekv/views/figures/x.py", "def f():\n    import plotly.io\n")
-    b = _plant(tmp_path, "pagekv/views/app_ui.py", "import gradio as gr\n")
+    a = _plant(tmp_path, "pagekv/app/figures/x.py", "def f():\n    import plotly.io\n")
+    b = _plant(tmp_path, "pagekv/app/handlers.py", "import gradio as gr\n")
     c = _plant(tmp_path, "pagekv/maths/x.py", "import math\nimport torch\n")
     assert [v for rel in (a, b, c) for v in _framework_violations(tmp_path, rel)] == []
 
@@ -335,8 +347,8 @@ def test_the_check_finds_a_missing_module(tmp_path):
                "importlib.import_module('pagekv.runtime.backend')\n")  # fmt: skip
     b = _plant(tmp_path, "pagekv/__init__.py",
                "_LAZY = {'A': 'pagekv.runner', 'b': 'pagekv.runtime.backend'}\n")  # fmt: skip
-    c = _plant(tmp_path, "pagekv/views/__init__.py", "_LAZY = {'X': 'nowhere', 'Y': 'x'}\n")
-    _plant(tmp_path, "pagekv/views/x.py", "")
+    c = _plant(tmp_path, "pagekv/app/__init__.py", "_LAZY = {'X': 'nowhere', 'Y': 'x'}\n")
+    _plant(tmp_path, "pagekv/app/x.py", "")
     assert [len(_missing_modules(tmp_path, rel)) for rel in (a, b, c)] == [1, 1, 1]
 
 

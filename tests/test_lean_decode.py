@@ -1,4 +1,4 @@
-"""The lean decode step (`pagekv.runtime.lean_decode`) against transformers' forward.
+"""The lean decode step (`pagekv.runtime.decode`) against transformers' forward.
 
 With float32 weights the step is the model's own arithmetic and matches its forward
 to float32 tolerance, token by token and for several new tokens at once; with half
@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from pagekv import EvictionConfig
-from pagekv.runtime.lean_decode import (
+from pagekv.runtime.decode import (
     DECODE_DTYPES,
     LeanDecoder,
     resolve_decode,

@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from pagekv import EvictionConfig, plan
+from pagekv.app import handlers
+from pagekv.app.answers import ANSWER_HEADERS, answers_html
+from pagekv.app.comparison import answer_notes
+from pagekv.app.inputs import LIMITS, min_budget_pct
+from pagekv.app.lesson_checks import LESSON_TITLES, check_lesson
+from pagekv.app.lesson_handlers import LESSON_CONTROLS, _lesson_run_args, pick_lesson
+from pagekv.app.lessons import LESSONS
+from pagekv.app.study import PromptSpec
 from pagekv.maths.paging import BudgetError
-from pagekv.serving.comparison import answer_notes
-from pagekv.serving.study import PromptSpec
-from pagekv.views import app_ui
-from pagekv.views.answers import ANSWER_HEADERS, answers_html
-from pagekv.views.app_lessons import LESSON_CONTROLS, _lesson_run_args, pick_lesson
-from pagekv.views.inputs import LIMITS, min_budget_pct
-from pagekv.views.lesson_checks import LESSON_TITLES, check_lesson
-from pagekv.views.lessons import LESSONS
 
 from .app_server import answer_headers, answer_rows
 
@@ -27,7 +27,9 @@ N_HEAD = len(LESSON_CONTROLS) + 2  # the controls, the tabs, the lesson text
 
 
 def _views(out) -> dict:
-    return dict(zip(app_ui.RUN_VIEWS, out[N_HEAD : N_HEAD + len(app_ui.RUN_VIEWS)], strict=True))
+    return dict(
+        zip(handlers.RUN_VIEWS, out[N_HEAD : N_HEAD + len(handlers.RUN_VIEWS)], strict=True)
+    )
 
 
 @pytest.mark.parametrize("i", [i for i, x in enumerate(LESSONS) if x.kind != "live"])
@@ -37,8 +39,8 @@ def test_a_lesson_without_a_live_run_clears_the_last_runs_views(i):
     assert views["status"].startswith("**Note:** This lesson runs no model"), views["status"]
     assert answer_rows(views["answers"]) == [] and "runs no model" in views["answers"]
     assert views["last"] is None and views["files"] is None
-    for name in app_ui.PLOTS:  # no figure of an earlier lesson: each says why it is empty
-        fig = json.loads(views[name].plot)  # sent as gr.Plot sends it (app_ui.sent)
+    for name in handlers.PLOTS:  # no figure of an earlier lesson: each says why it is empty
+        fig = json.loads(views[name].plot)  # sent as gr.Plot sends it (handlers.sent)
         assert fig["data"] == [], name
         assert "runs no model" in fig["layout"]["annotations"][0]["text"], name
     assert "holds" in views["observation"], views["observation"]

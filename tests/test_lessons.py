@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from pagekv import EvictionConfig, plan
-from pagekv.cli import main
-from pagekv.views.lessons import (
+from pagekv.app.lessons import (
     LESSONS,
     POOLING_SEARCH,
     VIEWS,
@@ -34,6 +33,7 @@ from pagekv.views.lessons import (
     tie,
     union_over_budget,
 )
+from pagekv.cli import main
 
 
 def _sentences(text: str) -> int:
@@ -388,7 +388,7 @@ def test_every_lesson_says_what_it_credits():
     shows it under the lesson's text; the introduction does not credit Page-EntroKV
     with what mean pooling shares, and says the entropy weighting's needle advantage
     is not reproduced here (issue 42)."""
-    from pagekv.views.app_text import INTRO, lesson_markdown
+    from pagekv.app.page_text import INTRO, lesson_markdown
 
     for lesson in LESSONS:
         credit = lesson_text(lesson, field="credit")
@@ -406,7 +406,7 @@ def test_lesson_8_names_the_pooled_policies_the_replay_cannot_tell_apart():
     """Lesson 8 credits every pooled policy alike: in the replay's T4 at 20 % they
     recalled the same with the question inside, and the same after; a file where mean
     pooling recalled less would make its text say so."""
-    from pagekv.views.lessons import T4_POOLED
+    from pagekv.app.lessons import T4_POOLED
 
     tables = load_replay()["tables"]
     for mode in ("inside", "after"):

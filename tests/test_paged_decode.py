@@ -1,5 +1,6 @@
-"""The paged-decode kernel (kernels/paged_decode.py) against its torch twin
-(pagekv.runtime.paged_decode) and against SDPA over the dense compacted cache, on
+"""The paged-decode kernel (kernels/paged_decode.py) against its torch twin (the torch
+path of `PagedCache.attend`, which the torch backend runs) and against SDPA over the
+dense compacted cache, on
 awkward sizes: a partial last page, a single page, groups of different lengths, one
 token, pages of 1 to 64 tokens, lists that do not start at block 0, split token ranges.
 Interpreted on the CPU (conftest sets TRITON_INTERPRET=1), compiled on CUDA."""
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from pagekv.kernels.paged_decode import merge_splits, paged_decode
-from pagekv.runtime.paged_decode import paged_decode_torch
+from pagekv.runtime.paged_cache import PagedCache
 from tests.test_kernels import assert_close
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -40,6 +41,16 @@ def paged_case(B, G, r, d, P, lengths, dtype, device, seed=0):
     cast = dict(device=device, dtype=dtype)
     return (q.to(**cast), k_pool.to(**cast), v_pool.to(**cast), table.to(device),
             lens.to(device), dense)  # fmt: skip
+
+
+def torch_twin(q, dense, G, P, dtype):
+    """The torch path of `PagedCache.attend` (what the torch backend's decode runs) over
+    the same (row, group) tokens, in pages of `P`: `[B, H, d]`."""
+    B, _, d = q.shape
+    keys = [[dense[b * G + g][0].to(dtype) for g in range(G)] for b in range(B)]
+    values = [[dense[b * G + g][1].to(dtype) for g in range(G)] for b in range(B)]
+    cache = PagedCache([(keys, values)], extra=0, page_size=P)
+    return cache.attend(0, q[:, :, None], d**-0.5)[:, :, 0]
 
 
 def sdpa_reference(q, dense, G, dtype):
@@ -82,7 +93,8 @@ def test_paged_decode_matches_twin_and_sdpa(device, case, dtype):
     floor = 1e-5 if dtype == torch.float32 else 2e-3
     assert got.dtype == dtype and got.shape == q.shape
     assert_close("paged decode vs SDPA (float64)", got.float(), ref, low, floor=floor)
-    twin = paged_decode_torch(q.cpu(), k_pool.cpu(), v_pool.cpu(), table.cpu(), lens.cpu())
+    twin = torch_twin(q.cpu(), dense, G, k_pool.shape[1], dtype)
+    assert twin.dtype == dtype and twin.shape == q.shape
     assert_close("twin vs SDPA (float64)", twin.float(), ref, low, floor=floor)
 
 

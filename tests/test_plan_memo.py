@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from pagekv import EvictionConfig, PromptSpec
-from pagekv.serving.comparison import compare
-from pagekv.serving.memo import ByteLRU
-from pagekv.serving.worker import ModelWorker
+from pagekv.app.comparison import compare
+from pagekv.app.memo import ByteLRU
+from pagekv.app.worker import ModelWorker
 
 from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pagekv.views.app_ui import _preset_run_args
-from pagekv.views.presets import (
+from pagekv.app.handlers import _preset_run_args
+from pagekv.app.presets import (
     CHECK_KINDS,
     CHECKS,
     CURATED,

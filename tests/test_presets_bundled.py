@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagekv.views.presets import (
+from pagekv.app.presets import (
     check_preset,
     compare_preset,
     load_presets,

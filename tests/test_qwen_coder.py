@@ -15,12 +15,12 @@ import os
 import pytest
 
 from pagekv import EvictionConfig
+from pagekv.app.comparison import plan_comparison
+from pagekv.app.lessons import get_lesson, run_lesson
+from pagekv.app.presets import check_preset, compare_preset, load_presets, preset_matches
+from pagekv.app.run_figures import comparison_figures
+from pagekv.app.study import PromptSpec, Study
 from pagekv.runtime.models import QWEN_CODER, ModelLoadError, bundled_cache_dir
-from pagekv.serving.comparison import plan_comparison
-from pagekv.serving.study import PromptSpec, Study
-from pagekv.views.lessons import get_lesson, run_lesson
-from pagekv.views.presets import check_preset, compare_preset, load_presets, preset_matches
-from pagekv.views.run_figures import comparison_figures
 
 OPT_IN = "PAGEKV_TEST_QWEN"
 QWEN_PRESETS = [p for p in load_presets() if p["model"] == QWEN_CODER]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pagekv.views.lesson_checks import replay_caption
+from pagekv.app.lesson_checks import replay_caption
 
 
 def _row(policy, budget, mode, recall):

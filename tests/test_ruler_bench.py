@@ -252,7 +252,7 @@ def _quote_presses(text: str, rows: list[dict]) -> str:
 def test_the_quoted_ruler_figures_are_the_committed_answers():
     """docs/ruler.md is the command's table of docs/ruler.jsonl, and lesson 6 and the
     researcher's page (docs/research.md) quote that table."""
-    from pagekv.views.lessons import ruler_numbers
+    from pagekv.app.lessons import ruler_numbers
 
     path = ROOT / "docs" / "ruler.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]

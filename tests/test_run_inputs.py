@@ -1,4 +1,4 @@
-"""The run's inputs as one dataclass (`pagekv.views.run_inputs.RunInputs`): the `/run`
+"""The run's inputs as one dataclass (`pagekv.app.run_inputs.RunInputs`): the `/run`
 handler Gradio sees takes them by name and position and gets its request after them;
 a lesson, a preset and a link build the same inputs the page's controls would send."""
 
@@ -10,16 +10,16 @@ import gradio as gr
 from gradio.helpers import special_args
 from gradio.utils import get_function_params
 
-from pagekv.views import app_ui
-from pagekv.views.inputs import parse_run
-from pagekv.views.lessons import LESSONS, Prompt, Side
-from pagekv.views.presets import load_presets, preset_inputs
-from pagekv.views.run_inputs import RUN_DEFAULTS, RUN_INPUTS, RunInputs
+from pagekv.app import handlers
+from pagekv.app.inputs import parse_run
+from pagekv.app.lessons import LESSONS, Prompt, Side
+from pagekv.app.presets import load_presets, preset_inputs
+from pagekv.app.run_inputs import RUN_DEFAULTS, RUN_INPUTS, RunInputs
 
 
 def test_gradio_lists_the_run_inputs_by_name_with_their_defaults():
-    params = get_function_params(app_ui.run_comparison)  # what the API page shows
-    assert app_ui.run_comparison.__name__ == "run_comparison"  # as Gradio's queue names it
+    params = get_function_params(handlers.run_comparison)  # what the API page shows
+    assert handlers.run_comparison.__name__ == "run_comparison"  # as Gradio's queue names it
     assert [name for name, *_ in params] == list(RUN_INPUTS)
     assert {name: default for name, _, default, _ in params} == RUN_DEFAULTS
     assert len(RUN_INPUTS) == 32 and RUN_INPUTS[-4:] == (
@@ -34,20 +34,20 @@ def test_gradio_passes_the_request_after_the_inputs(monkeypatch):
         seen.append((v, v.lesson, session))
         yield ("done",)
 
-    monkeypatch.setattr(app_ui, "_run", fake_run)
+    monkeypatch.setattr(handlers, "_run", fake_run)
     values = list(RunInputs(budget_pct=33.0, lesson="a lesson").as_dict().values())
     request = gr.Request(session_hash="s-1")
-    args, *_ = special_args(app_ui.run_comparison, inputs=list(values), request=request)
+    args, *_ = special_args(handlers.run_comparison, inputs=list(values), request=request)
     assert args[len(RUN_INPUTS)] is request
-    assert list(app_ui.run_comparison(*args)) == [("done",)]
+    assert list(handlers.run_comparison(*args)) == [("done",)]
     ((v, lesson, session),) = seen
     assert v == RunInputs(budget_pct=33.0, lesson="a lesson")
     assert (lesson, session) == ("a lesson", "s-1")
     # By name, as scripts and the tests call it; an unknown name is refused.
-    list(app_ui.run_comparison(task="qa", request=request))
+    list(handlers.run_comparison(task="qa", request=request))
     assert seen[-1][0] == RunInputs(task="qa")
     try:
-        list(app_ui.run_comparison(budget=5))
+        list(handlers.run_comparison(budget=5))
     except TypeError as e:
         assert "budget" in str(e)
     else:
@@ -67,7 +67,7 @@ def test_for_sides_links_b_only_when_the_sides_differ_in_their_method_alone():
 
 def test_a_preset_and_a_lesson_run_what_they_name():
     for p in load_presets():
-        run = app_ui._preset_run_args(p)
+        run = handlers._preset_run_args(p)
         assert parse_run(run)[:5] == preset_inputs(p)
         spec, a, b, *_ = parse_run(run)
         assert (spec.context_tokens, a.budget, b.policy) == (

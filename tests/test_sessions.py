@@ -1,11 +1,11 @@
-"""`pagekv.serving.sessions.SessionGate`: one turn at a time per session, bounded, and
+"""`pagekv.app.sessions.SessionGate`: one turn at a time per session, bounded, and
 what it holds for a session dropped when the session ends."""
 
 from __future__ import annotations
 
 import threading
 
-from pagekv.serving.sessions import SessionGate
+from pagekv.app.sessions import SessionGate
 
 
 def test_a_sessions_turns_never_overlap_and_other_sessions_do_not_wait():

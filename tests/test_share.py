@@ -1,14 +1,14 @@
-"""Shareable links read as the page's load reads them (`pagekv.views.share`), and the
+"""Shareable links read as the page's load reads them (`pagekv.app.share`), and the
 quick handlers beside the run: linked side B, the prompt sliders' ranges."""
 
 from __future__ import annotations
 
-from pagekv.views import app_ui
-from pagekv.views.app_text import STALE_NOTE
-from pagekv.views.inputs import parse_run
-from pagekv.views.lesson_checks import LESSON_TITLES
-from pagekv.views.run_inputs import RUN_INPUTS, RunInputs
-from pagekv.views.share import lesson_in_query, settings_in_query, share_js, shared_names
+from pagekv.app import handlers
+from pagekv.app.inputs import parse_run
+from pagekv.app.lesson_checks import LESSON_TITLES
+from pagekv.app.page_text import STALE_NOTE
+from pagekv.app.run_inputs import RUN_INPUTS, RunInputs
+from pagekv.app.share import lesson_in_query, settings_in_query, share_js, shared_names
 
 
 def test_a_link_names_a_lesson_by_number_or_id():
@@ -43,14 +43,14 @@ def test_the_share_button_names_every_run_input_but_the_lesson():
 
 def test_linked_b_shows_as_values_and_locks_them():
     a = ("after", 25.0, 16, 4, 32, 1.0)
-    out = app_ui.linked_b(True, *a)
+    out = handlers.linked_b(True, *a)
     assert [u["value"] for u in out] == list(a) and all(u["interactive"] is False for u in out)
-    out = app_ui.linked_b(False, *a)
+    out = handlers.linked_b(False, *a)
     assert all(u == {"interactive": True, "__type__": "update"} for u in out)
 
 
 def test_a_prompt_slider_out_of_range_is_said():
-    note = app_ui.prompt_range_note("context")
+    note = handlers.prompt_range_note("context")
     assert note(2000) == STALE_NOTE
     assert "Context length: 50 is below its range (300 to 8000); the box now holds 300" in note(50)
     assert "9000 is above its range (300 to 8000); the box now holds 8000" in note(9000)

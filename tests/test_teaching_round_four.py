@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from pagekv.app import handlers
+from pagekv.app.lesson_checks import LESSON_TITLES
+from pagekv.app.model_registry import ModelRegistry
 from pagekv.runtime import models
-from pagekv.serving.model_registry import ModelRegistry
-from pagekv.views import app_ui
-from pagekv.views.lesson_checks import LESSON_TITLES
 
 #: A custom prompt of about 50 tokens: three short sentences, a needle, its question.
 SHORT = dict(
@@ -27,20 +27,20 @@ SHORT = dict(
     depth=0.5,
     mode="after",
 )
-I = {name: i for i, name in enumerate(app_ui.RUN_VIEWS)}
+I = {name: i for i, name in enumerate(handlers.RUN_VIEWS)}
 
 
 def _last(**inputs):
-    *_, last = app_ui.run_comparison(**inputs)
+    *_, last = handlers.run_comparison(**inputs)
     return last
 
 
 def test_a_slider_update_keeps_its_range():
     """Gradio refuses a slider whose minimum is not below its maximum (the page then
     locks): a range collapsed to one value keeps one step below it."""
-    assert app_ui.slider_range(100, 100, 100, 0.5)["minimum"] == 99.5
-    assert app_ui.slider_range(0, 0, 0)["minimum"] == -1  # a one-layer model's layers
-    assert app_ui.slider_range(12, 100, 20, 0.5)["minimum"] == 12
+    assert handlers.slider_range(100, 100, 100, 0.5)["minimum"] == 99.5
+    assert handlers.slider_range(0, 0, 0)["minimum"] == -1  # a one-layer model's layers
+    assert handlers.slider_range(12, 100, 20, 0.5)["minimum"] == 12
 
 
 @pytest.mark.slow
@@ -76,7 +76,7 @@ def test_a_refused_run_does_not_leave_the_verdict_checking(bundled_study):
         assert "not checked: nothing ran" in verdict, verdict
         assert "checking on this run" not in verdict
     finally:
-        app_ui.SESSIONS.end(request.session_hash)
+        handlers.SESSIONS.end(request.session_hash)
 
 
 @pytest.mark.slow
@@ -94,7 +94,7 @@ def test_a_refusal_after_a_failed_run_points_at_no_results(bundled_study):
         assert "must be a number from 100 to 100" in status, status
         assert "results below" not in status and "back at" not in status, status
     finally:
-        app_ui.SESSIONS.end(request.session_hash)
+        handlers.SESSIONS.end(request.session_hash)
 
 
 def test_lesson_7_verdict_follows_the_mechanism_inputs():
@@ -104,15 +104,15 @@ def test_lesson_7_verdict_follows_the_mechanism_inputs():
     own = (3, 0.9, 2, 0.48, False, 64, 19)
     changed = (4, 0.9, 2, 0.48, False, 128, 19)
     for inputs in (own, changed):
-        _, rows, _ = app_ui.run_mechanism(*inputs)
+        _, rows, _ = handlers.run_mechanism(*inputs)
         kept = {row[0]: row[1] for row in rows}
-        verdict = app_ui.mechanism_observation(title, *inputs)
+        verdict = handlers.mechanism_observation(title, *inputs)
         assert f"entropy: {kept['entropy']}, mean: {kept['mean']}" in verdict, verdict
         holds = kept["entropy"] == "kept" and kept["mean"] == "evicted"
         assert ("**holds**" in verdict) == holds, verdict
-    assert "not the lesson's own" in app_ui.mechanism_observation(title, *changed)
-    assert "not the lesson's own" not in app_ui.mechanism_observation(title, *own)
-    assert app_ui.mechanism_observation(LESSON_TITLES[0], *changed) == {"__type__": "update"}
+    assert "not the lesson's own" in handlers.mechanism_observation(title, *changed)
+    assert "not the lesson's own" not in handlers.mechanism_observation(title, *own)
+    assert handlers.mechanism_observation(LESSON_TITLES[0], *changed) == {"__type__": "update"}
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_a_model_not_installed_is_said_at_once_without_the_hub(qwen_missing, bun
     """Without hub models allowed, the missing install is known before any attempt (no
     'Loading' line, no hub retries) and the request gets the default model, which the
     model box then shows. With hub models allowed, the hub copy is tried."""
-    from pagekv.serving.study import Study
+    from pagekv.app.study import Study
 
     def factory(name):
         if name == "bundled":
@@ -164,7 +164,7 @@ def test_the_run_does_not_say_loading_for_a_model_that_cannot_load(
 ):
     """The app's run: no 'Loading the model' line for a model that is not installed; it
     runs on the default model, says why, and the model box goes back to it."""
-    from pagekv.serving.study import Study
+    from pagekv.app.study import Study
 
     def factory(name):  # as the app's: no hub copy without hub models
         if name == "bundled":
@@ -172,12 +172,12 @@ def test_the_run_does_not_say_loading_for_a_model_that_cannot_load(
         return Study(models.load_model(name, device="cpu", hub_copy=False))
 
     registry = ModelRegistry(factory=factory)
-    monkeypatch.setattr(app_ui, "MODELS", registry)
-    steps = list(app_ui.run_comparison(**SHORT, budget_pct=100, model="qwen-coder-0.5b"))
+    monkeypatch.setattr(handlers, "MODELS", registry)
+    steps = list(handlers.run_comparison(**SHORT, budget_pct=100, model="qwen-coder-0.5b"))
     statuses = [s[I["status"]] for s in steps if isinstance(s[I["status"]], str)]
     assert not any("Loading the model" in s for s in statuses), statuses
     assert "setup.sh --models" in statuses[-1] and "fell back" in statuses[-1], statuses[-1]
-    assert app_ui.model_that_ran("qwen-coder-0.5b") == "bundled"
+    assert handlers.model_that_ran("qwen-coder-0.5b") == "bundled"
     assert qwen_missing == []
 
 
@@ -188,9 +188,9 @@ def test_the_readme_s_shortest_context_is_what_the_budgets_fit(bundled_study):
     from pathlib import Path
 
     from pagekv import EvictionConfig
-    from pagekv.serving.study import PromptSpec
-    from pagekv.views.inputs import LIMITS, min_budget_pct
-    from pagekv.views.run_inputs import RunInputs
+    from pagekv.app.inputs import LIMITS, min_budget_pct
+    from pagekv.app.run_inputs import RunInputs
+    from pagekv.app.study import PromptSpec
 
     readme = (Path(__file__).resolve().parents[1] / "docs" / "app.md").read_text()
     cfg = EvictionConfig(page_size=16, n_sink=4, window=32)
@@ -213,13 +213,13 @@ def test_the_readme_s_shortest_context_is_what_the_budgets_fit(bundled_study):
 def test_a_context_outside_its_range_runs_at_the_nearest_end_everywhere(bundled_study):
     """One rule for the page, a link and the API: 1e9 tokens run at 8000 (the page's box
     holds the same), and the status line says so; no number is still refused."""
-    v, notes = app_ui.prompt_in_range(app_ui.RunInputs(context=1e9, depth=-1))
+    v, notes = handlers.prompt_in_range(handlers.RunInputs(context=1e9, depth=-1))
     assert (v.context, v.depth) == (8000, 0.0)
     assert notes == [
         "Context length: 1000000000 is above its range (300 to 8000), using 8000.",
         "Needle depth: -1 is below its range (0 to 1), using 0.",
     ]
-    v, notes = app_ui.prompt_in_range(app_ui.RunInputs(context="abc"))
+    v, notes = handlers.prompt_in_range(handlers.RunInputs(context="abc"))
     assert v.context == "abc" and notes == []  # parse_run names it
     done = _last(task="needle", context=50, depth=0.5, seed=13, mode="after", budget_pct=40)
     status = done[I["status"]]
@@ -232,7 +232,7 @@ def test_a_context_outside_its_range_runs_at_the_nearest_end_everywhere(bundled_
 def test_a_link_to_no_lesson_says_why(asked, bundled_study):
     """`?lesson=99`, `?lesson=abc` and `?lesson=0` open lesson 1 and say why, in the
     status line (they opened it silently)."""
-    from pagekv.views.app_lessons import LESSON_CONTROLS, open_page
+    from pagekv.app.lesson_handlers import LESSON_CONTROLS, open_page
 
     request = SimpleNamespace(session_hash=None, query_params={"lesson": asked})
     *_, last = open_page(LESSON_TITLES[0], "bundled", request)
@@ -252,7 +252,7 @@ def test_a_link_to_no_lesson_says_why(asked, bundled_study):
 def test_a_bad_link_says_its_settings_do_not_run(bundled_study):
     """A link whose settings do not run: the lesson text says so (it said 'the run below
     is theirs' above an error); a good link keeps the usual text."""
-    from pagekv.views.app_lessons import (
+    from pagekv.app.lesson_handlers import (
         LESSON_CONTROLS,
         SHARED_BAD_TEXT,
         SHARED_TEXT,
@@ -276,7 +276,7 @@ def test_the_readme_counts_the_live_lessons_the_console_warms():
     """The app's guide (docs/app.md) counts the live lessons the console warms."""
     from pathlib import Path
 
-    from pagekv.views.lessons import LESSONS
+    from pagekv.app.lessons import LESSONS
 
     words = {5: "five", 6: "six", 7: "seven", 8: "eight"}
     live = sum(x.kind == "live" for x in LESSONS)
@@ -289,7 +289,7 @@ def test_a_link_with_a_context_outside_its_range_runs_at_the_nearest_end(bundled
     """The same rule for a link as for the page and the API: a context below its range
     runs at 300 tokens and says so (a link refused `context=1e9` while the page clamped
     it to 8000; below the range is the cheaper prefill to test)."""
-    from pagekv.views.app_lessons import LESSON_CONTROLS, open_page
+    from pagekv.app.lesson_handlers import LESSON_CONTROLS, open_page
 
     query = {"context": "20", "budget_pct": "40", "seed": "13", "mode": "after"}
     request = SimpleNamespace(session_hash=None, query_params=query)

@@ -162,28 +162,31 @@ def test_the_wheel_holds_the_library_and_installs_outside_the_checkout(installed
         "pagekv", "pagekv-0.1.0.dist-info", "pagekv_lm_eval.py", "pagekv_lm_eval.pth"
     }  # fmt: skip
     for needed in ("pagekv/kernels/score.py", "pagekv/kernels/paged_decode.py",
-                   "pagekv/views/lessons.md",
                    "pagekv/integrations/kvpress_press.py",
                    "pagekv/integrations/lm_eval_model.py"):  # fmt: skip
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("kernels/", "tests/", "assets/"))]
     assert not [n for n in names if n.endswith(("app.py", "conftest.py")) or "bench" in n]
-    # The research harness (experiments/: the replay, the kvpress peer, the studies) is
-    # not the library's.
+    # The research harness (experiments/: the replay, the kvpress peer, the studies) and
+    # the app's parts (pagekv/app) are not the library's.
     assert not [n for n in names if "experiments" in n or "replay/" in n or "peer/" in n]
+    assert not [n for n in names if n.startswith("pagekv/app/")]
 
     got = _probe(python, tmp_path)
     assert got["pagekv"].startswith(site) and got["kernels"].startswith(site), got
     assert got["press"] == "pagekv.integrations.kvpress_press"
     assert got["top_level_kernels"] is False  # no name another package owns
     assert got["backend"] == "triton" and got["kept"] > 0
-    # Installed, `pagekv replay` says in one line that the harness runs from a checkout.
-    out = subprocess.run(
-        [python, "-m", "pagekv", "replay", "--out", str(tmp_path / "replay")], cwd=tmp_path,
-        capture_output=True, text=True, timeout=300, env=_clean_env(),
-    )  # fmt: skip
-    assert out.returncode == 2, out.stderr[-3000:]
-    assert len(out.stderr.strip().splitlines()) == 1 and "from a checkout" in out.stderr
+    # Installed, the commands that need the research harness (`replay`) or the app's
+    # parts (`lessons`, `run`'s Study) say in one line that they run from a checkout.
+    for command in (["replay", "--out", str(tmp_path / "replay")], ["lessons"], ["run"]):
+        out = subprocess.run(
+            [python, "-m", "pagekv", *command], cwd=tmp_path, capture_output=True, text=True,
+            timeout=300, env=_clean_env(),
+        )  # fmt: skip
+        assert out.returncode == 2, out.stderr[-3000:]
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"{command[0]} runs from a checkout" in lines[0], lines
 
 
 @pytest.mark.slow

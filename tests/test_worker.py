@@ -1,4 +1,4 @@
-"""`pagekv.serving.worker`: jobs run one at a time on the thread that owns the worker,
+"""`pagekv.app.worker`: jobs run one at a time on the thread that owns the worker,
 identical jobs once, a job's own sub-jobs inline, results and errors handed back."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pagekv.serving.worker import Job, ModelWorker, WorkerTimeout
+from pagekv.app.worker import Job, ModelWorker, WorkerTimeout
 
 
 def test_without_a_server_the_caller_runs_its_job():

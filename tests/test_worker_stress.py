@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from pagekv import EvictionConfig, PromptSpec, Study
+from pagekv.app.comparison import Decoding, compare, plan_comparison
+from pagekv.app.worker import ModelWorker
 from pagekv.runtime import models
 from pagekv.runtime.models import LoadedModel
-from pagekv.serving.comparison import Decoding, compare, plan_comparison
-from pagekv.serving.worker import ModelWorker
 
 from .stress import serial, stress
 
@@ -183,16 +183,16 @@ def test_the_stress_catches_a_planted_lock_order_inversion(tokenizer, expected, 
 
 
 def test_the_apps_run_path_holds_its_session_turn_across_worker_waits(tokenizer, monkeypatch):
-    """The app's run (`app_ui.run_comparison`) holds its session's turn while it waits
+    """The app's run (`handlers.run_comparison`) holds its session's turn while it waits
     for the worker's jobs: safe because no job takes a session turn (docs/design.md,
     "One model worker"). 8 threads on 2 sessions, 4 settings: every run ends, none
     hangs, and each equals the serial result."""
     from types import SimpleNamespace
 
-    from pagekv.serving.model_registry import ModelRegistry
-    from pagekv.serving.worker import WORKER
-    from pagekv.views import app_ui
-    from pagekv.views.view_memo import view_memo
+    from pagekv.app import handlers
+    from pagekv.app.model_registry import ModelRegistry
+    from pagekv.app.view_memo import view_memo
+    from pagekv.app.worker import WORKER
 
     settings = [
         dict(policy_a=policy, budget_pct=pct)
@@ -202,14 +202,14 @@ def test_the_apps_run_path_holds_its_session_turn_across_worker_waits(tokenizer,
 
     def call(i: int, session: str):
         run = dict(model="tiny-llama", context=300, **settings[i])
-        *_, last = app_ui.run_comparison(**run, request=SimpleNamespace(session_hash=session))
-        status = last[app_ui.RUN_VIEWS.index("status")]
+        *_, last = handlers.run_comparison(**run, request=SimpleNamespace(session_hash=session))
+        status = last[handlers.RUN_VIEWS.index("status")]
         assert status.startswith("**Done:**"), status
-        comp = last[app_ui.RUN_VIEWS.index("last")]
+        comp = last[handlers.RUN_VIEWS.index("last")]
         return tuple(tuple(comp.records[k].tokens) for k in ("full", "A", "B"))
 
     def fresh_model():  # a registry whose one model is a new tiny study (empty memos)
-        monkeypatch.setattr(app_ui, "MODELS", ModelRegistry(
+        monkeypatch.setattr(handlers, "MODELS", ModelRegistry(
             default="bundled", factory=lambda name: _tiny_study(tokenizer, WORKER),
             known={"tiny-llama"},
         ))  # fmt: skip
@@ -228,7 +228,7 @@ def test_the_apps_run_path_holds_its_session_turn_across_worker_waits(tokenizer,
         report = stress(None, calls, expected, threads=8, calls_per_thread=3, call_timeout_s=60)
     finally:
         for s in sessions:
-            app_ui.SESSIONS.end(s)
+            handlers.SESSIONS.end(s)
         view_memo.clear()
     assert report.sound, report
     assert report.calls == 8 * 3

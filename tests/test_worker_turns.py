@@ -1,4 +1,4 @@
-"""The model worker takes turns between owners (pagekv/serving/worker.py, "Turns"): a
+"""The model worker takes turns between owners (pagekv/app/worker.py, "Turns"): a
 job of one model waits for at most one job of each other model, and each owner's jobs
 keep their order. So a run on the slow qwen-coder-0.5b never holds up a run on the
 bundled model for more than the one job it is in; and a run on a model not loaded yet,
@@ -12,11 +12,11 @@ import threading
 import pytest
 
 from pagekv import EvictionConfig, PromptSpec
-from pagekv.serving.comparison import compare
-from pagekv.serving.model_registry import ModelRegistry
-from pagekv.serving.worker import WORKER, ModelWorker
-from pagekv.views import app_ui
-from pagekv.views.view_memo import view_memo
+from pagekv.app import handlers
+from pagekv.app.comparison import compare
+from pagekv.app.model_registry import ModelRegistry
+from pagekv.app.view_memo import view_memo
+from pagekv.app.worker import WORKER, ModelWorker
 
 from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
 
@@ -138,12 +138,12 @@ def test_a_run_on_a_model_not_loaded_says_so_first(tokenizer, monkeypatch):  # n
         factory=lambda name: _tiny_study(tokenizer, WORKER),
         known={"tiny-other"},
     )
-    monkeypatch.setattr(app_ui, "MODELS", registry)
+    monkeypatch.setattr(handlers, "MODELS", registry)
     view_memo.clear()
     run = dict(model="tiny-other", context=300, budget_pct=40.0)
-    status = [s[app_ui.RUN_VIEWS.index("status")] for s in app_ui.run_comparison(**run)]
+    status = [s[handlers.RUN_VIEWS.index("status")] for s in handlers.run_comparison(**run)]
     assert status[0].startswith("**Note:** Loading the model tiny-other (once)"), status
     assert status[1].startswith("**Note:** Prefilling the prompt on tiny-llama"), status
     assert status[-1].startswith("**Done:**"), status[-1]
-    again = [s[app_ui.RUN_VIEWS.index("status")] for s in app_ui.run_comparison(**run)]
+    again = [s[handlers.RUN_VIEWS.index("status")] for s in handlers.run_comparison(**run)]
     assert len(again) == 1 and "Loading" not in again[0] and "Prefilling" not in again[0]

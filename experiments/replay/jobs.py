@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from experiments.replay.grid import Grid
+from pagekv.app.study import PromptSpec
 from pagekv.maths.config import EvictionConfig
-from pagekv.serving.study import PromptSpec
 
 
 @dataclass

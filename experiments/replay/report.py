@@ -52,12 +52,12 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 def figures(out: Path, results: dict) -> dict:
     """HTML figures (and PNG when kaleido is importable), every one built by
-    `pagekv.views.figures`. Returns {name: files}."""
+    `pagekv.app.figures`. Returns {name: files}."""
     try:
         import plotly  # noqa: F401
     except ImportError as e:
         return {"error": f"plotly not importable: {e}"}
-    from pagekv.views import figures as F
+    from pagekv.app import figures as F
 
     try:
         import kaleido  # noqa: F401

@@ -12,9 +12,9 @@ from collections import defaultdict
 
 from experiments.replay.grid import Grid
 from experiments.replay.measure import PHYSICAL_PAGE
+from pagekv.app.study import PromptSpec
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.policies import EVICTING_POOLED
-from pagekv.serving.study import PromptSpec
 
 EPS = 1e-9
 #: The paper's headline numbers (Qwen2.5-1.5B-Instruct, r = 6; arXiv:2610.03135 abstract).

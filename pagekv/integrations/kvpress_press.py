@@ -7,7 +7,7 @@ attentions, kwargs)`` and stores the smaller keys and values it returns. This pr
 decides with pagekv's own core, layer by layer:
 
 1. the last ``w = min(window, n)`` rows of ``hidden_states`` are projected to queries
-   and rotated with the layer's ``position_embeddings`` (``pagekv.runtime.capture.window_queries``,
+   and rotated with the layer's ``position_embeddings`` (``pagekv.runtime.prefill.window_queries``,
    the very function the runner's capture uses), as SnapKV's press recomputes its window;
 2. ``pagekv.runtime.backend.score_window`` gives the profiles ``[B, H, n]`` of those queries over
    the layer's keys (after RoPE: exactly the keys the cache holds);
@@ -90,7 +90,7 @@ from pagekv.maths.paging import BudgetError
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import POOLED_POLICIES, get_policy
 from pagekv.runtime.backend import BACKENDS, compact_layers, pooler, score_window
-from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
+from pagekv.runtime.prefill import attention_modules, attention_scale, window_queries
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
 from pagekv.runtime.reconstruct import (
     REPEAT_PROMPT,
@@ -363,7 +363,7 @@ class PageEntroKVPress(_Base):
         cos, sin = pe
         q_win = window_queries(module, hidden_states[:, -w:], cos[:, -w:], sin[:, -w:])
         # [B, H, n] profiles and their per-head masses, as the runner scores its cache
-        # (pagekv.runtime.runner.Prefill.scores): the batch sits on plan's layer axis.
+        # (pagekv.runtime.prefill.Prefill.scores): the batch sits on plan's layer axis.
         profiles, masses, used = score_window(
             q_win, keys, cfg.n_sink, scale=attention_scale(module), backend=self.backend
         )

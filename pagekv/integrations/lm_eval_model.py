@@ -41,7 +41,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from pagekv.maths.config import EvictionConfig
-from pagekv.runtime.lean_decode import DECODE_DTYPES
+from pagekv.runtime.decode import DECODE_DTYPES
 from pagekv.runtime.models import bundled_cache_dir, bundled_model, load_model
 from pagekv.runtime.runner import Runner
 
@@ -61,7 +61,7 @@ __all__ = [
 #: SQuAD/HotpotQA).
 RULER_OFFLINE_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt",
                        "ruler_cwe", "ruler_fwe")  # fmt: skip
-#: The question modes (`pagekv.views.inputs.MODES`' names).
+#: The question modes (`pagekv.app.inputs.MODES`' names).
 QUESTION_MODES = ("inside", "after")
 #: What lm-eval itself adds to the model arguments (`--batch_size`, `--device`, ...).
 HARNESS_ARGS = ("batch_size", "max_batch_size", "device")

@@ -4,7 +4,7 @@ After eviction a (layer, group) holds its own kept pages, and groups may hold di
 amounts (a global plan allocates pages per group). `PagedCache` keeps them in a pool
 of blocks found through block tables (the layout of a paged KV cache such as vLLM's),
 with room to grow, and is what the decode step
-(`pagekv.runtime.lean_decode.LeanDecoder.step`) writes to and attends over.
+(`pagekv.runtime.decode.LeanDecoder.step`) writes to and attends over.
 
 Per layer `l`:
 

@@ -35,14 +35,19 @@ docs/design.md lists them.
 
 from __future__ import annotations
 
-import inspect
 import logging
 
 import torch
 
 from pagekv.maths.entropy import HeadMasses
 from pagekv.runtime.backend import attention_scores, resolve_backend
-from pagekv.runtime.capture import attention_modules, attention_scale, window_queries
+from pagekv.runtime.prefill import (
+    attention_modules,
+    attention_scale,
+    cache_kwarg,
+    forward,
+    window_queries,
+)
 
 log = logging.getLogger("pagekv")
 
@@ -51,7 +56,7 @@ REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n"
 #: Reconstruction queries per forward: bounds the `[H, chunk, N]` attention of a chunk.
 CHUNK = 256
 #: The head weights' focus is kept for every sink count up to this (the app's n_sink
-#: range, `pagekv.views.inputs.LIMITS`); `reconstruction_masses` refuses more.
+#: range, `pagekv.app.inputs.LIMITS`); `reconstruction_masses` refuses more.
 FOCUS_SINKS = 64
 #: How a head's attention over the reconstruction queries becomes one score per context
 #: token: the largest (the default, as KVzip) or the mean.
@@ -204,21 +209,4 @@ def reconstruction_masses(scores: dict, profiles: torch.Tensor, n_sink: int) -> 
         isolated=masses[..., n_sink].float(),
         collision=masses[..., 0].float(),
         n_sink=n_sink,
-    )
-
-
-def cache_kwarg(model) -> str:
-    """`model.forward`'s cache argument: `cache` in transformers 5.24, `past_key_values`
-    before (5.17 on the GPU machines, which silently ignores `cache`)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def forward(model, ids: list[int], pos: int, cache, cache_kw: str, dev):
-    """`model`'s forward of `ids` at positions `pos..` into `cache`: the last logits only."""
-    return model(
-        input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
-        position_ids=torch.arange(pos, pos + len(ids), device=dev)[None],
-        **{cache_kw: cache},
-        use_cache=True,
-        logits_to_keep=1,
     )

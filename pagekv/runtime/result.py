@@ -1,7 +1,7 @@
 """One result schema: what a run (one eviction configuration on one prompt) produced.
 
 `RunResult` is filled by `pagekv.runtime.runner.Runner.evaluate` (the eviction and the
-answer) and completed by `pagekv.serving.study.Study.run` (the task and its score). Its
+answer) and completed by `pagekv.app.study.Study.run` (the task and its score). Its
 `to_dict()` is the JSON object of the CLI (`python -m pagekv run --json`), and the
 app's table, its export and the replay harness read the same keys. docs/schema.md
 lists every key (a test keeps the two in step).

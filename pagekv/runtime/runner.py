@@ -1,7 +1,7 @@
 """The live backend: prefill a prompt once, then evict and decode under many configurations.
 
 docs/design.md, "The data path": one prefill captures the cache and the observation window's
-queries (`pagekv.runtime.capture`); every `EvictionConfig` then plans
+queries (`pagekv.runtime.prefill`); every `EvictionConfig` then plans
 (`pagekv.maths.plan`), compacts a *copy* of the cache (`pagekv.runtime.compaction`) and decodes
 greedily, without a new prefill::
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -47,17 +47,14 @@ from pagekv.maths.paging import (
 )
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
-from pagekv.runtime.backend import compact_layers, pooler, resolve_backend, score_window
-from pagekv.runtime.capture import WindowQueryCapture
-from pagekv.runtime.decode_graph import GraphBuckets
-from pagekv.runtime.lean_decode import LeanDecoder, resolve_decode
+from pagekv.runtime.backend import compact_layers, pooler, resolve_backend
+from pagekv.runtime.decode import GraphBuckets, LeanDecoder, greedy, resolve_decode
 from pagekv.runtime.paged_cache import PagedCache, allocated_rows
+from pagekv.runtime.prefill import Prefill, WindowQueryCapture, cache_kwarg, forward
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
 from pagekv.runtime.reconstruct import (
     REPEAT_PROMPT,
     as_profiles,
-    cache_kwarg,
-    forward,
     reconstruction_masses,
     reconstruction_scores,
 )
@@ -67,87 +64,6 @@ log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- results
-
-
-@dataclass
-class Prefill:
-    """One prompt, prefilled once; reusable for any number of `Runner.evaluate` calls.
-
-    `cache` is never mutated after the prefill: every evaluation works on a copy.
-    """
-
-    ids: list[int]  # the prefilled ids (the context only in question-after mode)
-    n: int  # len(ids)
-    cache: object  # transformers DynamicCache, layers' keys/values [1, G, n, d]
-    q_win: torch.Tensor  # [L, H, w', d] in the model's dtype, w' = min(window_max, n), after RoPE
-    first_logits: torch.Tensor  # float32 [V], the prefill's last-position logits
-    question_ids: list[int] | None  # question-after mode: prefilled after compaction
-    timings: dict  # {"prefill_s": ...}
-    n_layers: int  # L
-    n_heads: int  # H
-    n_groups: int  # G (KV heads)
-    head_dim: int  # d
-    scale: float  # softmax scale of the attention (module.scaling)
-    scales: list[float] = field(repr=False, default_factory=list)  # per layer
-    backend: str = "torch"  # resolved backend of the runner that made it
-    _scores: dict = field(default_factory=dict, repr=False)  # (w, n_sink) -> scores()
-    #: The reconstruction pass's scores by aggregation (`Runner.reconstruction`).
-    reconstruction: dict | None = field(default=None, repr=False)
-
-    @property
-    def window_max(self) -> int:
-        """w', the number of window queries captured per layer."""
-        return int(self.q_win.shape[2])
-
-    @property
-    def mode(self) -> str:
-        return "after" if self.question_ids else "inside"
-
-    def scores(self, window: int, n_sink: int) -> tuple[torch.Tensor, HeadMasses, str]:
-        """Profiles `[L, H, n]` float32 of the last `min(window, n)` queries and their
-        per-head masses for `n_sink` sinks, on the cache's device; and the backend that
-        scored them.
-
-        Memoised per (effective window, n_sink). On the Triton backend every layer's
-        scoring kernel writes the profiles and the mass sums in place on the device;
-        on the torch backend the twin computes the profiles once per window and the
-        masses from them (`HeadMasses.from_profiles`, what the twin defines). Raises
-        ValueError if the window is longer than what the prefill captured.
-        """
-        w = self._effective_window(window)
-        key = (w, int(n_sink))
-        if key not in self._scores:
-            cached = next((v for (kw, _), v in self._scores.items() if kw == w), None)
-            if cached is not None and self.backend == "torch":
-                prof = cached[0]
-                self._scores[key] = (prof, HeadMasses.from_profiles(prof, n_sink), "torch")
-            else:
-                # Every layer in one launch pair on Triton, each layer's keys read where
-                # the cache holds them; the queries stay in the cache's dtype.
-                keys = [layer.keys[0] for layer in self.cache.layers]
-                self._scores[key] = score_window(
-                    self.q_win[:, :, -w:], keys, n_sink,
-                    self.scales or [self.scale] * self.n_layers, backend=self.backend,
-                )  # fmt: skip
-        return self._scores[key]
-
-    def profiles(self, window: int) -> torch.Tensor:
-        """The attention profiles `[L, H, n]` of `scores(window, n_sink)` (profiles do
-        not depend on the sinks; an existing entry of any n_sink is reused)."""
-        w = self._effective_window(window)
-        n_sink = next((ns for kw, ns in self._scores if kw == w), EvictionConfig().n_sink)
-        return self.scores(w, n_sink)[0]
-
-    def _effective_window(self, window: int) -> int:
-        w = min(int(window), self.n)
-        if w < 1:
-            raise ValueError(f"window must be >= 1; got {window}")
-        if w > self.window_max:
-            raise ValueError(
-                f"window {w} exceeds the {self.window_max} window queries captured at "
-                f"prefill; prefill again with window_max >= {w}"
-            )
-        return w
 
 
 @dataclass
@@ -194,7 +110,7 @@ class Runner:
             or "triton", resolved by `pagekv.runtime.backend.resolve_backend` (a BackendError
             where Triton cannot run). Scoring and compaction dispatch through
             `pagekv.runtime.backend`; the choice is logged and reported in every result.
-        decode_dtype: the linear weights of the decode step (`pagekv.runtime.lean_decode`,
+        decode_dtype: the linear weights of the decode step (`pagekv.runtime.decode`,
             `resolve_decode`): "auto" (the default: float16 for a float32 model on the
             CPU, the model's own dtype elsewhere), "float32" (the prefill's numerics on
             a float32 model), "float16" or "bfloat16". A ValueError for a model the
@@ -215,10 +131,10 @@ class Runner:
         self.decode_weights, self.decode_path = resolve_decode(decode_dtype, model)
         self._lean: LeanDecoder | None = None  # built on the first decode
         self._graphs: GraphBuckets | None = None  # the CUDA graphs, one per capacity bucket
-        #: Greedy steps between host reads of the tokens (`_greedy`): 1 on the CPU, where
-        #: a read waits on nothing; `DECODE_CHUNK` on CUDA.
+        #: Greedy steps between host reads of the tokens (`pagekv.runtime.decode.greedy`):
+        #: 1 on the CPU, where a read waits on nothing; `DECODE_CHUNK` on CUDA.
         self.decode_chunk = 1 if self.device.type == "cpu" else DECODE_CHUNK
-        #: Replay the one-token step from a CUDA graph (`pagekv.runtime.decode_graph`):
+        #: Replay the one-token step from a CUDA graph (`pagekv.runtime.decode`):
         #: on CUDA with the Triton backend, whose paged-decode kernel reads the tables.
         self.cuda_graphs = self.device.type == "cuda" and self.backend == "triton"
         log.info("pagekv runner: decode with %s", self.decode_path)
@@ -565,9 +481,10 @@ class Runner:
             forward = self._graphs.step_for(cache)
             del cache
         try:
-            tokens, logits, stops = self._greedy(
-                pre, forward, max_new, stop_at_eos, keep_logits, len(evs), on_token
-            )
+            tokens, logits, stops = greedy(
+                forward, pre, max_new, self.eos_ids if stop_at_eos else (), self.decode_chunk,
+                keep_logits, len(evs), on_token,
+            )  # fmt: skip
         finally:
             ev.graphed = graphs and forward.graphed
         return (tokens[0], logits, stops[0]) if pair is None else (tokens, logits, stops)
@@ -596,55 +513,6 @@ class Runner:
             layers.append((keys, values))
         page = evs[0].plan.config.page_size
         return PagedCache(layers, extra, page, kernel=self.backend == "triton")
-
-    def _greedy(self, pre, forward, max_new, stop_at_eos, keep_logits=False, rows=1, on_token=None):
-        """Greedy decode of `rows` batch rows with `forward(ids [rows, t] on the device,
-        pos) -> logits [rows, V]` appending to the cache: `(tokens per row, the first
-        row's logits or None, stop reason per row)`.
-
-        The next tokens stay on the device: the argmax is fed back as the next step's
-        input with no round trip through the host, and the host reads the tokens once
-        per `decode_chunk` steps (one `tolist`), where it cuts each row's answer at its
-        first EOS and calls `on_token(tokens_a, ...)` with the tokens so far. Steps
-        decoded past a row's EOS are dropped: the tokens before it are the same (each
-        depends only on those before it, and rows never mix), and so are the logits kept.
-        """
-        pos = pre.n
-        tokens: list[list[int]] = [[] for _ in range(rows)]
-        stops = ["max_new_tokens"] * rows
-        if max_new == 0:
-            return tokens, (torch.empty(0) if keep_logits else None), stops
-        if pre.question_ids:
-            ids = torch.tensor([pre.question_ids] * rows, dtype=torch.long, device=self.device)
-            logits = forward(ids, pos)
-            pos += len(pre.question_ids)
-        else:
-            logits = pre.first_logits.expand(rows, -1)  # the prefill saw the whole prompt
-        done = [False] * rows
-        kept: list[torch.Tensor] = []
-        pending: list[torch.Tensor] = []  # device tokens [rows, 1] the host has not read
-        produced = 0
-        while True:
-            if keep_logits:
-                kept.append(logits[0].float())
-            tok = torch.argmax(logits, dim=-1).view(rows, 1)
-            pending.append(tok)
-            produced += 1
-            if produced >= max_new or len(pending) >= self.decode_chunk:
-                for step in torch.cat(pending, 1).T.tolist():  # the chunk's one host read
-                    for row, t in enumerate(step):
-                        if not done[row]:
-                            tokens[row].append(t)
-                            if stop_at_eos and t in self.eos_ids:
-                                done[row], stops[row] = True, "eos"
-                pending = []
-                if on_token is not None:
-                    on_token(*(list(t) for t in tokens))
-                if all(done) or produced >= max_new:
-                    break
-            logits = forward(tok, pos)
-            pos += 1
-        return tokens, (torch.stack(kept[: len(tokens[0])]).cpu() if keep_logits else None), stops
 
     def _detok(self, tokens: list[int]) -> str:
         if self.tokenizer is None:

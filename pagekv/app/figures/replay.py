@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pagekv.views.figures.style import (
+from pagekv.app.figures.style import (
     BLUE,
     EVICTED,
     GREEN,

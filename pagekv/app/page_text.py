@@ -19,7 +19,7 @@ def lesson_markdown(lesson) -> str:
         "constructed": "Constructed: no model; a group of heads built to show the mechanism.",
         "replay": f"Measured earlier by the replay harness, not live here: {lesson.cites}.",
     }[lesson.kind]
-    from pagekv.views.lessons import LESSONS, lesson_text
+    from pagekv.app.lessons import LESSONS, lesson_text
 
     try:
         text = lesson_text(lesson)

@@ -22,12 +22,12 @@ import hashlib
 import numpy as np
 import torch
 
-from pagekv.serving.memo import ByteLRU
+from pagekv.app.memo import ByteLRU
 
 #: Cap of the memo: the views it holds are small (a few thousand values each).
 FIGURE_MEMO_BYTES = 16 * 2**20
 #: Bytes per value a memoised figure is counted at (plotly objects of numbers and
-#: strings, as `pagekv.views.view_memo.view_size` counts them).
+#: strings, as `pagekv.app.view_memo.view_size` counts them).
 BYTES_PER_VALUE = 64
 
 figure_memo = ByteLRU(FIGURE_MEMO_BYTES, size_of=lambda v: v[1])

@@ -1,15 +1,15 @@
 """The app's handlers: what each control and API endpoint does, with Gradio's updates.
 
 `app.py` lays out the page and wires these; they call `pagekv` (prefill, plans,
-decoding on the model worker; figures in `pagekv.views.figures`). Bad input never
+decoding on the model worker; figures in `pagekv.app.figures`). Bad input never
 raises out of a handler: it becomes a message on the page, and the next request works.
 Nothing here starts a thread or holds a lock while the model works: decoding is a job
-on the model worker (`pagekv.serving.worker`), and a run streams its answers by
+on the model worker (`pagekv.app.worker`), and a run streams its answers by
 waiting on that job (docs/design.md, "One model worker").
 
 The API's endpoints and their inputs: `/run` and `/budget` (`run_comparison`),
 `/preset` (`apply_preset`), `/layer` (`update_layer`), `/mechanism` (`run_mechanism`),
-`/export` (`export_run`), `/lesson` (`pagekv.views.app_lessons.pick_lesson`).
+`/export` (`export_run`), `/lesson` (`pagekv.app.lesson_handlers.pick_lesson`).
 """
 
 from __future__ import annotations
@@ -27,18 +27,11 @@ import time
 import gradio as gr
 from gradio.components.plot import PlotData
 
-from pagekv.maths.config import POLICIES
-from pagekv.runtime.models import KNOWN_MODELS
-from pagekv.serving import allocator
-from pagekv.serving.comparison import METHOD_FIELDS, Decoding, differing, plan_comparison
-from pagekv.serving.model_registry import ModelRegistry, model_key
-from pagekv.serving.sessions import SessionGate
-from pagekv.serving.study import settings_text
-from pagekv.serving.worker import WORKER, keep_this_thread_light
-from pagekv.views.answers import answers_html, answers_table, ms, pending_table
-from pagekv.views.app_text import STALE_NOTE, message
-from pagekv.views.figures.style import is_figure
-from pagekv.views.inputs import (
+from pagekv.app import allocator
+from pagekv.app.answers import answers_html, answers_table, ms, pending_table
+from pagekv.app.comparison import METHOD_FIELDS, Decoding, differing, plan_comparison
+from pagekv.app.figures.style import is_figure
+from pagekv.app.inputs import (
     LIMITS,
     BudgetInputError,
     budget_pct,
@@ -48,11 +41,15 @@ from pagekv.views.inputs import (
     parse_run,
     shown_value,
 )
-from pagekv.views.lesson_checks import check_lesson, lesson_of, verdict
-from pagekv.views.presets import check_preset, load_presets, preset_matches, preset_sides
-from pagekv.views.run_figures import comparison_figures, export
-from pagekv.views.run_inputs import RunInputs, takes_run_inputs
-from pagekv.views.view_memo import (
+from pagekv.app.lesson_checks import check_lesson, lesson_of, verdict
+from pagekv.app.model_registry import ModelRegistry, model_key
+from pagekv.app.page_text import STALE_NOTE, message
+from pagekv.app.presets import check_preset, load_presets, preset_matches, preset_sides
+from pagekv.app.run_figures import comparison_figures, export
+from pagekv.app.run_inputs import RunInputs, takes_run_inputs
+from pagekv.app.sessions import SessionGate
+from pagekv.app.study import settings_text
+from pagekv.app.view_memo import (
     PLAN_VIEWS,
     SAME_AFTER_DECODING,
     SAME_RUN_WAIT_S,
@@ -61,6 +58,9 @@ from pagekv.views.view_memo import (
     view_memo,
     view_size,
 )
+from pagekv.app.worker import WORKER, keep_this_thread_light
+from pagekv.maths.config import POLICIES
+from pagekv.runtime.models import KNOWN_MODELS
 
 log = logging.getLogger("pagekv.app")
 POLICY_CHOICES = list(POLICIES)
@@ -85,7 +85,7 @@ except Exception:  # not on a Space: a no-op decorator
 
 # ----------------------------------------------------------------- server state
 
-#: Loaded models by name, shared by every session (pagekv/serving/model_registry.py):
+#: Loaded models by name, shared by every session (pagekv/app/model_registry.py):
 #: the default stays loaded, at most two others besides it, and names the server does
 #: not offer are refused (`configure`).
 MODELS = ModelRegistry(default="bundled", max_others=2)
@@ -98,7 +98,7 @@ def configure(
 ) -> None:
     """The server's model settings: `default_model` stays loaded (the warm-up uses it);
     other hub names load only with `allow_hub_models`; every model decodes with
-    `decode_dtype` (`pagekv.runtime.lean_decode.resolve_decode`)."""
+    `decode_dtype` (`pagekv.runtime.decode.resolve_decode`)."""
     MODELS.set_default(default_model)
     MODELS.allow_hub = bool(allow_hub_models)
     MODELS.decode_dtype = decode_dtype
@@ -134,7 +134,7 @@ def light(fn):
     """A handler that uses torch on Gradio's worker threads: each call (each step of a
     generator, which Gradio may run on different threads) first makes its thread
     single-threaded for torch while the main thread serves the model
-    (`pagekv.serving.worker.keep_this_thread_light`)."""
+    (`pagekv.app.worker.keep_this_thread_light`)."""
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)
@@ -207,7 +207,7 @@ def sent(value):
     by the preview, again by the release's first update and again with its answers,
     and a finished run's by every request it is served to: the page frame's JSON alone
     took tens of milliseconds each time, on the thread that shares the CPU with the
-    decode. Figures are never changed once drawn (`pagekv.views.figure_memo`), so the
+    decode. Figures are never changed once drawn (`pagekv.app.figure_memo`), so the
     JSON stays theirs."""
     if not is_figure(value):
         return value
@@ -231,7 +231,7 @@ def _failed(text: str, lesson, refused: bool = False):
 def cleared_views(why: str, **values):
     """Every run view cleared, each plot replaced by a figure that says `why` (a
     lesson without a live run, a failed run): nothing of an earlier run stays."""
-    from pagekv.views.figures.placeholder import placeholder
+    from pagekv.app.figures.placeholder import placeholder
 
     figure = placeholder(why)
     answers = f'<p class="no-answers">{html.escape(why, quote=False)}</p>'
@@ -619,7 +619,7 @@ def run_mechanism(heads, retrieval, distractors, distractor_strength, sink_head,
     """The constructed instance of the retention bound (no model involved). Every input
     gives a view: one outside its slider's range is taken at the nearest end, and the
     text says so (no error badge, no silent change)."""
-    from pagekv.views import figures
+    from pagekv.app import figures
 
     try:
         view, v, clamped = _mechanism(
@@ -644,7 +644,7 @@ def mechanism_observation(title, *mech):
     """A constructed lesson's verdict, checked again on the mechanism's inputs as they
     are now (`MECH_CONTROLS` order): the table beside it and the verdict always speak of
     the same group. No change for any other lesson, or for inputs that give no view."""
-    from pagekv.views.lessons import Evidence
+    from pagekv.app.lessons import Evidence
 
     lesson = lesson_of(title)
     if lesson is None or lesson.kind != "constructed":

@@ -1,9 +1,16 @@
-"""Capture the observation window's queries during prefill (docs/design.md, "The data path").
+"""The prefill: the model's forward over the prompt, capturing the observation window's
+queries on the way (docs/design.md, "The data path"), and `Prefill`, what one prompt's
+prefill keeps for any number of evictions.
 
-Forward pre-hooks on every attention module (`model.model.layers[i].self_attn`) see
-the module's input `hidden_states` `[B, n, D]` and its rotary `position_embeddings`
-`(cos, sin)`, each `[B, n, d]`. From them the hook recomputes the queries of the last
-`w` positions exactly as the module does (Llama / Qwen2 / Mistral / Qwen3 code):
+`forward(model, ids, pos, cache, ...)` is the model's own forward of `ids` at positions
+`pos..` into a transformers cache, keeping the last logits only: the prefill, and the
+reconstruction scorer's pass (`pagekv.runtime.reconstruct`), run it.
+
+The capture. Forward pre-hooks on every attention module
+(`model.model.layers[i].self_attn`) see the module's input `hidden_states` `[B, n, D]`
+and its rotary `position_embeddings` `(cos, sin)`, each `[B, n, d]`. From them the hook
+recomputes the queries of the last `w` positions exactly as the module does (Llama /
+Qwen2 / Mistral / Qwen3 code):
 
     q = q_proj(hidden[:, -w:])                  # [B, w, H * d]
     q = q.view(B, w, H, d)  (then q_norm(q) where the module has one, e.g. Qwen3)
@@ -16,10 +23,16 @@ own `scaling` (its softmax scale) is recorded beside the queries, so
 
 from __future__ import annotations
 
+import inspect
 import sys
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from pagekv.maths.config import EvictionConfig
+from pagekv.maths.entropy import HeadMasses
+from pagekv.runtime.backend import score_window
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -156,3 +169,107 @@ class WindowQueryCapture:
         if missing:
             raise RuntimeError(f"no window queries were captured for layers {missing}")
         return torch.stack(self.queries)
+
+
+# ------------------------------------------------------------------------- the forward
+
+
+def cache_kwarg(model) -> str:
+    """`model.forward`'s cache argument: `cache` in transformers 5.24, `past_key_values`
+    before (5.17 on the GPU machines, which silently ignores `cache`)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def forward(model, ids: list[int], pos: int, cache, cache_kw: str, dev):
+    """`model`'s forward of `ids` at positions `pos..` into `cache`: the last logits only."""
+    return model(
+        input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
+        position_ids=torch.arange(pos, pos + len(ids), device=dev)[None],
+        **{cache_kw: cache},
+        use_cache=True,
+        logits_to_keep=1,
+    )
+
+
+# ------------------------------------------------------------------------- the prefill kept
+
+
+@dataclass
+class Prefill:
+    """One prompt, prefilled once; reusable for any number of `Runner.evaluate` calls.
+
+    `cache` is never mutated after the prefill: every evaluation works on a copy.
+    """
+
+    ids: list[int]  # the prefilled ids (the context only in question-after mode)
+    n: int  # len(ids)
+    cache: object  # transformers DynamicCache, layers' keys/values [1, G, n, d]
+    q_win: torch.Tensor  # [L, H, w', d] in the model's dtype, w' = min(window_max, n), after RoPE
+    first_logits: torch.Tensor  # float32 [V], the prefill's last-position logits
+    question_ids: list[int] | None  # question-after mode: prefilled after compaction
+    timings: dict  # {"prefill_s": ...}
+    n_layers: int  # L
+    n_heads: int  # H
+    n_groups: int  # G (KV heads)
+    head_dim: int  # d
+    scale: float  # softmax scale of the attention (module.scaling)
+    scales: list[float] = field(repr=False, default_factory=list)  # per layer
+    backend: str = "torch"  # resolved backend of the runner that made it
+    _scores: dict = field(default_factory=dict, repr=False)  # (w, n_sink) -> scores()
+    #: The reconstruction pass's scores by aggregation (`Runner.reconstruction`).
+    reconstruction: dict | None = field(default=None, repr=False)
+
+    @property
+    def window_max(self) -> int:
+        """w', the number of window queries captured per layer."""
+        return int(self.q_win.shape[2])
+
+    @property
+    def mode(self) -> str:
+        return "after" if self.question_ids else "inside"
+
+    def scores(self, window: int, n_sink: int) -> tuple[torch.Tensor, HeadMasses, str]:
+        """Profiles `[L, H, n]` float32 of the last `min(window, n)` queries and their
+        per-head masses for `n_sink` sinks, on the cache's device; and the backend that
+        scored them.
+
+        Memoised per (effective window, n_sink). On the Triton backend every layer's
+        scoring kernel writes the profiles and the mass sums in place on the device;
+        on the torch backend the twin computes the profiles once per window and the
+        masses from them (`HeadMasses.from_profiles`, what the twin defines). Raises
+        ValueError if the window is longer than what the prefill captured.
+        """
+        w = self._effective_window(window)
+        key = (w, int(n_sink))
+        if key not in self._scores:
+            cached = next((v for (kw, _), v in self._scores.items() if kw == w), None)
+            if cached is not None and self.backend == "torch":
+                prof = cached[0]
+                self._scores[key] = (prof, HeadMasses.from_profiles(prof, n_sink), "torch")
+            else:
+                # Every layer in one launch pair on Triton, each layer's keys read where
+                # the cache holds them; the queries stay in the cache's dtype.
+                keys = [layer.keys[0] for layer in self.cache.layers]
+                self._scores[key] = score_window(
+                    self.q_win[:, :, -w:], keys, n_sink,
+                    self.scales or [self.scale] * self.n_layers, backend=self.backend,
+                )  # fmt: skip
+        return self._scores[key]
+
+    def profiles(self, window: int) -> torch.Tensor:
+        """The attention profiles `[L, H, n]` of `scores(window, n_sink)` (profiles do
+        not depend on the sinks; an existing entry of any n_sink is reused)."""
+        w = self._effective_window(window)
+        n_sink = next((ns for kw, ns in self._scores if kw == w), EvictionConfig().n_sink)
+        return self.scores(w, n_sink)[0]
+
+    def _effective_window(self, window: int) -> int:
+        w = min(int(window), self.n)
+        if w < 1:
+            raise ValueError(f"window must be >= 1; got {window}")
+        if w > self.window_max:
+            raise ValueError(
+                f"window {w} exceeds the {self.window_max} window queries captured at "
+                f"prefill; prefill again with window_max >= {w}"
+            )
+        return w

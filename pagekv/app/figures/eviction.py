@@ -1,6 +1,6 @@
 """The app's views of plans: page frame, head weights, sinks, retention, UOR, memory,
 and the constructed mechanism. Pure functions from `Plan` objects and numbers to
-plotly figures (see `pagekv.views.figures`)."""
+plotly figures (see `pagekv.app.figures`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from pagekv.maths.metrics import isolation_gain
-from pagekv.views.figures.style import (
+from pagekv.app.figures.style import (
     BLACK,
     BLUE,
     GREEN,
@@ -29,6 +28,7 @@ from pagekv.views.figures.style import (
     _go,
     layout,
 )
+from pagekv.maths.metrics import isolation_gain
 
 
 def page_states(p) -> torch.Tensor:

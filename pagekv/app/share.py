@@ -3,8 +3,8 @@
 A link names run inputs by their API names (`RUN_INPUTS`); what it leaves out takes
 its default. The page's "Link to these settings" button writes one in the browser
 (`pagekvShareLink` in assets/app.js, given `share_js`); the page's load reads it
-(`pagekv.views.app_lessons.open_page`). A value a link gets wrong is said by the run
-as any other input is (`pagekv.views.inputs.parse_run`).
+(`pagekv.app.lesson_handlers.open_page`). A value a link gets wrong is said by the run
+as any other input is (`pagekv.app.inputs.parse_run`).
 
     >>> lesson_in_query({"lesson": "3"}).startswith("3. ")
     True
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 
-from pagekv.views.lesson_checks import LESSON_TITLES
-from pagekv.views.lessons import LESSONS
-from pagekv.views.run_inputs import RUN_DEFAULTS
+from pagekv.app.lesson_checks import LESSON_TITLES
+from pagekv.app.lessons import LESSONS
+from pagekv.app.run_inputs import RUN_DEFAULTS
 
 __all__ = ["lesson_in_query", "settings_in_query", "share_js", "shared_names"]
 

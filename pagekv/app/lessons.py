@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
+from pagekv.app.answers import mean_retention
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.metrics import isolation_gain, sink_advantage
 from pagekv.maths.policies import POOLING_POLICIES
 from pagekv.paths import ROOT
-from pagekv.views.answers import mean_retention
 
 #: The replay run the lessons cite (docs/results.md reads it too).
 REPLAY_RESULTS = ROOT / "docs" / "results" / "full" / "results.json"
@@ -120,7 +120,7 @@ class Prompt:
     name: str | None = None
 
     def spec(self, mode: str = "inside"):
-        from pagekv.serving.study import PromptSpec
+        from pagekv.app.study import PromptSpec
 
         return PromptSpec(**asdict(self), mode=mode)
 
@@ -138,7 +138,7 @@ class MechanismSettings:
     budget: float = 0.19
 
     def inputs(self) -> tuple:
-        """The mechanism controls' values, in `app_ui.MECH_CONTROLS` order (budget in %)."""
+        """The mechanism controls' values, in `handlers.MECH_CONTROLS` order (budget in %)."""
         s = self
         return (s.heads, s.retrieval, s.distractors, s.distractor_strength, s.sink_head, s.n,
                 round(100 * s.budget))  # fmt: skip
@@ -151,7 +151,7 @@ class MechanismSettings:
 class Evidence:
     """What a lesson's observation is checked against (one of the three is set)."""
 
-    comparison: object | None = None  # pagekv.serving.comparison.Comparison (live lessons)
+    comparison: object | None = None  # pagekv.app.comparison.Comparison (live lessons)
     mechanism: object | None = None  # pagekv.maths.mechanism.MechanismView (constructed)
     replay: dict | None = None  # the committed replay results (cited lessons)
 
@@ -817,7 +817,7 @@ def run_lesson(
     """Run `lesson` (live on `study`'s model, or on the constructed group / the committed
     replay) and check its observation."""
     if lesson.kind == "live":
-        from pagekv.serving.comparison import compare
+        from pagekv.app.comparison import compare
 
         evidence = Evidence(
             comparison=compare(

@@ -37,7 +37,7 @@ def _go():
 
 def is_figure(value) -> bool:
     """Whether `value` is a plotly figure (without importing plotly for other values'
-    sake: plotly stays inside `pagekv/views/figures/`)."""
+    sake: plotly stays inside `pagekv/app/figures/`)."""
     if not type(value).__module__.startswith("plotly"):
         return False
     from plotly.basedatatypes import BaseFigure

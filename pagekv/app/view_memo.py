@@ -8,9 +8,9 @@ sends draws only what decoding adds. Nothing here touches the model.
 
 from __future__ import annotations
 
-from pagekv.serving.memo import ByteLRU, nbytes
-from pagekv.views.figure_memo import BYTES_PER_VALUE, figure_values
-from pagekv.views.run_figures import comparison_figures
+from pagekv.app.figure_memo import BYTES_PER_VALUE, figure_values
+from pagekv.app.memo import ByteLRU, nbytes
+from pagekv.app.run_figures import comparison_figures
 
 #: Views that planning alone draws (a dragged slider updates these, without decoding).
 PLAN_VIEWS = ("frame", "retention", "uor", "stored", "memory")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 
-from pagekv.views.figures import needle_page_counts
+from pagekv.app.figures import needle_page_counts
 
 #: The answers table's columns (the caption explains stored, needle and needle pages).
 ANSWER_HEADERS = [

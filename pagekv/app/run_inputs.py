@@ -4,7 +4,7 @@
 from its fields (`takes_run_inputs`), so Gradio lists them by name and passes them by
 position; a lesson, a preset and a link each build one (`RunInputs.for_sides`,
 `RunInputs.replace`) instead of a dict of their own. The values are raw, as a control
-sends them: `pagekv.views.inputs.parse_run` reads them and names a wrong one.
+sends them: `pagekv.app.inputs.parse_run` reads them and names a wrong one.
 
     >>> RunInputs().budget_pct, RunInputs().replace(budget_pct=30).budget_pct
     (20.0, 30)
@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import inspect
 
-from pagekv.serving.comparison import METHOD_FIELDS
+from pagekv.app.comparison import METHOD_FIELDS
 
 __all__ = ["RUN_DEFAULTS", "RUN_INPUTS", "RunInputs", "takes_run_inputs"]
 
@@ -75,7 +75,7 @@ class RunInputs:
 
     @classmethod
     def for_sides(cls, prompt, a, b, *, model: str, layer: int = 0, lesson=None) -> RunInputs:
-        """The inputs that run `prompt` (`pagekv.views.lessons.Prompt`) with sides `a`
+        """The inputs that run `prompt` (`pagekv.app.lessons.Prompt`) with sides `a`
         and `b` (`lessons.Side`). B follows A ("Same settings as A") when the two
         differ only in their method, so that moving A's controls moves B's too."""
         linked = dataclasses.replace(a, **{m: getattr(b, m) for m in METHODS}) == b

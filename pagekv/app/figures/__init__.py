@@ -9,7 +9,7 @@ imported lazily (inside each function), so importing this package needs only tor
 - `replay`: the replay harness's table figures (T2 scatter, T4 recall, T7 answers).
 """
 
-from pagekv.views.figures.eviction import (
+from pagekv.app.figures.eviction import (
     head_weights_bars,
     layer_head_heatmap,
     mechanism_figure,
@@ -24,7 +24,7 @@ from pagekv.views.figures.eviction import (
     union_over_budget_heatmap,
     uor_curve,
 )
-from pagekv.views.figures.replay import answer_bars, disagreement_scatter, recall_bars
+from pagekv.app.figures.replay import answer_bars, disagreement_scatter, recall_bars
 
 __all__ = [
     "answer_bars",

@@ -11,8 +11,7 @@ import time
 
 import gradio as gr
 
-from pagekv.views.app_text import lesson_markdown, message
-from pagekv.views.app_ui import (
+from pagekv.app.handlers import (
     MECH_CONTROLS,
     MECH_VIEWS,
     RUN_VIEWS,
@@ -26,10 +25,11 @@ from pagekv.views.app_ui import (
     slider_range,
     update_layer,
 )
-from pagekv.views.lesson_checks import LESSON_TITLES, check_lesson, lesson_of
-from pagekv.views.lessons import LESSONS, VIEWS, layer_for
-from pagekv.views.run_inputs import RunInputs
-from pagekv.views.share import lesson_in_query, settings_in_query
+from pagekv.app.lesson_checks import LESSON_TITLES, check_lesson, lesson_of
+from pagekv.app.lessons import LESSONS, VIEWS, layer_for
+from pagekv.app.page_text import lesson_markdown, message
+from pagekv.app.run_inputs import RunInputs
+from pagekv.app.share import lesson_in_query, settings_in_query
 
 log = logging.getLogger("pagekv.app")
 
@@ -169,7 +169,7 @@ SHARED_BAD_TEXT = (
 @light
 def open_page(title, model="bundled", request: gr.Request = None):
     """The page's load, in ONE request: a link's lesson (`?lesson=3`) or settings
-    (`?budget_pct=25&...`, `pagekv.views.share`) set, run and checked, else the first
+    (`?budget_pct=25&...`, `pagekv.app.share`) set, run and checked, else the first
     lesson. Outputs: the lesson picker, the model, then `pick_lesson`'s."""
     query = dict(getattr(request, "query_params", None) or {})
     settings = settings_in_query(query)

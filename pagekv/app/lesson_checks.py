@@ -1,13 +1,13 @@
 """A lesson's observation checked on what the app just ran (live lessons), on the
 constructed group, or on the replay's committed tables; the replay's recall figure.
-No Gradio here: the handlers (`pagekv.views.app_lessons`) wire it to the page."""
+No Gradio here: the handlers (`pagekv.app.lesson_handlers`) wire it to the page."""
 
 from __future__ import annotations
 
 import logging
 
-from pagekv.views.app_text import CAPTIONS, message
-from pagekv.views.lessons import LESSONS, Evidence, load_replay, run_lesson
+from pagekv.app.lessons import LESSONS, Evidence, load_replay, run_lesson
+from pagekv.app.page_text import CAPTIONS, message
 
 log = logging.getLogger("pagekv.app")
 
@@ -109,8 +109,8 @@ def replay_caption(tables: dict | None = None) -> str:
 def replay_recall_figure():
     """Needle recall of our policies and kvpress's presses from the committed replay
     (table T4), not a live run."""
-    from pagekv.views import figures
-    from pagekv.views.figures.placeholder import placeholder
+    from pagekv.app import figures
+    from pagekv.app.figures.placeholder import placeholder
 
     try:
         tables = load_replay()["tables"]

@@ -1,6 +1,8 @@
-"""The decode step: every answer token of every run, for Llama, Mistral, Qwen2 and Qwen3
-decoders, on the CPU and on a GPU: few ops per layer, linear weights in one dtype,
-the kept pages in a paged cache.
+"""The decode: the step, its CUDA graph and the greedy loop. Every answer token of
+every run, for Llama, Mistral, Qwen2 and Qwen3 decoders, on the CPU and on a GPU: few
+ops per layer, linear weights in one dtype, the kept pages in a paged cache.
+
+**The step** (`LeanDecoder`).
 
 Why: docs/design.md, "What runs where" (the decode), and docs/performance.md: on the CPU
 reading the weights is the cost, and a `DynamicCache` copies the whole cache per token.
@@ -27,7 +29,7 @@ right, applied elementwise with a roll for `rotate_half`; the attention's own
 `tests/test_lean_decode.py`: float32 weights match it to 1e-5, half weights to the
 tolerance of their rounding. Which models: `unsupported_reason(model)` accepts Llama,
 Mistral, Qwen2 and Qwen3 decoders (biases included) whose layers have exactly these
-parts, the architectures the window capture (`pagekv.runtime.capture`) knows; the
+parts, the architectures the window capture (`pagekv.runtime.prefill`) knows; the
 runner refuses anything else in one sentence.
 
 Attention. Each (layer, group) attends its own kept tokens (layers and groups may
@@ -35,16 +37,60 @@ differ: padded and global plans, whose pages were allocated per group), through
 `PagedCache.attend`: the paged-decode kernel for one new token on the Triton backend,
 torch's SDPA otherwise; new tokens are causal among themselves. Several new tokens
 (the question, in "after" mode) are one forward, not one per token.
+
+**Its CUDA graph** (`GraphedStep`, `GraphBuckets`). A decode step of a 1.5B model on a
+GPU is some 28 x 20 kernel launches of a few microseconds each, so launching them from
+Python costs more than running them. A CUDA graph records the launches once and replays
+them with one call. What a replay needs: inputs and outputs at fixed addresses, and no
+value read from the host that changes from step to step. The decode step provides that
+with a `static` `PagedCache` (`pagekv.runtime.paged_cache`: writes and attention through
+the block tables and the device lengths, the paged-decode kernel for attention) and its
+position as a 0-dim device tensor (`LeanDecoder.step`).
+
+`GraphedStep(decoder, cache)` is a `forward(ids, pos) -> logits` for one decode:
+
+1. several tokens (the question) run eagerly;
+2. the first one-token step runs eagerly on a side stream (what PyTorch asks before a
+   capture: the kernels compiled, the allocator warmed);
+3. the second is captured (recording runs nothing; the host's count of the cache's
+   tokens grows once, as in an eager step) and replayed once, which runs it;
+4. every later one copies its token and position into the graph's inputs, grows the
+   host's count (the replay adds on the device) and replays.
+
+If the capture fails, the step says why in the log and runs eagerly from then on
+(`GraphedStep.failed`); each result names the decode that ran (`backends["decode"]`).
+
+A capture costs as much as some tens of replays, so a graph serves every decode of its
+capacity bucket (`GraphBuckets`); docs/design.md, "What runs where", says how buckets
+are kept and what tests/test_decode_graph.py checks on the CPU.
+
+**The greedy loop** (`greedy`): the next tokens stay on the device, fed back as the
+next step's input, and the host reads them once per chunk of steps.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import OrderedDict
+
 import torch
 import torch.nn.functional as F
 
+from pagekv.runtime.messages import one_line
 from pagekv.runtime.paged_cache import PagedCache
 
-__all__ = ["DECODE_DTYPES", "LeanDecoder", "resolve_decode", "unsupported_reason"]
+__all__ = [
+    "DECODE_DTYPES",
+    "GraphBuckets",
+    "GraphedStep",
+    "LeanDecoder",
+    "greedy",
+    "resolve_decode",
+    "unsupported_reason",
+]
+
+log = logging.getLogger(__name__)
+
 
 #: Model types whose decoder layers `LeanDecoder` reproduces (checked part by part).
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -230,8 +276,7 @@ class LeanDecoder:
         """Append `ids` `[B, t]` at positions `pos..pos+t-1` to `cache`; float32 logits
         `[B, V]` of the last position. `pos` is an int, or a 0-dim long tensor on the
         device (with a `static` cache: then the step reads nothing from the host that
-        changes between steps, and can be captured as a CUDA graph,
-        `pagekv.runtime.decode_graph`)."""
+        changes between steps, and `GraphedStep` below can capture it as a CUDA graph)."""
         B, t = ids.shape
         cache.grow(t)  # every layer's lengths, at once; each layer writes its slots
         d = self.head_dim
@@ -283,3 +328,144 @@ class LeanDecoder:
         half = self.head_dim // 2
         signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         return cos[:, :, None, :], signed[:, :, None, :]
+
+
+# ------------------------------------------------------------------------- the step as a CUDA graph
+
+
+class GraphedStep:
+    """`forward(ids [B, t], pos) -> float32 logits [B, V]` over one static `PagedCache`,
+    the one-token steps replayed from a CUDA graph (see the module docstring)."""
+
+    def __init__(self, decoder, cache):
+        if not cache.static:
+            raise ValueError("GraphedStep needs a static PagedCache")
+        self.decoder, self.cache = decoder, cache
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.failed: str | None = None  # why the capture failed, if it did
+        self._warm = False
+        self._ids = self._pos = self._out = None
+
+    @property
+    def graphed(self) -> bool:
+        """Whether the one-token steps are replayed from a graph."""
+        return self.graph is not None
+
+    def __call__(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
+        if ids.shape[1] != 1 or self.failed is not None:
+            return self.decoder.step(ids, pos, self.cache)
+        if self.graph is not None:
+            self._ids.copy_(ids)
+            self._pos.fill_(pos)
+            self.cache.grow(1, device=False)  # the replay adds 1 on the device
+            self.graph.replay()
+            return self._out.clone()  # the next replay overwrites the graph's output
+        position = torch.full((), pos, dtype=torch.long, device=ids.device)
+        if not self._warm:
+            self._warm = True
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = self.decoder.step(ids, position, self.cache)
+            torch.cuda.current_stream().wait_stream(side)
+            return out
+        self._ids, self._pos = ids.clone(), position  # the capture
+        added = self.cache.added
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                self._out = self.decoder.step(self._ids, self._pos, self.cache)
+        except Exception as e:  # the recording ran nothing: undo the host's count
+            self.cache.added = added
+            self.failed = one_line(e)
+            log.warning("pagekv decode: CUDA graph capture failed, decoding eagerly: %s",
+                        self.failed)  # fmt: skip
+            return self.decoder.step(ids, pos, self.cache)
+        self.graph = graph
+        graph.replay()
+        return self._out.clone()
+
+
+class GraphBuckets:
+    """One `GraphedStep` per capacity bucket, the `limit` most recently used kept (each
+    holds its pools and its graph's memory).
+
+    `step_for(cache)` is the step for one decode of `cache` (a fresh `PagedCache`): the
+    bucket's step with `cache`'s tokens adopted into its pools (its graph, once captured,
+    replayed from the first one-token step on), or a new step over `cache.bucketed()`.
+    """
+
+    def __init__(self, decoder, limit: int = 4):
+        self.decoder, self.limit = decoder, int(limit)
+        self._steps: OrderedDict[tuple, GraphedStep] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def step_for(self, cache) -> GraphedStep:
+        key = cache.bucket_key()
+        step = self._steps.pop(key, None)
+        if step is None:
+            step = GraphedStep(self.decoder, cache.bucketed())
+        else:
+            step.cache.adopt(cache)
+        self._steps[key] = step
+        while len(self._steps) > self.limit:
+            self._steps.popitem(last=False)
+        return step
+
+
+# ------------------------------------------------------------------------- the greedy loop
+
+
+def greedy(forward, pre, max_new, eos_ids, chunk, keep_logits=False, rows=1, on_token=None):
+    """Greedy decode of `rows` batch rows of the prefill `pre` (its question, if any,
+    then up to `max_new` tokens, stopping a row at one of `eos_ids`) with
+    `forward(ids [rows, t] on the device, pos) -> logits [rows, V]` appending to the
+    cache: `(tokens per row, the first row's logits or None, stop reason per row)`.
+
+    The next tokens stay on the device: the argmax is fed back as the next step's
+    input with no round trip through the host, and the host reads the tokens once
+    per `chunk` steps (one `tolist`), where it cuts each row's answer at its
+    first EOS and calls `on_token(tokens_a, ...)` with the tokens so far. Steps
+    decoded past a row's EOS are dropped: the tokens before it are the same (each
+    depends only on those before it, and rows never mix), and so are the logits kept.
+    """
+    pos = pre.n
+    tokens: list[list[int]] = [[] for _ in range(rows)]
+    stops = ["max_new_tokens"] * rows
+    if max_new == 0:
+        return tokens, (torch.empty(0) if keep_logits else None), stops
+    if pre.question_ids:
+        ids = torch.tensor(
+            [pre.question_ids] * rows, dtype=torch.long, device=pre.first_logits.device
+        )
+        logits = forward(ids, pos)
+        pos += len(pre.question_ids)
+    else:
+        logits = pre.first_logits.expand(rows, -1)  # the prefill saw the whole prompt
+    done = [False] * rows
+    kept: list[torch.Tensor] = []
+    pending: list[torch.Tensor] = []  # device tokens [rows, 1] the host has not read
+    produced = 0
+    while True:
+        if keep_logits:
+            kept.append(logits[0].float())
+        tok = torch.argmax(logits, dim=-1).view(rows, 1)
+        pending.append(tok)
+        produced += 1
+        if produced >= max_new or len(pending) >= chunk:
+            for step in torch.cat(pending, 1).T.tolist():  # the chunk's one host read
+                for row, t in enumerate(step):
+                    if not done[row]:
+                        tokens[row].append(t)
+                        if t in eos_ids:
+                            done[row], stops[row] = True, "eos"
+            pending = []
+            if on_token is not None:
+                on_token(*(list(t) for t in tokens))
+            if all(done) or produced >= max_new:
+                break
+        logits = forward(tok, pos)
+        pos += 1
+    return tokens, (torch.stack(kept[: len(tokens[0])]).cpu() if keep_logits else None), stops

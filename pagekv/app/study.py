@@ -8,11 +8,11 @@ the app and the replay harness.
 
 `prepare` tokenizes and prefills once (memoised per spec); `run` only plans,
 compacts a copy of the cache and decodes (docs/design.md, "The data path"). Every
-computation is a job on the model worker (`pagekv.serving.worker`; docs/design.md,
+computation is a job on the model worker (`pagekv.app.worker`; docs/design.md,
 "One model worker").
 
 Three memos, each bounded by bytes with least-recently-used eviction
-(`pagekv.serving.memo.ByteLRU`), so that a shared server stays bounded and a class running
+(`pagekv.app.memo.ByteLRU`), so that a shared server stays bounded and a class running
 the same lesson costs one computation:
 
 - prefills (`Study.prefills`, keyed by `PromptSpec`): sized by the prefill's KV cache,
@@ -38,7 +38,7 @@ prompts left 2.24 GiB resident (peak 2.45 GiB, during an 8000-token prefill), he
 `Study(..., prefill_memo_bytes=0, result_memo_bytes=0, plan_memo_bytes=0)` turns all
 three off (benchmarks that time repeated runs).
 
-Every `run` logs one INFO line (logger `pagekv.serving.study`) with its settings, the
+Every `run` logs one INFO line (logger `pagekv.app.study`) with its settings, the
 backend and the timings, and whether it was computed or served from memory.
 """
 
@@ -53,13 +53,14 @@ from array import array
 from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field, replace
 
+from pagekv.app.memo import ByteLRU
+from pagekv.app.worker import WORKER, Job, ModelWorker
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.plan import Plan
 from pagekv.runtime.models import LoadedModel, load_model
+from pagekv.runtime.prefill import Prefill
 from pagekv.runtime.result import RunResult
-from pagekv.runtime.runner import Prefill, Runner
-from pagekv.serving.memo import ByteLRU
-from pagekv.serving.worker import WORKER, Job, ModelWorker
+from pagekv.runtime.runner import Runner
 from pagekv.tasks import (
     Task,
     TaskError,
@@ -142,7 +143,7 @@ class Prepared:
     needle_positions: list[int]
     prepare_s: float
     #: What planning alone derives from this prompt and reuses (e.g. the UOR curve of a
-    #: configuration, `pagekv.serving.comparison.uor_rows`): small, kept with the prefill.
+    #: configuration, `pagekv.app.comparison.uor_rows`): small, kept with the prefill.
     derived: dict = field(default_factory=dict, repr=False)
 
     @property

@@ -1,4 +1,4 @@
-"""The figures of a comparison (`pagekv.serving.comparison`), and its export.
+"""The figures of a comparison (`pagekv.app.comparison`), and its export.
 
     figs = comparison_figures(comp, layer=0)
     paths = export(comp, figs, folder)     # the numbers and every figure
@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 import os
 
+from pagekv.app import figures
+from pagekv.app.comparison import Comparison, export_data, side_labels
+from pagekv.app.figure_memo import memo_figure
 from pagekv.maths.metrics import sink_advantage
-from pagekv.serving.comparison import Comparison, export_data, side_labels
-from pagekv.views import figures
-from pagekv.views.figure_memo import memo_figure
 
 
 @functools.lru_cache(maxsize=32)

@@ -1,6 +1,6 @@
 """The app's presets: settings that show a named difference, each one checked.
 
-Presets are curated like lessons (`pagekv.views.lessons`): a preset sets the app's
+Presets are curated like lessons (`pagekv.app.lessons`): a preset sets the app's
 controls (side B runs with side A's settings; only the policy differs, as the app's
 preset picker runs it), its title names the difference the two policies show, `shows`
 says it in a sentence for the page, and `checks` are the observations that measure
@@ -30,10 +30,10 @@ import dataclasses
 import json
 from pathlib import Path
 
+from pagekv.app import lessons
+from pagekv.app.lessons import Evidence, Finding, Observation, Prompt, Side, kept_overlap
+from pagekv.app.run_inputs import RunInputs
 from pagekv.paths import PRESETS_PATH  # noqa: E402
-from pagekv.views import lessons
-from pagekv.views.lessons import Evidence, Finding, Observation, Prompt, Side, kept_overlap
-from pagekv.views.run_inputs import RunInputs
 
 #: Keys of a preset that the app's controls take.
 FIELDS = (
@@ -44,7 +44,7 @@ FIELDS = (
 SHOWS = "shows"
 #: The key of a preset's checks: a tuple of `{"kind": ..., **arguments}` (`observation_of`).
 CHECKS = "checks"
-#: The view a preset opens (a tab id of app.py, `pagekv.views.lessons.VIEWS`) and the
+#: The view a preset opens (a tab id of app.py, `pagekv.app.lessons.VIEWS`) and the
 #: layer its head-weights view shows: the view where what it shows can be seen.
 VIEW, LAYER = "view", "layer"
 #: Every key of a normalised preset.
@@ -355,7 +355,7 @@ def observation_of(preset: dict):
 
 
 def preset_sides(preset: dict):
-    """A preset's `(Prompt, Side A, Side B)` (`pagekv.views.lessons`): B has A's settings
+    """A preset's `(Prompt, Side A, Side B)` (`pagekv.app.lessons`): B has A's settings
     and its own method (the defaults, window and uniform, where the preset names none)."""
     p = preset
     prompt = Prompt(**{f.name: p[f.name] for f in dataclasses.fields(Prompt)})
@@ -370,8 +370,8 @@ def preset_sides(preset: dict):
 
 def preset_inputs(preset: dict):
     """`(spec, cfg_a, cfg_b, mode_a, mode_b)` as the app runs the preset (its run inputs
-    through `pagekv.views.inputs.parse_run`)."""
-    from pagekv.views.inputs import parse_run
+    through `pagekv.app.inputs.parse_run`)."""
+    from pagekv.app.inputs import parse_run
 
     return parse_run(RunInputs.for_sides(*preset_sides(preset), model="bundled"))[:5]
 
@@ -386,7 +386,7 @@ def preset_matches(preset: dict, comp) -> bool:
 
 def compare_preset(study, preset: dict, max_new_tokens: int | None = None):
     """Run the preset's comparison on `study`'s model, as the app runs it."""
-    from pagekv.serving.comparison import compare
+    from pagekv.app.comparison import compare
 
     spec, cfg_a, cfg_b, mode_a, mode_b = preset_inputs(preset)
     return compare(

@@ -17,7 +17,7 @@ locks are taken by request threads only, and no job on the model worker takes on
 
 A session's entry also keeps a few values of its last finished run (`remember`,
 `recall`): the budgets its results were computed at, which a refused budget puts back
-in the boxes (pagekv/views/app_ui.py).
+in the boxes (pagekv/app/handlers.py).
 """
 
 from __future__ import annotations

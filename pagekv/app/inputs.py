@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 
+from pagekv.app.run_inputs import RunInputs
+from pagekv.app.study import MODES, PROMPT_TASKS, WINDOW_MAX, PromptSpec
 from pagekv.maths.config import ALLOCATIONS, POLICIES, SCORERS, EvictionConfig
 from pagekv.maths.paging import min_feasible_budget
-from pagekv.serving.study import MODES, PROMPT_TASKS, WINDOW_MAX, PromptSpec
 from pagekv.tasks import needle_depth, task_names
-from pagekv.views.run_inputs import RunInputs
 
 __all__ = [
     "ALLOCATIONS", "LIMITS", "MODES", "PAGE_SIZES", "SCORERS", "TASKS", "BudgetInputError",

@@ -8,7 +8,7 @@
 Planning (`plan_comparison`: the prefill, both sides' plans, the UOR curve and the memory
 rows, each configuration planned once through the study's plan memo) and decoding
 (`Decoding`: full, A and B as worker jobs, streamed) live here, below the views, which
-only draw them (`pagekv.views.run_figures`) and handle the page's events. Only the
+only draw them (`pagekv.app.run_figures`) and handle the page's events. Only the
 prefill is expensive; a new budget, page size or tau re-runs plan, compaction and
 decoding (`Study.prepare` memoises the prefill, and the full-cache answer is memoised
 per prompt).
@@ -21,12 +21,12 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 
+from pagekv.app.study import Prepared, PromptSpec, Study, served_copy
 from pagekv.maths.config import POLICIES, EvictionConfig
 from pagekv.maths.metrics import sink_advantage, summarize_sink_advantage
 from pagekv.maths.paging import BudgetError
 from pagekv.maths.plan import Plan
 from pagekv.maths.policies import get_policy
-from pagekv.serving.study import Prepared, PromptSpec, Study, served_copy
 
 #: Budgets of the UOR-across-budgets view.
 CURVE_BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
@@ -435,7 +435,7 @@ CSV_PER_GROUP = ("union_tokens", "stored_tokens", "padding_tokens", "uor_per_gro
 def export_data(comp: Comparison, folder: str) -> list[str]:
     """Write `pagekv_run.json` (`summary`) and `pagekv_run.csv` (one row per run x layer
     x group) into `folder`; their paths. (The app's Export adds the figures:
-    `pagekv.views.run_figures.export`.)"""
+    `pagekv.app.run_figures.export`.)"""
     os.makedirs(folder, exist_ok=True)
     js = os.path.join(folder, "pagekv_run.json")
     with open(js, "w") as f:
