@@ -165,6 +165,38 @@ def _config_from(args, policy: str, every: bool = False) -> EvictionConfig:
     )
 
 
+def _check_task_and_model(args) -> None:
+    """Refuse, before any model loads, a curated task name that does not exist and a
+    model that cannot load: not bundled, not a local folder, and not in the Hugging Face
+    cache while the hub is offline (what `load_model` would say after loading)."""
+    if args.task in ("qa", "code"):
+        from pagekv.tasks import task_names
+
+        names = task_names(args.task)
+        if args.name is not None and args.name not in names:
+            raise UsageError(
+                f"unknown {args.task} task {args.name!r}; choose from {', '.join(names)}"
+            )
+    from pathlib import Path
+
+    from pagekv.runtime.models import _hub_offline, bundled_model
+
+    name = str(args.model or "").strip()
+    if bundled_model(name) is not None or Path(name).expanduser().is_dir() or not _hub_offline():
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not a repo id at all
+        cached = False
+    if not cached:
+        raise UsageError(
+            f"cannot load model {name!r}: not in the local cache and the Hugging Face hub is "
+            "unreachable (HF_HUB_OFFLINE=1); use 'bundled' (built in)"
+        )
+
+
 def _spec_from(args):
     from pagekv.app.study import PromptSpec
     from pagekv.tasks import load_haystack_file, needle_depth
@@ -200,6 +232,7 @@ def cmd_run(args) -> int:
         raise UsageError(f"--budget must be a number in (0, 1]; got {args.budget}")
     every = len(policies) > 1
     configs = [_config_from(args, p, every) for p in policies]  # checked before a model loads
+    _check_task_and_model(args)  # likewise, in one line
     spec = _spec_from(args)
 
     from pagekv.app.study import Study
@@ -228,9 +261,16 @@ def format_table(runs: list) -> str:
 
     r0 = runs[0]
     t = r0.timings
+    if r0.mode == "after":  # the budgets are of the context, which alone is evicted
+        tokens = (
+            f"{r0.prompt_tokens} prompt tokens: {r0.context_tokens} of context (evicted, and "
+            f"what the budgets count) and {r0.prompt_tokens - r0.context_tokens} of question"
+        )
+    else:
+        tokens = f"{r0.prompt_tokens} prompt tokens (what the budgets count)"
     head = (
         f"model {r0.model} ({r0.device}, {r0.backend} backend), task {r0.task}, "
-        f"{r0.prompt_tokens} prompt tokens, mode {r0.mode}; expected {r0.expected!r}\n"
+        f"{tokens}, mode {r0.mode}; expected {r0.expected!r}\n"
         f"load {t['load_s']:.1f}s, prefill {t['prefill_s']:.2f}s\n"
     )
     cols = f"{'policy':<17}{'stored':>7}{'budget':>8}{'UOR max':>9}{'needle':>8}{'evict s':>9}"
@@ -353,8 +393,15 @@ def main(argv=None) -> int:
         )
     try:
         if argv[:1] == ["eval"]:  # with the `pagekv` model registered
-            from pagekv.integrations.lm_eval_model import cli
-
+            try:
+                from pagekv.integrations.lm_eval_model import cli
+            except ModuleNotFoundError as e:
+                if not (e.name or "").startswith("lm_eval"):
+                    raise
+                raise UsageError(
+                    "eval runs lm-evaluation-harness, which is not installed: "
+                    'pip install ".[eval]" (from the checkout) installs it'
+                ) from None
             return cli(argv[1:])
         commands = {"run": cmd_run, "lessons": cmd_lessons, "models": cmd_models}
         return commands.get(args.command, cmd_replay)(args)

@@ -1,13 +1,17 @@
 """`python -m pagekv run`: one JSON object, a readable table, one-line errors with exit 2."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from pagekv.cli import format_table, main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 REQUIRED = {
     "answer", "expected", "correct", "policy", "prompt_tokens", "budget_tokens", "kept_tokens",
@@ -102,3 +106,29 @@ def test_policy_all_table_and_json(capsys):
     # hold every field of a RunResult that the table reads).
     table = format_table([SimpleNamespace(**r) for r in out["runs"]])
     assert "policy" in table and "head_independent" in table and "expected" in table
+    # Which tokens the budgets count: the context alone, with the question after.
+    full = runs["full"]
+    question = full["prompt_tokens"] - full["context_tokens"]
+    assert (
+        f"{full['prompt_tokens']} prompt tokens: {full['context_tokens']} of context (evicted, "
+        f"and what the budgets count) and {question} of question"
+    ) in table
+
+
+def test_eval_without_lm_eval_says_what_to_install_in_one_line(tmp_path):
+    """`python -m pagekv eval` where lm-evaluation-harness does not import: one sentence
+    naming the install, exit 2, no traceback (issue 57, item 11). lm-eval is hidden from
+    a subprocess by a module of that name that raises as a missing one does."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "lm_eval.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'lm_eval'\", name='lm_eval')\n"
+    )
+    code = "import sys; from pagekv.cli import main; sys.exit(main(['eval', '--tasks', 'x']))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    assert 'pip install ".[eval]"' in out.stderr and out.stderr.startswith("pagekv: error:")

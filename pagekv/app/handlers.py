@@ -34,6 +34,7 @@ from pagekv.app.figures.style import is_figure
 from pagekv.app.inputs import (
     LIMITS,
     BudgetInputError,
+    InputError,
     budget_pct,
     check_budgets,
     min_budget_pct,
@@ -425,6 +426,9 @@ def _run(v: RunInputs, session=None):
     except BudgetInputError as e:  # the budget's one rule, with this prompt's floor
         yield _refused_budget(study, e, session, lesson)
         return
+    except InputError as e:  # any other refused input: nothing ran, as for a budget
+        yield _refused_input(e, session, lesson)
+        return
     except Exception as e:  # bad input or an unexpected failure: say it on the page
         log.warning("run failed: %s", e, exc_info=not isinstance(e, ValueError))
         SESSIONS.remember(session)  # the views are cleared: no results to go back to
@@ -476,6 +480,21 @@ def _refused_budget(study, e: BudgetInputError, session, lesson):
         status=message("error", text),
         budget=gr.update(value=a),
         budget_b=gr.update(value=b),
+        observation=_observation(lesson, None, refused=True),
+    )
+
+
+def _refused_input(e: InputError, session, lesson):
+    """An input outside its rule (a policy that cannot share a budget, a value no
+    control takes): the one sentence that says why. Nothing ran, so as for a refused
+    budget, a session's last finished results stay; without them every view is
+    cleared, as for any failed run."""
+    log.info("run refused: %s", e)
+    text = html.escape(" ".join(str(e).split()), quote=False)
+    if not SESSIONS.recall(session):
+        return _failed(text, lesson, refused=True)
+    return _updates(
+        status=message("error", text + " Nothing ran: the results below are the last run's."),
         observation=_observation(lesson, None, refused=True),
     )
 

@@ -25,6 +25,7 @@ from pagekv.tasks import needle_depth, task_names
 
 __all__ = [
     "ALLOCATIONS", "LIMITS", "MODES", "PAGE_SIZES", "SCORERS", "TASKS", "BudgetInputError",
+    "InputError",
     "as_number", "budget_pct", "budget_rule", "check_budgets", "nearest_in_range", "parse_run",
 ]  # fmt: skip
 
@@ -89,8 +90,18 @@ def shown_value(value) -> str:
 def budget_rule(side: str, got, cfg: EvictionConfig, n: int | None = None) -> str:
     """The budget's one rule, in one sentence: a number from the smallest feasible
     budget of an `n`-token prompt at `cfg`'s pages, sinks and window up to 100 (% of
-    the prompt); without `n`, the floor in words."""
+    the prompt); without `n`, the floor in words. The reason given is the limit `got`
+    is past: the protected pages below the floor, the whole prompt above 100."""
     tail = f"; got {shown_value(got)}."
+    if as_number(got) > 100:  # the upper limit's reason, not the floor's
+        lowest = "the smallest budget whose protected pages fit the prompt"
+        if n is not None:
+            lowest = _bound(min_budget_pct(n, cfg))
+        prompt = "the prompt" if n is None else f"this {n}-token prompt"
+        return (
+            f"Budget {side} must be a number from {lowest} to 100 (% of the prompt): 100 % "
+            f"keeps the whole of {prompt}, and no budget keeps more{tail}"
+        )
     if n is None:
         return (
             f"Budget {side} must be a number from the smallest budget whose protected pages "

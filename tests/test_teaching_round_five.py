@@ -1,0 +1,98 @@
+"""What a newcomer still tripped on (issue 57), each with a check that failed before its
+fix. Browser checks live in tests/test_browser_teaching.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagekv import EvictionConfig
+from pagekv.app.inputs import budget_rule, min_budget_pct
+
+CFG = EvictionConfig(page_size=16, n_sink=4, window=32)
+
+
+@pytest.mark.parametrize("got", [1e9, 150, "100.5", 101])
+def test_a_budget_above_100_is_refused_with_the_upper_limits_reason(got):
+    """Item 9: a budget of 1e9 was explained with the floor's reason ("below 3 % the
+    protected pages ... do not fit")."""
+    said = budget_rule("A", got, CFG, n=2000)
+    floor = min_budget_pct(2000, CFG)
+    assert said.startswith(f"Budget A must be a number from {floor:g} to 100 (% of the prompt)")
+    assert "100 % keeps the whole of this 2000-token prompt, and no budget keeps more" in said
+    assert "protected pages" not in said and "do not fit" not in said
+    without_n = budget_rule("B", got, CFG)
+    assert "keeps the whole of the prompt" in without_n and "do not fit" not in without_n
+
+
+@pytest.mark.parametrize("got", [1, 0, -5, "abc", None])
+def test_a_budget_below_the_floor_keeps_the_floors_reason(got):
+    said = budget_rule("A", got, CFG, n=2000)
+    assert "the protected pages (the first 4 tokens and the last 32" in said
+    assert "keeps the whole" not in said
+
+
+def test_lesson_8_says_what_it_compares_at():
+    """Item 13: lesson 8 was titled "At the same memory as kvpress" while it compares at
+    the same token budget (the replay's T4 and RULER's presses at equal kept tokens)."""
+    from pagekv.app.lessons import get_lesson
+
+    lesson = get_lesson("kvpress-same-memory")
+    assert "same token budget" in lesson.title and "memory" not in lesson.title.lower()
+    assert "same token ids and budgets" in lesson.text
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["run", "--task", "qa", "--name", "nope"], "unknown qa task 'nope'; choose from"),
+        (["run", "--task", "code", "--name", "qa_larkspur_wifi"], "unknown code task"),
+        (["run", "--model", "no-such-model"], "cannot load model 'no-such-model'"),
+        (["run", "--model", "no-org/no-model"], "the Hugging Face hub is unreachable"),
+    ],
+)
+def test_the_cli_refuses_a_task_or_model_before_loading_any_model(argv, said, monkeypatch, capsys):
+    """Item 10: `--task qa --name nope` was refused after 10 s and `--model no-such-model`
+    after 27 s, once a model had loaded. Now in one line, and no model loads."""
+    import pagekv.runtime.models as models
+    from pagekv.cli import main
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(models, "load_model", no_load)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagekv: error:") and err.count("\n") == 1, err
+    assert said in err and "a model was loaded" not in err
+
+
+@pytest.mark.slow
+def test_every_refusal_keeps_the_last_results_and_says_why(bundled_study):
+    """Item 8: `head_independent` with allocation `global` answered "No result" and
+    cleared the table, while a refused budget kept the last results. Now both keep a
+    session's last results and say why in one sentence; without earlier results the
+    views are cleared, as before."""
+    from types import SimpleNamespace
+
+    from pagekv.app import handlers
+
+    run = dict(task="needle", context=300, depth=0.5, mode="after", budget_pct=40.0, seed=11)
+    shared = dict(policy_b="head_independent", allocation_b="global")
+    i_status = handlers.RUN_VIEWS.index("status")
+    kept = [handlers.RUN_VIEWS.index(k) for k in ("answers", "frame", "last")]
+    # No earlier run in this session (none at all): every view cleared.
+    (out,) = list(handlers.run_comparison(**run, **shared))
+    assert "side B: allocation 'global' shares one budget" in out[i_status]
+    assert out[handlers.RUN_VIEWS.index("last")] is None
+    request = SimpleNamespace(session_hash="refusal-keeps-results")
+    try:
+        *_, done = handlers.run_comparison(**run, request=request)
+        assert done[i_status].startswith("**Done:**")
+        for refused in (shared, dict(budget_pct=0)):
+            (out,) = list(handlers.run_comparison(**(run | refused), request=request))
+            status = out[i_status]
+            assert status.startswith("**Error:**") and "Nothing ran" in status, status
+            assert all(out[i].get("__type__") == "update" and len(out[i]) == 1 for i in kept)
+    finally:
+        handlers.SESSIONS.end(request.session_hash)
