@@ -376,7 +376,7 @@ def test_lessons_1_and_3_name_their_figures_and_a_run_is_never_checked_early(ser
     bars = wait_plot(page, kind="bar")
     on_bar = dict(zip((str(x).split("<br>")[0] for x in bars["data"][0]["x"]),
                       bars["data"][0]["text"], strict=True))  # fmt: skip
-    assert on_bar["head_independent"] == mean, (on_bar, mean)
+    assert on_bar["head_independent"] == f"{mean} tokens", (on_bar, mean)  # the label's unit
     # Lesson 3: the head that gains most with isolation is marked and named.
     page.get_by_role("button", name="Next lesson").click()
     page.get_by_role("button", name="Next lesson").click()

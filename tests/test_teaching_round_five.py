@@ -96,3 +96,14 @@ def test_every_refusal_keeps_the_last_results_and_says_why(bundled_study):
             assert all(out[i].get("__type__") == "update" and len(out[i]) == 1 for i in kept)
     finally:
         handlers.SESSIONS.end(request.session_hash)
+
+
+def test_the_memory_chart_labels_say_their_unit():
+    """Item 12: lesson 1's memory chart had a MiB axis over bar labels in tokens, with no
+    unit on the labels."""
+    from pagekv.app.figures.eviction import memory_bars
+
+    fig = memory_bars([{"policy": "entropy", "tokens": 300, "bytes": 3 * 2**20}])
+    assert fig.layout.yaxis.title.text == "KV cache kept (MiB)"
+    assert list(fig.data[0].text) == ["300 tokens"]
+    assert "MiB" in fig.data[0].hovertemplate and "per (layer, group)" in fig.data[0].hovertemplate

@@ -649,10 +649,11 @@ def memory_bars(rows: Sequence[dict], title=None):
             x=[r.get("label", r["policy"]) for r in rows],
             y=[r["bytes"] / 2**20 for r in rows],
             marker_color=[POLICY_COLOURS.get(r["policy"], BLACK) for r in rows],
-            text=[str(r["tokens"]) for r in rows],
+            # The label names its unit: the axis is in MiB, the label in tokens.
+            text=[f"{r['tokens']} tokens" for r in rows],
             textposition="outside",
             cliponaxis=False,
-            hovertemplate="%{x}: %{y:.2f} MiB<extra></extra>",
+            hovertemplate="%{x}: %{y:.2f} MiB, %{text} per (layer, group)<extra></extra>",
         )
     )
     top = max((r["bytes"] for r in rows), default=1) / 2**20
