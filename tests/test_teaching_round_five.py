@@ -107,3 +107,26 @@ def test_the_memory_chart_labels_say_their_unit():
     assert fig.layout.yaxis.title.text == "KV cache kept (MiB)"
     assert list(fig.data[0].text) == ["300 tokens"]
     assert "MiB" in fig.data[0].hovertemplate and "per (layer, group)" in fig.data[0].hovertemplate
+
+
+def test_the_head_that_gains_most_with_isolation_is_never_a_sink_head():
+    """Item 12: in lesson 6 the "gains most with isolation" arrow pointed at a sink head,
+    against lesson 3's text (the weight isolation takes from the sink heads goes to the
+    others). The arrow and lesson 3's measurement pick among the other heads."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from pagekv.app.figures.eviction import head_weights_bars
+    from pagekv.maths.metrics import isolation_gain
+
+    iso = torch.tensor([[0.50, 0.30, 0.20, 0.40, 0.35, 0.25]])
+    raw = torch.tensor([[0.20, 0.40, 0.40, 0.30, 0.30, 0.40]])  # head 0 gains 0.30, most
+    sinks = torch.tensor([[True, False, False, False, True, False]])
+    assert isolation_gain(iso[0], raw[0]) == (0, pytest.approx(0.3))  # unmasked: a sink
+    assert isolation_gain(iso[0], raw[0], sinks[0]) == (3, pytest.approx(0.1))
+    assert isolation_gain(iso[0], raw[0], torch.ones(6, dtype=torch.bool)) == (-1, 0.0)
+    p = SimpleNamespace(weights_isolated=iso, weights_nosink=raw, sink_heads=sinks, n_groups=2)
+    fig = head_weights_bars(p, 0)
+    marks = [a for a in fig.layout.annotations if "gains most" in a.text]
+    assert [m.x for m in marks] == ["g1 h3"]

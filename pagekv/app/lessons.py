@@ -334,7 +334,8 @@ def sink_masquerade(layer: int | str, raw_at_least: float, isolated_below: float
         holds = r_raw >= raw_at_least and r_iso < isolated_below
         n_mixed = int((~torch.isnan(raw_all)).sum())
         n_fixed = int((iso_all < isolated_below).sum())  # NaN compares False
-        h, _ = isolation_gain(p.weights_isolated[at], p.weights_nosink[at])
+        # Among the layer's other heads (group g mixes sink and other heads: there is one).
+        h, _ = isolation_gain(p.weights_isolated[at], p.weights_nosink[at], p.sink_heads[at])
         r = p.weights_isolated.shape[1] // G
         measured = (
             f"layer {at} (of layers 0-{L - 1}), group {g}: sink heads weigh {r_raw:.2f}x the "

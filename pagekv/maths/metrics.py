@@ -105,11 +105,19 @@ def sink_advantage(weights: torch.Tensor, is_sink: torch.Tensor, n_groups: int) 
     return torch.where((n_s > 0) & (n_o > 0), ratio, torch.full_like(ratio, float("nan")))
 
 
-def isolation_gain(weights_isolated: torch.Tensor, weights_nosink: torch.Tensor) -> tuple:
+def isolation_gain(
+    weights_isolated: torch.Tensor, weights_nosink: torch.Tensor, sinks: torch.Tensor | None = None
+) -> tuple:
     """`(head, gain)` of one layer (`[H]` weights with and without sink isolation): the
     head whose weight isolation raises most, and by how much (where the weight it takes
-    from the sink heads goes)."""
-    gain = weights_isolated - weights_nosink
+    from the sink heads goes). With `sinks` (bool `[H]`, the layer's sink heads), only
+    the other heads compete: a sink head is never the one that gains most; `(-1, 0.0)`
+    where every head is a sink head."""
+    gain = (weights_isolated - weights_nosink).float()
+    if sinks is not None:
+        gain = gain.masked_fill(sinks.to(torch.bool), float("-inf"))
+        if bool(torch.isinf(gain).all()):
+            return -1, 0.0
     h = int(gain.argmax())
     return h, float(gain[h])
 

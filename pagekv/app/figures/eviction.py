@@ -373,7 +373,11 @@ def head_weights_bars(p, layer: int, title=None):
         (p.weights_nosink, "without isolation", SKY),
     ):
         fig.add_trace(go.Bar(x=heads, y=w[layer].tolist(), name=name, marker_color=colour))
-    h, gain = isolation_gain(p.weights_isolated[layer], p.weights_nosink[layer])
+    # Among the heads that are not sinks: where the weight isolation takes from the sink
+    # heads goes (lesson 3's text), never a sink head itself.
+    h, gain = isolation_gain(
+        p.weights_isolated[layer], p.weights_nosink[layer], p.sink_heads[layer]
+    )
     if gain > 0:  # where isolation moves the sinks' weight to
         fig.add_annotation(
             x=heads[h],
