@@ -167,34 +167,17 @@ def _config_from(args, policy: str, every: bool = False) -> EvictionConfig:
 
 def _check_task_and_model(args) -> None:
     """Refuse, before any model loads, a curated task name that does not exist and a
-    model that cannot load: not bundled, not a local folder, and not in the Hugging Face
-    cache while the hub is offline (what `load_model` would say after loading)."""
+    model that cannot load (`offline_refusal`): what `Study` and `load_model` would say
+    after loading."""
     if args.task in ("qa", "code"):
-        from pagekv.tasks import task_names
+        from pagekv.tasks import curated_name
 
-        names = task_names(args.task)
-        if args.name is not None and args.name not in names:
-            raise UsageError(
-                f"unknown {args.task} task {args.name!r}; choose from {', '.join(names)}"
-            )
-    from pathlib import Path
+        curated_name(args.task, args.name)  # a TaskError (ValueError): one line
+    from pagekv.runtime.models import offline_refusal
 
-    from pagekv.runtime.models import _hub_offline, bundled_model
-
-    name = str(args.model or "").strip()
-    if bundled_model(name) is not None or Path(name).expanduser().is_dir() or not _hub_offline():
-        return
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except ValueError:  # not a repo id at all
-        cached = False
-    if not cached:
-        raise UsageError(
-            f"cannot load model {name!r}: not in the local cache and the Hugging Face hub is "
-            "unreachable (HF_HUB_OFFLINE=1); use 'bundled' (built in)"
-        )
+    refused = offline_refusal(args.model)
+    if refused is not None:
+        raise refused
 
 
 def _spec_from(args):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from .test_ruler_bench import _means as ruler_means
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 RESEARCH = ROOT / "docs" / "research.md"
@@ -126,14 +128,6 @@ def test_every_python_block_runs_as_written(bundled_study):
             assert " True [" in answer, answer  # scored right by the task's own scoring
 
 
-def _ruler_means(model: str, mode: str) -> dict[str, str]:
-    """The `mean` column of docs/ruler.md's 2,048-token table for `model` and `mode`."""
-    text = (ROOT / "docs" / "ruler.md").read_text()
-    section = text.split(f"### {model}, 2048 tokens, question {mode}", 1)[1]
-    rows = [x.split(" | ") for x in section.split("###")[0].split("\nOn the ")[0].splitlines()]
-    return {r[0].lstrip("| "): r[-2] for r in rows if r[0].startswith("| ")}
-
-
 def test_the_readme_s_findings_are_the_committed_results():
     """Each number of the README's "What was found" comes from the file it cites."""
     from pagekv.app.lessons import ruler_numbers, search_numbers
@@ -147,8 +141,9 @@ def test_the_readme_s_findings_are_the_committed_results():
         f"prompt-settings: mean alone right on {s['search_mean']}, entropy alone on "
         f"{s['search_entropy']}"
     ) in readme
-    inside = _ruler_means("qwen-coder-0.5b", "inside")
-    after = _ruler_means("qwen-coder-0.5b", "after")
+    ruler = (ROOT / "docs" / "ruler.md").read_text()
+    inside = ruler_means(ruler, "inside", model="qwen-coder-0.5b")
+    after = ruler_means(ruler, "after", model="qwen-coder-0.5b")
     assert inside["mean 10%"] == inside["entropy 10%"]  # "both score"
     assert f"both score {inside['mean 10%']} at 10 % of the tokens, the full cache " \
         f"{inside['full']}" in readme  # fmt: skip

@@ -476,12 +476,7 @@ def _refused_budget(study, e: BudgetInputError, session, lesson):
         else f" Nothing ran: the budgets are back at {a:g} % (A) and {b:g} % (B), those of "
         "the results below."
     )
-    return _updates(
-        status=message("error", text),
-        budget=gr.update(value=a),
-        budget_b=gr.update(value=b),
-        observation=_observation(lesson, None, refused=True),
-    )
+    return _nothing_ran(text, lesson, budget=gr.update(value=a), budget_b=gr.update(value=b))
 
 
 def _refused_input(e: InputError, session, lesson):
@@ -493,10 +488,16 @@ def _refused_input(e: InputError, session, lesson):
     text = html.escape(" ".join(str(e).split()), quote=False)
     if not SESSIONS.recall(session):
         return _failed(text, lesson, refused=True)
+    return _nothing_ran(text + " Nothing ran: the results below are the last run's.", lesson)
+
+
+def _nothing_ran(text: str, lesson, **boxes):
+    """A refusal over the session's last results: the status line says `text`, the
+    lesson's verdict says nothing ran, `boxes` are set and every other view stays."""
     return _updates(
-        status=message("error", text + " Nothing ran: the results below are the last run's."),
-        observation=_observation(lesson, None, refused=True),
-    )
+        status=message("error", text), observation=_observation(lesson, None, refused=True),
+        **boxes,
+    )  # fmt: skip
 
 
 def _observation(lesson, comp, failed: bool = False, refused: bool = False):

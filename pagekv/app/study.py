@@ -65,13 +65,13 @@ from pagekv.tasks import (
     Task,
     TaskError,
     check_custom_prompt,
+    curated_name,
     default_max_new_tokens,
     get_task,
     make_custom_task,
     make_multi_needle_task,
     make_needle_task,
     score,
-    task_names,
 )
 
 log = logging.getLogger(__name__)
@@ -237,12 +237,7 @@ class Study:
                 **shared,
             )
         if spec.task in ("qa", "code"):
-            names = task_names(spec.task)
-            name = spec.name or names[0]
-            if name not in names:
-                choices = ", ".join(names)
-                raise TaskError(f"unknown {spec.task} task {name!r}; choose from {choices}")
-            task = get_task(name)
+            task = get_task(curated_name(spec.task, spec.name))
         else:
             task = make_custom_task(
                 spec.haystack, spec.needle, spec.question, spec.answer, depth=spec.depth

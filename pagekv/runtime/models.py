@@ -736,6 +736,23 @@ def _hub_error(name: str, e: BaseException, suggest: bool = True) -> ModelLoadEr
     return ModelLoadError(f"cannot load model {name!r}: {why}{tail}")
 
 
+def offline_refusal(name: str) -> ModelLoadError | None:
+    """What loading `name` would raise, found without loading anything: a name that is
+    not a bundled model, not a local folder and not in the Hugging Face cache while the
+    hub is offline (`_hub_error`'s words); None where loading may work."""
+    name = str(name or "").strip()
+    if bundled_model(name) is not None or _looks_local(name) or not _hub_offline():
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return None
+    except ValueError as e:  # not a repo id at all
+        return _hub_error(name, e)
+    return _hub_error(name, OSError("offline"))
+
+
 def _hub_offline() -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}:
         return True

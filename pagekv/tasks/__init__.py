@@ -17,7 +17,7 @@ from pagekv.tasks.base import (
     default_max_new_tokens,
     needle_depth,
 )
-from pagekv.tasks.curated import get_task, load_tasks, task_names
+from pagekv.tasks.curated import curated_name, get_task, load_tasks, task_names
 from pagekv.tasks.haystack import load_haystack, load_haystack_file
 from pagekv.tasks.needle import (
     BUILTIN_NEEDLES,
@@ -43,6 +43,7 @@ __all__ = [
     "Task",
     "TaskError",
     "contains",
+    "curated_name",
     "exact_match",
     "get_task",
     "load_haystack",

@@ -105,6 +105,17 @@ def task_names(kind: str = "all") -> list[str]:
     return [t.name for t in load_tasks(kind)]
 
 
+def curated_name(kind: str, name: str | None) -> str:
+    """The curated task of `kind` ("qa" or "code") that `name` designates (None: the
+    first); TaskError listing that kind's names for any other name."""
+    names = task_names(kind)
+    if name is None or name == "":
+        return names[0]
+    if name not in names:
+        raise TaskError(f"unknown {kind} task {name!r}; choose from {', '.join(names)}")
+    return name
+
+
 def get_task(name: str) -> Task:
     """One curated task by name; TaskError listing the valid names otherwise."""
     for task in load_tasks("all"):
