@@ -1,4 +1,4 @@
-"""RULER, built and scored by lm-evaluation-harness's own task code, under pagekv's
+r"""RULER, built and scored by lm-evaluation-harness's own task code, under pagekv's
 eviction policies (issue 43).
 
     python experiments/ruler.py [--models bundled qwen-coder-0.5b] [--lengths 2048]
@@ -15,13 +15,24 @@ prompts). `--table` writes the Markdown table of everything in `--out`: per mode
 length, question mode and method, each task's mean score, the samples behind it and
 the seconds they took.
 
-`--peers snapkv kvzip` adds NVIDIA kvpress's SnapKV and KVzip (`experiments.peer`:
-kvpress's own pipeline in its own environment, on the same token ids, one batch per
-task) at the same kept tokens as ours (`budget`), with the 16-token pages their kept
-tokens touch per (layer, KV head) recorded (`pages_16`: the most of any (layer, KV
-head)), for the comparison at equal physical memory. `--peer-sweep 0.3 0.5` also runs
-them at those fractions of each budget; the table then matches, per prompt, each press's
-run with the most physical memory that is still at most ours (`physical_match`).
+`--ours agnostic` adds the question-agnostic rows (`agnostic_methods`: the reconstruction
+pass scores the prompt; one prefill and one reconstruction pass per prompt serve every
+row of ours). `--peers snapkv kvzip keydiff chunkkv` adds NVIDIA kvpress's presses
+(`experiments.peer`: kvpress's own pipeline in its own environment, on the same token
+ids, one batch per task; `PEERS` their options) at `--peer-budgets` (default: ours, and
+`--peer-sweep` fractions of them), on the first `--peer-samples` documents. Every new
+answer row records the physical memory of its kept set in two measures
+(`experiments/ruler_memory.py`: `pages_sum`, `pages_max`), and the table matches, per
+prompt, each press's run with the most memory that is still at most ours.
+
+The question-agnostic comparison at equal physical memory (issue 58)::
+
+    python experiments/ruler.py --models qwen-coder-0.5b --modes after --ours agnostic \
+        --samples 20 --peers kvzip keydiff chunkkv --peer-samples 10 \
+        --peer-budgets 0.01 0.02 0.05 0.1 0.2 --table docs/ruler.md \
+        --figure docs/ruler_memory.svg
+
+Each prompt prints the seconds an answer of ours has taken so far.
 """
 
 from __future__ import annotations
@@ -39,6 +50,13 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from experiments.ruler_memory import (  # noqa: E402
+    equal_memory_table,
+    figure_svg,
+    memory_fields,
+    plan_memory,
+    press_of,
+)
 from pagekv import EvictionConfig  # noqa: E402
 from pagekv.integrations.lm_eval_model import (  # noqa: E402
     RULER_OFFLINE_TASKS as TASKS,
@@ -56,6 +74,7 @@ SAMPLES = 20
 
 
 def methods() -> dict[str, EvictionConfig]:
+    """The window-scored rows (`--ours window`)."""
     out = {"full": EvictionConfig(policy="full")}
     for budget in BUDGETS:
         for policy in (*POOLINGS, PER_HEAD):
@@ -65,8 +84,37 @@ def methods() -> dict[str, EvictionConfig]:
     return out
 
 
-#: The names of `methods()`, ours (their rows' physical memory is their kept pages).
-OUR_METHODS = frozenset(methods())
+#: The question-agnostic rows' budgets (issue 58).
+AGNOSTIC_BUDGETS = (0.05, 0.1, 0.2)
+
+
+def agnostic_methods() -> dict[str, EvictionConfig]:
+    """The question-agnostic rows (`--ours agnostic`): the reconstruction pass scores
+    the prompt (`scorer="reconstruct"`); mean and entropy pooling with one budget
+    shared by every (layer, KV head) (`allocation="global"`) at 5, 10 and 20 %, entropy
+    with a budget per (layer, KV head) (`"uniform"`) at 10 and 20 %, and entropy in
+    pages of 1 (token level) at 10 %: what pages cost at equal kept tokens."""
+    out = {"full": EvictionConfig(policy="full")}
+    rec = dict(scorer="reconstruct", page_size=PAGE)
+    for budget in AGNOSTIC_BUDGETS:
+        for policy in POOLINGS:
+            out[f"{policy} reconstruct/global {round(100 * budget)}%"] = EvictionConfig(
+                policy=policy, budget=budget, allocation="global", **rec
+            )
+    for budget in BUDGETS:
+        out[f"entropy reconstruct/uniform {round(100 * budget)}%"] = EvictionConfig(
+            policy="entropy", budget=budget, **rec
+        )
+    out["entropy reconstruct/global 10% (pages of 1)"] = EvictionConfig(
+        policy="entropy", budget=0.1, allocation="global", scorer="reconstruct", page_size=1
+    )
+    return out
+
+
+#: `--ours`: the row sets.
+OURS = {"window": methods, "agnostic": agnostic_methods}
+#: The names of every row of ours (a row not among them is a press's).
+OUR_METHODS = frozenset(methods()) | frozenset(agnostic_methods())
 
 
 def prompts(task_names, tokenizer: str, length: int, samples: int):
@@ -91,11 +139,24 @@ def prompts(task_names, tokenizer: str, length: int, samples: int):
             yield name, inst.doc_id, prompt, int(kwargs.get("max_gen_toks", 128)), inst.doc, task
 
 
-def peer_methods(peers, sweep=()) -> dict[str, tuple[str, float]]:
-    """`{"snapkv 10%": ("snapkv", 0.1), ...}`: each press at each budget, and at each
-    `sweep` fraction of it."""
-    budgets = sorted({round(b * f, 4) for b in BUDGETS for f in (1.0, *sweep)})
-    return {f"{p} {100 * b:g}%": (p, b) for p in peers for b in budgets}
+def peer_methods(peers, sweep=(), budgets=None) -> dict[str, tuple[str, float]]:
+    """`{"snapkv 10%": ("snapkv", 0.1), ...}`: each press at each of `budgets`, or by
+    default at each of ours and each `sweep` fraction of it."""
+    if not budgets:
+        budgets = sorted({round(b * f, 4) for b in BUDGETS for f in (1.0, *sweep)})
+    return {f"{p} {100 * b:g}%": (p, b) for p in peers for b in sorted(budgets)}
+
+
+#: The presses `--peers` runs, and their options: SnapKV's window as ours; ChunkKV
+#: in chunks of a page, around KeyDiff (question-agnostic); KVzip scores each prompt
+#: once for every budget (`reuse_scores`: tests/test_kvpress_peer.py shows the kept
+#: sets are its pipeline's).
+PEERS = {
+    "snapkv": dict(press_kwargs={"window_size": 32}),
+    "kvzip": dict(reuse_scores=True),
+    "keydiff": {},
+    "chunkkv": dict(press_kwargs={"scorer": "keydiff", "chunk_length": PAGE}),
+}
 
 
 #: Physical memory is counted in pages of this many tokens (a paged cache's page).
@@ -139,38 +200,44 @@ def physical_match(rows: list[dict], press: str, ours: str) -> list[dict]:
 
 def run_peers(args, model_name, length, cases, out: Path) -> None:
     """kvpress's presses on `cases` (`(task, index, prompt sha, c_ids, q_ids, max_new,
-    doc, task object, todo)`), one batch for all, each answer scored and appended."""
+    doc, task object, todo)`), one batch for all, each answer scored and appended with
+    its memory (`ruler_memory.memory_fields` of the pages its kept tokens touch); a
+    request the press fails is appended with its `error` and no score."""
     from experiments.peer import kvpress_peer as kp
 
     requests, meta = [], {}
-    theirs = peer_methods(args.peers, args.peer_sweep)
+    theirs = peer_methods(args.peers, args.peer_sweep, args.peer_budgets)
     for task, index, sha, c_ids, q_ids, max_new, doc, task_obj, todo in cases:
         for mode, name in todo:
             press, budget = theirs[name]
             ids = dict(input_ids=c_ids + q_ids) if mode == "inside" else dict(
                 context_ids=c_ids, question_ids=q_ids)  # fmt: skip
             rid = f"{task}/{index}/{mode}/{name}"
-            kw = {"window_size": 32} if press == "snapkv" else None
             requests.append(kp.make_request(rid, press, budget=budget, max_new_tokens=max_new,
-                                            press_kwargs=kw, **ids))  # fmt: skip
-            meta[rid] = (task, index, sha, mode, name, doc, task_obj, len(c_ids) + len(q_ids))
+                                            **PEERS.get(press, {}), **ids))  # fmt: skip
+            compressed = len(c_ids) + (len(q_ids) if mode == "inside" else 0)
+            meta[rid] = (task, index, sha, mode, name, doc, task_obj, len(c_ids) + len(q_ids),
+                         compressed)  # fmt: skip
     if not requests:
         return
     # KVzip answers in up to ~2 minutes on the 2-core CPU: the batch's limit grows with it.
     timeout = max(kp.RUN_TIMEOUT, 300 * len(requests))
     results = kp.run_kvpress(kp.bundled_model_dir(model_name), requests, timeout, progress=None)
     for res in results:
-        task, index, sha, mode, name, doc, task_obj, n = meta[res["id"]]
+        task, index, sha, mode, name, doc, task_obj, n, compressed = meta[res["id"]]
+        key = (model_name, length, task, index, mode, name)
         if res.get("error"):
             print(f"ruler: {res['id']}: {res['error']}")
+            _append_error(out, key, sha, n, res["error"], res.get("seconds"))
             continue
         pages = (res.get("touched_pages") or {}).get("16")
         # The tokens a (layer, KV head) attends to: a masking press (KVzip) keeps the
         # whole context in its cache and hides the rest, so its cache length says nothing.
         att = [c for row in res["attended_tokens"] for c in row]
-        _append(out, (model_name, length, task, index, mode, name), sha, n, res["answer"], doc,
-                task_obj, res.get("seconds"), round(sum(att) / len(att)), kept_tokens_max=max(att),
-                pages_16=max(max(row) for row in pages) if pages else None)  # fmt: skip
+        mem = memory_fields(pages, compressed) if pages else {}
+        _append(out, key, sha, n, res["answer"], doc, task_obj, res.get("seconds"),
+                round(sum(att) / len(att)), kept_tokens_max=max(att),
+                reused_scores=res.get("reused_scores", False), **mem)  # fmt: skip
 
 
 def done_cases(path: Path) -> dict[tuple, str | None]:
@@ -204,9 +271,12 @@ def run(args) -> None:
 
     out = Path(args.out)
     done = done_cases(out)
-    ours, theirs = methods(), peer_methods(args.peers, args.peer_sweep)
+    ours = {k: v for s in args.ours for k, v in OURS[s]().items()}
+    theirs = peer_methods(args.peers, args.peer_sweep, args.peer_budgets)
     window = max(cfg.window for cfg in ours.values())
+    peer_samples = args.samples if args.peer_samples is None else args.peer_samples
     stop_at = time.time() + 60 * args.minutes
+    spent, answered = 0.0, 0
     for model_name in args.models:
         loaded = load_model(model_name, device="cpu")
         runner = Runner(loaded.model, loaded.tokenizer)
@@ -214,7 +284,7 @@ def run(args) -> None:
         for length in args.lengths:
             peer_cases = []
             for task, index, prompt, max_new, doc, task_obj in prompts(
-                args.tasks, tokenizer_name(model_name), length, args.samples
+                args.tasks, tokenizer_name(model_name), length, max(args.samples, peer_samples)
             ):
                 sha = prompt_sha(prompt)
                 case = (model_name, length, task, index)
@@ -222,8 +292,10 @@ def run(args) -> None:
                 if peer_cases and peer_cases[-1][0] != task:  # a task's batch is complete
                     run_peers(args, model_name, length, peer_cases, out)
                     peer_cases = []
-                todo = [(m, n) for m in MODES for n in ours if (*case, m, n) not in done]
-                peer_todo = [(m, n) for m in MODES for n in theirs if (*case, m, n) not in done]
+                todo = [(m, n) for m in args.modes for n in ours
+                        if (*case, m, n) not in done and index < args.samples]  # fmt: skip
+                peer_todo = [(m, n) for m in args.modes for n in theirs
+                             if (*case, m, n) not in done and index < peer_samples]  # fmt: skip
                 if not todo and not peer_todo:
                     continue
                 if time.time() > stop_at:
@@ -235,7 +307,8 @@ def run(args) -> None:
                     peer_cases.append(
                         (task, index, sha, c_ids, q_ids, max_new, doc, task_obj, peer_todo)
                     )
-                for mode in MODES:
+                t_case = time.perf_counter()
+                for mode in args.modes:
                     names = [name for m, name in todo if m == mode]
                     if not names:
                         continue
@@ -244,12 +317,22 @@ def run(args) -> None:
                     prefill_s = time.perf_counter() - t0
                     for name in names:
                         t0 = time.perf_counter()
-                        res = runner.evaluate(pre, ours[name], max_new_tokens=max_new)
+                        planned = runner.plan_prefill(pre, ours[name])  # one reconstruction
+                        res = runner.evaluate(pre, ours[name], max_new_tokens=max_new,
+                                              planned=planned)  # fmt: skip
                         answer = tok.decode(res.tokens, skip_special_tokens=True)
+                        extra = {"prefill_s": prefill_s, **plan_memory(planned)}
+                        if "reconstruct_s" in pre.timings:
+                            extra["reconstruct_s"] = pre.timings["reconstruct_s"]
                         _append(out, (*case, mode, name), sha, len(c_ids) + len(q_ids), answer,
                                 doc, task_obj, time.perf_counter() - t0, max(res.kept_tokens),
-                                prefill_s=prefill_s)  # fmt: skip
-                print(f"ruler: {model_name} {length} {task} #{index} done", flush=True)
+                                **extra)  # fmt: skip
+                if todo:
+                    spent += time.perf_counter() - t_case
+                    answered += len(todo)
+                    print(f"ruler: {model_name} {length} {task} #{index}: {len(todo)} answers, "
+                          f"{spent / answered:.1f} s an answer so far (prefill and "
+                          "reconstruction included)", flush=True)  # fmt: skip
             run_peers(args, model_name, length, peer_cases, out)
 
 
@@ -264,6 +347,17 @@ def _append(out: Path, key, sha, n, answer, doc, task_obj, seconds, kept, **extr
         "answer": answer, "expected": doc["outputs"], "seconds": seconds,
         "kept_tokens": kept, **extra,
     }  # fmt: skip
+    with out.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _append_error(out: Path, key, sha, n, error: str, seconds) -> None:
+    """A request the press failed, as a JSON line with its `error` and no score (so a
+    resumed run does not retry it, and the table counts it apart)."""
+    model, length, task, index, mode, method = key
+    row = {"model": model, "length": length, "task": task, "index": index, "mode": mode,
+           "method": method, "prompt": sha, "prompt_tokens": n, "score": None,
+           "error": error, "seconds": seconds}  # fmt: skip
     with out.open("a") as f:
         f.write(json.dumps(row) + "\n")
 
@@ -298,26 +392,35 @@ the same table on the prompts every press answered, every method on those alone.
 def table(rows: list[dict]) -> str:
     """Markdown: per model, length and question mode, a row per method with each
     task's mean score (samples) and the total seconds; where a press ran, also the
-    press at equal physical memory to our entropy and mean rows (`physical_match`)."""
+    press at equal physical memory to our rows: in a block whose rows carry both
+    measures (`ruler_memory`), a table of our question-agnostic rows against each
+    press in each measure; else, rows of each press at our entropy and mean rows'
+    memory (`physical_match`). Failed requests are counted under their block."""
+    failed = [r for r in rows if r.get("score") is None]
+    rows = [r for r in rows if r.get("score") is not None]
     theirs = {r["method"] for r in rows} - OUR_METHODS
-    presses = sorted({m.split(" ")[0] for m in theirs})
+    presses = sorted({press_of(m) for m in theirs})
+    measured = {_block_of(r) for r in rows if r["method"] in OUR_METHODS and "pages_sum" in r}
     matched = [m for p in presses for b in BUDGETS for pool in POOLINGS
-               for m in physical_match(rows, p, f"{pool} {round(100 * b)}%")]  # fmt: skip
+               for m in physical_match(rows, p, f"{pool} {round(100 * b)}%")
+               if _block_of(m) not in measured]  # fmt: skip
     cells = defaultdict(list)
     for r in rows + matched:
         cells[(*_block_of(r), r["method"], r["task"])].append(r)
     lines = []
-    by_budget = sorted(theirs, key=lambda m: (m.split(" ")[0], float(m.split(" ")[1][:-1])))
-    order = [*methods(), *by_budget, *sorted({r["method"] for r in matched})]
+    by_budget = sorted(theirs, key=lambda m: (press_of(m), float(m.split(" ")[1][:-1])))
+    order = [*methods(), *[m for m in agnostic_methods() if m not in methods()], *by_budget,
+             *sorted({r["method"] for r in matched})]  # fmt: skip
     for key in sorted({_block_of(r) for r in rows}):
         lines += [f"### {key[0]}, {key[1]} tokens, question {key[2]}", ""]
         lines += _grid(cells, key, order)
+        block = [r for r in rows if _block_of(r) == key]
         # Our rows average more samples than a press's: the prompts every press answered,
         # every method on those alone.
         by_press = defaultdict(set)
-        for r in rows:
-            if r["method"] in theirs and _block_of(r) == key:
-                by_press[r["method"].split(" ")[0]].add((r["task"], r["index"]))
+        for r in block:
+            if r["method"] in theirs:
+                by_press[press_of(r["method"])].add((r["task"], r["index"]))
         asked = set.intersection(*by_press.values()) if by_press else set()
         if asked:
             same = {
@@ -327,7 +430,40 @@ def table(rows: list[dict]) -> str:
             }
             lines += [f"On the {len(asked)} prompts every press answered:", ""]
             lines += _grid(same, key, order)
+        if key in measured and by_press:
+            ours = [m for m in agnostic_methods() if m != "full"]
+            lines += ["At equal physical memory (`ruler_memory`): per prompt, each press's "
+                      "run with the most memory that is at most ours, in each measure; "
+                      "`press vs ours (prompts, N over)`:", ""]  # fmt: skip
+            lines += equal_memory_table(block, ours, sorted(by_press))
+        lost = defaultdict(list)
+        for r in failed:
+            if _block_of(r) == key:
+                lost[r["method"]].append(r)
+        if lost:
+            counts = ", ".join(f"{m} {len(v)}" for m, v in sorted(lost.items()))
+            first = next(iter(lost.values()))[0]["error"]
+            lines += [f"Requests the press failed (not in the means): {counts}; the first "
+                      f"said: {first}", ""]  # fmt: skip
     return "\n".join(lines)
+
+
+def memory_figure(rows: list[dict]) -> str:
+    """`ruler_memory.figure_svg` of the first block whose rows carry the memory measures,
+    on the prompts every method there answered (so each point averages the same ones)."""
+    rows = [r for r in rows if r.get("score") is not None and r.get("pages_sum") is not None]
+    if not rows:
+        raise SystemExit("ruler: no answers record their memory; run with --ours agnostic")
+    key = min(_block_of(r) for r in rows)
+    block = [r for r in rows if _block_of(r) == key]
+    asked: dict[str, set] = defaultdict(set)
+    for r in block:
+        asked[r["method"]].add((r["task"], r["index"]))
+    common = set.intersection(*asked.values())
+    same = [r for r in block if (r["task"], r["index"]) in common]
+    title = (f"RULER, {key[0]}, {key[1]} tokens, question {key[2]}: the {len(common)} prompts "
+             "every method answered")  # fmt: skip
+    return figure_svg(same, title)
 
 
 def _block_of(r: dict) -> tuple:
@@ -362,9 +498,17 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=["bundled"])
     ap.add_argument("--lengths", nargs="+", type=int, default=[2048])
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
-    ap.add_argument("--samples", type=int, default=SAMPLES)
-    ap.add_argument("--peers", nargs="*", default=[], choices=("snapkv", "kvzip"),
+    ap.add_argument("--samples", type=int, default=SAMPLES,
+                    help="our rows answer the first N documents of each task")  # fmt: skip
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--ours", nargs="+", default=["window"], choices=tuple(OURS),
+                    help="our rows: window-scored, question-agnostic")  # fmt: skip
+    ap.add_argument("--peers", nargs="*", default=[], choices=tuple(PEERS),
                     help="kvpress presses to run too (in kvpress's own environment)")  # fmt: skip
+    ap.add_argument("--peer-samples", type=int, default=None,
+                    help="presses answer the first N documents (default --samples)")  # fmt: skip
+    ap.add_argument("--peer-budgets", nargs="*", type=float, default=None,
+                    help="presses' budgets (fractions kept); default: ours, swept")  # fmt: skip
     ap.add_argument("--peer-sweep", nargs="*", type=float, default=[],
                     help="also run the presses at these fractions of each budget")  # fmt: skip
     ap.add_argument("--minutes", type=float, default=60.0)
@@ -372,6 +516,7 @@ def main(argv=None) -> int:
     ap.add_argument("--table", default=None, help="write the Markdown table here (and run nothing "
                     "with --table-only)")  # fmt: skip
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--figure", default=None, help="write the score-against-memory SVG here")
     args = ap.parse_args(argv)
     if not args.table_only:
         run(args)
@@ -379,6 +524,10 @@ def main(argv=None) -> int:
         rows = [json.loads(x) for x in Path(args.out).read_text().splitlines() if x.strip()]
         Path(args.table).write_text(HEADER + "\n" + table(rows) + "\n")
         print(f"ruler: wrote {args.table} from {len(rows)} answers")
+    if args.figure:
+        rows = [json.loads(x) for x in Path(args.out).read_text().splitlines() if x.strip()]
+        Path(args.figure).write_text(memory_figure(rows))
+        print(f"ruler: wrote {args.figure}")
     return 0
 
 

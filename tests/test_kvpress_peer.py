@@ -441,3 +441,73 @@ def test_kvpress_runs_every_press_on_the_bundled_model():
         )
     ours = out[0, n:].tolist()
     assert by_id["full"]["tokens"] == ours[: len(by_id["full"]["tokens"])]
+
+
+@pytest.mark.slow
+@pytest.mark.kvpress
+@pytest.mark.skipif(
+    os.environ.get("PAGEKV_TEST_KVPRESS") != "1",
+    reason="creates kvpress's own venv (~1 GB download); set PAGEKV_TEST_KVPRESS=1",
+)
+def test_kvzip_scored_once_keeps_what_its_pipeline_keeps_at_every_ratio():
+    """experiments/ruler.py scores a prompt with KVzip once and applies each ratio to
+    those scores (`reuse_scores`). Each ratio's kept set (its digest), pages and answer
+    must be those of kvpress's own pipeline run at that ratio alone; and ChunkKV, which
+    gathers whole chunks, must report chunk-aligned kept sets."""
+    from transformers import AutoTokenizer
+
+    model_dir = kp.bundled_model_dir()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    half = len(HAYSTACK) // 2
+    ctx = tok.encode(HAYSTACK[:half] + NEEDLE + HAYSTACK[half:], add_special_tokens=False)
+    q = tok.encode("\n" + QUESTION, add_special_tokens=False)
+    ratios = (0.5, 0.8, 0.95)
+    alone = [
+        kp.make_request(
+            f"alone {b}", "kvzip", context_ids=ctx, question_ids=q, budget=b, max_new_tokens=8
+        )  # fmt: skip
+        for b in ratios
+    ]
+    once = [
+        kp.make_request(
+            f"once {b}",
+            "kvzip",
+            context_ids=ctx,
+            question_ids=q,
+            budget=b,
+            max_new_tokens=8,
+            reuse_scores=True,
+        )  # fmt: skip
+        for b in ratios
+    ]
+    # A whole number of chunks, and one more partial chunk: kvpress 0.5.5's ChunkKV keeps
+    # a different count in a layer that picks the partial chunk, and the worker then
+    # feeds the question a token a step (one mask for every layer would not fit).
+    whole = ctx[: len(ctx) // 16 * 16]
+    ragged = kp.make_request("ragged", "chunkkv", context_ids=whole + ctx[-5:], question_ids=q,
+                             budget=0.25, max_new_tokens=8,
+                             press_kwargs={"scorer": "keydiff", "chunk_length": 16})  # fmt: skip
+    chunk = kp.make_request("chunkkv", "chunkkv", context_ids=whole, question_ids=q, budget=0.25,
+                            max_new_tokens=8, press_kwargs={"scorer": "keydiff",
+                            "chunk_length": 16}, page_sizes=(1, 16))  # fmt: skip
+    results = {r["id"]: r for r in kp.run_kvpress(model_dir, alone + once + [chunk, ragged])}
+    for r in results.values():
+        assert r["error"] is None, (r["id"], r["error"], r.get("traceback"))
+    assert [results[f"once {b}"]["reused_scores"] for b in ratios] == [False, True, True]
+    digests = set()
+    for b in ratios:
+        a, o = results[f"alone {b}"], results[f"once {b}"]
+        assert a["kept_digest"] == o["kept_digest"] is not None, b
+        assert a["touched_pages"] == o["touched_pages"] and a["answer"] == o["answer"], b
+        digests.add(a["kept_digest"])
+    assert len(digests) == len(ratios)  # the ratios keep different sets
+    # Reusing the scores skips the reconstruction: the later ratios cost less.
+    assert results[f"once {ratios[1]}"]["seconds"] < results[f"alone {ratios[1]}"]["seconds"]
+    c = results["chunkkv"]
+    kept_chunks = max(1, int(len(whole) // 16 * (1 - c["compression_ratio"])))
+    assert 0 < kept_chunks < len(whole) // 16
+    for per_layer in c["touched_pages"]["16"]:
+        assert per_layer == [kept_chunks] * 3  # every KV head keeps the same whole chunks
+    assert {t for row in c["touched_pages"]["1"] for t in row} == {16 * kept_chunks}
+    lengths = set(results["ragged"]["kept_tokens"])
+    assert len(lengths) == 2 and max(lengths) - min(lengths) == 16 - 5, lengths

@@ -312,3 +312,21 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
         f"tokens KVzip {shared['kvzip 1%']}, its tokens touching at least {touched1} %",
     ):
         assert quoted in guide, quoted
+
+
+def test_the_memory_figure_averages_every_method_on_the_same_prompts():
+    """A prompt one method has not answered is left out of every point."""
+    mem = {"pages_16": 2, "cells": 4, "context_pages": 5}
+
+    def row(method, index, score, pages_sum):
+        return _row(method, "ruler_vt", index, score, "after") | mem | {"pages_sum": pages_sum}
+
+    rows = [row("entropy reconstruct/global 10%", i, 1.0, 8) for i in (0, 1)]
+    rows += [row("kvzip 10%", 0, 0.5, 10), _row("entropy 10%", "ruler_vt", 1, 0.0, "after")]
+    svg = ruler.memory_figure(rows)
+    assert "the 1 prompts every method answered" in svg  # sample 1: no kvzip answer
+    # entropy at 8 of 20 pages, kvzip at 10 of 20, both on sample 0 alone
+    assert "entropy reconstruct/global 10%: 1.00 at 40.0%" in svg
+    assert "kvzip 10%: 0.50 at 50.0%" in svg
+    with pytest.raises(SystemExit, match="record their memory"):
+        ruler.memory_figure([_row("entropy 10%", "ruler_vt", 0, 1.0)])

@@ -62,7 +62,9 @@ from pathlib import Path
 
 from pagekv.integrations.kvpress_press import kvpress_kept
 
-PRESSES = ("snapkv", "expected_attention", "knorm", "streaming_llm", "kvzip", "keydiff")
+PRESSES = (
+    "snapkv", "expected_attention", "knorm", "streaming_llm", "kvzip", "keydiff", "chunkkv",
+)  # fmt: skip
 """The kvpress presses the peer runs (``"none"`` is also accepted: no compression)."""
 PAGEKV_PRESSES = ("pagekv_entropy", "pagekv_mean")
 """pagekv's own presses run through kvpress (``pagekv.integrations.kvpress_press``:
@@ -157,6 +159,7 @@ def make_request(
     max_new_tokens: int = 24,
     press_kwargs: dict | None = None,
     page_sizes: Sequence[int] = (16,),
+    reuse_scores: bool = False,
 ) -> dict:
     """One validated worker request.
 
@@ -169,6 +172,11 @@ def make_request(
     SnapKV, whose default window of 64 needs prompts longer than 64 tokens; ``{"page_size":
     16}`` for the ``pagekv_*`` presses of :data:`PAGEKV_PRESSES`). ``page_sizes``: the
     pages the result's ``touched_pages`` counts (what a paged cache of each would hold).
+    ``reuse_scores`` (KVzip only): a request on the same ids and press_kwargs as the one
+    before it applies its ratio to that request's scores instead of scoring again (the
+    worker's ``_scored``; tests/test_kvpress_peer.py checks that the kept sets are the
+    pipeline's). ``"chunkkv"``'s ``press_kwargs``: ``{"scorer": "keydiff",
+    "chunk_length": 16}``.
     """
     if press not in PRESSES and press not in PAGEKV_PRESSES and press != "none":
         raise ValueError(
@@ -212,6 +220,10 @@ def make_request(
     req["page_sizes"] = [int(P) for P in page_sizes]
     if press_kwargs:
         req["press_kwargs"] = dict(press_kwargs)
+    if reuse_scores:
+        if press != "kvzip":
+            raise ValueError(f"reuse_scores is for kvzip (scores without a ratio), not {press!r}")
+        req["reuse_scores"] = True
     return req
 
 

@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -108,7 +109,11 @@ PRESS_CLASSES = {
     "streaming_llm": "StreamingLLMPress",
     "kvzip": "KVzipPress",
     "keydiff": "KeyDiffPress",
+    "chunkkv": "ChunkKVPress",
 }
+#: ChunkKV wraps a scoring press: ``press_kwargs`` ``{"scorer": <one of these>,
+#: "chunk_length": 16, ...}`` (the other keys go to the scorer).
+CHUNK_SCORERS = ("keydiff", "knorm", "snapkv", "expected_attention")
 #: pagekv's presses run inside kvpress (pagekv.integrations.kvpress_press).
 PAGEKV_PRESS_CLASSES = {
     "pagekv_entropy": "PageEntroKVPress",
@@ -144,8 +149,15 @@ def make_press(name: str, compression_ratio: float, press_kwargs: dict | None):
         return make_pagekv_press(name, ratio, press_kwargs)
     import kvpress
 
-    cls = getattr(kvpress, PRESS_CLASSES[name])
-    return cls(compression_ratio=ratio, **(press_kwargs or {}))
+    kwargs = dict(press_kwargs or {})
+    if name == "chunkkv":
+        scorer = kwargs.pop("scorer", "keydiff")
+        if scorer not in CHUNK_SCORERS:
+            raise ValueError(f"chunkkv scorer {scorer!r}; expected one of {CHUNK_SCORERS}")
+        chunk = kwargs.pop("chunk_length", 20)
+        inner = getattr(kvpress, PRESS_CLASSES[scorer])(compression_ratio=ratio, **kwargs)
+        return kvpress.ChunkKVPress(press=inner, chunk_length=int(chunk))
+    return getattr(kvpress, PRESS_CLASSES[name])(compression_ratio=ratio, **kwargs)
 
 
 def _pagekv_importable() -> None:
@@ -207,6 +219,61 @@ def _record_kept(press) -> dict:
     return recorded
 
 
+def _record_gathered(press) -> dict:
+    """For a press that drops tokens by gathering the ones it keeps (ChunkKV,
+    StreamingLLM: not a ``ScorerPress``, so `_record_kept` sees nothing): records, per
+    layer, which input positions each KV head's kept keys are, found by exact equality
+    of the gathered rows with the input rows, as ``{layer: (keep bool [G, n], n)}``."""
+    recorded: dict = {}
+    try:
+        from kvpress.presses.scorer_press import ScorerPress
+    except ImportError:
+        return recorded
+    if isinstance(press, ScorerPress) or not hasattr(press, "compress"):
+        return recorded
+    compress = press.compress
+
+    def recording(module, hidden_states, keys, values, attentions, kwargs):
+        out_keys, out_values = compress(module, hidden_states, keys, values, attentions, kwargs)
+        n, k = int(keys.shape[2]), int(out_keys.shape[2])
+        if k < n:
+            same = (keys[0][:, :, None, :] == out_keys[0][:, None, :, :]).all(-1)  # [G, n, k]
+            keep = same.any(-1)
+            if not bool(same.any(1).all()) or int(keep.sum(-1).max()) != k:
+                raise RuntimeError("the kept keys are not a gather of the input keys")
+            recorded[int(module.layer_idx)] = (keep, n)
+        return out_keys, out_values
+
+    press.compress = recording
+    return recorded
+
+
+def _keep_scores(press) -> dict:
+    """Wraps KVzip's `compress_post` (its selection at the press's ratio) to keep a copy
+    of the scores it selects from, as ``saved["scores"]``."""
+    saved: dict = {}
+    select = press.compress_post
+
+    def keeping(model):
+        saved["scores"] = press.score_val.clone()
+        return select(model)
+
+    press.compress_post = keeping
+    return saved
+
+
+def _digest(keeps: list | None) -> str | None:
+    """A SHA-1 of the kept context positions, per layer and KV head (the same kept set
+    gives the same digest)."""
+    if keeps is None:
+        return None
+    h = hashlib.sha1()
+    for keep in keeps:
+        h.update(str(tuple(keep.shape)).encode())
+        h.update(keep.to("cpu").numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 class Worker:
     """Holds the model and tokenizer; runs one request at a time."""
 
@@ -232,6 +299,9 @@ class Worker:
             if src is not None:
                 eos.update(int(x) for x in (src if isinstance(src, (list, tuple)) else [src]))
         self.eos_ids = eos
+        #: `(key, per-layer (keys, values), KVzip's scores, the prefill's last logits)`
+        #: of the last prompt KVzip scored with `reuse_scores`.
+        self._scored = None
         # One tiny forward pays the one-time start-up costs (kernel selection, lazy
         # initialisation) here, in load_seconds, instead of in the first request's time.
         with torch.inference_mode():
@@ -262,6 +332,8 @@ class Worker:
                 per_head = torch.bincount(head[batch == 0], minlength=G).tolist()
                 counts = [length - int(m) for m in per_head]
                 keep[head[batch == 0], seq[batch == 0]] = False
+            elif i in recorded and recorded[i][0].dtype == torch.bool:  # `_record_gathered`
+                keep = recorded[i][0].cpu()
             elif i in recorded:
                 keep = torch.zeros(G, int(recorded[i][1]), dtype=torch.bool)
                 keep.scatter_(1, recorded[i][0].cpu(), True)
@@ -295,7 +367,7 @@ class Worker:
         press = make_press(
             req.get("press", "none"), req.get("compression_ratio", 0.0), req.get("press_kwargs")
         )
-        recorded = _record_kept(press)
+        recorded = _record_kept(press) or _record_gathered(press)
         page_sizes = req.get("page_sizes", [16])
         if not all(isinstance(P, int) and not isinstance(P, bool) and P >= 1 for P in page_sizes):
             raise ValueError(f"page_sizes must be positive integers; got {page_sizes!r}")
@@ -310,28 +382,53 @@ class Worker:
             raise ValueError(f"token id {max(prompt + question)} >= vocabulary size {vocab}")
 
         t0 = time.perf_counter()
-        cache = DynamicCache()
         n = len(prompt)
+        # KVzip's scores do not depend on the ratio: `reuse_scores` scores a prompt once
+        # and applies each later ratio to the same scores (`_scored`, the last prompt's).
+        reuse = bool(req.get("reuse_scores")) and req.get("press") == "kvzip"
+        key = (mode, tuple(prompt), json.dumps(req.get("press_kwargs") or {}, sort_keys=True))
+        reused = reuse and self._scored is not None and self._scored[0] == key
         with torch.inference_mode():
-            with press(self.model) if press is not None else contextlib.nullcontext():
-                if mode == "inside":
-                    logits = self.model(
-                        input_ids=self._tensor(prompt), past_key_values=cache, logits_to_keep=1
-                    ).logits[0, -1]
-                else:  # kvpress pipeline: prefill the context without the LM head
-                    self.model.model(input_ids=self._tensor(prompt), past_key_values=cache)
+            if reused:
+                _, layers, scores, logits = self._scored
+                cache = DynamicCache()
+                for i, (k, v) in enumerate(layers):
+                    cache.update(k.clone(), v.clone(), i)
+                press.score_val = scores.clone()
+                press.compress_post(self.model)  # KVzip's own selection at this ratio
+            else:
+                cache = DynamicCache()
+                saved = _keep_scores(press) if reuse else None
+                logits = None
+                with press(self.model) if press is not None else contextlib.nullcontext():
+                    if mode == "inside":
+                        logits = self.model(
+                            input_ids=self._tensor(prompt), past_key_values=cache,
+                            logits_to_keep=1,
+                        ).logits[0, -1]  # fmt: skip
+                    else:  # kvpress pipeline: prefill the context without the LM head
+                        self.model.model(input_ids=self._tensor(prompt), past_key_values=cache)
+                if saved is not None and "scores" in saved:
+                    layers = [(la.keys.clone(), la.values.clone()) for la in cache.layers]
+                    self._scored = (key, layers, saved["scores"], logits)
             kept = [int(layer.keys.shape[-2]) for layer in cache.layers]
             dropped = press is not None and any(k < n for k in kept)
             attended, keeps = self._masks(cache, recorded, dropped)
             touched = self._touched_pages(keeps, page_sizes)
             t_prefill = time.perf_counter() - t0
-            if question:
+            # A press that leaves layers of different lengths (ChunkKV, where some layers
+            # keep the context's last, partial chunk) gets its question one token a step:
+            # transformers builds one mask for every layer, from the first layer's length,
+            # for a step of many tokens, and none for a step of one.
+            pos = n
+            for part in [question] if len(set(kept)) == 1 else [[t] for t in question]:
                 logits = self.model(
-                    input_ids=self._tensor(question),
+                    input_ids=self._tensor(part),
                     past_key_values=cache,
-                    position_ids=self._positions(n, len(question)),
+                    position_ids=self._positions(pos, len(part)),
                     logits_to_keep=1,
                 ).logits[0, -1]
+                pos += len(part)
             tokens = [int(torch.argmax(logits))]
             for pos in range(n + len(question), n + len(question) + max_new - 1):
                 if tokens[-1] in self.eos_ids:
@@ -355,6 +452,8 @@ class Worker:
             "answer": answer,
             "tokens": tokens,
             "stop_reason": stop,
+            "kept_digest": _digest(keeps),
+            "reused_scores": reused,
             "prefill_seconds": round(t_prefill, 4),
             "seconds": round(seconds, 4),
         }
