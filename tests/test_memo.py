@@ -487,3 +487,82 @@ def test_a_detached_comparison_keeps_the_views_but_not_the_prefill(study):
     figs, light_figs = comparison_figures(comp, layer=1), comparison_figures(light, layer=1)
     assert figs.keys() == light_figs.keys()
     assert all(figs[k].to_json() == light_figs[k].to_json() for k in figs)
+
+
+# ---------------------------------------------------------------- the kept part
+
+
+def test_the_kept_part_holds_what_keep_if_names_whatever_the_rest_stores():
+    memo = ByteLRU(max_bytes=100, size_of=len, kept_bytes=60)
+    memo.keep_if = lambda key: key.startswith("lesson")
+    assert memo.put("lesson-a", b"a" * 30) and memo.put("lesson-b", b"b" * 30)
+    for i in range(10):  # exploration: far more than the first part holds
+        memo.put(f"x{i}", b"x" * 70)
+    assert memo.get("lesson-a") == b"a" * 30 and memo.get("lesson-b") == b"b" * 30
+    assert list(memo) == ["lesson-a", "lesson-b", "x9"]
+    assert memo.nbytes == 70 and memo.kept_nbytes == 60
+    # The kept part is bounded too: a third lesson entry lets the least recent go.
+    memo.get("lesson-a")
+    assert memo.put("lesson-c", b"c" * 30)
+    assert "lesson-b" not in memo and {"lesson-a", "lesson-c"} <= set(memo)
+    assert not memo.put("lesson-huge", b"h" * 61)  # larger than the kept cap
+    stats = memo.stats()
+    assert (stats["kept_entries"], stats["kept_bytes"], stats["max_kept_bytes"]) == (2, 60, 60)
+    assert memo.pop("lesson-a") == b"a" * 30 and memo.kept_nbytes == 30
+    # A kept entry that grows past the kept cap goes, as in the first part.
+    grow = [b"g" * 10]
+    memo.put("lesson-g", grow)  # its size: the list's length, 1
+    memo.size_of = lambda v: 999 if v is grow else len(v)
+    memo.refresh("lesson-g")
+    assert "lesson-g" not in memo and memo.kept_nbytes == 30
+
+
+def test_keep_now_moves_entries_both_ways_when_keep_if_changes():
+    memo = ByteLRU(max_bytes=100, size_of=len, kept_bytes=100)
+    memo.put("a", b"a" * 40)
+    memo.put("b", b"b" * 40)
+    assert memo.kept_nbytes == 0  # nothing named yet
+    memo.keep_if = lambda key: key == "a"
+    memo.keep_now()
+    assert (memo.nbytes, memo.kept_nbytes) == (40, 40)
+    memo.put("c", b"c" * 60)  # 100 in the first part: b and c; "a" is not in the way
+    memo.put("d", b"d" * 60)  # evicts b and c from the first part, never "a"
+    assert list(memo) == ["a", "d"]
+    memo.keep_if = lambda key: False
+    memo.keep_now()  # "a" back with the rest: 40 + 60 fits
+    assert (memo.nbytes, memo.kept_nbytes) == (100, 0) and set(memo) == {"a", "d"}
+    memo.clear()
+    assert len(memo) == 0 and memo.nbytes == memo.kept_nbytes == 0
+
+
+def test_a_kept_prompt_is_served_from_memory_after_exploration_fills_the_memos(study, counted):
+    """issue 57, item 2: the lessons' prompts (`Study.keep_prompts`) keep their prefill,
+    plans and results while other prompts come and go; a Study without them kept (the
+    negative control) computes the lesson's run again."""
+    lesson, cfg = prepared(study), EvictionConfig(policy="entropy", budget=0.5, window=16)
+    one = prepared(study, seed=7)
+    study.run(one, cfg, 2)
+    size = study.results.nbytes
+    for keep in (True, False):
+        small = Study(study.loaded, backend="torch", result_memo_bytes=int(1.5 * size),
+                      plan_memo_bytes=int(1.5 * size),
+                      prefill_memo_bytes=int(1.5 * nbytes(lesson)))  # fmt: skip
+        small.runner.evaluate = study.runner.evaluate  # counted
+        if keep:
+            small.keep_prompts({lesson.spec})
+        small.prefills.put(lesson.spec, lesson)
+        small.run(lesson, cfg, 2)
+        calls = len(counted)
+        for seed in range(20, 24):  # exploration: other prompts, each evicting the last
+            other = prepared(study, seed=seed)
+            small.prefills.put(other.spec, other)
+            small.run(other, cfg, 2)
+        assert len(counted) == calls + 4
+        small.run(lesson, cfg, 2)
+        kept = small.prefills.get(lesson.spec) is lesson
+        assert (len(counted) == calls + 4, kept) == (keep, keep), keep
+        if keep:
+            assert small.results.kept_nbytes > 0 and small.plans.kept_nbytes > 0
+            assert small.results.nbytes <= int(1.5 * size)  # the first part still bounded
+    small.keep_prompts(set())  # let go: back to the ordinary parts
+    assert small.results.kept_nbytes == 0

@@ -131,3 +131,18 @@ def test_the_head_that_gains_most_with_isolation_is_never_a_sink_head():
     fig = head_weights_bars(p, 0)
     marks = [a for a in fig.layout.annotations if "gains most" in a.text]
     assert [m.x for m in marks] == ["g1 h3"]
+
+
+def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
+    """Item 2: the app's study keeps the live lessons' prompts in its memos' kept parts
+    (tests/test_memo.py shows exploration then cannot evict them): the 2000-token
+    needle prompt, with the question inside and after."""
+    from pagekv.app import handlers
+
+    study = handlers.get_study("bundled")
+    assert study.kept_prompts == handlers.LESSON_PROMPTS
+    assert {(s.task, s.context_tokens, s.mode) for s in study.kept_prompts} == {
+        ("needle", 2000, "inside"),
+        ("needle", 2000, "after"),
+    }
+    assert study.prefills.kept_bytes >= 2 * 100 * 2**20  # two such prefills, 100 MiB each

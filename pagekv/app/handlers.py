@@ -43,6 +43,7 @@ from pagekv.app.inputs import (
     shown_value,
 )
 from pagekv.app.lesson_checks import check_lesson, lesson_of, verdict
+from pagekv.app.lessons import lesson_prompts
 from pagekv.app.model_registry import ModelRegistry, model_key
 from pagekv.app.page_text import STALE_NOTE, message
 from pagekv.app.presets import check_preset, load_presets, preset_matches, preset_sides
@@ -105,11 +106,18 @@ def configure(
     MODELS.decode_dtype = decode_dtype
 
 
+#: The live lessons' prompts (`lessons.lesson_prompts`).
+LESSON_PROMPTS = lesson_prompts()
+
+
 def get_study(model_name: str):
     """The Study for `model_name` (loaded once, shared; falls back to the default model
     with `study.loaded.fell_back` and a note when the name cannot load; ModelRefused,
-    in one sentence, for a name the server does not offer)."""
-    return MODELS.get(model_name)
+    in one sentence, for a name the server does not offer). Its memos keep the
+    lessons' prompts apart from exploration (`Study.keep_prompts`)."""
+    study = MODELS.get(model_name)
+    study.keep_prompts(LESSON_PROMPTS)
+    return study
 
 
 def model_that_ran(name):

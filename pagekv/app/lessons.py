@@ -39,6 +39,9 @@ POOLING_SEARCH = ROOT / "docs" / "pooling_search" / "qwen-coder-0.5b.json"
 #: RULER built and scored by lm-eval's own task code (`python experiments/ruler.py`,
 #: docs/ruler.md): lesson 6 reads its means.
 RULER_RESULTS = ROOT / "docs" / "ruler.jsonl"
+#: The comparison at equal physical memory on RULER (`python experiments/ruler.py
+#: --figure docs/ruler_memory.svg` writes it beside the figure): lesson 8 reads it.
+RULER_MEMORY = ROOT / "docs" / "ruler_memory.json"
 #: The app's views a lesson can open (tab ids of app.py).
 VIEWS = ("frame", "retention", "weights", "sinks", "uor", "mechanism", "replay")
 #: The lessons' words, apart from what they run and check (`read_words`).
@@ -596,6 +599,8 @@ def lesson_text(
         values |= search_numbers(search)
     if "{ruler_" in lesson.text + lesson.credit:
         values |= ruler_numbers()
+    if "{mem_" in lesson.text + lesson.credit:
+        values |= memory_numbers()
     return text.format(**values)
 
 
@@ -632,6 +637,34 @@ def ruler_numbers(rows: list[dict] | None = None) -> dict:
     for key, method in (("ruler_kvzip_pages", "kvzip 10%"), ("ruler_kvzip1_pages", "kvzip 1%")):
         kvzip = [r for r in rows if r["method"] == method]
         out[key] = int(100 * min(r["pages_16"] / -(-r["prompt_tokens"] // 16) for r in kvzip))
+    return out
+
+
+#: The row of ours lesson 8 quotes at equal physical memory, and the press beside it.
+MEMORY_OURS, MEMORY_PRESS = "entropy reconstruct/global 10%", "kvzip"
+
+
+def memory_numbers(summary: dict | None = None) -> dict:
+    """Lesson 8's figures of the comparison at equal physical memory (`RULER_MEMORY`):
+    `mem_model`, and for `MEMORY_OURS` against `MEMORY_PRESS` in each measure (`sum`:
+    pages summed over (layer, KV head); `max`: the fullest one's, everywhere) the
+    prompts compared (`mem_prompts_sum`), the press's and our scores on them
+    (`mem_press_sum`, `mem_ours_sum`, two decimals) and the prompts where no run of the
+    press fits (`mem_over_sum`); and our memory as a share of the full cache in each
+    (`mem_frac_sum`, %)."""
+    if summary is None:
+        summary = json.loads(RULER_MEMORY.read_text())
+    entry = next(e for e in summary["equal_memory"] if e["ours"] == MEMORY_OURS)
+    out = {"mem_model": summary["block"][0]}
+    for m, short in (("pages_sum", "sum"), ("pages_max", "max")):
+        got = entry["presses"][MEMORY_PRESS][m]
+        out |= {
+            f"mem_prompts_{short}": got["prompts"],
+            f"mem_over_{short}": got["over"],
+            f"mem_press_{short}": f"{got['press']:.2f}",
+            f"mem_ours_{short}": f"{got['ours']:.2f}",
+            f"mem_frac_{short}": round(100 * entry["memory"][m]),
+        }
     return out
 
 
@@ -778,6 +811,18 @@ LESSONS: tuple[Lesson, ...] = (
 _ORPHANS = set(WORDS) - {lesson.id for lesson in LESSONS}
 if _ORPHANS:  # words for no lesson: a renamed lesson whose words were left behind
     raise ValueError(f"{WORDS_FILE.name} has words for no lesson: {sorted(_ORPHANS)}")
+
+
+def lesson_prompts() -> frozenset:
+    """The prompt specs the live lessons run (each side's question position): the
+    prompts whose prefills, plans and results a `Study` keeps apart from exploration
+    (`Study.keep_prompts`)."""
+    return frozenset(
+        lesson.prompt.spec(side.mode)
+        for lesson in LESSONS
+        if lesson.kind == "live"
+        for side in (lesson.a, lesson.b)
+    )
 
 
 def get_lesson(lesson_id: str) -> Lesson:

@@ -17,6 +17,17 @@ dozen short ones fit in; counting bytes does not.
     >>> memo.put("big", b"w" * 200)         # larger than the cap: not stored
     False
 
+A second part, for entries the owner keeps apart (the lessons' prefills, plans and
+results, which a class opens again and again): `kept_bytes` caps it, `keep_if(key)` says
+which keys go there, and what the first part stores never evicts them.
+
+    >>> memo = ByteLRU(max_bytes=100, size_of=len, kept_bytes=50)
+    >>> memo.keep_if = lambda key: key.startswith("lesson")
+    >>> memo.put("lesson-1", b"l" * 40), memo.put("x", b"x" * 90), memo.put("y", b"y" * 90)
+    (True, True, True)
+    >>> list(memo), memo.nbytes, memo.kept_nbytes   # "x" went; the lesson's entry stays
+    (['lesson-1', 'y'], 90, 40)
+
 A computation of a missing key announces itself with `computing(key)` and stores its
 value with `put`; `get_or_wait(key)` in other threads waits for it and shares the value
 (a class running the same lesson costs one computation), even while it streams its
@@ -89,6 +100,8 @@ class ByteLRU:
         size_of: the size of a value in bytes (default `nbytes`), measured when it is
             stored and again by `refresh` (a value that grows after being stored).
         max_entries: an optional cap on the number of entries as well (None: none).
+        kept_bytes: the cap of the kept part (module docstring); 0 (default): none,
+            every key goes to the first part.
 
     Every method holds one lock for its few dictionary operations only; a computation
     announced with `computing` runs outside it.
@@ -99,6 +112,7 @@ class ByteLRU:
         max_bytes: int,
         size_of: Callable[[Any], int] = nbytes,
         max_entries: int | None = None,
+        kept_bytes: int = 0,
     ):
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0; got {max_bytes}")
@@ -108,6 +122,13 @@ class ByteLRU:
         self.max_entries = max_entries
         self.size_of = size_of
         self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        #: The kept part: its own entries, bytes and cap, least recently used out first
+        #: among themselves only.
+        self.kept_bytes = int(kept_bytes)
+        self._kept: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._kept_total = 0
+        #: Which keys go to the kept part (set by the owner; none by default).
+        self.keep_if: Callable[[Hashable], bool] = lambda key: False
         self._pending: dict[Hashable, threading.Event] = {}  # computing: done when set
         self._lock = threading.Lock()
         self._bytes = 0
@@ -118,30 +139,37 @@ class ByteLRU:
     # ------------------------------------------------------------------ mapping
 
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._data) + len(self._kept)
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self._data
+        return key in self._data or key in self._kept
 
     def __iter__(self):
         return iter(self.keys())
 
     def keys(self) -> list:
-        """The keys, least recently used first (a snapshot)."""
+        """The keys, the kept part's first, each part least recently used first (a
+        snapshot)."""
         with self._lock:
-            return list(self._data)
+            return [*self._kept, *self._data]
 
     def items(self) -> list[tuple[Hashable, Any]]:
-        """`(key, value)` pairs, least recently used first (a snapshot)."""
+        """`(key, value)` pairs, in the order of `keys` (a snapshot)."""
         with self._lock:
-            return [(k, v) for k, (v, _) in self._data.items()]
+            return [(k, v) for part in (self._kept, self._data) for k, (v, _) in part.items()]
 
     @property
     def nbytes(self) -> int:
-        """The sum of the stored values' sizes (<= `max_bytes`). Read under the lock:
+        """The sum of the first part's sizes (<= `max_bytes`). Read under the lock:
         a put adds before it evicts, and no reader may see that moment."""
         with self._lock:
             return self._bytes
+
+    @property
+    def kept_nbytes(self) -> int:
+        """The sum of the kept part's sizes (<= `kept_bytes`)."""
+        with self._lock:
+            return self._kept_total
 
     def stats(self) -> dict:
         """Entries, bytes, cap, hits, misses and evictions so far."""
@@ -150,6 +178,9 @@ class ByteLRU:
                 "entries": len(self._data),
                 "bytes": self._bytes,
                 "max_bytes": self.max_bytes,
+                "kept_entries": len(self._kept),
+                "kept_bytes": self._kept_total,
+                "max_kept_bytes": self.kept_bytes,
                 "hits": self.hits,
                 "misses": self.misses,
                 "evictions": self.evictions,
@@ -158,12 +189,13 @@ class ByteLRU:
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value of `key` (now the most recently used), else `default`."""
         with self._lock:
-            if key not in self._data:
+            part = self._kept if key in self._kept else self._data
+            if key not in part:
                 self.misses += 1
                 return default
             self.hits += 1
-            self._data.move_to_end(key)
-            return self._data[key][0]
+            part.move_to_end(key)
+            return part[key][0]
 
     def put(self, key: Hashable, value: Any) -> bool:
         """Store `value` as the most recently used, evicting the least recently used
@@ -175,6 +207,10 @@ class ByteLRU:
 
     def pop(self, key: Hashable, default: Any = None) -> Any:
         with self._lock:
+            if key in self._kept:
+                value, size = self._kept.pop(key)
+                self._kept_total -= size
+                return value
             if key not in self._data:
                 return default
             value, size = self._data.pop(key)
@@ -184,27 +220,44 @@ class ByteLRU:
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
-            self._bytes = 0
+            self._kept.clear()
+            self._bytes = self._kept_total = 0
+
+    def keep_now(self) -> None:
+        """After the owner changed `keep_if`: move the entries it now names to the kept
+        part, and the kept ones it no longer names to the first part (where the least
+        recently used may then go)."""
+        with self._lock:
+            for key in [k for k in self._data if self.keep_if(k)]:
+                value, size = self._data.pop(key)
+                self._bytes -= size
+                self._put_locked(key, value, size)
+            for key in [k for k in self._kept if not self.keep_if(k)]:
+                value, size = self._kept.pop(key)
+                self._kept_total -= size
+                self._put_locked(key, value, size)
 
     def refresh(self, key: Hashable) -> None:
         """Measure `key`'s value again (it grew, e.g. a prefill that memoised more
         scores) and evict to stay under the cap; an absent key is ignored."""
         with self._lock:
-            entry = self._data.get(key)
+            entry = self._kept.get(key) or self._data.get(key)
         if entry is None:
             return
         size = int(self.size_of(entry[0]))
         with self._lock:
-            current = self._data.get(key)
+            kept = key in self._kept
+            part = self._kept if kept else self._data
+            current = part.get(key)
             if current is None or current[0] is not entry[0]:
                 return  # replaced or evicted meanwhile
-            self._bytes += size - current[1]
-            self._data[key] = (current[0], size)
-            if size > self.max_bytes:
-                del self._data[key]
-                self._bytes -= size
-                self.evictions += 1
-            self._evict_locked()
+            del part[key]
+            if kept:
+                self._kept_total -= current[1]
+            else:
+                self._bytes -= current[1]
+            if not self._put_locked(key, current[0], size):
+                self.evictions += 1  # it grew past its part's cap
 
     @contextmanager
     def computing(self, key: Hashable):
@@ -240,6 +293,18 @@ class ByteLRU:
     def _put_locked(self, key: Hashable, value: Any, size: int) -> bool:
         if key in self._data:
             self._bytes -= self._data.pop(key)[1]
+        if key in self._kept:
+            self._kept_total -= self._kept.pop(key)[1]
+        if self.kept_bytes and self.keep_if(key):
+            if size > self.kept_bytes:
+                return False
+            self._kept[key] = (value, size)
+            self._kept_total += size
+            while self._kept_total > self.kept_bytes:
+                _, (_, old) = self._kept.popitem(last=False)
+                self._kept_total -= old
+                self.evictions += 1
+            return True
         if size > self.max_bytes or self.max_bytes == 0 or self.max_entries == 0:
             return False  # too large, or a disabled memo (which stores nothing at all)
         self._data[key] = (value, size)

@@ -31,6 +31,13 @@ the same lesson costs one computation:
   it and plan what it lacks without keeping it (`plan(..., keep=False)`), so they
   never crowd a run's own plans out.
 
+Each memo has a kept part besides (`ByteLRU`'s `kept_bytes`): the prompts that
+`keep_prompts` names (the app names the lessons' two) store their prefill, plans and
+results there, and no other prompt evicts them, so a class opening a lesson after
+exploring long prompts gets it from memory. Its caps: `KEPT_PREFILL_BYTES` (256 MiB,
+two 2000-token prompts of the bundled model with the reconstruction pass's scores),
+`KEPT_PLAN_BYTES` and `KEPT_RESULT_BYTES` (32 MiB each).
+
 The defaults aim at an app under about 2.5 GB resident with the bundled model
 (0.5 GiB once loaded): with a 640 MiB prefill cap, ten varied runs on 1000-8000-token
 prompts left 2.24 GiB resident (peak 2.45 GiB, during an 8000-token prefill), hence
@@ -86,6 +93,10 @@ PREFILL_MEMO_BYTES = 512 * 2**20
 RESULT_MEMO_BYTES = 64 * 2**20
 #: Default cap of the plan memo.
 PLAN_MEMO_BYTES = 32 * 2**20
+#: Caps of the memos' kept parts (the prompts `Study.keep_prompts` names).
+KEPT_PREFILL_BYTES = 256 * 2**20
+KEPT_PLAN_BYTES = 32 * 2**20
+KEPT_RESULT_BYTES = 32 * 2**20
 _STUDY_IDS = itertools.count()
 
 
@@ -195,10 +206,32 @@ class Study:
             ("warm_up", self._tag), self.runner.warm_up, owner=self._tag
         )
         #: The memos (module docstring), public so that tools and tests can look at them.
-        self.prefills = ByteLRU(prefill_memo_bytes, max_entries=memo_size)
-        self.plans = ByteLRU(plan_memo_bytes)
-        self.results = ByteLRU(result_memo_bytes)
+        self.prefills = ByteLRU(
+            prefill_memo_bytes,
+            max_entries=memo_size,
+            kept_bytes=KEPT_PREFILL_BYTES if prefill_memo_bytes else 0,
+        )
+        self.plans = ByteLRU(plan_memo_bytes, kept_bytes=KEPT_PLAN_BYTES if plan_memo_bytes else 0)
+        self.results = ByteLRU(
+            result_memo_bytes, kept_bytes=KEPT_RESULT_BYTES if result_memo_bytes else 0
+        )
         self.memo_size = memo_size
+        #: The prompts whose memo entries go to the kept parts (`keep_prompts`).
+        self.kept_prompts: frozenset = frozenset()
+        self.prefills.keep_if = lambda spec: spec in self.kept_prompts
+        for memo in (self.plans, self.results):  # keyed by (_prompt_key, ...)
+            memo.keep_if = lambda key: key[0][0] in self.kept_prompts
+
+    def keep_prompts(self, specs) -> None:
+        """Keep these prompts' prefills, plans and results in the memos' kept parts
+        (the module docstring), those already in memory included; others are let go to
+        the ordinary parts. Cheap when nothing changes (a request may call it)."""
+        specs = frozenset(specs)
+        if specs == self.kept_prompts:
+            return
+        self.kept_prompts = specs
+        for memo in (self.prefills, self.plans, self.results):
+            memo.keep_now()
 
     @classmethod
     def load(
