@@ -30,8 +30,23 @@
     true,
   );
 
+  // The fixed lesson bar's height changes with the width (its buttons wrap under the
+  // picker on a narrow screen) and with the title: the lesson column starts below it.
+  const padForBar = () => {
+    const bar = document.querySelector("#lesson-picker");
+    const on = document.body.classList.contains("pagekv-presenter");
+    const height = on && bar ? Math.ceil(bar.getBoundingClientRect().height) + 8 : 0;
+    document.body.style.setProperty("--pagekv-bar", `${height}px`);
+  };
+  window.addEventListener("resize", padForBar);
   window.pagekvPresenter = (on) => {
     document.body.classList.toggle("pagekv-presenter", Boolean(on));
+    padForBar();
+    const bar = document.querySelector("#lesson-picker");
+    if (bar && !bar.pagekvWatched && window.ResizeObserver) {
+      bar.pagekvWatched = true;
+      new ResizeObserver(padForBar).observe(bar);
+    }
     if (on) window.pagekvShowChart();
   };
   // After a lesson's request ends, Gradio still redraws its outputs (and the page

@@ -499,6 +499,14 @@ def test_links_the_glossary_and_the_presenter_view(served):
         assert nxt and 0 <= nxt["y"] and nxt["y"] + nxt["height"] <= top, (width, nxt, top)
         assert not page.locator("#explore-col").is_visible()
         assert not page.locator("#intro").is_visible()
+        # Scrolled to the top, the fixed bar covers no line of the lesson (issue 57,
+        # item 5: at 800 px the bar is taller, and it hid "Lesson 4 of 8" and the title).
+        page.wait_for_timeout(1600)  # pagekvShowChart's last placement is 1.35 s in
+        page.evaluate("window.scrollTo(0, 0)")
+        page.wait_for_timeout(200)
+        bar = page.locator("#lesson-picker").bounding_box()
+        lesson = page.locator("#lesson-text").bounding_box()
+        assert lesson["y"] >= bar["y"] + bar["height"], (width, bar, lesson)
         page.get_by_label("Presenter view").uncheck()
     page.set_viewport_size({"width": 1280, "height": 1000})
     # A link to settings: written by the page, opened as a new page, run as it says.
