@@ -257,6 +257,8 @@ def view_tabs() -> dict:
     with gr.Tab("Replay", id="replay"):
         gr.Markdown(checks.replay_caption())
         plot(value=checks.replay_recall_figure(), elem_id="replay-recall")
+        gr.Markdown(text.CAPTIONS["ruler_memory"])
+        plot(value=checks.ruler_memory_figure(), elem_id="ruler-memory")
     with gr.Tab("Export", id="export"):
         gr.Markdown("The last run's numbers (JSON, CSV) and every figure (HTML), written when "
                     "you ask.")  # fmt: skip

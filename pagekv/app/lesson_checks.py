@@ -106,6 +106,22 @@ def replay_caption(tables: dict | None = None) -> str:
     )
 
 
+def ruler_memory_figure():
+    """RULER's score against physical memory, from the committed results
+    (docs/ruler_memory.json, written by experiments/ruler.py), not a live run."""
+    import json
+
+    from pagekv.app import figures
+    from pagekv.app.figures.placeholder import placeholder
+    from pagekv.app.lessons import RULER_MEMORY
+
+    try:
+        summary = json.loads(RULER_MEMORY.read_text())
+    except (OSError, ValueError) as e:
+        return placeholder(f"RULER's memory comparison cannot be read: {e}")
+    return figures.memory_curves(summary["curves"], f"{summary['title']} (measured, not live)")
+
+
 def replay_recall_figure():
     """Needle recall of our policies and kvpress's presses from the committed replay
     (table T4), not a live run."""

@@ -130,6 +130,13 @@ CAPTIONS = {
     "(docs/results.md, table T4): the share of needle prompts each policy and each kvpress "
     "press answered right, per budget and question position (the number on each bar; "
     "0 % is a bar of no height).",
+    "ruler_memory": "Measured earlier on RULER by `experiments/ruler.py`, not live "
+    "(docs/ruler.md): each method's score against the physical memory its kept tokens "
+    "hold, as a fraction of the full cache, one point per budget. Left: the 16-token "
+    "pages summed over every (layer, KV head), what a cache paged per (layer, KV head) "
+    "holds (pagekv's decode pool). Right: the fullest (layer, KV head)'s pages in every "
+    "one, what a cache giving each the same pages holds. **Look for** the line highest at "
+    "a given memory, and how far a line moves from the left panel to the right.",
     "mechanism": "Edit a constructed group of heads. **Look for** the retrieval head's weight "
     "w*: when w* s* beats the distractor page, entropy pooling keeps the needle while mean "
     "pooling (1/r) may not. This is a construction, shown beside the live model's results.",

@@ -6,7 +6,8 @@ imported lazily (inside each function), so importing this package needs only tor
 - `style`: the palette (Okabe-Ito, colour-blind safe), page states, `layout` (this
   package re-exports only the figures: import these from `style`).
 - `eviction`: the app's views of one prompt's plans and of the constructed mechanism.
-- `replay`: the replay harness's table figures (T2 scatter, T4 recall, T7 answers).
+- `replay`: the replay harness's table figures (T2 scatter, T4 recall, T7 answers)
+  and RULER's score against physical memory.
 """
 
 from pagekv.app.figures.eviction import (
@@ -24,7 +25,12 @@ from pagekv.app.figures.eviction import (
     union_over_budget_heatmap,
     uor_curve,
 )
-from pagekv.app.figures.replay import answer_bars, disagreement_scatter, recall_bars
+from pagekv.app.figures.replay import (
+    answer_bars,
+    disagreement_scatter,
+    memory_curves,
+    recall_bars,
+)
 
 __all__ = [
     "answer_bars",
@@ -33,6 +39,7 @@ __all__ = [
     "layer_head_heatmap",
     "mechanism_figure",
     "memory_bars",
+    "memory_curves",
     "needle_page_counts",
     "needle_pages",
     "needle_retention_heatmap",

@@ -156,3 +156,45 @@ def answer_bars(rows: Sequence[dict], title: str):
         )
     fig.update_layout(barmode="stack", xaxis_title="prompts")
     return layout(fig, title, 140 + 22 * len(rows))
+
+
+#: `memory_curves`' colours, in order of the method families (Okabe-Ito).
+_FAMILY_COLOURS = (BLUE, VERMILLION, GREEN, PURPLE, ORANGE, SKY, EVICTED)
+
+
+def memory_curves(curves: dict, title: str):
+    """RULER score against physical memory (a fraction of the full cache), a line per
+    method family, a panel per measure: `curves` is `{measure: {family: [[memory,
+    score, method], ...]}}`, as experiments/ruler.py writes it to
+    docs/ruler_memory.json. The same family keeps one colour in both panels."""
+    go = _go()
+    from plotly.subplots import make_subplots
+
+    measures = list(curves)
+    fig = make_subplots(rows=1, cols=len(measures), shared_yaxes=True,
+                        subplot_titles=[f"{m}: memory as a fraction of the full cache"
+                                        for m in measures])  # fmt: skip
+    families = sorted({f for panel in curves.values() for f in panel})
+    for col, m in enumerate(measures, start=1):
+        for i, family in enumerate(families):
+            points = curves[m].get(family)
+            if not points:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[p[0] for p in points],
+                    y=[p[1] for p in points],
+                    text=[p[2] for p in points],
+                    mode="lines+markers",
+                    name=family,
+                    legendgroup=family,
+                    showlegend=col == 1,
+                    line=dict(color=_FAMILY_COLOURS[i % len(_FAMILY_COLOURS)], width=2),
+                    hovertemplate="%{text}: %{y:.2f} at %{x:.0%}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
+        fig.update_xaxes(range=[0, 1.02], tickformat=".0%", row=1, col=col)
+    fig.update_yaxes(range=[0, 1.0], title_text="score (mean of task means)", row=1, col=1)
+    return layout(fig, title, 480, above=24)  # room for the panels' titles
