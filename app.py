@@ -185,7 +185,7 @@ def side_controls(side: str) -> dict:
     out |= {
         "mode" + sfx: gr.Radio(
             list(inputs.MODES), value=first["mode"], label="Question position" + tag,
-            info=None if b else "after = asked after compression (the strict test)", **kw,
+            info=text.MODE_INFO, **kw,
         ),
         "budget" + sfx: slider(
             "budget", 100 * first["budget"],
@@ -313,7 +313,9 @@ def wire_runs(c: dict) -> None:
     c["budget"].release(api_name="budget", **run_kw).then(**shown)
     for name in ("page_size", "policy_a", "policy_b", "page_size_b"):  # dropdowns: one select
         c[name].select(**run_kw, **QUIET).then(**shown)
-    for name in ("mode_b", "link_b", "scorer_a", "allocation_a", "scorer_b", "allocation_b"):
+    # Each side's question position runs at once (one rule for both, `text.MODE_INFO`).
+    for name in ("mode", "mode_b", "link_b", "scorer_a", "allocation_a", "scorer_b",
+                 "allocation_b"):  # fmt: skip
         c[name].input(**run_kw, **QUIET).then(**shown)
     sliders = ("budget", "tau", "window", "n_sink", "budget_b", "tau_b", "window_b", "n_sink_b")
     for name in sliders[1:]:
@@ -363,7 +365,7 @@ def wire_prompt(c: dict) -> None:
     Gradio does not run a JS-only listener on a trigger that also has a Python one."""
     follow_task = [c[n] for n in ("curated", "depth", "needles", "seed", "custom_box")]
     c["task"].input(ui.curated_choices, c["task"], follow_task, show_progress="hidden", **QUIET)
-    prompt = ("task", "context", "depth", "seed", "needles", "mode", "curated", "haystack",
+    prompt = ("task", "context", "depth", "seed", "needles", "curated", "haystack",
               "needle", "question", "answer", "model")  # fmt: skip
     for name in prompt:
         c[name].input(None, None, c["stale_note"], js=f"() => {text.STALE_NOTE!r}", **QUIET)

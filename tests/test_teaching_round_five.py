@@ -146,3 +146,27 @@ def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
         ("needle", 2000, "after"),
     }
     assert study.prefills.kept_bytes >= 2 * 100 * 2**20  # two such prefills, 100 MiB each
+
+
+def test_both_question_positions_follow_one_rule():
+    """Item 6: changing side A's question position only marked the results stale (a
+    prompt control), while side B's ran at once. Both now run at once, neither marks
+    the results stale, and both say so under the control."""
+    import app
+    from pagekv.app.page_text import MODE_INFO
+
+    demo = app.build_demo()
+    radios = [b for b in demo.blocks.values() if getattr(b, "label", None) and
+              str(b.label).startswith("Question position")]  # fmt: skip
+    assert len(radios) == 2
+
+    def on_input(block) -> set:
+        """What an edit of `block` triggers: handler names, or "js" for a browser-only one."""
+        return {
+            getattr(f.fn, "__name__", None) or "js"
+            for f in demo.fns.values()
+            if (block._id, "input") in [(t[0], t[1]) for t in f.targets]
+        }
+
+    assert on_input(radios[0]) == on_input(radios[1]) == {"run_comparison"}
+    assert all(r.info == MODE_INFO for r in radios)

@@ -55,6 +55,12 @@ claim on what the model just did. Free exploration (presets and every control) i
 the left column, below the views on a narrow screen.
 """
 
+#: Under each side's question position: the one rule both follow.
+MODE_INFO = (
+    "after = asked after compression (the strict test). A change runs at once; a position "
+    "not run before prefills the prompt for it first (seconds)"
+)
+
 #: The note over the results when a prompt control changed without a run.
 STALE_NOTE = (
     "**Note:** the prompt controls changed; the results below are for the previous prompt "
