@@ -51,6 +51,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from experiments.ruler_memory import (  # noqa: E402
+    MEASURES,
+    curves,
+    equal_memory,
     equal_memory_table,
     figure_svg,
     memory_fields,
@@ -448,9 +451,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def memory_figure(rows: list[dict]) -> str:
-    """`ruler_memory.figure_svg` of the first block whose rows carry the memory measures,
-    on the prompts every method there answered (so each point averages the same ones)."""
+def memory_summary(rows: list[dict]) -> dict:
+    """What the app's lesson 8 and the docs read of the comparison at equal physical
+    memory (written beside the figure as JSON): the first block whose rows carry the
+    memory measures, `title`, `prompts` (those every method there answered) and on
+    them each measure's `curves` (`ruler_memory.curves`), and `equal_memory` (per prompt
+    each press against our question-agnostic rows, on every prompt)."""
     rows = [r for r in rows if r.get("score") is not None and r.get("pages_sum") is not None]
     if not rows:
         raise SystemExit("ruler: no answers record their memory; run with --ours agnostic")
@@ -461,9 +467,23 @@ def memory_figure(rows: list[dict]) -> str:
         asked[r["method"]].add((r["task"], r["index"]))
     common = set.intersection(*asked.values())
     same = [r for r in block if (r["task"], r["index"]) in common]
-    title = (f"RULER, {key[0]}, {key[1]} tokens, question {key[2]}: the {len(common)} prompts "
-             "every method answered")  # fmt: skip
-    return figure_svg(same, title)
+    presses = sorted({press_of(m) for m in asked} - {press_of(m) for m in OUR_METHODS})
+    return {
+        "block": list(key),
+        "title": f"RULER, {key[0]}, {key[1]} tokens, question {key[2]}: the {len(common)} "
+        "prompts every method answered",
+        "prompts": len(common),
+        "curves": {m: curves(same, m) for m in MEASURES},
+        "equal_memory": equal_memory(
+            block, [m for m in agnostic_methods() if m != "full"], presses
+        ),  # fmt: skip
+    }
+
+
+def memory_figure(rows: list[dict]) -> str:
+    """`ruler_memory.figure_svg` of `memory_summary(rows)`."""
+    summary = memory_summary(rows)
+    return figure_svg(summary["curves"], summary["title"])
 
 
 def _block_of(r: dict) -> tuple:
@@ -516,7 +536,8 @@ def main(argv=None) -> int:
     ap.add_argument("--table", default=None, help="write the Markdown table here (and run nothing "
                     "with --table-only)")  # fmt: skip
     ap.add_argument("--table-only", action="store_true")
-    ap.add_argument("--figure", default=None, help="write the score-against-memory SVG here")
+    ap.add_argument("--figure", default=None,
+                    help="write the memory figure here (SVG; its numbers: .json)")  # fmt: skip
     args = ap.parse_args(argv)
     if not args.table_only:
         run(args)
@@ -526,8 +547,11 @@ def main(argv=None) -> int:
         print(f"ruler: wrote {args.table} from {len(rows)} answers")
     if args.figure:
         rows = [json.loads(x) for x in Path(args.out).read_text().splitlines() if x.strip()]
-        Path(args.figure).write_text(memory_figure(rows))
-        print(f"ruler: wrote {args.figure}")
+        summary = memory_summary(rows)
+        Path(args.figure).write_text(figure_svg(summary["curves"], summary["title"]))
+        data = Path(args.figure).with_suffix(".json")
+        data.write_text(json.dumps(summary, indent=1) + "\n")
+        print(f"ruler: wrote {args.figure} and {data}")
     return 0
 
 

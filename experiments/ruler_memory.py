@@ -107,29 +107,46 @@ def task_mean(rows: list[dict], key: str = "score") -> float | None:
     return sum(sum(v) / len(v) for v in by_task.values()) / len(by_task)
 
 
-def equal_memory_table(rows: list[dict], ours: list[str], presses: list[str]) -> list[str]:
-    """Markdown: a row per method of `ours` (of one block), its mean score and memory
-    (the mean `fraction` in each measure), and per press and measure the press matched
-    to it on each prompt (`match`): `press vs ours (prompts, N over)`, both means of
-    task means on the same prompts."""
-    head = ["ours", "score", "memory (sum / max)"]
-    head += [f"{p} at {m}" for p in presses for m in MEASURES]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+def equal_memory(rows: list[dict], ours: list[str], presses: list[str]) -> list[dict]:
+    """Per method of `ours` with answers (of one block): its mean score, its memory (the
+    mean `fraction` in each measure), and per press and measure the press matched to it
+    on each prompt (`match`): both means of task means on those prompts, their count
+    and how many were `over`."""
+    out = []
     for name in ours:
         mine = [r for r in rows if r["method"] == name and r.get("pages_sum") is not None]
         if not mine:
             continue
-        fr = [sum(fraction(r, m) for r in mine) / len(mine) for m in MEASURES]
-        cells = [name, f"{task_mean(mine):.2f}", f"{fr[0]:.1%} / {fr[1]:.1%}"]
+        entry = {"ours": name, "score": task_mean(mine), "prompts": len(mine),
+                 "memory": {m: sum(fraction(r, m) for r in mine) / len(mine) for m in MEASURES},
+                 "presses": {}}  # fmt: skip
         for press in presses:
             for m in MEASURES:
                 got = match(rows, press, name, lambda r, m=m: memory(r, m))
-                if not got:
-                    cells.append("-")
-                    continue
-                over = sum(r["over"] for r in got)
-                cells.append(f"{task_mean(got):.2f} vs {task_mean(got, 'ours_score'):.2f} "
-                             f"({len(got)}{f', {over} over' if over else ''})")  # fmt: skip
+                if got:
+                    entry["presses"].setdefault(press, {})[m] = {
+                        "press": task_mean(got), "ours": task_mean(got, "ours_score"),
+                        "prompts": len(got), "over": sum(r["over"] for r in got),
+                    }  # fmt: skip
+        out.append(entry)
+    return out
+
+
+def equal_memory_table(rows: list[dict], ours: list[str], presses: list[str]) -> list[str]:
+    """Markdown of `equal_memory`: a row per method of ours, a column per press and
+    measure, each cell `press vs ours (prompts, N over)`."""
+    head = ["ours", "score", "memory (sum / max)"]
+    head += [f"{p} at {m}" for p in presses for m in MEASURES]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for e in equal_memory(rows, ours, presses):
+        fr = e["memory"]
+        cells = [e["ours"], f"{e['score']:.2f}", f"{fr['pages_sum']:.1%} / {fr['pages_max']:.1%}"]
+        for press in presses:
+            for m in MEASURES:
+                got = e["presses"].get(press, {}).get(m)
+                over = f", {got['over']} over" if got and got["over"] else ""
+                cells.append(f"{got['press']:.2f} vs {got['ours']:.2f} ({got['prompts']}{over})"
+                             if got else "-")  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return [*lines, ""]
 
@@ -155,11 +172,11 @@ COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#0
            "#999999")  # fmt: skip
 
 
-def figure_svg(rows: list[dict], title: str) -> str:
+def figure_svg(panels: dict, title: str) -> str:
     """An SVG: score against physical memory as a fraction of the full cache, one line
-    per method family, a panel per measure (`curves`)."""
+    per method family, a panel per measure (`panels`: `{measure: curves(rows, measure)}`)."""
     W, H, pad, gap = 330, 260, 48, 30
-    panels = [curves(rows, m) for m in MEASURES]
+    panels = [panels[m] for m in MEASURES]
     families = sorted({f for p in panels for f in p})
     colour = {f: COLOURS[i % len(COLOURS)] for i, f in enumerate(families)}
     width = 2 * W + gap + 2 * pad

@@ -74,7 +74,7 @@ def test_the_figure_draws_a_line_per_method_and_a_panel_per_measure():
         "kv": [(12 / 20, 0.25, "kv 10%")],  # 3 pages in the fullest of 4 cells of 5 pages
         "ours": [(4 / 20, 0.5, "ours 10%"), (8 / 20, 1.0, "ours 20%")],
     }
-    svg = rm.figure_svg(rows, "a & b")
+    svg = rm.figure_svg({m: rm.curves(rows, m) for m in rm.MEASURES}, "a & b")
     assert svg.startswith("<svg") and "a &amp; b" in svg
     assert svg.count("<polyline") == 4  # two families, two panels
     assert all(m in svg for m in rm.MEASURES)
