@@ -17,6 +17,7 @@ computes its live lessons (`--no-warm` skips this).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 
@@ -409,12 +410,20 @@ def wire_lessons(c: dict, demo: gr.Blocks) -> None:
     # In the presenter view, a lesson picked brings its chart into view (browser only).
     show_chart = dict(fn=None, js="() => pagekvShowChart()")
     shown = dict(fn=ui.model_that_ran, inputs=model, outputs=model, queue=False, **QUIET)
-    picked = lesson.select(lessons_ui.pick_lesson, chosen, outputs, api_name="lesson", **kw)
+    # A lesson picked from the list ends any run of Next / Previous presses (app.js).
+    forget = "(title, model) => { pagekvLanded(null); return [title, model]; }"
+    picked = lesson.select(lessons_ui.pick_lesson, chosen, outputs, api_name="lesson", js=forget,
+                           **kw)  # fmt: skip
     picked.then(**show_chart).then(**shown)
-    steps = {"prev_btn": lessons_ui.previous_lesson, "next_btn": lessons_ui.next_lesson}
-    for button, step in steps.items():
-        stepped = c[button].click(step, chosen, [lesson, *outputs], **QUIET, **kw)
-        stepped.then(**show_chart).then(**shown)
+    # Presses in a row step on from the lesson the last one asked for (app.js): three
+    # quick presses of Next go three lessons on, whatever has loaded meanwhile.
+    titles = json.dumps(list(lessons_ui.LESSON_TITLES))
+    landed = dict(fn=None, inputs=lesson, js="(title) => pagekvLanded(title)")
+    steps = {"prev_btn": (lessons_ui.previous_lesson, -1), "next_btn": (lessons_ui.next_lesson, 1)}
+    for button, (step, delta) in steps.items():
+        step_js = f"(title, model) => [pagekvStepFrom({titles}, {delta}, title), model]"
+        stepped = c[button].click(step, chosen, [lesson, *outputs], js=step_js, **QUIET, **kw)
+        stepped.then(**landed).then(**show_chart).then(**shown)
     c["presenter"].change(None, c["presenter"], None, js="(on) => pagekvPresenter(on)")
     # The page's load: a link's lesson or settings (`?lesson=3`), else the first lesson.
     demo.load(lessons_ui.open_page, chosen, [lesson, model, *outputs], **QUIET, **kw)

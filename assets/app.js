@@ -30,6 +30,18 @@
     true,
   );
 
+  // Next / Previous pressed again before the lesson they asked for has loaded: each press
+  // steps on from the lesson the press before asked for, not from the one still on the
+  // screen (app.py sends `from`, and the server steps from it as the browser did).
+  window.pagekvStepFrom = (titles, delta, current) => {
+    const from = window.pagekvTarget || current;
+    const i = Math.max(0, titles.indexOf(from));
+    window.pagekvTarget = titles[(i + delta + titles.length) % titles.length];
+    return from;
+  };
+  window.pagekvLanded = (title) => {
+    if (!title || title === window.pagekvTarget) window.pagekvTarget = null;
+  };
   // The fixed lesson bar's height changes with the width (its buttons wrap under the
   // picker on a narrow screen) and with the title: the lesson column starts below it.
   const padForBar = () => {

@@ -757,3 +757,30 @@ def test_the_needle_strip_s_tick_labels_keep_apart(served):
         clash = page.evaluate(TICKS_OVERLAP_JS, "#page-frame")
         assert clash == [], (width, clash)
     page.set_viewport_size({"width": 1280, "height": 1000})
+
+
+def test_quick_next_presses_go_as_many_lessons_on(served):
+    """Issue 57, item 7: three presses of Next right after the page opens landed on
+    lesson 3, not 4 (each press stepped from the lesson still on screen). Each press now
+    steps on from the lesson the press before asked for."""
+    page, _, url = served
+    page.set_viewport_size({"width": 1280, "height": 1000})
+    open_app(page, url)
+    # Three presses before the first is answered (in one go: a press each 100 ms is
+    # answered in between, the lessons being in memory).
+    page.evaluate(
+        "() => { const next = [...document.querySelectorAll('button')]"
+        ".find((b) => b.innerText.trim() === 'Next lesson');"
+        " next.click(); next.click(); next.click(); }"
+    )
+    nxt = page.get_by_role("button", name="Next lesson")
+    lesson4 = app.LESSONS[3]
+    wait_lesson_checked(page, lesson4)
+    page.wait_for_timeout(1500)  # nothing queued behind it moves the page on
+    text = page.locator("#lesson-text").inner_text()
+    assert lesson4.title in text and "Lesson 4 of 8" in text, text
+    assert page.evaluate("window.pagekvTarget") is None  # the presses are all served
+    # A press after them steps from lesson 4.
+    nxt.click()
+    wait_lesson_checked(page, app.LESSONS[4])
+    assert "Lesson 5 of 8" in page.locator("#lesson-text").inner_text()

@@ -170,3 +170,47 @@ def test_both_question_positions_follow_one_rule():
 
     assert on_input(radios[0]) == on_input(radios[1]) == {"run_comparison"}
     assert all(r.info == MODE_INFO for r in radios)
+
+
+def test_a_lesson_request_overtaken_by_a_later_one_shows_nothing(monkeypatch):
+    """Item 7: quick presses of Next wait for the session's turn, which takes them in no
+    set order; the last press's lesson must be the one the screen ends on. A request
+    that a later lesson request of its session has overtaken leaves every output as it
+    is (the picker included); without the later request it shows its lesson."""
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from pagekv.app import lesson_handlers as lh
+    from pagekv.app.sessions import SessionGate
+
+    gate = SessionGate()
+    first, second = gate.ticket("s"), gate.ticket("s")
+    assert (gate.is_latest("s", first), gate.is_latest("s", second)) == (False, True)
+    assert gate.is_latest(None, 0) and gate.ticket(None) == 0
+    request = SimpleNamespace(session_hash="overtaken")
+    arrives = []  # the sessions whose later press arrives while the lesson runs
+
+    def run_inputs(run, req):
+        for session in arrives:
+            lh.SESSIONS.ticket(session)
+        yield tuple(gr.update() for _ in lh.RUN_VIEWS)  # the plan views
+        yield tuple(gr.update() for _ in lh.RUN_VIEWS)  # the answers
+
+    monkeypatch.setattr(lh, "run_inputs", run_inputs)
+    one, two = lh.LESSON_TITLES[0], lh.LESSON_TITLES[1]  # lesson 2 runs the model
+    try:
+        for arrives[:] in ([], ["another session"], [request.session_hash]):
+            out, *rest = list(lh.next_lesson(one, request=request))
+            assert len(out) == 1 + len(lh.UNCHANGED)
+            overtaken = arrives == [request.session_hash]
+            assert len(rest) == (0 if overtaken else 1)
+            # The controls, the tab and the text are set by the first output alone: a
+            # control changed while the lesson runs keeps its value.
+            head = len(lh.LESSON_CONTROLS) + 2
+            assert all(o == gr.update() for r in rest for o in r[1 : 1 + head])
+            assert (out[0] == two) is not overtaken, arrives
+            changed = [o for o in out[1:] if not (isinstance(o, dict) and len(o) == 1)]
+            assert bool(changed) is not overtaken, arrives  # the lesson's controls and text
+    finally:
+        lh.SESSIONS.end(request.session_hash)

@@ -88,22 +88,59 @@ def pick_lesson(title, model="bundled", request: gr.Request = None):
     """Pick a lesson, in ONE request (a generator): set every control, open its first
     view, run it (live lessons: plan views first, then the answers) and check its
     observation on the result. Outputs: LESSON_CONTROLS, the tabs, the lesson text,
-    RUN_VIEWS, MECH_VIEWS."""
+    RUN_VIEWS, MECH_VIEWS. A request a later lesson request of the same session has
+    overtaken shows nothing more (`SessionGate.ticket`): once nothing at all, a no-change
+    output (`UNCHANGED`)."""
+    yield from _lesson(title, model, request)
+
+
+#: `pick_lesson`'s outputs left as they are.
+UNCHANGED = tuple(
+    gr.update() for _ in range(len(LESSON_CONTROLS) + 2 + len(RUN_VIEWS) + len(MECH_VIEWS))
+)
+
+
+def _lesson(title, model, request, shown=None):
+    """`pick_lesson`'s outputs, each after `shown` (the picker's new title) when given."""
+    before = () if shown is None else (shown,)
+    yielded = False
+    for out in _lesson_views(title, model, request):
+        if out is None:  # overtaken
+            if not yielded:
+                yield (*(() if shown is None else (gr.update(),)), *UNCHANGED)
+            return
+        yielded = True
+        yield (*before, *out)
+
+
+def _lesson_views(title, model, request):
+    """`pick_lesson`'s outputs; None once a later lesson request of the session came."""
     lesson = lesson_of(title)
     if lesson is None:
         title, lesson = LESSON_TITLES[0], LESSONS[0]
+    session = getattr(request, "session_hash", None)
+    ticket = SESSIONS.ticket(session)  # a later lesson request of the session wins
     *head, waiting = apply_lesson(title)  # the controls, the tabs and the lesson text
     i_obs = RUN_VIEWS.index("observation")
     mech = tuple(gr.update() for _ in MECH_VIEWS)
     if lesson.mechanism is not None:
         mech = run_mechanism(*lesson.mechanism.inputs())
     if lesson.kind == "live":
-        for views in run_inputs(_lesson_run_args(lesson, title, model), request):
+        # The controls, the tab and the mechanism are set by the first output only: a
+        # control changed while the lesson runs keeps its new value (issue 57, item 7).
+        later = tuple(gr.update() for _ in head) + tuple(gr.update() for _ in mech)
+        for i, views in enumerate(run_inputs(_lesson_run_args(lesson, title, model), request)):
             views = list(views)
             if views[i_obs] is None or isinstance(views[i_obs], dict):  # not checked yet
                 views[i_obs] = waiting
             _open_lesson_layer(lesson, views)
-            yield (*head, *views, *mech)
+            if not SESSIONS.is_latest(session, ticket):
+                yield None  # overtaken: the later request's lesson is the one shown
+                return
+            if i == 0:
+                yield (*head, *views, *mech)
+            else:
+                yield (*later[: len(head)], *views, *later[len(head) :])
         return
     # Constructed or replay: no live run belongs to this lesson, so nothing of the last
     # one stays on screen (its status, answers and views are cleared).
@@ -111,8 +148,11 @@ def pick_lesson(title, model="bundled", request: gr.Request = None):
         "constructed": "the Mechanism tab shows it",
         "replay": "the Replay tab shows the replay's committed results",
     }[lesson.kind]
+    if not SESSIONS.is_latest(session, ticket):
+        yield None
+        return
     # The session's last results are cleared: a refused budget later has none to keep.
-    SESSIONS.remember(getattr(request, "session_hash", None))
+    SESSIONS.remember(session)
     views = cleared_views(
         f"Lesson {LESSON_TITLES.index(title) + 1} runs no model: {where}.",
         status=message("info", f"This lesson runs no model; {where}."),
@@ -141,16 +181,15 @@ def lesson_step(title, step: int):
 
 @light
 def previous_lesson(title, model="bundled", request: gr.Request = None):
-    new = lesson_step(title, -1)
-    for out in pick_lesson(new, model, request):
-        yield (new, *out)
+    """The lesson before `title` (the picker's, or the one the last press asked for:
+    app.js), as `pick_lesson`, its title first."""
+    yield from _lesson(lesson_step(title, -1), model, request, shown=lesson_step(title, -1))
 
 
 @light
 def next_lesson(title, model="bundled", request: gr.Request = None):
-    new = lesson_step(title, 1)
-    for out in pick_lesson(new, model, request):
-        yield (new, *out)
+    """The lesson after `title`, as `previous_lesson`."""
+    yield from _lesson(lesson_step(title, 1), model, request, shown=lesson_step(title, 1))
 
 
 #: The lesson text of a page opened by a link to settings, and of one whose settings
@@ -186,11 +225,10 @@ def open_page(title, model="bundled", request: gr.Request = None):
                 f"does not exist (lessons 1 to {len(LESSONS)}, or a lesson's id); "
                 f"lesson {title.split('.')[0]} opened instead.",
             )
-        for out in pick_lesson(title, model, request):
-            out = list(out)
+        for shown, *out in _lesson(title, model, request, shown=title):
             if note and isinstance(out[i_status], str):
                 out[i_status] = note + "\n\n" + out[i_status]
-            yield (title, gr.update(), *out)
+            yield (shown, gr.update(), *out)  # the picker, the model box, the rest
         return
     run = RunInputs(model=model).replace(**settings, lesson=None)
     shown_model = run.model if run.model in known_models() else gr.update()

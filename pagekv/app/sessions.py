@@ -15,6 +15,10 @@ locks are taken by request threads only, and no job on the model worker takes on
         ...                                 # the session's run
     gate.end(request.session_hash)          # the tab closed
 
+A session's `ticket`s number its requests in the order they arrive; `is_latest` tells
+a request whether a later one has come since (the lessons' Next and Previous: the
+last press's lesson is the one the screen ends on).
+
 A session's entry also keeps a few values of its last finished run (`remember`,
 `recall`): the budgets its results were computed at, which a refused budget puts back
 in the boxes (pagekv/app/handlers.py).
@@ -33,12 +37,13 @@ MAX_SESSIONS = 256
 
 
 class _Entry:
-    __slots__ = ("lock", "users", "values")
+    __slots__ = ("lock", "users", "values", "tickets")
 
     def __init__(self):
         self.lock = threading.Lock()
         self.users = 0  # threads holding or waiting for the turn
         self.values: dict = {}  # of the session's last finished run (`remember`)
+        self.tickets = 0  # the last `ticket` handed out
 
 
 class SessionGate:
@@ -71,6 +76,28 @@ class SessionGate:
             with self._guard:
                 entry.users -= 1
                 self._trim_locked()
+
+    def ticket(self, session_id: str | None) -> int:
+        """A number for a request of the session, larger than every one before: with
+        `is_latest`, a request that a later one of the same session has overtaken
+        (several lesson requests waiting for the turn, which takes them in no set
+        order) can leave the screen to the later one."""
+        if session_id is None:
+            return 0
+        with self._guard:
+            entry = self._entries.setdefault(session_id, _Entry())
+            self._entries.move_to_end(session_id)
+            entry.tickets += 1
+            self._trim_locked()
+            return entry.tickets
+
+    def is_latest(self, session_id: str | None, ticket: int) -> bool:
+        """Whether `ticket` is the session's last (always, without a session)."""
+        if session_id is None:
+            return True
+        with self._guard:
+            entry = self._entries.get(session_id)
+            return entry is None or entry.tickets <= ticket
 
     def remember(self, session_id: str | None, **values) -> None:
         """Keep `values` for the session (a live entry only: its turn holds one)."""
