@@ -3,6 +3,8 @@ fix. Browser checks live in tests/test_browser_teaching.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pagekv import EvictionConfig
@@ -214,3 +216,37 @@ def test_a_lesson_request_overtaken_by_a_later_one_shows_nothing(monkeypatch):
             assert bool(changed) is not overtaken, arrives  # the lesson's controls and text
     finally:
         lh.SESSIONS.end(request.session_hash)
+
+
+def test_a_long_step_says_what_runs_for_how_long_and_how_long_it_should(bundled_study, monkeypatch):
+    """Item 3: a run's long waits (the prefill, the reconstruction pass, the decoding)
+    each say in the status line which step runs, the seconds so far and, once a step of
+    the kind was measured on the model, the seconds expected, with a bar; decoding says
+    which token."""
+    from pagekv.app import handlers
+
+    monkeypatch.setattr(handlers, "STEP_QUIET_S", 0.0)  # every step shows, however short
+    monkeypatch.setattr(handlers, "STEP_EVERY_S", 0.05)
+    monkeypatch.setattr(handlers, "STREAM_EVERY_S", 0.0)
+    i_status = handlers.RUN_VIEWS.index("status")
+    run = dict(task="needle", context=400, depth=0.5, mode="after", budget_pct=40.0,
+               scorer_a="reconstruct", scorer_b="reconstruct")  # fmt: skip
+
+    def statuses(seed):
+        outs = list(handlers.run_comparison(**run, seed=seed))
+        said = list(dict.fromkeys(o[i_status] for o in outs if isinstance(o[i_status], str)))
+        assert said[-1].startswith("**Done:**"), said[-1]
+        return said
+
+    statuses(41)  # a first prompt: the steps are measured on this model from here on
+    said = statuses(42)
+    prefill = [s for s in said if "Prefilling the prompt on" in s]
+    rebuild = [s for s in said if s.startswith("**Note:** Reconstruction pass")]
+    assert prefill and rebuild, [s[:80] for s in said]
+    for step in (prefill[-1], rebuild[-1]):
+        assert re.search(r": \d+ s of about \d+ s <progress value=\"[\d.]+\" max=\"[\d.]+\">", step)
+    tokens = [s for s in said if re.search(r"A and B: token \d+ of at most \d+ <progress", s)]
+    assert tokens, said
+    study = handlers.get_study("bundled")  # the app's own, which ran them
+    assert study.estimate("reconstruct", 400) > study.estimate("prefill", 400) > 0
+    assert study.estimate("nothing measured", 400) is None

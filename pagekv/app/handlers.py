@@ -23,6 +23,8 @@ import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import gradio as gr
 from gradio.components.plot import PlotData
@@ -63,6 +65,7 @@ from pagekv.app.view_memo import (
 from pagekv.app.worker import WORKER, keep_this_thread_light
 from pagekv.maths.config import POLICIES
 from pagekv.runtime.models import KNOWN_MODELS
+from pagekv.tasks import default_max_new_tokens
 
 log = logging.getLogger("pagekv.app")
 POLICY_CHOICES = list(POLICIES)
@@ -386,14 +389,27 @@ def _run(v: RunInputs, session=None):
         done = view_memo.get_or_wait(key, timeout=SAME_RUN_WAIT_S)
         if done is None:
             with view_memo.computing(key):
-                if not all(spec.replace(mode=m) in study.prefills for m in {mode_a, mode_b}):
-                    yield _working(
-                        f"Prefilling the prompt on {study.loaded.name}, then planning", lesson
-                    )
+                modes = sorted({mode_a, mode_b})
+                preps = yield from _step(
+                    lambda: {m: study.prepare(spec.replace(mode=m)) for m in modes},
+                    f"Prefilling the prompt on {study.loaded.name}",
+                    lambda: _estimate(study, "prefill", spec, modes),
+                    lesson,
+                )
                 check_budgets(
-                    (side, cfg, spec.replace(mode=m), study.prepare(spec.replace(mode=m)).n)
+                    (side, cfg, spec.replace(mode=m), preps[m].n)
                     for side, cfg, m in (("A", cfg_a, mode_a), ("B", cfg_b, mode_b))
                 )
+                fresh = _unreconstructed(preps, (cfg_a, mode_a), (cfg_b, mode_b))
+                if fresh:  # planning runs the reconstruction pass first: its own step
+                    yield from _step(
+                        lambda: plan_comparison(
+                            study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b
+                        ),  # fmt: skip
+                        "Reconstruction pass: the model reads the prompt again to score it",
+                        lambda: sum(study.estimate("reconstruct", p.n) or 0 for p in fresh) or None,
+                        lesson,
+                    )
                 comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
                 n_layers = int(comp.plan_of("B").keep.shape[0])  # from the model that ran
                 layer = min(layer, n_layers - 1)
@@ -412,9 +428,16 @@ def _run(v: RunInputs, session=None):
                 # only the retention of the stored caches waits for the decoded records.
                 figs = {k: f for k, f in plan_figs.items() if k in SAME_AFTER_DECODING}
                 figs |= comparison_figures(comp, layer=layer, skip={*figs, "retention"})
+                most = default_max_new_tokens(comp.prep.task)
+                decoding_status = _status(study, comp, cfg_a, cfg_b, decoded=False)
                 for tokens in decoding.stream(poll_s=STREAM_EVERY_S):
                     rows = pending_table(comp, tokens, study.tokenizer)
-                    yield _updates(answers=answers_html(rows))  # only the answers change
+                    k = max(len(t) for t in tokens)
+                    yield _updates(
+                        answers=answers_html(rows),
+                        status=f"{decoding_status}\n\nA and B: token {k} of at most {most} "
+                        f'<progress value="{k}" max="{most}"></progress>',
+                    )
                 figs |= comparison_figures(comp, layer=layer, only={"retention"})
                 comp = comp.detached()  # what is kept holds no prefill
                 done = dict(comp=comp, figs=figs, table=answers_table(comp), layer=layer,
@@ -536,6 +559,64 @@ def _export_folder() -> str:
             if now - os.path.getmtime(path) > EXPORT_MAX_AGE_S:
                 shutil.rmtree(path, ignore_errors=True)
     return tempfile.mkdtemp(prefix="run_", dir=root)
+
+
+#: How often a long step's status line is redrawn while it runs (`_step`).
+STEP_EVERY_S = 1.0
+#: A step done within this long shows no status line of its own (a memo hit).
+STEP_QUIET_S = 0.3
+#: The threads that wait for a run's long steps while its request shows their progress
+#: (each waits on the model worker holding nothing, as a request thread would).
+_STEP_WAITERS = ThreadPoolExecutor(max_workers=RUN_CONCURRENCY, thread_name_prefix="pagekv-step")
+
+
+def _step(fn, what: str, estimate, lesson):
+    """`fn()` (a wait for the model worker) on a waiting thread while the request shows
+    the step in the status line every `STEP_EVERY_S` (`_progress`: the seconds so far
+    and, where `estimate()` knows one, the seconds expected and a bar); returns fn's
+    value, or raises its error. A generator: `value = yield from _step(...)`."""
+
+    def waiting():
+        keep_this_thread_light()
+        return fn()
+
+    future = _STEP_WAITERS.submit(waiting)
+    t0 = time.perf_counter()
+    expected, timeout = None, STEP_QUIET_S
+    while True:
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            if expected is None:
+                expected = estimate() or 0.0
+            yield _working(_progress(what, time.perf_counter() - t0, expected), lesson)
+            timeout = STEP_EVERY_S
+
+
+def _progress(what: str, elapsed: float, expected: float) -> str:
+    """`"What: 12 s of about 30 s <progress>"`, or `"What: 12 s (no estimate yet...)"`."""
+    if not expected:
+        return f"{what}: {elapsed:.0f} s so far (no estimate yet: the first on this model)"
+    shown = min(elapsed, expected)
+    return (f"{what}: {elapsed:.0f} s of about {expected:.0f} s "
+            f'<progress value="{shown:.1f}" max="{expected:.1f}"></progress>')  # fmt: skip
+
+
+def _estimate(study, step: str, spec, modes) -> float | None:
+    """The seconds `step` should take on `spec`'s prompt in `modes` (those not in memory
+    yet), from `Study.estimate` on the prompt's tokens (the spec's context length for a
+    needle prompt, else none known before tokenizing)."""
+    todo = [m for m in modes if spec.replace(mode=m) not in study.prefills]
+    tokens = getattr(spec, "context_tokens", None) if spec.task == "needle" else None
+    each = study.estimate(step, tokens) if tokens else None
+    return each * len(todo) if each and todo else None
+
+
+def _unreconstructed(preps: dict, *sides) -> list:
+    """The prepared prompts (of `preps`, by question position) that a side of `sides`
+    (`(config, mode)`) scores by the reconstruction pass and that have not had it."""
+    todo = {m for cfg, m in sides if cfg.scorer == "reconstruct"}
+    return [preps[m] for m in sorted(todo) if preps[m].prefill.reconstruction is None]
 
 
 def _working(what: str, lesson):

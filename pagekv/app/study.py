@@ -97,6 +97,8 @@ PLAN_MEMO_BYTES = 32 * 2**20
 KEPT_PREFILL_BYTES = 256 * 2**20
 KEPT_PLAN_BYTES = 32 * 2**20
 KEPT_RESULT_BYTES = 32 * 2**20
+#: Measured steps `Study.estimate` reads, per kind.
+RATES_KEPT = 8
 _STUDY_IDS = itertools.count()
 
 
@@ -216,11 +218,26 @@ class Study:
             result_memo_bytes, kept_bytes=KEPT_RESULT_BYTES if result_memo_bytes else 0
         )
         self.memo_size = memo_size
+        #: Seconds per token of the last prefills and reconstruction passes (`estimate`).
+        self._rates: dict[str, list[float]] = {}
         #: The prompts whose memo entries go to the kept parts (`keep_prompts`).
         self.kept_prompts: frozenset = frozenset()
         self.prefills.keep_if = lambda spec: spec in self.kept_prompts
         for memo in (self.plans, self.results):  # keyed by (_prompt_key, ...)
             memo.keep_if = lambda key: key[0][0] in self.kept_prompts
+
+    def _record(self, step: str, tokens: int, seconds: float) -> None:
+        """One measured step (`estimate`): its seconds per token, the last few kept."""
+        rates = self._rates.setdefault(step, [])
+        rates.append(seconds / max(int(tokens), 1))
+        del rates[:-RATES_KEPT]
+
+    def estimate(self, step: str, tokens: int) -> float | None:
+        """The seconds `step` ("prefill" or "reconstruct") should take on `tokens` tokens
+        of this model, from the median seconds per token of its last measured runs
+        (linear in the tokens: a guide, not a promise); None before the first."""
+        rates = sorted(self._rates.get(step, ()))
+        return rates[len(rates) // 2] * int(tokens) if rates else None
 
     def keep_prompts(self, specs) -> None:
         """Keep these prompts' prefills, plans and results in the memos' kept parts
@@ -326,6 +343,7 @@ class Study:
             prepare_s=time.perf_counter() - t0,
         )
         self.prefills.put(spec, prep)
+        self._record("prefill", prep.n, pre.timings["prefill_s"])
         log.info(
             "prefill %s: %d tokens (%s) in %.2f s; prefill memo %s",
             _spec_text(spec),
@@ -363,7 +381,10 @@ class Study:
         key = (_prompt_key(prep), config)
         hit = self.plans.get(key)
         if hit is None:
+            fresh = "reconstruct_s" not in prep.prefill.timings
             hit = self.runner.plan_prefill(prep.prefill, config)
+            if fresh and "reconstruct_s" in prep.prefill.timings:
+                self._record("reconstruct", prep.n, prep.prefill.timings["reconstruct_s"])
             if keep:
                 self.plans.put(key, hit)
                 self.prefills.refresh(prep.spec)  # its prefill may hold newly memoised scores
