@@ -52,11 +52,19 @@ log = logging.getLogger("pagekv.app")
 __all__ = ["build_demo", "launch_assets", "main", "warm_lessons", "RUN_DEFAULTS", "TABS"]
 
 
+#: The page's fonts: the system's own (issue 57, item 14). Gradio's default theme asks
+#: for a web font in two weights, and bold text fell back to another face offline.
+SYSTEM_FONTS = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto",
+                "Helvetica Neue", "Arial", "sans-serif"]  # fmt: skip
+SYSTEM_MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
+
+
 def launch_assets() -> dict:
-    """The page's stylesheet and script, as `launch` takes them."""
+    """The page's stylesheet, script and theme (system fonts), as `launch` takes them."""
     css = CSS_PATH.read_text() if CSS_PATH.exists() else None
     head = f"<script>{JS_PATH.read_text()}</script>" if JS_PATH.exists() else None
-    return dict(css=css, head=head)
+    theme = gr.themes.Default(font=SYSTEM_FONTS, font_mono=SYSTEM_MONO)
+    return dict(css=css, head=head, theme=theme)
 
 
 def slider(name: str, value, label: str, **kw) -> gr.Slider:

@@ -250,3 +250,14 @@ def test_a_long_step_says_what_runs_for_how_long_and_how_long_it_should(bundled_
     study = handlers.get_study("bundled")  # the app's own, which ran them
     assert study.estimate("reconstruct", 400) > study.estimate("prefill", 400) > 0
     assert study.estimate("nothing measured", 400) is None
+
+
+def test_the_page_uses_the_systems_fonts():
+    """Item 14: bold capitals ("GQA") rendered in a fallback face: Gradio's default theme
+    asks for a web font in two weights. The theme now names system fonts only, so no
+    face is fetched and every weight is the system's."""
+    import app
+
+    theme = app.launch_assets()["theme"]
+    assert all(isinstance(f, str) for f in (*theme._font, *theme._font_mono)), theme._font
+    assert theme._stylesheets == [] and "system-ui" in theme.font
