@@ -122,8 +122,10 @@ CAPTIONS = {
     "over the tokens one head keeps, in the (layer, group) where it is largest. "
     "**Look for** whether the needle survives eviction in the answer, not only in the cache.",
     "weights": "Head weights within each group for the chosen layer, with and without sink "
-    "isolation; the dotted line is mean pooling's 1/r. **Look for** sink heads that gain "
-    "weight when isolation is off.",
+    "isolation; the dotted line is mean pooling's 1/r. **Look for** how far a group's "
+    "weights stray from 1/r (there pooling by entropy and by mean part), and the heads "
+    "isolation moves weight between: the one losing most is marked with its sink mass, the "
+    "one gaining most (never a sink head) too.",
     "overview": "Page-EntroKV's weights for every layer and head (groups separated by white "
     "lines). **Look for** groups dominated by a single head: there pooling matters most.",
     "sink": "Attention mass on the first n_sink tokens per head, and the sink heads' weight "

@@ -389,6 +389,22 @@ def head_weights_bars(p, layer: int, title=None):
             ay=-34,
             font=dict(size=11),
         )
+    # And where it is taken from: the head losing most, with its sink mass, whether or not
+    # it is over the sink threshold that labels it "(sink)".
+    loss = (p.weights_nosink[layer] - p.weights_isolated[layer]).float()
+    lost = int(loss.argmax())
+    if float(loss[lost]) > 0:
+        mass = float(p.sink_mass[layer, lost])
+        fig.add_annotation(
+            x=heads[lost],
+            y=float(max(p.weights_isolated[layer, lost], p.weights_nosink[layer, lost])),
+            text=f"loses most<br>with isolation<br>(sink mass {mass:.2f})",
+            showarrow=True,
+            arrowhead=2,
+            ax=0,
+            ay=-44,
+            font=dict(size=11),
+        )
     fig.add_hline(y=1 / r, line_dash="dot", line_color=ORANGE)
     # The line's label sits outside the plot area, right of the line's end, in a right
     # margin kept for it: inside, it lay on the last bars.
