@@ -290,3 +290,29 @@ def test_the_head_losing_most_with_isolation_is_marked_with_its_sink_mass(bundle
     assert f"(sink mass {float(plan.sink_mass[layer, head]):.2f})" in marks[0].text
     caption = CAPTIONS["weights"]
     assert "1/r" in caption and "losing most" in caption and "sink heads that gain" not in caption
+
+
+def test_after_a_preset_the_lesson_box_defers_to_the_presets_verdict(monkeypatch):
+    """Item 12: after a preset, the status line said its check "holds" while the lesson
+    box said "not checked" (the lesson's settings no longer held): two verdicts at odds.
+    The lesson box now says no observation belongs to the run and where the preset's
+    verdict is."""
+    import gradio as gr
+
+    from pagekv.app import handlers
+
+    i_obs = handlers.RUN_VIEWS.index("observation")
+
+    def run_inputs(run, request):
+        views = [gr.update() for _ in handlers.RUN_VIEWS]
+        views[i_obs] = "**Observation:** something - *not checked: the controls no longer hold*"
+        yield tuple(views)
+
+    monkeypatch.setattr(handlers, "run_inputs", run_inputs)
+    from pagekv.app.lesson_checks import LESSON_TITLES
+
+    lesson_of_one = LESSON_TITLES[0]
+    preset = handlers.load_presets()[0]
+    (out,) = list(handlers.run_preset(preset["title"], "bundled", lesson_of_one))
+    said = out[len(handlers.PRESET_CONTROLS) + 2 + i_obs]
+    assert "not checked" not in said and preset["title"] in said and "status line" in said

@@ -822,8 +822,21 @@ def run_preset(title, model, lesson_title, request: gr.Request = None):
     run = _preset_run_args(p, model, lesson_title)
     controls = control_values(run, PRESET_CONTROLS)
     tabs = gr.Tabs(selected=p["view"])
+    i_obs = RUN_VIEWS.index("observation")
     for views in run_inputs(run, request):
-        yield (*controls, True, tabs, *_with_preset_verdict(p, views))
+        views = list(_with_preset_verdict(p, views))
+        # The lesson box speaks of the preset, whose verdict is the status line's: "not
+        # checked" beside a status that says "holds" read as two verdicts (issue 57, 12).
+        if isinstance(views[i_obs], str):
+            views[i_obs] = PRESET_OBSERVATION.format(title=p["title"])
+        yield (*controls, True, tabs, *views)
+
+
+#: The lesson box after a preset ran: no lesson's observation belongs to that run.
+PRESET_OBSERVATION = (
+    "**Observation:** none for this run: the preset *{title}* ran, and whether its check "
+    "holds is on the status line. Pick a lesson to check its observation."
+)
 
 
 def _with_preset_verdict(preset: dict, views) -> tuple:
