@@ -178,6 +178,33 @@ def _check_task_and_model(args) -> None:
     refused = offline_refusal(args.model)
     if refused is not None:
         raise refused
+    _check_budget_floor(args)
+
+
+#: A needle prompt's tokens beyond `--context` (its question and template), at most.
+NEEDLE_EXTRA_TOKENS = 512
+
+
+def _check_budget_floor(args) -> None:
+    """Refuse, before any model loads, a budget that no needle prompt of about
+    `--context` tokens can take: below the smallest feasible budget
+    (`pagekv.maths.paging.min_feasible_budget`: its sinks' and window's pages) of every
+    length from `--context` to `NEEDLE_EXTRA_TOKENS` more. A budget near the floor is
+    left to the check after tokenizing, which knows the exact length."""
+    if args.task != "needle" or args.haystack_file:
+        return
+    from pagekv.maths.paging import min_feasible_budget
+
+    lo, hi = args.context, args.context + NEEDLE_EXTRA_TOKENS
+    floor = min(min_feasible_budget(n, args.page_size, args.n_sink, args.window)
+                for n in range(lo, hi + 1))  # fmt: skip
+    if args.budget < floor:
+        raise UsageError(
+            f"--budget {args.budget:g} keeps fewer tokens than the protected pages (sinks "
+            f"and window) of a needle prompt of about {args.context} tokens hold: at least "
+            f"{math.ceil(floor * 1000) / 1000:.3f} is needed; raise --budget or lower "
+            "--n-sink, --window or --page-size"
+        )
 
 
 def _spec_from(args):

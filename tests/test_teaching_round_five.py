@@ -50,6 +50,8 @@ def test_lesson_8_says_what_it_compares_at():
         (["run", "--task", "code", "--name", "qa_larkspur_wifi"], "unknown code task"),
         (["run", "--model", "no-such-model"], "cannot load model 'no-such-model'"),
         (["run", "--model", "no-org/no-model"], "the Hugging Face hub is unreachable"),
+        (["run", "--budget", "0.01"], "--budget 0.01 keeps fewer tokens than the protected"),
+        (["run", "--budget", "0.05", "--context", "300"], "of about 300 tokens hold: at least"),
     ],
 )
 def test_the_cli_refuses_a_task_or_model_before_loading_any_model(argv, said, monkeypatch, capsys):
