@@ -391,6 +391,24 @@ pages the kept set touches, in the (layer, KV head) that touches most; ours keep
 pages); `(N over)`: prompts where no run fits and its smallest stands in. Since the
 presses have answered fewer samples than ours, each block where one ran is followed by
 the same table on the prompts every press answered, every method on those alone.
+
+The question-agnostic comparison (qwen-coder-0.5b, question after: `--ours agnostic`):
+our rows scored by the reconstruction pass (`reconstruct/`: the model reads "Repeat the
+previous context exactly." and the prompt again; no question), with one budget shared
+by every (layer, KV head) (`global`) or a budget per (layer, KV head) (`uniform`), in
+pages of 16 or of 1; kvpress's KVzip (its own reconstruction scores, computed once per
+prompt and applied at each budget, the kept sets its pipeline's), KeyDiff and ChunkKV
+(chunks of 16 tokens, scored by KeyDiff), none of which sees the question. Each answer
+records the physical memory of its kept set in two measures, in 16-token pages
+(`experiments/ruler_memory.py`): `pages_sum`, the pages touched summed over every
+(layer, KV head) (a cache paged per (layer, KV head), as pagekv's decode pool: for our
+rows in pages of 16 it is the pool's size, `tests/test_ruler_memory.py`), and
+`pages_max`, the fullest (layer, KV head)'s pages times their count (a cache giving
+every one the same pages). The table after that block's grids matches, per prompt,
+each press's run with the most memory at most ours, in each measure: `press vs ours`
+are both means of task means on those prompts; `memory` is ours as a share of the
+full cache. `docs/ruler_memory.svg` draws score against memory (its numbers:
+`docs/ruler_memory.json`).
 """
 
 

@@ -128,10 +128,10 @@ def _means(text: str, mode: str, length: int = 2048, model: str = "bundled") -> 
 
 
 def _counts(text: str, mode: str, length: int = 2048, model: str = "bundled") -> list[int]:
-    """Every cell's sample count in our methods' rows of the table's section for `mode`
-    (a press's rows count their own, fewer, samples)."""
+    """Every cell's sample count in our window-scored rows of the table's section for
+    `mode` (a press's rows and the question-agnostic ones count their own samples)."""
     rows = [x for x in _section(text, mode, length, model).splitlines() if x.startswith("| ")]
-    ours = [x for x in rows if x.split(" | ")[0].lstrip("| ") in ruler.OUR_METHODS]
+    ours = [x for x in rows if x.split(" | ")[0].lstrip("| ") in ruler.methods()]
     return [int(c) for x in ours for c in re.findall(r"\((\d+)\)", x)]
 
 
@@ -220,7 +220,11 @@ def _quote_presses(text: str, rows: list[dict]) -> str:
                 float(means[f"{m} {b}%"]) for m in (*ruler.POOLINGS, "head_independent", "snapkv")
             ]
             assert float(means[f"kvzip {b}%"]) >= max(rest), (b, means)
-    kvzip = [r for r in rows if r["method"].startswith("kvzip ") and r["length"] == 2048]
+    kvzip = [
+        r
+        for r in rows
+        if r["method"].startswith("kvzip ") and (r["model"], r["length"]) == ("bundled", 2048)
+    ]
     seconds = [r["seconds"] for r in kvzip]
     # "at 10 and 20 %, ... they touch at least N %": the runs at our budgets.
     touched = _least_touched([r for r in kvzip if r["method"] in ("kvzip 10%", "kvzip 20%")])
@@ -261,9 +265,17 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
     inside, after = _means(text, "inside"), _means(text, "after")
     samples = min(_counts(text, "inside") + _counts(text, "after"))
     n, _, shared, _ = _same_prompts(text, "after")
-    kvzip10 = [r for r in rows if r["method"] == "kvzip 10%" and r["length"] == 2048]
+    kvzip10 = [
+        r
+        for r in rows
+        if r["method"] == "kvzip 10%" and (r["model"], r["length"]) == ("bundled", 2048)
+    ]
     touched10 = _least_touched(kvzip10)
-    kvzip1 = [r for r in rows if r["method"] == "kvzip 1%" and r["length"] == 2048]
+    kvzip1 = [
+        r
+        for r in rows
+        if r["method"] == "kvzip 1%" and (r["model"], r["length"]) == ("bundled", 2048)
+    ]
     touched1 = _least_touched(kvzip1)
     assert ruler_numbers(rows) == {
         "ruler_mean10": inside["mean 10%"], "ruler_entropy10": inside["entropy 10%"],
@@ -330,3 +342,23 @@ def test_the_memory_figure_averages_every_method_on_the_same_prompts():
     assert "kvzip 10%: 0.50 at 50.0%" in svg
     with pytest.raises(SystemExit, match="record their memory"):
         ruler.memory_figure([_row("entropy 10%", "ruler_vt", 0, 1.0)])
+
+
+def test_the_memory_figure_and_its_numbers_are_the_committed_answers():
+    """docs/ruler_memory.json and .svg are `--figure`'s of docs/ruler.jsonl, and lesson 8
+    (`memory_numbers`) reads the comparison there: ours at 10 %, question-agnostic with a
+    shared budget, against KVzip at equal memory in each measure."""
+    from pagekv.app.lessons import MEMORY_OURS, MEMORY_PRESS, memory_numbers
+
+    rows = [json.loads(x) for x in (ROOT / "docs/ruler.jsonl").read_text().splitlines() if x]
+    summary = json.loads(json.dumps(ruler.memory_summary(rows)))  # as JSON holds it
+    committed = json.loads((ROOT / "docs" / "ruler_memory.json").read_text())
+    assert committed == summary
+    svg = (ROOT / "docs" / "ruler_memory.svg").read_text()
+    assert svg == ruler.figure_svg(summary["curves"], summary["title"])
+    entry = next(e for e in summary["equal_memory"] if e["ours"] == MEMORY_OURS)
+    got = entry["presses"][MEMORY_PRESS]
+    numbers = memory_numbers(summary)
+    assert numbers["mem_prompts_sum"] == got["pages_sum"]["prompts"] > 0
+    assert numbers["mem_press_max"] == f"{got['pages_max']['press']:.2f}"
+    assert numbers["mem_frac_sum"] == round(100 * entry["memory"]["pages_sum"])

@@ -219,6 +219,14 @@ def _record_kept(press) -> dict:
     return recorded
 
 
+def _is_scorer(press) -> bool:
+    try:
+        from kvpress.presses.scorer_press import ScorerPress
+    except ImportError:
+        return False
+    return isinstance(press, ScorerPress)
+
+
 def _record_gathered(press) -> dict:
     """For a press that drops tokens by gathering the ones it keeps (ChunkKV,
     StreamingLLM: not a ``ScorerPress``, so `_record_kept` sees nothing): records, per
@@ -367,7 +375,11 @@ class Worker:
         press = make_press(
             req.get("press", "none"), req.get("compression_ratio", 0.0), req.get("press_kwargs")
         )
-        recorded = _record_kept(press) or _record_gathered(press)
+        # One of the two records (a scoring press's, or a gathering one's): both fill
+        # their dict as the press runs, so pick by the press, not by what is there now.
+        recorded = _record_kept(press)
+        if not _is_scorer(press):
+            recorded = _record_gathered(press)
         page_sizes = req.get("page_sizes", [16])
         if not all(isinstance(P, int) and not isinstance(P, bool) and P >= 1 for P in page_sizes):
             raise ValueError(f"page_sizes must be positive integers; got {page_sizes!r}")
@@ -421,7 +433,8 @@ class Worker:
             # transformers builds one mask for every layer, from the first layer's length,
             # for a step of many tokens, and none for a step of one.
             pos = n
-            for part in [question] if len(set(kept)) == 1 else [[t] for t in question]:
+            steps = [question] if len(set(kept)) == 1 else [[t] for t in question]
+            for part in steps if question else []:
                 logits = self.model(
                     input_ids=self._tensor(part),
                     past_key_values=cache,
