@@ -175,7 +175,7 @@ COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#0
 def figure_svg(panels: dict, title: str) -> str:
     """An SVG: score against physical memory as a fraction of the full cache, one line
     per method family, a panel per measure (`panels`: `{measure: curves(rows, measure)}`)."""
-    W, H, pad, gap = 330, 260, 48, 30
+    W, H, pad, gap = 330, 260, 48, 70
     panels = [panels[m] for m in MEASURES]
     families = sorted({f for p in panels for f in p})
     colour = {f: COLOURS[i % len(COLOURS)] for i, f in enumerate(families)}

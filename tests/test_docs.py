@@ -128,6 +128,20 @@ def test_every_python_block_runs_as_written(bundled_study):
             assert " True [" in answer, answer  # scored right by the task's own scoring
 
 
+def memory_finding(m: dict) -> str:
+    """The README's sentence on RULER at equal physical memory, from lesson 8's numbers
+    (`pagekv.app.lessons.memory_numbers`, read from docs/ruler_memory.json)."""
+    return (
+        f"On {m['mem_model']} (RULER, question after, {m['mem_prompts_sum']} prompts), "
+        "Page-EntroKV scored by the reconstruction pass, with one budget shared by every "
+        f"(layer, KV head), kept 10 % of the tokens in {m['mem_frac_sum']} % of the full "
+        f"cache's pages and scored {m['mem_ours_sum']}; kvpress's KVzip in no more pages "
+        f"scored {m['mem_press_sum']}. Where every (layer, KV head) gets as many pages as "
+        f"the fullest, ours takes {m['mem_frac_max']} % and KVzip at that memory scored "
+        f"{m['mem_press_max']} against {m['mem_ours_max']}"
+    )
+
+
 def test_the_readme_s_findings_are_the_committed_results():
     """Each number of the README's "What was found" comes from the file it cites."""
     from pagekv.app.lessons import ruler_numbers, search_numbers
@@ -141,6 +155,9 @@ def test_the_readme_s_findings_are_the_committed_results():
         f"prompt-settings: mean alone right on {s['search_mean']}, entropy alone on "
         f"{s['search_entropy']}"
     ) in readme
+    from pagekv.app.lessons import memory_numbers
+
+    assert memory_finding(memory_numbers()) in readme
     ruler = (ROOT / "docs" / "ruler.md").read_text()
     inside = ruler_means(ruler, "inside", model="qwen-coder-0.5b")
     after = ruler_means(ruler, "after", model="qwen-coder-0.5b")

@@ -253,10 +253,21 @@ def _quote_presses(text: str, rows: list[dict]) -> str:
     )
 
 
+def guide_memory(m: dict) -> str:
+    """Lesson 8's row of docs/app.md on RULER at equal physical memory."""
+    return (
+        f"at the same memory on {m['mem_model']} ({m['mem_prompts_sum']} prompts), "
+        "Page-EntroKV scored by the reconstruction pass with one shared budget "
+        f"{m['mem_ours_sum']} at 10 %, KVzip {m['mem_press_sum']} in no more pages summed "
+        f"over (layer, KV head), and {m['mem_press_max']} against {m['mem_ours_max']} where "
+        "every (layer, KV head) gets the fullest one's pages"
+    )
+
+
 def test_the_quoted_ruler_figures_are_the_committed_answers():
     """docs/ruler.md is the command's table of docs/ruler.jsonl, and lesson 6 and the
     researcher's page (docs/research.md) quote that table."""
-    from pagekv.app.lessons import ruler_numbers
+    from pagekv.app.lessons import memory_numbers, ruler_numbers
 
     path = ROOT / "docs" / "ruler.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
@@ -322,6 +333,7 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
         f"pooling {shared['mean 10%']}, SnapKV {shared['snapkv 10%']}, KVzip's kept tokens "
         f"touching at least {touched10} % of some (layer, KV head)'s pages; and at 1 % of the "
         f"tokens KVzip {shared['kvzip 1%']}, its tokens touching at least {touched1} %",
+        guide_memory(memory_numbers()),
     ):
         assert quoted in guide, quoted
 
