@@ -188,13 +188,16 @@ def test_both_question_positions_follow_one_rule():
 
 def test_a_lesson_request_overtaken_by_a_later_one_shows_nothing(monkeypatch):
     """Item 7: quick presses of Next wait for the session's turn, which takes them in no
-    set order; the last press's lesson must be the one the screen ends on. A request
-    that a later lesson request of its session has overtaken leaves every output as it
-    is (the picker included); without the later request it shows its lesson."""
+    set order; the last press's lesson must be the one the screen ends on. And a control
+    changed while a lesson loads (its run event takes a ticket too) must keep its value.
+    A lesson request that a later request of its session has overtaken leaves every
+    output as it is from then on (the picker and the controls included); without one,
+    each of its outputs carries the lesson's controls (what an API client reads)."""
     from types import SimpleNamespace
 
     import gradio as gr
 
+    from pagekv.app import handlers
     from pagekv.app import lesson_handlers as lh
     from pagekv.app.sessions import SessionGate
 
@@ -203,31 +206,37 @@ def test_a_lesson_request_overtaken_by_a_later_one_shows_nothing(monkeypatch):
     assert (gate.is_latest("s", first), gate.is_latest("s", second)) == (False, True)
     assert gate.is_latest(None, 0) and gate.ticket(None) == 0
     request = SimpleNamespace(session_hash="overtaken")
-    arrives = []  # the sessions whose later press arrives while the lesson runs
+    arrives = []  # while the lesson runs: what else of whose session starts
 
     def run_inputs(run, req):
-        for session in arrives:
-            lh.SESSIONS.ticket(session)
         yield tuple(gr.update() for _ in lh.RUN_VIEWS)  # the plan views
+        for start in arrives:
+            start()
         yield tuple(gr.update() for _ in lh.RUN_VIEWS)  # the answers
 
     monkeypatch.setattr(lh, "run_inputs", run_inputs)
+    monkeypatch.setattr(handlers, "run_inputs", lambda inputs, req: iter(()))
     one, two = lh.LESSON_TITLES[0], lh.LESSON_TITLES[1]  # lesson 2 runs the model
+    head = len(lh.LESSON_CONTROLS) + 2
+    other = SimpleNamespace(session_hash="another session")
+    cases = {
+        "alone": [],
+        "another session's press": [lambda: lh.SESSIONS.ticket(other.session_hash)],
+        "a later press": [lambda: lh.SESSIONS.ticket(request.session_hash)],
+        "a control changed": [lambda: list(handlers.run_comparison(request=request))],
+    }
     try:
-        for arrives[:] in ([], ["another session"], [request.session_hash]):
-            out, *rest = list(lh.next_lesson(one, request=request))
-            assert len(out) == 1 + len(lh.UNCHANGED)
-            overtaken = arrives == [request.session_hash]
-            assert len(rest) == (0 if overtaken else 1)
-            # The controls, the tab and the text are set by the first output alone: a
-            # control changed while the lesson runs keeps its value.
-            head = len(lh.LESSON_CONTROLS) + 2
-            assert all(o == gr.update() for r in rest for o in r[1 : 1 + head])
-            assert (out[0] == two) is not overtaken, arrives
-            changed = [o for o in out[1:] if not (isinstance(o, dict) and len(o) == 1)]
-            assert bool(changed) is not overtaken, arrives  # the lesson's controls and text
+        for case, arrives[:] in cases.items():
+            outs = list(lh.next_lesson(one, request=request))
+            overtaken = case in ("a later press", "a control changed")
+            assert len(outs) == (1 if overtaken else 2), case
+            assert all(len(o) == 1 + len(lh.UNCHANGED) for o in outs)
+            assert outs[0][0] == two  # the first output came before anything else
+            if not overtaken:  # each output sets the lesson's controls
+                assert all(o[0] == two and o[1 : 1 + head] == outs[0][1 : 1 + head] for o in outs)
     finally:
         lh.SESSIONS.end(request.session_hash)
+        lh.SESSIONS.end(other.session_hash)
 
 
 def test_a_long_step_says_what_runs_for_how_long_and_how_long_it_should(bundled_study, monkeypatch):

@@ -343,7 +343,16 @@ def run_inputs(inputs: RunInputs, request: gr.Request = None):
 
 
 #: The API's /run and /budget: `run_inputs` with every run input by name or position.
-run_comparison = takes_run_inputs(gr.Request, "run_comparison")(run_inputs)
+def _run_event(inputs: RunInputs, request: gr.Request = None):
+    """A run the page's controls asked for: it takes a ticket of its session
+    (`SessionGate.ticket`), so that a lesson still running in the session leaves the
+    screen, controls included, to it (issue 57, item 7: a control changed while a lesson
+    loads keeps its value)."""
+    SESSIONS.ticket(getattr(request, "session_hash", None))
+    yield from run_inputs(inputs, request)
+
+
+run_comparison = takes_run_inputs(gr.Request, "run_comparison")(_run_event)
 
 
 def prompt_in_range(v: RunInputs) -> tuple[RunInputs, list[str]]:
@@ -819,6 +828,7 @@ def run_preset(title, model, lesson_title, request: gr.Request = None):
     if p is None:
         yield (*([gr.update()] * (len(PRESET_CONTROLS) + 2)), *_views())
         return
+    SESSIONS.ticket(getattr(request, "session_hash", None))  # as `_run_event`
     run = _preset_run_args(p, model, lesson_title)
     controls = control_values(run, PRESET_CONTROLS)
     tabs = gr.Tabs(selected=p["view"])

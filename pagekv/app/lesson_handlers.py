@@ -126,21 +126,17 @@ def _lesson_views(title, model, request):
     if lesson.mechanism is not None:
         mech = run_mechanism(*lesson.mechanism.inputs())
     if lesson.kind == "live":
-        # The controls, the tab and the mechanism are set by the first output only: a
-        # control changed while the lesson runs keeps its new value (issue 57, item 7).
-        later = tuple(gr.update() for _ in head) + tuple(gr.update() for _ in mech)
-        for i, views in enumerate(run_inputs(_lesson_run_args(lesson, title, model), request)):
+        for views in run_inputs(_lesson_run_args(lesson, title, model), request):
             views = list(views)
             if views[i_obs] is None or isinstance(views[i_obs], dict):  # not checked yet
                 views[i_obs] = waiting
             _open_lesson_layer(lesson, views)
+            # Overtaken by a later request of the session (a lesson, or a run started by
+            # a control changed meanwhile): its outputs are the screen's from here on.
             if not SESSIONS.is_latest(session, ticket):
-                yield None  # overtaken: the later request's lesson is the one shown
+                yield None
                 return
-            if i == 0:
-                yield (*head, *views, *mech)
-            else:
-                yield (*later[: len(head)], *views, *later[len(head) :])
+            yield (*head, *views, *mech)
         return
     # Constructed or replay: no live run belongs to this lesson, so nothing of the last
     # one stays on screen (its status, answers and views are cleared).
