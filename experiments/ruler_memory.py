@@ -74,9 +74,11 @@ def press_of(method: str) -> str:
 
 def match(rows: list[dict], press: str, ours: str, size) -> list[dict]:
     """Per prompt that our method `ours` answered: `press`'s run on it (of any budget)
-    with the most memory (`size(row)`) that is at most ours, or its smallest run where
-    none fits (marked `over`). The picked rows, each renamed `"{press} at {ours}'s
-    memory"` and carrying `ours_score`, our score on that prompt."""
+    with the most memory (`size(row)`) that is at most ours, the one that keeps the most
+    tokens among runs of equal memory (KVzip's runs may all fill the fullest (layer, KV
+    head)), or its smallest run where none fits (marked `over`). The picked rows, each
+    renamed `"{press} at {ours}'s memory"` and carrying `ours_score`, our score on that
+    prompt."""
     runs, mine = defaultdict(list), {}
     for r in rows:
         got = size(r)
@@ -91,7 +93,8 @@ def match(rows: list[dict], press: str, ours: str, size) -> list[dict]:
         if not runs[key]:
             continue
         fits = [run for run in runs[key] if run[0] <= limit]
-        _, pick = max(fits, key=lambda x: x[0]) if fits else min(runs[key], key=lambda x: x[0])
+        most = lambda run: (run[0], run[1].get("kept_tokens") or 0)  # noqa: E731
+        _, pick = max(fits, key=most) if fits else min(runs[key], key=most)
         out.append(pick | {"method": f"{press} at {ours}'s memory", "over": not fits,
                            "ours_score": score})  # fmt: skip
     return out

@@ -55,6 +55,13 @@ def test_a_press_is_matched_to_ours_in_each_measure_on_each_prompt():
         (1, 0.75, False),  # 5% holds 4 in the max measure, as ours does
     ]
     assert {r["method"] for r in at_sum} == {"kv at ours's memory"}
+    # Runs of equal memory: the one keeping the most tokens (a budget fills the fullest
+    # (layer, KV head) at every size, as KVzip's do), whatever their order.
+    tied = [_row("kv 2%", 0, 0.1, [[2, 0], [0, 0]]) | {"kept_tokens": 2},
+            _row("kv 20%", 0, 0.9, [[2, 2], [2, 2]]) | {"kept_tokens": 20},
+            _row("kv 1%", 0, 0.0, [[2, 0], [0, 0]]) | {"kept_tokens": 1}]  # fmt: skip
+    picked = rm.match([ours[0], *tied], "kv", "ours", lambda r: rm.memory(r, "pages_max"))
+    assert [r["score"] for r in picked] == [0.9]  # all hold 8 in the max measure
     # The table: press vs ours on the same prompts (means of the task means), and ours's
     # memory as fractions of the full cache (4 cells x 5 pages = 20): sum 6/20 and 2/20,
     # max 16/20 and 4/20.
