@@ -349,15 +349,22 @@ HAYSTACK = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 ) * 6
 NEEDLE = "The secret passcode is 7351. "
-QUESTION = "What is the secret passcode?"
-
-
-@pytest.mark.slow
-@pytest.mark.kvpress
-@pytest.mark.skipif(
+_ASKED = pytest.mark.skipif(
     os.environ.get("PAGEKV_TEST_KVPRESS") != "1",
     reason="creates kvpress's own venv (~1 GB download); set PAGEKV_TEST_KVPRESS=1",
 )
+
+
+def OPT_IN(test):  # noqa: N802 (a decorator, read as the marks it stands for)
+    """The marks of a test that runs kvpress itself: slow, kvpress, and only where
+    `PAGEKV_TEST_KVPRESS=1` asks for it."""
+    return pytest.mark.slow(pytest.mark.kvpress(_ASKED(test)))
+
+
+QUESTION = "What is the secret passcode?"
+
+
+@OPT_IN
 def test_kvpress_runs_every_press_on_the_bundled_model():
     from transformers import AutoTokenizer
 
@@ -447,12 +454,7 @@ def test_kvpress_runs_every_press_on_the_bundled_model():
     assert by_id["full"]["tokens"] == ours[: len(by_id["full"]["tokens"])]
 
 
-@pytest.mark.slow
-@pytest.mark.kvpress
-@pytest.mark.skipif(
-    os.environ.get("PAGEKV_TEST_KVPRESS") != "1",
-    reason="creates kvpress's own venv (~1 GB download); set PAGEKV_TEST_KVPRESS=1",
-)
+@OPT_IN
 def test_kvzip_scored_once_keeps_what_its_pipeline_keeps_at_every_ratio():
     """experiments/ruler.py scores a prompt with KVzip once and applies each ratio to
     those scores (`reuse_scores`). Each ratio's kept set (its digest), pages and answer

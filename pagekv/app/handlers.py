@@ -410,16 +410,18 @@ def _run(v: RunInputs, session=None):
                     for side, cfg, m in (("A", cfg_a, mode_a), ("B", cfg_b, mode_b))
                 )
                 fresh = _unreconstructed(preps, (cfg_a, mode_a), (cfg_b, mode_b))
+                plan = lambda: plan_comparison(  # noqa: E731
+                    study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b
+                )
                 if fresh:  # planning runs the reconstruction pass first: its own step
-                    yield from _step(
-                        lambda: plan_comparison(
-                            study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b
-                        ),  # fmt: skip
+                    comp = yield from _step(
+                        plan,
                         "Reconstruction pass: the model reads the prompt again to score it",
                         lambda: sum(study.estimate("reconstruct", p.n) or 0 for p in fresh) or None,
                         lesson,
                     )
-                comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
+                else:
+                    comp = plan()
                 n_layers = int(comp.plan_of("B").keep.shape[0])  # from the model that ran
                 layer = min(layer, n_layers - 1)
                 decoding = Decoding(study, comp)  # queued now: the model works while we draw
