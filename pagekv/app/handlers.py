@@ -404,6 +404,7 @@ def _run(v: RunInputs, session=None):
                     f"Prefilling the prompt on {study.loaded.name}",
                     lambda: _estimate(study, "prefill", spec, modes),
                     lesson,
+                    runs=not all(spec.replace(mode=m) in study.prefills for m in modes),
                 )
                 check_budgets(
                     (side, cfg, spec.replace(mode=m), preps[m].n)
@@ -581,11 +582,13 @@ STEP_QUIET_S = 0.3
 _STEP_WAITERS = ThreadPoolExecutor(max_workers=RUN_CONCURRENCY, thread_name_prefix="pagekv-step")
 
 
-def _step(fn, what: str, estimate, lesson):
+def _step(fn, what: str, estimate, lesson, runs: bool = True):
     """`fn()` (a wait for the model worker) on a waiting thread while the request shows
     the step in the status line every `STEP_EVERY_S` (`_progress`: the seconds so far
     and, where `estimate()` knows one, the seconds expected and a bar); returns fn's
-    value, or raises its error. A generator: `value = yield from _step(...)`."""
+    value, or raises its error. A generator: `value = yield from _step(...)`. `runs`:
+    the step is known to compute (not served from memory), so it is said at once;
+    otherwise only once it has taken `STEP_QUIET_S`."""
 
     def waiting():
         keep_this_thread_light()
@@ -593,7 +596,7 @@ def _step(fn, what: str, estimate, lesson):
 
     future = _STEP_WAITERS.submit(waiting)
     t0 = time.perf_counter()
-    expected, timeout = None, STEP_QUIET_S
+    expected, timeout = None, (0.0 if runs else STEP_QUIET_S)
     while True:
         try:
             return future.result(timeout=timeout)
