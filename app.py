@@ -94,8 +94,8 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
     its views on the right; each control wired to its handler (`wire_*`)."""
     # Gradio's own copies of served files are removed after 30 minutes (checked every 10).
     with gr.Blocks(title="Page-EntroKV", delete_cache=(600, 1800)) as demo:
-        gr.Markdown(text.INTRO, elem_id="intro")
         c = {"last": gr.State(None)}
+        c |= first_screen()
         with gr.Row(elem_id="main-row"):
             with gr.Column(scale=1, min_width=320, elem_id="explore-col"):
                 gr.Markdown("#### Free exploration")
@@ -117,6 +117,24 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         wire_mechanism(c)
         wire_lessons(c, demo)
     return demo
+
+
+#: The first screen's drawing: a GQA group, the union of per-head picks, pooled pages.
+GQA_DRAWING = ASSETS_DIR / "gqa.svg"
+
+
+def first_screen() -> dict:
+    """The introduction, the drawing of the idea and the live chart beside it (`glance`:
+    what each (layer, group) of the current run stores, as a multiple of the budget)."""
+    with gr.Column(elem_id="intro"):
+        gr.Markdown(text.INTRO)
+        with gr.Row(equal_height=True, elem_id="first-screen"):
+            with gr.Column(scale=3, min_width=400):
+                gr.HTML(GQA_DRAWING.read_text(), elem_id="gqa-drawing")
+            with gr.Column(scale=2, min_width=300):
+                glance = plot(elem_id="glance")
+                gr.Markdown(text.GLANCE_CAPTION, elem_id="glance-caption")
+    return {"glance": glance}
 
 
 def explore_controls() -> dict:

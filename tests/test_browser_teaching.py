@@ -784,3 +784,47 @@ def test_quick_next_presses_go_as_many_lessons_on(served):
     nxt.click()
     wait_lesson_checked(page, app.LESSONS[4])
     assert "Lesson 5 of 8" in page.locator("#lesson-text").inner_text()
+
+
+# ---------------------------------------------------------------- round five, item 1
+
+
+def test_the_first_screen_draws_the_idea_and_a_live_chart_of_the_run(served):
+    """Issue 57, item 1: at 1280x800 and 800x1000, the first screen holds the drawing of
+    a GQA group (one shared cache, the union of per-head picks, pooled pages) and the
+    live chart of what each (layer, group) of the run stores over its budget. The chart
+    is the run's: its fullest point times the budget is the answers table's "stored
+    max", one point per (layer, group) and side; picking another lesson redraws it."""
+    page, _, url = served
+    lesson1, lesson2 = app.LESSONS[0], app.LESSONS[1]
+    for width, height in ((1280, 800), (800, 1000)):
+        page.set_viewport_size({"width": width, "height": height})
+        open_app(page, url, "?lesson=1")
+        wait_lesson_checked(page, lesson1)
+        wait_drawn(page)
+        page.evaluate("window.scrollTo(0, 0)")
+        for sel in ("#gqa-drawing svg", "#glance .js-plotly-plot"):
+            box = page.locator(sel).bounding_box()
+            assert box and box["y"] >= 0 and box["y"] + box["height"] <= height, (width, sel, box)
+        drawing = page.locator("#gqa-drawing").inner_text()
+        for words in ("One GQA group", "union", "Pool the heads"):
+            assert words in drawing, (width, words)
+        (fig,) = plot_json(page, "#glance")
+        a, b = fig["data"]
+        assert a["name"].startswith("A: head_independent") and b["name"].startswith("B: entropy")
+        budget = int(re.search(r"budget (\d+) tokens per", status_text(page)).group(1))
+        rows = page.locator("#answers-table tbody tr")
+        for i, trace in ((1, a), (2, b)):
+            stored_max = int(rows.nth(i).locator("td").nth(3).inner_text())
+            assert round(trace["y"][0] * budget) == stored_max, (width, trace["name"])
+            assert trace["y"] == sorted(trace["y"], reverse=True)
+        assert len(a["y"]) == len(b["y"]) == 30 * 3  # SmolLM2: 30 layers, 3 groups
+        assert max(a["y"]) > 1.5 and max(b["y"]) <= 1.0, (max(a["y"]), max(b["y"]))
+    pick_lesson(page, app.LESSON_TITLES[1])
+    wait_lesson_checked(page, lesson2)
+    page.wait_for_function(
+        "() => { const p = document.querySelector('#glance .js-plotly-plot');"
+        " return p && p.data && !p.data[0].name.startsWith('A: head_independent'); }",
+        timeout=SOON_MS,
+    )
+    page.set_viewport_size({"width": 1280, "height": 1000})

@@ -75,6 +75,9 @@ def every_figure():
         "uor": fp.uor_curve([0.1, 0.2], [1.5, 1.3], [2.0, 1.8], 3),
         "stored": fp.union_over_budget_heatmap({"A": [[3, 4], [5, 6]]}, {"A": 3}, 3),
         "memory": fp.memory_bars([{"policy": "entropy", "tokens": 10, "bytes": 2**20}]),
+        "glance": fp.stored_glance(
+            {"A": [[3, 7], [5, 6]], "B": [[3, 3], [2, 3]]}, {"A": 3, "B": 3}, {"A": "#D55E00"}, 3
+        ),
         "mechanism": mechanism(),
         "scatter": fr.disagreement_scatter({0.1: ([0.1, 0.5], [1.2, 2.0])}, 3, "T2"),
         "recall": fr.recall_bars(RECALL_ROWS, "T4"),
@@ -103,6 +106,7 @@ FIGURES = (
     "uor",
     "stored",
     "memory",
+    "glance",
     "mechanism",
     "scatter",
     "recall",
@@ -112,6 +116,27 @@ FIGURES = (
 
 def test_every_figure_is_checked():
     assert tuple(every_figure()) == FIGURES
+
+
+def test_the_glance_sorts_each_sides_stored_tokens_over_its_budget():
+    """The first screen's chart (issue 57, item 1), hand-worked: each (layer, group)'s
+    stored tokens over its side's budget, fullest first; the budget and r as lines."""
+    fig = fp.stored_glance(
+        {"A: hi": [[3, 7], [5, 6]], "B: mean": [[2, 4], [4, 4]]},
+        {"A: hi": 4, "B: mean": 4},
+        {"A: hi": "#D55E00", "B: mean": "#E69F00"},
+        r=3,
+    )
+    a, b = fig.data
+    assert list(a.y) == [1.75, 1.5, 1.25, 0.75] and list(a.x) == [1, 2, 3, 4]
+    assert list(b.y) == [1.0, 1.0, 1.0, 0.5]
+    assert (a.line.color, b.line.color, a.line.dash, b.line.dash) == (
+        "#D55E00",
+        "#E69F00",
+        None,
+        "dash",
+    )
+    assert sorted(s.y0 for s in fig.layout.shapes) == [1, 3]
 
 
 # ---------------------------------------------------------------- 1. sink advantage

@@ -14,6 +14,7 @@ import os
 from pagekv.app import figures
 from pagekv.app.comparison import Comparison, export_data, side_labels
 from pagekv.app.figure_memo import memo_figure
+from pagekv.app.figures.style import POLICY_COLOURS
 from pagekv.maths.metrics import sink_advantage
 
 
@@ -75,6 +76,12 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
         "stored": lambda: figures.union_over_budget_heatmap(
             {lab: comp.plan_of(key).union_tokens.tolist() for key, lab in both},
             {lab: comp.plan_of(key).budget_tokens for key, lab in both},
+            r=r,
+        ),
+        "glance": lambda: figures.stored_glance(
+            {lab: comp.plan_of(key).union_tokens.tolist() for key, lab in both},
+            {lab: comp.plan_of(key).budget_tokens for key, lab in both},
+            {lab: POLICY_COLOURS.get(comp.configs[key].policy) for key, lab in both},
             r=r,
         ),
     }

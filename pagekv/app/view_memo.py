@@ -13,10 +13,10 @@ from pagekv.app.memo import ByteLRU, nbytes
 from pagekv.app.run_figures import comparison_figures
 
 #: Views that planning alone draws (a dragged slider updates these, without decoding).
-PLAN_VIEWS = ("frame", "retention", "uor", "stored", "memory")
+PLAN_VIEWS = ("frame", "retention", "uor", "stored", "memory", "glance")
 #: Plan views that decoding leaves as they are (retention is redrawn: the decoded records
 #: measure what the compacted cache stores, padding included).
-SAME_AFTER_DECODING = ("frame", "uor", "stored", "memory")
+SAME_AFTER_DECODING = ("frame", "uor", "stored", "memory", "glance")
 #: Cap of the memo of finished runs' views.
 VIEW_MEMO_BYTES = 96 * 2**20
 #: How long a run waits for the same run started by another session before doing it.

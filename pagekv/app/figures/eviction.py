@@ -660,6 +660,47 @@ def union_over_budget_heatmap(sides: dict, budget_tokens: dict, r: int, title=No
     return layout(fig, text, 420, above=8 + 16 * lines)
 
 
+def stored_glance(sides: dict, budget_tokens: dict, colours: dict, r: int, title=None):
+    """The first screen's live chart: every (layer, group)'s stored tokens as a
+    multiple of its side's budget, sorted from the fullest, one line per side, against
+    the budget (1x) and the worst a union can reach (r x).
+
+    Args:
+        sides: label -> `[L][G]` tokens the side keeps (`union_tokens`).
+        budget_tokens: label -> `k`.
+        colours: label -> the line's colour (its policy's; the second side's is dashed).
+        r: heads per group.
+    """
+    go = _go()
+    fig = go.Figure()
+    top = float(r)
+    for i, (label, rows) in enumerate(sides.items()):
+        k = max(int(budget_tokens[label]), 1)
+        ys = sorted((u / k for row in rows for u in row), reverse=True)
+        top = max(top, ys[0] if ys else 0.0)
+        fig.add_trace(
+            go.Scatter(
+                x=list(range(1, len(ys) + 1)),
+                y=ys,
+                name=label,
+                mode="lines",
+                # The second side dashed: two sides of one policy stay apart.
+                line=dict(color=colours.get(label, BLACK), width=3, dash="dash" if i else None),
+                hovertemplate="the %{x}th fullest (layer, group): %{y:.2f}x the budget"
+                "<extra>" + label + "</extra>",
+            )
+        )
+    fig.add_hline(y=1, line_dash="dash", line_color="grey", annotation_text="budget")
+    fig.add_hline(y=r, line_dash="dot", line_color="grey", annotation_text=f"r = {r}")
+    fig.update_layout(
+        xaxis_title="(layer, group)s, fullest first",
+        yaxis_title="stored / budget",
+        yaxis_range=[0, 1.1 * top],
+    )
+    text = title or "Live: what each (layer, group) stores, x budget"
+    return layout(fig, text, 260)
+
+
 def memory_bars(rows: Sequence[dict], title=None):
     """Cache kept per policy: rows of {policy, tokens, bytes} and, where given, a
     `label` naming how it was planned (scorer, allocation, padding)."""
