@@ -828,3 +828,49 @@ def test_the_first_screen_draws_the_idea_and_a_live_chart_of_the_run(served):
         timeout=SOON_MS,
     )
     page.set_viewport_size({"width": 1280, "height": 1000})
+
+
+#: Bar labels (plotly's `text.bartext`) of the figure under a selector that stand less
+#: than 2 px apart side by side: `[gap, left label, right label]`. None drawn: `null`.
+LABELS_CROWDED_JS = """(sel) => {
+  const b = [...document.querySelectorAll(sel + ' text.bartext')]
+    .map(t => [t.textContent, t.getBoundingClientRect()]).filter(([, r]) => r.width)
+    .sort((x, y) => x[1].left - y[1].left);
+  if (!b.length) return null;
+  const out = [];
+  for (let i = 1; i < b.length; i++) {
+    const [a, c] = [b[i - 1][1], b[i][1]];
+    if (a.top < c.bottom && c.top < a.bottom && c.left - a.right < 2)
+      out.push([Math.round(c.left - a.right), b[i - 1][0], b[i][0]]);
+  }
+  return out;
+}"""
+
+
+def test_lesson_8_figures_fit_and_keep_their_labels_apart(served):
+    """Issue 57, item 14: at 1280 and 800 px, lesson 8's two replay figures keep their
+    titles inside the frame and apart (the RULER panels' titles collided at 800 px),
+    their bar labels apart (the "7 %" labels crowded), and every RULER line is drawn
+    in a colour that shows on white."""
+    page, _, url = served
+    lesson = next(x for x in app.LESSONS if x.id == "kvpress-same-memory")
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 1000})
+        open_app(page, url, f"?lesson={app.LESSONS.index(lesson) + 1}")
+        wait_lesson_checked(page, lesson)
+        page.wait_for_function(
+            "() => ['#ruler-memory', '#replay-recall'].every(s => {"
+            " const p = document.querySelector(s + ' .js-plotly-plot');"
+            " return p && p.offsetParent && p.data && p.data.length; })",
+            timeout=SOON_MS,
+        )
+        wait_drawn(page)
+        assert page.evaluate(FIT_JS) == [], (width, page.evaluate(FIT_JS))
+        crowded = page.evaluate(LABELS_CROWDED_JS, "#replay-recall")
+        assert crowded == [], (width, crowded)
+        (ruler,) = plot_json(page, "#ruler-memory")
+        for trace in ruler["data"]:
+            colour = trace["line"]["color"].lstrip("#")
+            lightness = sum(int(colour[i : i + 2], 16) for i in (0, 2, 4)) / 3
+            assert lightness < 200, (trace["name"], trace["line"]["color"])
+    page.set_viewport_size({"width": 1280, "height": 1000})

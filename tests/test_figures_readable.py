@@ -329,6 +329,24 @@ def test_recall_bars_label_every_bar_including_zero():
     assert all(t.textangle == -90 and t.constraintext == "none" for t in fig.data)
 
 
+def test_recall_bars_leave_no_empty_slot_in_a_policys_group():
+    """Traces that never share a policy share a slot (issue 57, item 14: with a slot
+    for every trace the bars, and their upright labels, crowded at 800 px): here the
+    inside-20 % bars take a slot of their own (entropy is in both), the full cache's
+    bar the first slot free of "full": the after-20 % bars'."""
+    rows = RECALL_ROWS + [{"mode": "inside", "budget": 0.2, "policy": "entropy", "recall": 0.9}]
+    fig = fr.recall_bars(rows, "T4")
+    slots = {t.name: t.offsetgroup for t in fig.data}
+    assert slots == {
+        "after, budget 20%": "0",
+        "inside, budget 20%": "1",
+        "inside, budget 100%": "0",
+    }
+    for slot in set(slots.values()):  # no two bars of one policy in one slot
+        names = [x for t in fig.data if t.offsetgroup == slot for x in t.x]
+        assert len(names) == len(set(names)), slot
+
+
 def test_recall_bars_policy_names_break_onto_lines():
     fig = fr.recall_bars(RECALL_ROWS, "T4")
     x = fig.layout.xaxis

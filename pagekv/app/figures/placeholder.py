@@ -6,12 +6,13 @@ import textwrap
 
 
 def placeholder(text: str, height: int = 160):
-    """An empty figure with `text` in its middle and no axes."""
+    """An empty figure with `text` in its middle and no axes; lines of at most 48
+    characters, so the text fits the first screen's narrow chart (`glance`) too."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     fig.add_annotation(
-        text="<br>".join(textwrap.wrap(text, 80)),
+        text="<br>".join(textwrap.wrap(text, 48)),
         x=0.5,
         y=0.5,
         xref="paper",

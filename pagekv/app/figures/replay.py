@@ -4,9 +4,11 @@ builds, so these are pure functions of numbers."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 from pagekv.app.figures.style import (
+    BLACK,
     BLUE,
     EVICTED,
     GREEN,
@@ -97,19 +99,30 @@ def recall_bars(rows: Sequence[dict], title: str):
     carries its value ("60 %"), above it and upright, so a recall of 0 (a bar of no
     height) still reads "0 %"; the y range leaves room for the labels. Policy names
     such as "kvpress expected_attention" are broken onto lines (`_wrap_name`) so the
-    tick labels stay level and readable.
+    tick labels stay level and readable. Traces whose bars never meet a policy share a
+    slot (`offsetgroup`), so a policy's group has no empty slots and its bars, with
+    their labels, are as wide as the figure allows.
     """
     go = _go()
     fig = go.Figure()
+    slots: list[set] = []  # the bar names each slot of a group holds so far
     for mode in sorted({x["mode"] for x in rows}):
         for b in sorted({x["budget"] for x in rows if x["mode"] == mode}):
             sel = [x for x in rows if x["mode"] == mode and x["budget"] == b]
             name = f"{mode}, budget {100 * b:g}%"
+            names = {_bar_name(x) for x in sel}
+            # A trace shares a slot with earlier ones that have no bar of its names (the
+            # full cache's 100 % beside the others' 10 and 20 %): no empty slots.
+            slot = next((i for i, held in enumerate(slots) if not held & names), len(slots))
+            if slot == len(slots):
+                slots.append(set())
+            slots[slot] |= names
             fig.add_trace(
                 go.Bar(
                     x=[_bar_name(x) for x in sel],
                     y=[x["recall"] for x in sel],
                     name=name,
+                    offsetgroup=str(slot),
                     text=[f"{100 * x['recall']:.0f} %" for x in sel],  # 0.6 -> "60 %"
                     textposition="outside",
                     # Upright and full size: side by side, the bars are narrower than
@@ -124,6 +137,7 @@ def recall_bars(rows: Sequence[dict], title: str):
     policies = list(dict.fromkeys(_bar_name(x) for x in rows))
     fig.update_layout(
         barmode="group",
+        bargap=0.08,  # wider bars: their upright labels keep apart at 800 px
         yaxis_title="needle recall",
         # Headroom over 100 % for the upright labels; ticks stop at 100 %.
         yaxis_range=[0, 1.3],
@@ -159,7 +173,14 @@ def answer_bars(rows: Sequence[dict], title: str):
 
 
 #: `memory_curves`' colours, in order of the method families (Okabe-Ito).
-_FAMILY_COLOURS = (BLUE, VERMILLION, GREEN, PURPLE, ORANGE, SKY, EVICTED)
+#: One colour a RULER method family, each dark enough to show on white.
+_FAMILY_COLOURS = (BLUE, VERMILLION, GREEN, PURPLE, ORANGE, SKY, BLACK, "#999999")
+
+
+#: What each memory measure's panel is titled after its name (short: two fit at 800 px).
+_MEASURE_NAMES = {"pages_sum": "paged per (layer, KV head)", "pages_max": "same pages in each"}
+#: A title's line, at most (the figure is about 700 px wide at 800 px).
+TITLE_CHARS = 64
 
 
 def memory_curves(curves: dict, title: str):
@@ -172,8 +193,9 @@ def memory_curves(curves: dict, title: str):
 
     measures = list(curves)
     fig = make_subplots(rows=1, cols=len(measures), shared_yaxes=True,
-                        subplot_titles=[f"{m}: memory as a fraction of the full cache"
+                        subplot_titles=[f"{m}: {_MEASURE_NAMES.get(m, m)}"
                                         for m in measures])  # fmt: skip
+    fig.update_annotations(font_size=13)  # the panels' titles, apart at 800 px
     families = sorted({f for panel in curves.values() for f in panel})
     for col, m in enumerate(measures, start=1):
         for i, family in enumerate(families):
@@ -195,6 +217,8 @@ def memory_curves(curves: dict, title: str):
                 row=1,
                 col=col,
             )
-        fig.update_xaxes(range=[0, 1.02], tickformat=".0%", row=1, col=col)
+        fig.update_xaxes(range=[0, 1.02], tickformat=".0%", row=1, col=col,
+                         title_text="memory, of the full cache")  # fmt: skip
     fig.update_yaxes(range=[0, 1.0], title_text="score (mean of task means)", row=1, col=1)
+    title = "<br>".join(textwrap.wrap(title, TITLE_CHARS))  # inside the frame at 800 px
     return layout(fig, title, 480, above=24)  # room for the panels' titles
