@@ -246,12 +246,24 @@ def cmd_run(args) -> int:
     spec = _spec_from(args)
 
     from pagekv.app.study import Study
+    from pagekv.progress import Steps
     from pagekv.runtime.models import load_model
 
-    loaded = load_model(args.model, device=args.device)
-    study = Study(loaded, backend=args.backend, decode_dtype=args.dtype)
-    prep = study.prepare(spec)
-    runs = [study.run(prep, cfg, max_new_tokens=args.max_new_tokens) for cfg in configs]
+    steps = Steps(total=2 + len(configs))  # on a terminal: each step, its seconds, a bar
+    with steps.step(f"loading {args.model}"):
+        loaded = load_model(args.model, device=args.device)
+        study = Study(loaded, backend=args.backend, decode_dtype=args.dtype)
+    with steps.step("tokenizing and prefilling the prompt"):
+        prep = study.prepare(spec)
+    runs = []
+    for cfg in configs:
+        what = f"{cfg.policy}: " + (
+            "reconstruction pass, eviction, decoding"
+            if cfg.scorer == "reconstruct" and not runs
+            else "eviction and decoding"
+        )
+        with steps.step(what):
+            runs.append(study.run(prep, cfg, max_new_tokens=args.max_new_tokens))
     if args.json:
         objects = [r.to_dict() for r in runs]
         if len(runs) == 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import logging
+import re
 import threading
 import time
 
@@ -238,18 +239,52 @@ def open_page(title, model="bundled", request: gr.Request = None):
         yield (*head, SHARED_BAD_TEXT if failed else SHARED_TEXT, *views, *keep_mech)
 
 
+class WarmSteps:
+    """The console's side of a lesson's warm-up: each step its run's status line names
+    (loading, prefill, reconstruction pass, decoding token k of n) logged once when it
+    starts and again every `every_s` while it lasts, with the seconds and estimate the
+    status line gives (`_progress`), its HTML left out."""
+
+    def __init__(self, where: str, every_s: float = 10.0):
+        self.where, self.every_s = where, every_s
+        self.step, self.said_at = None, 0.0
+
+    @staticmethod
+    def text(status) -> str:
+        """The status line as plain text (no label, tags or bold): its paragraph that
+        counts decoded tokens, or else its first, at most 120 characters."""
+        paras = str(status).strip().split("\n\n")
+        para = next((p for p in paras if re.search(r"token \d+ of at most", p)), paras[0])
+        para = re.sub(r"<[^>]+>|\*\*(Note|Done|Error):\*\*|\*\*", "", para)
+        text = " ".join(para.split())
+        return text if len(text) <= 120 else text[:119] + "…"
+
+    def show(self, status) -> None:
+        text = self.text(status)
+        if not status or str(status).startswith(("**Done:**", "**Error:**")) or not text:
+            return
+        step = re.split(r":? \d", text, maxsplit=1)[0]  # the words before the numbers
+        now = time.perf_counter()
+        if step != self.step or now - self.said_at >= self.every_s:
+            log.info("%s: %s", self.where, text)
+            self.step, self.said_at = step, now
+
+
 def warm_lessons(model: str = "bundled") -> int:
     """Run every live lesson once, as a visitor's pick would (its views then wait in
     memory for the class); returns how many ran. The app does this once it serves,
     with requests arriving meanwhile taking their turns on the model. Logs a line when
-    it starts and one per lesson, with the seconds since the start."""
+    it starts, each step of a lesson as it starts (`WarmSteps`: at most every 10 s while
+    it lasts) and one line per lesson, with the seconds since the start."""
     t0 = time.perf_counter()
     live = [(t, x) for t, x in zip(LESSON_TITLES, LESSONS, strict=True) if x.kind == "live"]
     log.info("warming the %d live lessons on %s (a class then gets them from memory)",
              len(live), model)  # fmt: skip
     n = 0
     for title, lesson in live:
-        *_, last = run_inputs(_lesson_run_args(lesson, title, model))
+        last, said = None, WarmSteps(f"lesson {n + 1} of {len(live)}")
+        for last in run_inputs(_lesson_run_args(lesson, title, model)):
+            said.show(last[RUN_VIEWS.index("status")])
         status = last[RUN_VIEWS.index("status")]
         if str(status).startswith("**Error:**"):  # e.g. no model: the runs say why
             log.warning("lessons not warmed: %s", status)
