@@ -56,6 +56,7 @@ from experiments.ruler_memory import (  # noqa: E402
     equal_memory,
     equal_memory_table,
     figure_svg,
+    match,
     memory_fields,
     plan_memory,
     press_of,
@@ -179,26 +180,11 @@ def physical(row: dict) -> int | None:
 
 def physical_match(rows: list[dict], press: str, ours: str) -> list[dict]:
     """Per prompt (model, length, task, sample, mode) that our method `ours` answered:
-    `press`'s run on it (of any budget) with the most physical memory that is at most
-    ours, or its smallest run where none fits (marked `over`). The picked rows, each
-    renamed `"{press} at {ours}'s memory"`."""
-    runs, mine = defaultdict(list), {}  # prompt -> [(physical, row)]; prompt -> ours
-    for r in rows:
-        key, size = (r["model"], r["length"], r["task"], r["index"], r["mode"]), physical(r)
-        if size is None:
-            continue
-        if r["method"] == ours:
-            mine[key] = size
-        elif r["method"].split(" ")[0] == press:
-            runs[key].append((size, r))
-    out = []
-    for key, limit in mine.items():
-        if not runs[key]:
-            continue
-        fits = [run for run in runs[key] if run[0] <= limit]
-        _, pick = max(fits, key=lambda x: x[0]) if fits else min(runs[key], key=lambda x: x[0])
-        out.append(pick | {"method": f"{press} at {ours}'s memory", "over": not fits})
-    return out
+    `press`'s run on it (of any budget) with the most physical memory (`physical`) that
+    is at most ours, the one keeping most tokens among runs of equal memory, or its
+    smallest run where none fits (marked `over`): `ruler_memory.match`'s rule. The
+    picked rows, each renamed `"{press} at {ours}'s memory"`."""
+    return match(rows, press, ours, physical)
 
 
 def run_peers(args, model_name, length, cases, out: Path) -> None:

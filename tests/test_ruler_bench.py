@@ -65,12 +65,14 @@ def test_the_table_averages_each_task_and_counts_its_samples():
 def test_a_press_is_matched_at_our_physical_memory_per_prompt():
     """Per prompt, the press's run with the most physical memory (16-token pages touched,
     in the (layer, KV head) that touches most) still at most ours; where none fits, its
-    smallest, counted as over."""
+    smallest, counted as over. Runs of equal memory: the one keeping most tokens."""
     ours = [_row("entropy 10%", "ruler_vt", i, 1.0) | {"kept_tokens": 100} for i in (0, 1)]
     ours[1]["kept_tokens"] = 40  # 48 tokens of pages: no press run fits on sample 1
     press = [
         _row("snapkv 10%", "ruler_vt", 0, 1.0) | {"pages_16": 20},  # 320 tokens
-        _row("snapkv 5%", "ruler_vt", 0, 0.5) | {"pages_16": 7},  # 112: the most that fits
+        _row("snapkv 4%", "ruler_vt", 0, 0.0) | {"pages_16": 7, "kept_tokens": 90},
+        _row("snapkv 5%", "ruler_vt", 0, 0.5) | {"pages_16": 7, "kept_tokens": 100},  # 112:
+        # the most that fits, and of the two runs of that memory the one keeping more
         _row("snapkv 3%", "ruler_vt", 0, 0.0) | {"pages_16": 6},  # 96
         _row("snapkv 5%", "ruler_vt", 1, 0.25) | {"pages_16": 5},
         _row("snapkv 3%", "ruler_vt", 1, 0.75) | {"pages_16": 4},  # 64, the smallest
@@ -86,7 +88,7 @@ def test_a_press_is_matched_at_our_physical_memory_per_prompt():
     # vt: the mean of 0.5 and 0.75 over the two samples, one of them over
     assert "| snapkv at entropy 10%'s memory (1 over) | - | - | - | 0.62 (2) |" in text
     runs = [x.split(" |")[0] for x in text.splitlines() if x.startswith("| snapkv ")]
-    assert runs[:3] == ["| snapkv 3%", "| snapkv 5%", "| snapkv 10%"]  # by budget
+    assert runs[:4] == ["| snapkv 3%", "| snapkv 4%", "| snapkv 5%", "| snapkv 10%"]  # by budget
     assert ruler.peer_methods(["snapkv"], [0.3, 0.5]) == {
         f"snapkv {b}%": ("snapkv", b / 100) for b in (3, 5, 6, 10, 20)
     }
