@@ -39,24 +39,21 @@ def lesson_markdown(lesson) -> str:
 
 INTRO = """
 # Page-EntroKV: which KV pages should a GQA group keep?
-Under grouped-query attention the *r* query heads of a group share one KV cache (1 below).
+Under grouped-query attention the *r* query heads of a group share one KV cache (1).
 If each head keeps its own picks, the group stores their union, up to *r* times the budget
 (2). **Pooling** the heads first keeps the budget (3): **mean pooling** weights each head
-1/*r*; **Page-EntroKV** weights each head by how *focused* it is (collision entropy, after
-removing the attention-sink tokens) and keeps whole pages per (layer, group).
-**What the live lessons back**, here, on these models: pooling holds a group to its budget
-(lesson 1: mean pooling does it as well); whole pages (lesson 2); sink isolation (lesson
-3). **What they do not**: the paper's claim that the entropy weighting keeps needles better
-than mean pooling is not reproduced here: a tie on SmolLM2, and on qwen-coder-0.5b mean
-pooling alone was right more often (lesson 6). **Start with the lessons**; free
-exploration is in the left column (below the views on a narrow screen).
+1/*r*, **Page-EntroKV** by how *focused* it is (collision entropy without the
+attention-sink tokens), and both keep whole pages per (layer, group). **The live lessons
+back** pooling's budget (lesson 1, mean pooling as well), whole pages (2) and sink
+isolation (3); the paper's claim that the entropy weighting keeps needles better than mean
+pooling is **not reproduced** here (lesson 6). Start with the lessons; free exploration is
+in the left column (below the views on a narrow screen).
 """
 
 #: The chart beside the drawing: what it shows (under it, `app.py`).
 GLANCE_CAPTION = (
-    "Live, from the run below: each line is a side, each point one (layer, group), fullest "
-    "first. **Look for** the union of per-head picks climbing above the budget (1x) toward "
-    "r x, and pooled sides staying at or under it."
+    "**Look for** per-head picks (head_independent) above the budget (1x), pooled sides at "
+    "or under it."
 )
 
 #: Under each side's question position: the one rule both follow.

@@ -692,13 +692,14 @@ def stored_glance(sides: dict, budget_tokens: dict, colours: dict, r: int, title
         )
     fig.add_hline(y=1, line_dash="dash", line_color="grey", annotation_text="budget")
     fig.add_hline(y=r, line_dash="dot", line_color="grey", annotation_text=f"r = {r}")
-    fig.update_layout(
-        xaxis_title="(layer, group)s, fullest first",
-        yaxis_title="stored / budget",
-        yaxis_range=[0, 1.1 * top],
+    # No x-axis title: the subtitle says what the points are (the chart must fit the
+    # first screen at 800 px with the lesson's title under it).
+    fig.update_layout(yaxis_title="stored / budget", yaxis_range=[0, 1.1 * top])
+    text = title or (
+        "Live: each (layer, group)'s stored tokens / budget<br><span style='font-size:12px'>"
+        "a line per side, a point per (layer, group), fullest first</span>"
     )
-    text = title or "Live: what each (layer, group) stores, x budget"
-    return layout(fig, text, 260)
+    return layout(fig, text, 215)
 
 
 def memory_bars(rows: Sequence[dict], title=None):
