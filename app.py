@@ -62,7 +62,9 @@ SYSTEM_MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace
 def launch_assets() -> dict:
     """The page's stylesheet, script and theme (system fonts), as `launch` takes them."""
     css = CSS_PATH.read_text() if CSS_PATH.exists() else None
-    head = f"<script>{JS_PATH.read_text()}</script>" if JS_PATH.exists() else None
+    # The lessons' titles for the script's count of Next / Previous presses.
+    titles = f"window.pagekvTitles = {json.dumps(list(LESSON_TITLES))};"
+    head = f"<script>{titles}\n{JS_PATH.read_text()}</script>" if JS_PATH.exists() else None
     theme = gr.themes.Default(font=SYSTEM_FONTS, font_mono=SYSTEM_MONO)
     return dict(css=css, head=head, theme=theme)
 
@@ -235,8 +237,8 @@ def lesson_header() -> dict:
     """The lesson picker, its text and verdict, the glossary, the status and answers."""
     with gr.Row(elem_id="lesson-picker"):
         lesson = gr.Dropdown(LESSON_TITLES, value=LESSON_TITLES[0], label="Lesson", scale=4)
-        prev_btn = gr.Button("Previous lesson", size="sm", scale=1)
-        next_btn = gr.Button("Next lesson", size="sm", scale=1)
+        prev_btn = gr.Button("Previous lesson", size="sm", scale=1, elem_id="prev-lesson")
+        next_btn = gr.Button("Next lesson", size="sm", scale=1, elem_id="next-lesson")
         presenter = gr.Checkbox(
             value=False, label="Presenter view", scale=1, elem_id="presenter",
             info="the lesson and its chart only; Next keeps the chart in view",

@@ -32,12 +32,28 @@
 
   // Next / Previous pressed again before the lesson they asked for has loaded: each press
   // steps on from the lesson the press before asked for, not from the one still on the
-  // screen (app.py sends `from`, and the server steps from it as the browser did).
+  // screen. Every physical press is counted here, as it happens (a listener that runs
+  // before Gradio's: Gradio may fold presses made while one is pending into one request,
+  // and may run the event's own script only when it sends it); the request then sends
+  // `from`, the lesson one step before the target, and the server steps from it.
+  const step = (titles, from, delta) =>
+    titles[(Math.max(0, titles.indexOf(from)) + delta + titles.length) % titles.length];
+  document.addEventListener(
+    "click",
+    (e) => {
+      const button = e.target.closest && e.target.closest("#next-lesson, #prev-lesson");
+      const titles = window.pagekvTitles;
+      if (!button || !titles) return;
+      const delta = button.id === "next-lesson" ? 1 : -1;
+      const shown = document.querySelector("#lesson-picker input");
+      window.pagekvTarget = step(titles, window.pagekvTarget || (shown && shown.value), delta);
+    },
+    true,
+  );
   window.pagekvStepFrom = (titles, delta, current) => {
-    const from = window.pagekvTarget || current;
-    const i = Math.max(0, titles.indexOf(from));
-    window.pagekvTarget = titles[(i + delta + titles.length) % titles.length];
-    return from;
+    // No press counted (the listener missed it): step from the lesson on the screen.
+    if (!window.pagekvTarget) window.pagekvTarget = step(titles, current, delta);
+    return step(titles, window.pagekvTarget, -delta);
   };
   window.pagekvLanded = (title) => {
     if (!title || title === window.pagekvTarget) window.pagekvTarget = null;
