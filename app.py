@@ -35,38 +35,19 @@ from pagekv.app.inputs import PAGE_SIZES  # noqa: E402
 from pagekv.app.lesson_checks import LESSON_TITLES  # noqa: E402
 from pagekv.app.lesson_handlers import LESSON_CONTROLS, TABS, warm_lessons  # noqa: E402
 from pagekv.app.lessons import LESSONS  # noqa: E402
+from pagekv.app.page_assets import GQA_DRAWING, launch_assets  # noqa: E402
 from pagekv.app.run_inputs import RUN_DEFAULTS, RUN_INPUTS  # noqa: E402
 from pagekv.app.share import share_js, shared_names  # noqa: E402
 from pagekv.app.view_memo import PLAN_VIEWS  # noqa: E402
 from pagekv.app.worker import WORKER  # noqa: E402
-from pagekv.paths import ASSETS_DIR, CSS_PATH  # noqa: E402
 from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 
-#: The page's own script (assets/app.js: number boxes, presenter view, share links).
-JS_PATH = ASSETS_DIR / "app.js"
 #: Side B's own settings and the side A controls they show while linked.
 B_OWN = ("mode_b", "budget_b", "page_size_b", "n_sink_b", "window_b", "tau_b")
 A_SHARED = ("mode", "budget", "page_size", "n_sink", "window", "tau")
 
 log = logging.getLogger("pagekv.app")
 __all__ = ["build_demo", "launch_assets", "main", "warm_lessons", "RUN_DEFAULTS", "TABS"]
-
-
-#: The page's fonts: the system's own (issue 57, item 14). Gradio's default theme asks
-#: for a web font in two weights, and bold text fell back to another face offline.
-SYSTEM_FONTS = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto",
-                "Helvetica Neue", "Arial", "sans-serif"]  # fmt: skip
-SYSTEM_MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
-
-
-def launch_assets() -> dict:
-    """The page's stylesheet, script and theme (system fonts), as `launch` takes them."""
-    css = CSS_PATH.read_text() if CSS_PATH.exists() else None
-    # The lessons' titles for the script's count of Next / Previous presses.
-    titles = f"window.pagekvTitles = {json.dumps(list(LESSON_TITLES))};"
-    head = f"<script>{titles}\n{JS_PATH.read_text()}</script>" if JS_PATH.exists() else None
-    theme = gr.themes.Default(font=SYSTEM_FONTS, font_mono=SYSTEM_MONO)
-    return dict(css=css, head=head, theme=theme)
 
 
 def slider(name: str, value, label: str, **kw) -> gr.Slider:
@@ -119,10 +100,6 @@ def build_demo(default_model: str = "bundled") -> gr.Blocks:
         wire_mechanism(c)
         wire_lessons(c, demo)
     return demo
-
-
-#: The first screen's drawing: a GQA group, the union of per-head picks, pooled pages.
-GQA_DRAWING = ASSETS_DIR / "gqa.svg"
 
 
 def first_screen() -> dict:

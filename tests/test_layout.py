@@ -35,6 +35,7 @@ ALLOWED = {
     "integrations": {"pagekv.maths", "pagekv.runtime", "pagekv.integrations"},
     "app": _EVERY_LAYER - {"pagekv.integrations"},
     "paths.py": set(),
+    "progress.py": set(),
     "__init__.py": {"pagekv.maths"},  # the rest of the public names load on first use
     "cli.py": {"pagekv"},
     "__main__.py": {"pagekv"},
@@ -61,7 +62,11 @@ ENGINE_ALLOWED = {"pagekv.maths", "pagekv.runtime", "pagekv.tasks", "pagekv.path
 #: Inside the app: where gradio and plotly may be imported (a path, or a folder
 #: ending in "/"). gradio belongs to the page's handlers only.
 VIEWS_ONLY = {
-    "gradio": ("pagekv/app/handlers.py", "pagekv/app/lesson_handlers.py"),
+    "gradio": (
+        "pagekv/app/handlers.py",
+        "pagekv/app/lesson_handlers.py",
+        "pagekv/app/page_assets.py",  # the theme
+    ),
     "plotly": ("pagekv/app/figures/",),
 }
 #: Third-party packages the maths may import at module level (besides the stdlib).
