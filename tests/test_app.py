@@ -44,11 +44,11 @@ pytestmark = [
 
 #: SmolLM2-135M (the bundled model): 30 layers, 3 KV groups of 3 query heads.
 LAYERS, GROUPS, HEADS = 30, 3, 9
-#: status, answers, 9 plots, files, the layer slider (its range follows the run's model),
+#: status, answers, 10 plots (the first screen's chart last), files, the layer slider (its range follows the run's model),
 #: the lesson's observation, the two budget sliders (their lower limits follow the
 #: prompt), the stale-results note (every run clears it); the gr.State output stays
 #: server-side. app.RUN_VIEWS names them in order.
-N_OUT = 17
+N_OUT = 18
 PLOTS = [
     "frame",
     "retention",
@@ -59,6 +59,7 @@ PLOTS = [
     "uor",
     "stored",
     "memory",
+    "glance",
 ]
 
 #: A short needle prompt, question asked after compression.
@@ -275,7 +276,7 @@ def test_run_page_frame(first_run):
 @pytest.mark.slow
 def test_run_other_plots(first_run):
     out, _ = first_run
-    figs = dict(zip(PLOTS, out[2:11], strict=True))
+    figs = dict(zip(PLOTS, out[2:12], strict=True))
     for name, value in figs.items():
         assert plotly(value)["data"], name
     ret = [t for t in plotly(figs["retention"])["data"] if t["type"] == "heatmap"]
@@ -312,7 +313,7 @@ def test_run_exports_on_request(fresh_client, first_run, caplog):
     lines = [r.getMessage() for r in caplog.records if "views served from memory" in r.getMessage()]
     assert len(lines) == 1 and "mean budget 0.3 page 16" in lines[0], lines
     assert answer_rows(out[1]) == answer_rows(first_run[0][1])  # the answers of the first run
-    assert out[11] is None  # no files until asked
+    assert out[12] is None  # no files until asked
     n = prompt_tokens(out[0])
     paths = {Path(p).name: Path(p) for p in fresh_client.predict(api_name="/export")}
     assert set(paths) == {"pagekv_run.json", "pagekv_run.csv", "pagekv_figures.html"}
