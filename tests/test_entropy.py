@@ -231,6 +231,22 @@ def test_row_focus_sums_equal_isolate_sinks_row_by_row(case):
         )
 
 
+@SETTINGS
+@given(case=attention_rows())
+def test_row_focus_sums_overwriting_gives_the_same_sums(case):
+    """`overwrite=True` (the reconstruction pass's rows, not read again) gives the very
+    same sums, and has squared the context columns after the sinks, nothing else."""
+    probs, n_ctx, max_sink = case
+    want = row_focus_sums(probs, n_ctx, max_sink)
+    rows = probs.clone()
+    got = row_focus_sums(rows, n_ctx, max_sink, overwrite=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    s = min(max_sink, n_ctx)
+    expected = probs.clone()
+    expected[..., s:n_ctx] = probs[..., s:n_ctx] ** 2
+    assert torch.equal(rows, expected)
+
+
 def test_row_focus_sums_worked_values():
     """A one-hot row (a copying query) has mass 1 for every s below its key; a uniform
     row over 8 context keys 1/(8 - s); a row all on the first 2 keys is uniform after

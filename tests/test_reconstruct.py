@@ -10,8 +10,11 @@ import copy
 
 import pytest
 import torch
+from transformers import AttentionInterface
 
 from pagekv.maths.entropy import isolate_sinks, weights_from_mass
+from pagekv.runtime import reconstruct
+from pagekv.runtime.prefill import attention_modules
 from pagekv.runtime.reconstruct import (
     FOCUS_SINKS,
     reconstruction_masses,
@@ -211,3 +214,50 @@ def test_the_runner_weights_heads_by_the_queries_focus(eager):
     prof = pre._scores[("reconstruct", 3)][0]
     other = weights_from_mass((isolate_sinks(prof, 3) ** 2).sum(-1), pre.n_groups, cfg.tau)
     assert not torch.allclose(p.head_weights, other, atol=1e-3)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+def test_every_family_under_sdpa_gives_the_eager_reference(family, monkeypatch):
+    """The pass swaps the model's attention for its own scored one during the chunks
+    (`SCORED_ATTENTION`), whatever the model runs otherwise: an SDPA model of each family
+    (Qwen3's per-head q/k norms included) gives the reference of its own weights under
+    eager attention, and runs under SDPA again afterwards."""
+    from pagekv.runtime.reconstruct import SCORED_ATTENTION
+
+    model = tiny_model(family)  # SDPA
+    runner = Runner(model)
+    ctx, instr = prompt(40, seed=3), prompt(5, seed=4)
+    pre = runner.prefill(ctx, window_max=8)
+    seen = []
+    real = reconstruct._scored_attention
+
+    def spy(module, *args, **kwargs):
+        seen.append(module.config._attn_implementation)
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, SCORED_ATTENTION, spy)
+    got = reconstruction_profiles(model, _copy(pre.cache), ctx, instr, chunk=16)
+    assert seen == [SCORED_ATTENTION] * 3 * 3  # 3 layers x 3 chunks, the instruction not
+    assert model.config._attn_implementation == "sdpa"
+    assert not any(hasattr(m, "_pagekv_pass") for m in attention_modules(model))
+    monkeypatch.setattr(model.config, "_attn_implementation", "eager")
+    torch.testing.assert_close(got, _reference(model, ctx, instr), atol=2e-5, rtol=1e-4)
+
+
+def test_a_failed_pass_leaves_the_model_as_it_was(eager):
+    """An error inside a chunk's forward (a context id past the vocabulary) leaves the
+    model's attention implementation and its modules as they were, and its next forward
+    is the one it gave before."""
+    runner = Runner(eager)
+    ctx = prompt(24, seed=8)
+    pre = runner.prefill(ctx, window_max=4)
+    ids = torch.tensor([ctx])
+    with torch.inference_mode():
+        before = eager(input_ids=ids).logits
+    bad = ctx[:-1] + [10**6]
+    with pytest.raises(IndexError):
+        reconstruction_scores(eager, _copy(pre.cache), bad, prompt(3, seed=9), chunk=8)
+    assert eager.config._attn_implementation == "eager"
+    assert not any(hasattr(m, "_pagekv_pass") for m in attention_modules(eager))
+    with torch.inference_mode():
+        assert torch.equal(eager(input_ids=ids).logits, before)

@@ -14,17 +14,20 @@ the reconstruction so far, causally), exactly the model's own attention rows. Th
 profile is `s_h` normalised to sum to 1 over the context, so the rest of the method
 (sink-isolated collision entropy, pooling per group, page selection) is unchanged.
 
-Each chunk's scores come from `pagekv.runtime.backend.attention_scores` (its `c`
-queries over the `N` keys so far, query `i` at key index `N - c + i`: the scoring
-kernel's causal geometry with `w = c`), on the backend chosen by `backend`: the torch
-twin (the reference, the default) or the Triton scoring kernel with its max output,
-whose query axis is tiled so that long chunks (KVzip's 2048) need no more rows per
-program than the window; the queries' focus (the head weights, below) is a reduction
-along each query's row, made by torch ops on both backends. Memory stays bounded: one
-layer's chunk attention `[H, chunk, N]` is the largest tensor (on Triton too, for the
-focus); the full `[L, H, n, n]` is never formed. The queries come from the module's own
-projection and rotary tables (`window_queries`), the keys from the cache after the
-module appended the chunk's own keys.
+Each chunk's forward runs under this module's attention implementation
+(`SCORED_ATTENTION`, registered with transformers' `AttentionInterface`). It receives
+the queries the model computed (after RoPE) and the cache's keys with the chunk's own
+appended: `c` queries over `N` keys, query `i` at key index `N - c + i` (the scoring
+kernel's causal geometry with `w = c`). On the torch backend (the reference, the
+default) every attention row is computed once, in float32, and serves twice: as the
+layer's output (`rows @ V`, the eager attention's arithmetic) and as the scores. On the
+Triton backend the output is SDPA's and the scores are
+`pagekv.runtime.backend.attention_scores`' (the scoring kernel with its max output,
+whose query axis is tiled so that long chunks, KVzip's 2048, need no more rows per
+program than the window). The queries' focus (the head weights, below) is a reduction
+along each row, made by torch ops on both backends. Memory stays bounded: one layer's
+chunk attention `[H, chunk, N]` is the largest tensor; the full `[L, H, n, n]` is never
+formed.
 
 Head weights: the reconstruction queries' own focus (`reconstruction_masses`).
 
@@ -36,17 +39,19 @@ docs/design.md lists them.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
 
-from pagekv.maths.entropy import HeadMasses
+from pagekv.maths.entropy import HeadMasses, row_focus_sums
 from pagekv.runtime.backend import attention_scores, resolve_backend
 from pagekv.runtime.prefill import (
     attention_modules,
     attention_scale,
     cache_kwarg,
     forward,
-    window_queries,
 )
 
 log = logging.getLogger("pagekv")
@@ -61,6 +66,108 @@ FOCUS_SINKS = 64
 #: How a head's attention over the reconstruction queries becomes one score per context
 #: token: the largest (the default, as KVzip) or the mean.
 AGGREGATIONS = ("max", "mean")
+#: The attention implementation the reconstruction chunks run under (registered with
+#: transformers' `AttentionInterface` below): the model's attention, scoring its rows.
+SCORED_ATTENTION = "pagekv_scored"
+
+
+@dataclass
+class _Pass:
+    """What one reconstruction pass's attention calls share: the context length `n`,
+    the backend, the per-layer sums (`acc`), the most keys a query sees (`n_keys`) and
+    a float32 buffer for the attention rows, made once and reused by every layer and
+    chunk (a fresh tensor of that size costs the CPU about as much as filling it)."""
+
+    n: int
+    used: str
+    acc: list
+    n_keys: int
+    buffer: torch.Tensor | None = None
+
+    def rows_buffer(self, shape, device) -> torch.Tensor:
+        """A float32 view of `shape` `(G, r * c, N)` on the shared buffer."""
+        need = shape[0] * shape[1] * shape[2]
+        if self.buffer is None or self.buffer.numel() < need or self.buffer.device != device:
+            most = shape[0] * shape[1] * max(self.n_keys, shape[2])
+            self.buffer = torch.empty(most, dtype=torch.float32, device=device)
+        return self.buffer[:need].view(shape)
+
+
+def _scored_attention(module, query, key, value, attention_mask=None, scaling=None, **kwargs):
+    """One layer's attention for one reconstruction chunk, its rows scored on the way.
+
+    `query` `[1, H, c, d]` after RoPE; `key`, `value` `[1, G, N, d]`, the cache with the
+    chunk's own keys appended, so query `i` sits at key index `N - c + i` and sees the
+    keys `t <= N - c + i` (batch 1 without padding: transformers builds no mask for an
+    implementation it does not know, and `attention_mask` is not read). Returns
+    `(output [1, c, H, d], None)`, as transformers' attention functions do.
+
+    The torch backend computes each row once, in float32, and uses it twice: the output
+    is `rows @ V` (the eager attention's arithmetic: rows cast to the values' dtype), and
+    the scores are reductions of the same rows. The Triton backend keeps the fused
+    attention (SDPA) for the output and scores with the scoring kernel
+    (`attention_scores`). Either way the scores are of the queries the model computed.
+    """
+    index, state = module._pagekv_pass
+    n = state.n
+    scale = attention_scale(module) if scaling is None else float(scaling)
+    c = int(query.shape[2])
+    if state.used == "triton":
+        out = _fused_attention(query, key, value, scale)
+        mean, top, masses, sinks, _ = attention_scores(
+            query, key, scale, "triton", focus=(n, FOCUS_SINKS)
+        )
+        new = [top[0, :, :n], mean[0, :, :n] * c, masses[0], sinks[0]]
+    else:
+        rows = _attention_rows(query[0], key[0], scale, state)  # [H, c, N] float32
+        G, N, d = value.shape[1], value.shape[2], value.shape[3]
+        out = torch.bmm(rows.view(G, -1, N).to(value.dtype), value[0]).view(-1, c, d)
+        ctx = rows[:, :, :n]
+        top, total = ctx.amax(1), ctx.sum(1)
+        # The rows are read for the last time: the focus may square them in place.
+        new = [top, total, *row_focus_sums(rows, n, FOCUS_SINKS, overwrite=True)]
+    if (old := state.acc[index]) is not None:  # the max over the queries; sums of the rest
+        new[0] = torch.maximum(old[0], new[0])
+        new[1:] = [a + b for a, b in zip(old[1:], new[1:], strict=True)]
+    state.acc[index] = new
+    return out.view(1, -1, c, out.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def _attention_rows(q: torch.Tensor, keys: torch.Tensor, scale: float, state: _Pass):
+    """Float32 softmax rows `[H, c, N]` of the queries `q` `[H, c, d]` over `keys`
+    `[G, N, d]` (the heads of a group share its keys), query `i` at key index
+    `N - c + i`, causally: only the last `c` keys are masked. The rows are a view of
+    `state`'s buffer, valid until the next call."""
+    H, c, d = q.shape
+    G, N, _ = keys.shape
+    logits = state.rows_buffer((G, (H // G) * c, N), q.device)
+    # alpha: the scale inside the product, as `(q . k) * scale`, with no pass of its own
+    torch.baddbmm(logits, q.float().reshape(G, -1, d), keys.float().transpose(1, 2),
+                  beta=0.0, alpha=scale, out=logits)  # fmt: skip
+    future = torch.ones(c, c, dtype=torch.bool, device=q.device).triu_(1)
+    logits.view(G, -1, c, N)[..., N - c :].masked_fill_(future, float("-inf"))
+    if q.device.type == "cpu":  # in place: the CPU kernel finishes a row's max first
+        torch.ops.aten._softmax.out(logits, -1, False, out=logits)
+        return logits.view(H, c, N)
+    return torch.softmax(logits, dim=-1).view(H, c, N)
+
+
+def _fused_attention(query, key, value, scale: float) -> torch.Tensor:
+    """SDPA `[1, H, c, d]` of the chunk's queries over `key`/`value` `[1, G, N, d]`,
+    query `i` at key index `N - c + i` (the Triton backend's output)."""
+    c, N = int(query.shape[2]), int(key.shape[2])
+    sees = (
+        torch.arange(N, device=query.device)[None, :]
+        <= torch.arange(N - c, N, device=query.device)[:, None]
+    )
+    r = query.shape[1] // key.shape[1]
+    return F.scaled_dot_product_attention(
+        query, key.repeat_interleave(r, 1), value.repeat_interleave(r, 1),
+        attn_mask=sees, scale=scale,
+    )  # fmt: skip
+
+
+AttentionInterface.register(SCORED_ATTENTION, _scored_attention)
 
 
 def reconstruction_profiles(
@@ -138,47 +245,28 @@ def reconstruction_scores(
     used = resolve_backend(backend, dev)
     #: Per layer `[max, sum]` `[H, n]` and the focus sums `[H, S + 1]` x 2, over the chunks.
     acc: list[list[torch.Tensor] | None] = [None] * len(mods)
-    active = {"on": False}
-
-    def hook(index):
-        def after(module, args, kwargs, output):
-            if not active["on"]:
-                return None
-            hidden = kwargs.get("hidden_states", args[0] if args else None)
-            cos, sin = kwargs.get("position_embeddings", args[1] if len(args) > 1 else None)
-            # [1, H, c, d] in the model's dtype: the twin upcasts; the kernel takes bf16 or
-            # fp16 with a cache of the same dtype to its native dot (exact products,
-            # float32 sums) and anything else to its float32 dot.
-            q = window_queries(module, hidden, cos, sin)
-            keys = cache.layers[index].keys[:1]  # [1, G, N, d], the chunk's included
-            # Causal: query i of the chunk sits at key index N - c + i.
-            mean, top, masses, sinks, _ = attention_scores(
-                q, keys, attention_scale(module), used, focus=(n, FOCUS_SINKS)
-            )
-            new = [top[0, :, :n], mean[0, :, :n] * q.shape[2], masses[0], sinks[0]]
-            if (old := acc[index]) is not None:  # the max over the queries; sums of the rest
-                new[0] = torch.maximum(old[0], new[0])
-                new[1:] = [a + b for a, b in zip(old[1:], new[1:], strict=True)]
-            acc[index] = new
-            return None
-
-        return after
-
-    handles = [m.register_forward_hook(hook(i), with_kwargs=True) for i, m in enumerate(mods)]
+    configs = {id(m.config): m.config for m in mods}
+    before = {k: c._attn_implementation for k, c in configs.items()}
+    state = _Pass(n, used, acc, n_keys=n + len(prompt_ids) + n)
+    for i, m in enumerate(mods):
+        m._pagekv_pass = (i, state)
     try:
         with torch.inference_mode():
             pos = n
-            if prompt_ids:
+            if prompt_ids:  # the model's own attention: nothing is scored yet
                 forward(model, prompt_ids, pos, cache, cache_kw, dev)
                 pos += len(prompt_ids)
-            active["on"] = True
+            for c in configs.values():
+                c._attn_implementation = SCORED_ATTENTION
             for start in range(0, n, chunk):
                 part = context_ids[start : start + chunk]
                 forward(model, part, pos, cache, cache_kw, dev)
                 pos += len(part)
     finally:
-        for h in handles:
-            h.remove()
+        for k, c in configs.items():
+            c._attn_implementation = before[k]
+        for m in mods:
+            del m._pagekv_pass
     log.debug("reconstruction_scores ran on the %s backend (%s)", used, dev)
     best, total, mass, sink = (torch.stack(x) for x in zip(*acc, strict=True))  # [L, ...]
     return {"max": best, "mean": total / n, "focus_mass": mass / n, "focus_sink": sink / n}
