@@ -104,9 +104,14 @@ def test_the_runner_plans_and_decodes_with_it_once_per_prompt(eager):
     runner = Runner(eager)
     ctx = prompt(64, seed=5)
     pre = runner.prefill(ctx, window_max=8, question_ids=prompt(4, seed=6))
+    held = [(la.keys, la.values, la.keys.clone(), la.values.clone()) for la in pre.cache.layers]
     win = EvictionConfig(policy="entropy", budget=0.3, page_size=4, n_sink=2, window=8)
     rec = win.replace(scorer="reconstruct")
     p_rec = runner.plan_prefill(pre, rec)
+    # The pass ran on the prefill's own tensors, not a copy, and left them as they were.
+    for la, (k, v, k0, v0) in zip(pre.cache.layers, held, strict=True):
+        assert la.keys is k and la.values is v and la.keys.shape[2] == 64
+        assert torch.equal(k, k0) and torch.equal(v, v0)
     first = pre._scores[("reconstruct", 2)][0]
     # The same profiles as the module computes on its own (no instruction: no tokenizer).
     want = reconstruction_profiles(eager, _copy(pre.cache), ctx, [])

@@ -2,7 +2,7 @@
 repeats the context (the idea of KVzip, arXiv 2505.23416), as per-head profiles.
 
 Question-agnostic scoring for `EvictionConfig(scorer="reconstruct")`. After the prefill
-of a context of `n` tokens, on a COPY of its cache (the prefill's cache is never
+of a context of `n` tokens, on a cache of its own (the prefill's cache is never
 changed), the model reads an instruction to repeat the context and then the context
 itself again, in chunks of `chunk` tokens. For every layer and query head the score of
 context token `t` is the largest attention any reconstruction query gives it:
@@ -219,8 +219,9 @@ def reconstruction_scores(
 
     Args:
         model: the decoder whose prefill made `cache`.
-        cache: a DynamicCache holding the context's `n` keys and values per layer; it
-            is extended by the pass, so pass a copy.
+        cache: a DynamicCache holding the context's `n` keys and values per layer; the
+            pass extends it, so pass one no one else reads (a new DynamicCache over
+            the prefill's tensors will do: appending concatenates into new tensors).
         context_ids: the `n` context ids (what is reconstructed).
         prompt_ids: the instruction's ids, read before the reconstruction.
         chunk: reconstruction queries per forward (>= 1).
