@@ -72,6 +72,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402  (the lesson list, the output order and the run inputs)
+from benchmarks.bench_decode import cpu_facts  # noqa: E402  (the CPU beside every timing)
 from experiments.replay.tables import quantile  # noqa: E402
 from pagekv.app import handlers, lesson_handlers  # noqa: E402
 from pagekv.app.lessons import LESSONS  # noqa: E402
@@ -529,9 +530,14 @@ def print_table(title: str, summary: dict):
 
 
 def machine_state() -> dict:
+    """The machine the class ran on: its CPU (`bench_decode.cpu_facts`: model, the flags
+    that decide which dtypes run fast, cores, load average), platform and Python."""
+    cpu = cpu_facts()
     return {
-        "cpus": os.cpu_count(),
-        "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "cpus": cpu["cores"],
+        "cpu_model": cpu["model"],
+        "cpu_flags": cpu["flags"],
+        "loadavg_1_5_15": cpu["loadavg_1_5_15"],
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
