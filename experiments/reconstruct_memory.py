@@ -6,9 +6,10 @@ model (CPU), for the prompt lengths given.
 For each prompt (the replay's T4 needle prompt at that length, question after), a
 thread samples the process's resident memory (``/proc/self/statm``) every 2 ms while
 the prefill runs and then while the reconstruction pass runs (`Runner.reconstruction`,
-into a new cache over the prefill's tensors); each phase's peak is reported above the memory in use when the
-phase began, with its seconds. The cache itself and the model are in the baseline of
-both, so the numbers are what each phase adds. Linux only (``/proc``).
+into a new cache over the prefill's tensors); each phase's peak is reported above the
+memory in use when the phase began, with its seconds. The cache itself and the model
+are in the baseline of both, so the numbers are what each phase adds. Linux only
+(``/proc``).
 """
 
 from __future__ import annotations

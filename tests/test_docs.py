@@ -136,7 +136,8 @@ def memory_finding(m: dict) -> str:
         "Page-EntroKV scored by the reconstruction pass, with one budget shared by every "
         f"(layer, KV head), kept 10 % of the tokens in {m['mem_frac_sum']} % of the full "
         f"cache's pages and scored {m['mem_ours_sum']}; kvpress's KVzip in no more pages "
-        f"scored {m['mem_press_sum']}. Where every (layer, KV head) gets as many pages as "
+        f"scored {m['mem_press_sum']}, and its ChunkKV, which keeps 16-token chunks, "
+        f"{m['mem_chunk_sum']}. Where every (layer, KV head) gets as many pages as "
         f"the fullest, ours takes {m['mem_frac_max']} % and KVzip at that memory scored "
         f"{m['mem_press_max']} against {m['mem_ours_max']}"
     )

@@ -260,9 +260,10 @@ def guide_memory(m: dict) -> str:
     return (
         f"at the same memory on {m['mem_model']} ({m['mem_prompts_sum']} prompts), "
         "Page-EntroKV scored by the reconstruction pass with one shared budget "
-        f"{m['mem_ours_sum']} at 10 %, KVzip {m['mem_press_sum']} in no more pages summed "
-        f"over (layer, KV head), and {m['mem_press_max']} against {m['mem_ours_max']} where "
-        "every (layer, KV head) gets the fullest one's pages"
+        f"{m['mem_ours_sum']} at 10 %, KVzip {m['mem_press_sum']} and ChunkKV "
+        f"{m['mem_chunk_sum']} in no more pages summed over (layer, KV head), and "
+        f"{m['mem_press_max']} against {m['mem_ours_max']} where every (layer, KV head) "
+        "gets the fullest one's pages"
     )
 
 

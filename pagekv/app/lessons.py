@@ -642,6 +642,9 @@ def ruler_numbers(rows: list[dict] | None = None) -> dict:
 
 #: The row of ours lesson 8 quotes at equal physical memory, and the press beside it.
 MEMORY_OURS, MEMORY_PRESS = "entropy reconstruct/global 10%", "kvzip"
+#: The chunk-granular press (kvpress's ChunkKV around KeyDiff, 16-token chunks), cited
+#: beside KVzip in the cache paged per (layer, KV head).
+MEMORY_CHUNK = "chunkkv"
 
 
 def memory_numbers(summary: dict | None = None) -> dict:
@@ -651,7 +654,8 @@ def memory_numbers(summary: dict | None = None) -> dict:
     prompts compared (`mem_prompts_sum`), the press's and our scores on them
     (`mem_press_sum`, `mem_ours_sum`, two decimals) and the prompts where no run of the
     press fits (`mem_over_sum`); and our memory as a share of the full cache in each
-    (`mem_frac_sum`, %)."""
+    (`mem_frac_sum`, %); and `MEMORY_CHUNK`'s score in each (`mem_chunk_sum`,
+    `mem_chunk_max`, two decimals, on the same prompts)."""
     if summary is None:
         summary = json.loads(RULER_MEMORY.read_text())
     entry = next(e for e in summary["equal_memory"] if e["ours"] == MEMORY_OURS)
@@ -664,6 +668,7 @@ def memory_numbers(summary: dict | None = None) -> dict:
             f"mem_press_{short}": f"{got['press']:.2f}",
             f"mem_ours_{short}": f"{got['ours']:.2f}",
             f"mem_frac_{short}": round(100 * entry["memory"][m]),
+            f"mem_chunk_{short}": f"{entry['presses'][MEMORY_CHUNK][m]['press']:.2f}",
         }
     return out
 
