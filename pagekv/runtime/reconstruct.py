@@ -29,6 +29,10 @@ along each row, made by torch ops on both backends. Memory stays bounded: one la
 chunk attention `[H, chunk, N]` is the largest tensor; the full `[L, H, n, n]` is never
 formed.
 
+The implementation is the model's only while its chunks run (the config is restored
+after, on an error too): nothing else may run the same model meanwhile, which the app's
+one model worker guarantees (docs/design.md).
+
 Head weights: the reconstruction queries' own focus (`reconstruction_masses`).
 
 The instruction (`REPEAT_PROMPT`), the choice to reconstruct every context token, the
