@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from pagekv.maths.paging import kept_token_indices
 
-__all__ = ["PagedCache", "allocated_rows", "bucket"]
+__all__ = ["PagedCache", "allocated_rows", "bucket", "group_attention"]
 
 
 def bucket(n: int) -> int:
@@ -246,20 +246,21 @@ class PagedCache:
         views = self._views[layer]
         if views is not None:
             n = self._base[layer][0][0] + self.added
-            return _group_attention(q, views[0][:, :, :n], views[1][:, :, :n], scale)
+            return group_attention(q, views[0][:, :, :n], views[1][:, :, :n], scale)
         out = torch.empty_like(q)
         for b in range(B):
             for g in range(G):
                 keys, values = self.read(layer, b, g)  # [n_bg, d]
                 qg = q[None, b, g * r : (g + 1) * r]  # [1, r, t, d]
-                a = _group_attention(qg, keys[None, None], values[None, None], scale)
+                a = group_attention(qg, keys[None, None], values[None, None], scale)
                 out[b, g * r : (g + 1) * r] = a[0]
         return out
 
 
-def _group_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):
+def group_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):
     """SDPA of queries `[B, H, t, d]` over their groups' `[B, G, n, d]`, the `t` new
-    tokens the last of the `n` (causal among themselves): `[B, H, t, d]`."""
+    tokens the last of the `n` (causal among themselves): `[B, H, t, d]`. Also the
+    reconstruction pass's output on the Triton backend (`pagekv.runtime.reconstruct`)."""
     B, H, t, d = q.shape
     G, n = keys.shape[1], keys.shape[2]
     if t == 1:

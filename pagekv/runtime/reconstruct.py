@@ -46,11 +46,11 @@ import logging
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from pagekv.maths.entropy import HeadMasses, row_focus_sums
 from pagekv.runtime.backend import attention_scores, resolve_backend
+from pagekv.runtime.paged_cache import group_attention
 from pagekv.runtime.prefill import (
     attention_modules,
     attention_scale,
@@ -117,7 +117,7 @@ def _scored_attention(module, query, key, value, attention_mask=None, scaling=No
     scale = attention_scale(module) if scaling is None else float(scaling)
     c = int(query.shape[2])
     if state.used == "triton":
-        out = _fused_attention(query, key, value, scale)
+        out = group_attention(query, key, value, scale)  # SDPA, causal among the chunk
         mean, top, masses, sinks, _ = attention_scores(
             query, key, scale, "triton", focus=(n, FOCUS_SINKS)
         )
@@ -154,21 +154,6 @@ def _attention_rows(q: torch.Tensor, keys: torch.Tensor, scale: float, state: _P
         torch.ops.aten._softmax.out(logits, -1, False, out=logits)
         return logits.view(H, c, N)
     return torch.softmax(logits, dim=-1).view(H, c, N)
-
-
-def _fused_attention(query, key, value, scale: float) -> torch.Tensor:
-    """SDPA `[1, H, c, d]` of the chunk's queries over `key`/`value` `[1, G, N, d]`,
-    query `i` at key index `N - c + i` (the Triton backend's output)."""
-    c, N = int(query.shape[2]), int(key.shape[2])
-    sees = (
-        torch.arange(N, device=query.device)[None, :]
-        <= torch.arange(N - c, N, device=query.device)[:, None]
-    )
-    r = query.shape[1] // key.shape[1]
-    return F.scaled_dot_product_attention(
-        query, key.repeat_interleave(r, 1), value.repeat_interleave(r, 1),
-        attn_mask=sees, scale=scale,
-    )  # fmt: skip
 
 
 AttentionInterface.register(SCORED_ATTENTION, _scored_attention)
