@@ -1,7 +1,7 @@
 """The reconstruction scorer's pass against the prefill it follows, on the bundled model.
 
 Usage: python benchmarks/bench_reconstruct.py [--sizes 1000 2000] [--model bundled]
-       [--repeats 3] [--json PATH]
+       [--repeats 3] [--json PATH] [--profile]
 
 Per prompt size (a needle prompt of that many context tokens): the prefill's seconds
 (the baseline, `Runner.prefill`), the reconstruction pass's seconds
@@ -9,6 +9,8 @@ Per prompt size (a needle prompt of that many context tokens): the prefill's sec
 it goes) and their ratio, each the fastest of `--repeats` alternated runs in this
 process, so both see the same machine. The CPU's model, flags, cores and load average
 are printed and written with the rows (a timing means little without them).
+`--profile` then prints torch.profiler's costliest operations of one more pass on the
+last size (where the pass's seconds go).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def main(argv=None):
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 2000])
     ap.add_argument("--repeats", type=int, default=3, help="alternated runs; the fastest kept")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--profile", action="store_true", help="the ops of one more pass")
     args = ap.parse_args(argv)
 
     loaded = load_model(args.model)
@@ -73,6 +76,13 @@ def main(argv=None):
             f"{row['ratio']:>8.2f}",
             flush=True,
         )
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        pre = runner.prefill(ids)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            runner.reconstruction(pre)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
     if args.json:
         out = {"model": loaded.name, "dtype": str(loaded.dtype), "cpu": cpu, "rows": rows}
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
