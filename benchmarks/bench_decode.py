@@ -26,12 +26,14 @@ import sys
 import time
 
 import torch
+from transformers import DynamicCache
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import POLICIES, EvictionConfig  # noqa: E402
 from pagekv.app.study import PromptSpec, Study  # noqa: E402
+from pagekv.runtime.compaction import compact_layer  # noqa: E402
 from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
 from pagekv.runtime.prefill import forward  # noqa: E402 (one token's forward into a cache)
@@ -181,9 +183,15 @@ def transformers_decode(runner, pre, config, new_tokens: int) -> tuple[float, li
     `DynamicCache`, positions continuing at n, the question inside the prompt.
     Seconds per forward, and the tokens (the first from the prefill's logits)."""
     ev = runner.evict(pre, config)
-    if ev.allocated is not None or pre.question_ids:
+    if ev.ragged or pre.question_ids:
         raise ValueError("the transformers baseline needs a dense plan and the question inside")
-    cache = ev.cache  # a DynamicCache: appending concatenates, the prefill is left alone
+    cache = DynamicCache()  # appending concatenates: the prefill is left alone
+    for layer, la in enumerate(pre.cache.layers):
+        if ev.kept_indices is None:
+            keys, values = la.keys, la.values
+        else:
+            keys, values = compact_layer(la.keys, la.values, ev.kept_indices[layer])
+        cache.update(keys, values, layer)
     tokens = [int(pre.first_logits.argmax())]
     dev = runner.device
     with torch.inference_mode():

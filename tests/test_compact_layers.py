@@ -85,3 +85,51 @@ def test_compact_layers_refuses_a_negative_index(device):
     idx[2][1, 0] = -1
     with pytest.raises(ValueError, match="must lie in"):
         be.compact_layers(keys, values, idx, backend="triton")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gather_layers_into_rows_matches_the_twin(device, dtype):
+    """Eviction into the paged pool: two destination rows reading one source batch row
+    (a pair), groups keeping different counts of a wider index row (a global plan),
+    a layer whose indices every row shares, and a layer keeping every token (None).
+    The kernel writes each (row, group)'s tokens to its own rows of a flat pool and
+    nothing else: the rows between stay as they were."""
+    g = torch.Generator().manual_seed(7)
+    L, G, n, d, R = 3, 2, 40, 24, 2
+    keys = [torch.randn(1, G, n, d, generator=g).to(device, dtype) for _ in range(L)]
+    values = [torch.randn(1, G, n, d, generator=g).to(device, dtype) for _ in range(L)]
+
+    def sorted_rows(shape, k):
+        return torch.randperm(n, generator=g)[:k].sort().values.expand(*shape, k).clone()
+
+    kept = [
+        torch.stack([torch.stack([sorted_rows((), 9) for _ in range(G)]) for _ in range(R)]),
+        torch.stack([sorted_rows((), 12) for _ in range(G)]),  # [G, k]: every row alike
+        None,  # every token
+    ]
+    counts = [[[9, 4], [7, 9]], [[12, 12], [12, 12]], [[n, n], [n, n]]]
+    starts = [[[0, 16], [32, 48]], [[3, 20], [40, 60]], [[0, n], [2 * n, 3 * n]]]
+    rows = [64, 80, 4 * n]
+    out = {}
+    for backend in ("triton", "torch"):
+        ok = [torch.full((r, d), -7.0, dtype=dtype, device=device) for r in rows]
+        ov = [torch.full((r, d), -7.0, dtype=dtype, device=device) for r in rows]
+        used = be.gather_layers(keys, values, kept, ok, ov, starts, counts, backend=backend)
+        assert used == backend
+        out[backend] = (ok, ov)
+    for layer in range(L):
+        written = torch.zeros(rows[layer], dtype=torch.bool)
+        for r in range(R):
+            for grp in range(G):
+                s, c = starts[layer][r][grp], counts[layer][r][grp]
+                idx = kept[layer]
+                idx = torch.arange(n) if idx is None else (idx[r] if idx.dim() == 3 else idx)[grp]
+                want_k = keys[layer][0, grp, idx[:c]]
+                want_v = values[layer][0, grp, idx[:c]]
+                for backend, (ok, ov) in out.items():
+                    assert torch.equal(ok[layer][s : s + c], want_k), f"{backend} {layer} {r} {grp}"
+                    assert torch.equal(ov[layer][s : s + c], want_v), f"{backend} {layer} {r} {grp}"
+                written[s : s + c] = True
+        for ok, ov in out.values():  # nothing else written
+            assert bool((ok[layer][~written.to(device)] == -7).all())
+            assert bool((ov[layer][~written.to(device)] == -7).all())

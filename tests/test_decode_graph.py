@@ -39,8 +39,8 @@ def _caches(case):
     runner = Runner(tiny_model("llama", seed=2), decode_dtype="float32")
     pre = runner.prefill(prompt(70, seed=4), window_max=8, question_ids=[5, 6, 7])
     cfg = EvictionConfig(budget=0.3, page_size=4, window=8, n_sink=2, **CASES[case])
-    plain = runner._paged_cache([runner.evict(pre, cfg)], pre, 12)
-    static = runner._paged_cache([runner.evict(pre, cfg)], pre, 12)
+    plain = runner.decode_cache([runner.evict(pre, cfg)], pre, 12)
+    static = runner.decode_cache([runner.evict(pre, cfg)], pre, 12)
     static.static = True
     return runner, pre, plain, static
 
@@ -194,7 +194,7 @@ def _two_decodes(case):
         EvictionConfig(budget=b, page_size=4, window=8, n_sink=2, **CASES[case])
         for b in (0.4, 0.38)
     ]
-    caches = [runner._paged_cache([runner.evict(pre, c)], pre, 12) for c in cfgs]
+    caches = [runner.decode_cache([runner.evict(pre, c)], pre, 12) for c in cfgs]
     return runner, pre, caches
 
 
@@ -223,7 +223,7 @@ def test_a_bucket_steps_as_each_cache_it_adopts(case):
         for layer in range(pre.n_layers):
             assert held.lengths[layer].tolist() == plain.host_lengths(layer)
     cfg = EvictionConfig(budget=0.9, page_size=4, window=8, n_sink=2)
-    other = runner._paged_cache([runner.evict(pre, cfg)], pre, 12)
+    other = runner.decode_cache([runner.evict(pre, cfg)], pre, 12)
     with pytest.raises(ValueError, match="same capacity bucket"):
         held.adopt(other)
 
@@ -238,7 +238,7 @@ def test_the_buckets_hand_one_step_to_a_bucket(monkeypatch):
     assert first.cache.host_lengths(0) == small.host_lengths(0)
     cfg = dict(page_size=4, window=8, n_sink=2)
     wide, full = (
-        runner._paged_cache([runner.evict(pre, EvictionConfig(budget=b, **cfg))], pre, 12)
+        runner.decode_cache([runner.evict(pre, EvictionConfig(budget=b, **cfg))], pre, 12)
         for b in (0.7, 1.0)
     )
     assert len({c.bucket_key() for c in (big, wide, full)}) == 3

@@ -3,9 +3,10 @@
 A host wait is a point where the host needs a device result in hand: a value read back
 (`item`, `tolist`, `bool`, `int`, `float`, `__index__`) or an operation whose output
 size depends on the data (a boolean-mask index, `nonzero`, `masked_select`). Scoring,
-weights, pooling, selection and compaction (`Runner.evict`, with its `plan_prefill`) must
-make as many with 2 layers as with 6: the plan's counts are read once, the compaction
-is one launch for all layers with one bounds check, and the page geometry is host
+weights, pooling, selection (`Runner.evict`, with its `plan_prefill`) and the gather into
+the decode cache (`Runner.decode_cache`) must make as many with 2 layers as with 6: the
+plan's counts are read once, the gather is one launch for all layers with one bounds
+check, the cache's tables go to the device in one copy, and the page geometry is host
 arithmetic on `n` and `P`.
 
 Counted two ways. Everywhere, by wrapping those points on `torch.Tensor` (`HostReads`);
@@ -19,8 +20,9 @@ The device work is constant in the depth too, on the Triton backend (the GPU's):
 operations the step dispatches (`TorchDispatchMode`), less views and allocations (an
 output tensor per layer is the one thing that grows), are as many at 2 layers as at 6.
 At these sizes the step is bound by the host's launches, so each per-layer operation
-would cost its launch at every layer of a 28-layer model. The cache that wraps the
-compacted layers (`_new_cache`) dispatches nothing per layer, counting every operation.
+would cost its launch at every layer of a 28-layer model. The cache that wraps a
+prefill's layers for the reconstruction pass (`_new_cache`) dispatches nothing per
+layer, counting every operation.
 """
 
 from __future__ import annotations
@@ -157,14 +159,21 @@ def _warmed(models, device, backend, cfg) -> dict[int, Runner]:
     ids = prompt(150, seed=3)
     for runner in runners.values():
         for _ in range(2):
-            runner.evict(runner.prefill(ids, window_max=16), cfg)
+            _evict_step(runner, runner.prefill(ids, window_max=16), cfg)
     if device.type == "cuda":
         # The first step a process counts under the sync debug mode reports one sync more,
         # at a line of torch's own (torch/cuda/__init__.py with torch 2.11 on an H200), at
         # whichever depth is counted first: one step counted and dropped.
         with CudaSyncs():
-            runners[DEPTHS[0]].evict(runners[DEPTHS[0]].prefill(ids, window_max=16), cfg)
+            runner = runners[DEPTHS[0]]
+            _evict_step(runner, runner.prefill(ids, window_max=16), cfg)
     return runners
+
+
+def _evict_step(runner, pre, cfg) -> None:
+    """The eviction step: the plan, the kept indices and their gather into the decode
+    cache."""
+    runner.decode_cache([runner.evict(pre, cfg)], pre, 8)
 
 
 def _step_reads(runner, device, cfg, reads) -> tuple[int, Counter, Counter | None]:
@@ -174,11 +183,11 @@ def _step_reads(runner, device, cfg, reads) -> tuple[int, Counter, Counter | Non
     syncs = None
     if device.type == "cuda":
         with reads, CudaSyncs() as cuda:
-            runner.evict(pre, cfg)
+            _evict_step(runner, pre, cfg)
         syncs = cuda.sites
     else:
         with reads:
-            runner.evict(pre, cfg)
+            _evict_step(runner, pre, cfg)
     return reads.total, Counter(reads.counts), syncs
 
 
@@ -202,19 +211,19 @@ def test_host_waits_do_not_grow_with_the_layers(models, device, monkeypatch, bac
 
 
 def test_the_count_sees_a_per_layer_wait(models, device, monkeypatch):
-    """Negative control: compaction as it was before issue 20, one launch per layer,
-    each launcher checking its indices' bounds with a read, makes the count grow by at
-    least one per layer (and so fails the test above)."""
-    from pagekv.runtime.backend import compact_layers
+    """Negative control: the gather as compaction was before issue 20, one launch per
+    layer, each launcher checking its indices' bounds with a read, makes the count grow
+    by at least one per layer (and so fails the test above)."""
+    from pagekv.runtime import paged_cache
+    from pagekv.runtime.backend import gather_layers
 
-    def per_layer(keys, values, kept_idx, backend):
-        out = []
-        for k, v, idx in zip(keys, values, kept_idx, strict=True):
-            [kv], used = compact_layers([k], [v], [idx], backend)  # each reads its bounds
-            out.append(kv)
-        return out, used
+    def per_layer(*layers_and_backend):
+        *layers, backend = layers_and_backend
+        for layer in zip(*layers, strict=True):  # each reads its bounds
+            used = gather_layers(*([x] for x in layer), backend=backend)
+        return used
 
-    monkeypatch.setattr(runner_mod, "compact_layers", per_layer)
+    monkeypatch.setattr(paged_cache, "gather_layers", per_layer)
     cfg = EvictionConfig(policy="entropy", budget=0.4, page_size=8, window=16)
     reads = HostReads(monkeypatch).install()
     runners = _warmed(models, device, "triton", cfg)
@@ -246,7 +255,7 @@ class DeviceOps(TorchDispatchMode):
 def _step_ops(runner, cfg) -> Counter:
     pre = runner.prefill(prompt(150, seed=3), window_max=16)  # fresh: scoring counted
     with DeviceOps() as ops:
-        runner.evict(pre, cfg)
+        _evict_step(runner, pre, cfg)
     return ops.counts
 
 
@@ -265,7 +274,7 @@ def test_the_op_count_sees_per_layer_work(models, device, monkeypatch):
     grow by one per layer."""
     padded = runner_mod.padded_kept_indices
     monkeypatch.setattr(runner_mod, "padded_kept_indices", lambda p: [i.clone() for i in padded(p)])
-    cfg = EvictionConfig(policy="entropy", budget=0.4, page_size=8, window=16, allocation="global")
+    cfg = EvictionConfig(policy="head_independent", budget=0.4, page_size=8, window=16)
     runners = _warmed(models, device, "triton", cfg)
     c2, c6 = (_step_ops(runners[L], cfg) for L in DEPTHS)
     assert sum(c6.values()) - sum(c2.values()) >= 6 - 2, dict(c6 - c2)
@@ -279,7 +288,7 @@ def _layer_pairs(n_layers: int, device, dtypes=(torch.float16,)) -> list:
 
 
 def test_the_evicted_cache_is_made_without_a_tensor_per_layer(device):
-    """`_new_cache`, which wraps the compacted layers in the step, dispatches as many
+    """`_new_cache`, which wraps a prefill's layers for the reconstruction pass, dispatches as many
     operations (views and allocations included) for 28 layers as for 2: transformers'
     `lazy_initialization` makes two placeholder tensors per layer, which it replaced."""
     counts = []

@@ -30,6 +30,7 @@ from experiments.peer import kvpress_peer as kp
 from pagekv import BudgetError, EvictionConfig, plan
 from pagekv.integrations import kvpress_press as kpp
 from pagekv.integrations.kvpress_press import MeanPoolPagePress, PageEntroKVPress
+from tests.test_runner import stored_layers
 from tests.test_wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -315,10 +316,11 @@ def test_press_prefill_equals_runner_evict(tiny, P, budget, policy):
     pre = runner.prefill(ids, window_max=32, question_ids=[1, 2, 3])
     cfg = EvictionConfig(policy=policy, budget=budget, page_size=P, window=16)
     ev = runner.evict(pre, cfg)
+    stored = stored_layers(runner, pre, ev)
     for i, layer in enumerate(cache.layers):
         assert torch.equal(press.plans[i].page_keep[0], ev.plan.page_keep[i]), f"layer {i}"
-        assert torch.equal(layer.keys, ev.cache.layers[i].keys), f"keys of layer {i}"
-        assert torch.equal(layer.values, ev.cache.layers[i].values), f"values of layer {i}"
+        assert torch.equal(layer.keys, stored[i][0]), f"keys of layer {i}"
+        assert torch.equal(layer.values, stored[i][1]), f"values of layer {i}"
     # negative control: another budget keeps other pages
     other = runner.evict(pre, cfg.replace(budget=budget + 0.2))
     assert not torch.equal(press.plans[0].page_keep[0], other.plan.page_keep[0])
@@ -480,11 +482,12 @@ def test_reconstruct_equals_runner_evict(gqa, arch, P, budget):
     pre = runner.prefill(ids, window_max=32)
     cfg = EvictionConfig(budget=budget, page_size=P, window=16, scorer="reconstruct")
     ev = runner.evict(pre, cfg)
-    assert cache.get_seq_length() == ev.cache.get_seq_length() < 150
+    stored = stored_layers(runner, pre, ev)
+    assert cache.get_seq_length() == stored[0][0].shape[2] < 150
     for i, layer in enumerate(cache.layers):
         assert torch.equal(press.plans[i].page_keep[0], ev.plan.page_keep[i]), f"layer {i}"
-        assert torch.equal(layer.keys, ev.cache.layers[i].keys), f"keys of layer {i}"
-        assert torch.equal(layer.values, ev.cache.layers[i].values), f"values of layer {i}"
+        assert torch.equal(layer.keys, stored[i][0]), f"keys of layer {i}"
+        assert torch.equal(layer.values, stored[i][1]), f"values of layer {i}"
     window = runner.evict(pre, cfg.replace(scorer="window"))  # negative control
     assert not torch.equal(window.plan.page_keep, ev.plan.page_keep)
 

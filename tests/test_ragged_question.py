@@ -21,7 +21,7 @@ def _question_logits(runner, pre, cfg, one_step: bool) -> torch.Tensor:
     at a time, through the decode step on a cache evicted for the purpose."""
     ev = runner.evict(pre, cfg)
     assert ev.ragged
-    cache = runner._paged_cache([ev], pre, len(pre.question_ids))
+    cache = runner.decode_cache([ev], pre, len(pre.question_ids))
     step = runner._lean_decoder().step
     if one_step:
         return step(torch.tensor([pre.question_ids]), pre.n, cache)[0]

@@ -72,7 +72,7 @@ T1_CFG = EvictionConfig(budget=0.4, page_size=4, window=8, n_sink=2)
 T1_KEPT = 31
 
 
-def test_pooled_uor_is_measured_on_the_compacted_cache(tiny):
+def test_pooled_uor_is_measured_on_the_decode_cache(tiny):
     runner, pre = tiny
     m = overlap_measurements(runner, pre, T1_CFG)
     assert m["feasible"] and m["k"] == 33
@@ -84,23 +84,26 @@ def test_pooled_uor_is_measured_on_the_compacted_cache(tiny):
 
 
 def _miscompact(kind):
-    """A `Runner.evict` whose compacted cache is wrong in layer 1, group 0 (kind)."""
-    real = Runner.evict
+    """A `Runner.decode_cache` whose cache is wrong in layer 1 (kind): every group one
+    token more or less than planned, or group 0's sixth row an evicted token's key."""
+    real = Runner.decode_cache
 
-    def evict(self, pre, cfg):
-        ev = real(self, pre, cfg)
-        lay = ev.cache.layers[1]
+    def decode_cache(self, evs, pre, max_new):
+        ev = evs[0]
+        idx = ev.kept_indices[1]
         if kind == "one_extra":  # a padded / duplicated row: one token more than planned
-            lay.keys = torch.cat([lay.keys, lay.keys[:, :, -1:]], 2)
-            lay.values = torch.cat([lay.values, lay.values[:, :, -1:]], 2)
+            ev.kept_indices[1] = torch.cat([idx, idx[:, -1:]], 1)
+            ev.stored_tokens[1] = [s + 1 for s in ev.stored_tokens[1]]
         elif kind == "one_missing":
-            lay.keys, lay.values = lay.keys[:, :, :-1], lay.values[:, :, :-1]
-        elif kind == "wrong_token":  # the right count, one row from an evicted token
+            ev.kept_indices[1] = idx[:, :-1]
+            ev.stored_tokens[1] = [s - 1 for s in ev.stored_tokens[1]]
+        cache = real(self, evs, pre, max_new)
+        if kind == "wrong_token":  # the right count, one row from an evicted token
             t = int(ev.plan.keep[1, 0].logical_not().nonzero()[0])
-            lay.keys[0, 0, 5] = pre.cache.layers[1].keys[0, 0, t]
-        return ev
+            cache.read(1, 0, 0)[0][5] = pre.cache.layers[1].keys[0, 0, t]
+        return cache
 
-    return evict
+    return decode_cache
 
 
 @pytest.mark.parametrize(
@@ -111,10 +114,10 @@ def _miscompact(kind):
         ("wrong_token", 1.0, 1.0),
     ],
 )
-def test_pooled_uor_sees_a_compaction_bug(tiny, monkeypatch, kind, uor_min, uor_max):
-    """Negative control: the measurement reads the stored tensors, not the plan."""
+def test_pooled_uor_sees_an_eviction_bug(tiny, monkeypatch, kind, uor_min, uor_max):
+    """Negative control: the measurement reads the decode cache, not the plan."""
     runner, pre = tiny
-    monkeypatch.setattr(Runner, "evict", _miscompact(kind))
+    monkeypatch.setattr(Runner, "decode_cache", _miscompact(kind))
     m = overlap_measurements(runner, pre, T1_CFG)
     for pol, pm in m["pooled"].items():
         assert (pm["uor_min"], pm["uor_max"]) == pytest.approx((uor_min, uor_max)), pol

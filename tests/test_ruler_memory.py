@@ -106,7 +106,7 @@ def test_pages_sum_is_what_the_decode_pool_allocates_for_the_context(bundled_stu
         planned = runner.plan_prefill(pre, cfg)
         fields = rm.plan_memory(planned)
         ev = runner.evict(pre, cfg, planned)
-        pool = runner._paged_cache([ev], pre, 0)  # the decode's pool, no room to grow
+        pool = runner.decode_cache([ev], pre, 0)  # the decode's pool, no room to grow
         k = pre.cache.layers[0].keys
         page_bytes = 2 * 16 * k.shape[-1] * k.element_size()  # keys and values
         assert pool.nbytes == fields["pages_sum"] * page_bytes, cfg

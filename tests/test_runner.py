@@ -74,6 +74,17 @@ def prompt(n: int, seed: int = 1) -> list[int]:
     return torch.randint(3, VOCAB, (n,), generator=g).tolist()
 
 
+def stored_layers(runner, pre, ev):
+    """Per layer `(keys, values)` `[1, G, t, d]`: what `ev`'s decode cache holds (groups
+    of one length), read back from the paged pool."""
+    cache = runner.decode_cache([ev], pre, 0)
+    out = []
+    for layer in range(len(cache.k_pool)):
+        groups = [cache.read(layer, 0, g) for g in range(len(cache.host_lengths(layer)[0]))]
+        out.append(tuple(torch.stack(kv)[None] for kv in zip(*groups, strict=True)))
+    return out
+
+
 @pytest.fixture(scope="module")
 def llama():
     return tiny_model("llama")
@@ -195,20 +206,21 @@ def test_captured_queries_reproduce_eager_attention(family):
 @pytest.mark.parametrize(
     "policy,page_size", [("entropy", 4), ("mean", 5), ("max", 1), ("head_independent", 4)]
 )
-def test_compacted_cache_holds_exactly_the_kept_tokens(llama, policy, page_size):
+def test_the_decode_cache_holds_exactly_the_kept_tokens(llama, policy, page_size):
     runner = Runner(llama)
     pre = runner.prefill(prompt(83), window_max=16)
     cfg = EvictionConfig(policy=policy, budget=0.4, page_size=page_size, window=8, n_sink=2)
     ev = runner.evict(pre, cfg)
     p = ev.plan
-    for layer, (full, comp) in enumerate(zip(pre.cache.layers, ev.cache.layers, strict=True)):
+    stored = stored_layers(runner, pre, ev)
+    for layer, (full, (keys, values)) in enumerate(zip(pre.cache.layers, stored, strict=True)):
         idx = ev.kept_indices[layer]  # [G, k_l]
-        assert comp.keys.shape == (1, 2, idx.shape[1], 8)
+        assert keys.shape == (1, 2, idx.shape[1], 8)
         for g in range(2):
-            assert comp.keys.shape[2] == ev.stored_tokens[layer][g]
+            assert keys.shape[2] == ev.stored_tokens[layer][g]
             assert torch.equal(idx[g], idx[g].sort().values)  # positional order kept
-            assert torch.equal(comp.keys[0, g], full.keys[0, g, idx[g]])
-            assert torch.equal(comp.values[0, g], full.values[0, g, idx[g]])
+            assert torch.equal(keys[0, g], full.keys[0, g, idx[g]])
+            assert torch.equal(values[0, g], full.values[0, g, idx[g]])
             union = p.keep[layer, g].nonzero().flatten()
             assert ev.union_tokens[layer][g] == union.numel() == int(p.union_tokens[layer, g])
             assert bool(torch.isin(union, idx[g]).all())  # the union is always stored
@@ -274,8 +286,8 @@ def test_positions_continue_at_n_not_at_compacted_length(llama):
     step = runner_decoding(llama, "float32")._lean_decoder().step
     with torch.inference_mode():
         ids = torch.tensor([[tok]])
-        good = step(ids, pre.n, runner._paged_cache([ev], pre, 1))[0]
-        bad = step(ids, k, runner._paged_cache([ev], pre, 1))[0]
+        good = step(ids, pre.n, runner.decode_cache([ev], pre, 1))[0]
+        bad = step(ids, k, runner.decode_cache([ev], pre, 1))[0]
     keep = stored_keep_of(runner, pre, ev.plan.config)
     ref = masked_reference_logits(llama, pre, keep, [[tok]])[0]
     torch.testing.assert_close(good.float(), ref, atol=1e-5, rtol=0)

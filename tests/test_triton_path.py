@@ -38,13 +38,15 @@ def llama(cpu_llama, device):
 
 
 def _evict_both(model, ids, cfg, question=None, tokenizer=None, window_max=32):
-    """Prefill and evict on each backend; `(evicted, result)` per backend."""
+    """Prefill and evict on each backend; `(prefill, evicted, result)` per backend, the
+    evicted's `stored` its decode cache."""
     out = {}
     for name in ("torch", "triton"):
         runner = Runner(model, tokenizer, backend=name)
         pre = runner.prefill(ids, window_max=window_max, question_ids=question)
         ev = runner.evict(pre, cfg)
         res = runner.evaluate(pre, cfg, max_new_tokens=6, stop_at_eos=False)
+        ev.stored = runner.decode_cache([ev], pre, 0)  # what its decode cache holds
         out[name] = (pre, ev, res)
     return out
 
@@ -57,10 +59,14 @@ def _assert_same(out, label):
     torch.testing.assert_close(prof_k, prof_t, rtol=1e-5, atol=1e-6, msg=f"{label}: profiles")
     torch.testing.assert_close(m_k.isolated, m_t.isolated, rtol=1e-4, atol=1e-7)
     assert torch.equal(ev_k.plan.page_keep, ev_t.plan.page_keep), f"{label}: kept pages"
-    for i, (lk, lt) in enumerate(zip(ev_k.cache.layers, ev_t.cache.layers, strict=True)):
-        # Compaction is a gather: bit-identical on both backends.
-        assert torch.equal(lk.keys, lt.keys), f"{label}: compacted keys of layer {i}"
-        assert torch.equal(lk.values, lt.values), f"{label}: compacted values of layer {i}"
+    cache_k, cache_t = ev_k.stored, ev_t.stored
+    assert (cache_k.gathered_on, cache_t.gathered_on) == ("triton", "torch")
+    for i in range(len(cache_t.k_pool)):
+        # Eviction is a gather into the decode cache: bit-identical on both backends.
+        for g in range(pre_t.n_groups):
+            (kk, vk), (kt, vt) = cache_k.read(i, 0, g), cache_t.read(i, 0, g)
+            assert torch.equal(kk, kt), f"{label}: stored keys of layer {i}, group {g}"
+            assert torch.equal(vk, vt), f"{label}: stored values of layer {i}, group {g}"
     assert res_k.tokens == res_t.tokens, f"{label}: answer tokens"
     assert res_k.stored_tokens == res_t.stored_tokens, f"{label}: stored tokens"
 

@@ -37,38 +37,38 @@ def _r(x: torch.Tensor) -> list:
     return [round(float(v), ROUND) for v in x.flatten().tolist()]
 
 
-def stored_pooled_uor(pre, ev) -> dict:
-    """The UOR of a pooled policy, measured on the compacted cache the runner built.
+def stored_pooled_uor(runner, pre, ev) -> dict:
+    """The UOR of a pooled policy, measured on the decode cache the runner builds.
 
     Every head of group g reads the same stored keys, so the union of what the group's
-    heads keep is what the cache stores for (layer, group): the length of the compacted
-    key / value tensors. Per (layer, group), `UOR = stored / k'`, with `k'` the tokens
-    the plan keeps for that group; a compaction that stored more (padding, a duplicate)
-    or fewer tokens than planned moves it off 1. `stored_eq_plan` also checks that
-    the stored rows are the plan's tokens: the stored indices are the plan's kept set,
-    in order, and the keys and values equal the prefill's at those tokens.
+    heads keep is what the cache stores for (layer, group): its length in the paged
+    pool (`Runner.decode_cache`). Per (layer, group), `UOR = stored / k'`, with `k'` the
+    tokens the plan keeps for that group; an eviction that stored more (padding, a
+    duplicate) or fewer tokens than planned moves it off 1. `stored_eq_plan` also checks
+    that the stored rows are the plan's tokens: the stored indices are the plan's kept
+    set, in order, and the keys and values equal the prefill's at those tokens.
 
     Args:
-        pre: the `Prefill` the cache was compacted from.
+        runner: the `Runner` that evicted.
+        pre: the `Prefill` the cache was gathered from.
         ev: `Runner.evict(pre, cfg)` for a pooled, budgeted policy.
     """
     p = ev.plan
     want = p.kept_indices()  # [L, G, k'] the plan's kept tokens
     L, G = p.union_tokens.shape
-    stored = torch.empty(L, G, dtype=torch.int64)
+    cache = runner.decode_cache([ev], pre, 0)
+    stored = torch.tensor([row[0] for row in (cache.host_lengths(i) for i in range(L))])
     same = True
-    for i, (full, comp) in enumerate(zip(pre.cache.layers, ev.cache.layers, strict=True)):
-        k_i, v_i = comp.keys[0], comp.values[0]  # [G, s, d]
-        if k_i.shape[0] != G or v_i.shape != k_i.shape:
-            raise ValueError(f"layer {i}: compacted keys {tuple(k_i.shape)} for {G} groups")
-        stored[i] = k_i.shape[1]
-        idx = ev.kept_indices[i].to(k_i.device)  # [G, s']
-        if not torch.equal(idx.cpu(), want[i].cpu()) or idx.shape[1] != k_i.shape[1]:
+    for i, full in enumerate(pre.cache.layers):
+        idx = ev.kept_indices[i]  # [G, s']
+        if not torch.equal(idx.cpu(), want[i].cpu()):
             same = False
             continue
-        rows = idx[:, :, None].expand(-1, -1, k_i.shape[-1])  # [G, s, d]
-        same &= torch.equal(k_i, full.keys[0].gather(1, rows))
-        same &= torch.equal(v_i, full.values[0].gather(1, rows))
+        for g in range(G):
+            keys, values = cache.read(i, 0, g)  # [s, d]
+            rows = idx[g].to(keys.device)
+            same &= keys.shape[0] == rows.shape[0] and torch.equal(keys, full.keys[0, g, rows])
+            same &= keys.shape[0] == rows.shape[0] and torch.equal(values, full.values[0, g, rows])
     uor = stored.to(torch.float64) / p.union_tokens.cpu().to(torch.float64)
     return {"uor": uor, "stored": stored, "stored_eq_plan": bool(same)}
 
@@ -104,8 +104,8 @@ def overlap_measurements(runner, pre, cfg: EvictionConfig) -> dict:
     pooled = {}
     for pol in POOLED_CHECKED:
         ev = runner.evict(pre, cfg.replace(policy=pol))
-        m = stored_pooled_uor(pre, ev)
-        stored = m["stored"]  # [L, G] tokens the compacted cache holds
+        m = stored_pooled_uor(runner, pre, ev)
+        stored = m["stored"]  # [L, G] tokens the decode cache holds
         pooled[pol] = {
             "uor_max": float(m["uor"].max()),
             "uor_min": float(m["uor"].min()),
@@ -226,8 +226,7 @@ def cardinality_unit(runner, prep, grid: Grid):
             rows.append(row | {"feasible": False, "min_budget": e.min_budget})
             continue
         p = ev.plan
-        lengths = [int(layer.keys.shape[2]) for layer in ev.cache.layers]
-        stored = torch.tensor(lengths)[:, None].expand(-1, pre.n_groups)  # [L, G]
+        stored = torch.tensor(ev.stored_tokens)  # [L, G]
         j = torch.arange(p.n_pages)
         sizes = torch.clamp((j + 1) * P, max=n) - j * P  # [n_pages]
         page_sum = (p.page_keep.to(torch.int64) * sizes).sum(-1)  # [L, G]

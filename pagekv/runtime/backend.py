@@ -5,8 +5,9 @@ Nothing here imports Triton or queries CUDA at import time; each dispatch logs (
 "pagekv") which backend ran and returns its name, so results can record it.
 
 The dispatch functions (the runner's entry points): `score_window`, `attention_scores`
-(the reconstruction scorer's), `page_scores` (`select_pages`, torch, then decides) and
-`compact_layers`.
+(the reconstruction scorer's), `page_scores` (`select_pages`, torch, then decides),
+`gather_layers` (eviction into the paged decode cache) and `compact_layers` (a dense
+compacted cache, kvpress's).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pagekv.maths.entropy import HeadMasses, mass_sums, row_focus_sums
 from pagekv.maths.paging import page_reduce, protected_pages
 from pagekv.maths.pooling import max_pool, weighted_pool
 from pagekv.maths.profiles import attention_profiles, check_window_shapes
-from pagekv.runtime.compaction import compact_layer
+from pagekv.runtime.compaction import compact_layer, gather_layer
 
 log = logging.getLogger("pagekv")
 
@@ -324,6 +325,32 @@ def compact_layers(
         out = [compact_layer(k, v, i) for k, v, i in zip(keys, values, kept_idx, strict=True)]
     _ran("compact_layers", used, keys[0].device)
     return out, used
+
+
+def gather_layers(keys, values, kept_idx, out_keys, out_values, starts, counts, backend="auto"):
+    """Copy the kept tokens of every layer to their destination rows, in place
+    (`pagekv.runtime.compaction.gather_layer`'s arguments, one per layer; a layer's
+    `kept_idx` None: every token). On Triton it is one launch for all layers
+    (`pagekv.kernels.compact.gather_every_layer`, every layer's indices given) and one
+    host wait (the bounds check); the twin runs `gather_layer` per layer. Returns the
+    backend that ran."""
+    used = resolve_backend(backend, keys[0])
+    if used == "triton":
+        from pagekv.kernels.compact import gather_every_layer as kernel
+
+        n = keys[0].shape[2]
+        every = None  # every token, as indices a layer shares (an expanded arange)
+        idx = []
+        for i in kept_idx:
+            if i is None and every is None:
+                every = torch.arange(n, device=keys[0].device).expand(keys[0].shape[1], n)
+            idx.append(every if i is None else i)
+        kernel(keys, values, idx, out_keys, out_values, starts, counts)
+    else:
+        for layer in zip(keys, values, kept_idx, out_keys, out_values, starts, counts, strict=True):
+            gather_layer(*layer)
+    _ran("gather_layers", used, keys[0].device)
+    return used
 
 
 def _layers(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -35,9 +35,9 @@ from itertools import accumulate
 import torch
 import torch.nn.functional as F
 
-from pagekv.maths.paging import kept_token_indices
+from pagekv.runtime.backend import gather_layers
 
-__all__ = ["PagedCache", "allocated_rows", "bucket", "group_attention"]
+__all__ = ["PagedCache", "bucket", "group_attention"]
 
 
 def bucket(n: int) -> int:
@@ -63,61 +63,110 @@ class PagedCache:
     """
 
     def __init__(self, layers, extra: int, page_size: int, kernel: bool = False):
+        groups = [(_groups(keys), _groups(values)) for keys, values in layers]
+        counts = [[[int(k.shape[0]) for k in row] for row in ks] for ks, _ in groups]
+        self._build(counts, groups[0][0][0][0], extra, page_size, kernel)
+        for layer, (ks, vs) in enumerate(groups):
+            d = ks[0][0].shape[-1]
+            flat_k, flat_v = self.k_pool[layer].view(-1, d), self.v_pool[layer].view(-1, d)
+            for b, (krow, vrow) in enumerate(zip(ks, vs, strict=True)):
+                for g, (k, v) in enumerate(zip(krow, vrow, strict=True)):
+                    t, s = counts[layer][b][g], self._firsts[layer][b][g] * self.page_size
+                    flat_k[s : s + t].copy_(k)
+                    flat_v[s : s + t].copy_(v)
+
+    @classmethod
+    def gathered(
+        cls, keys, values, kept, counts, extra: int, page_size: int, kernel=False, backend="torch"
+    ) -> PagedCache:
+        """A cache of a prefill's kept tokens, gathered straight into the pool (eviction:
+        the one copy of K and V a run makes); `gathered_on` names the backend that
+        gathered them (`pagekv.runtime.backend.gather_layers`).
+
+        Args:
+            keys, values: per layer `[1, G, n, d]`, the prefill's cache (left as it is).
+            kept: per layer sorted token indices `[B, G, k]` (row b, group g keeps its
+                first `counts[l][b][g]`), `[G, k]` for every row alike, or None: every
+                token.
+            counts: per layer `[B][G]` host ints, the tokens each (row, group) keeps.
+            extra, page_size, kernel: as `PagedCache`.
+        """
+        new = object.__new__(cls)
+        new._build(counts, keys[0], extra, page_size, kernel)
+        P = new.page_size
+        starts = [[[f * P for f in row] for row in firsts] for firsts in new._firsts]
+        new.gathered_on = gather_layers(
+            keys, values, kept, new.k_pool, new.v_pool, starts, counts, backend
+        )
+        return new
+
+    def _build(self, counts, like: torch.Tensor, extra: int, page_size: int, kernel: bool):
+        """The empty cache whose (layer l, row b, group g) holds `counts[l][b][g]` tokens
+        and room for `extra` more: its zeroed pools (in `like`'s dtype, device and head
+        dim), block tables, lengths and views. Whatever the number of layers, one
+        allocation per pool and one copy of the tables and lengths to the device."""
         if int(page_size) < 1 or int(extra) < 0:
             raise ValueError(f"page_size must be >= 1 and extra >= 0; got {page_size}, {extra}")
         self.page_size = P = int(page_size)
+        self.extra = int(extra)
         self.kernel = bool(kernel)
+        #: The backend that gathered the tokens in (`gathered`); "none": copied in.
+        self.gathered_on = "none"
         #: Write and attend through the block tables and the device lengths only (what a
         #: CUDA graph replays: no shape or address that changes from step to step).
         self.static = False
         #: Tokens appended to every (layer, row, group) since the build (`grow`).
         self.added = 0
-        self.k_pool, self.v_pool, self.tables = [], [], []
-        self._base, self._firsts, self._blocks, self._views = [], [], [], []
-        for keys, values in layers:
-            ks, vs = _groups(keys), _groups(values)
-            B, G = len(ks), len(ks[0])
-            counts = [[int(k.shape[0]) for k in row] for row in ks]
-            blocks = [[max(1, -(-(t + extra) // P)) for t in row] for row in counts]
-            *starts, first = accumulate((c for row in blocks for c in row), initial=0)
+        L, B, G = len(counts), len(counts[0]), len(counts[0][0])
+        self._base = counts
+        self._blocks = [[[max(1, -(-(t + extra) // P)) for t in row] for row in c] for c in counts]
+        self._firsts, tables, sizes = [], [], []
+        for blocks in self._blocks:
+            *starts, total = accumulate((c for row in blocks for c in row), initial=0)
             firsts = [starts[b * G : (b + 1) * G] for b in range(B)]  # each (row, group)'s
-            k0 = ks[0][0]
-            d = int(k0.shape[-1])
-            k_pool = k0.new_zeros(first, P, d)
-            v_pool = k0.new_zeros(first, P, d)
-            flat_k, flat_v = k_pool.view(-1, d), v_pool.view(-1, d)
-            for b in range(B):
-                for g in range(G):
-                    t, s = counts[b][g], firsts[b][g] * P
-                    flat_k[s : s + t].copy_(ks[b][g])
-                    flat_v[s : s + t].copy_(vs[b][g])
             width = max(max(row) for row in blocks)
-            table = [
-                [[*range(f, f + c), *[-1] * (width - c)] for f, c in zip(fr, br, strict=True)]
-                for fr, br in zip(firsts, blocks, strict=True)
-            ]  # [B][G][width]
-            self.k_pool.append(k_pool)
-            self.v_pool.append(v_pool)
-            self.tables.append(torch.tensor(table, dtype=torch.int32, device=k0.device))
-            self._base.append(counts)
+            tables.append(
+                [
+                    [[*range(f, f + c), *[-1] * (width - c)] for f, c in zip(fr, br, strict=True)]
+                    for fr, br in zip(firsts, blocks, strict=True)
+                ]
+            )  # [B][G][width]
             self._firsts.append(firsts)
-            self._blocks.append(blocks)
-            # Every (row, group) grows by the same tokens, so a layer whose (row, group)s
-            # start alike stays alike: one `[B, G, C, d]` view of each pool, made once.
-            flat = [x for row in blocks for x in row] + [x for row in counts for x in row]
+            sizes.append(total)
+        d = int(like.shape[-1])
+        self.k_pool = list(like.new_zeros(sum(sizes), P, d).split(sizes))
+        self.v_pool = list(like.new_zeros(sum(sizes), P, d).split(sizes))
+        # Every (row, group) grows by the same tokens, so a layer whose (row, group)s
+        # start alike stays alike: one `[B, G, C, d]` view of each pool, made once.
+        self._views = []
+        for layer, blocks in enumerate(self._blocks):
+            flat = [x for row in blocks for x in row] + [x for row in counts[layer] for x in row]
             alike = len(set(flat[: B * G])) == 1 and len(set(flat[B * G :])) == 1
-            self._views.append(
-                (k_pool.view(B, G, -1, d), v_pool.view(B, G, -1, d)) if alike else None
-            )
+            k, v = self.k_pool[layer], self.v_pool[layer]
+            self._views.append((k.view(B, G, -1, d), v.view(B, G, -1, d)) if alike else None)
         self._room = min(
             c * P - t
-            for blocks, base in zip(self._blocks, self._base, strict=True)
+            for blocks, base in zip(self._blocks, counts, strict=True)
             for brow, trow in zip(blocks, base, strict=True)
             for c, t in zip(brow, trow, strict=True)
         )
+        # The lengths and every table in one int32 buffer, copied to the device at once.
+        host = torch.tensor(
+            [t for c in counts for row in c for t in row]
+            + [x for table in tables for brow in table for grow in brow for x in grow],
+            dtype=torch.int32,
+        )
+        if like.device.type == "cuda":
+            dev = host.pin_memory().to(like.device, non_blocking=True)
+        else:
+            dev = host.to(like.device)
         #: int32 `[L, B, G]` on the device: what the kernel reads; `lengths[l]` a view.
-        self._lengths = torch.tensor(self._base, dtype=torch.int32, device=self.tables[0].device)
+        self._lengths = dev[: L * B * G].view(L, B, G)
         self.lengths = list(self._lengths.unbind(0))
+        widths = [len(table[0][0]) * B * G for table in tables]
+        self.tables = [
+            t.view(B, G, -1) for t in dev[L * B * G :].split(widths)
+        ]  # per layer int32 [B, G, width]
 
     # ---------------------------------------------------------------- sizes
 
@@ -167,6 +216,7 @@ class PagedCache:
         holding this cache's tokens (`adopt`): what a graph of that bucket records."""
         new = object.__new__(PagedCache)
         new.page_size, new.kernel, new.static = self.page_size, self.kernel, True
+        new.extra = self.extra
         new.k_pool = [k.new_zeros(bucket(k.shape[0]), *k.shape[1:]) for k in self.k_pool]
         new.v_pool = [v.new_zeros(bucket(v.shape[0]), *v.shape[1:]) for v in self.v_pool]
         new.tables = [t.new_full((*t.shape[:2], bucket(t.shape[2])), -1) for t in self.tables]
@@ -296,17 +346,3 @@ def _causal_tail(n: int, t: int, dtype, device) -> torch.Tensor:
     every token before the last `t` and the new ones up to itself."""
     low = torch.full((t, n), torch.finfo(dtype).min, dtype=dtype, device=device)
     return low.triu(n - t + 1)  # query i masks the keys j > n - t + i
-
-
-def allocated_rows(keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, counts):
-    """One layer of a padded compacted cache `[1, G, k, d]` cut to what each group was
-    allocated: `keep` bool `[G, k]` marks its allocated tokens (`counts[g]` of them, host
-    ints). `PagedCache`'s per-layer entry for one row: `([[k_0, ..., k_G-1]],
-    [[v_0, ...]])`, each `[c_g, d]` in token order, gathered without a host wait
-    (`kept_token_indices`)."""
-    ks, vs = [], []
-    for g, c in enumerate(counts):
-        idx = kept_token_indices(keep[g], c)  # [c]
-        ks.append(keys[0, g].index_select(0, idx))
-        vs.append(values[0, g].index_select(0, idx))
-    return [ks], [vs]

@@ -13,11 +13,12 @@ Token counts, each with one name (per (layer, group) lists are `[L][G]`):
   for `head_independent` the union of the heads' picks, else the pooled set.
 - `head_tokens`: `k'`, what each head keeps alone (`head_independent` only); the
   union overhead is `union_tokens / head_tokens`.
-- `stored_tokens`: what the compacted cache stores per (layer, group) (its tensor
-  length); `padding_tokens = stored_tokens - union_tokens` is the padding a dense
-  layer needs when its groups' unions differ (`head_independent` only; 0 else).
-- `kept_tokens` (JSON only, kept for the CLI's first users): `stored_tokens` per
-  layer (every group of a layer stores the same number).
+- `stored_tokens`: what the decode cache stores per (layer, group);
+  `padding_tokens = stored_tokens - union_tokens` is the padding a layer's groups get
+  when their unions differ (`head_independent` only; 0 else: a global plan's groups
+  each store their own allocation).
+- `kept_tokens` (JSON only, kept for the CLI's first users): the largest group's
+  `stored_tokens` per layer.
 """
 
 from __future__ import annotations
@@ -47,13 +48,13 @@ class RunResult:
     context_tokens: int  # n, the prefilled (and evicted) tokens
     budget_tokens: int  # k = floor(budget * n) (n for `full`)
     union_tokens: list  # [L][G] what the policy keeps
-    stored_tokens: list  # [L][G] what the compacted cache stores
+    stored_tokens: list  # [L][G] what the decode cache stores
     padding_tokens: list  # [L][G] stored - union
     head_tokens: int | None  # k' per head (head_independent), else None
     uor: dict  # {"mean", "max"} of union_tokens / head_tokens (1.0 when pooled)
     uor_per_group: list  # [L][G]
     cache_bytes_before: int  # the full prompt cache
-    cache_bytes_after: int  # the compacted prompt cache (before any decode)
+    cache_bytes_after: int  # the stored tokens' keys and values (before any decode)
     # where and how long
     backend: str  # the runner's backend, "torch" or "triton"
     backends: dict  # per step: score, weights, pool, select, compact -> backend; device
@@ -85,8 +86,8 @@ class RunResult:
 
     @property
     def kept_tokens(self) -> list[int]:
-        """Stored tokens per layer (the JSON key `kept_tokens`)."""
-        return [row[0] if row else 0 for row in self.stored_tokens]
+        """The largest group's stored tokens per layer (the JSON key `kept_tokens`)."""
+        return [max(row) if row else 0 for row in self.stored_tokens]
 
     def to_dict(self) -> dict:
         """The JSON object: every field but `NOT_SERIALISED`, plus `kept_tokens`."""

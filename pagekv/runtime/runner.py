@@ -2,8 +2,9 @@
 
 docs/design.md, "The data path": one prefill captures the cache and the observation window's
 queries (`pagekv.runtime.prefill`); every `EvictionConfig` then plans
-(`pagekv.maths.plan`), compacts a *copy* of the cache (`pagekv.runtime.compaction`) and decodes
-greedily, without a new prefill::
+(`pagekv.maths.plan`), gathers the kept tokens of the cache straight into the paged decode
+cache (`pagekv.runtime.paged_cache`: the one copy of K and V a run makes; the prefill's
+cache is left as it is) and decodes greedily, without a new prefill::
 
     runner = Runner(model, tokenizer)
     pre = runner.prefill(input_ids, window_max=128)
@@ -12,7 +13,7 @@ greedily, without a new prefill::
 
 Positions and modes (docs/design.md, the end of "The data path"): the decode continues
 at position `n`, not `k'`; "inside", the first answer token is the prefill's argmax;
-"after", the question is prefilled into the compacted cache at `n..n+q-1` in one step.
+"after", the question is prefilled into the decode cache at `n..n+q-1` in one step.
 
 The decode cache. Every plan decodes from a `PagedCache`
 (`pagekv.runtime.paged_cache`): each (layer, group)'s kept tokens in blocks of a pool,
@@ -22,9 +23,8 @@ keeps a union of its own size); the runner stores every group's union padded up 
 the layer's largest union with that group's next-best pages (by `Plan.page_scores`,
 ties toward the lower page), and the decode attends to the padding too:
 `union_tokens` reports the real unions, `stored_tokens` what is stored,
-`padding_tokens` the difference. A global plan (`allocation="global"`) is compacted
-the same way, but its padding is storage only: the decode's cache holds exactly the
-pages the plan allocated to each group (`Evicted.allocated`).
+`padding_tokens` the difference. A global plan (`allocation="global"`) stores exactly
+the pages it allocated to each group (`Evicted.allocated`), without padding.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from pagekv.maths.paging import (
 )
 from pagekv.maths.plan import Plan, plan
 from pagekv.maths.policies import get_policy
-from pagekv.runtime.backend import compact_layers, pooler, resolve_backend
+from pagekv.runtime.backend import pooler, resolve_backend
 from pagekv.runtime.decode import GraphBuckets, LeanDecoder, greedy, resolve_decode
-from pagekv.runtime.paged_cache import PagedCache, allocated_rows
+from pagekv.runtime.paged_cache import PagedCache
 from pagekv.runtime.prefill import Prefill, WindowQueryCapture, cache_kwarg, forward
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
 from pagekv.runtime.reconstruct import (
@@ -68,21 +68,25 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Evicted:
-    """A compacted copy of a prefill's cache, ready to decode from position `n`."""
+    """What a plan keeps of a prefill's cache: the kept tokens' indices, which the decode
+    gathers straight into its paged cache (`Runner.decode_cache`) to decode from
+    position `n`."""
 
-    cache: object  # a fresh DynamicCache
     plan: Plan
     backends: dict  # step -> "triton" / "torch" ("none": the step did not run), "device"
-    kept_indices: list[torch.Tensor] | None  # per layer [G, k_l] int64 (None: full)
-    stored_tokens: list  # [L][G] what the compacted cache stores
+    #: Per layer sorted token indices `[G, k_l]` int64 (None: full): group g stores the
+    #: first `stored_tokens[l][g]` of its row.
+    kept_indices: list[torch.Tensor] | None
+    stored_tokens: list  # [L][G] what the decode cache stores
     union_tokens: list  # [L][G] the policy's kept sets (Plan.union_tokens)
-    ragged: bool  # layers hold different lengths (head_independent, global)
-    compacted_bytes: int  # bytes of the compacted cache right after eviction
+    ragged: bool  # layers or groups hold different lengths (head_independent, global)
+    kept_bytes: int  # the bytes of the stored tokens' keys and values
     score_s: float | None  # profiles and masses (memoised: ~0 after the first time)
-    evict_s: float | None  # plan and compaction (None for `full`: nothing is evicted)
-    #: Per layer bool `[G, k_l]`: which stored tokens a global plan allocated to each
-    #: group (the rest is padding the decode's cache leaves out); None: all of them.
-    allocated: list[torch.Tensor] | None = None
+    #: Plan, indices and the gather into the decode cache (None for `full`: nothing is
+    #: evicted; its copy into the decode cache counts in the decode).
+    evict_s: float | None
+    #: A global plan: each group stores exactly the tokens allocated to it.
+    allocated: bool = False
     #: The bytes of the paged cache the decode read (`PagedCache.row_nbytes`); None
     #: before a decode.
     decode_bytes: int | None = None
@@ -255,9 +259,10 @@ class Runner:
         return pre._scores[key]
 
     def evict(self, pre: Prefill, config: EvictionConfig, planned: Plan | None = None) -> Evicted:
-        """Build a compacted copy of `pre.cache` under `config`'s plan: `planned` when
-        given (from `plan_prefill` on the same prefill and configuration: each run is
-        planned once), else planned here (a BudgetError as in `plan_prefill`)."""
+        """What `config`'s plan keeps of `pre.cache` (the kept tokens' indices; the
+        decode gathers them): `planned` when given (from `plan_prefill` on the same
+        prefill and configuration: each run is planned once), else planned here (a
+        BudgetError as in `plan_prefill`)."""
         if planned is None:
             planned = self.plan_prefill(pre, config)
         elif planned.config != config or planned.n != pre.n or "score" not in planned.backends:
@@ -269,37 +274,29 @@ class Runner:
         # The plan's counts, read once (`Plan.union_counts`): dense, k' and the padding
         # targets come from this one host wait, whatever the number of layers.
         union = p.union_counts()
-        ragged = False
-        allocated = None
-        compacted_on = "none"
         keeps_all = get_policy(config.policy).keeps_all
+        allocated = config.allocation != "uniform" and not p.dense
         if keeps_all:
-            kept_idx = None
-            # The prefill's own tensors, not a copy of the whole cache: a decode appends
-            # by concatenation (a new tensor each step) or copies them into its lean
-            # cache, so `pre.cache` stays as it was (tests/test_full_shares.py).
-            layers = [(lay.keys, lay.values) for lay in pre.cache.layers]
+            kept_idx, stored = None, [[pre.n] * pre.n_groups for _ in union]
+        elif allocated:
+            # Each group's own allocation, its rows padded past their counts with the
+            # last token (never read: a group gathers its first `stored` indices).
+            widths = [max(row) for row in union]
+            idx = kept_token_indices(p.keep, max(widths)).clamp_(max=p.n - 1)
+            kept_idx = [idx[layer, :, :w] for layer, w in enumerate(widths)]
+            stored = union
         else:
             kept_idx = list(p.kept_indices().unbind(0)) if p.dense else padded_kept_indices(p)
-            layers, compacted_on = compact_layers(
-                [lay.keys for lay in pre.cache.layers],
-                [lay.values for lay in pre.cache.layers],
-                kept_idx,
-                self.backend,
-            )  # one launch for all layers on Triton
-            ragged = len({int(k.shape[1]) for k in kept_idx}) > 1
-            if config.allocation != "uniform" and not p.dense:
-                allocated = allocated_tokens(p, kept_idx)
-                ragged = True  # a group's decode cache holds its own allocation
-        cache = _new_cache(layers)
-        stored = [[int(k.shape[2])] * pre.n_groups for k, _ in layers]  # tensor lengths
+            stored = [[int(k.shape[1])] * pre.n_groups for k in kept_idx]
+        ragged = len({t for row in stored for t in row}) > 1
+        k0 = pre.cache.layers[0].keys  # [1, G, n, d]
+        token_bytes = 2 * k0.shape[-1] * k0.element_size()  # its key and value
         t2 = _now(self.device)
         return Evicted(
-            cache=cache,
             plan=p,
             backends={
                 **{k: v for k, v in p.backends.items() if k != "device"},
-                "compact": compacted_on,
+                "compact": "none",  # the gather's, once it ran (`decode_cache`)
                 "device": str(self.device),
             },
             kept_indices=kept_idx,
@@ -307,7 +304,7 @@ class Runner:
             union_tokens=union,
             ragged=ragged,
             allocated=allocated,
-            compacted_bytes=_cache_bytes(cache),
+            kept_bytes=token_bytes * sum(map(sum, stored)),
             score_s=None if keeps_all else p.timings["score_s"],
             evict_s=None if keeps_all else p.timings["plan_s"] + (t2 - t1),
         )
@@ -324,7 +321,7 @@ class Runner:
         return_logits: bool = False,
         planned: Plan | None = None,
     ) -> RunResult:
-        """Evict under `config` (on a copy of the cache) and decode greedily.
+        """Evict under `config` (the prefill's cache is left as it is) and decode greedily.
 
         Args:
             pre: from `prefill`; left untouched.
@@ -346,8 +343,10 @@ class Runner:
     def _decoded(self, pre, config, ev, max_new_tokens, stop_at_eos, keep_logits, needle_positions):
         """`ev` decoded on its own (timed) and its `RunResult`."""
         with torch.inference_mode():
-            t0 = _now(self.device)
-            tokens, logits, stop = self._decode(pre, ev, max_new_tokens, stop_at_eos, keep_logits)
+            cache, t0 = self._gather(pre, [ev], max_new_tokens)
+            tokens, logits, stop = self._decode(
+                pre, ev, max_new_tokens, stop_at_eos, keep_logits, cache=cache
+            )
             decode_s = _now(self.device) - t0
         return self._result(pre, config, ev, tokens, logits, stop, decode_s, needle_positions)
 
@@ -366,7 +365,8 @@ class Runner:
         when their compacted caches have the same shape in every layer (pooled policies
         at one budget and page size), else one after the other.
 
-        Each row decodes exactly as `evaluate` would (greedy, positions from `n`); a row
+        Each row decodes exactly as `evaluate` would (greedy, positions from `n`), both
+        rows' kept tokens gathered into one decode cache; a row
         that reaches EOS keeps being fed its last token, and what follows is ignored.
         `on_token(tokens_a, tokens_b)` is called after every step with the tokens so far
         (for streaming). `timings["decode_batch"]` says 2 when the pass was shared
@@ -374,11 +374,8 @@ class Runner:
         """
         self._check_decode(pre, max_new_tokens)
         ev_a, ev_b = self.evict(pre, config_a, planned[0]), self.evict(pre, config_b, planned[1])
-        same = ev_a.allocated is None and ev_b.allocated is None
-        same = same and all(
-            la.keys.shape == lb.keys.shape
-            for la, lb in zip(ev_a.cache.layers, ev_b.cache.layers, strict=True)
-        )
+        same = not (ev_a.allocated or ev_b.allocated)
+        same = same and ev_a.stored_tokens == ev_b.stored_tokens
         if not same or max_new_tokens == 0:
             out = [
                 self._decoded(pre, cfg, ev, max_new_tokens, stop_at_eos, False, needle_positions)
@@ -388,9 +385,9 @@ class Runner:
                 on_token(out[0].tokens, out[1].tokens)
             return out[0], out[1]
         with torch.inference_mode():
-            t0 = _now(self.device)
+            cache, t0 = self._gather(pre, [ev_a, ev_b], max_new_tokens)
             (tok_a, tok_b), _, (stop_a, stop_b) = self._decode(
-                pre, ev_a, max_new_tokens, stop_at_eos, pair=ev_b, on_token=on_token
+                pre, ev_a, max_new_tokens, stop_at_eos, pair=ev_b, on_token=on_token, cache=cache
             )
             decode_s = _now(self.device) - t0
         res_a = self._result(pre, config_a, ev_a, tok_a, None, stop_a, decode_s, needle_positions)
@@ -399,9 +396,7 @@ class Runner:
         return res_a, res_b
 
     def _result(self, pre, config, ev, tokens, logits, stop, decode_s, needle_positions):
-        """The `RunResult` of a decode on `ev` (`ev.cache` is released)."""
-        ev.cache = None  # the copy is private to this evaluation
-
+        """The `RunResult` of a decode on `ev`."""
         p = ev.plan
         uor = p.uor.to(torch.float64)
         stored, union = ev.stored_tokens, ev.union_tokens
@@ -442,7 +437,7 @@ class Runner:
                 "decode_batch": 1,
             },
             cache_bytes_before=_cache_bytes(pre.cache),
-            cache_bytes_after=int(ev.compacted_bytes),  # the cache may be released or batched
+            cache_bytes_after=int(ev.kept_bytes),
             cache_bytes_decode=ev.decode_bytes,
             first_token_from_full_prefill=pre.mode == "inside" and bool(tokens),
             stop_reason=stop,
@@ -452,7 +447,7 @@ class Runner:
         if needle_positions is not None:
             res.needle_positions = [int(t) for t in needle_positions]
             # bool [L, G, n]: what the decode attends to (a global plan's padding is masked)
-            stored_keep = p.keep if ev.allocated is not None else _stored_keep(p, ev.kept_indices)
+            stored_keep = p.keep if ev.allocated else _stored_keep(p, ev.kept_indices)
             ret = needle_retention(stored_keep, needle_positions)
             res.needle_retention = ret.tolist()
             res.needle_kept_all = bool((ret == 1).all())
@@ -462,15 +457,52 @@ class Runner:
 
     # ---------------------------------------------------------------- internals
 
-    def _decode(self, pre, ev, max_new, stop_at_eos, keep_logits=False, pair=None, on_token=None):
-        """Greedy decode of `ev` in the lean step over a paged copy of its cache, with
-        `pair` (a same-shape compacted cache) as a batch of 2 when given; positions
+    def decode_cache(self, evs: list[Evicted], pre: Prefill, max_new: int) -> PagedCache:
+        """The decode cache of `evs` (one per batch row, the same `stored_tokens`): each
+        (layer, row, group)'s stored tokens gathered from `pre.cache` straight into a
+        `PagedCache` (`PagedCache.gathered`; its `gathered_on` the backend that ran),
+        with room for the question and `max_new` answer tokens, in pages of the plan's
+        size."""
+        extra = len(pre.question_ids or ()) + max_new
+        keys = [lay.keys for lay in pre.cache.layers]
+        values = [lay.values for lay in pre.cache.layers]
+        kept = []
+        for layer, k in enumerate(keys):
+            rows = [None if ev.kept_indices is None else ev.kept_indices[layer] for ev in evs]
+            if len(rows) > 1 and any(r is not None for r in rows):  # a pair: [B, G, k]
+                n, G = k.shape[2], k.shape[1]
+                every = torch.arange(n, device=k.device).expand(G, n)
+                rows = [torch.stack([every if r is None else r for r in rows])]
+            kept.append(rows[0])
+        counts = [[ev.stored_tokens[layer] for ev in evs] for layer in range(len(keys))]
+        page = evs[0].plan.config.page_size
+        kernel = self.backend == "triton"
+        return PagedCache.gathered(keys, values, kept, counts, extra, page, kernel, self.backend)
+
+    def _gather(self, pre, evs, max_new) -> tuple[PagedCache, float]:
+        """The decode cache of `evs` (`decode_cache`), with what it took recorded in
+        each: the gather's backend and seconds (in `evict_s`; a full cache's copy counts
+        in the decode) and its bytes; and the time the decode's clock starts."""
+        t0 = _now(self.device)
+        cache = self.decode_cache(evs, pre, max_new)
+        t1 = _now(self.device)
+        for row, ev in enumerate(evs):
+            ev.decode_bytes = cache.row_nbytes(row)
+            if ev.evict_s is not None:
+                ev.evict_s += t1 - t0
+                ev.backends["compact"] = cache.gathered_on
+        return cache, t1 if all(ev.evict_s is not None for ev in evs) else t0
+
+    def _decode(
+        self, pre, ev, max_new, stop_at_eos, keep_logits=False, pair=None, on_token=None, cache=None
+    ):
+        """Greedy decode of `ev` in the lean step over its decode cache (`cache`, else
+        `decode_cache` builds it), with `pair` as a batch of 2 when given; positions
         continue at `n` (see the module docstring). `(tokens, logits, stop)`, each stop
         and token list per row with `pair`."""
         evs = [ev] if pair is None else [ev, pair]
-        cache = self._paged_cache(evs, pre, max_new)
-        for row, e in enumerate(evs):  # the paged cache holds its own copy
-            e.cache, e.decode_bytes = None, cache.row_nbytes(row)
+        if cache is None:
+            cache = self.decode_cache(evs, pre, max_new)
         graphs = self.cuda_graphs and pair is None
         if not graphs:
             step = self._lean_decoder().step
@@ -495,26 +527,6 @@ class Runner:
         if self._lean is None:
             self._lean = LeanDecoder(self.model, self.decode_weights)
         return self._lean
-
-    def _paged_cache(self, evs, pre, max_new) -> PagedCache:
-        """The compacted caches (one per batch row, the same shapes) in a `PagedCache`
-        with room for the question and the answer, in pages of the plan's size. A
-        global plan's padding (`Evicted.allocated`) is left out: each group keeps exactly
-        the pages it was allocated."""
-        extra = len(pre.question_ids or ()) + max_new
-        layers = []
-        for i, rows in enumerate(zip(*(ev.cache.layers for ev in evs), strict=True)):
-            if evs[0].allocated is None:  # every group of the layer keeps the same tokens
-                layers.append(([r.keys for r in rows], [r.values for r in rows]))
-                continue
-            keys, values = [], []
-            for ev, row in zip(evs, rows, strict=True):
-                ks, vs = allocated_rows(row.keys, row.values, ev.allocated[i], ev.union_tokens[i])
-                keys += ks
-                values += vs
-            layers.append((keys, values))
-        page = evs[0].plan.config.page_size
-        return PagedCache(layers, extra, page, kernel=self.backend == "triton")
 
     def _detok(self, tokens: list[int]) -> str:
         if self.tokenizer is None:
@@ -592,17 +604,6 @@ def padded_kept_indices(p: Plan) -> list[torch.Tensor]:
         raise AssertionError(f"cannot pad layer {layer} to exactly {targets[layer]} tokens")
     idx = kept_token_indices(expand_pages(page_keep, n, P), max(targets))  # [L, G, k_max]
     return [idx[layer, :, :t] for layer, t in enumerate(targets)]
-
-
-def allocated_tokens(p: Plan, kept_idx) -> list[torch.Tensor]:
-    """Per layer bool `[G, k_l]`: whether each stored token of a padded plan was
-    allocated to its group (True) or is padding (False). One gather for all layers when
-    the indices are views of one tensor (`padded_kept_indices`)."""
-    base = kept_idx[0]._base
-    if base is not None and base.dim() == 3 and all(i._base is base for i in kept_idx):
-        at = p.keep.gather(2, base.clamp(max=p.n - 1).to(p.keep.device))  # [L, G, k_max]
-        return [at[layer, :, : i.shape[1]] for layer, i in enumerate(kept_idx)]
-    return [p.keep[layer].gather(1, idx.to(p.keep.device)) for layer, idx in enumerate(kept_idx)]
 
 
 def _stored_keep(p: Plan, kept_idx) -> torch.Tensor:
