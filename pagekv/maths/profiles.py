@@ -35,6 +35,18 @@ def check_window_shapes(q_win: torch.Tensor, keys: torch.Tensor) -> tuple[int, .
     return L, H, w, d, G, n
 
 
+def future_mask(n: int, w: int, device=None) -> torch.Tensor:
+    """The causal mask of the last `w` of `n` tokens as queries: bool `[w, n]`, True where
+    key `t` lies after query `i` (at position `n - w + i`), the keys it must not see.
+    The one definition, for every torch path that attends causally (the profiles, the
+    reconstruction pass's rows, the paged cache's several new tokens).
+
+    >>> future_mask(3, 2).int().tolist()
+    [[0, 0, 1], [0, 0, 0]]
+    """
+    return torch.ones(w, n, dtype=torch.bool, device=device).triu_(n - w + 1)
+
+
 def attention_profiles(
     q_win: torch.Tensor, keys: torch.Tensor, scale: float | None = None
 ) -> torch.Tensor:
@@ -55,10 +67,7 @@ def attention_profiles(
     L, H, w, d, G, n = check_window_shapes(q_win, keys)
     r = H // G
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    # Causal mask of the window: query i (position n - w + i) sees t <= n - w + i.
-    pos_q = torch.arange(n - w, n, device=keys.device)[:, None]  # [w, 1]
-    pos_k = torch.arange(n, device=keys.device)[None, :]  # [1, n]
-    future = pos_k > pos_q  # [w, n]
+    future = future_mask(n, w, keys.device)  # query i (position n - w + i) sees t <= n - w + i
     out = torch.empty(L, H, n, dtype=torch.float32, device=keys.device)
     for layer in range(L):  # one layer at a time bounds memory at H * w * n floats
         q = q_win[layer].float().reshape(G, r * w, d)  # [G, r*w, d]

@@ -21,7 +21,7 @@ import torch
 from pagekv.maths.entropy import HeadMasses, mass_sums, row_focus_sums
 from pagekv.maths.paging import page_reduce, protected_pages
 from pagekv.maths.pooling import max_pool, weighted_pool
-from pagekv.maths.profiles import attention_profiles, check_window_shapes
+from pagekv.maths.profiles import attention_profiles, check_window_shapes, future_mask
 from pagekv.runtime.compaction import compact_layer, gather_layer
 
 log = logging.getLogger("pagekv")
@@ -203,11 +203,7 @@ def _attention_scores_torch(
     L, H, w, d, G, n = check_window_shapes(q, keys)
     r = H // G
     scale = d**-0.5 if scale is None else float(scale)
-    # Causal: query i (key index n - w + i) sees t <= n - w + i.
-    future = (
-        torch.arange(n, device=keys.device)[None, :]
-        > torch.arange(n - w, n, device=keys.device)[:, None]
-    )  # [w, n]
+    future = future_mask(n, w, keys.device)  # query i (key index n - w + i) sees t <= n - w + i
     mean = top = masses = sinks = None
     if reduce:
         mean = torch.empty(L, H, n, dtype=torch.float32, device=keys.device)

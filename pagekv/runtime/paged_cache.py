@@ -35,6 +35,7 @@ from itertools import accumulate
 import torch
 import torch.nn.functional as F
 
+from pagekv.maths.profiles import future_mask
 from pagekv.runtime.backend import gather_layers
 
 __all__ = ["PagedCache", "bucket", "group_attention"]
@@ -318,7 +319,8 @@ def group_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         # keys and values are read once, not once per query head.
         a = F.scaled_dot_product_attention(q.reshape(B, G, H // G, d), keys, values, scale=scale)
         return a.reshape(B, H, 1, d)
-    mask = _causal_tail(n, t, q.dtype, q.device)  # [t, n]
+    mask = torch.zeros(t, n, dtype=q.dtype, device=q.device)  # additive, [t, n]
+    mask.masked_fill_(future_mask(n, t, q.device), torch.finfo(q.dtype).min)
     return F.scaled_dot_product_attention(
         q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
     )
@@ -339,10 +341,3 @@ def _groups(x) -> list[list[torch.Tensor]]:
             "of a list over groups of [t, d] tensors"
         )
     return rows
-
-
-def _causal_tail(n: int, t: int, dtype, device) -> torch.Tensor:
-    """The additive mask `[t, n]` of the last `t` of `n` tokens as queries: each sees
-    every token before the last `t` and the new ones up to itself."""
-    low = torch.full((t, n), torch.finfo(dtype).min, dtype=dtype, device=device)
-    return low.triu(n - t + 1)  # query i masks the keys j > n - t + i

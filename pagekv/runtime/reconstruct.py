@@ -49,6 +49,7 @@ import torch
 from transformers import AttentionInterface
 
 from pagekv.maths.entropy import HeadMasses, row_focus_sums
+from pagekv.maths.profiles import future_mask
 from pagekv.runtime.backend import attention_scores, resolve_backend
 from pagekv.runtime.paged_cache import group_attention
 from pagekv.runtime.prefill import (
@@ -148,7 +149,7 @@ def _attention_rows(q: torch.Tensor, keys: torch.Tensor, scale: float, state: _P
     # alpha: the scale inside the product, as `(q . k) * scale`, with no pass of its own
     torch.baddbmm(logits, q.float().reshape(G, -1, d), keys.float().transpose(1, 2),
                   beta=0.0, alpha=scale, out=logits)  # fmt: skip
-    future = torch.ones(c, c, dtype=torch.bool, device=q.device).triu_(1)
+    future = future_mask(c, c, q.device)  # among the chunk's own keys, the last c
     logits.view(G, -1, c, N)[..., N - c :].masked_fill_(future, float("-inf"))
     if q.device.type == "cpu":  # in place: the CPU kernel finishes a row's max first
         torch.ops.aten._softmax.out(logits, -1, False, out=logits)
