@@ -18,12 +18,11 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from pagekv import EvictionConfig
 from pagekv.runtime.paged_cache import PagedCache
 from pagekv.runtime.runner import Runner
+from tests.benchmark_scripts import load
 from tests.test_runner import VOCAB, prompt, tiny_model
 
 
@@ -172,27 +171,6 @@ def test_a_pair_reports_each_rows_bytes():
     assert res_a.cache_bytes_decode == res_b.cache_bytes_decode == alone.cache_bytes_decode
 
 
-class _Allocations(TorchDispatchMode):
-    """The bytes of every new storage an op makes while the mode is on: outputs that are
-    views of an input, or an input written in place (`out=`), are not new."""
-
-    def __init__(self):
-        super().__init__()
-        self.nbytes = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        given = {
-            t.untyped_storage().data_ptr()
-            for t in tree_leaves((args, kwargs))
-            if isinstance(t, torch.Tensor)
-        }
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given:
-                self.nbytes += t.untyped_storage().nbytes()
-        return out
-
-
 @pytest.mark.parametrize(
     "config",
     [
@@ -219,8 +197,25 @@ def test_a_run_copies_the_kept_keys_and_values_once(config):
     runner = Runner(LlamaForCausalLM(cfg).eval())
     pre = runner.prefill(prompt(300, seed=1), window_max=16)
     planned = runner.plan_prefill(pre, config)
-    with torch.inference_mode(), _Allocations() as made:
+    # Every new storage an op makes (views and writes into a given tensor are not new).
+    allocations = load("bench_evict_bytes").Allocations
+    with torch.inference_mode(), allocations() as made:
         ev = runner.evict(pre, config, planned)
         cache = runner.decode_cache([ev], pre, 6)
     assert made.nbytes >= cache.nbytes > ev.kept_bytes > 0
     assert made.nbytes - cache.nbytes < ev.kept_bytes / 2
+
+
+def test_the_allocation_count_takes_new_storages_only():
+    """The counter the bound above reads: a new tensor counts its bytes; a view, and a
+    write into a given tensor (`out=`, in place), count nothing."""
+    allocations = load("bench_evict_bytes").Allocations
+    x, out = torch.zeros(64, 8), torch.empty(16, 8)
+    with allocations() as made:
+        x[:16].view(-1)  # views
+        torch.index_select(x, 0, torch.arange(16), out=out)  # written into `out`
+        x.add_(1)
+    assert made.nbytes == 16 * 8  # only the int64 arange's 16 values
+    with allocations() as made:
+        x.clone()
+    assert made.nbytes == 64 * 8 * 4
