@@ -168,7 +168,7 @@ def test_shared_budget_answers_checks_answers_and_totals():
         "A": {"union_tokens": [[8, 8], [8, 8]], "stored_tokens": [[8, 8], [8, 8]]},
         "B": {
             "union_tokens": [[4, 16], [12, 8]],
-            "stored_tokens": [[16, 16], [12, 12]],
+            "stored_tokens": [[4, 16], [12, 8]],
             "budget_tokens": 10,
         },
     }
@@ -177,7 +177,7 @@ def test_shared_budget_answers_checks_answers_and_totals():
     found = shared_budget_answers(a=False, b=True).check(ev)
     assert found.holds, found.measured
     v = found.values
-    assert (v["kept_a"], v["kept_b"], v["budget_total"], v["stored_b"]) == (32, 40, 40, 56)
+    assert (v["kept_a"], v["kept_b"], v["budget_total"], v["stored_b"]) == (32, 40, 40, 40)
     assert "B's (layer, group)s keep 4 to 16" in found.measured
     # B over the budget's total fails it, and so does a wrong answer.
     over = {k: dict(v) for k, v in recs.items()}
@@ -189,6 +189,13 @@ def test_shared_budget_answers_checks_answers_and_totals():
     )
     wrong = Evidence(comparison=_fake_comparison(right | {"B": False}, recs=recs))
     assert not shared_budget_answers(False, True).check(wrong).holds
+    # A decode cache that pads B's groups of a layer to one length fails it too.
+    padded = {k: dict(v) for k, v in recs.items()}
+    padded["B"]["stored_tokens"] = [[16, 16], [12, 12]]
+    found = shared_budget_answers(False, True).check(
+        Evidence(comparison=_fake_comparison(right, recs=padded))
+    )
+    assert not found.holds and found.values["stored_b"] == 56
 
 
 def _profiles(L=2, H=6, n=64, seed=0, sharp=None):

@@ -203,11 +203,10 @@ def answers(full: bool | None = True, a: bool | None = None, b: bool | None = No
 def shared_budget_answers(a: bool, b: bool):
     """The answers are as stated (the full cache right), and side B, whose budget is
     shared across the (layer, group)s, keeps in all no more than the budget of every
-    (layer, group) together, `L G k` tokens: the allocated pages (what a paged cache
-    would store; a dense cache pads B's groups of a layer to one length, which its
-    decode does not attend to). Side A, `k` in each, keeps whole pages, so up to a page
-    less per (layer, group). Its measured line names the totals and B's largest and
-    smallest (layer, group)."""
+    (layer, group) together, `L G k` tokens: the allocated pages, which B's paged decode
+    cache stores exactly, each (layer, group) at its own length (no padding). Side A,
+    `k` in each, keeps whole pages, so up to a page less per (layer, group). Its
+    measured line names the totals and B's largest and smallest (layer, group)."""
     said = answers(full=True, a=a, b=b)
 
     def check(ev: Evidence) -> Finding:
@@ -217,15 +216,15 @@ def shared_budget_answers(a: bool, b: bool):
         flat = [u for row in recs["B"].union_tokens for u in row]
         budget = len(flat) * int(recs["B"].budget_tokens)
         stored_b = int(sum(map(sum, recs["B"].stored_tokens)))
-        holds = first.holds and tot["B"] <= budget
+        holds = first.holds and tot["B"] <= budget and stored_b == tot["B"]
         needle = all(recs[k].needle_retention for k in ("A", "B"))
         kept = {k: mean_retention(recs[k]) for k in ("A", "B")}  # the table's "needle kept"
         whole = {k: _whole_needle(recs[k]) if needle else [] for k in ("A", "B")}
         measured = (
             f"{first.measured}. Kept in all: A {tot['A']} tokens, B {tot['B']} of the "
             f"{budget} the budget allows (B's (layer, group)s keep {min(flat)} to "
-            f"{max(flat)}; its dense cache stores {stored_b} with the padding, which the "
-            f"decode does not attend to)"
+            f"{max(flat)}; its decode cache stores {stored_b}, each (layer, group) at its "
+            "own length)"
         )
         if needle:
             measured += (
