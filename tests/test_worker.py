@@ -154,6 +154,26 @@ def test_progress_streams_when_nobody_serves():
     assert seen_while_running and not any(done for _, done in seen_while_running)
 
 
+def test_progress_at_poll_0_waits_between_checks_and_does_not_spin(monkeypatch):
+    """A check every 0 s spun on the interpreter's lock, which the helper running the job
+    needs after each torch operation: the app's pair decode, polled at 0 s, crawled (a
+    test ran past 5 minutes on idle cores). Each check now waits at least `MIN_POLL_S`,
+    holding nothing (the negative control: the waits the old loop made were of 0 s)."""
+    from pagekv.app import worker as worker_mod
+
+    w = ModelWorker()
+    timeouts = []
+    wait = w.wait
+    monkeypatch.setattr(
+        w, "wait", lambda job, timeout=None: timeouts.append(timeout) or wait(job, timeout)
+    )
+    job = w.submit("sleepy", lambda job: time.sleep(0.1) or "done")
+    list(w.progress(job, 0.0))
+    assert job.result() == "done"
+    assert timeouts and min(timeouts) >= worker_mod.MIN_POLL_S > 0
+    assert len(timeouts) <= 0.1 / worker_mod.MIN_POLL_S + 5  # waits, not a spin
+
+
 def test_a_job_reports_progress_that_waiters_can_read():
     w = ModelWorker()
 

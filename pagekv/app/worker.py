@@ -101,6 +101,10 @@ class Job:
             self.done.set()
 
 
+#: The shortest wait between two checks of a job's progress (`ModelWorker.progress`).
+MIN_POLL_S = 0.01
+
+
 class ModelWorker:
     """A queue of jobs run one at a time by the thread that owns the worker.
 
@@ -192,9 +196,12 @@ class ModelWorker:
 
     def progress(self, job: Job, poll_s: float, final: bool = False):
         """Wait for `job`, yielding its `progress` each time it changed, checked every
-        `poll_s` seconds; with `final`, also the last report not yet yielded once the
-        job is done. Holds nothing between checks (`wait`)."""
+        `poll_s` seconds (at least `MIN_POLL_S`); with `final`, also the last report not
+        yet yielded once the job is done. Holds nothing between checks (`wait`): a
+        check every 0 s would spin and hold the interpreter's lock, which the thread
+        running the job needs after each of its torch operations."""
         seen = 0
+        poll_s = max(float(poll_s), MIN_POLL_S)
         while not self.wait(job, poll_s):
             if job.version != seen and job.progress is not None:
                 seen = job.version
