@@ -137,6 +137,7 @@ def gather_every_layer(
     if B not in (1, R):
         raise ValueError(f"keys hold {B} batch rows for {R} destination rows")
     device = first.device
+    meta = []  # per layer the (start, count) pairs of its R * G (row, group)s
     for i, (k, v, idx) in enumerate(zip(keys, values, kept_idx, strict=True)):
         if k.shape != first.shape or v.shape != first.shape:
             raise ValueError(
@@ -154,11 +155,14 @@ def gather_every_layer(
         if any(c > width for row in counts[i] for c in row):
             raise ValueError(f"layer {i}: counts past the {width} indices")
         pairs = _pairs(starts[i], counts[i], R, G)
+        meta.append(pairs)
         for out in (out_keys[i], out_values[i]):
             if not out.is_contiguous() or out.dtype != first.dtype or out.shape[-1] != d:
                 raise ValueError(
                     f"layer {i}: outputs must be contiguous [rows, d={d}], {first.dtype}"
                 )
+            if out.data_ptr() % 16:  # the kernel's vectorisation hint (written in place)
+                raise ValueError(f"layer {i}: outputs must start 16-byte aligned")
             if max(s + c for s, c in pairs) > out.numel() // d:
                 raise ValueError(
                     f"layer {i}: destination rows past the output's {out.numel() // d}"
@@ -178,15 +182,13 @@ def gather_every_layer(
     k_max = max(c for layer in counts for row in layer for c in row)
     if k_max == 0:
         return
-    # One check of all layers' indices at once, one read.
-    # One shape of index per layer but its width: joined as they are, with no copy per
-    # layer; mixed shapes (rows alike beside rows of their own): flattened first.
+    # One check of all layers' indices at once, one read: indices of one shape but their
+    # width joined as they are (no copy per layer), mixed shapes flattened first.
     flat = idx if len({i.shape[:-1] for i in idx}) == 1 else [i.reshape(-1) for i in idx]
     lo, hi = torch.aminmax(torch.cat(flat, dim=-1))
     if bool((lo < 0) | (hi >= n)):
         raise ValueError(f"kept_idx must lie in [0, n={n})")
     keys, values, idx = aligned(keys), aligned(values), aligned(idx)
-    meta = [_pairs(st, ct, R, G) for st, ct in zip(starts, counts, strict=True)]
     meta = torch.tensor(meta, dtype=torch.int64)  # [L, R * G, 2]
     meta = to_device(meta, device)  # alive until the launch is queued, as the table
     ptr = [[t.data_ptr() for t in col] for col in (keys, values, idx, out_keys, out_values)]

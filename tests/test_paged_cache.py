@@ -219,3 +219,28 @@ def test_the_allocation_count_takes_new_storages_only():
     with allocations() as made:
         x.clone()
     assert made.nbytes == 64 * 8 * 4
+
+
+def test_every_layers_pool_starts_16_byte_aligned_for_the_gather_kernel():
+    """The layers' pools are views of one allocation; the gather kernel writes them with
+    a 16-byte alignment hint, which its launcher checks. A layer of blocks of 4 bytes
+    (P = 1, d = 2, float16) and an odd count would start the next one mid-way: each
+    pool starts aligned, and the kernel's cache equals the twin's."""
+    g = torch.Generator().manual_seed(3)
+    keys = [torch.randn(1, 2, 9, 2, generator=g).half() for _ in range(3)]
+    values = [torch.randn(1, 2, 9, 2, generator=g).half() for _ in range(3)]
+    kept = [torch.tensor([[0, 4, 7], [1, 2, 8]]) for _ in range(3)]
+    counts = [[[3, 3]], [[1, 2]], [[3, 1]]]
+    caches = {
+        b: PagedCache.gathered(keys, values, kept, counts, 1, 1, backend=b)
+        for b in ("triton", "torch")
+    }
+    assert caches["triton"].gathered_on == "triton"
+    for layer in range(3):
+        for pool in (caches["triton"].k_pool[layer], caches["triton"].v_pool[layer]):
+            assert pool.data_ptr() % 16 == 0, layer
+        for grp in range(2):
+            (kk, vk), (kt, vt) = (c.read(layer, 0, grp) for c in caches.values())
+            assert torch.equal(kk, kt) and torch.equal(vk, vt)
+            idx = kept[layer][grp, : counts[layer][0][grp]]
+            assert torch.equal(kt, keys[layer][0, grp, idx])

@@ -135,8 +135,7 @@ class PagedCache:
             self._firsts.append(firsts)
             sizes.append(total)
         d = int(like.shape[-1])
-        self.k_pool = list(like.new_zeros(sum(sizes), P, d).split(sizes))
-        self.v_pool = list(like.new_zeros(sum(sizes), P, d).split(sizes))
+        self.k_pool, self.v_pool = _pools(sizes, P, d, like), _pools(sizes, P, d, like)
         # Every (row, group) grows by the same tokens, so a layer whose (row, group)s
         # start alike stays alike: one `[B, G, C, d]` view of each pool, made once.
         self._views = []
@@ -324,6 +323,17 @@ def group_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     return F.scaled_dot_product_attention(
         q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
     )
+
+
+def _pools(sizes: list[int], P: int, d: int, like: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer a zeroed `[sizes[l], P, d]` pool, all of them views of one allocation,
+    each starting 16-byte aligned (what the gather kernel's writes assume)."""
+    step = max(1, 16 // like.element_size())  # elements in 16 bytes
+    lengths = [-(-(n * P * d) // step) * step for n in sizes]  # each rounded up to it
+    flat = like.new_zeros(sum(lengths))
+    return [
+        part[: n * P * d].view(n, P, d) for part, n in zip(flat.split(lengths), sizes, strict=True)
+    ]
 
 
 def _groups(x) -> list[list[torch.Tensor]]:
