@@ -60,10 +60,10 @@ def release(run: dict, pct: float) -> dict:
 def parts(run: dict, pct: float) -> dict:
     """The parts of a release at `pct` %, each on its own; seconds."""
     kw = dict(run, budget_pct=pct, budget_b=pct)
-    spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(RunInputs(**kw))
+    spec, a, b, layer = parse_run(RunInputs(**kw))
     study = handlers.get_study(kw["model"])
     t0 = time.perf_counter()
-    comp = plan_comparison(study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b)
+    comp = plan_comparison(study, spec, a, b)
     t1 = time.perf_counter()
     for _ in Decoding(study, comp).stream():
         pass

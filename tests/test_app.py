@@ -646,8 +646,8 @@ def test_lesson_sets_both_sides(client):
     out = client.predict(app.LESSON_TITLES[i], api_name="/lesson")
     values = dict(zip(app.LESSON_CONTROLS, out, strict=False))
     lesson = app.LESSONS[i]
-    assert values["page_size"] == lesson.a.page_size == 16
-    assert values["page_size_b"] == lesson.b.page_size == 1
+    assert values["page_size"] == lesson.a.config.page_size == 16
+    assert values["page_size_b"] == lesson.b.config.page_size == 1
     assert values["link_b"] is False
     assert values["policy_a"] == values["policy_b"] == "entropy"
     assert lesson.title in out[len(app.LESSON_CONTROLS)]  # the text (the tabs stay client-side)

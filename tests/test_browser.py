@@ -185,10 +185,10 @@ def test_first_lesson_then_one_request_per_action(browser_page):
 
         status = status_text(page)
         n = int(re.search(r"(\d+) prompt tokens", status).group(1))
-        assert f"budget {math.floor(first.a.budget * n + 1e-9)} tokens" in status, status
+        assert f"budget {math.floor(first.a.config.budget * n + 1e-9)} tokens" in status, status
         rows = table_rows(page)
         assert len(rows) == 3, rows
-        assert rows[0].startswith("full cache") and rows[1].startswith("A: " + first.a.policy)
+        assert rows[0].startswith("full cache") and rows[1].startswith("A: " + first.a.config.policy)
 
         wait_drawn(page)  # plotly done with its transitions
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
@@ -360,11 +360,11 @@ def check_screen(page, lesson) -> None:
             assert counted in page_text and "every bar" not in page_text, counted
         return
     assert len(rows) == 3, rows
-    assert rows[1].startswith(f"A: {lesson.a.policy}") and rows[2].startswith(
-        f"B: {lesson.b.policy}"
+    assert rows[1].startswith(f"A: {lesson.a.config.policy}") and rows[2].startswith(
+        f"B: {lesson.b.config.policy}"
     ), rows
     n = int(re.search(r"(\d+) prompt tokens", status).group(1))
-    k = math.floor(lesson.a.budget * n + 1e-9)
+    k = math.floor(lesson.a.config.budget * n + 1e-9)
     assert f"budget {k} tokens" in status, status
     cells = [
         c.inner_text() for c in page.locator("#answers-table tbody tr").nth(1).locator("td").all()

@@ -10,6 +10,7 @@ import pytest
 from pagekv import EvictionConfig, PromptSpec
 from pagekv.app.comparison import plan_comparison
 from pagekv.app.run_figures import comparison_figures
+from pagekv.app.side import Side
 from pagekv.app.worker import ModelWorker
 
 from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
@@ -24,9 +25,8 @@ def test_uor_worst_case_and_stored_scale_are_r(study_r7):
     assert study_r7.loaded.group_size == 7
     spec = PromptSpec(task="needle", context_tokens=300, depth=0.5, seed=2)
     base = EvictionConfig(budget=0.3, page_size=4, window=8)
-    comp = plan_comparison(
-        study_r7, spec, base.replace(policy="head_independent"), base.replace(policy="entropy")
-    )
+    a, b = Side(base.replace(policy="head_independent")), Side(base.replace(policy="entropy"))
+    comp = plan_comparison(study_r7, spec, a, b)
     figs = comparison_figures(comp, only={"uor", "stored"})
     uor = figs["uor"]
     assert [s["y0"] for s in uor.layout.shapes] == [7]

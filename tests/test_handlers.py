@@ -57,19 +57,22 @@ def test_bad_inputs_name_the_control(change, words):
 
 
 def test_good_inputs_make_both_sides():
-    spec, a, b, mode_a, mode_b, layer = parse_run(RunInputs(**RUN, link_b=False, budget_b=20.0))
-    assert (spec.context_tokens, spec.mode, mode_a, mode_b, layer) == (300, "after", "after",
+    spec, a, b, layer = parse_run(RunInputs(**RUN, link_b=False, budget_b=20.0))
+    assert (spec.context_tokens, spec.mode, a.mode, b.mode, layer) == (300, "after", "after",
                                                                         "inside", 0)  # fmt: skip
-    assert (a.policy, a.budget, b.policy, b.budget) == ("mean", 0.4, "entropy", 0.2)
+    assert (a.config.policy, a.config.budget) == ("mean", 0.4)
+    assert (b.config.policy, b.config.budget) == ("entropy", 0.2)
 
 
 def test_scorer_and_allocation_are_each_sides_own_even_when_b_follows_a():
     # Linked: B takes A's budget and pages but keeps its own method (the lesson and the
     # student compare window against reconstruct at the same settings).
-    _, a, b, *_ = parse_run(RunInputs(**RUN, scorer_b="reconstruct", allocation_b="global"))
+    _, a, b, _ = parse_run(RunInputs(**RUN, scorer_b="reconstruct", allocation_b="global"))
+    a, b = a.config, b.config
     assert (a.scorer, a.allocation, a.budget) == ("window", "uniform", 0.4)
     assert (b.scorer, b.allocation, b.budget) == ("reconstruct", "global", 0.4)
-    _, a, b, *_ = parse_run(RunInputs(**RUN, link_b=False, scorer_a="reconstruct", budget_b=20.0))
+    _, a, b, _ = parse_run(RunInputs(**RUN, link_b=False, scorer_a="reconstruct", budget_b=20.0))
+    a, b = a.config, b.config
     assert (a.scorer, b.scorer, b.budget) == ("reconstruct", "window", 0.2)
 
 

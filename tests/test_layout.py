@@ -55,7 +55,16 @@ HARNESS_USERS = {"cli.py"}
 #: The app's engine (`pagekv/app/`): the worker, its memos and `Study`, the comparison.
 #: It imports only the library, itself and `pagekv.paths`; never what a person sees
 #: (figures, lessons, the page's handlers), gradio or plotly.
-ENGINE = ("allocator", "comparison", "memo", "model_registry", "sessions", "study", "worker")
+ENGINE = (
+    "allocator",
+    "comparison",
+    "memo",
+    "model_registry",
+    "sessions",
+    "side",
+    "study",
+    "worker",
+)
 ENGINE_ALLOWED = {"pagekv.maths", "pagekv.runtime", "pagekv.tasks", "pagekv.paths"} | {
     f"pagekv.app.{m}" for m in ENGINE
 }

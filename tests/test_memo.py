@@ -23,6 +23,7 @@ import torch
 from pagekv import EvictionConfig
 from pagekv.app.memo import ByteLRU, nbytes
 from pagekv.app.model_registry import MAX_FAILURES, ModelRefused, ModelRegistry
+from pagekv.app.side import Side
 from pagekv.app.study import Prepared, PromptSpec, Study
 from pagekv.runtime.models import LoadedModel, ModelLoadError
 from pagekv.tasks import Task
@@ -475,7 +476,8 @@ def test_a_detached_comparison_keeps_the_views_but_not_the_prefill(study):
     prep = prepared(study, seed=7)
     study.prefills.put(prep.spec, prep)
     a = EvictionConfig(policy="mean", budget=0.5, page_size=8, window=16)
-    comp = plan_comparison(study, prep.spec, a, a.replace(policy="entropy"))
+    a, b = Side(a), Side(a.replace(policy="entropy"))
+    comp = plan_comparison(study, prep.spec, a, b)
     decode_comparison(study, comp, max_new_tokens=3)
     light = comp.detached()
     assert isinstance(comp.prep.prefill, Prefill)  # the original is left as it was

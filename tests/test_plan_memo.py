@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from pagekv import EvictionConfig, PromptSpec
-from pagekv.app.comparison import compare
+from pagekv.app.comparison import compare, plan_comparison
 from pagekv.app.memo import ByteLRU
+from pagekv.app.side import Side
 from pagekv.app.worker import ModelWorker
 
 from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
@@ -32,9 +33,37 @@ def test_one_run_plans_each_configuration_once(tokenizer, monkeypatch, result_me
     spec = PromptSpec(task="needle", context_tokens=200, seed=7)
     a = EvictionConfig(policy="mean", budget=0.5, page_size=8, window=16)
     b = a.replace(policy="entropy")
-    compare(study, spec, a, b, max_new_tokens=2)
+    compare(study, spec, Side(a), Side(b), max_new_tokens=2)
     repeated = sorted({str(c) for c in planned if planned.count(c) > 1})
     assert not repeated, repeated
     assert {EvictionConfig(policy="full"), a, b} <= set(planned)
     curve = [c for c in planned if c.policy == "head_independent" and c.budget != b.budget]
     assert len(curve) == len({c.budget for c in curve}) >= 3  # the curve's budgets, once each
+
+
+def test_the_memory_rows_count_what_the_decode_cache_stores(tokenizer):  # noqa: F811
+    """The memory chart's bytes for each pooled policy at side B's settings are the
+    tokens the runner's decode cache stores for it, each (layer, group) at its own
+    length: under a shared budget too, where the groups of a layer keep different counts
+    (a chart that padded them to the layer's longest would count more than is stored).
+    Head-independent counts its unions, what a server must hold (the runner pads them
+    to the layer's largest with next-best pages)."""
+    study = _tiny_study(tokenizer, ModelWorker())
+    spec = PromptSpec(task="needle", context_tokens=300, seed=3, mode="after")
+    shared = Side.of("entropy", budget=0.3, page_size=4, window=8, allocation="global")
+    comp = plan_comparison(study, spec, shared.replace(policy="mean"), shared)
+    pre = comp.preps["B"].prefill
+    per_token = pre.head_dim * 2 * pre.cache.layers[0].keys.element_size()
+    rows = {r["policy"]: r for r in comp.memory}
+    uneven = False
+    for policy in ("entropy", "mean", "head_independent"):
+        per_head = policy == "head_independent"  # per-head picks: always uniform
+        cfg = shared.config.replace(policy=policy, allocation="uniform" if per_head else "global")
+        ev = study.runner.evict(pre, cfg)
+        cache = study.runner.decode_cache([ev], pre, 1)
+        stored = [cache.host_lengths(layer)[0] for layer in range(len(ev.stored_tokens))]
+        assert stored == ev.stored_tokens, policy
+        counted = ev.union_tokens if per_head else stored
+        assert rows[policy]["bytes"] == sum(map(sum, counted)) * per_token, policy
+        uneven |= not per_head and any(len(set(row)) > 1 for row in stored)
+    assert uneven  # the shared budget kept different counts in some layer's groups

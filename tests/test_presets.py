@@ -125,14 +125,14 @@ def test_a_preset_of_another_model_runs_there_and_is_checked_only_there():
     curated = load_presets()[0]
     assert curated["model"] is None
     assert _preset_run_args(curated, model="qwen-coder-0.5b").model == "qwen-coder-0.5b"
-    spec, cfg_a, cfg_b, mode_a, mode_b = preset_inputs(qwen)
+    spec, a, b = preset_inputs(qwen)
 
     class Ran:
         def __init__(self, model):
             self.model = model
 
         def ran(self, *args):
-            return args == (spec, cfg_a, cfg_b, mode_a, mode_b)
+            return args == (spec, a, b)
 
     assert preset_matches(qwen, Ran("qwen-coder-0.5b"))
     assert not preset_matches(qwen, Ran("bundled"))

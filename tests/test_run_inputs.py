@@ -4,17 +4,17 @@ a lesson, a preset and a link build the same inputs the page's controls would se
 
 from __future__ import annotations
 
-import dataclasses
-
 import gradio as gr
 from gradio.helpers import special_args
 from gradio.utils import get_function_params
 
 from pagekv.app import handlers
 from pagekv.app.inputs import parse_run
-from pagekv.app.lessons import LESSONS, Prompt, Side
+from pagekv.app.lessons import LESSONS
 from pagekv.app.presets import load_presets, preset_inputs
 from pagekv.app.run_inputs import RUN_DEFAULTS, RUN_INPUTS, RunInputs
+from pagekv.app.side import Side
+from pagekv.app.study import PromptSpec
 
 
 def test_gradio_lists_the_run_inputs_by_name_with_their_defaults():
@@ -55,30 +55,31 @@ def test_gradio_passes_the_request_after_the_inputs(monkeypatch):
 
 
 def test_for_sides_links_b_only_when_the_sides_differ_in_their_method_alone():
-    prompt = Prompt(task="needle", context_tokens=900, seed=3)
-    a = Side(policy="mean", budget=0.25, page_size=8)
-    same = RunInputs.for_sides(prompt, a, dataclasses.replace(a, policy="entropy",
-                               scorer="reconstruct"), model="m")  # fmt: skip
+    prompt = PromptSpec(task="needle", context_tokens=900, seed=3)
+    a = Side.of("mean", budget=0.25, page_size=8)
+    same = RunInputs.for_sides(prompt, a, a.replace(policy="entropy", scorer="reconstruct"),
+                               model="m")  # fmt: skip
     assert same.link_b is True and (same.budget_pct, same.budget_b) == (25.0, 25.0)
     assert (same.context, same.seed, same.page_size, same.scorer_b) == (900, 3, 8, "reconstruct")
-    apart = RunInputs.for_sides(prompt, a, dataclasses.replace(a, budget=0.3), model="m")
+    apart = RunInputs.for_sides(prompt, a, a.replace(budget=0.3), model="m")
     assert apart.link_b is False and apart.budget_b == 30.0
+    asked_after = RunInputs.for_sides(prompt, a, a.replace(mode="after"), model="m")
+    assert asked_after.link_b is False and asked_after.mode_b == "after"
 
 
 def test_a_preset_and_a_lesson_run_what_they_name():
     for p in load_presets():
         run = handlers._preset_run_args(p)
-        assert parse_run(run)[:5] == preset_inputs(p)
-        spec, a, b, *_ = parse_run(run)
-        assert (spec.context_tokens, a.budget, b.policy) == (
+        assert parse_run(run)[:3] == preset_inputs(p)
+        spec, a, b, _ = parse_run(run)
+        assert (spec.context_tokens, a.config.budget, b.config.policy) == (
             p["context_tokens"], p["budget"], p["policy_b"],
         )  # fmt: skip
     for lesson in LESSONS:
         if lesson.kind != "live":
             continue
         run = RunInputs.for_sides(lesson.prompt, lesson.a, lesson.b, model="bundled")
-        spec, a, b, mode_a, mode_b, _ = parse_run(run)
-        assert (a, mode_a) == (lesson.a.config(), lesson.a.mode), lesson.id
-        assert (b, mode_b) == (lesson.b.config(), lesson.b.mode), lesson.id
+        spec, a, b, _ = parse_run(run)
+        assert (spec, a, b) == (lesson.prompt.replace(mode=lesson.a.mode), lesson.a, lesson.b)
     r = RunInputs(context=300, link_b=False)
     assert RunInputs(**r.as_dict()) == r and r.replace(context=400).context == 400

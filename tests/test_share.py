@@ -30,8 +30,8 @@ def test_a_link_to_settings_reads_numbers_flags_and_passes_the_rest_on():
     assert settings_in_query({"settings": "default"}) == {}  # every default
     # What the run makes of a link's values: the same checks as any input.
     run = RunInputs(**settings_in_query({"context": "300", "link_b": "true"}))
-    spec, a, b, *_ = parse_run(run)
-    assert spec.context_tokens == 300 and a.budget == b.budget == 0.2
+    spec, a, b, _ = parse_run(run)
+    assert spec.context_tokens == 300 and a.config.budget == b.config.budget == 0.2
 
 
 def test_the_share_button_names_every_run_input_but_the_lesson():

@@ -19,6 +19,7 @@ import torch
 
 from pagekv import EvictionConfig, PromptSpec, Study
 from pagekv.app.comparison import Decoding, compare, plan_comparison
+from pagekv.app.side import Side
 from pagekv.app.worker import ModelWorker
 from pagekv.runtime import models
 from pagekv.runtime.models import LoadedModel
@@ -100,13 +101,13 @@ def _preview(study, spec, a, b):
     """What a dragged slider does: plan both sides on the cached prefill (the prefill is
     made first here, so the preview always has one to plan on)."""
     study.prepare(spec)
-    comp = plan_comparison(study, spec, a, b, cached_only=True)
+    comp = plan_comparison(study, spec, Side(a, spec.mode), Side(b, spec.mode), cached_only=True)
     return tuple(tuple(comp.plan_of(k).keep.flatten().tolist()) for k in ("full", "A", "B"))
 
 
 def _budget(study, spec, a, b):
     """What a released slider does: plan, then decode full, A and B, streaming."""
-    comp = plan_comparison(study, spec, a, b)
+    comp = plan_comparison(study, spec, Side(a, spec.mode), Side(b, spec.mode))
     for _ in Decoding(study, comp, NEW).stream(poll_s=0.01):
         pass
     return tuple(_sig(comp.records[k]) for k in ("full", "A", "B"))
@@ -114,9 +115,8 @@ def _budget(study, spec, a, b):
 
 def _lesson(study, spec):
     """A lesson's run: A and B with their own question positions (two prefills)."""
-    a = CONFIGS[0]
-    comp = compare(study, spec.replace(mode="inside"), a, a.replace(policy="entropy"),
-                   max_new_tokens=NEW, mode_a="inside", mode_b="after")  # fmt: skip
+    a = Side(CONFIGS[0], "inside")
+    comp = compare(study, spec, a, a.replace(policy="entropy", mode="after"), max_new_tokens=NEW)
     return tuple(_sig(comp.records[k]) for k in ("full", "A", "B"))
 
 

@@ -11,10 +11,11 @@ import threading
 
 import pytest
 
-from pagekv import EvictionConfig, PromptSpec
+from pagekv import PromptSpec
 from pagekv.app import handlers
 from pagekv.app.comparison import compare
 from pagekv.app.model_registry import ModelRegistry
+from pagekv.app.side import Side
 from pagekv.app.view_memo import view_memo
 from pagekv.app.worker import WORKER, ModelWorker
 
@@ -102,8 +103,7 @@ def test_a_slow_models_run_holds_up_another_for_one_job_at_a_time(tokenizer):  #
             return prefill(*a, **k)
 
         x.runner.prefill = slow_prefill
-        a, b = EvictionConfig(policy="mean", budget=0.4), EvictionConfig(policy="entropy")
-        b = b.replace(budget=0.4)
+        a, b = Side.of("mean", budget=0.4), Side.of("entropy", budget=0.4)
         spec = PromptSpec(task="needle", context_tokens=200, depth=0.5, seed=4)
         out = {}
         tx = threading.Thread(target=lambda: out.update(x=compare(x, spec, a, b, 4)))

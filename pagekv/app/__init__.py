@@ -4,7 +4,8 @@ The engine, without gradio or plotly: `worker` (the one model worker; its invari
 in docs/design.md, "One model worker"), `memo` (byte-bounded LRU), `model_registry`
 (models by name), `sessions` (a session's runs one at a time), `allocator` (glibc
 housekeeping of a server), `study` (`Study`: a model, its prefills, plans and results,
-and the tasks) and `comparison` (two sides planned and decoded on one prompt).
+and the tasks), `side` (`Side`: one side's `EvictionConfig` and question position) and
+`comparison` (two sides planned and decoded on one prompt).
 
 What a person sees: `figures/` (every figure; plotly only there), `run_figures`,
 `answers`, `lessons` (their words in lessons.md), `lesson_checks`, `presets`, `share`

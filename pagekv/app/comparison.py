@@ -1,6 +1,6 @@
 """Two policies side by side on one prefilled prompt: the comparison engine.
 
-    comp = compare(study, spec, EvictionConfig(policy="mean"), EvictionConfig(policy="entropy"))
+    comp = compare(study, spec, Side.of("mean"), Side.of("entropy", mode="after"))
     comp.records["A"].answer, comp.records["B"].correct, comp.records["full"].answer
     summary(comp)                          # its numbers, JSON-ready
     paths = export_data(comp, folder)      # pagekv_run.json and pagekv_run.csv
@@ -21,6 +21,7 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 
+from pagekv.app.side import Side
 from pagekv.app.study import Prepared, PromptSpec, Study, served_copy
 from pagekv.maths.config import POLICIES, EvictionConfig
 from pagekv.maths.metrics import sink_advantage, summarize_sink_advantage
@@ -34,9 +35,9 @@ CURVE_BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 
 @dataclass
 class Comparison:
-    """Two eviction configurations (and the full cache) on one prompt.
+    """Two sides (and the full cache) on one prompt.
 
-    Each side is a full configuration: its `EvictionConfig` and its question position
+    Each side is a `Side`: its `EvictionConfig` (`configs`) and its question position
     (`modes`); sides with the same position share one prefill. `prep` is side A's
     prompt (the full cache runs on it); `preps["B"]` is side B's.
     """
@@ -57,15 +58,15 @@ class Comparison:
     def modes(self) -> dict:
         return {k: p.spec.mode for k, p in self.preps.items()}
 
-    def ran(self, spec, config_a, config_b, mode_a: str, mode_b: str) -> bool:
-        """Whether this comparison ran exactly side A's prompt `spec` (asked `mode_a`)
-        and the two sides' configurations and question positions."""
-        return (
-            self.prep.spec == spec.replace(mode=mode_a)
-            and self.configs["A"] == config_a
-            and self.configs["B"] == config_b
-            and self.modes == {"A": mode_a, "B": mode_b}
-        )
+    def side(self, key: str) -> Side:
+        """Side `key` ("A" or "B") as it ran."""
+        return Side(self.configs[key], self.modes[key])
+
+    def ran(self, spec: PromptSpec, a: Side, b: Side) -> bool:
+        """Whether this comparison ran exactly the prompt `spec` (each side asked at
+        its own position) and the sides `a` and `b`."""
+        same_prompt = self.prep.spec == spec.replace(mode=a.mode)
+        return same_prompt and (self.side("A"), self.side("B")) == (a, b)
 
     def needle_positions_of(self, key: str) -> list[int]:
         prep = self.preps.get(key, self.prep) if key != "full" else self.prep
@@ -136,52 +137,51 @@ SIDE_FIELDS = (
 METHOD_FIELDS = ("scorer", "allocation")
 
 
-def side_labels(config_a, config_b, mode_a: str = "inside", mode_b: str = "inside") -> dict:
+def side_labels(a: Side, b: Side) -> dict:
     """Column titles that say what differs: the policy always, then every setting in
     which the two sides differ, e.g. `{"A": "A: entropy, page 16", "B": "B: entropy,
     page 1"}`."""
-    sides = (("A", config_a, mode_a, config_b, mode_b), ("B", config_b, mode_b, config_a, mode_a))
     return {
-        key: f"{key}: " + ", ".join([cfg.policy] + differing(cfg, mode, other, other_mode))
-        for key, cfg, mode, other, other_mode in sides
+        key: f"{key}: " + ", ".join([side.config.policy] + differing(side, other))
+        for key, side, other in (("A", a, b), ("B", b, a))
     }
 
 
-def differing(cfg, mode: str, other, other_mode: str, skip=()) -> list[str]:
-    """How `cfg` (asked `mode`) shows each `SIDE_FIELDS` setting in which it differs
-    from `other` (asked `other_mode`), leaving out the fields named in `skip`."""
+def differing(side: Side, other: Side, skip=()) -> list[str]:
+    """How `side` shows each `SIDE_FIELDS` setting in which it differs from `other`,
+    leaving out the fields named in `skip`."""
     out = []
     for name, show in SIDE_FIELDS:
-        mine = mode if name == "mode" else getattr(cfg, name)
-        theirs = other_mode if name == "mode" else getattr(other, name)
+        mine = side.mode if name == "mode" else getattr(side.config, name)
+        theirs = other.mode if name == "mode" else getattr(other.config, name)
         if name not in skip and mine != theirs:
-            out.append(show(cfg, mode))
+            out.append(show(side.config, side.mode))
     return out
 
 
 def plan_comparison(
     study: Study,
     spec: PromptSpec,
-    config_a: EvictionConfig,
-    config_b: EvictionConfig,
-    mode_a: str | None = None,
-    mode_b: str | None = None,
+    a: Side,
+    b: Side,
     cached_only: bool = False,
 ) -> Comparison:
     """Everything but decoding: prefill (memoised), then plan both sides.
 
-    Its `plans` are what planning alone knows (the budget, the union tokens, the
-    needle retention of the kept sets), so every plan view can be drawn at once, e.g.
-    while a slider is dragged; `Decoding` then fills in `records`, the answers. Raises
-    BudgetError when a side's protected pages exceed its budget (from its plan: `plan`
-    checks the budget before any work on the device, the one check). With
+    The prompt is `spec`, each side asked at its own position (`Side.mode`); sides
+    asked alike share one prefill. Its `plans` are what planning alone knows (the
+    budget, the union tokens, the needle retention of the kept sets), so every plan
+    view can be drawn at once, e.g. while a slider is dragged; `Decoding` then fills in
+    `records`, the answers. Raises BudgetError when a side's protected pages exceed its
+    budget (from its plan: `plan` checks the budget before any work on the device, the
+    one check). With
     `cached_only`, only prefills already in memory are used (LookupError otherwise):
     planning then never waits for the model.
     """
-    modes = {"A": mode_a or spec.mode, "B": mode_b or spec.mode}
+    modes = {"A": a.mode, "B": b.mode}
     prepare = study.prepared if cached_only else study.prepare
     preps = {k: prepare(spec.replace(mode=m)) for k, m in modes.items()}
-    configs = {"A": config_a, "B": config_b}
+    configs = {"A": a.config, "B": b.config}
     full = EvictionConfig(policy="full")
     sides = (("full", preps["A"], full), *((k, preps[k], configs[k]) for k in "AB"))
     # On the model worker, once per prompt and configuration.
@@ -190,11 +190,11 @@ def plan_comparison(
         prep=preps["A"],
         configs=configs,
         plans=plans,
-        curve=uor_rows(study, preps["B"], config_b),
-        memory=memory_rows(study, preps["B"], config_b),
+        curve=uor_rows(study, preps["B"], b.config),
+        memory=memory_rows(study, preps["B"], b.config),
         notes=mode_notes(modes) + answer_notes(spec),
         preps=preps,
-        labels=side_labels(config_a, config_b, modes["A"], modes["B"]),
+        labels=side_labels(a, b),
         model=study.loaded.name,
     )
 
@@ -288,22 +288,19 @@ class Decoding:
 def compare(
     study: Study,
     spec: PromptSpec,
-    config_a: EvictionConfig,
-    config_b: EvictionConfig,
+    a: Side,
+    b: Side,
     max_new_tokens: int | None = None,
     progress=None,
-    mode_a: str | None = None,
-    mode_b: str | None = None,
 ) -> Comparison:
     """Prefill the prompt (memoised), then run the full cache, side A and side B.
 
-    Each side is a full configuration: `config_a` / `config_b` and the question
-    position `mode_a` / `mode_b` (default: `spec.mode`). Sides asked the same way share
+    Each side asks at its own position (`Side.mode`); sides asked the same way share
     one prefill; the full cache runs on side A's prompt.
     """
     if progress is not None:
         progress(0.05, desc="prefilling the prompt (once per prompt)")
-    comp = plan_comparison(study, spec, config_a, config_b, mode_a, mode_b)
+    comp = plan_comparison(study, spec, a, b)
     return decode_comparison(study, comp, max_new_tokens, progress)
 
 
@@ -356,10 +353,10 @@ def memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict
     worker, kept with the prefill).
 
     Bytes = stored (layer, group) tokens x head_dim x 2 (K and V) x the cache's element
-    size. Head-independent counts its unions: what a server must hold. Under `base`'s
-    global allocation (pooled policies; per-head ones stay uniform) the (layer, group)s
-    of a layer store as many tokens as the largest of them (the compacted cache pads
-    them to one length, as the runner's does), so the padding is counted.
+    size: what the runner's decode cache stores for the prompt, each (layer, group) at
+    its own length (`Runner.decode_cache`). Head-independent counts its unions: what a
+    server must hold. Under `base`'s global allocation (pooled policies; per-head ones
+    stay uniform) each (layer, group) stores its own share of the shared budget.
     """
     rows = study.derive(
         prep,
@@ -381,15 +378,12 @@ def _memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dic
         except BudgetError:
             continue
         stored = p["union_tokens"]
-        padded = cfg.allocation != "uniform"
-        if padded:  # padded to the layer's largest group
-            stored = stored.amax(-1, keepdim=True).expand_as(stored)
         rows.append(
             {
                 "policy": policy,
                 "label": policy  # the full cache is not planned: no scorer, no allocation
                 if policy == "full"
-                else f"{policy}<br>{cfg.scorer}, {cfg.allocation}" + (", padded" if padded else ""),
+                else f"{policy}<br>{cfg.scorer}, {cfg.allocation}",
                 "tokens": int(stored.float().mean().round()),
                 "bytes": int(stored.sum()) * per_token,
             }

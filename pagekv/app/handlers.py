@@ -167,10 +167,11 @@ def light(fn):
     return call
 
 
-def _side_b_note(comp, cfg_a, cfg_b) -> str:
+def _side_b_note(comp) -> str:
     """What side B does differently, for the status line ("" when only its method: the
     policy, scorer and allocation are each side's own)."""
-    own = differing(cfg_b, comp.modes["B"], cfg_a, comp.modes["A"], skip=METHOD_FIELDS)
+    own = differing(comp.side("B"), comp.side("A"), skip=METHOD_FIELDS)
+    cfg_b = comp.configs["B"]
     if not own:
         return ""
     n_b = comp.preps["B"].n
@@ -260,24 +261,25 @@ def slider_range(minimum: float, maximum: float, value, step: float = 1):
     return gr.update(minimum=minimum, maximum=maximum, value=value)
 
 
-def _budget_limits(comp, cfg_a, cfg_b) -> dict:
+def _budget_limits(comp) -> dict:
     """The budget sliders: each shows the budget that ran (so a box never holds a value
     other than its results'), from the smallest feasible budget of its side for this
     prompt and these settings (a range of one value kept a step wide)."""
     _, hi, step = LIMITS["budget"]
-    return {
-        key: slider_range(min_budget_pct(comp.preps[side].n, cfg), hi, budget_pct(cfg), step)
-        for key, side, cfg in (("budget", "A", cfg_a), ("budget_b", "B", cfg_b))
-    }
+    limits = {}
+    for key, side in (("budget", "A"), ("budget_b", "B")):
+        cfg, n = comp.configs[side], comp.preps[side].n
+        limits[key] = slider_range(min_budget_pct(n, cfg), hi, budget_pct(cfg), step)
+    return limits
 
 
-def collapsed_note(comp, cfg_a, cfg_b) -> str | None:
+def collapsed_note(comp) -> str | None:
     """The sentence for a side whose budget range is one value (its protected pages
     take the whole prompt): only 100 % runs there. None when every side has a range."""
     hi = LIMITS["budget"][1]
     sides = [
         (side, cfg)
-        for side, cfg in (("A", cfg_a), ("B", cfg_b))
+        for side, cfg in comp.configs.items()
         if min_budget_pct(comp.preps[side].n, cfg) >= hi
     ]
     if not sides:
@@ -292,20 +294,20 @@ def collapsed_note(comp, cfg_a, cfg_b) -> str | None:
     )
 
 
-def _status(study, comp, cfg_a, cfg_b, decoded: bool, served: bool = False) -> str:
-    loaded = study.loaded
+def _status(study, comp, decoded: bool, served: bool = False) -> str:
+    loaded, cfg_a = study.loaded, comp.configs["A"]
     n = comp.prep.n
     head = (
         f"**{loaded.name}**, {loaded.origin} ({study.runner.backend} backend on "
         f"{study.runner.device}): "
         f"{n} prompt tokens, budget {cfg_a.budget_tokens(n)} tokens per (layer, group), "
-        f"page size {cfg_a.page_size}" + _side_b_note(comp, cfg_a, cfg_b) + ". "
+        f"page size {cfg_a.page_size}" + _side_b_note(comp) + ". "
         f"Question: *{_shown(comp.prep.task.question)}* "
         f"Expected: **{_shown(comp.prep.task.answer)}**"
     )
     parts = [message("ok" if decoded else "info", head if decoded else "Decoding... " + head)]
     notes = [loaded.note if loaded.fell_back else None, loaded.caveat, *comp.notes]
-    notes.append(collapsed_note(comp, cfg_a, cfg_b))
+    notes.append(collapsed_note(comp))
     parts += [message("info", note) for note in notes if note]
     if decoded:
         t = comp.records["B"].timings
@@ -381,7 +383,7 @@ def _run(v: RunInputs, session=None):
     v, range_notes = prompt_in_range(v)
     try:
         try:
-            spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
+            spec, a, b, layer = parse_run(v)
             refused = None
         except BudgetInputError as e:  # said with the prompt's floor: the model tells it
             refused = e
@@ -392,13 +394,13 @@ def _run(v: RunInputs, session=None):
         study = get_study(name)
         if refused is not None:
             raise refused
-        key = view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer)
+        key = view_key(study, spec, a, b, layer)
         t0 = time.perf_counter()
         waited = key not in view_memo  # another request may be computing it
         done = view_memo.get_or_wait(key, timeout=SAME_RUN_WAIT_S)
         if done is None:
             with view_memo.computing(key):
-                modes = sorted({mode_a, mode_b})
+                modes = sorted({a.mode, b.mode})
                 preps = yield from _step(
                     lambda: {m: study.prepare(spec.replace(mode=m)) for m in modes},
                     f"Prefilling the prompt on {study.loaded.name}",
@@ -407,13 +409,11 @@ def _run(v: RunInputs, session=None):
                     runs=not all(spec.replace(mode=m) in study.prefills for m in modes),
                 )
                 check_budgets(
-                    (side, cfg, spec.replace(mode=m), preps[m].n)
-                    for side, cfg, m in (("A", cfg_a, mode_a), ("B", cfg_b, mode_b))
+                    (label, side.config, spec.replace(mode=side.mode), preps[side.mode].n)
+                    for label, side in (("A", a), ("B", b))
                 )
-                fresh = _unreconstructed(preps, (cfg_a, mode_a), (cfg_b, mode_b))
-                plan = lambda: plan_comparison(  # noqa: E731
-                    study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b
-                )
+                fresh = _unreconstructed(preps, a, b)
+                plan = lambda: plan_comparison(study, spec, a, b)  # noqa: E731
                 if fresh:  # planning runs the reconstruction pass first: its own step
                     comp = yield from _step(
                         plan,
@@ -428,12 +428,12 @@ def _run(v: RunInputs, session=None):
                 decoding = Decoding(study, comp)  # queued now: the model works while we draw
                 plan_figs = plan_views(comp, key, layer)
                 yield _views(
-                    status=_status(study, comp, cfg_a, cfg_b, decoded=False),
+                    status=_status(study, comp, decoded=False),
                     answers=answers_html(pending_table(comp)),
                     **{k: plan_figs.get(k) for k in PLAN_VIEWS},
                     layer=slider_range(0, n_layers - 1, layer),
                     observation=_checking(lesson),
-                    **_budget_limits(comp, cfg_a, cfg_b),
+                    **_budget_limits(comp),
                 )
                 # Decoding changes no plan: the plan views drawn above stand, and the
                 # views of head weights and sinks are drawn while the model decodes;
@@ -441,7 +441,7 @@ def _run(v: RunInputs, session=None):
                 figs = {k: f for k, f in plan_figs.items() if k in SAME_AFTER_DECODING}
                 figs |= comparison_figures(comp, layer=layer, skip={*figs, "retention"})
                 most = default_max_new_tokens(comp.prep.task)
-                decoding_status = _status(study, comp, cfg_a, cfg_b, decoded=False)
+                decoding_status = _status(study, comp, decoded=False)
                 for tokens in decoding.stream(poll_s=STREAM_EVERY_S):
                     rows = pending_table(comp, tokens, study.tokenizer)
                     k = max(len(t) for t in tokens)
@@ -461,8 +461,8 @@ def _run(v: RunInputs, session=None):
             done = dict(done, served=True)
             log.info(
                 "run %s | views served from memory %s",
-                settings_text(spec.replace(mode=mode_a), cfg_a, cfg_b)
-                + ("" if mode_b == mode_a else f", B asked {mode_b}"),
+                settings_text(spec.replace(mode=a.mode), a.config, b.config)
+                + ("" if b.mode == a.mode else f", B asked {b.mode}"),
                 f"in {1000 * (time.perf_counter() - t0):.0f} ms"
                 + (" (waiting for the same run, started by another request)" if waited else ""),
             )
@@ -480,10 +480,10 @@ def _run(v: RunInputs, session=None):
         )
         return
     comp, figs = done["comp"], done["figs"]
-    SESSIONS.remember(session, budget=budget_pct(cfg_a), budget_b=budget_pct(cfg_b))
+    SESSIONS.remember(session, budget=budget_pct(a.config), budget_b=budget_pct(b.config))
     yield _views(
         status="\n\n".join(
-            [_status(study, comp, cfg_a, cfg_b, decoded=True, served=done["served"])]
+            [_status(study, comp, decoded=True, served=done["served"])]
             + [message("info", note) for note in range_notes]
         ),
         answers=answers_html(done["table"]),
@@ -494,7 +494,7 @@ def _run(v: RunInputs, session=None):
         layer=slider_range(0, done["n_layers"] - 1, done["layer"]),
         observation=_observation(lesson, comp),
         last=comp,
-        **_budget_limits(comp, cfg_a, cfg_b),
+        **_budget_limits(comp),
     )
 
 
@@ -627,9 +627,9 @@ def _estimate(study, step: str, spec, modes) -> float | None:
 
 
 def _unreconstructed(preps: dict, *sides) -> list:
-    """The prepared prompts (of `preps`, by question position) that a side of `sides`
-    (`(config, mode)`) scores by the reconstruction pass and that have not had it."""
-    todo = {m for cfg, m in sides if cfg.scorer == "reconstruct"}
+    """The prepared prompts (of `preps`, by question position) that a `Side` of `sides`
+    scores by the reconstruction pass and that have not had it."""
+    todo = {side.mode for side in sides if side.config.scorer == "reconstruct"}
     return [preps[m] for m in sorted(todo) if preps[m].prefill.reconstruction is None]
 
 
@@ -678,12 +678,10 @@ def preview_plans(*args):
     slider is released (the run). Quietly does nothing on bad input."""
     v = RunInputs(*args)
     try:
-        spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(v)
+        spec, a, b, layer = parse_run(v)
         study = get_study(v.model if isinstance(v.model, str) else "")
-        comp = plan_comparison(
-            study, spec, cfg_a, cfg_b, mode_a=mode_a, mode_b=mode_b, cached_only=True
-        )
-        key = view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer)  # as the run's
+        comp = plan_comparison(study, spec, a, b, cached_only=True)
+        key = view_key(study, spec, a, b, layer)  # as the run's
         layer = min(layer, int(comp.plan_of("B").keep.shape[0]) - 1)
         figs = plan_views(comp, key, layer)
     except Exception as e:

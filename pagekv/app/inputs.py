@@ -3,7 +3,7 @@
 Every control's value is checked in plain words (`InputError` names the control and
 the range), so that a request with a wrong value becomes a message, never a traceback.
 
-    spec, cfg_a, cfg_b, mode_a, mode_b, layer = parse_run(values)
+    spec, a, b, layer = parse_run(values)      # a, b: `pagekv.app.side.Side`
 
 A budget has one rule, on the page and in the API alike: a number from the smallest
 budget whose protected pages fit the prompt (`min_budget_pct`, which needs the
@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 
 from pagekv.app.run_inputs import RunInputs
-from pagekv.app.study import MODES, PROMPT_TASKS, WINDOW_MAX, PromptSpec
+from pagekv.app.side import MODES, Side
+from pagekv.app.study import PROMPT_TASKS, WINDOW_MAX, PromptSpec
 from pagekv.maths.config import ALLOCATIONS, POLICIES, SCORERS, EvictionConfig
 from pagekv.maths.paging import min_feasible_budget
 from pagekv.tasks import needle_depth, task_names
@@ -182,8 +183,9 @@ def _page_size(name: str, value) -> int:
 
 
 def parse_run(v: RunInputs):
-    """The run's raw inputs (the API's and the page's alike) -> `(spec, cfg_a, cfg_b,
-    mode_a, mode_b, layer)`; InputError names the control that is wrong."""
+    """The run's raw inputs (the API's and the page's alike) -> `(spec, a, b, layer)`:
+    the prompt (asked as side A asks), the two `Side`s and the layer shown; InputError
+    names the control that is wrong."""
     task = _choice("task", v.task, TASKS)
     mode = _choice("question position", v.mode, MODES)
     kw = dict(
@@ -216,12 +218,13 @@ def parse_run(v: RunInputs):
         raise BudgetInputError("A", v.budget_pct, cfg_a, spec.replace(mode=mode))
     if refused_b:
         raise BudgetInputError("B", v.budget_b, cfg_b, spec.replace(mode=mode_b))
-    return spec, cfg_a, cfg_b, mode, mode_b, layer
+    return spec, Side(cfg_a, mode), Side(cfg_b, mode_b), layer
 
 
 def check_budgets(sides) -> None:
-    """`sides`: `(side, cfg, spec, n)` per side; BudgetInputError (with the floor of that
-    prompt) for the first whose budget is below `min_budget_pct(n, cfg)`."""
+    """`sides`: `(side, cfg, spec, n)` per side ("A" or "B", its `EvictionConfig`, its
+    prompt, its length); BudgetInputError (with the floor of that prompt) for the first
+    whose budget is below `min_budget_pct(n, cfg)`."""
     for side, cfg, spec, n in sides:
         if budget_pct(cfg) < min_budget_pct(n, cfg) - 1e-9:
             raise BudgetInputError(side, budget_pct(cfg), cfg, spec, n)

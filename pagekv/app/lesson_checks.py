@@ -20,9 +20,7 @@ def lesson_of(title):
 
 def settings_match(lesson, comp) -> bool:
     """Whether the last comparison ran exactly the lesson's prompt and two sides."""
-    return comp is not None and comp.ran(
-        lesson.prompt.spec(), lesson.a.config(), lesson.b.config(), lesson.a.mode, lesson.b.mode
-    )
+    return comp is not None and comp.ran(lesson.prompt, lesson.a, lesson.b)
 
 
 def check_lesson(title, comp, failed: bool = False, refused: bool = False):

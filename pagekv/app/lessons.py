@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from pagekv.app.answers import mean_retention
-from pagekv.maths.config import EvictionConfig
+from pagekv.app.side import Side
+from pagekv.app.study import PromptSpec
 from pagekv.maths.metrics import isolation_gain, sink_advantage
 from pagekv.maths.policies import POOLING_POLICIES
 from pagekv.paths import ROOT
@@ -91,41 +92,6 @@ WORDS = read_words(WORDS_FILE.read_text(encoding="utf-8"))
 
 
 # ------------------------------------------------------------------ settings
-
-
-@dataclass(frozen=True)
-class Side:
-    """One side of a lesson: an eviction configuration and where the question is."""
-
-    policy: str
-    budget: float = 0.2
-    page_size: int = 16
-    n_sink: int = 4
-    window: int = 32
-    tau: float = 1.0
-    mode: str = "inside"
-    scorer: str = "window"
-    allocation: str = "uniform"
-
-    def config(self) -> EvictionConfig:
-        return EvictionConfig(**{k: v for k, v in asdict(self).items() if k != "mode"})
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """The prompt both sides read (the question position is per side)."""
-
-    task: str = "needle"
-    context_tokens: int = 2000
-    depth: float = 0.5
-    seed: int = 0
-    n_needles: int = 1
-    name: str | None = None
-
-    def spec(self, mode: str = "inside"):
-        from pagekv.app.study import PromptSpec
-
-        return PromptSpec(**asdict(self), mode=mode)
 
 
 @dataclass(frozen=True)
@@ -518,7 +484,7 @@ class Lesson:
     observation: Observation
     views: tuple[str, ...]
     kind: str = "live"  # "live" (decoded now), "constructed" or "replay" (measured earlier)
-    prompt: Prompt | None = None
+    prompt: PromptSpec | None = None  # each side asks at its own `mode`
     a: Side | None = None
     b: Side | None = None
     layer: int | str = 0  # the layer the head-weights view shows: an index or a LAYER_RULES
@@ -723,33 +689,37 @@ T4_NUMBERS = (
 #: question position at 20 %).
 T4_POOLED = POOLING_POLICIES
 
+#: The prompt every live lesson reads: a needle in 2,000 tokens of haystack, at half depth
+#: (each side asks its question at its own `Side.mode`).
+PROMPT = PromptSpec(context_tokens=2000, depth=0.5, seed=0)
+
 LESSONS: tuple[Lesson, ...] = (
     Lesson(
         id="gqa-cost",
         **WORDS["gqa-cost"],
         observation=union_over_budget("A", 2.0),
         views=("uor", "frame"),
-        prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
-        a=Side("head_independent", budget=0.1),
-        b=Side("entropy", budget=0.1),
+        prompt=PROMPT,
+        a=Side.of("head_independent", budget=0.1),
+        b=Side.of("entropy", budget=0.1),
     ),
     Lesson(
         id="pages-vs-tokens",
         **WORDS["pages-vs-tokens"],
         observation=answers(full=True, a=True, b=False),
         views=("frame", "retention"),
-        prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
-        a=Side("entropy", budget=0.1, page_size=16),
-        b=Side("entropy", budget=0.1, page_size=1),
+        prompt=PROMPT,
+        a=Side.of("entropy", budget=0.1, page_size=16),
+        b=Side.of("entropy", budget=0.1, page_size=1),
     ),
     Lesson(
         id="sink-masquerade",
         **WORDS["sink-masquerade"],
         observation=sink_masquerade(layer="sink", raw_at_least=2.0, isolated_below=1.5),
         views=("weights", "sinks"),
-        prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
-        a=Side("entropy_nosink", budget=0.2),
-        b=Side("entropy", budget=0.2),
+        prompt=PROMPT,
+        a=Side.of("entropy_nosink", budget=0.2),
+        b=Side.of("entropy", budget=0.2),
         layer="sink",
     ),
     Lesson(
@@ -757,27 +727,27 @@ LESSONS: tuple[Lesson, ...] = (
         **WORDS["strict-test"],
         observation=answers(full=True, a=True, b=False),
         views=("retention", "frame"),
-        prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
-        a=Side("entropy", budget=0.2, mode="inside"),
-        b=Side("entropy", budget=0.2, mode="after"),
+        prompt=PROMPT,
+        a=Side.of("entropy", budget=0.2, mode="inside"),
+        b=Side.of("entropy", budget=0.2, mode="after"),
     ),
     Lesson(
         id="reconstruct",
         **WORDS["reconstruct"],
         observation=shared_budget_answers(a=False, b=True),
         views=("frame", "retention"),
-        prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
-        a=Side("entropy", budget=0.2, mode="after"),
-        b=Side("entropy", budget=0.2, mode="after", scorer="reconstruct", allocation="global"),
+        prompt=PROMPT,
+        a=Side.of("entropy", budget=0.2, mode="after"),
+        b=Side.of("entropy", budget=0.2, mode="after", scorer="reconstruct", allocation="global"),
     ),
     Lesson(
         id="entropy-vs-mean",
         **WORDS["entropy-vs-mean"],
         observation=tie(min_overlap=0.9, mean_top_weight_below_r=1.5),
         views=("weights", "frame"),
-        prompt=Prompt(context_tokens=2000, depth=0.5, seed=0),
-        a=Side("mean", budget=0.2),
-        b=Side("entropy", budget=0.2),
+        prompt=PROMPT,
+        a=Side.of("mean", budget=0.2),
+        b=Side.of("entropy", budget=0.2),
         layer="strongest",
         cites=T7,
         numbers=T7_NUMBERS,
@@ -822,7 +792,7 @@ def lesson_prompts() -> frozenset:
     prompts whose prefills, plans and results a `Study` keeps apart from exploration
     (`Study.keep_prompts`)."""
     return frozenset(
-        lesson.prompt.spec(side.mode)
+        lesson.prompt.replace(mode=side.mode)
         for lesson in LESSONS
         if lesson.kind == "live"
         for side in (lesson.a, lesson.b)
@@ -872,13 +842,11 @@ def run_lesson(
         evidence = Evidence(
             comparison=compare(
                 study,
-                lesson.prompt.spec(lesson.a.mode),
-                lesson.a.config(),
-                lesson.b.config(),
+                lesson.prompt,
+                lesson.a,
+                lesson.b,
                 max_new_tokens=max_new_tokens,
                 progress=progress,
-                mode_a=lesson.a.mode,
-                mode_b=lesson.b.mode,
             )
         )
     elif lesson.kind == "constructed":

@@ -26,13 +26,14 @@ are no preset (on the bundled model every committed entry is a tie, so none is u
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 from pathlib import Path
 
 from pagekv.app import lessons
-from pagekv.app.lessons import Evidence, Finding, Observation, Prompt, Side, kept_overlap
+from pagekv.app.lessons import Evidence, Finding, Observation, kept_overlap
 from pagekv.app.run_inputs import RunInputs
+from pagekv.app.side import Side
+from pagekv.app.study import PromptSpec
 from pagekv.paths import PRESETS_PATH  # noqa: E402
 
 #: Keys of a preset that the app's controls take.
@@ -40,6 +41,8 @@ FIELDS = (
     "title", "task", "name", "context_tokens", "depth", "seed", "n_needles", "mode",
     "budget", "page_size", "n_sink", "window", "tau", "policy_a", "policy_b", "model",
 )  # fmt: skip
+#: The preset's keys that make its prompt (a `PromptSpec`; each side asks at its mode).
+PROMPT_FIELDS = ("task", "name", "context_tokens", "depth", "seed", "n_needles")
 #: The key of the sentence that says what a preset shows (for the page).
 SHOWS = "shows"
 #: The key of a preset's checks: a tuple of `{"kind": ..., **arguments}` (`observation_of`).
@@ -355,25 +358,25 @@ def observation_of(preset: dict):
 
 
 def preset_sides(preset: dict):
-    """A preset's `(Prompt, Side A, Side B)` (`pagekv.app.lessons`): B has A's settings
-    and its own method (the defaults, window and uniform, where the preset names none)."""
+    """A preset's `(PromptSpec, Side A, Side B)`: B has A's settings and its own method
+    (the defaults, window and uniform, where the preset names none)."""
     p = preset
-    prompt = Prompt(**{f.name: p[f.name] for f in dataclasses.fields(Prompt)})
+    prompt = PromptSpec(**{name: p[name] for name in PROMPT_FIELDS})
     defaults = (("scorer", "window"), ("allocation", "uniform"))
     method = {side: {m: p.get(f"{m}_{side}", d) for m, d in defaults} for side in ("a", "b")}
-    a = Side(
-        policy=p["policy_a"], budget=p["budget"], page_size=p["page_size"], n_sink=p["n_sink"],
+    a = Side.of(
+        p["policy_a"], budget=p["budget"], page_size=p["page_size"], n_sink=p["n_sink"],
         window=p["window"], tau=p["tau"], mode=p["mode"], **method["a"],
     )  # fmt: skip
-    return prompt, a, dataclasses.replace(a, policy=p["policy_b"], **method["b"])
+    return prompt, a, a.replace(policy=p["policy_b"], **method["b"])
 
 
 def preset_inputs(preset: dict):
-    """`(spec, cfg_a, cfg_b, mode_a, mode_b)` as the app runs the preset (its run inputs
-    through `pagekv.app.inputs.parse_run`)."""
+    """`(spec, a, b)` as the app runs the preset (its run inputs through
+    `pagekv.app.inputs.parse_run`)."""
     from pagekv.app.inputs import parse_run
 
-    return parse_run(RunInputs.for_sides(*preset_sides(preset), model="bundled"))[:5]
+    return parse_run(RunInputs.for_sides(*preset_sides(preset), model="bundled"))[:3]
 
 
 def preset_matches(preset: dict, comp) -> bool:
@@ -388,10 +391,7 @@ def compare_preset(study, preset: dict, max_new_tokens: int | None = None):
     """Run the preset's comparison on `study`'s model, as the app runs it."""
     from pagekv.app.comparison import compare
 
-    spec, cfg_a, cfg_b, mode_a, mode_b = preset_inputs(preset)
-    return compare(
-        study, spec, cfg_a, cfg_b, max_new_tokens=max_new_tokens, mode_a=mode_a, mode_b=mode_b
-    )
+    return compare(study, *preset_inputs(preset), max_new_tokens=max_new_tokens)
 
 
 def check_preset(preset: dict, comparison):

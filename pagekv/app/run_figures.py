@@ -15,6 +15,7 @@ from pagekv.app import figures
 from pagekv.app.comparison import Comparison, export_data, side_labels
 from pagekv.app.figure_memo import memo_figure
 from pagekv.app.figures.style import POLICY_COLOURS
+from pagekv.app.side import Side
 from pagekv.maths.metrics import sink_advantage
 
 
@@ -30,7 +31,7 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
     e.g. the plan views while a slider is dragged; `skip`: not these, e.g. views already
     drawn; building figures is most of the cost of a run served from memory)."""
     pa, pb = comp.plan_of("A"), comp.plan_of("B")
-    labels = comp.labels or side_labels(comp.configs["A"], comp.configs["B"])
+    labels = comp.labels or side_labels(Side(comp.configs["A"]), Side(comp.configs["B"]))
     G = comp.n_groups
     r = pb.head_weights.shape[1] // G
     needle = comp.prep.needle_positions or None

@@ -19,6 +19,8 @@ import functools
 import inspect
 
 from pagekv.app.comparison import METHOD_FIELDS
+from pagekv.app.side import Side
+from pagekv.app.study import PromptSpec
 
 __all__ = ["RUN_DEFAULTS", "RUN_INPUTS", "RunInputs", "takes_run_inputs"]
 
@@ -74,20 +76,23 @@ class RunInputs:
         return {name: getattr(self, name) for name in RUN_INPUTS}
 
     @classmethod
-    def for_sides(cls, prompt, a, b, *, model: str, layer: int = 0, lesson=None) -> RunInputs:
-        """The inputs that run `prompt` (`pagekv.app.lessons.Prompt`) with sides `a`
-        and `b` (`lessons.Side`). B follows A ("Same settings as A") when the two
-        differ only in their method, so that moving A's controls moves B's too."""
-        linked = dataclasses.replace(a, **{m: getattr(b, m) for m in METHODS}) == b
+    def for_sides(
+        cls, prompt: PromptSpec, a: Side, b: Side, *, model: str, layer: int = 0, lesson=None
+    ) -> RunInputs:
+        """The inputs that run `prompt` with sides `a` and `b`, budgets in % as the page
+        shows them. B follows A ("Same settings as A") when the two differ only in their
+        method, so that moving A's controls moves B's too."""
+        ca, cb = a.config, b.config
+        linked = a.replace(**{m: getattr(cb, m) for m in METHODS}) == b
         return cls(
             model=model, task=prompt.task, context=prompt.context_tokens, depth=prompt.depth,
             seed=prompt.seed, needles=prompt.n_needles, mode=a.mode, curated=prompt.name,
-            budget_pct=round(100 * a.budget, 1), page_size=a.page_size, n_sink=a.n_sink,
-            window=a.window, tau=a.tau, policy_a=a.policy, policy_b=b.policy, link_b=linked,
-            mode_b=b.mode, budget_b=round(100 * b.budget, 1), page_size_b=b.page_size,
-            n_sink_b=b.n_sink, window_b=b.window, tau_b=b.tau, layer=layer, lesson=lesson,
-            scorer_a=a.scorer, allocation_a=a.allocation, scorer_b=b.scorer,
-            allocation_b=b.allocation,
+            budget_pct=round(100 * ca.budget, 1), page_size=ca.page_size, n_sink=ca.n_sink,
+            window=ca.window, tau=ca.tau, policy_a=ca.policy, policy_b=cb.policy, link_b=linked,
+            mode_b=b.mode, budget_b=round(100 * cb.budget, 1), page_size_b=cb.page_size,
+            n_sink_b=cb.n_sink, window_b=cb.window, tau_b=cb.tau, layer=layer, lesson=lesson,
+            scorer_a=ca.scorer, allocation_a=ca.allocation, scorer_b=cb.scorer,
+            allocation_b=cb.allocation,
         )  # fmt: skip
 
 

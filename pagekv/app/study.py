@@ -61,6 +61,7 @@ from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field, replace
 
 from pagekv.app.memo import ByteLRU
+from pagekv.app.side import MODES
 from pagekv.app.worker import WORKER, Job, ModelWorker
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.plan import Plan
@@ -84,7 +85,6 @@ from pagekv.tasks import (
 log = logging.getLogger(__name__)
 
 PROMPT_TASKS = ("needle", "qa", "code", "custom")
-MODES = ("inside", "after")
 #: Window queries captured at prefill: every config.window up to this reuses it.
 WINDOW_MAX = 128
 #: Default cap of the prefill memo: five 2000-token prompts of the bundled model.

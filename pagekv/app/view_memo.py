@@ -39,10 +39,10 @@ def plan_views(comp, key, layer) -> dict:
     return figs
 
 
-def view_key(study, spec, cfg_a, cfg_b, mode_a, mode_b, layer) -> tuple:
-    """What identifies a run's views: the model, the prompt, both sides, the layer."""
+def view_key(study, spec, a, b, layer) -> tuple:
+    """What identifies a run's views: the model, the prompt, both `Side`s, the layer."""
     loaded = study.loaded
-    return (loaded.name, loaded.origin, spec, cfg_a, cfg_b, mode_a, mode_b, layer)
+    return (loaded.name, loaded.origin, spec, a, b, layer)
 
 
 def view_size(comp, figs: dict) -> int:

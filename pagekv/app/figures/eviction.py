@@ -725,8 +725,7 @@ def memory_bars(rows: Sequence[dict], title=None):
     text = title or (
         "Cache each policy must hold at side B's settings<br><span style='font-size:12px'>"
         "on each bar: mean tokens per (layer, group); under each: its scorer and allocation"
-        "</span><br><span style='font-size:12px'>padded: a shared budget stores a layer's "
-        "groups at the length of its largest</span>"
+        "</span>"
     )
     return layout(fig, text, 340)
 
