@@ -443,7 +443,9 @@ def table(rows: list[dict]) -> str:
             ours = [m for m in agnostic_methods() if m != "full"]
             lines += ["At equal physical memory (`ruler_memory`): per prompt, each press's "
                       "run with the most memory that is at most ours, in each measure; "
-                      "`press vs ours (prompts, N over)`:", ""]  # fmt: skip
+                      "`press vs ours (prompts, N over)`, on the prompts both answered. "
+                      "The score and memory columns are ours over every prompt it "
+                      "answered:", ""]  # fmt: skip
             lines += equal_memory_table(block, ours, sorted(by_press))
         lost = defaultdict(list)
         for r in failed:
