@@ -188,7 +188,9 @@ def test_first_lesson_then_one_request_per_action(browser_page):
         assert f"budget {math.floor(first.a.config.budget * n + 1e-9)} tokens" in status, status
         rows = table_rows(page)
         assert len(rows) == 3, rows
-        assert rows[0].startswith("full cache") and rows[1].startswith("A: " + first.a.config.policy)
+        assert rows[0].startswith("full cache") and rows[1].startswith(
+            "A: " + first.a.config.policy
+        )
 
         wait_drawn(page)  # plotly done with its transitions
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
