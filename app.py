@@ -8,7 +8,7 @@ Layout and wiring only: `build_demo()` lays out the page (a function per part:
 `view_tabs`) and the `wire_*` functions connect each control to its handler in
 `pagekv.app.handlers` (`ui`: runs, previews, presets, layer, mechanism, export) and
 `pagekv.app.lesson_handlers` (`lessons_ui`: lessons, warm-up), with the texts of
-`pagekv.app.page_text` (`text`); inputs are checked in `pagekv.app.inputs`. The
+`pagekv.app.page_text` (`text`); inputs are checked in `pagekv.app.run_inputs`. The
 model's work runs on the model worker, which `main` gives this process's main thread
 (`pagekv.app.worker`; docs/design.md, "One model worker"). Once it serves, the app
 computes its live lessons (`--no-warm` skips this).
@@ -26,17 +26,20 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from pagekv.app import handlers as ui  # noqa: E402
-from pagekv.app import inputs  # noqa: E402
 from pagekv.app import lesson_checks as checks  # noqa: E402
 from pagekv.app import lesson_handlers as lessons_ui  # noqa: E402
 from pagekv.app import page_text as text  # noqa: E402
+from pagekv.app import run_inputs  # noqa: E402
 from pagekv.app.handlers import MECH_VIEWS, POLICY_CHOICES, PRESETS, RUN_VIEWS  # noqa: E402
-from pagekv.app.inputs import PAGE_SIZES  # noqa: E402
 from pagekv.app.lesson_checks import LESSON_TITLES  # noqa: E402
 from pagekv.app.lesson_handlers import LESSON_CONTROLS, TABS, warm_lessons  # noqa: E402
 from pagekv.app.lessons import LESSONS  # noqa: E402
 from pagekv.app.page_assets import GQA_DRAWING, launch_assets  # noqa: E402
-from pagekv.app.run_inputs import RUN_DEFAULTS, RUN_INPUTS  # noqa: E402
+from pagekv.app.run_inputs import (  # noqa: E402
+    PAGE_SIZES,  # noqa: E402
+    RUN_DEFAULTS,
+    RUN_INPUTS,
+)
 from pagekv.app.share import share_js, shared_names  # noqa: E402
 from pagekv.app.view_memo import PLAN_VIEWS  # noqa: E402
 from pagekv.app.worker import WORKER  # noqa: E402
@@ -52,7 +55,7 @@ __all__ = ["build_demo", "launch_assets", "main", "warm_lessons", "RUN_DEFAULTS"
 
 def slider(name: str, value, label: str, **kw) -> gr.Slider:
     """A slider over the range and step the API accepts for `name` (`LIMITS`)."""
-    lo, hi, step = inputs.LIMITS[name]
+    lo, hi, step = run_inputs.LIMITS[name]
     return gr.Slider(lo, hi, value=value, step=step, label=label, **kw)
 
 
@@ -142,14 +145,14 @@ def prompt_controls(default_model: str) -> dict:
         label="Model",
         info="bundled runs anywhere; hub models need a reachable hub",
     )
-    task = gr.Radio(list(inputs.TASKS), value=first["task"], label="Task")
+    task = gr.Radio(list(run_inputs.TASKS), value=first["task"], label="Task")
     curated = gr.Dropdown([], label="Curated task", visible=False)
     context = slider("context", first["context_tokens"], "Context length (tokens)")
     depth = slider("depth", first["depth"], "Needle depth")
     needles = slider("needles", first["n_needles"], "Needles")
     seed = gr.Number(
         value=first["seed"], precision=0, label="Seed",
-        minimum=inputs.LIMITS["seed"][0], maximum=inputs.LIMITS["seed"][1],
+        minimum=run_inputs.LIMITS["seed"][0], maximum=run_inputs.LIMITS["seed"][1],
     )  # fmt: skip
     with gr.Accordion("Custom text", open=False, visible=False) as custom_box:
         haystack = gr.Textbox(value="", lines=5, label="Haystack text")
@@ -175,8 +178,8 @@ def side_controls(side: str) -> dict:
     }
     with gr.Row():
         for name, choices, info in (
-            ("scorer", inputs.SCORERS, text.SCORER_INFO),
-            ("allocation", inputs.ALLOCATIONS, text.ALLOCATION_INFO),
+            ("scorer", run_inputs.SCORERS, text.SCORER_INFO),
+            ("allocation", run_inputs.ALLOCATIONS, text.ALLOCATION_INFO),
         ):
             out[f"{name}_{side}"] = gr.Radio(
                 list(choices), value=RUN_DEFAULTS[f"{name}_{side}"],
@@ -190,7 +193,7 @@ def side_controls(side: str) -> dict:
         )
     out |= {
         "mode" + sfx: gr.Radio(
-            list(inputs.MODES), value=first["mode"], label="Question position" + tag,
+            list(run_inputs.MODES), value=first["mode"], label="Question position" + tag,
             info=text.MODE_INFO, **kw,
         ),
         "budget" + sfx: slider(

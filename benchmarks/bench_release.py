@@ -37,9 +37,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import app  # noqa: E402
 from pagekv.app import figure_memo, handlers  # noqa: E402
 from pagekv.app.comparison import Decoding, plan_comparison
-from pagekv.app.inputs import parse_run  # noqa: E402
 from pagekv.app.run_figures import comparison_figures  # noqa: E402
-from pagekv.app.run_inputs import RunInputs  # noqa: E402
+from pagekv.app.run_inputs import (
+    RunInputs,  # noqa: E402
+    parse_run,  # noqa: E402
+)
 from pagekv.app.view_memo import SAME_AFTER_DECODING  # noqa: E402
 from pagekv.app.worker import WORKER  # noqa: E402
 from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402

@@ -10,8 +10,7 @@ import pytest
 
 from pagekv.app import handlers
 from pagekv.app.answers import ANSWER_HEADERS, run_cells
-from pagekv.app.inputs import InputError, parse_run
-from pagekv.app.run_inputs import RunInputs
+from pagekv.app.run_inputs import InputError, RunInputs, parse_run
 from pagekv.app.view_memo import view_memo
 
 from .app_server import answer_rows
@@ -168,7 +167,7 @@ def test_a_budget_below_the_floor_is_refused_and_a_session_keeps_its_results():
     from types import SimpleNamespace
 
     from pagekv import EvictionConfig
-    from pagekv.app.inputs import min_budget_pct
+    from pagekv.app.run_inputs import min_budget_pct
 
     i_status, i_budget = handlers.RUN_VIEWS.index("status"), handlers.RUN_VIEWS.index("budget")
     (out,) = list(handlers.run_comparison(**(RUN | dict(budget_pct=1))))[-1:]

@@ -9,10 +9,9 @@ from gradio.helpers import special_args
 from gradio.utils import get_function_params
 
 from pagekv.app import handlers
-from pagekv.app.inputs import parse_run
 from pagekv.app.lessons import LESSONS
 from pagekv.app.presets import load_presets, preset_inputs
-from pagekv.app.run_inputs import RUN_DEFAULTS, RUN_INPUTS, RunInputs
+from pagekv.app.run_inputs import RUN_DEFAULTS, RUN_INPUTS, RunInputs, parse_run
 from pagekv.app.side import Side
 from pagekv.app.study import PromptSpec
 

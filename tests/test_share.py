@@ -4,10 +4,9 @@ quick handlers beside the run: linked side B, the prompt sliders' ranges."""
 from __future__ import annotations
 
 from pagekv.app import handlers
-from pagekv.app.inputs import parse_run
 from pagekv.app.lesson_checks import LESSON_TITLES
 from pagekv.app.page_text import STALE_NOTE
-from pagekv.app.run_inputs import RUN_INPUTS, RunInputs
+from pagekv.app.run_inputs import RUN_INPUTS, RunInputs, parse_run
 from pagekv.app.share import lesson_in_query, settings_in_query, share_js, shared_names
 
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from pagekv import EvictionConfig
-from pagekv.app.inputs import budget_rule, min_budget_pct
+from pagekv.app.run_inputs import budget_rule, min_budget_pct
 
 CFG = EvictionConfig(page_size=16, n_sink=4, window=32)
 

@@ -188,8 +188,7 @@ def test_the_readme_s_shortest_context_is_what_the_budgets_fit(bundled_study):
     from pathlib import Path
 
     from pagekv import EvictionConfig
-    from pagekv.app.inputs import LIMITS, min_budget_pct
-    from pagekv.app.run_inputs import RunInputs
+    from pagekv.app.run_inputs import LIMITS, RunInputs, min_budget_pct
     from pagekv.app.study import PromptSpec
 
     readme = (Path(__file__).resolve().parents[1] / "docs" / "app.md").read_text()

@@ -33,24 +33,25 @@ from pagekv.app import allocator
 from pagekv.app.answers import answers_html, answers_table, ms, pending_table
 from pagekv.app.comparison import METHOD_FIELDS, Decoding, differing, plan_comparison
 from pagekv.app.figures.style import is_figure
-from pagekv.app.inputs import (
-    LIMITS,
-    BudgetInputError,
-    InputError,
-    budget_pct,
-    check_budgets,
-    min_budget_pct,
-    nearest_in_range,
-    parse_run,
-    shown_value,
-)
 from pagekv.app.lesson_checks import check_lesson, lesson_of, verdict
 from pagekv.app.lessons import lesson_prompts
 from pagekv.app.model_registry import ModelRegistry, model_key
 from pagekv.app.page_text import STALE_NOTE, message
 from pagekv.app.presets import check_preset, load_presets, preset_matches, preset_sides
 from pagekv.app.run_figures import comparison_figures, export
-from pagekv.app.run_inputs import RunInputs, takes_run_inputs
+from pagekv.app.run_inputs import (
+    LIMITS,
+    BudgetInputError,
+    InputError,
+    RunInputs,
+    budget_pct,
+    check_budgets,
+    min_budget_pct,
+    nearest_in_range,
+    parse_run,
+    shown_value,
+    takes_run_inputs,
+)
 from pagekv.app.sessions import SessionGate
 from pagekv.app.study import settings_text
 from pagekv.app.view_memo import (

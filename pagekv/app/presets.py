@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pagekv.app import lessons
 from pagekv.app.lessons import Evidence, Finding, Observation, kept_overlap
-from pagekv.app.run_inputs import RunInputs
+from pagekv.app.run_inputs import RunInputs, parse_run
 from pagekv.app.side import Side
 from pagekv.app.study import PromptSpec
 from pagekv.paths import PRESETS_PATH  # noqa: E402
@@ -373,9 +373,7 @@ def preset_sides(preset: dict):
 
 def preset_inputs(preset: dict):
     """`(spec, a, b)` as the app runs the preset (its run inputs through
-    `pagekv.app.inputs.parse_run`)."""
-    from pagekv.app.inputs import parse_run
-
+    `pagekv.app.run_inputs.parse_run`)."""
     return parse_run(RunInputs.for_sides(*preset_sides(preset), model="bundled"))[:3]
 
 

@@ -4,7 +4,7 @@ A link names run inputs by their API names (`RUN_INPUTS`); what it leaves out ta
 its default. The page's "Link to these settings" button writes one in the browser
 (`pagekvShareLink` in assets/app.js, given `share_js`); the page's load reads it
 (`pagekv.app.lesson_handlers.open_page`). A value a link gets wrong is said by the run
-as any other input is (`pagekv.app.inputs.parse_run`).
+as any other input is (`pagekv.app.run_inputs.parse_run`).
 
     >>> lesson_in_query({"lesson": "3"}).startswith("3. ")
     True

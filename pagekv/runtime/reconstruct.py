@@ -66,7 +66,7 @@ REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n"
 #: Reconstruction queries per forward: bounds the `[H, chunk, N]` attention of a chunk.
 CHUNK = 256
 #: The head weights' focus is kept for every sink count up to this (the app's n_sink
-#: range, `pagekv.app.inputs.LIMITS`); `reconstruction_masses` refuses more.
+#: range, `pagekv.app.run_inputs.LIMITS`); `reconstruction_masses` refuses more.
 FOCUS_SINKS = 64
 #: How a head's attention over the reconstruction queries becomes one score per context
 #: token: the largest (the default, as KVzip) or the mean.
