@@ -49,6 +49,52 @@ def specs() -> list[PromptSpec]:
     ]
 
 
+def case_rows(spec: PromptSpec, studies, preps, other: str, shown: str) -> list[dict]:
+    """One prompt's cases: each of `CONFIGS` run by the baseline and the other study of
+    `studies` on their own prepared prompt of `preps`, printed as they come. A row says
+    whether the two decode the same answer tokens and whether each answer is right
+    (`correct_float32` and `correct_<other>`; `shown` is the other's name in the print).
+    A budget below the protected pages is not a case."""
+    rows = []
+    n = preps[0].n
+    for label, cfg in CONFIGS.items():
+        try:
+            pairs = zip(studies, preps, strict=True)
+            a, b = (study.run(prep, cfg).to_dict() for study, prep in pairs)
+        except ValueError as e:  # a budget below the protected pages: not a case
+            print(f"skip {spec.task} {spec.name or spec.context_tokens} {label}: {e}")
+            continue
+        row = {
+            "task": spec.task,
+            "name": spec.name or f"{n} tokens",
+            "mode": spec.mode,
+            "config": label,
+            "same_tokens": a["tokens"] == b["tokens"],
+            "correct_float32": bool(a["correct"]),
+            f"correct_{other}": bool(b["correct"]),
+            "answer_float32": a["answer"],
+            f"answer_{other}": b["answer"],
+        }
+        rows.append(row)
+        mark = "same" if row["same_tokens"] else "DIFF"
+        print(
+            f"{mark:5} {row['task']:7} {row['name'][:28]:28} {row['mode']:7} {label:12} "
+            f"right: f32 {row['correct_float32']!s:5} {shown} {row[f'correct_{other}']!s:5}"
+            + ("" if row["same_tokens"] else f"  {a['answer']!r} | {b['answer']!r}")
+        )
+    return rows
+
+
+def counts(rows: list[dict], other: str) -> str:
+    """How many cases decode the same tokens, and in how many the verdict differs."""
+    same = sum(r["same_tokens"] for r in rows)
+    flips = sum(r["correct_float32"] != r[f"correct_{other}"] for r in rows)
+    return (
+        f"{same} of {len(rows)} cases decode the same tokens; the verdict (right/wrong) "
+        f"differs in {flips}"
+    )
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="auto", choices=DECODE_DTYPES)
@@ -62,37 +108,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     for spec in specs():
         prep = study.prepare(spec)
-        for label, cfg in CONFIGS.items():
-            try:
-                a = base.run(prep, cfg).to_dict()
-                b = study.run(prep, cfg).to_dict()
-            except ValueError as e:  # a budget below the protected pages: not a case
-                print(f"skip {spec.task} {spec.name or spec.context_tokens} {label}: {e}")
-                continue
-            row = {
-                "task": spec.task,
-                "name": spec.name or f"{prep.n} tokens",
-                "mode": spec.mode,
-                "config": label,
-                "same_tokens": a["tokens"] == b["tokens"],
-                "correct_float32": bool(a["correct"]),
-                "correct_default": bool(b["correct"]),
-                "answer_float32": a["answer"],
-                "answer_default": b["answer"],
-            }
-            rows.append(row)
-            mark = "same" if row["same_tokens"] else "DIFF"
-            print(
-                f"{mark:5} {row['task']:7} {row['name'][:28]:28} {row['mode']:7} {label:12} "
-                f"right: f32 {row['correct_float32']!s:5} default {row['correct_default']!s:5}"
-                + ("" if row["same_tokens"] else f"  {a['answer']!r} | {b['answer']!r}")
-            )
-    same = sum(r["same_tokens"] for r in rows)
-    flips = [r for r in rows if r["correct_float32"] != r["correct_default"]]
-    print(
-        f"\n{same} of {len(rows)} cases decode the same tokens; the verdict (right/wrong) "
-        f"differs in {len(flips)}; {time.perf_counter() - t0:.0f} s"
-    )
+        rows += case_rows(spec, (base, study), (prep, prep), "default", "default")
+    print(f"\n{counts(rows, 'default')}; {time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
             meta = {"baseline": base.runner.decode_path, "default": study.runner.decode_path}

@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from benchmarks.bench_decode import cpu_facts  # noqa: E402
-from experiments.decode_agreement import CONFIGS, specs  # noqa: E402
+from experiments.decode_agreement import case_rows, counts, specs  # noqa: E402
 from pagekv import Runner  # noqa: E402
 from pagekv.app.study import Study  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
@@ -66,38 +66,11 @@ def main(argv=None):
         seconds = [p.prefill.timings["prefill_s"] for p in (a_prep, b_prep)]
         prefills.append({"n": a_prep.n, "float32_s": seconds[0], "bfloat16_s": seconds[1]})
         print(f"prefill {a_prep.n} tokens: float32 {seconds[0]:.2f} s, bfloat16 {seconds[1]:.2f} s")
-        for label, cfg in CONFIGS.items():
-            try:
-                a = base.run(a_prep, cfg).to_dict()
-                b = half.run(b_prep, cfg).to_dict()
-            except ValueError as e:  # a budget below the protected pages: not a case
-                print(f"skip {spec.task} {spec.name or spec.context_tokens} {label}: {e}")
-                continue
-            row = {
-                "task": spec.task,
-                "name": spec.name or f"{a_prep.n} tokens",
-                "mode": spec.mode,
-                "config": label,
-                "same_tokens": a["tokens"] == b["tokens"],
-                "correct_float32": bool(a["correct"]),
-                "correct_bfloat16": bool(b["correct"]),
-                "answer_float32": a["answer"],
-                "answer_bfloat16": b["answer"],
-            }
-            rows.append(row)
-            mark = "same" if row["same_tokens"] else "DIFF"
-            print(
-                f"{mark:5} {row['task']:7} {row['name'][:28]:28} {row['mode']:7} {label:12} "
-                f"right: f32 {row['correct_float32']!s:5} bf16 {row['correct_bfloat16']!s:5}"
-                + ("" if row["same_tokens"] else f"  {a['answer']!r} | {b['answer']!r}")
-            )
-    same = sum(r["same_tokens"] for r in rows)
-    flips = [r for r in rows if r["correct_float32"] != r["correct_bfloat16"]]
+        rows += case_rows(spec, (base, half), (a_prep, b_prep), "bfloat16", "bf16")
     f32, bf16 = (sum(p[k] for p in prefills) for k in ("float32_s", "bfloat16_s"))
     cpu = cpu_facts()
     print(
-        f"\n{same} of {len(rows)} cases decode the same tokens; the verdict (right/wrong) "
-        f"differs in {len(flips)}; prefills {f32:.1f} s in float32, {bf16:.1f} s in "
+        f"\n{counts(rows, 'bfloat16')}; prefills {f32:.1f} s in float32, {bf16:.1f} s in "
         f"bfloat16 ({f32 / bf16:.2f}x); {time.perf_counter() - t0:.0f} s on {cpu['model']} "
         f"({', '.join(cpu['flags'])})"
     )
