@@ -108,7 +108,7 @@ def test_the_runner_plans_and_decodes_with_it_once_per_prompt(eager):
     win = EvictionConfig(policy="entropy", budget=0.3, page_size=4, n_sink=2, window=8)
     rec = win.replace(scorer="reconstruct")
     p_rec = runner.plan_prefill(pre, rec)
-    # The pass ran on the prefill's own tensors, not a copy, and left them as they were.
+    # The pass left the prefill's cache as it was: the same tensors, the same values.
     for la, (k, v, k0, v0) in zip(pre.cache.layers, held, strict=True):
         assert la.keys is k and la.values is v and la.keys.shape[2] == 64
         assert torch.equal(k, k0) and torch.equal(v, v0)
@@ -127,6 +127,33 @@ def test_the_runner_plans_and_decodes_with_it_once_per_prompt(eager):
     assert bool(p_rec.page_keep[..., p_rec.protected].all())  # window pages still protected
     res = runner.evaluate(pre, rec, max_new_tokens=3)
     assert len(res.tokens) == 3 and res.config["scorer"] == "reconstruct"
+
+
+def test_the_pass_writes_each_chunk_into_its_cache_in_place(eager):
+    """The pass copies the prefill's cache once, into buffers with room for the whole
+    pass, and writes each chunk's keys and values after it: it never concatenates a
+    layer's cache (a DynamicLayer's way, which copies the whole layer per chunk)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    n = 64
+    pre = Runner(eager).prefill(prompt(n, seed=5), window_max=8)
+
+    class LayerCats(TorchDispatchMode):
+        seen = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.cat.default and out.dim() == 4 and out.shape[2] >= n:
+                LayerCats.seen += 1  # a [1, G, >= n, d] concatenation: a whole layer
+            return out
+
+    with LayerCats():
+        reconstruction_scores(eager, pre.cache, pre.ids, prompt(3, seed=9), chunk=8)
+    assert LayerCats.seen == 0
+    la = pre.cache.layers[0]
+    with LayerCats():  # the control: a DynamicCache grown by one chunk concatenates
+        _copy(pre.cache).update(la.keys[:, :, :8], la.values[:, :, :8], 0)
+    assert LayerCats.seen == 2  # its keys and its values
 
 
 @pytest.mark.parametrize("chunk, n", [(7, 40), (300, 310)])

@@ -517,13 +517,9 @@ class PageEntroKVPress(_Base):
                     f"layer {i} of the cache holds {held} tokens, the prefill {n}; "
                     "scorer='reconstruct' needs a plain DynamicCache (not quantized or static)"
                 )
-        try:
-            scores = reconstruction_scores(
-                model, cache, list(context_ids), list(prompt_ids), chunk=self.reconstruct_chunk
-            )
-        finally:
-            for la in layers:  # drop the reconstruction's keys and values
-                la.keys, la.values = la.keys[:, :, :n], la.values[:, :, :n]
+        scores = reconstruction_scores(  # on a copy of the cache: `cache` stays as it is
+            model, cache, list(context_ids), list(prompt_ids), chunk=self.reconstruct_chunk
+        )
         profiles = as_profiles(scores["max"])  # [L, H, n], rows sum to 1
         cfg = self.eviction_config(n)
         plans = []

@@ -150,7 +150,7 @@ def isolated_collision_mass(profiles: torch.Tensor, n_sink: int) -> torch.Tensor
 
 
 def row_focus_sums(
-    probs: torch.Tensor, n_ctx: int, max_sink: int, overwrite: bool = False
+    probs: torch.Tensor, n_ctx: int, max_sink: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """How focused each attention row is on the first `n_ctx` keys, for every sink count.
 
@@ -168,8 +168,8 @@ def row_focus_sums(
     of its context mass gets the uniform value `1 / (n_ctx - s)`; and `s >= n_ctx`
     (nothing left to isolate) gives the plain collision mass, column 0.
 
-    `overwrite=True` lets it square float32 `probs`' context columns in place (no second
-    tensor of their size), for a caller that does not read them again.
+    The rows are read, never written: the squares of the long part of each row are
+    summed as its squared 2-norm (`vector_norm`), one read and no tensor of their size.
     """
     if isinstance(max_sink, bool) or not isinstance(max_sink, int) or max_sink < 0:
         raise ValueError(f"max_sink must be an integer >= 0; got {max_sink!r}")
@@ -179,7 +179,7 @@ def row_focus_sums(
     s = min(max_sink, n_ctx)
     head, tail = p[..., :s], p[..., s:]
     tail_sum = tail.sum(-1, keepdim=True)
-    tail_sq = (tail.square_() if overwrite else tail * tail).sum(-1, keepdim=True)
+    tail_sq = torch.linalg.vector_norm(tail, dim=-1, keepdim=True).square()
     # rest(j) = sum_{j <= t < n_ctx} p(t), j = 0..s, as suffix sums (all additions).
     rest = torch.cat([head.flip(-1).cumsum(-1).flip(-1) + tail_sum, tail_sum], dim=-1)
     sq = torch.cat([(head * head).flip(-1).cumsum(-1).flip(-1) + tail_sq, tail_sq], dim=-1)

@@ -46,7 +46,8 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from pagekv.maths.entropy import HeadMasses, row_focus_sums
 from pagekv.maths.profiles import future_mask
@@ -74,6 +75,8 @@ AGGREGATIONS = ("max", "mean")
 #: The attention implementation the reconstruction chunks run under (registered with
 #: transformers' `AttentionInterface` below): the model's attention, scoring its rows.
 SCORED_ATTENTION = "pagekv_scored"
+#: The attention rows' stride is a multiple of this many float32 (`padded`).
+ALIGN = 16
 
 
 @dataclass
@@ -89,13 +92,21 @@ class _Pass:
     n_keys: int
     buffer: torch.Tensor | None = None
 
-    def rows_buffer(self, shape, device) -> torch.Tensor:
-        """A float32 view of `shape` `(G, r * c, N)` on the shared buffer."""
-        need = shape[0] * shape[1] * shape[2]
+    def rows_buffer(self, groups: int, rows: int, n_keys: int, device) -> torch.Tensor:
+        """A float32 view `(groups, rows, padded(n_keys))` on the shared buffer."""
+        need = groups * rows * padded(n_keys)
         if self.buffer is None or self.buffer.numel() < need or self.buffer.device != device:
-            most = shape[0] * shape[1] * max(self.n_keys, shape[2])
+            most = groups * rows * padded(max(self.n_keys, n_keys))
             self.buffer = torch.empty(most, dtype=torch.float32, device=device)
-        return self.buffer[:need].view(shape)
+        return self.buffer[:need].view(groups, rows, padded(n_keys))
+
+
+def padded(n_keys: int) -> int:
+    """The attention rows' stride: `n_keys` rounded up to whole 64-byte lines (`ALIGN`
+    floats). On the CPU the `q . K` product into rows of an unaligned stride is about a
+    third slower (benchmarks/bench_reconstruct.py); the padding holds -inf logits, so the
+    softmax of a padded row gives the same row."""
+    return -(-n_keys // ALIGN) * ALIGN
 
 
 def _scored_attention(module, query, key, value, attention_mask=None, scaling=None, **kwargs):
@@ -129,8 +140,7 @@ def _scored_attention(module, query, key, value, attention_mask=None, scaling=No
         out = torch.bmm(rows.view(G, -1, N).to(value.dtype), value[0]).view(-1, c, d)
         ctx = rows[:, :, :n]
         top, total = ctx.amax(1), ctx.sum(1)
-        # The rows are read for the last time: the focus may square them in place.
-        new = [top, total, *row_focus_sums(rows, n, FOCUS_SINKS, overwrite=True)]
+        new = [top, total, *row_focus_sums(rows, n, FOCUS_SINKS)]
     if (old := state.acc[index]) is not None:  # the max over the queries; sums of the rest
         new[0] = torch.maximum(old[0], new[0])
         new[1:] = [a + b for a, b in zip(old[1:], new[1:], strict=True)]
@@ -142,22 +152,59 @@ def _attention_rows(q: torch.Tensor, keys: torch.Tensor, scale: float, state: _P
     """Float32 softmax rows `[H, c, N]` of the queries `q` `[H, c, d]` over `keys`
     `[G, N, d]` (the heads of a group share its keys), query `i` at key index
     `N - c + i`, causally: only the last `c` keys are masked. The rows are a view of
-    `state`'s buffer, valid until the next call."""
+    `state`'s buffer (their stride `padded(N)`), valid until the next call."""
     H, c, d = q.shape
     G, N, _ = keys.shape
-    logits = state.rows_buffer((G, (H // G) * c, N), q.device)
+    full = state.rows_buffer(G, (H // G) * c, N, q.device)
+    logits = full[..., :N]
     # alpha: the scale inside the product, as `(q . k) * scale`, with no pass of its own
     torch.baddbmm(logits, q.float().reshape(G, -1, d), keys.float().transpose(1, 2),
                   beta=0.0, alpha=scale, out=logits)  # fmt: skip
     future = future_mask(c, c, q.device)  # among the chunk's own keys, the last c
     logits.view(G, -1, c, N)[..., N - c :].masked_fill_(future, float("-inf"))
+    full[..., N:].fill_(float("-inf"))  # the padding: no weight in the softmax
     if q.device.type == "cpu":  # in place: the CPU kernel finishes a row's max first
-        torch.ops.aten._softmax.out(logits, -1, False, out=logits)
-        return logits.view(H, c, N)
-    return torch.softmax(logits, dim=-1).view(H, c, N)
+        torch.ops.aten._softmax.out(full, -1, False, out=full)
+    else:
+        full = torch.softmax(full, dim=-1)
+    return full[..., :N].view(H, c, N)
 
 
 AttentionInterface.register(SCORED_ATTENTION, _scored_attention)
+
+
+class _PassLayer(DynamicLayer):
+    """One layer of the pass's own cache: the prefill's keys and values copied once into
+    buffers `[1, G, capacity, d]` sized for the whole pass, each forward's written after
+    them in place. (A DynamicLayer concatenates, so it copies the whole layer each time
+    it grows: once per chunk.) `keys` and `values` are views of the filled part, what
+    the model's attention reads."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self._keys = keys.new_empty((*keys.shape[:2], capacity, keys.shape[3]))
+        self._values = values.new_empty((*values.shape[:2], capacity, values.shape[3]))
+        self._filled = 0
+        self.update(keys, values)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        start, end = self._filled, self._filled + key_states.shape[2]
+        if end > self._keys.shape[2]:
+            raise RuntimeError(f"the pass's cache holds {self._keys.shape[2]} tokens; {end} asked")
+        self._keys[:, :, start:end].copy_(key_states)
+        self._values[:, :, start:end].copy_(value_states)
+        self._filled = end
+        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        return self.keys, self.values
+
+
+def _pass_cache(cache, capacity: int) -> DynamicCache:
+    """A cache of `_PassLayer`s holding a copy of `cache`'s keys and values, with room
+    for `capacity` tokens per layer; `cache` is read, never changed."""
+    own = DynamicCache()
+    own.layers.extend(_PassLayer(la.keys, la.values, capacity) for la in cache.layers)
+    return own
 
 
 def reconstruction_profiles(
@@ -209,9 +256,9 @@ def reconstruction_scores(
 
     Args:
         model: the decoder whose prefill made `cache`.
-        cache: a DynamicCache holding the context's `n` keys and values per layer; the
-            pass extends it, so pass one no one else reads (a new DynamicCache over
-            the prefill's tensors will do: appending concatenates into new tensors).
+        cache: a DynamicCache holding the context's `n` keys and values per layer, read
+            and never changed: the pass copies them once into a cache of its own with
+            room for the whole pass (`_pass_cache`).
         context_ids: the `n` context ids (what is reconstructed).
         prompt_ids: the instruction's ids, read before the reconstruction.
         chunk: reconstruction queries per forward (>= 1).
@@ -239,6 +286,7 @@ def reconstruction_scores(
     configs = {id(m.config): m.config for m in mods}
     before = {k: c._attn_implementation for k, c in configs.items()}
     state = _Pass(n, used, acc, n_keys=n + len(prompt_ids) + n)
+    cache = _pass_cache(cache, state.n_keys)
     for i, m in enumerate(mods):
         m._pagekv_pass = (i, state)
     try:

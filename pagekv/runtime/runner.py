@@ -222,17 +222,15 @@ class Runner:
         """The reconstruction pass's scores on `pre` (`pagekv.runtime.reconstruct`):
         `{"max": [L, H, n], "mean": [L, H, n]}`, not normalised. Runs once per prompt
         and is memoised on `pre`; its seconds go in `pre.timings["reconstruct_s"]`.
-        The pass extends a new cache over the prefill's own tensors: appending
-        concatenates into new tensors, so `pre.cache` stays as it was without a copy
-        (tests/test_reconstruct.py)."""
+        The pass copies the prefill's cache into one of its own, so `pre.cache` stays
+        as it was (tests/test_reconstruct.py)."""
         if pre.reconstruction is None:
             t0 = _now(self.device)
             tok = self.tokenizer
             prompt = [] if tok is None else tok.encode(REPEAT_PROMPT, add_special_tokens=False)
-            copy = _new_cache([(la.keys, la.values) for la in pre.cache.layers])
             pre.reconstruction = reconstruction_scores(
                 self.model,
-                copy,
+                pre.cache,
                 pre.ids,
                 prompt,
                 chunk=chunk,
