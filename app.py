@@ -35,13 +35,13 @@ from pagekv.app.lesson_checks import LESSON_TITLES  # noqa: E402
 from pagekv.app.lesson_handlers import LESSON_CONTROLS, TABS, warm_lessons  # noqa: E402
 from pagekv.app.lessons import LESSONS  # noqa: E402
 from pagekv.app.page_assets import GQA_DRAWING, launch_assets  # noqa: E402
+from pagekv.app.run_figures import PLAN_VIEWS  # noqa: E402
 from pagekv.app.run_inputs import (  # noqa: E402
     PAGE_SIZES,  # noqa: E402
     RUN_DEFAULTS,
     RUN_INPUTS,
 )
 from pagekv.app.share import share_js, shared_names  # noqa: E402
-from pagekv.app.view_memo import PLAN_VIEWS  # noqa: E402
 from pagekv.app.worker import WORKER  # noqa: E402
 from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 

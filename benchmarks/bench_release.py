@@ -12,7 +12,7 @@ its last update. Then, for each budget, its parts on their own (a budget + 0.5
 percentage points, so nothing is served from a memo of finished runs): the plan of
 both sides; the decode of the pair (the full cache is memoised per prompt, as in the
 app); the views drawn while the pair decodes, with the memo of drawn figures
-(`pagekv.app.figure_memo`) warm, as on a release, and emptied (as before it
+(`pagekv.app.view_memo.memo_figure`) warm, as on a release, and emptied (as before it
 existed); and the retention view drawn after decoding.
 
 In the app the views are drawn on the request thread while the model decodes on the
@@ -35,14 +35,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402
-from pagekv.app import figure_memo, handlers  # noqa: E402
+from pagekv.app import handlers, view_memo  # noqa: E402
 from pagekv.app.comparison import Decoding, plan_comparison
-from pagekv.app.run_figures import comparison_figures  # noqa: E402
+from pagekv.app.run_figures import (
+    SAME_AFTER_DECODING,  # noqa: E402
+    comparison_figures,  # noqa: E402
+)
 from pagekv.app.run_inputs import (
     RunInputs,  # noqa: E402
     parse_run,  # noqa: E402
 )
-from pagekv.app.view_memo import SAME_AFTER_DECODING  # noqa: E402
 from pagekv.app.worker import WORKER  # noqa: E402
 from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 
@@ -73,7 +75,7 @@ def parts(run: dict, pct: float) -> dict:
     skip = {*SAME_AFTER_DECODING, "retention"}
     comparison_figures(comp, layer=layer, skip=skip)  # memo warm (drawn by the release)
     t3 = time.perf_counter()
-    with mock.patch.object(figure_memo, "figure_memo", figure_memo.ByteLRU(0)):  # nothing kept
+    with mock.patch.object(view_memo, "view_memo", view_memo.ByteLRU(0)):  # no figure kept
         comparison_figures(comp, layer=layer, skip=skip)  # every view drawn
     t4 = time.perf_counter()
     comparison_figures(comp, layer=layer, only={"retention"})

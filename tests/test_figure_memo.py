@@ -1,4 +1,4 @@
-"""Figures drawn once per content (`pagekv.app.figure_memo`), and the app's views of
+"""Figures drawn once per content (`pagekv.app.view_memo.memo_figure`), and the app's views of
 head weights and sink mass drawn from it: the same across budgets, new when what they
 draw changes."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pagekv.app import figure_memo as fm
+from pagekv.app import view_memo as fm
 from pagekv.app.figures import eviction as fp
 from pagekv.app.run_figures import comparison_figures
 from tests.test_figures_readable import random_plan
@@ -23,7 +23,7 @@ MEMOISED = ("weights", "weights_overview", "sink_mass", "sink_advantage")
 
 @pytest.fixture(autouse=True)
 def empty_memo(monkeypatch):
-    monkeypatch.setattr(fm, "figure_memo", fm.ByteLRU(fm.FIGURE_MEMO_BYTES, lambda v: v[1]))
+    monkeypatch.setattr(fm, "view_memo", fm.ByteLRU(fm.VIEW_MEMO_BYTES, lambda v: v["nbytes"]))
 
 
 def counting(draw):
@@ -75,12 +75,30 @@ def test_an_unkeyable_input_is_refused():
 
 
 def test_the_memo_is_bounded():
-    memo = fm.ByteLRU(3 * fm.BYTES_PER_VALUE * 4, lambda v: v[1])
-    fm.figure_memo = memo  # the fixture restores the module's memo
+    memo = fm.ByteLRU(3 * fm.BYTES_PER_VALUE * 4, lambda v: v["nbytes"])
+    fm.view_memo = memo  # the fixture restores the module's memo
     for i in range(5):
         w = torch.full((2, 2), float(i))
         fm.memo_figure("heat", (w,), lambda w=w: fp.layer_head_heatmap(w, 1, "w"))
     assert len(memo) < 5 and memo.nbytes <= memo.max_bytes
+
+
+def test_one_memo_with_one_bound_holds_runs_plan_views_and_figures(monkeypatch):
+    """The app's drawn views have one memo: the run handler's finished runs, the
+    previews' plan views and single figures are entries of the same ByteLRU, so one
+    cap bounds them all."""
+    from pagekv.app import handlers, run_figures
+
+    memo = handlers.view_memo
+    assert run_figures.view_memo is memo and memo.max_bytes == fm.VIEW_MEMO_BYTES
+    monkeypatch.setattr(fm, "view_memo", memo)  # the module's own (the fixture's is fresh)
+    w = torch.tensor([[0.125, 0.875]])
+    fig = fm.memo_figure("heat", (w, 1), lambda: fp.layer_head_heatmap(w, 1, "w"))
+    key = fm.content_key("heat", (w, 1))
+    try:
+        assert memo.get(key)["fig"] is fig and key[0] == "figure"
+    finally:
+        memo.pop(key)
 
 
 def fake_comparison(plan_b):

@@ -10,6 +10,6 @@ and the tasks), `side` (`Side`: one side's `EvictionConfig` and question positio
 What a person sees: `figures/` (every figure; plotly only there), `run_figures`,
 `answers`, `lessons` (their words in lessons.md), `lesson_checks`, `presets`, `share`
 (links), the run's inputs (`run_inputs`: the controls, their ranges and `parse_run`),
-the memos of drawn views (`view_memo`, `figure_memo`), and the page's handlers
+the one memo of drawn views (`view_memo`), and the page's handlers
 `handlers` and `lesson_handlers` (gradio only there). `app.py` lays out the page and wires them.
 """

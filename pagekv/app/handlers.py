@@ -38,7 +38,13 @@ from pagekv.app.lessons import lesson_prompts
 from pagekv.app.model_registry import ModelRegistry, model_key
 from pagekv.app.page_text import STALE_NOTE, message
 from pagekv.app.presets import check_preset, load_presets, preset_matches, preset_sides
-from pagekv.app.run_figures import comparison_figures, export
+from pagekv.app.run_figures import (
+    PLAN_VIEWS,
+    SAME_AFTER_DECODING,
+    comparison_figures,
+    export,
+    plan_views,
+)
 from pagekv.app.run_inputs import (
     LIMITS,
     BudgetInputError,
@@ -54,15 +60,7 @@ from pagekv.app.run_inputs import (
 )
 from pagekv.app.sessions import SessionGate
 from pagekv.app.study import settings_text
-from pagekv.app.view_memo import (
-    PLAN_VIEWS,
-    SAME_AFTER_DECODING,
-    SAME_RUN_WAIT_S,
-    plan_views,
-    view_key,
-    view_memo,
-    view_size,
-)
+from pagekv.app.view_memo import SAME_RUN_WAIT_S, view_key, view_memo, view_size
 from pagekv.app.worker import WORKER, keep_this_thread_light
 from pagekv.maths.config import POLICIES
 from pagekv.runtime.models import KNOWN_MODELS
@@ -221,7 +219,7 @@ def sent(value):
     by the preview, again by the release's first update and again with its answers,
     and a finished run's by every request it is served to: the page frame's JSON alone
     took tens of milliseconds each time, on the thread that shares the CPU with the
-    decode. Figures are never changed once drawn (`pagekv.app.figure_memo`), so the
+    decode. Figures are never changed once drawn (`pagekv.app.view_memo`), so the
     JSON stays theirs."""
     if not is_figure(value):
         return value
@@ -556,7 +554,7 @@ def export_run(comp):
     """The last run's numbers (JSON, CSV) and figures (HTML), written on request."""
     if comp is None:
         raise gr.Error("Nothing to export yet: run a comparison first.")
-    done = next((v for _, v in reversed(view_memo.items()) if v["comp"] is comp), None)
+    done = next((v for _, v in reversed(view_memo.items()) if v.get("comp") is comp), None)
     figs = done["figs"] if done else comparison_figures(comp)
     return export(comp, figs, _export_folder())
 

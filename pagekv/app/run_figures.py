@@ -3,27 +3,37 @@
     figs = comparison_figures(comp, layer=0)
     paths = export(comp, figs, folder)     # the numbers and every figure
 
-Drawing only: the comparison is planned and decoded below the views.
+Drawing only: the comparison is planned and decoded below the views. What is drawn once
+is kept in the one memo of drawn views (`pagekv.app.view_memo`).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 
 from pagekv.app import figures
 from pagekv.app.comparison import Comparison, export_data, side_labels
-from pagekv.app.figure_memo import memo_figure
 from pagekv.app.figures.style import POLICY_COLOURS
 from pagekv.app.side import Side
+from pagekv.app.view_memo import memo_figure, view_memo, view_size
 from pagekv.maths.metrics import sink_advantage
 
+#: Views that planning alone draws (a dragged slider updates these, without decoding).
+PLAN_VIEWS = ("frame", "retention", "uor", "stored", "memory", "glance")
+#: Plan views that decoding leaves as they are (retention is redrawn: the decoded records
+#: measure what the compacted cache stores, padding included).
+SAME_AFTER_DECODING = ("frame", "uor", "stored", "memory", "glance")
 
-@functools.lru_cache(maxsize=32)
-def _uor_figure(budgets: tuple, means: tuple, maxes: tuple, r: int):
-    """The UOR-across-budgets figure, drawn once per curve (it does not change while a
-    budget is dragged). Callers share the object: figures are never changed after."""
-    return figures.uor_curve(list(budgets), list(means), list(maxes), r=r)
+
+def plan_views(comp: Comparison, key: tuple, layer: int) -> dict:
+    """The plan views of `comp` (`PLAN_VIEWS`) for the run `key` (`view_key`), drawn or
+    kept from a preview with the same settings (`view_memo`, under `("plan", *key)`)."""
+    hit = view_memo.get(("plan", *key))
+    if hit is not None:
+        return hit["figs"]
+    figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
+    view_memo.put(("plan", *key), {"figs": figs, "nbytes": view_size(None, figs)})
+    return figs
 
 
 def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> dict:
@@ -37,6 +47,7 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
     needle = comp.prep.needle_positions or None
     layer = max(0, min(int(layer), pa.keep.shape[0] - 1))
     feasible = [x for x in comp.curve if x["feasible"]]
+    curve = [[x[k] for x in feasible] for k in ("budget", "uor_mean", "uor_max")]
     both = (("A", labels["A"]), ("B", labels["B"]))
 
     def overview(name: str, values, title: str):  # a layer x head heatmap of side B
@@ -50,7 +61,7 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
             {lab: comp.needle_positions_of(key) for key, lab in both},
         ),
         # Side B's head weights and sink mass: the budget changes none of them, so
-        # they are drawn once per content (`figure_memo`), not on every release.
+        # they are drawn once per content (`memo_figure`), not on every release.
         "weights": lambda: memo_figure(
             "weights",
             (pb.weights_isolated, pb.weights_nosink, pb.sink_heads, G, layer),
@@ -70,9 +81,8 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
                 sink_advantage(pb.weights_nosink, pb.sink_heads, G),
             ),
         ),
-        "uor": lambda: _uor_figure(
-            *(tuple(x[k] for x in feasible) for k in ("budget", "uor_mean", "uor_max")), r
-        ),
+        # The curve does not change while a budget is dragged: drawn once per curve.
+        "uor": lambda: memo_figure("uor", (*curve, r), lambda: figures.uor_curve(*curve, r=r)),
         "memory": lambda: figures.memory_bars(comp.memory),
         "stored": lambda: figures.union_over_budget_heatmap(
             {lab: comp.plan_of(key).union_tokens.tolist() for key, lab in both},
