@@ -30,13 +30,13 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_decode import cpu_facts  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
 from pagekv.runtime.prefill import cache_kwarg  # noqa: E402
-from pagekv.runtime.runner import _new_cache  # noqa: E402
 
 #: The decode's weight dtypes (`--dtype`), then the reference point.
 DTYPES = ("float32", "float16", "bfloat16")
@@ -83,7 +83,7 @@ def forward_steps(model, lengths: list[int]) -> dict:
     for n in lengths:
         g = torch.Generator().manual_seed(n)
         ids = torch.randint(3, vocab, (1, n + 1), generator=g)
-        cache = _new_cache()
+        cache = DynamicCache()
         model(input_ids=ids[:, :n], use_cache=True, **{kw: cache})
         pos = torch.tensor([[n]])
 

@@ -28,11 +28,12 @@ SAME_AFTER_DECODING = ("frame", "uor", "stored", "memory", "glance")
 def plan_views(comp: Comparison, key: tuple, layer: int) -> dict:
     """The plan views of `comp` (`PLAN_VIEWS`) for the run `key` (`view_key`), drawn or
     kept from a preview with the same settings (`view_memo`, under `("plan", *key)`)."""
-    hit = view_memo.get(("plan", *key))
+    plan_key = ("plan", *key)
+    hit = view_memo.get(plan_key)
     if hit is not None:
         return hit["figs"]
     figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
-    view_memo.put(("plan", *key), {"figs": figs, "nbytes": view_size(None, figs)})
+    view_memo.put(plan_key, {"figs": figs, "nbytes": view_size(None, figs)})
     return figs
 
 
