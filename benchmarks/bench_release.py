@@ -11,9 +11,9 @@ sends (`preview_plans`: the plan views) and then what releasing it sends
 its last update. Then, for each budget, its parts on their own (a budget + 0.5
 percentage points, so nothing is served from a memo of finished runs): the plan of
 both sides; the decode of the pair (the full cache is memoised per prompt, as in the
-app); the views drawn while the pair decodes, with the memo of drawn figures
-(`pagekv.app.view_memo.memo_figure`) warm, as on a release, and emptied (as before it
-existed); and the retention view drawn after decoding.
+app); the views drawn while the pair decodes, with the figures drawn once per content
+(`pagekv.app.run_figures.memo_figure`, in the study's plan memo) warm, as on a release,
+and without that memo; and the retention view drawn after decoding.
 
 In the app the views are drawn on the request thread while the model decodes on the
 main thread, so a release is not the sum of its parts: on 2 cores they compete.
@@ -28,14 +28,13 @@ import statistics
 import sys
 import threading
 import time
-from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402
-from pagekv.app import handlers, view_memo  # noqa: E402
+from pagekv.app import handlers  # noqa: E402
 from pagekv.app.comparison import Decoding, plan_comparison
 from pagekv.app.run_figures import (
     SAME_AFTER_DECODING,  # noqa: E402
@@ -73,17 +72,16 @@ def parts(run: dict, pct: float) -> dict:
         pass
     t2 = time.perf_counter()
     skip = {*SAME_AFTER_DECODING, "retention"}
-    comparison_figures(comp, layer=layer, skip=skip)  # memo warm (drawn by the release)
+    comparison_figures(comp, layer=layer, skip=skip, memo=study.plans)  # warm (the release's)
     t3 = time.perf_counter()
-    with mock.patch.object(view_memo, "view_memo", view_memo.ByteLRU(0)):  # no figure kept
-        comparison_figures(comp, layer=layer, skip=skip)  # every view drawn
+    comparison_figures(comp, layer=layer, skip=skip)  # no memo: every view drawn
     t4 = time.perf_counter()
     comparison_figures(comp, layer=layer, only={"retention"})
     t5 = time.perf_counter()
     return {
         "plan_s": t1 - t0,
         "pair_decode_s": t2 - t1,
-        "pair_tokens": max(len(comp.records[k]["tokens"]) for k in "AB"),
+        "pair_tokens": max(len(comp.records[k].tokens) for k in "AB"),
         "views_during_decode_s": t3 - t2,
         "views_during_decode_unmemoised_s": t4 - t3,
         "retention_view_s": t5 - t4,

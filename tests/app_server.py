@@ -33,18 +33,16 @@ def free_port() -> int:
 def launched_app(cold: bool = False):
     """Yield `(demo, url)` of a launched app, closed on exit.
 
-    cold: forget any model an earlier test loaded (`MODELS.studies`) and every finished
-    run's views (`view_memo`), so the first request pays the model load and the run as
-    a fresh `python app.py` would.
+    cold: forget any model an earlier test loaded (`MODELS.studies`), with its memos and
+    so every finished run's views, so the first request pays the model load and the run
+    as a fresh `python app.py` would.
     """
     import app
     from pagekv.app.handlers import MODELS
-    from pagekv.app.view_memo import view_memo
 
     if cold:
         with MODELS.lock:
             MODELS.studies.clear()
-        view_memo.clear()
     demo = app.build_demo()
     demo.queue(default_concurrency_limit=1)
     _, url, _ = demo.launch(

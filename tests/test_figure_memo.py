@@ -1,6 +1,7 @@
-"""Figures drawn once per content (`pagekv.app.view_memo.memo_figure`), and the app's views of
-head weights and sink mass drawn from it: the same across budgets, new when what they
-draw changes."""
+"""Figures drawn once per content (`pagekv.app.run_figures.memo_figure`, into a study's
+plan memo), and the app's views of head weights and sink mass drawn from it: the same
+across budgets, new when what they draw changes. The app's caches are its studies'
+three memos: no module of the app holds one of its own."""
 
 from __future__ import annotations
 
@@ -11,19 +12,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pagekv.app import view_memo as fm
+from pagekv.app import run_figures as fm
 from pagekv.app.figures import eviction as fp
+from pagekv.app.memo import ByteLRU
 from pagekv.app.run_figures import comparison_figures
 from tests.test_figures_readable import random_plan
+from tests.test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
 
 pytest.importorskip("plotly")
 
 MEMOISED = ("weights", "weights_overview", "sink_mass", "sink_advantage")
 
 
-@pytest.fixture(autouse=True)
-def empty_memo(monkeypatch):
-    monkeypatch.setattr(fm, "view_memo", fm.ByteLRU(fm.VIEW_MEMO_BYTES, lambda v: v["nbytes"]))
+@pytest.fixture
+def memo():
+    return ByteLRU(2**20, lambda v: v["nbytes"])
 
 
 def counting(draw):
@@ -36,12 +39,14 @@ def counting(draw):
     return build, calls
 
 
-def test_same_content_draws_once():
+def test_same_content_draws_once(memo):
     w = torch.tensor([[0.25, 0.75]])
     build, calls = counting(lambda: fp.layer_head_heatmap(w, 1, "w"))
-    a = fm.memo_figure("heat", (w, 1), build)
-    b = fm.memo_figure("heat", (w.clone(), 1), build)  # equal values, another tensor
+    a = fm.memo_figure(memo, "heat", (w, 1), build)
+    b = fm.memo_figure(memo, "heat", (w.clone(), 1), build)  # equal values, another tensor
     assert a is b and len(calls) == 1
+    c = fm.memo_figure(None, "heat", (w, 1), build)  # no memo: drawn now
+    assert c is not a and len(calls) == 2
 
 
 @pytest.mark.parametrize(
@@ -54,18 +59,18 @@ def test_same_content_draws_once():
         (torch.tensor([[0.25, 0.75]]), "1"),  # a string, not the number
     ],
 )
-def test_different_content_draws_again(other):
+def test_different_content_draws_again(other, memo):
     w = torch.tensor([[0.25, 0.75]])
     build, calls = counting(lambda: fp.layer_head_heatmap(w, 1, "w"))
-    fm.memo_figure("heat", (w, 1), build)
-    fm.memo_figure("heat", other, build)
+    fm.memo_figure(memo, "heat", (w, 1), build)
+    fm.memo_figure(memo, "heat", other, build)
     assert len(calls) == 2
 
 
-def test_the_name_is_part_of_the_key():
+def test_the_name_is_part_of_the_key(memo):
     w = torch.tensor([[0.5, 0.5]])
-    a = fm.memo_figure("a", (w,), lambda: fp.layer_head_heatmap(w, 1, "a"))
-    b = fm.memo_figure("b", (w,), lambda: fp.layer_head_heatmap(w, 1, "b"))
+    a = fm.memo_figure(memo, "a", (w,), lambda: fp.layer_head_heatmap(w, 1, "a"))
+    b = fm.memo_figure(memo, "b", (w,), lambda: fp.layer_head_heatmap(w, 1, "b"))
     assert a is not b and b.layout.title.text == "b"
 
 
@@ -75,30 +80,49 @@ def test_an_unkeyable_input_is_refused():
 
 
 def test_the_memo_is_bounded():
-    memo = fm.ByteLRU(3 * fm.BYTES_PER_VALUE * 4, lambda v: v["nbytes"])
-    fm.view_memo = memo  # the fixture restores the module's memo
+    memo = ByteLRU(3 * fm.BYTES_PER_VALUE * 4, lambda v: v["nbytes"])
     for i in range(5):
         w = torch.full((2, 2), float(i))
-        fm.memo_figure("heat", (w,), lambda w=w: fp.layer_head_heatmap(w, 1, "w"))
+        fm.memo_figure(memo, "heat", (w,), lambda w=w: fp.layer_head_heatmap(w, 1, "w"))
     assert len(memo) < 5 and memo.nbytes <= memo.max_bytes
 
 
-def test_one_memo_with_one_bound_holds_runs_plan_views_and_figures(monkeypatch):
-    """The app's drawn views have one memo: the run handler's finished runs, the
-    previews' plan views and single figures are entries of the same ByteLRU, so one
-    cap bounds them all."""
-    from pagekv.app import handlers, run_figures
+def test_no_module_of_the_app_holds_a_cache_of_its_own():
+    """The app's caches are each study's prefill, plan and result memos: importing the
+    whole app leaves no `ByteLRU` at any module's top level, nor a function cached by
+    its arguments (a value built once, with none, is not a cache of results)."""
+    import importlib
+    import inspect
+    import pkgutil
 
-    memo = handlers.view_memo
-    assert run_figures.view_memo is memo and memo.max_bytes == fm.VIEW_MEMO_BYTES
-    monkeypatch.setattr(fm, "view_memo", memo)  # the module's own (the fixture's is fresh)
-    w = torch.tensor([[0.125, 0.875]])
-    fig = fm.memo_figure("heat", (w, 1), lambda: fp.layer_head_heatmap(w, 1, "w"))
-    key = fm.content_key("heat", (w, 1))
-    try:
-        assert memo.get(key)["fig"] is fig and key[0] == "figure"
-    finally:
-        memo.pop(key)
+    import pagekv.app
+
+    names = [m.name for m in pkgutil.walk_packages(pagekv.app.__path__, "pagekv.app.")]
+    modules = [importlib.import_module(name) for name in ["app", *names]]
+    held = [
+        f"{mod.__name__}.{attr}"
+        for mod in modules
+        for attr, value in vars(mod).items()
+        if isinstance(value, ByteLRU)
+        or (hasattr(value, "cache_info") and inspect.signature(value).parameters)
+    ]
+    assert len(modules) > 20 and held == []
+
+
+def test_the_study_memos_count_drawn_views_at_their_own_size(tokenizer):  # noqa: F811
+    """A dict of drawn views is counted at its `nbytes` (not by walking plotly objects);
+    a plan or a result by `nbytes`; views never go to the lessons' kept part."""
+    from pagekv.app.study import _entry_bytes
+    from pagekv.app.worker import ModelWorker
+
+    assert _entry_bytes({"figs": {}, "nbytes": 1234}) == 1234
+    assert _entry_bytes(torch.zeros(8)) == 32
+    study = _tiny_study(tokenizer, ModelWorker())
+    study.kept_prompts = frozenset({"lesson"})
+    assert study.results.keep_if((("lesson", "digest"), "config", 32))
+    assert not study.results.keep_if(fm.view_key("lesson", "a", "b", 0))
+    assert not study.plans.keep_if(("plan views", *fm.view_key("lesson", "a", "b", 0)))
+    assert not study.plans.keep_if(fm.content_key("weights", (1,)))
 
 
 def fake_comparison(plan_b):
@@ -113,14 +137,14 @@ def fake_comparison(plan_b):
     )
 
 
-def test_app_views_are_drawn_once_across_budgets():
+def test_app_views_are_drawn_once_across_budgets(memo):
     """Two plans of one profile at different budgets keep different pages but have the
     same head weights and sink mass: their views are the same figure objects, equal to
     a fresh draw."""
     p20, p50 = random_plan(), random_plan()
     p50 = dataclasses.replace(p50, page_keep=~p50.page_keep)  # another keep
-    a = comparison_figures(fake_comparison(p20), layer=1, only=MEMOISED)
-    b = comparison_figures(fake_comparison(p50), layer=1, only=MEMOISED)
+    a = comparison_figures(fake_comparison(p20), layer=1, only=MEMOISED, memo=memo)
+    b = comparison_figures(fake_comparison(p50), layer=1, only=MEMOISED, memo=memo)
     for name in MEMOISED:
         assert a[name] is b[name], name
     fresh = fp.head_weights_bars(p20, 1)
@@ -128,9 +152,9 @@ def test_app_views_are_drawn_once_across_budgets():
 
 
 @pytest.mark.parametrize("change", ["layer", "weights", "sink_mass", "sink_heads"])
-def test_app_views_redrawn_when_what_they_draw_changes(change):
+def test_app_views_redrawn_when_what_they_draw_changes(change, memo):
     p = random_plan()
-    a = comparison_figures(fake_comparison(p), layer=0, only=MEMOISED)
+    a = comparison_figures(fake_comparison(p), layer=0, only=MEMOISED, memo=memo)
     layer, q = 0, p
     if change == "layer":
         layer = 1
@@ -140,7 +164,7 @@ def test_app_views_redrawn_when_what_they_draw_changes(change):
         q = dataclasses.replace(p, sink_mass=p.sink_mass * 0.5)
     else:
         q = dataclasses.replace(p, sink_heads=~p.sink_heads)
-    b = comparison_figures(fake_comparison(q), layer=layer, only=MEMOISED)
+    b = comparison_figures(fake_comparison(q), layer=layer, only=MEMOISED, memo=memo)
     redrawn = {name for name in MEMOISED if a[name] is not b[name]}
     expected = {
         "layer": {"weights"},
@@ -151,16 +175,16 @@ def test_app_views_redrawn_when_what_they_draw_changes(change):
     assert redrawn == expected
 
 
-def test_the_layer_control_redraws_from_the_same_memo():
+def test_the_layer_control_draws_the_runs_own_view():
     """`handlers.update_layer` (the layer slider) sends the run's own weights view: the
-    layer clamped to the model's, drawn once per content, the same JSON as a fresh draw."""
+    layer clamped to the model's, the same JSON as a fresh draw."""
     from pagekv.app import handlers
 
     p = random_plan()  # 2 layers
     comp = fake_comparison(p)
     sent = handlers.update_layer(comp, 99)
     assert sent.plot == fp.head_weights_bars(p, 1).to_json()
-    assert handlers.update_layer(comp, 1) is sent  # memoised figure, its JSON made once
+    assert handlers.update_layer(comp, 0).plot == fp.head_weights_bars(p, 0).to_json()
     drawn = comparison_figures(comp, layer=1, only={"weights"})["weights"]
-    assert handlers.sent(drawn) is sent
+    assert handlers.sent(drawn).plot == sent.plot
     assert handlers.update_layer(None, 0) is None

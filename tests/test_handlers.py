@@ -11,7 +11,6 @@ import pytest
 from pagekv.app import handlers
 from pagekv.app.answers import ANSWER_HEADERS, run_cells
 from pagekv.app.run_inputs import InputError, RunInputs, parse_run
-from pagekv.app.view_memo import view_memo
 
 from .app_server import answer_rows
 
@@ -88,7 +87,12 @@ def test_run_cells_read_the_record():
 
 @pytest.mark.slow
 def test_a_run_streams_then_is_served_from_memory():
-    view_memo.clear()
+    """... and its views are kept in its study's memos (the app's caches are a study's
+    three): the finished run's in the result memo, its plan views in the plan memo."""
+    study = handlers.get_study("bundled")
+    spec, a, b, layer = parse_run(RunInputs(**RUN))
+    key = handlers.view_key(spec, a, b, layer)
+    study.results.pop(key)  # a run of this test before, in this process
     steps = list(handlers.run_comparison(**RUN))
     # The steps that set the status (the answers' streaming steps leave it as it is).
     status = [s[handlers.RUN_VIEWS.index("status")] for s in steps]
@@ -105,6 +109,9 @@ def test_a_run_streams_then_is_served_from_memory():
     rows = answer_rows(table)
     assert len(rows) == 3 and all(len(row) == len(ANSWER_HEADERS) for row in rows)
     assert [row[0].split(":")[0] for row in rows] == ["full cache", "A", "B"]
+    kept = study.results.get(key)
+    assert kept["comp"] is last[handlers.RUN_VIEWS.index("last")] and kept["served"] is False
+    assert study.plans.get(("plan views", *key))["figs"]["frame"] is kept["figs"]["frame"]
     again = list(handlers.run_comparison(**RUN))
     assert len(again) == 1 and "served from memory" in again[0][0]
     assert again[0][handlers.RUN_VIEWS.index("answers")] == table

@@ -191,7 +191,6 @@ def test_the_apps_run_path_holds_its_session_turn_across_worker_waits(tokenizer,
 
     from pagekv.app import handlers
     from pagekv.app.model_registry import ModelRegistry
-    from pagekv.app.view_memo import view_memo
     from pagekv.app.worker import WORKER
 
     settings = [
@@ -208,12 +207,12 @@ def test_the_apps_run_path_holds_its_session_turn_across_worker_waits(tokenizer,
         comp = last[handlers.RUN_VIEWS.index("last")]
         return tuple(tuple(comp.records[k].tokens) for k in ("full", "A", "B"))
 
-    def fresh_model():  # a registry whose one model is a new tiny study (empty memos)
+    def fresh_model():  # a registry whose one model is a new tiny study (empty memos,
+        # finished runs' views included)
         monkeypatch.setattr(handlers, "MODELS", ModelRegistry(
             default="bundled", factory=lambda name: _tiny_study(tokenizer, WORKER),
             known={"tiny-llama"},
         ))  # fmt: skip
-        view_memo.clear()
 
     sessions = ("stress-s1", "stress-s2")
     calls = {
@@ -229,6 +228,5 @@ def test_the_apps_run_path_holds_its_session_turn_across_worker_waits(tokenizer,
     finally:
         for s in sessions:
             handlers.SESSIONS.end(s)
-        view_memo.clear()
     assert report.sound, report
     assert report.calls == 8 * 3

@@ -16,7 +16,6 @@ from pagekv.app import handlers
 from pagekv.app.comparison import compare
 from pagekv.app.model_registry import ModelRegistry
 from pagekv.app.side import Side
-from pagekv.app.view_memo import view_memo
 from pagekv.app.worker import WORKER, ModelWorker
 
 from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
@@ -138,8 +137,7 @@ def test_a_run_on_a_model_not_loaded_says_so_first(tokenizer, monkeypatch):  # n
         factory=lambda name: _tiny_study(tokenizer, WORKER),
         known={"tiny-other"},
     )
-    monkeypatch.setattr(handlers, "MODELS", registry)
-    view_memo.clear()
+    monkeypatch.setattr(handlers, "MODELS", registry)  # a new study: empty memos
     run = dict(model="tiny-other", context=300, budget_pct=40.0)
     status = [s[handlers.RUN_VIEWS.index("status")] for s in handlers.run_comparison(**run)]
     assert status[0].startswith("**Note:** Loading the model tiny-other (once)"), status

@@ -44,6 +44,8 @@ from pagekv.app.run_figures import (
     comparison_figures,
     export,
     plan_views,
+    view_key,
+    view_size,
 )
 from pagekv.app.run_inputs import (
     LIMITS,
@@ -60,7 +62,6 @@ from pagekv.app.run_inputs import (
 )
 from pagekv.app.sessions import SessionGate
 from pagekv.app.study import settings_text
-from pagekv.app.view_memo import SAME_RUN_WAIT_S, view_key, view_memo, view_size
 from pagekv.app.worker import WORKER, keep_this_thread_light
 from pagekv.maths.config import POLICIES
 from pagekv.runtime.models import KNOWN_MODELS
@@ -74,6 +75,8 @@ RUN_CONCURRENCY = 8
 #: The answers stream into the table at most this often (each update is sent to the
 #: browser and redrawn there; a token takes about 60 ms on 2 CPU cores).
 STREAM_EVERY_S = 0.25
+#: How long a run waits for the same run started by another session before doing it.
+SAME_RUN_WAIT_S = 600
 #: Export folders older than this are removed when a new one is made.
 EXPORT_MAX_AGE_S = 1800
 
@@ -219,7 +222,7 @@ def sent(value):
     by the preview, again by the release's first update and again with its answers,
     and a finished run's by every request it is served to: the page frame's JSON alone
     took tens of milliseconds each time, on the thread that shares the CPU with the
-    decode. Figures are never changed once drawn (`pagekv.app.view_memo`), so the
+    decode. Figures are never changed once drawn (`pagekv.app.run_figures`), so the
     JSON stays theirs."""
     if not is_figure(value):
         return value
@@ -393,12 +396,12 @@ def _run(v: RunInputs, session=None):
         study = get_study(name)
         if refused is not None:
             raise refused
-        key = view_key(study, spec, a, b, layer)
+        key, finished = view_key(spec, a, b, layer), study.results
         t0 = time.perf_counter()
-        waited = key not in view_memo  # another request may be computing it
-        done = view_memo.get_or_wait(key, timeout=SAME_RUN_WAIT_S)
+        waited = key not in finished  # another request may be computing it
+        done = finished.get_or_wait(key, timeout=SAME_RUN_WAIT_S)
         if done is None:
-            with view_memo.computing(key):
+            with finished.computing(key):
                 modes = sorted({a.mode, b.mode})
                 preps = yield from _step(
                     lambda: {m: study.prepare(spec.replace(mode=m)) for m in modes},
@@ -425,7 +428,7 @@ def _run(v: RunInputs, session=None):
                 n_layers = int(comp.plan_of("B").keep.shape[0])  # from the model that ran
                 layer = min(layer, n_layers - 1)
                 decoding = Decoding(study, comp)  # queued now: the model works while we draw
-                plan_figs = plan_views(comp, key, layer)
+                plan_figs = plan_views(comp, key, layer, study.plans)
                 yield _views(
                     status=_status(study, comp, decoded=False),
                     answers=answers_html(pending_table(comp)),
@@ -438,7 +441,9 @@ def _run(v: RunInputs, session=None):
                 # views of head weights and sinks are drawn while the model decodes;
                 # only the retention of the stored caches waits for the decoded records.
                 figs = {k: f for k, f in plan_figs.items() if k in SAME_AFTER_DECODING}
-                figs |= comparison_figures(comp, layer=layer, skip={*figs, "retention"})
+                figs |= comparison_figures(
+                    comp, layer=layer, skip={*figs, "retention"}, memo=study.plans
+                )
                 most = default_max_new_tokens(comp.prep.task)
                 decoding_status = _status(study, comp, decoded=False)
                 for tokens in decoding.stream(poll_s=STREAM_EVERY_S):
@@ -454,7 +459,7 @@ def _run(v: RunInputs, session=None):
                 done = dict(comp=comp, figs=figs, table=answers_table(comp), layer=layer,
                             n_layers=n_layers, served=False)  # fmt: skip
                 done["nbytes"] = view_size(comp, figs)
-                view_memo.put(key, done)
+                finished.put(key, done)
             allocator.trim()  # the run's working memory back to the system
         else:
             done = dict(done, served=True)
@@ -554,9 +559,7 @@ def export_run(comp):
     """The last run's numbers (JSON, CSV) and figures (HTML), written on request."""
     if comp is None:
         raise gr.Error("Nothing to export yet: run a comparison first.")
-    done = next((v for _, v in reversed(view_memo.items()) if v.get("comp") is comp), None)
-    figs = done["figs"] if done else comparison_figures(comp)
-    return export(comp, figs, _export_folder())
+    return export(comp, comparison_figures(comp), _export_folder())
 
 
 def _export_folder() -> str:
@@ -680,9 +683,9 @@ def preview_plans(*args):
         spec, a, b, layer = parse_run(v)
         study = get_study(v.model if isinstance(v.model, str) else "")
         comp = plan_comparison(study, spec, a, b, cached_only=True)
-        key = view_key(study, spec, a, b, layer)  # as the run's
+        key = view_key(spec, a, b, layer)  # as the run's
         layer = min(layer, int(comp.plan_of("B").keep.shape[0]) - 1)
-        figs = plan_views(comp, key, layer)
+        figs = plan_views(comp, key, layer, study.plans)
     except Exception as e:
         log.debug("preview skipped: %s", e)
         return tuple(gr.update() for _ in PLAN_VIEWS)
@@ -692,7 +695,7 @@ def preview_plans(*args):
 @light
 def update_layer(comp, layer):
     """The per-layer head weights of the last comparison (no model work): the run's own
-    view, drawn once per content (`comparison_figures` clamps the layer)."""
+    view for that layer (`comparison_figures` clamps the layer)."""
     if comp is None:
         return None
     return sent(comparison_figures(comp, layer=int(layer), only={"weights"})["weights"])

@@ -3,19 +3,43 @@
     figs = comparison_figures(comp, layer=0)
     paths = export(comp, figs, folder)     # the numbers and every figure
 
-Drawing only: the comparison is planned and decoded below the views. What is drawn once
-is kept in the one memo of drawn views (`pagekv.app.view_memo`).
+Drawing only: the comparison is planned and decoded below the views. What is drawn is
+kept in the study's memos (`pagekv.app.study`), each entry a dict with its `nbytes`:
+
+- **a finished run's views** (`view_key`, in `Study.results`): the detached comparison,
+  its figures and its answers table (the run handler stores them);
+- **a preview's plan views** (`plan_views`, in `Study.plans`): a dragged slider draws
+  them, and the run its release sends with the same settings draws only what decoding
+  adds;
+- **single figures by content** (`memo_figure`, in `Study.plans`): the views of head
+  weights and sink mass draw tensors that the budget does not change (they come from the
+  prefill's profiles, tau, n_sink and the window). Drawing a plotly figure costs tens of
+  milliseconds of Python, on the thread that shares the CPU with the decode; drawing it
+  once per content saves that on every release.
+
+      fig = memo_figure(memo, "weights", (plan.weights_isolated, layer), lambda: draw())
+
+  The key is the builder's name and a digest of its inputs' values (tensors by dtype,
+  shape and bytes; numbers, strings and tuples by value), so a memoised figure is the
+  one the builder would draw now.
+
+A figure is shared by every request that draws the same content: nothing may change a
+figure after it is drawn (none of our code does; Gradio only serialises it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+
+import numpy as np
+import torch
 
 from pagekv.app import figures
 from pagekv.app.comparison import Comparison, export_data, side_labels
 from pagekv.app.figures.style import POLICY_COLOURS
+from pagekv.app.memo import ByteLRU, nbytes
 from pagekv.app.side import Side
-from pagekv.app.view_memo import memo_figure, view_memo, view_size
 from pagekv.maths.metrics import sink_advantage
 
 #: Views that planning alone draws (a dragged slider updates these, without decoding).
@@ -23,24 +47,39 @@ PLAN_VIEWS = ("frame", "retention", "uor", "stored", "memory", "glance")
 #: Plan views that decoding leaves as they are (retention is redrawn: the decoded records
 #: measure what the compacted cache stores, padding included).
 SAME_AFTER_DECODING = ("frame", "uor", "stored", "memory", "glance")
+#: Bytes per value a figure is counted at (plotly objects of numbers and hover strings;
+#: measuring their JSON instead would cost as much as drawing them).
+BYTES_PER_VALUE = 64
 
 
-def plan_views(comp: Comparison, key: tuple, layer: int) -> dict:
+def view_key(spec, a: Side, b: Side, layer: int) -> tuple:
+    """What identifies a finished run's views in its study: the prompt, both `Side`s,
+    the layer."""
+    return ("views", spec, a, b, layer)
+
+
+def plan_views(comp: Comparison, key: tuple, layer: int, memo: ByteLRU | None) -> dict:
     """The plan views of `comp` (`PLAN_VIEWS`) for the run `key` (`view_key`), drawn or
-    kept from a preview with the same settings (`view_memo`, under `("plan", *key)`)."""
-    plan_key = ("plan", *key)
-    hit = view_memo.get(plan_key)
+    kept from a preview with the same settings (in `memo`, the study's plan memo, under
+    `("plan views", *key)`)."""
+    plan_key = ("plan views", *key)
+    hit = None if memo is None else memo.get(plan_key)
     if hit is not None:
         return hit["figs"]
-    figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS)
-    view_memo.put(plan_key, {"figs": figs, "nbytes": view_size(None, figs)})
+    figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS, memo=memo)
+    if memo is not None:
+        memo.put(plan_key, {"figs": figs, "nbytes": view_size(None, figs)})
     return figs
 
 
-def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> dict:
+def comparison_figures(
+    comp: Comparison, layer: int = 0, only=None, skip=(), memo: ByteLRU | None = None
+) -> dict:
     """Every view of the app, as plotly figures keyed by name (`only`: just these names,
     e.g. the plan views while a slider is dragged; `skip`: not these, e.g. views already
-    drawn; building figures is most of the cost of a run served from memory)."""
+    drawn; building figures is most of the cost of a run served from memory). The views
+    that the budget does not change are drawn once per content into `memo` (the study's
+    plan memo; None: drawn every time)."""
     pa, pb = comp.plan_of("A"), comp.plan_of("B")
     labels = comp.labels or side_labels(Side(comp.configs["A"]), Side(comp.configs["B"]))
     G = comp.n_groups
@@ -53,7 +92,7 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
 
     def overview(name: str, values, title: str):  # a layer x head heatmap of side B
         return lambda: memo_figure(
-            name, (values, G), lambda: figures.layer_head_heatmap(values, G, title, zmax=1.0)
+            memo, name, (values, G), lambda: figures.layer_head_heatmap(values, G, title, zmax=1.0)
         )
 
     builders = {
@@ -64,6 +103,7 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
         # Side B's head weights and sink mass: the budget changes none of them, so
         # they are drawn once per content (`memo_figure`), not on every release.
         "weights": lambda: memo_figure(
+            memo,
             "weights",
             (pb.weights_isolated, pb.weights_nosink, pb.sink_heads, G, layer),
             lambda: figures.head_weights_bars(pb, layer),
@@ -75,6 +115,7 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
             "sink_mass", pb.sink_mass, "Sink mass per layer x head (first n_sink tokens)"
         ),
         "sink_advantage": lambda: memo_figure(
+            memo,
             "sink_advantage",
             (pb.weights_isolated, pb.weights_nosink, pb.sink_heads, G),
             lambda: figures.sink_advantage_lines(
@@ -83,7 +124,9 @@ def comparison_figures(comp: Comparison, layer: int = 0, only=None, skip=()) -> 
             ),
         ),
         # The curve does not change while a budget is dragged: drawn once per curve.
-        "uor": lambda: memo_figure("uor", (*curve, r), lambda: figures.uor_curve(*curve, r=r)),
+        "uor": lambda: memo_figure(
+            memo, "uor", (*curve, r), lambda: figures.uor_curve(*curve, r=r)
+        ),
         "memory": lambda: figures.memory_bars(comp.memory),
         "stored": lambda: figures.union_over_budget_heatmap(
             {lab: comp.plan_of(key).union_tokens.tolist() for key, lab in both},
@@ -119,3 +162,62 @@ def export(comp: Comparison, figs: dict, folder: str) -> list[str]:
         f.write("</body></html>")
     paths.append(html)
     return paths
+
+
+def memo_figure(memo: ByteLRU | None, name: str, inputs: tuple, build):
+    """The figure `build()` draws for `inputs`, drawn once per content into `memo`
+    (module docstring; None: drawn now). `inputs` must hold everything `build` reads."""
+    if memo is None:
+        return build()
+    key = content_key(name, inputs)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit["fig"]
+    fig = build()
+    memo.put(key, {"fig": fig, "nbytes": BYTES_PER_VALUE * max(1, figure_values(fig))})
+    return fig
+
+
+def content_key(name: str, inputs: tuple) -> tuple:
+    """`("figure", name, digest)`: a digest of `inputs`' values (module docstring)."""
+    h = hashlib.blake2b(digest_size=20)
+    _feed(h, inputs)
+    return "figure", name, h.hexdigest()
+
+
+def _feed(h, value) -> None:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, (tuple, list)):
+        h.update(f"({len(value)}".encode())
+        for v in value:
+            _feed(h, v)
+        h.update(b")")
+    elif value is None or isinstance(value, (bool, int, float, str)):
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+    else:
+        raise TypeError(f"content_key: cannot key a {type(value).__name__}")
+
+
+def view_size(comp, figs: dict) -> int:
+    """Bytes a run's views hold (about): the comparison's tensors and records (none for
+    `comp=None`), and the figures' data arrays at `BYTES_PER_VALUE` a value."""
+    held = 0 if comp is None else nbytes(comp)
+    return held + BYTES_PER_VALUE * sum(figure_values(f) for f in figs.values() if f is not None)
+
+
+def figure_values(fig) -> int:
+    """How many values a figure's traces hold (z, x, y, text, customdata)."""
+    n = 0
+    for trace in fig.data:
+        for name in ("z", "x", "y", "text", "customdata"):
+            v = trace[name] if name in trace else None
+            if v is not None and not isinstance(v, str):
+                n += int(np.size(v)) if isinstance(v, np.ndarray) else _count(v)
+    return n
+
+
+def _count(v) -> int:
+    return sum(_count(x) for x in v) if isinstance(v, (list, tuple)) else 1

@@ -19,24 +19,32 @@ the same lesson costs one computation:
   its window queries and its memoised scores (100 MiB for a 2000-token prompt of
   the bundled model in float32, about 370 MiB for 8000); default cap
   `PREFILL_MEMO_BYTES` (512 MiB);
-- results (`Study.results`, keyed by the prompt, the `EvictionConfig` and
-  `max_new_tokens`): identical settings on an identical prompt are computed once
-  and then served from memory: a copy of the `RunResult`, its plan shared;
-  about 0.3 MiB each at 2000 tokens (mostly the plan's masks); default cap
-  `RESULT_MEMO_BYTES` (64 MiB). `run_full` goes through the same memo;
 - plans (`Study.plans`, keyed by the prompt and the `EvictionConfig`): what the
   views draw while a slider moves and what the run then compacts, so each run is
-  planned once; its own cap, `PLAN_MEMO_BYTES` (32 MiB) by default, whatever the
-  other two memos'. The rows derived from many plans (a UOR curve, memory rows) read
+  planned once. The rows derived from many plans (a UOR curve, memory rows) read
   it and plan what it lacks without keeping it (`plan(..., keep=False)`), so they
-  never crowd a run's own plans out.
+  never crowd a run's own plans out. The views drawn from plans live here too: a
+  preview's plan views and the figures drawn once per content
+  (`pagekv.app.run_figures`). Default cap `PLAN_MEMO_BYTES` (80 MiB);
+- finished runs (`Study.results`): each side's `RunResult`, keyed by the prompt, the
+  `EvictionConfig` and `max_new_tokens` (identical settings on an identical prompt
+  are decoded once, and a comparison whose B changes reuses A's decode), about
+  0.3 MiB each at 2000 tokens (mostly the plan's masks); and the app's drawn views
+  of a finished comparison (`run_figures.view_key`: the detached comparison, its
+  figures and its answers table, a few MiB at 2000 tokens), so a class running one
+  lesson draws its figures once. Default cap `RESULT_MEMO_BYTES` (160 MiB).
+  `run_full` goes through the same memo.
+
+An entry that is a dict (the drawn views) is counted at its own `nbytes` (measuring a
+plotly figure's objects would cost as much as drawing it); any other by `nbytes`.
 
 Each memo has a kept part besides (`ByteLRU`'s `kept_bytes`): the prompts that
 `keep_prompts` names (the app names the lessons' two) store their prefill, plans and
-results there, and no other prompt evicts them, so a class opening a lesson after
-exploring long prompts gets it from memory. Its caps: `KEPT_PREFILL_BYTES` (256 MiB,
-two 2000-token prompts of the bundled model with the reconstruction pass's scores),
-`KEPT_PLAN_BYTES` and `KEPT_RESULT_BYTES` (32 MiB each).
+results there (not the views drawn from them), and no other prompt evicts them, so a
+class opening a lesson after exploring long prompts gets it from memory. Its caps:
+`KEPT_PREFILL_BYTES` (256 MiB, two 2000-token prompts of the bundled model with the
+reconstruction pass's scores), `KEPT_PLAN_BYTES` and `KEPT_RESULT_BYTES` (32 MiB
+each).
 
 The defaults aim at an app under about 2.5 GB resident with the bundled model
 (0.5 GiB once loaded): with a 640 MiB prefill cap, ten varied runs on 1000-8000-token
@@ -60,7 +68,7 @@ from array import array
 from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field, replace
 
-from pagekv.app.memo import ByteLRU
+from pagekv.app.memo import ByteLRU, nbytes
 from pagekv.app.side import MODES
 from pagekv.app.worker import WORKER, Job, ModelWorker
 from pagekv.maths.config import EvictionConfig
@@ -89,10 +97,11 @@ PROMPT_TASKS = ("needle", "qa", "code", "custom")
 WINDOW_MAX = 128
 #: Default cap of the prefill memo: five 2000-token prompts of the bundled model.
 PREFILL_MEMO_BYTES = 512 * 2**20
-#: Default cap of the result memo: about two hundred results at 2000 tokens.
-RESULT_MEMO_BYTES = 64 * 2**20
-#: Default cap of the plan memo.
-PLAN_MEMO_BYTES = 32 * 2**20
+#: Default cap of the result memo: about two hundred results at 2000 tokens, and the
+#: drawn views of a few dozen comparisons.
+RESULT_MEMO_BYTES = 160 * 2**20
+#: Default cap of the plan memo: plans, previews' plan views, figures by content.
+PLAN_MEMO_BYTES = 80 * 2**20
 #: Caps of the memos' kept parts (the prompts `Study.keep_prompts` names).
 KEPT_PREFILL_BYTES = 256 * 2**20
 KEPT_PLAN_BYTES = 32 * 2**20
@@ -213,9 +222,13 @@ class Study:
             max_entries=memo_size,
             kept_bytes=KEPT_PREFILL_BYTES if prefill_memo_bytes else 0,
         )
-        self.plans = ByteLRU(plan_memo_bytes, kept_bytes=KEPT_PLAN_BYTES if plan_memo_bytes else 0)
+        self.plans = ByteLRU(
+            plan_memo_bytes, _entry_bytes, kept_bytes=KEPT_PLAN_BYTES if plan_memo_bytes else 0
+        )
         self.results = ByteLRU(
-            result_memo_bytes, kept_bytes=KEPT_RESULT_BYTES if result_memo_bytes else 0
+            result_memo_bytes,
+            _entry_bytes,
+            kept_bytes=KEPT_RESULT_BYTES if result_memo_bytes else 0,
         )
         self.memo_size = memo_size
         #: Seconds per token of the last prefills and reconstruction passes (`estimate`).
@@ -223,8 +236,8 @@ class Study:
         #: The prompts whose memo entries go to the kept parts (`keep_prompts`).
         self.kept_prompts: frozenset = frozenset()
         self.prefills.keep_if = lambda spec: spec in self.kept_prompts
-        for memo in (self.plans, self.results):  # keyed by (_prompt_key, ...)
-            memo.keep_if = lambda key: key[0][0] in self.kept_prompts
+        for memo in (self.plans, self.results):  # keyed by (_prompt_key, ...); views not
+            memo.keep_if = lambda key: isinstance(key[0], tuple) and key[0][0] in self.kept_prompts
 
     def _record(self, step: str, tokens: int, seconds: float) -> None:
         """One measured step (`estimate`): its seconds per token, the last few kept."""
@@ -565,6 +578,11 @@ def served_copy(result: RunResult) -> RunResult:
     """What a caller gets of a memoised `RunResult`: a copy (the caller may change it),
     its `plan` shared (never mutated: no device copy per served request)."""
     return copy.deepcopy(result, {id(result.plan): result.plan})
+
+
+def _entry_bytes(value) -> int:
+    """The size of a memo entry: a dict of drawn views says its own (`nbytes`)."""
+    return value["nbytes"] if isinstance(value, dict) else nbytes(value)
 
 
 def _prompt_key(prep: Prepared) -> tuple:
