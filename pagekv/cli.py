@@ -357,14 +357,14 @@ def cmd_lessons(args) -> int:
             args.model, backend=args.backend, allow_fallback=False, decode_dtype=args.dtype
         )
     runs = [run_lesson(study, x) for x in lessons]
-    failed = [r.lesson.id for r in runs if not r.finding.holds]
+    failed = [r.lesson.id for r in runs if not r.verdict.holds]
     if args.json:
         print(json.dumps({"lessons": [r.to_dict() for r in runs], "failed": failed}))
     else:
         for r in runs:
-            mark = "holds" if r.finding.holds else "DOES NOT HOLD"
+            mark = "holds" if r.verdict.holds else "DOES NOT HOLD"
             print(f"[{mark}] {r.lesson.id} ({r.lesson.kind}): {r.lesson.observation.statement}")
-            print(f"    measured: {r.finding.measured}")
+            print(f"    measured: {r.verdict.measured}")
         print(
             f"{len(runs) - len(failed)} of {len(runs)} lessons hold"
             + (f"; failing: {', '.join(failed)}" if failed else "")

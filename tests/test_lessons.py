@@ -18,7 +18,6 @@ from pagekv.app.lessons import (
     VIEWS,
     WORDS,
     WORDS_FILE,
-    Evidence,
     answers,
     get_lesson,
     layer_for,
@@ -155,11 +154,11 @@ def _fake_comparison(correct: dict, answers_text: dict | None = None, plans=None
 
 
 def test_answers_observation_holds_and_fails():
-    ev = Evidence(comparison=_fake_comparison({"full": True, "A": True, "B": False}))
-    assert answers(full=True, a=True, b=False).check(ev).holds
-    assert not answers(full=True, a=False, b=True).check(ev).holds
-    assert not answers(full=False).check(ev).holds
-    assert answers(a=True).check(ev).holds  # None: not part of the claim
+    comp = _fake_comparison({"full": True, "A": True, "B": False})
+    assert answers(full=True, a=True, b=False).check(comp).holds
+    assert not answers(full=True, a=False, b=True).check(comp).holds
+    assert not answers(full=False).check(comp).holds
+    assert answers(a=True).check(comp).holds  # None: not part of the claim
 
 
 def test_shared_budget_answers_checks_answers_and_totals():
@@ -172,8 +171,8 @@ def test_shared_budget_answers_checks_answers_and_totals():
         },
     }
     right = {"full": True, "A": False, "B": True}
-    ev = Evidence(comparison=_fake_comparison(right, recs=recs))
-    found = shared_budget_answers(a=False, b=True).check(ev)
+    comp = _fake_comparison(right, recs=recs)
+    found = shared_budget_answers(a=False, b=True).check(comp)
     assert found.holds, found.measured
     v = found.values
     assert (v["kept_a"], v["kept_b"], v["budget_total"], v["stored_b"]) == (32, 40, 40, 40)
@@ -181,19 +180,13 @@ def test_shared_budget_answers_checks_answers_and_totals():
     # B over the budget's total fails it, and so does a wrong answer.
     over = {k: dict(v) for k, v in recs.items()}
     over["B"]["union_tokens"] = [[4, 16], [12, 9]]
-    assert (
-        not shared_budget_answers(False, True)
-        .check(Evidence(comparison=_fake_comparison(right, recs=over)))
-        .holds
-    )
-    wrong = Evidence(comparison=_fake_comparison(right | {"B": False}, recs=recs))
+    assert not shared_budget_answers(False, True).check(_fake_comparison(right, recs=over)).holds
+    wrong = _fake_comparison(right | {"B": False}, recs=recs)
     assert not shared_budget_answers(False, True).check(wrong).holds
     # A decode cache that pads B's groups of a layer to one length fails it too.
     padded = {k: dict(v) for k, v in recs.items()}
     padded["B"]["stored_tokens"] = [[16, 16], [12, 12]]
-    found = shared_budget_answers(False, True).check(
-        Evidence(comparison=_fake_comparison(right, recs=padded))
-    )
+    found = shared_budget_answers(False, True).check(_fake_comparison(right, recs=padded))
     assert not found.holds and found.values["stored_b"] == 56
 
 
@@ -210,15 +203,15 @@ def test_union_over_budget_measures_the_union():
     prof = _profiles(sharp={0: (10, 50.0), 1: (30, 50.0), 2: (50, 50.0)})
     p = plan(prof, 2, EvictionConfig(policy="head_independent", budget=0.3, page_size=4, window=4))
     rec = {"union_tokens": p.union_tokens.tolist(), "budget_tokens": p.budget_tokens}
-    ev = Evidence(comparison=_fake_comparison({"A": True}, plans={"A": p}, recs={"A": rec}))
+    comp = _fake_comparison({"A": True}, plans={"A": p}, recs={"A": rec})
     ratio = float(p.union_tokens.max()) / p.budget_tokens
-    assert union_over_budget("A", ratio - 1e-6).check(ev).holds
-    assert not union_over_budget("A", ratio + 1e-3).check(ev).holds
-    assert ev_value(union_over_budget("A", 1.0), ev, "max_ratio") == pytest.approx(ratio)
+    assert union_over_budget("A", ratio - 1e-6).check(comp).holds
+    assert not union_over_budget("A", ratio + 1e-3).check(comp).holds
+    assert value_of(union_over_budget("A", 1.0), comp, "max_ratio") == pytest.approx(ratio)
 
 
-def ev_value(obs, ev, key):
-    return obs.check(ev).values[key]
+def value_of(obs, comp, key):
+    return obs.check(comp).values[key]
 
 
 def test_tie_observation_can_fail():
@@ -239,10 +232,10 @@ def test_tie_observation_can_fail():
             tops.append(max(pb.weights_isolated[layer, g * r : (g + 1) * r].tolist()))
     overlap, mean_top = sum(shared) / len(shared), sum(tops) / len(tops)
     assert 0.5 < overlap < 1 - 1e-3 and 1 / r + 0.05 < mean_top < 0.99, (overlap, mean_top)
-    ev = Evidence(comparison=_fake_comparison({"A": True, "B": True}, plans={"A": pa, "B": pb}))
+    comp = _fake_comparison({"A": True, "B": True}, plans={"A": pa, "B": pb})
     # The weight bound is a multiple of 1/r (a fixed bound would hold trivially for a
     # large r: 0.5 against 1/7 = 0.14 on qwen-coder-0.5b).
-    found = tie(overlap - 1e-6, (mean_top + 1e-6) * r).check(ev)
+    found = tie(overlap - 1e-6, (mean_top + 1e-6) * r).check(comp)
     assert found.holds, found.measured
     assert found.values["overlap"] == pytest.approx(overlap)
     assert found.values["mean_top_weight"] == pytest.approx(mean_top)
@@ -252,12 +245,12 @@ def test_tie_observation_can_fail():
     # its own. (The thresholds used before, an overlap of at least 1.01 and a mean top
     # weight under 1/r, cannot be met: overlap <= 1 and a group's largest weight is
     # >= 1/r, so "does not hold" passed whatever the check measured.)
-    assert not tie(overlap + 1e-6, (mean_top + 1e-6) * r).check(ev).holds
-    assert not tie(overlap - 1e-6, (mean_top - 1e-6) * r).check(ev).holds
+    assert not tie(overlap + 1e-6, (mean_top + 1e-6) * r).check(comp).holds
+    assert not tie(overlap - 1e-6, (mean_top - 1e-6) * r).check(comp).holds
     differ = _fake_comparison(
         {"A": True, "B": True}, answers_text={"A": "x", "B": "y"}, plans={"A": pa, "B": pb}
     )
-    assert not tie(overlap - 1e-6, (mean_top + 1e-6) * r).check(Evidence(comparison=differ)).holds
+    assert not tie(overlap - 1e-6, (mean_top + 1e-6) * r).check(differ).holds
 
 
 def test_sink_masquerade_reads_the_weights():
@@ -267,11 +260,11 @@ def test_sink_masquerade_reads_the_weights():
     prof[0, 0, 0] = 400.0
     prof = prof / prof.sum(-1, keepdim=True)
     p = plan(prof, 1, EvictionConfig(policy="entropy", budget=0.5, page_size=4, window=4))
-    ev = Evidence(comparison=_fake_comparison({"B": True}, plans={"B": p}))
-    found = sink_masquerade(0, 2.0, 1.5).check(ev)
+    comp = _fake_comparison({"B": True}, plans={"B": p})
+    found = sink_masquerade(0, 2.0, 1.5).check(comp)
     assert found.holds, found.measured
-    assert not sink_masquerade(0, found.values["raw"] + 1, 1.5).check(ev).holds
-    assert not sink_masquerade(0, 2.0, found.values["isolated"] - 1e-6).check(ev).holds
+    assert not sink_masquerade(0, found.values["raw"] + 1, 1.5).check(comp).holds
+    assert not sink_masquerade(0, 2.0, found.values["isolated"] - 1e-6).check(comp).holds
 
 
 def test_replay_numbers_are_the_files():
@@ -299,14 +292,14 @@ def test_replay_lesson_text_and_check_follow_the_file():
     v = read_numbers(dict(lesson.numbers), replay["tables"])
     text = lesson_text(lesson, replay["tables"])
     assert f"{v['snap_inside']:.0%}" in text and f"{v['ours_after']:.0%}" in text, text
-    found = lesson.observation.check(Evidence(replay=replay))
+    found = lesson.observation.check(replay)
     assert found.holds, found.measured
     assert "T4_" not in found.measured and "SnapKV" in found.measured  # words, not keys
     changed = copy.deepcopy(replay)
     for row in changed["tables"]["T4_recall"]:
         if row["policy"] == "entropy" and row["budget"] == 0.2 and row["mode"] == "after":
             row["recall"] = 1.0  # better after than inside: the claim no longer holds
-    assert not lesson.observation.check(Evidence(replay=changed)).holds
+    assert not lesson.observation.check(changed).holds
     assert "100%" in lesson_text(lesson, changed["tables"])
 
 

@@ -74,8 +74,8 @@ def test_uor_view_follows_r(qwen):
 def test_lessons_1_and_3_hold_on_this_model(qwen, lesson_id):
     """The figures README.md reports for lessons 1 and 3 on qwen-coder-0.5b."""
     run = run_lesson(qwen, get_lesson(lesson_id))
-    assert run.finding.holds, run.finding.measured
-    v = run.finding.values
+    assert run.verdict.holds, run.verdict.measured
+    v = run.verdict.values
     if lesson_id == "gqa-cost":
         assert v["r"] == 7 and 2.0 <= v["max_ratio"] <= 7.0
     else:

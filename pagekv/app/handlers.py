@@ -33,7 +33,7 @@ from pagekv.app import allocator
 from pagekv.app.answers import answers_html, answers_table, ms, pending_table
 from pagekv.app.comparison import METHOD_FIELDS, Decoding, differing, plan_comparison
 from pagekv.app.figures.style import is_figure
-from pagekv.app.lesson_checks import check_lesson, lesson_of, verdict
+from pagekv.app.lesson_checks import check_lesson, lesson_of, verdict_text
 from pagekv.app.lessons import lesson_prompts
 from pagekv.app.model_registry import ModelRegistry, model_key
 from pagekv.app.page_text import STALE_NOTE, message
@@ -767,8 +767,6 @@ def mechanism_observation(title, *mech):
     """A constructed lesson's verdict, checked again on the mechanism's inputs as they
     are now (`MECH_CONTROLS` order): the table beside it and the verdict always speak of
     the same group. No change for any other lesson, or for inputs that give no view."""
-    from pagekv.app.lessons import Evidence
-
     lesson = lesson_of(title)
     if lesson is None or lesson.kind != "constructed":
         return gr.update()
@@ -776,7 +774,7 @@ def mechanism_observation(title, *mech):
         view, v, _ = _mechanism(*mech)
     except (ValueError, TypeError):
         return gr.update()
-    finding = lesson.observation.check(Evidence(mechanism=view))
+    checked = lesson.observation.check(view)
     own = lesson.mechanism
     is_own = (
         (v["heads"], v["retrieval"], v["distractors"], v["distractor_strength"], v["n"])
@@ -790,7 +788,7 @@ def mechanism_observation(title, *mech):
         else f"the constructed group as the controls set it now (heads {v['heads']}, tokens "
         f"{v['n']}, budget {v['budget_pct']:g} %, not the lesson's own)"
     )
-    return verdict(lesson, finding, where)
+    return verdict_text(lesson, checked, where)
 
 
 MECH_CONTROLS = ("m_heads", "m_retr", "m_dist", "m_dstr", "m_sink", "m_n", "m_budget")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from pagekv.app.lessons import LESSONS, Evidence, load_replay, run_lesson
+from pagekv.app.lessons import LESSONS, load_replay, run_lesson
 from pagekv.app.page_text import CAPTIONS, message
 
 log = logging.getLogger("pagekv.app")
@@ -45,9 +45,9 @@ def check_lesson(title, comp, failed: bool = False, refused: bool = False):
                     "the controls no longer hold this lesson's settings (pick the lesson "
                     "again to check it).*"
                 )
-            finding = lesson.observation.check(Evidence(comparison=comp))
+            checked = lesson.observation.check(comp)
         else:
-            finding = run_lesson(None, lesson).finding
+            checked = run_lesson(None, lesson).verdict
     except Exception as e:  # never a traceback on the page
         log.warning("lesson check failed: %s", e, exc_info=True)
         return message("error", f"the check could not run: {' '.join(str(e).split())}")
@@ -56,15 +56,15 @@ def check_lesson(title, comp, failed: bool = False, refused: bool = False):
         "constructed": "the constructed group",
         "replay": "the replay's committed tables",
     }[lesson.kind]
-    return verdict(lesson, finding, where)
+    return verdict_text(lesson, checked, where)
 
 
-def verdict(lesson, finding, where: str) -> str:
+def verdict_text(lesson, verdict, where: str) -> str:
     """The lesson's observation checked on `where`: whether it holds, and what was measured."""
-    mark = "**holds**" if finding.holds else "**does not hold**"
+    mark = "**holds**" if verdict.holds else "**does not hold**"
     return (
         f"**Observation:** {lesson.observation.statement}: {mark}, checked now on {where}."
-        f"\n\nMeasured: {finding.measured}"
+        f"\n\nMeasured: {verdict.measured}"
     )
 
 

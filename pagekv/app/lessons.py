@@ -113,20 +113,11 @@ class MechanismSettings:
                 round(100 * s.budget))  # fmt: skip
 
 
-# ------------------------------------------------------------------ evidence and findings
-
-
-@dataclass
-class Evidence:
-    """What a lesson's observation is checked against (one of the three is set)."""
-
-    comparison: object | None = None  # pagekv.app.comparison.Comparison (live lessons)
-    mechanism: object | None = None  # pagekv.maths.mechanism.MechanismView (constructed)
-    replay: dict | None = None  # the committed replay results (cited lessons)
+# ------------------------------------------------------------------ observations and verdicts
 
 
 @dataclass(frozen=True)
-class Finding:
+class Verdict:
     """Whether an observation holds, and the figures measured to decide it."""
 
     holds: bool
@@ -136,10 +127,13 @@ class Finding:
 
 @dataclass(frozen=True)
 class Observation:
-    """A machine-checkable statement: `check(Evidence) -> Finding`."""
+    """A machine-checkable statement: `check(ran) -> Verdict`, where `ran` is what the
+    lesson ran: a `pagekv.app.comparison.Comparison` (live lessons), a
+    `pagekv.maths.mechanism.MechanismView` (the constructed group) or the committed
+    replay results (cited lessons)."""
 
     statement: str
-    check: Callable[[Evidence], Finding]
+    check: Callable[[object], Verdict]
 
 
 # ------------------------------------------------------------------ observations
@@ -154,14 +148,14 @@ def answers(full: bool | None = True, a: bool | None = None, b: bool | None = No
         if v is not None
     ]
 
-    def check(ev: Evidence) -> Finding:
-        recs = ev.comparison.records
+    def check(comp) -> Verdict:
+        recs = comp.records
         got = {k: bool(recs[k].correct) for k in want}
         holds = all(v is None or got[k] == v for k, v in want.items())
         measured = "; ".join(
             f"{k}: {'right' if got[k] else 'wrong'} ({recs[k].answer[:120]!r})" for k in want
         )
-        return Finding(holds, measured, {"correct": got})
+        return Verdict(holds, measured, {"correct": got})
 
     return Observation(" and ".join(said), check)
 
@@ -175,9 +169,9 @@ def shared_budget_answers(a: bool, b: bool):
     measured line names the totals and B's largest and smallest (layer, group)."""
     said = answers(full=True, a=a, b=b)
 
-    def check(ev: Evidence) -> Finding:
-        first = said.check(ev)
-        recs = ev.comparison.records
+    def check(comp) -> Verdict:
+        first = said.check(comp)
+        recs = comp.records
         tot = {k: int(sum(map(sum, recs[k].union_tokens))) for k in ("A", "B")}
         flat = [u for row in recs["B"].union_tokens for u in row]
         budget = len(flat) * int(recs["B"].budget_tokens)
@@ -207,7 +201,7 @@ def shared_budget_answers(a: bool, b: bool):
             "needle_kept": kept,
             "whole_needle": {k: len(v) for k, v in whole.items()},
         }
-        return Finding(holds, measured, values)
+        return Verdict(holds, measured, values)
 
     return Observation(
         f"{said.statement}, with B keeping no more tokens in all than the budget of every "
@@ -235,9 +229,9 @@ def union_over_budget(side: str, factor: float):
     "stored max"), the mean over the (layer, group)s (the memory chart's tokens) and
     the worst case r."""
 
-    def check(ev: Evidence) -> Finding:
-        rec = ev.comparison.records[side]
-        p = ev.comparison.plan_of(side)
+    def check(comp) -> Verdict:
+        rec = comp.records[side]
+        p = comp.plan_of(side)
         union = torch.tensor(rec.union_tokens, dtype=torch.float64)  # [L, G]
         k = rec.budget_tokens
         ratio = union / k
@@ -266,7 +260,7 @@ def union_over_budget(side: str, factor: float):
             "group": group,
             "uor_max": uor_max,
         }
-        return Finding(holds, measured, values)
+        return Verdict(holds, measured, values)
 
     return Observation(
         f"side {side} stores at least {factor:g}x the budget in some (layer, group), "
@@ -286,8 +280,8 @@ def sink_masquerade(layer: int | str, raw_at_least: float, isolated_below: float
         layer, f"layer {layer}"
     )
 
-    def check(ev: Evidence) -> Finding:
-        p = ev.comparison.plan_of("B")
+    def check(comp) -> Verdict:
+        p = comp.plan_of("B")
         G = p.n_groups
         L = p.weights_nosink.shape[0]
         raw_all = sink_advantage(p.weights_nosink, p.sink_heads, G)  # [L, G], NaN: no mix
@@ -296,7 +290,7 @@ def sink_masquerade(layer: int | str, raw_at_least: float, isolated_below: float
         raw, iso = raw_all[at], iso_all[at]
         mixed = ~torch.isnan(raw)
         if not bool(mixed.any()):
-            return Finding(False, f"layer {at} has no group with sink and other heads")
+            return Verdict(False, f"layer {at} has no group with sink and other heads")
         g = int(torch.where(mixed, raw, torch.full_like(raw, -1.0)).argmax())
         r_raw, r_iso = float(raw[g]), float(iso[g])
         holds = r_raw >= raw_at_least and r_iso < isolated_below
@@ -315,7 +309,7 @@ def sink_masquerade(layer: int | str, raw_at_least: float, isolated_below: float
             "(marked in the view)"
         )
         values = {"layer": at, "group": g, "raw": r_raw, "isolated": r_iso, "gains_most": h}
-        return Finding(holds, measured, values | {"mixed": n_mixed, "fixed": n_fixed})
+        return Verdict(holds, measured, values | {"mixed": n_mixed, "fixed": n_fixed})
 
     return Observation(
         f"in {where} a group's sink heads weigh at least {raw_at_least:g}x its other heads "
@@ -336,8 +330,8 @@ def tie(min_overlap: float, mean_top_weight_below_r: float):
     answers are equal: a tie, which the check says does not hold on a model whose heads
     differ more."""
 
-    def check(ev: Evidence) -> Finding:
-        pa, pb = ev.comparison.plan_of("A"), ev.comparison.plan_of("B")
+    def check(comp) -> Verdict:
+        pa, pb = comp.plan_of("A"), comp.plan_of("B")
         shared = kept_overlap(pa, pb)  # [L, G]
         overlap = float(shared.mean())
         L, H = pb.weights_isolated.shape
@@ -347,7 +341,7 @@ def tie(min_overlap: float, mean_top_weight_below_r: float):
         top = pb.weights_isolated.view(L, G, r).amax(-1)  # [L, G] largest weight
         mean_top, max_top = float(top.mean()), float(top.max())
         at_layer, at_group = divmod(int(top.argmax()), G)
-        same = ev.comparison.records["A"].answer == ev.comparison.records["B"].answer
+        same = comp.records["A"].answer == comp.records["B"].answer
         holds = overlap >= min_overlap and mean_top < bound and same
         measured = (
             f"kept-set overlap {overlap:.3f} on average over the {L * G} (layer, group)s "
@@ -366,7 +360,7 @@ def tie(min_overlap: float, mean_top_weight_below_r: float):
             "group": at_group,
             "same": same,
         }
-        return Finding(holds, measured, values)
+        return Verdict(holds, measured, values)
 
     return Observation(
         f"a tie: A and B keep at least {min_overlap:.0%} of the same tokens on average, the "
@@ -380,8 +374,7 @@ def constructed_bound():
     """The constructed group: entropy pooling keeps the needle page, mean pooling evicts
     it, and `w* s*` exceeds `s* / r`."""
 
-    def check(ev: Evidence) -> Finding:
-        view = ev.mechanism
+    def check(view) -> Verdict:
         kept = {row[0]: row[1] for row in view.rows}
         r = view.mech.profiles.shape[1]
         holds = (
@@ -393,7 +386,7 @@ def constructed_bound():
             f"entropy: {kept.get('entropy')}, mean: {kept.get('mean')}; retrieval weight "
             f"w* = {view.w_star:.3f} against 1/r = {1 / r:.3f} (s* = {view.s_star:.3f})"
         )
-        return Finding(holds, measured, {"kept": kept, "w_star": view.w_star})
+        return Verdict(holds, measured, {"kept": kept, "w_star": view.w_star})
 
     return Observation(
         "on the constructed group, entropy pooling keeps the needle page and mean pooling "
@@ -451,12 +444,12 @@ def replay_claim(
     """A statement about numbers of the replay's committed tables, checked on the file:
     `claim(values)` decides it, `describe(values)` says what was read, in words."""
 
-    def check(ev: Evidence) -> Finding:
+    def check(replay: dict) -> Verdict:
         try:
-            values = read_numbers(numbers, ev.replay["tables"])
+            values = read_numbers(numbers, replay["tables"])
         except ValueError as e:
-            return Finding(False, str(e))
-        return Finding(bool(claim(values)), describe(values), values)
+            return Verdict(False, str(e))
+        return Verdict(bool(claim(values)), describe(values), values)
 
     return Observation(statement, check)
 
@@ -812,8 +805,8 @@ def get_lesson(lesson_id: str) -> Lesson:
 @dataclass
 class LessonRun:
     lesson: Lesson
-    evidence: Evidence
-    finding: Finding
+    ran: object  # what the observation was checked on (`Observation`)
+    verdict: Verdict
 
     def to_dict(self) -> dict:
         return {
@@ -821,9 +814,9 @@ class LessonRun:
             "title": self.lesson.title,
             "kind": self.lesson.kind,
             "observation": self.lesson.observation.statement,
-            "holds": self.finding.holds,
-            "measured": self.finding.measured,
-            "values": self.finding.values,
+            "holds": self.verdict.holds,
+            "measured": self.verdict.measured,
+            "values": self.verdict.values,
         }
 
 
@@ -839,20 +832,18 @@ def run_lesson(
     if lesson.kind == "live":
         from pagekv.app.comparison import compare
 
-        evidence = Evidence(
-            comparison=compare(
-                study,
-                lesson.prompt,
-                lesson.a,
-                lesson.b,
-                max_new_tokens=max_new_tokens,
-                progress=progress,
-            )
+        ran = compare(
+            study,
+            lesson.prompt,
+            lesson.a,
+            lesson.b,
+            max_new_tokens=max_new_tokens,
+            progress=progress,
         )
     elif lesson.kind == "constructed":
         from pagekv.maths.mechanism import mechanism_view
 
-        evidence = Evidence(mechanism=mechanism_view(**asdict(lesson.mechanism)))
+        ran = mechanism_view(**asdict(lesson.mechanism))
     else:
-        evidence = Evidence(replay=load_replay())
-    return LessonRun(lesson, evidence, lesson.observation.check(evidence))
+        ran = load_replay()
+    return LessonRun(lesson, ran, lesson.observation.check(ran))

@@ -30,7 +30,7 @@ import json
 from pathlib import Path
 
 from pagekv.app import lessons
-from pagekv.app.lessons import Evidence, Finding, Observation, kept_overlap
+from pagekv.app.lessons import Observation, Verdict, kept_overlap
 from pagekv.app.run_inputs import RunInputs, parse_run
 from pagekv.app.side import Side
 from pagekv.app.study import PromptSpec
@@ -275,11 +275,10 @@ def needle_kept(side: str, at_least: float | None = None, at_most: float | None 
     limits = {"at least": at_least, "at most": at_most}
     bounds = [f"{word} {x:g}" for word, x in limits.items() if x is not None]
 
-    def check(ev) -> Finding:
-        comp = ev.comparison
+    def check(comp) -> Verdict:
         needle = comp.needle_positions_of(side)
         if not needle:
-            return Finding(False, f"side {side}: the prompt has no needle")
+            return Verdict(False, f"side {side}: the prompt has no needle")
         kept = comp.plan_of(side).needle_retention(needle)  # [L, G]
         mean, low, high = float(kept.mean()), float(kept.min()), float(kept.max())
         holds = (at_least is None or mean >= at_least) and (at_most is None or mean <= at_most)
@@ -287,7 +286,7 @@ def needle_kept(side: str, at_least: float | None = None, at_most: float | None 
             f"side {side} keeps {mean:.3f} of the needle's {len(needle)} tokens on average "
             f"(per (layer, group) from {low:.3f} to {high:.3f})"
         )
-        return Finding(holds, measured, {f"needle_kept_{side}": mean})
+        return Verdict(holds, measured, {f"needle_kept_{side}": mean})
 
     return Observation(
         f"side {side} keeps {' and '.join(bounds)} of the needle's tokens on average", check
@@ -297,10 +296,10 @@ def needle_kept(side: str, at_least: float | None = None, at_most: float | None 
 def within_budget(side: str):
     """Side `side` stores at most its budget in every (layer, group)."""
 
-    def check(ev) -> Finding:
-        rec = ev.comparison.records[side]
+    def check(comp) -> Verdict:
+        rec = comp.records[side]
         most, k = max(max(row) for row in rec.union_tokens), rec.budget_tokens
-        return Finding(
+        return Verdict(
             most <= k,
             f"side {side} stores at most {most} tokens in a (layer, group) for a budget of {k}",
             {f"stored_max_{side}": most, "budget_tokens": k},
@@ -312,15 +311,15 @@ def within_budget(side: str):
 def kept_differ(overlap_below: float):
     """In some (layer, group), under `overlap_below` of A's kept tokens are kept by B."""
 
-    def check(ev) -> Finding:
-        shared = kept_overlap(ev.comparison.plan_of("A"), ev.comparison.plan_of("B"))  # [L, G]
+    def check(comp) -> Verdict:
+        shared = kept_overlap(comp.plan_of("A"), comp.plan_of("B"))  # [L, G]
         low, mean = float(shared.min()), float(shared.mean())
         layer, group = divmod(int(shared.argmin()), shared.shape[1])
         measured = (
             f"kept-set overlap {mean:.3f} on average, lowest {low:.3f} (layer {layer}, "
             f"group {group})"
         )
-        return Finding(low < overlap_below, measured, {"overlap": mean, "overlap_min": low})
+        return Verdict(low < overlap_below, measured, {"overlap": mean, "overlap_min": low})
 
     return Observation(
         f"in some (layer, group) under {overlap_below:.0%} of A's kept tokens are kept by B",
@@ -349,10 +348,10 @@ def observation_of(preset: dict):
     if not parts:
         raise ValueError(f"preset {preset['title']!r} has no checks: it shows no difference")
 
-    def check(ev) -> Finding:
-        found = [o.check(ev) for o in parts]
+    def check(comp) -> Verdict:
+        found = [o.check(comp) for o in parts]
         values = {k: v for f in found for k, v in f.values.items()}
-        return Finding(all(f.holds for f in found), "; ".join(f.measured for f in found), values)
+        return Verdict(all(f.holds for f in found), "; ".join(f.measured for f in found), values)
 
     return Observation("; ".join(o.statement for o in parts), check)
 
@@ -393,13 +392,13 @@ def compare_preset(study, preset: dict, max_new_tokens: int | None = None):
 
 
 def check_preset(preset: dict, comparison):
-    """The preset's checks on a comparison of its settings: a `Finding`."""
-    return observation_of(preset).check(Evidence(comparison=comparison))
+    """The preset's checks on a comparison of its settings: a `Verdict`."""
+    return observation_of(preset).check(comparison)
 
 
 def run_presets(study, presets: list[dict] | None = None) -> list[tuple[dict, object]]:
     """Run every preset (default: those of `load_presets()` measured on `study`'s model
-    or on any) on `study` and check it: `[(preset, Finding), ...]`."""
+    or on any) on `study` and check it: `[(preset, Verdict), ...]`."""
     if presets is None:
         presets = [p for p in load_presets() if p["model"] in (None, study.loaded.name)]
     return [(p, check_preset(p, compare_preset(study, p))) for p in presets]
