@@ -28,7 +28,7 @@ and real decoding (docs/research.md)::
 
 The maths names import torch only. The runtime names (`Runner`, `load_model`, ...) load
 on first use, so `import pagekv` does not import transformers; so do `Study`,
-`PromptSpec` and `Prepared`, the app's engine, which run from a checkout.
+`PromptSpec` and `Prompt`, the app's engine, which run from a checkout.
 
 The Triton kernels are `pagekv.kernels`. Installed, they are the folder
 `pagekv/kernels` (pyproject.toml maps the repository's top-level `kernels/` there); in
@@ -94,7 +94,7 @@ _LAZY = {
     "Runner": "pagekv.runtime.runner",
     "RunResult": "pagekv.runtime.result",
     # The app's engine (`pagekv.app.study`): from a checkout, not in the wheel.
-    "Prepared": "pagekv.app.study",
+    "Prompt": "pagekv.app.study",
     "PromptSpec": "pagekv.app.study",
     "Study": "pagekv.app.study",
 }
@@ -136,7 +136,7 @@ __all__ = [
     "Plan",
     "Policy",
     "Prefill",
-    "Prepared",
+    "Prompt",
     "PromptSpec",
     "RunResult",
     "Runner",

@@ -336,7 +336,7 @@ def test_run_exports_on_request(fresh_client, first_run, caplog):
 
 @pytest.mark.slow
 def test_budget_reuses_the_prefill(server, client, first_run):
-    """/budget after a /run of the same prompt: the same Prepared, no new prefill. The
+    """/budget after a /run of the same prompt: the same Prompt, no new prefill. The
     /run is made here, so whatever ran before (other prompts filling the memo) cannot
     decide it."""
     out1 = run(client)
@@ -347,7 +347,7 @@ def test_budget_reuses_the_prefill(server, client, first_run):
     wall = time.perf_counter() - t0
     print(f"\n/budget after /run: {wall:.1f}s (first /run {first_run[1]:.1f}s)")
     assert out[0].startswith("**Done:**"), out[0]
-    assert server_prep(server, GOOD["context"]) is prep  # the same Prepared: no new prefill
+    assert server_prep(server, GOOD["context"]) is prep  # the same Prompt: no new prefill
     assert prefill_seconds(out[0]) == prefill_seconds(out1[0])
     n = prompt_tokens(out[0])
     rows = answer_rows(out[1])

@@ -24,7 +24,7 @@ from pagekv import EvictionConfig
 from pagekv.app.memo import ByteLRU, nbytes
 from pagekv.app.model_registry import MAX_FAILURES, ModelRefused, ModelRegistry
 from pagekv.app.side import Side
-from pagekv.app.study import Prepared, PromptSpec, Study
+from pagekv.app.study import Prompt, PromptSpec, Study
 from pagekv.runtime.models import LoadedModel, ModelLoadError
 from pagekv.tasks import Task
 from tests.test_runner import prompt, tiny_model
@@ -206,11 +206,11 @@ def study():
     return Study(loaded, backend="torch")
 
 
-def prepared(study: Study, n: int = 160, seed: int = 1) -> Prepared:
+def prepared(study: Study, n: int = 160, seed: int = 1) -> Prompt:
     ids = prompt(n, seed=seed)
     spec = PromptSpec(task="needle", context_tokens=max(n, 64), seed=seed)
     task = Task(name=f"tiny-{seed}", kind="needle", context="c", question="q", answer="7")
-    return Prepared(
+    return Prompt(
         spec=spec,
         task=task,
         prompt={"input_ids": ids},
@@ -469,7 +469,7 @@ def test_concurrent_identical_pairs_decode_once_and_the_model_runs_one_at_a_time
 def test_a_detached_comparison_keeps_the_views_but_not_the_prefill(study):
     """What the app keeps after a run (a session's last run, the memo of finished views)
     must not pin the prefill's KV cache; every view and the export read the same."""
-    from pagekv.app.comparison import PromptShape, decode_comparison, plan_comparison, summary
+    from pagekv.app.comparison import PrefillShape, decode_comparison, plan_comparison, summary
     from pagekv.app.run_figures import comparison_figures
     from pagekv.runtime.prefill import Prefill
 
@@ -481,7 +481,7 @@ def test_a_detached_comparison_keeps_the_views_but_not_the_prefill(study):
     decode_comparison(study, comp, max_new_tokens=3)
     light = comp.detached()
     assert isinstance(comp.prep.prefill, Prefill)  # the original is left as it was
-    assert isinstance(light.prep.prefill, PromptShape) and light.preps["B"] is light.prep
+    assert isinstance(light.prep.prefill, PrefillShape) and light.preps["B"] is light.prep
     assert (light.prep.n, light.n_groups) == (comp.prep.n, comp.n_groups)
     assert nbytes(light) < nbytes(comp) - nbytes(comp.prep.prefill.cache) // 2
     same = lambda x: json.dumps(summary(x), sort_keys=True)  # noqa: E731  (NaN == NaN)

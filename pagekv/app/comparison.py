@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 from pagekv.app.side import Side
-from pagekv.app.study import Prepared, PromptSpec, Study, served_copy
+from pagekv.app.study import Prompt, PromptSpec, Study, served_copy
 from pagekv.maths.config import POLICIES, EvictionConfig
 from pagekv.maths.metrics import sink_advantage, summarize_sink_advantage
 from pagekv.maths.paging import BudgetError
@@ -42,13 +42,13 @@ class Comparison:
     prompt (the full cache runs on it); `preps["B"]` is side B's.
     """
 
-    prep: Prepared
+    prep: Prompt
     configs: dict  # "A", "B" -> EvictionConfig
     plans: dict  # "full", "A", "B" -> Plan (planning: the views draw them at once)
     curve: list  # UOR of head_independent across budgets
     memory: list  # cache kept per policy
     notes: list = field(default_factory=list)
-    preps: dict = field(default_factory=dict)  # "A", "B" -> Prepared
+    preps: dict = field(default_factory=dict)  # "A", "B" -> Prompt
     labels: dict = field(default_factory=dict)  # "A", "B" -> "A: entropy, page 16"
     model: str = ""  # the model that ran (`LoadedModel.name`; "bundled" when one fell back)
     #: "full", "A", "B" -> `RunResult`, each as its decode finishes (`Decoding`).
@@ -90,15 +90,15 @@ class Comparison:
     def detached(self) -> Comparison:
         """A copy for keeping after decoding (a session's last run, the app's memo of
         finished views): each prompt's `Prefill` (its KV cache: about 100 MB at 2000
-        tokens) is replaced by its `PromptShape`, so that what the views keep never
+        tokens) is replaced by its `PrefillShape`, so that what the views keep never
         holds a prefill the prefill memo has let go. Views, `summary` and `export` work
         on it; planning and decoding need the full comparison."""
         shapes = {}
 
-        def light(prep: Prepared) -> Prepared:
+        def light(prep: Prompt) -> Prompt:
             if id(prep) not in shapes:
                 pre = prep.prefill
-                shape = PromptShape(n=int(pre.n), n_groups=int(pre.n_groups))
+                shape = PrefillShape(n=int(pre.n), n_groups=int(pre.n_groups))
                 shapes[id(prep)] = replace(prep, prefill=shape)
             return shapes[id(prep)]
 
@@ -111,7 +111,7 @@ class Comparison:
 
 
 @dataclass(frozen=True)
-class PromptShape:
+class PrefillShape:
     """What the views need of a prefill once decoding is done: its length and number of
     KV groups (`Comparison.detached`)."""
 
@@ -304,7 +304,7 @@ def compare(
     return decode_comparison(study, comp, max_new_tokens, progress)
 
 
-def uor_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
+def uor_rows(study: Study, prep: Prompt, base: EvictionConfig) -> list[dict]:
     """Head-independent UOR at `CURVE_BUDGETS` (plan only: no decoding), planned on the
     model worker with `base`'s scorer and geometry (per-head selection has no global
     allocation: always uniform). It does not depend on `base`'s budget or policy: kept
@@ -314,7 +314,7 @@ def uor_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
     return [dict(row) for row in rows]
 
 
-def _plan_summary(study: Study, prep: Prepared, cfg: EvictionConfig) -> dict:
+def _plan_summary(study: Study, prep: Prompt, cfg: EvictionConfig) -> dict:
     """What the derived rows read of a plan (its UOR and stored tokens, `[L, G]` each),
     planned once per prompt and configuration: from the plan memo where a side planned
     it (`Study.plan(..., keep=False)`), else planned and its summary kept with the prefill, so
@@ -330,7 +330,7 @@ def _head_independent(base: EvictionConfig, budget: float) -> EvictionConfig:
     return base.replace(policy="head_independent", budget=budget, allocation="uniform")
 
 
-def _uor_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
+def _uor_rows(study: Study, prep: Prompt, base: EvictionConfig) -> list[dict]:
     rows = []
     for b in CURVE_BUDGETS:
         try:
@@ -348,7 +348,7 @@ def _uor_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
     return rows
 
 
-def memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
+def memory_rows(study: Study, prep: Prompt, base: EvictionConfig) -> list[dict]:
     """KV tokens and bytes each policy keeps at `base`'s budget (plan only, on the model
     worker, kept with the prefill).
 
@@ -366,7 +366,7 @@ def memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict
     return [dict(row) for row in rows]
 
 
-def _memory_rows(study: Study, prep: Prepared, base: EvictionConfig) -> list[dict]:
+def _memory_rows(study: Study, prep: Prompt, base: EvictionConfig) -> list[dict]:
     pre = prep.prefill
     per_token = pre.head_dim * 2 * pre.cache.layers[0].keys.element_size()
     rows = []

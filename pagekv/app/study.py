@@ -155,8 +155,9 @@ class PromptSpec:
 
 
 @dataclass
-class Prepared:
-    """A tokenized, prefilled prompt, reusable for any number of `Study.run` calls."""
+class Prompt:
+    """A prompt built from its `PromptSpec` (`Study.prepare`): its task, its token ids
+    and its `Prefill`, reusable for any number of `Study.run` calls."""
 
     spec: PromptSpec
     task: Task
@@ -310,7 +311,7 @@ class Study:
 
     # ------------------------------------------------------------------ prefill
 
-    def prepare(self, spec: PromptSpec) -> Prepared:
+    def prepare(self, spec: PromptSpec) -> Prompt:
         """Tokenize and prefill `spec` once (memoised: the same spec reuses the prefill)."""
         prep = self.prefills.get(spec)
         if prep is not None:
@@ -319,7 +320,7 @@ class Study:
             ("prefill", self._tag, spec), lambda: self._prepare_job(spec), owner=self._tag
         )
 
-    def prepared(self, spec: PromptSpec) -> Prepared:
+    def prepared(self, spec: PromptSpec) -> Prompt:
         """The memoised prefill of `spec`; LookupError if it is not in memory (nothing
         is computed)."""
         prep = self.prefills.get(spec)
@@ -327,7 +328,7 @@ class Study:
             raise LookupError(f"not prefilled yet: {_spec_text(spec)} ({spec.mode})")
         return prep
 
-    def _prepare_job(self, spec: PromptSpec) -> Prepared:
+    def _prepare_job(self, spec: PromptSpec) -> Prompt:
         """On the worker: the prefill of `spec` (from the memo if a job stored it)."""
         prep = self.prefills.get(spec)
         if prep is not None:
@@ -347,7 +348,7 @@ class Study:
             window_max=WINDOW_MAX,
             question_ids=prompt["question_ids"] if after else None,
         )
-        prep = Prepared(
+        prep = Prompt(
             spec=spec,
             task=task,
             prompt=prompt,
@@ -369,7 +370,7 @@ class Study:
 
     # ------------------------------------------------------------------ planning
 
-    def plan(self, prep: Prepared, config: EvictionConfig, keep: bool = True) -> Plan:
+    def plan(self, prep: Prompt, config: EvictionConfig, keep: bool = True) -> Plan:
         """The plan of `config` on `prep`, scored and planned once on the worker: the run
         of the same configuration reuses it (`Runner.plan_prefill`'s `Plan`, shared: never
         mutate it). BudgetError when infeasible.
@@ -388,7 +389,7 @@ class Study:
             owner=self._tag,
         )
 
-    def _plan_job(self, prep: Prepared, config: EvictionConfig, keep: bool = True) -> Plan:
+    def _plan_job(self, prep: Prompt, config: EvictionConfig, keep: bool = True) -> Plan:
         """On the worker: the plan of `config` on `prep`, from the memo or planned (and
         stored, with `keep`)."""
         key = (_prompt_key(prep), config)
@@ -403,7 +404,7 @@ class Study:
                 self.prefills.refresh(prep.spec)  # its prefill may hold newly memoised scores
         return hit
 
-    def derive(self, prep: Prepared, key: Hashable, fn):
+    def derive(self, prep: Prompt, key: Hashable, fn):
         """`fn(prep)` computed once per prompt on the worker and kept with the prefill
         (`prep.derived[key]`), e.g. a UOR curve or the memory rows of a configuration.
         `fn` may read the prefill's tensors; its value must not be mutated by callers."""
@@ -420,7 +421,7 @@ class Study:
     # ------------------------------------------------------------------ runs
 
     def run(
-        self, prep: Prepared, config: EvictionConfig, max_new_tokens: int | None = None
+        self, prep: Prompt, config: EvictionConfig, max_new_tokens: int | None = None
     ) -> RunResult:
         """Evict under `config`, decode, score: the `RunResult`, its task and score
         filled in (`to_dict()` is its JSON object, docs/schema.md).
@@ -449,7 +450,7 @@ class Study:
         return served_copy(stored)
 
     def submit_run(
-        self, prep: Prepared, config: EvictionConfig, max_new_tokens: int | None = None
+        self, prep: Prompt, config: EvictionConfig, max_new_tokens: int | None = None
     ) -> Job:
         """The job of `run` without waiting for it: its value is `(result, computed)`,
         the memo's own `RunResult` (copy it with `served_copy` before changing it). A
@@ -486,7 +487,7 @@ class Study:
 
     def submit_pair(
         self,
-        prep: Prepared,
+        prep: Prompt,
         config_a: EvictionConfig,
         config_b: EvictionConfig,
         max_new_tokens: int | None = None,
@@ -547,7 +548,7 @@ class Study:
 
     def run_pair(
         self,
-        prep: Prepared,
+        prep: Prompt,
         config_a: EvictionConfig,
         config_b: EvictionConfig,
         max_new_tokens: int | None = None,
@@ -565,11 +566,11 @@ class Study:
         rec_a, rec_b = job.result()
         return served_copy(rec_a), served_copy(rec_b)
 
-    def run_full(self, prep: Prepared, max_new_tokens: int | None = None) -> RunResult:
+    def run_full(self, prep: Prompt, max_new_tokens: int | None = None) -> RunResult:
         """`run` with the full cache (memoised like every run; it ignores every budget knob)."""
         return self.run(prep, EvictionConfig(policy="full"), max_new_tokens)
 
-    def _check_window(self, prep: Prepared, config: EvictionConfig) -> None:
+    def _check_window(self, prep: Prompt, config: EvictionConfig) -> None:
         if config.window > WINDOW_MAX and config.window < prep.n:
             raise ValueError(f"window must be at most {WINDOW_MAX} tokens; got {config.window}")
 
@@ -585,7 +586,7 @@ def _entry_bytes(value) -> int:
     return value["nbytes"] if isinstance(value, dict) else nbytes(value)
 
 
-def _prompt_key(prep: Prepared) -> tuple:
+def _prompt_key(prep: Prompt) -> tuple:
     """What identifies a prefilled prompt: its spec and a digest of the prefilled ids
     (and the question's, in question-after mode)."""
     h = hashlib.blake2b(digest_size=16)
@@ -639,7 +640,7 @@ def _memo_text(memo: ByteLRU) -> str:
     return f"{len(memo)} entries, {memo.nbytes / 2**20:.0f}/{memo.max_bytes / 2**20:.0f} MiB"
 
 
-def completed(res: RunResult, prep: Prepared, loaded: LoadedModel) -> RunResult:
+def completed(res: RunResult, prep: Prompt, loaded: LoadedModel) -> RunResult:
     """`res` with its model, task, score and prompt filled in (what `Study.run`
     serves); returned for chaining."""
     s = score(res.answer, prep.task)
