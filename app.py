@@ -306,10 +306,10 @@ def wire_runs(c: dict) -> None:
     """One request per action: a run is one generator event (plan views, then the
     answers and the lesson's verdict); while a run is busy, a trigger keeps only its
     last request (always_last), and a session's runs go one at a time."""
-    run_inputs = [c[name] for name in RUN_INPUTS]
+    run_controls = [c[name] for name in RUN_INPUTS]
     run_kw = dict(
         fn=ui.run_comparison,
-        inputs=run_inputs,
+        inputs=run_controls,
         outputs=[c[name] for name in RUN_VIEWS],
         preprocess=False,  # raw values: parse_run names a wrong one in plain words
         trigger_mode="always_last",
@@ -331,7 +331,7 @@ def wire_runs(c: dict) -> None:
         c[name].release(**run_kw, **QUIET).then(**shown)
     # Live while dragging: planning alone, on the cached prefill (no decoding).
     preview_kw = dict(
-        fn=ui.preview_plans, inputs=run_inputs, outputs=[c[name] for name in PLAN_VIEWS],
+        fn=ui.preview_plans, inputs=run_controls, outputs=[c[name] for name in PLAN_VIEWS],
         preprocess=False, concurrency_id="preview", concurrency_limit=2,
         trigger_mode="always_last", show_progress="hidden", **QUIET,
     )  # fmt: skip

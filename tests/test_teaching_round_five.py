@@ -208,14 +208,14 @@ def test_a_lesson_request_overtaken_by_a_later_one_shows_nothing(monkeypatch):
     request = SimpleNamespace(session_hash="overtaken")
     arrives = []  # while the lesson runs: what else of whose session starts
 
-    def run_inputs(run, req):
+    def stream_run(run, req):
         yield tuple(gr.update() for _ in lh.RUN_VIEWS)  # the plan views
         for start in arrives:
             start()
         yield tuple(gr.update() for _ in lh.RUN_VIEWS)  # the answers
 
-    monkeypatch.setattr(lh, "run_inputs", run_inputs)
-    monkeypatch.setattr(handlers, "run_inputs", lambda inputs, req: iter(()))
+    monkeypatch.setattr(lh, "stream_run", stream_run)
+    monkeypatch.setattr(handlers, "stream_run", lambda inputs, req: iter(()))
     one, two = lh.LESSON_TITLES[0], lh.LESSON_TITLES[1]  # lesson 2 runs the model
     head = len(lh.LESSON_CONTROLS) + 2
     other = SimpleNamespace(session_hash="another session")
@@ -319,12 +319,12 @@ def test_after_a_preset_the_lesson_box_defers_to_the_presets_verdict(monkeypatch
 
     i_obs = handlers.RUN_VIEWS.index("observation")
 
-    def run_inputs(run, request):
+    def stream_run(run, request):
         views = [gr.update() for _ in handlers.RUN_VIEWS]
         views[i_obs] = "**Observation:** something - *not checked: the controls no longer hold*"
         yield tuple(views)
 
-    monkeypatch.setattr(handlers, "run_inputs", run_inputs)
+    monkeypatch.setattr(handlers, "stream_run", stream_run)
     from pagekv.app.lesson_checks import LESSON_TITLES
 
     lesson_of_one = LESSON_TITLES[0]

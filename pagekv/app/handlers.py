@@ -334,7 +334,7 @@ def _shown(text: str) -> str:
 
 @light
 @gpu
-def run_inputs(inputs: RunInputs, request: gr.Request = None):
+def stream_run(inputs: RunInputs, request: gr.Request = None):
     """Prefill (memoised), plan both sides and show every plan view at once, then decode
     full / A / B and show the answers, and check the lesson's observation. A generator:
     plan views, answers as they stream, then everything. A run already finished (by any
@@ -346,14 +346,14 @@ def run_inputs(inputs: RunInputs, request: gr.Request = None):
         yield from _run(inputs, session)
 
 
-#: The API's /run and /budget: `run_inputs` with every run input by name or position.
+#: The API's /run and /budget: `stream_run` with every run input by name or position.
 def _run_event(inputs: RunInputs, request: gr.Request = None):
     """A run the page's controls asked for: it takes a ticket of its session
     (`SessionGate.ticket`), so that a lesson still running in the session leaves the
-    screen, controls included, to it (issue 57, item 7: a control changed while a lesson
-    loads keeps its value)."""
+    screen, controls included, to it: a control changed while a lesson loads keeps its
+    value."""
     SESSIONS.ticket(getattr(request, "session_hash", None))
-    yield from run_inputs(inputs, request)
+    yield from stream_run(inputs, request)
 
 
 run_comparison = takes_run_inputs(gr.Request, "run_comparison")(_run_event)
@@ -836,10 +836,10 @@ def run_preset(title, model, lesson_title, request: gr.Request = None):
     controls = control_values(run, PRESET_CONTROLS)
     tabs = gr.Tabs(selected=p["view"])
     i_obs = RUN_VIEWS.index("observation")
-    for views in run_inputs(run, request):
+    for views in stream_run(run, request):
         views = list(_with_preset_verdict(p, views))
         # The lesson box speaks of the preset, whose verdict is the status line's: "not
-        # checked" beside a status that says "holds" read as two verdicts (issue 57, 12).
+        # checked" beside a status that says "holds" read as two verdicts.
         if isinstance(views[i_obs], str):
             views[i_obs] = PRESET_OBSERVATION.format(title=p["title"])
         yield (*controls, True, tabs, *views)

@@ -21,9 +21,9 @@ from pagekv.app.handlers import (
     control_values,
     known_models,
     light,
-    run_inputs,
     run_mechanism,
     slider_range,
+    stream_run,
     update_layer,
 )
 from pagekv.app.lesson_checks import LESSON_TITLES, check_lesson, lesson_of
@@ -127,7 +127,7 @@ def _lesson_views(title, model, request):
     if lesson.mechanism is not None:
         mech = run_mechanism(*lesson.mechanism.inputs())
     if lesson.kind == "live":
-        for views in run_inputs(_lesson_run_args(lesson, title, model), request):
+        for views in stream_run(_lesson_run_args(lesson, title, model), request):
             views = list(views)
             if views[i_obs] is None or isinstance(views[i_obs], dict):  # not checked yet
                 views[i_obs] = waiting
@@ -231,7 +231,7 @@ def open_page(title, model="bundled", request: gr.Request = None):
     shown_model = run.model if run.model in known_models() else gr.update()
     head = (gr.update(value=None), shown_model, *_run_controls(run).values(), gr.update())
     keep_mech = tuple(gr.update() for _ in MECH_VIEWS)
-    for views in run_inputs(run, request):
+    for views in stream_run(run, request):
         views = list(views)
         views[RUN_VIEWS.index("observation")] = "**Observation:** none: no lesson is picked."
         status = views[RUN_VIEWS.index("status")]
@@ -283,7 +283,7 @@ def warm_lessons(model: str = "bundled") -> int:
     n = 0
     for title, lesson in live:
         last, said = None, WarmSteps(f"lesson {n + 1} of {len(live)}")
-        for last in run_inputs(_lesson_run_args(lesson, title, model)):
+        for last in stream_run(_lesson_run_args(lesson, title, model)):
             said.show(last[RUN_VIEWS.index("status")])
         status = last[RUN_VIEWS.index("status")]
         if str(status).startswith("**Error:**"):  # e.g. no model: the runs say why

@@ -15,7 +15,7 @@ from pagekv.paths import ASSETS_DIR, CSS_PATH
 JS_PATH = ASSETS_DIR / "app.js"
 #: The first screen's drawing: a GQA group, the union of per-head picks, pooled pages.
 GQA_DRAWING = ASSETS_DIR / "gqa.svg"
-#: The page's fonts: the system's own (issue 57, item 14). Gradio's default theme asks
+#: The page's fonts: the system's own. Gradio's default theme asks
 #: for a web font in two weights, and bold text fell back to another face offline.
 SYSTEM_FONTS = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto",
                 "Helvetica Neue", "Arial", "sans-serif"]  # fmt: skip
