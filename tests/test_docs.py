@@ -71,6 +71,59 @@ def test_every_path_and_link_a_guide_names_exists(page):
     assert missing_paths(bad, page.parent) == ["docs/no_such_page.md", "pagekv/gone.py"]
 
 
+#: Every other page of docs/ (and the lessons' words), checked with a looser reading: a
+#: name is also found where a tracked file's path ends with it (a page names
+#: `maxpool.py` beside its folder, or `T4_detail.csv` of a run's folder).
+PAGES = sorted(set((ROOT / "docs").rglob("*.md")) - set(GUIDES)) + [
+    ROOT / "pagekv" / "app" / "lessons.md"
+]
+#: What those pages write in backticks that is not a path of this repository: maths
+#: (`1/r`), method names (`window/uniform`), kvpress's own files, a run's output files,
+#: and files of an older commit that a measurement cites (performance.md says so).
+NOT_PATHS = {
+    "design.md": {"1/r", "pagekv/kernels"},  # the kernels' installed path
+    "method.md": {"1/r"},
+    "ruler.md": {"reconstruct/"},
+    "results.md": {"window/uniform"},
+    "schema.md": {"pagekv_run.json", "pagekv_run.csv"},
+    "kvpress.md": {
+        "tests/presses/test_presses.py", "tests/test_press_call.py", "tests/test_pipeline.py",
+        "tests/test_generate.py", "MaxJeblick/llama2-0b-unit-test", "evaluation/evaluate.py",
+        "evaluate.py", "evaluation/",
+    },
+    "performance.md": {"lean_decode.py", "-run6.json", "pagekv/runtime/small_batch.py"},
+}  # fmt: skip
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def unfound_paths(text: str, folder: Path, tracked: list[str], skip=frozenset()) -> list[str]:
+    """`missing_paths`, less the names some tracked file's path ends with."""
+    return [
+        p
+        for p in missing_paths(text, folder)
+        if p not in skip
+        and not any(t == p or t.endswith("/" + p.rstrip("/")) for t in tracked)
+        and not (p.endswith("/") and any(f"/{p}" in f"/{t}" for t in tracked))
+    ]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_path_a_docs_page_names_exists(page):
+    tracked = tracked_files()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    skip = NOT_PATHS.get(page.name, set())
+    text = page.read_text()
+    assert unfound_paths(text, page.parent, tracked, skip) == []
+    # It can fail: a module that moved keeps no tracked path ending with its old name.
+    moved = text + "\nThe grid is `pagekv/replay/grid.py`."
+    assert unfound_paths(moved, page.parent, tracked, skip) == ["pagekv/replay/grid.py"]
+
+
 def test_the_readme_reads_in_two_minutes():
     """At most 150 lines, with the two commands a fresh machine needs and a way on for
     each of the three readers."""
