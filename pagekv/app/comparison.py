@@ -91,8 +91,8 @@ class Comparison:
         """A copy for keeping after decoding (a session's last run, a finished run's
         views in the study's result memo): each prompt's `Prefill` (its KV cache: about
         100 MB at 2000 tokens) is replaced by its `PrefillShape`, so that what the views
-        keep never holds a prefill the prefill memo has let go. Views, `summary` and `export` work
-        on it; planning and decoding need the full comparison."""
+        keep never holds a prefill the prefill memo has let go. Views, `summary` and
+        `export` work on it; planning and decoding need the full comparison."""
         shapes = {}
 
         def light(prep: Prompt) -> Prompt:
