@@ -118,6 +118,8 @@ def test_the_study_memos_count_drawn_views_at_their_own_size(tokenizer):  # noqa
     assert _entry_bytes({"figs": {}, "nbytes": 1234}) == 1234
     assert _entry_bytes(torch.zeros(8)) == 32
     study = _tiny_study(tokenizer, ModelWorker())
+    memos = [name for name, value in vars(study).items() if isinstance(value, ByteLRU)]
+    assert memos == ["prefills", "plans", "results"]  # a study's three caches, no other
     study.kept_prompts = frozenset({"lesson"})
     assert study.results.keep_if((("lesson", "digest"), "config", 32))
     assert not study.results.keep_if(fm.view_key("lesson", "a", "b", 0))
