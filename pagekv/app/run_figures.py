@@ -58,17 +58,16 @@ def view_key(spec, a: Side, b: Side, layer: int) -> tuple:
     return ("views", spec, a, b, layer)
 
 
-def plan_views(comp: Comparison, key: tuple, layer: int, memo: ByteLRU | None) -> dict:
+def plan_views(comp: Comparison, key: tuple, layer: int, memo: ByteLRU) -> dict:
     """The plan views of `comp` (`PLAN_VIEWS`) for the run `key` (`view_key`), drawn or
     kept from a preview with the same settings (in `memo`, the study's plan memo, under
     `("plan views", *key)`)."""
     plan_key = ("plan views", *key)
-    hit = None if memo is None else memo.get(plan_key)
+    hit = memo.get(plan_key)
     if hit is not None:
         return hit["figs"]
     figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS, memo=memo)
-    if memo is not None:
-        memo.put(plan_key, {"figs": figs, "nbytes": view_size(None, figs)})
+    memo.put(plan_key, {"figs": figs, "nbytes": view_size(None, figs)})
     return figs
 
 
