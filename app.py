@@ -35,7 +35,7 @@ from pagekv.app.lesson_checks import LESSON_TITLES  # noqa: E402
 from pagekv.app.lesson_handlers import LESSON_CONTROLS, TABS, warm_lessons  # noqa: E402
 from pagekv.app.lessons import LESSONS  # noqa: E402
 from pagekv.app.page_assets import GQA_DRAWING, launch_assets  # noqa: E402
-from pagekv.app.run_figures import PLAN_VIEWS  # noqa: E402
+from pagekv.app.run_figures import PREVIEW_VIEWS  # noqa: E402
 from pagekv.app.run_inputs import (  # noqa: E402
     PAGE_SIZES,  # noqa: E402
     RUN_DEFAULTS,
@@ -331,7 +331,7 @@ def wire_runs(c: dict) -> None:
         c[name].release(**run_kw, **QUIET).then(**shown)
     # Live while dragging: planning alone, on the cached prefill (no decoding).
     preview_kw = dict(
-        fn=ui.preview_plans, inputs=run_controls, outputs=[c[name] for name in PLAN_VIEWS],
+        fn=ui.preview_plans, inputs=run_controls, outputs=[c[name] for name in PREVIEW_VIEWS],
         preprocess=False, concurrency_id="preview", concurrency_limit=2,
         trigger_mode="always_last", show_progress="hidden", **QUIET,
     )  # fmt: skip

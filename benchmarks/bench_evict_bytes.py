@@ -80,7 +80,7 @@ def main(argv=None):
         task = make_needle_task(loaded.tokenizer, context_tokens=size, depth=0.5, seed=0)
         pre = runner.prefill(task.build_prompt_ids(loaded.tokenizer)["input_ids"])
         for name, cfg in CONFIGS.items():
-            planned = runner.plan_prefill(pre, cfg)
+            planned = runner.plan(pre, cfg)
             with torch.inference_mode(), Allocations() as made:
                 ev = runner.evict(pre, cfg, planned)
                 cache = runner.decode_cache([ev], pre, 24)

@@ -35,7 +35,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402
 from pagekv.app import handlers  # noqa: E402
-from pagekv.app.comparison import Decoding, plan_comparison
+from pagekv.app.comparison import Decoding, preview_comparison
 from pagekv.app.run_figures import (
     SAME_AFTER_DECODING,  # noqa: E402
     comparison_figures,  # noqa: E402
@@ -66,7 +66,7 @@ def parts(run: dict, pct: float) -> dict:
     spec, a, b, layer = parse_run(RunInputs(**kw))
     study = handlers.get_study(kw["model"])
     t0 = time.perf_counter()
-    comp = plan_comparison(study, spec, a, b)
+    comp = preview_comparison(study, spec, a, b)
     t1 = time.perf_counter()
     for _ in Decoding(study, comp).stream():
         pass

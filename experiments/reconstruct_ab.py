@@ -354,13 +354,13 @@ def main(argv=None) -> int:
                     if setting in adaptive:
 
                         def plan_at(size, c=cfg, p=pre):  # the runner's Plan at that page size
-                            return runner.plan_prefill(p, c.replace(page_size=size))
+                            return runner.plan(p, c.replace(page_size=size))
 
                         choice = choose_page_size(plan_at, args.adaptive_pages, adaptive[setting])
                         planned = choice.plan
                         cfg = planned.config
                     elif agg in (None, "max") and policy != "profile":
-                        planned = runner.plan_prefill(pre, cfg)  # the runner's own path
+                        planned = runner.plan(pre, cfg)  # the runner's own path
                     else:
                         # `plan` without masses weights heads by the entropy of the
                         # profile itself (the "profile" setting, and the mean rows,

@@ -308,7 +308,7 @@ def run(args) -> None:
                         runner.reconstruction(pre)  # once, in `reconstruct_s`, not a row's
                     for name in names:
                         t0 = time.perf_counter()
-                        planned = runner.plan_prefill(pre, ours[name])  # one reconstruction
+                        planned = runner.plan(pre, ours[name])  # one reconstruction
                         res = runner.evaluate(pre, ours[name], max_new_tokens=max_new,
                                               planned=planned)  # fmt: skip
                         answer = tok.decode(res.tokens, skip_special_tokens=True)

@@ -123,7 +123,7 @@ def test_the_study_memos_count_drawn_views_at_their_own_size(tokenizer):  # noqa
     study.kept_prompts = frozenset({"lesson"})
     assert study.results.keep_if((("lesson", "digest"), "config", 32))
     assert not study.results.keep_if(fm.view_key("lesson", "a", "b", 0))
-    assert not study.plans.keep_if(("plan views", *fm.view_key("lesson", "a", "b", 0)))
+    assert not study.plans.keep_if(("preview views", *fm.view_key("lesson", "a", "b", 0)))
     assert not study.plans.keep_if(fm.content_key("weights", (1,)))
 
 

@@ -1,14 +1,14 @@
 """The UOR chart's worst case and the stored heatmap's colour scale follow the model's r:
 a small random Qwen2 decoder with 14 query heads over 2 KV heads (r = 7, the shape of
 qwen-coder-0.5b's groups) under the bundled model's tokenizer, planned as the app plans
-a run (`plan_comparison`, `comparison_figures`)."""
+a run (`preview_comparison`, `comparison_figures`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from pagekv import EvictionConfig, PromptSpec
-from pagekv.app.comparison import plan_comparison
+from pagekv.app.comparison import preview_comparison
 from pagekv.app.run_figures import comparison_figures
 from pagekv.app.side import Side
 from pagekv.app.worker import ModelWorker
@@ -26,7 +26,7 @@ def test_uor_worst_case_and_stored_scale_are_r(study_r7):
     spec = PromptSpec(task="needle", context_tokens=300, depth=0.5, seed=2)
     base = EvictionConfig(budget=0.3, page_size=4, window=8)
     a, b = Side(base.replace(policy="head_independent")), Side(base.replace(policy="entropy"))
-    comp = plan_comparison(study_r7, spec, a, b)
+    comp = preview_comparison(study_r7, spec, a, b)
     figs = comparison_figures(comp, only={"uor", "stored"})
     uor = figs["uor"]
     assert [s["y0"] for s in uor.layout.shapes] == [7]

@@ -111,7 +111,7 @@ def test_a_run_streams_then_is_served_from_memory():
     assert [row[0].split(":")[0] for row in rows] == ["full cache", "A", "B"]
     kept = study.results.get(key)
     assert kept["comp"] is last[handlers.RUN_VIEWS.index("last")] and kept["served"] is False
-    assert study.plans.get(("plan views", *key))["figs"]["frame"] is kept["figs"]["frame"]
+    assert study.plans.get(("preview views", *key))["figs"]["frame"] is kept["figs"]["frame"]
     again = list(handlers.run_comparison(**RUN))
     assert len(again) == 1 and "served from memory" in again[0][0]
     assert again[0][handlers.RUN_VIEWS.index("answers")] == table

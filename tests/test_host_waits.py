@@ -3,7 +3,7 @@
 A host wait is a point where the host needs a device result in hand: a value read back
 (`item`, `tolist`, `bool`, `int`, `float`, `__index__`) or an operation whose output
 size depends on the data (a boolean-mask index, `nonzero`, `masked_select`). Scoring,
-weights, pooling, selection (`Runner.evict`, with its `plan_prefill`) and the gather into
+weights, pooling, selection (`Runner.evict`, with its `Runner.plan`) and the gather into
 the decode cache (`Runner.decode_cache`) must make as many with 2 layers as with 6: the
 plan's counts are read once, the gather is one launch for all layers with one bounds
 check, the cache's tables go to the device in one copy, and the page geometry is host

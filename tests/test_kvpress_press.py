@@ -385,7 +385,7 @@ def _reference_plan(model, ids, instr, cfg, chunk=None):
     """What pagekv picks by reconstruction, computed without the press: the scores of
     `reconstruction_scores` on a copy of an uncompressed prefill's cache, profiles
     (`as_profiles`), masses (the queries' focus, `reconstruction_masses`), then `plan`,
-    as `Runner.reconstruction_scores` + `Runner.plan_prefill` do; with that prefill's cache."""
+    as `Runner.reconstruction_scores` + `Runner.plan` do; with that prefill's cache."""
     from pagekv.runtime.reconstruct import (
         CHUNK,
         as_profiles,

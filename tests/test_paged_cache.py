@@ -196,7 +196,7 @@ def test_a_run_copies_the_kept_keys_and_values_once(config):
     torch.manual_seed(0)
     runner = Runner(LlamaForCausalLM(cfg).eval())
     pre = runner.prefill(prompt(300, seed=1), window_max=16)
-    planned = runner.plan_prefill(pre, config)
+    planned = runner.plan(pre, config)
     # Every new storage an op makes (views and writes into a given tensor are not new).
     allocations = load("bench_evict_bytes").Allocations
     with torch.inference_mode(), allocations() as made:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pagekv import EvictionConfig, PromptSpec
-from pagekv.app.comparison import compare, plan_comparison
+from pagekv.app.comparison import compare, preview_comparison
 from pagekv.app.memo import ByteLRU
 from pagekv.app.side import Side
 from pagekv.app.worker import ModelWorker
@@ -23,13 +23,13 @@ def test_one_run_plans_each_configuration_once(tokenizer, monkeypatch, result_me
     if not result_memo_bytes:  # the plan memo stays on when the result memo is off
         study.results = ByteLRU(0)
     planned = []
-    real = study.runner.plan_prefill
+    real = study.runner.plan
 
     def counting(pre, config):
         planned.append(config)
         return real(pre, config)
 
-    monkeypatch.setattr(study.runner, "plan_prefill", counting)
+    monkeypatch.setattr(study.runner, "plan", counting)
     spec = PromptSpec(task="needle", context_tokens=200, seed=7)
     a = EvictionConfig(policy="mean", budget=0.5, page_size=8, window=16)
     b = a.replace(policy="entropy")
@@ -51,7 +51,7 @@ def test_the_memory_rows_count_what_the_decode_cache_stores(tokenizer):  # noqa:
     study = _tiny_study(tokenizer, ModelWorker())
     spec = PromptSpec(task="needle", context_tokens=300, seed=3, mode="after")
     shared = Side.of("entropy", budget=0.3, page_size=4, window=8, allocation="global")
-    comp = plan_comparison(study, spec, shared.replace(policy="mean"), shared)
+    comp = preview_comparison(study, spec, shared.replace(policy="mean"), shared)
     pre = comp.preps["B"].prefill
     per_token = pre.head_dim * 2 * pre.cache.layers[0].keys.element_size()
     rows = {r["policy"]: r for r in comp.memory}

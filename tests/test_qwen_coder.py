@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from pagekv.app.comparison import plan_comparison
+from pagekv.app.comparison import preview_comparison
 from pagekv.app.lessons import get_lesson, run_lesson
 from pagekv.app.presets import check_preset, compare_preset, load_presets, preset_matches
 from pagekv.app.run_figures import comparison_figures
@@ -61,7 +61,7 @@ def test_full_cache_finds_the_needle(qwen, mode):
 def test_uor_view_follows_r(qwen):
     """The UOR chart's worst case and the stored heatmap's scale are r = 7 here."""
     spec = PromptSpec(task="needle", context_tokens=1000, depth=0.5)
-    comp = plan_comparison(qwen, spec, Side.of("head_independent"), Side.of("entropy"))
+    comp = preview_comparison(qwen, spec, Side.of("head_independent"), Side.of("entropy"))
     figs = comparison_figures(comp, only={"uor"})
     fig = figs["uor"]
     assert [s["y0"] for s in fig.layout.shapes] == [7]

@@ -107,7 +107,7 @@ def test_the_runner_plans_and_decodes_with_it_once_per_prompt(eager):
     held = [(la.keys, la.values, la.keys.clone(), la.values.clone()) for la in pre.cache.layers]
     win = EvictionConfig(policy="entropy", budget=0.3, page_size=4, n_sink=2, window=8)
     rec = win.replace(scorer="reconstruct")
-    p_rec = runner.plan_prefill(pre, rec)
+    p_rec = runner.plan(pre, rec)
     # The pass left the prefill's cache as it was: the same tensors, the same values.
     for la, (k, v, k0, v0) in zip(pre.cache.layers, held, strict=True):
         assert la.keys is k and la.values is v and la.keys.shape[2] == 64
@@ -118,11 +118,11 @@ def test_the_runner_plans_and_decodes_with_it_once_per_prompt(eager):
     torch.testing.assert_close(first, want)
     seconds = pre.timings["reconstruct_s"]
     for policy in ("mean", "max", "entropy_nosink"):  # every scoring policy can use it
-        runner.plan_prefill(pre, rec.replace(policy=policy))
-    runner.plan_prefill(pre, rec.replace(n_sink=0))
+        runner.plan(pre, rec.replace(policy=policy))
+    runner.plan(pre, rec.replace(n_sink=0))
     assert pre._scores[("reconstruct", 0)][0] is first  # one pass per prompt
     assert pre.timings["reconstruct_s"] == seconds
-    p_win = runner.plan_prefill(pre, win)
+    p_win = runner.plan(pre, win)
     assert not torch.equal(p_rec.page_keep, p_win.page_keep)  # another scorer, other pages
     assert bool(p_rec.page_keep[..., p_rec.protected].all())  # window pages still protected
     res = runner.evaluate(pre, rec, max_new_tokens=3)
@@ -239,7 +239,7 @@ def test_the_runner_weights_heads_by_the_queries_focus(eager):
     pre = runner.prefill(ctx, window_max=8)
     cfg = EvictionConfig(policy="entropy", budget=0.4, page_size=4, n_sink=3, window=8,
                          scorer="reconstruct")  # fmt: skip
-    p = runner.plan_prefill(pre, cfg)
+    p = runner.plan(pre, cfg)
     scores = pre.reconstruction
     want = weights_from_mass(scores["focus_mass"][..., 3], pre.n_groups, cfg.tau)
     torch.testing.assert_close(p.head_weights, want)

@@ -103,7 +103,7 @@ def test_pages_sum_is_what_the_decode_pool_allocates_for_the_context(bundled_stu
         EvictionConfig(policy="mean", budget=0.15, page_size=16, window=8),
         EvictionConfig(policy="full", window=8),
     ):
-        planned = runner.plan_prefill(pre, cfg)
+        planned = runner.plan(pre, cfg)
         fields = rm.plan_memory(planned)
         ev = runner.evict(pre, cfg, planned)
         pool = runner.decode_cache([ev], pre, 0)  # the decode's pool, no room to grow

@@ -338,14 +338,14 @@ def test_no_leak_between_configurations(llama):
 
 
 def test_a_run_decodes_the_plan_it_is_given(llama):
-    """`plan_prefill`'s Plan carries what scoring and planning cost and where it ran;
+    """`Runner.plan`'s Plan carries what scoring and planning cost and where it ran;
     `evaluate(planned=...)` decodes that plan (the same tokens and kept sets as planning
     inside), and refuses one made for another configuration, another prompt, or not by
-    `plan_prefill` (no scoring backend, no timings)."""
+    `Runner.plan` (no scoring backend, no timings)."""
     runner = Runner(llama)
     pre = runner.prefill(prompt(90, seed=12), window_max=16)
     cfg = EvictionConfig(policy="entropy", budget=0.3, page_size=4, window=8)
-    p = runner.plan_prefill(pre, cfg)
+    p = runner.plan(pre, cfg)
     assert p.backends["score"] == "torch" and set(p.timings) == {"score_s", "plan_s"}
     given = runner.evaluate(pre, cfg, max_new_tokens=6, stop_at_eos=False, planned=p)
     own = runner.evaluate(pre, cfg, max_new_tokens=6, stop_at_eos=False)
@@ -356,7 +356,7 @@ def test_a_run_decodes_the_plan_it_is_given(llama):
     other = runner.prefill(prompt(80, seed=12), window_max=16)
     bare = plan(pre.profiles(8), pre.n_groups, cfg)
     for wrong, on, config in ((p, pre, cfg.replace(budget=0.4)), (p, other, cfg), (bare, pre, cfg)):
-        with pytest.raises(ValueError, match="plan_prefill"):
+        with pytest.raises(ValueError, match="Runner.plan"):
             runner.evaluate(on, config, max_new_tokens=2, planned=wrong)
 
 

@@ -299,7 +299,7 @@ def test_the_head_losing_most_with_isolation_is_marked_with_its_sink_mass(bundle
     runner = bundled_study.runner
     ids = bundled_study.tokenizer.encode("Sinks and heads: a page of plain words. " * 40)[:320]
     pre = runner.prefill(ids, window_max=32)
-    plan = runner.plan_prefill(pre, EvictionConfig(policy="entropy", budget=0.3))
+    plan = runner.plan(pre, EvictionConfig(policy="entropy", budget=0.3))
     loss = plan.weights_nosink - plan.weights_isolated  # [L, H]
     layer = int(loss.max(-1).values.argmax())
     head = int(loss[layer].argmax())

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from pagekv import EvictionConfig, PromptSpec, Study
-from pagekv.app.comparison import Decoding, compare, plan_comparison
+from pagekv.app.comparison import Decoding, compare, preview_comparison
 from pagekv.app.side import Side
 from pagekv.app.worker import ModelWorker
 from pagekv.runtime import models
@@ -101,13 +101,13 @@ def _preview(study, spec, a, b):
     """What a dragged slider does: plan both sides on the cached prefill (the prefill is
     made first here, so the preview always has one to plan on)."""
     study.prepare(spec)
-    comp = plan_comparison(study, spec, Side(a, spec.mode), Side(b, spec.mode), cached_only=True)
+    comp = preview_comparison(study, spec, Side(a, spec.mode), Side(b, spec.mode), cached_only=True)
     return tuple(tuple(comp.plan_of(k).keep.flatten().tolist()) for k in ("full", "A", "B"))
 
 
 def _budget(study, spec, a, b):
     """What a released slider does: plan, then decode full, A and B, streaming."""
-    comp = plan_comparison(study, spec, Side(a, spec.mode), Side(b, spec.mode))
+    comp = preview_comparison(study, spec, Side(a, spec.mode), Side(b, spec.mode))
     for _ in Decoding(study, comp, NEW).stream(poll_s=0.01):
         pass
     return tuple(_sig(comp.records[k]) for k in ("full", "A", "B"))

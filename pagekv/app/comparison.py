@@ -5,7 +5,7 @@
     summary(comp)                          # its numbers, JSON-ready
     paths = export_data(comp, folder)      # pagekv_run.json and pagekv_run.csv
 
-Planning (`plan_comparison`: the prefill, both sides' plans, the UOR curve and the memory
+Planning (`preview_comparison`: the prefill, both sides' plans, the UOR curve and the memory
 rows, each configuration planned once through the study's plan memo) and decoding
 (`Decoding`: full, A and B as worker jobs, streamed) live here, below the views, which
 only draw them (`pagekv.app.run_figures`) and handle the page's events. Only the
@@ -159,7 +159,7 @@ def differing(side: Side, other: Side, skip=()) -> list[str]:
     return out
 
 
-def plan_comparison(
+def preview_comparison(
     study: Study,
     spec: PromptSpec,
     a: Side,
@@ -300,7 +300,7 @@ def compare(
     """
     if progress is not None:
         progress(0.05, desc="prefilling the prompt (once per prompt)")
-    comp = plan_comparison(study, spec, a, b)
+    comp = preview_comparison(study, spec, a, b)
     return decode_comparison(study, comp, max_new_tokens, progress)
 
 

@@ -31,7 +31,7 @@ from gradio.components.plot import PlotData
 
 from pagekv.app import allocator
 from pagekv.app.answers import answers_html, answers_table, ms, pending_table
-from pagekv.app.comparison import METHOD_FIELDS, Decoding, differing, plan_comparison
+from pagekv.app.comparison import METHOD_FIELDS, Decoding, differing, preview_comparison
 from pagekv.app.figures.style import is_figure
 from pagekv.app.lesson_checks import check_lesson, lesson_of, verdict_text
 from pagekv.app.lessons import lesson_prompts
@@ -39,11 +39,11 @@ from pagekv.app.model_registry import ModelRegistry, model_key
 from pagekv.app.page_text import STALE_NOTE, message
 from pagekv.app.presets import check_preset, load_presets, preset_matches, preset_sides
 from pagekv.app.run_figures import (
-    PLAN_VIEWS,
+    PREVIEW_VIEWS,
     SAME_AFTER_DECODING,
     comparison_figures,
     export,
-    plan_views,
+    preview_views,
     view_key,
     view_size,
 )
@@ -415,24 +415,24 @@ def _run(v: RunInputs, session=None):
                     for label, side in (("A", a), ("B", b))
                 )
                 fresh = _unreconstructed(preps, a, b)
-                plan = lambda: plan_comparison(study, spec, a, b)  # noqa: E731
+                preview = lambda: preview_comparison(study, spec, a, b)  # noqa: E731
                 if fresh:  # planning runs the reconstruction pass first: its own step
                     comp = yield from _step(
-                        plan,
+                        preview,
                         "Reconstruction pass: the model reads the prompt again to score it",
                         lambda: sum(study.estimate("reconstruct", p.n) or 0 for p in fresh) or None,
                         lesson,
                     )
                 else:
-                    comp = plan()
+                    comp = preview()
                 n_layers = int(comp.plan_of("B").keep.shape[0])  # from the model that ran
                 layer = min(layer, n_layers - 1)
                 decoding = Decoding(study, comp)  # queued now: the model works while we draw
-                plan_figs = plan_views(comp, key, layer, study.plans)
+                preview_figs = preview_views(comp, key, layer, study.plans)
                 yield _views(
                     status=_status(study, comp, decoded=False),
                     answers=answers_html(pending_table(comp)),
-                    **{k: plan_figs.get(k) for k in PLAN_VIEWS},
+                    **{k: preview_figs.get(k) for k in PREVIEW_VIEWS},
                     layer=slider_range(0, n_layers - 1, layer),
                     observation=_checking(lesson),
                     **_budget_limits(comp),
@@ -440,7 +440,7 @@ def _run(v: RunInputs, session=None):
                 # Decoding changes no plan: the plan views drawn above stand, and the
                 # views of head weights and sinks are drawn while the model decodes;
                 # only the retention of the stored caches waits for the decoded records.
-                figs = {k: f for k, f in plan_figs.items() if k in SAME_AFTER_DECODING}
+                figs = {k: f for k, f in preview_figs.items() if k in SAME_AFTER_DECODING}
                 figs |= comparison_figures(
                     comp, layer=layer, skip={*figs, "retention"}, memo=study.plans
                 )
@@ -682,14 +682,14 @@ def preview_plans(*args):
     try:
         spec, a, b, layer = parse_run(v)
         study = get_study(v.model if isinstance(v.model, str) else "")
-        comp = plan_comparison(study, spec, a, b, cached_only=True)
+        comp = preview_comparison(study, spec, a, b, cached_only=True)
         key = view_key(spec, a, b, layer)  # as the run's
         layer = min(layer, int(comp.plan_of("B").keep.shape[0]) - 1)
-        figs = plan_views(comp, key, layer, study.plans)
+        figs = preview_views(comp, key, layer, study.plans)
     except Exception as e:
         log.debug("preview skipped: %s", e)
-        return tuple(gr.update() for _ in PLAN_VIEWS)
-    return tuple(sent(figs.get(k)) for k in PLAN_VIEWS)
+        return tuple(gr.update() for _ in PREVIEW_VIEWS)
+    return tuple(sent(figs.get(k)) for k in PREVIEW_VIEWS)
 
 
 @light

@@ -8,7 +8,7 @@ kept in the study's memos (`pagekv.app.study`), each entry a dict with its `nbyt
 
 - **a finished run's views** (`view_key`, in `Study.results`): the detached comparison,
   its figures and its answers table (the run handler stores them);
-- **a preview's plan views** (`plan_views`, in `Study.plans`): a dragged slider draws
+- **a preview's plan views** (`preview_views`, in `Study.plans`): a dragged slider draws
   them, and the run its release sends with the same settings draws only what decoding
   adds;
 - **single figures by content** (`memo_figure`, in `Study.plans`): the views of head
@@ -43,7 +43,7 @@ from pagekv.app.side import Side
 from pagekv.maths.metrics import sink_advantage
 
 #: Views that planning alone draws (a dragged slider updates these, without decoding).
-PLAN_VIEWS = ("frame", "retention", "uor", "stored", "memory", "glance")
+PREVIEW_VIEWS = ("frame", "retention", "uor", "stored", "memory", "glance")
 #: Plan views that decoding leaves as they are (retention is redrawn: the decoded records
 #: measure what the compacted cache stores, padding included).
 SAME_AFTER_DECODING = ("frame", "uor", "stored", "memory", "glance")
@@ -58,16 +58,16 @@ def view_key(spec, a: Side, b: Side, layer: int) -> tuple:
     return ("views", spec, a, b, layer)
 
 
-def plan_views(comp: Comparison, key: tuple, layer: int, memo: ByteLRU) -> dict:
-    """The plan views of `comp` (`PLAN_VIEWS`) for the run `key` (`view_key`), drawn or
+def preview_views(comp: Comparison, key: tuple, layer: int, memo: ByteLRU) -> dict:
+    """The plan views of `comp` (`PREVIEW_VIEWS`) for the run `key` (`view_key`), drawn or
     kept from a preview with the same settings (in `memo`, the study's plan memo, under
-    `("plan views", *key)`)."""
-    plan_key = ("plan views", *key)
-    hit = memo.get(plan_key)
+    `("preview views", *key)`)."""
+    preview_key = ("preview views", *key)
+    hit = memo.get(preview_key)
     if hit is not None:
         return hit["figs"]
-    figs = comparison_figures(comp, layer=layer, only=PLAN_VIEWS, memo=memo)
-    memo.put(plan_key, {"figs": figs, "nbytes": view_size(None, figs)})
+    figs = comparison_figures(comp, layer=layer, only=PREVIEW_VIEWS, memo=memo)
+    memo.put(preview_key, {"figs": figs, "nbytes": view_size(None, figs)})
     return figs
 
 

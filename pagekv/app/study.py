@@ -372,7 +372,7 @@ class Study:
 
     def plan(self, prep: Prompt, config: EvictionConfig, keep: bool = True) -> Plan:
         """The plan of `config` on `prep`, scored and planned once on the worker: the run
-        of the same configuration reuses it (`Runner.plan_prefill`'s `Plan`, shared: never
+        of the same configuration reuses it (`Runner.plan`'s `Plan`, shared: never
         mutate it). BudgetError when infeasible.
 
         `keep=False`: from the plan memo, else planned without storing it, for rows
@@ -396,7 +396,7 @@ class Study:
         hit = self.plans.get(key)
         if hit is None:
             fresh = "reconstruct_s" not in prep.prefill.timings
-            hit = self.runner.plan_prefill(prep.prefill, config)
+            hit = self.runner.plan(prep.prefill, config)
             if fresh and "reconstruct_s" in prep.prefill.timings:
                 self._record("reconstruct", prep.n, prep.prefill.timings["reconstruct_s"])
             if keep:

@@ -497,7 +497,7 @@ class PageEntroKVPress(_Base):
         The pass runs on `cache` itself and every layer is cut back to its ``n`` prefilled
         tokens afterwards (also when the pass fails), as kvpress's ``KVzipPress`` keeps
         only the prefilled pairs: no copy of the cache. Each layer is planned as the
-        runner plans a reconstruct configuration (``Runner.plan_prefill``: profiles
+        runner plans a reconstruct configuration (``Runner.plan``: profiles
         ``as_profiles(scores["max"])``, ``reconstruction_masses``); every layer is
         planned before any is compacted, so a strict BudgetError leaves the cache whole.
         """

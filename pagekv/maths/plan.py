@@ -64,7 +64,7 @@ class Plan:
     weights_isolated: torch.Tensor  # float32 [L, H] Page-EntroKV's weights
     weights_nosink: torch.Tensor  # float32 [L, H] the same without sink isolation
     backends: dict = field(default_factory=dict)  # step -> "torch" / "triton", "device"
-    #: What planning on a prefill cost, in seconds (`Runner.plan_prefill`): `score_s`
+    #: What planning on a prefill cost, in seconds (`Runner.plan`): `score_s`
     #: (profiles and masses, memoised per prefill) and `plan_s` (this selection).
     timings: dict = field(default_factory=dict)
     #: `union_tokens` read to the host once (`union_counts`); None until then.

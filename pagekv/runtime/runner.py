@@ -199,7 +199,7 @@ class Runner:
 
     # ---------------------------------------------------------------- evict
 
-    def plan_prefill(self, pre: Prefill, config: EvictionConfig) -> Plan:
+    def plan(self, pre: Prefill, config: EvictionConfig) -> Plan:
         """Score `pre` (memoised per window and n_sink) and plan under `config`: the
         `Plan` that `evict` compacts, with the scoring backend in `backends["score"]`
         and `timings` `{score_s, plan_s}`. Raises BudgetError (a ValueError naming the
@@ -258,14 +258,14 @@ class Runner:
 
     def evict(self, pre: Prefill, config: EvictionConfig, planned: Plan | None = None) -> Evicted:
         """What `config`'s plan keeps of `pre.cache` (the kept tokens' indices; the
-        decode gathers them): `planned` when given (from `plan_prefill` on the same
+        decode gathers them): `planned` when given (from `Runner.plan` on the same
         prefill and configuration: each run is planned once), else planned here (a
-        BudgetError as in `plan_prefill`)."""
+        BudgetError as in `Runner.plan`)."""
         if planned is None:
-            planned = self.plan_prefill(pre, config)
+            planned = self.plan(pre, config)
         elif planned.config != config or planned.n != pre.n or "score" not in planned.backends:
             raise ValueError(
-                "planned was not made by plan_prefill for this configuration and prompt"
+                "planned was not made by Runner.plan for this configuration and prompt"
             )
         p = planned
         t1 = _now(self.device)
@@ -330,7 +330,7 @@ class Runner:
                 `needle_retention` and `needle_kept_all`.
             stop_at_eos: stop at the tokenizer's or generation config's EOS ids.
             return_logits: keep every step's float32 logits in `RunResult.logits`.
-            planned: `plan_prefill(pre, config)`, when the caller planned already.
+            planned: `self.plan(pre, config)`, when the caller planned already.
         """
         self._check_decode(pre, max_new_tokens)
         ev = self.evict(pre, config, planned)
@@ -557,7 +557,7 @@ class Runner:
 
 def scored(p: Plan, backend: str, score_s: float, plan_s: float) -> Plan:
     """`p` with how its prefill was scored, what `evict` reads and reports: the backend
-    in `backends["score"]`, the seconds in `timings` (`plan_prefill`, or a caller that
+    in `backends["score"]`, the seconds in `timings` (`Runner.plan`, or a caller that
     planned from its own profiles)."""
     p.backends = {"score": backend, **p.backends}
     p.timings = {"score_s": score_s, "plan_s": plan_s}

@@ -579,7 +579,7 @@ def reconstruct_reference_cases(models):
     """Not a kvpress test: pagekv's reconstruct scorer under kvpress's BasePress, checked
     against pagekv computed independently (``reconstruction_scores`` on an uncompressed
     prefill, ``as_profiles``, ``reconstruction_masses``, ``plan``, as
-    ``Runner.plan_prefill`` plans a reconstruct configuration), with the instruction
+    ``Runner.plan`` plans a reconstruct configuration), with the instruction
     tokenised by the model's own tokenizer (the press's default), per layer; and a
     negative control: the window scorer keeps other pages."""
     from transformers import AutoTokenizer, DynamicCache
