@@ -469,7 +469,7 @@ def test_concurrent_identical_pairs_decode_once_and_the_model_runs_one_at_a_time
 def test_a_detached_comparison_keeps_the_views_but_not_the_prefill(study):
     """What the app keeps after a run (a session's last run, the memo of finished views)
     must not pin the prefill's KV cache; every view and the export read the same."""
-    from pagekv.app.comparison import PrefillShape, decode_comparison, preview_comparison, summary
+    from pagekv.app.comparison import PrefillShape, compare, summary
     from pagekv.app.run_figures import comparison_figures
     from pagekv.runtime.prefill import Prefill
 
@@ -477,8 +477,7 @@ def test_a_detached_comparison_keeps_the_views_but_not_the_prefill(study):
     study.prefills.put(prep.spec, prep)
     a = EvictionConfig(policy="mean", budget=0.5, page_size=8, window=16)
     a, b = Side(a), Side(a.replace(policy="entropy"))
-    comp = preview_comparison(study, prep.spec, a, b)
-    decode_comparison(study, comp, max_new_tokens=3)
+    comp = compare(study, prep.spec, a, b, max_new_tokens=3)
     light = comp.detached()
     assert isinstance(comp.prep.prefill, Prefill)  # the original is left as it was
     assert isinstance(light.prep.prefill, PrefillShape) and light.preps["B"] is light.prep

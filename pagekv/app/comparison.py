@@ -229,26 +229,6 @@ def mode_notes(modes: dict) -> list[str]:
     return []
 
 
-def decode_comparison(
-    study: Study,
-    comp: Comparison,
-    max_new_tokens: int | None = None,
-    progress=None,
-    on_token=None,
-) -> Comparison:
-    """Decode the full cache, side A and side B of a planned comparison (in place).
-
-    Sides on one prompt decode together in one batched pass when their compacted caches
-    have the same shape (`Study.run_pair`); `on_token(tokens_a, tokens_b)` then sees
-    the answers grow (streaming)."""
-    if progress is not None:
-        progress(0.45, desc="full cache, A and B")
-    for partial in Decoding(study, comp, max_new_tokens).stream(poll_s=0.1):
-        if on_token is not None:
-            on_token(*partial)
-    return comp
-
-
 class Decoding:
     """The decoding of a planned comparison, queued on the model worker at once (the
     model decodes while the caller draws the plan views): the full cache, then A and B
@@ -286,22 +266,19 @@ class Decoding:
 
 
 def compare(
-    study: Study,
-    spec: PromptSpec,
-    a: Side,
-    b: Side,
-    max_new_tokens: int | None = None,
-    progress=None,
+    study: Study, spec: PromptSpec, a: Side, b: Side, max_new_tokens: int | None = None
 ) -> Comparison:
-    """Prefill the prompt (memoised), then run the full cache, side A and side B.
+    """Prefill the prompt (memoised), then decode the full cache, side A and side B.
 
     Each side asks at its own position (`Side.mode`); sides asked the same way share
-    one prefill; the full cache runs on side A's prompt.
+    one prefill; the full cache runs on side A's prompt. Sides on one prompt decode
+    together in one batched pass when their kept caches have the same shape
+    (`Decoding`).
     """
-    if progress is not None:
-        progress(0.05, desc="prefilling the prompt (once per prompt)")
     comp = preview_comparison(study, spec, a, b)
-    return decode_comparison(study, comp, max_new_tokens, progress)
+    for _ in Decoding(study, comp, max_new_tokens).stream(poll_s=0.1):
+        pass
+    return comp
 
 
 def uor_rows(study: Study, prep: Prompt, base: EvictionConfig) -> list[dict]:

@@ -824,22 +824,13 @@ def load_replay() -> dict:
     return json.loads(REPLAY_RESULTS.read_text())
 
 
-def run_lesson(
-    study, lesson: Lesson, max_new_tokens: int | None = None, progress=None
-) -> LessonRun:
+def run_lesson(study, lesson: Lesson, max_new_tokens: int | None = None) -> LessonRun:
     """Run `lesson` (live on `study`'s model, or on the constructed group / the committed
     replay) and check its observation."""
     if lesson.kind == "live":
         from pagekv.app.comparison import compare
 
-        ran = compare(
-            study,
-            lesson.prompt,
-            lesson.a,
-            lesson.b,
-            max_new_tokens=max_new_tokens,
-            progress=progress,
-        )
+        ran = compare(study, lesson.prompt, lesson.a, lesson.b, max_new_tokens=max_new_tokens)
     elif lesson.kind == "constructed":
         from pagekv.maths.mechanism import mechanism_view
 

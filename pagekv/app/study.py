@@ -552,17 +552,11 @@ class Study:
         config_a: EvictionConfig,
         config_b: EvictionConfig,
         max_new_tokens: int | None = None,
-        on_token=None,
     ) -> tuple[RunResult, RunResult]:
         """`run` for two configurations on one prompt (`submit_pair`), memoised exactly
-        as `run` memoises each. `on_token(tokens_a, tokens_b)` is called on this thread
-        as the tokens of a shared pass grow (at most every `poll_s`, 0.1 s)."""
+        as `run` memoises each."""
         job = self.submit_pair(prep, config_a, config_b, max_new_tokens)
-        if on_token is None:
-            self.worker.wait(job)
-        else:
-            for tokens in self.worker.progress(job, 0.1, final=True):
-                on_token(*tokens)
+        self.worker.wait(job)
         rec_a, rec_b = job.result()
         return served_copy(rec_a), served_copy(rec_b)
 

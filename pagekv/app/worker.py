@@ -194,10 +194,9 @@ class ModelWorker:
                     self._cv.notify_all()
         return True
 
-    def progress(self, job: Job, poll_s: float, final: bool = False):
+    def progress(self, job: Job, poll_s: float):
         """Wait for `job`, yielding its `progress` each time it changed, checked every
-        `poll_s` seconds (at least `MIN_POLL_S`); with `final`, also the last report not
-        yet yielded once the job is done. Holds nothing between checks (`wait`): a
+        `poll_s` seconds (at least `MIN_POLL_S`). Holds nothing between checks (`wait`): a
         check every 0 s would spin and hold the interpreter's lock, which the thread
         running the job needs after each of its torch operations."""
         seen = 0
@@ -206,8 +205,6 @@ class ModelWorker:
             if job.version != seen and job.progress is not None:
                 seen = job.version
                 yield job.progress
-        if final and job.version != seen and job.progress is not None:
-            yield job.progress
 
     def run(
         self,
