@@ -35,7 +35,6 @@ from pagekv.runtime.models import (
     bundled_gguf_path,
     cache_problem,
     check_gqa,
-    default_model_name,
     load_gguf,
     load_model,
     tokenizer_mismatch,
@@ -61,13 +60,9 @@ def _private_cache(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- fast
 
 
-def test_known_models_and_default(monkeypatch):
+def test_known_models():
     assert BUNDLED in KNOWN_MODELS and "Qwen/Qwen2.5-1.5B-Instruct" in KNOWN_MODELS
     assert all(isinstance(v, str) and v for v in KNOWN_MODELS.values())
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert default_model_name() == "bundled"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert default_model_name() == "Qwen/Qwen2.5-1.5B-Instruct"
 
 
 def test_cache_dir_environment(monkeypatch, tmp_path):

@@ -45,13 +45,12 @@ press(model):`` wraps ``model.model.forward`` to capture the ids and the cache o
 forward run inside the block (the prefill), and when the block exits
 
 1. the model reads ``REPEAT_PROMPT`` and then the whole prefilled sequence again, in
-   chunks of ``reconstruct_chunk`` tokens, on that very cache
-   (``pagekv.runtime.reconstruct.reconstruction_scores``, the runner's pass); each
-   head's score of token ``t`` is the largest attention a reconstruction query gives it,
-   normalised to a profile (``as_profiles``);
-2. every layer's cache is cut back to the ``n`` prefilled tokens (the reconstruction's
-   keys and values are dropped: the first ``n`` entries are the prefill's, untouched);
-3. each layer is planned with the same `EvictionConfig` as the window path (plus
+   chunks of ``reconstruct_chunk`` tokens, on a copy of that cache
+   (``pagekv.runtime.reconstruct.reconstruction_scores``, the runner's pass: the
+   prefill's cache is read, never changed); each head's score of token ``t`` is the
+   largest attention a reconstruction query gives it, normalised to a profile
+   (``as_profiles``);
+2. each layer is planned with the same `EvictionConfig` as the window path (plus
    ``scorer="reconstruct"``: the sinks and the window's pages stay protected) and its
    keys and values are compacted in place to the planned pages.
 
@@ -494,9 +493,9 @@ class PageEntroKVPress(_Base):
         """Score the prefilled `cache` (it holds exactly `context_ids`) by reconstruction
         and compact every layer in place to its planned pages.
 
-        The pass runs on `cache` itself and every layer is cut back to its ``n`` prefilled
-        tokens afterwards (also when the pass fails), as kvpress's ``KVzipPress`` keeps
-        only the prefilled pairs: no copy of the cache. Each layer is planned as the
+        The pass reads `cache` and writes its own keys and values into a copy
+        (`reconstruction_scores`), so `cache` holds the prefill alone until it is
+        compacted. Each layer is planned as the
         runner plans a reconstruct configuration (``Runner.plan``: profiles
         ``as_profiles(scores["max"])``, ``reconstruction_masses``); every layer is
         planned before any is compacted, so a strict BudgetError leaves the cache whole.

