@@ -69,9 +69,6 @@ CHUNK = 256
 #: The head weights' focus is kept for every sink count up to this (the app's n_sink
 #: range, `pagekv.app.run_inputs.LIMITS`); `reconstruction_masses` refuses more.
 FOCUS_SINKS = 64
-#: How a head's attention over the reconstruction queries becomes one score per context
-#: token: the largest (the default, as KVzip) or the mean.
-AGGREGATIONS = ("max", "mean")
 #: The attention implementation the reconstruction chunks run under (registered with
 #: transformers' `AttentionInterface` below): the model's attention, scoring its rows.
 SCORED_ATTENTION = "pagekv_scored"
@@ -205,30 +202,6 @@ def _pass_cache(cache, capacity: int) -> DynamicCache:
     own = DynamicCache()
     own.layers.extend(_PassLayer(la.keys, la.values, capacity) for la in cache.layers)
     return own
-
-
-def reconstruction_profiles(
-    model,
-    cache,
-    context_ids: list[int],
-    prompt_ids: list[int],
-    *,
-    chunk: int = CHUNK,
-    cache_kw: str | None = None,
-    aggregation: str = "max",
-    backend: str = "torch",
-) -> torch.Tensor:
-    """Profiles `[L, H, n]` float32 (rows sum to 1) of the reconstruction pass, by
-    `aggregation` (`AGGREGATIONS`) over the reconstruction queries (`backend` as in
-    `reconstruction_scores`)."""
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(
-            f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {aggregation!r}"
-        )
-    scores = reconstruction_scores(
-        model, cache, context_ids, prompt_ids, chunk=chunk, cache_kw=cache_kw, backend=backend
-    )
-    return as_profiles(scores[aggregation])
 
 
 def as_profiles(scores: torch.Tensor) -> torch.Tensor:
