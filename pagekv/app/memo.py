@@ -207,15 +207,8 @@ class ByteLRU:
 
     def pop(self, key: Hashable, default: Any = None) -> Any:
         with self._lock:
-            if key in self._kept:
-                value, size = self._kept.pop(key)
-                self._kept_total -= size
-                return value
-            if key not in self._data:
-                return default
-            value, size = self._data.pop(key)
-            self._bytes -= size
-            return value
+            entry = self._drop_locked(key)
+        return default if entry is None else entry[0]
 
     def clear(self) -> None:
         with self._lock:
@@ -228,14 +221,10 @@ class ByteLRU:
         part, and the kept ones it no longer names to the first part (where the least
         recently used may then go)."""
         with self._lock:
-            for key in [k for k in self._data if self.keep_if(k)]:
-                value, size = self._data.pop(key)
-                self._bytes -= size
-                self._put_locked(key, value, size)
-            for key in [k for k in self._kept if not self.keep_if(k)]:
-                value, size = self._kept.pop(key)
-                self._kept_total -= size
-                self._put_locked(key, value, size)
+            moved = [k for k in self._data if self.keep_if(k)]
+            moved += [k for k in self._kept if not self.keep_if(k)]
+            for key in moved:
+                self._put_locked(key, *self._drop_locked(key))
 
     def refresh(self, key: Hashable) -> None:
         """Measure `key`'s value again (it grew, e.g. a prefill that memoised more
@@ -246,16 +235,10 @@ class ByteLRU:
             return
         size = int(self.size_of(entry[0]))
         with self._lock:
-            kept = key in self._kept
-            part = self._kept if kept else self._data
-            current = part.get(key)
+            current = self._kept.get(key) or self._data.get(key)
             if current is None or current[0] is not entry[0]:
                 return  # replaced or evicted meanwhile
-            del part[key]
-            if kept:
-                self._kept_total -= current[1]
-            else:
-                self._bytes -= current[1]
+            self._drop_locked(key)
             if not self._put_locked(key, current[0], size):
                 self.evictions += 1  # it grew past its part's cap
 
@@ -290,11 +273,20 @@ class ByteLRU:
 
     # ------------------------------------------------------------------ internals
 
-    def _put_locked(self, key: Hashable, value: Any, size: int) -> bool:
-        if key in self._data:
-            self._bytes -= self._data.pop(key)[1]
+    def _drop_locked(self, key: Hashable) -> tuple[Any, int] | None:
+        """Remove `key` from the part that holds it: its `(value, size)`, else None."""
         if key in self._kept:
-            self._kept_total -= self._kept.pop(key)[1]
+            value, size = self._kept.pop(key)
+            self._kept_total -= size
+        elif key in self._data:
+            value, size = self._data.pop(key)
+            self._bytes -= size
+        else:
+            return None
+        return value, size
+
+    def _put_locked(self, key: Hashable, value: Any, size: int) -> bool:
+        self._drop_locked(key)
         if self.kept_bytes and self.keep_if(key):
             if size > self.kept_bytes:
                 return False
