@@ -373,38 +373,34 @@ def head_weights_bars(p, layer: int, title=None):
         (p.weights_nosink, "without isolation", SKY),
     ):
         fig.add_trace(go.Bar(x=heads, y=w[layer].tolist(), name=name, marker_color=colour))
+
+    def mark(h: int, text: str, ay: int) -> None:
+        top = float(max(p.weights_isolated[layer, h], p.weights_nosink[layer, h]))
+        fig.add_annotation(
+            x=heads[h],
+            y=top,
+            text=text,
+            showarrow=True,
+            arrowhead=2,
+            ax=0,
+            ay=ay,
+            font=dict(size=11),
+        )
+
     # Among the heads that are not sinks: where the weight isolation takes from the sink
     # heads goes (lesson 3's text), never a sink head itself.
     h, gain = isolation_gain(
         p.weights_isolated[layer], p.weights_nosink[layer], p.sink_heads[layer]
     )
     if gain > 0:  # where isolation moves the sinks' weight to
-        fig.add_annotation(
-            x=heads[h],
-            y=float(max(p.weights_isolated[layer, h], p.weights_nosink[layer, h])),
-            text="gains most<br>with isolation",
-            showarrow=True,
-            arrowhead=2,
-            ax=0,
-            ay=-34,
-            font=dict(size=11),
-        )
+        mark(h, "gains most<br>with isolation", -34)
     # And where it is taken from: the head losing most, with its sink mass, whether or not
     # it is over the sink threshold that labels it "(sink)".
     loss = (p.weights_nosink[layer] - p.weights_isolated[layer]).float()
     lost = int(loss.argmax())
     if float(loss[lost]) > 0:
         mass = float(p.sink_mass[layer, lost])
-        fig.add_annotation(
-            x=heads[lost],
-            y=float(max(p.weights_isolated[layer, lost], p.weights_nosink[layer, lost])),
-            text=f"loses most<br>with isolation<br>(sink mass {mass:.2f})",
-            showarrow=True,
-            arrowhead=2,
-            ax=0,
-            ay=-44,
-            font=dict(size=11),
-        )
+        mark(lost, f"loses most<br>with isolation<br>(sink mass {mass:.2f})", -44)
     fig.add_hline(y=1 / r, line_dash="dot", line_color=ORANGE)
     # The line's label sits outside the plot area, right of the line's end, in a right
     # margin kept for it: inside, it lay on the last bars.
