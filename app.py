@@ -147,9 +147,9 @@ def prompt_controls(default_model: str) -> dict:
     )
     task = gr.Radio(list(run_inputs.TASKS), value=first["task"], label="Task")
     curated = gr.Dropdown([], label="Curated task", visible=False)
-    context = slider("context", first["context_tokens"], "Context length (tokens)")
+    context = slider("context", first["context"], "Context length (tokens)")
     depth = slider("depth", first["depth"], "Needle depth")
-    needles = slider("needles", first["n_needles"], "Needles")
+    needles = slider("needles", first["needles"], "Needles")
     seed = gr.Number(
         value=first["seed"], precision=0, label="Seed",
         minimum=run_inputs.LIMITS["seed"][0], maximum=run_inputs.LIMITS["seed"][1],

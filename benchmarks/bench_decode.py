@@ -101,7 +101,7 @@ def main(argv=None):
     )
     print(hdr, "-" * len(hdr), sep="\n")
     for size in args.sizes:
-        spec = PromptSpec(task="needle", context_tokens=size, depth=0.5, seed=0)
+        spec = PromptSpec(task="needle", context=size, depth=0.5, seed=0)
         t_all = time.perf_counter()
         prep = study.prepare(spec)
         runs = {

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         allocator.tame(mmap_threshold=int(args.mmap_threshold_mib * 2**20))
         print(f"allocator: mmap threshold {args.mmap_threshold_mib:g} MiB, arenas capped")
     study = Study.load("bundled", backend="torch")
-    spec = PromptSpec(task="needle", context_tokens=args.context, seed=12, n_needles=3)
+    spec = PromptSpec(task="needle", context=args.context, seed=12, needles=3)
     prep = study.prepare(spec.replace(mode="after"))
     runner, pre = study.runner, prep.prefill
     print(f"{study.loaded.name}: {prep.n} context tokens, question after; median of "

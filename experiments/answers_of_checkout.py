@@ -55,15 +55,15 @@ def answers(tree: str, dtype: str) -> dict:
     from pagekv.tasks import load_tasks
 
     study = Study(load_model("bundled"), decode_dtype=dtype, result_memo_bytes=0)
-    specs = [PromptSpec(task=t.kind, name=t.name, mode=m) for t in load_tasks()
+    specs = [PromptSpec(task=t.kind, curated=t.name, mode=m) for t in load_tasks()
              for m in t.meta["modes"]]  # fmt: skip
-    specs += [PromptSpec(task="needle", context_tokens=n, depth=0.5, seed=0, mode=m)
+    specs += [PromptSpec(task="needle", context=n, depth=0.5, seed=0, mode=m)
               for n in (1000, 2000) for m in ("inside", "after")]  # fmt: skip
     out, top2 = {}, {}
     for spec in specs:
         prep = study.prepare(spec)
         for label, kw in CONFIGS.items():
-            case = f"{spec.task} {spec.name or prep.n} {spec.mode} {label}"
+            case = f"{spec.task} {spec.curated or prep.n} {spec.mode} {label}"
             try:
                 # The runner's own evaluate (what Study.run calls), with each step's logits.
                 res = study.runner.evaluate(prep.prefill, EvictionConfig(**kw), NEW_TOKENS,

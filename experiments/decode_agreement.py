@@ -39,11 +39,11 @@ CONFIGS = {
 
 def specs() -> list[PromptSpec]:
     return [
-        PromptSpec(task=t.kind, name=t.name, mode=mode)
+        PromptSpec(task=t.kind, curated=t.name, mode=mode)
         for t in load_tasks()
         for mode in t.meta["modes"]
     ] + [
-        PromptSpec(task="needle", context_tokens=n, depth=0.5, seed=0, mode=mode)
+        PromptSpec(task="needle", context=n, depth=0.5, seed=0, mode=mode)
         for n in (1000, 2000, 4000)
         for mode in ("inside", "after")
     ]
@@ -62,11 +62,11 @@ def case_rows(spec: PromptSpec, studies, preps, other: str, shown: str) -> list[
             pairs = zip(studies, preps, strict=True)
             a, b = (study.run(prep, cfg).to_dict() for study, prep in pairs)
         except ValueError as e:  # a budget below the protected pages: not a case
-            print(f"skip {spec.task} {spec.name or spec.context_tokens} {label}: {e}")
+            print(f"skip {spec.task} {spec.curated or spec.context} {label}: {e}")
             continue
         row = {
             "task": spec.task,
-            "name": spec.name or f"{n} tokens",
+            "name": spec.curated or f"{n} tokens",
             "mode": spec.mode,
             "config": label,
             "same_tokens": a["tokens"] == b["tokens"],

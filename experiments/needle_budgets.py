@@ -40,7 +40,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     study = Study.load(args.model, allow_fallback=False)
     rows = []
-    spec = PromptSpec(task="needle", context_tokens=args.context, depth=args.depth, seed=args.seed)
+    spec = PromptSpec(task="needle", context=args.context, depth=args.depth, seed=args.seed)
     for mode in args.modes:
         prep = study.prepare(spec.replace(mode=mode))
         print(

@@ -91,15 +91,15 @@ def prompt_specs(mode: str) -> list[PromptSpec]:
         for _ in range(2 if context == 1000 else 1)
     ]
     specs = [
-        PromptSpec(task="needle", context_tokens=c, depth=d, seed=SEED_BASE + i, mode=mode)
+        PromptSpec(task="needle", context=c, depth=d, seed=SEED_BASE + i, mode=mode)
         for i, (c, d) in enumerate(singles)
     ] + [
-        PromptSpec(
-            task="needle", context_tokens=1500, n_needles=k, seed=SEED_BASE + 50 + s, mode=mode
-        )
+        PromptSpec(task="needle", context=1500, needles=k, seed=SEED_BASE + 50 + s, mode=mode)
         for k, s in ((2, 1), (3, 2), (4, 3), (2, 4), (3, 5))
     ]
-    curated = [PromptSpec(task=k, name=n, mode=mode) for k in ("qa", "code") for n in task_names(k)]
+    curated = [
+        PromptSpec(task=k, curated=n, mode=mode) for k in ("qa", "code") for n in task_names(k)
+    ]
     # Interleaved (a needle, a curated task, ...) so that a run stopped early has both.
     out = []
     while specs or curated:
@@ -109,8 +109,8 @@ def prompt_specs(mode: str) -> list[PromptSpec]:
 
 def prompt_id(spec: PromptSpec) -> str:
     if spec.task == "needle":
-        return f"needle n{spec.context_tokens} d{spec.depth} x{spec.n_needles} s{spec.seed}"
-    return f"{spec.task} {spec.name}"
+        return f"needle n{spec.context} d{spec.depth} x{spec.needles} s{spec.seed}"
+    return f"{spec.task} {spec.curated}"
 
 
 def measure(study: Study, prep, setting: Setting) -> dict:

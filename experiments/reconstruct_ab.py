@@ -91,7 +91,7 @@ def t4_specs(contexts, mode: str = "after", seed_offset: int = 0) -> list[Prompt
     set, prompts never used to choose settings) for the given context lengths, the
     question asked `mode` ("after" compression: the strict test; "inside" the prompt)."""
     return [
-        PromptSpec(context_tokens=ctx, depth=d, seed=100 * ci + 10 * di + seed_offset, mode=mode)
+        PromptSpec(context=ctx, depth=d, seed=100 * ci + 10 * di + seed_offset, mode=mode)
         for ci, ctx in enumerate(FULL.t4_contexts)
         if ctx in contexts
         for di, d in enumerate(FULL.t4_depths)
@@ -319,15 +319,15 @@ def main(argv=None) -> int:
     rows: dict[str, dict] = {}
     times = {"prefill_s": [], "reconstruct_s": []}
     specs = (
-        [PromptSpec(task=t.kind, name=t.name, mode=args.mode) for t in load_tasks(args.curated)]
+        [PromptSpec(task=t.kind, curated=t.name, mode=args.mode) for t in load_tasks(args.curated)]
         if args.curated
         else t4_specs(set(args.contexts), args.mode, args.seed_offset)
     )
     prompts, labels = [], []
     for spec in specs:
-        what = spec.name
+        what = spec.curated
         if spec.task == "needle":
-            what = f"{spec.context_tokens} tokens, depth {spec.depth}"
+            what = f"{spec.context} tokens, depth {spec.depth}"
         labels.append(what)
         prep = study.prepare(spec)
         pre = prep.prefill
@@ -381,7 +381,7 @@ def main(argv=None) -> int:
                         needle_positions=prep.needle_positions or None,
                     )
                 except ValueError as e:  # an infeasible budget for a short prompt
-                    print(f"{spec.name or spec.depth}: {name}: {e}", file=sys.stderr)
+                    print(f"{spec.curated or spec.depth}: {name}: {e}", file=sys.stderr)
                     continue
                 right = bool(score(res.answer, prep.task)["correct"])
                 row = rows.setdefault(name, new_row() | {"pages": 0})

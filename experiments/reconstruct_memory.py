@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     print(f"{'context':>8} {'tokens':>7} {'prefill s':>10} {'+MiB':>7} {'reconstruct s':>14} "
           f"{'+MiB':>7}")  # fmt: skip
     for ctx in args.contexts:
-        spec = PromptSpec(context_tokens=ctx, depth=0.5, seed=0, mode="after")
+        spec = PromptSpec(context=ctx, depth=0.5, seed=0, mode="after")
         prep = study.prepare(spec)  # the prompt's ids (its own prefill is not measured)
         with PeakSampler() as pre_mem:
             pre = runner.prefill(prep.prefill.ids, question_ids=prep.prefill.question_ids)

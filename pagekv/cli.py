@@ -221,11 +221,11 @@ def _spec_from(args):
     depth = needle_depth(haystack, args.needle, args.depth) if task == "custom" else args.depth
     return PromptSpec(
         task=task,
-        context_tokens=args.context,
+        context=args.context,
         depth=depth,
         seed=args.seed,
-        n_needles=args.needles,
-        name=args.name,
+        needles=args.needles,
+        curated=args.name,
         haystack=haystack,
         needle=args.needle,
         question=args.question,

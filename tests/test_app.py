@@ -182,9 +182,7 @@ def server_prep(server, context: int):
     study = MODELS.studies["bundled"]
     memo = study.prefills.items()
     found = [
-        p
-        for s, p in memo
-        if s.task == "needle" and s.context_tokens == context and s.seed == GOOD["seed"]
+        p for s, p in memo if s.task == "needle" and s.context == context and s.seed == GOOD["seed"]
     ]  # other tests prefill other seeds of the same length
     assert len(found) == 1, list(study.prefills)
     return found[0]
@@ -536,12 +534,12 @@ def test_preset_fills_the_controls(client):
         assert out[0] == p["task"]
         if p["task"] in ("qa", "code"):  # the curated picker follows the preset
             picked = out[1]["value"] if isinstance(out[1], dict) else out[1]
-            assert picked == (p["name"] or task_names(p["task"])[0])
+            assert picked == (p["curated"] or task_names(p["task"])[0])
         assert list(out[2:]) == [
-            p["context_tokens"],
+            p["context"],
             p["depth"],
             p["seed"],
-            p["n_needles"],
+            p["needles"],
             p["mode"],
             round(100 * p["budget"], 1),
             p["page_size"],

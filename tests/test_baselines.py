@@ -113,7 +113,7 @@ def test_every_task_has_enough_new_tokens_and_modes(tokenizer):
 def test_full_cache_answers_curated_task(study, kind, name, mode):
     from pagekv.app.study import PromptSpec
 
-    spec = PromptSpec(task=kind, name=name, mode=mode)
+    spec = PromptSpec(task=kind, curated=name, mode=mode)
     out, m = _full(study, spec)
     assert out.correct, _why(f"task {name} (question {mode})", out, m)
 
@@ -126,8 +126,8 @@ def test_full_cache_is_mode_independent(study):
 
     task = load_tasks()[-1]
     assert set(task.meta["modes"]) == set(QUESTION_POSITIONS), "pick a task meant for both"
-    after, m = _full(study, PromptSpec(task=task.kind, name=task.name, mode="after"))
-    inside, _ = _full(study, PromptSpec(task=task.kind, name=task.name, mode="inside"))
+    after, m = _full(study, PromptSpec(task=task.kind, curated=task.name, mode="after"))
+    inside, _ = _full(study, PromptSpec(task=task.kind, curated=task.name, mode="inside"))
     assert inside.tokens == after.tokens, (
         f"task {task.name}: inside {inside.answer!r}, after {after.answer!r}"
     )
@@ -142,14 +142,14 @@ def test_full_cache_answers_preset(study, preset):
 
     kw = dict(
         task=preset["task"],
-        context_tokens=int(preset["context_tokens"]),
+        context=int(preset["context"]),
         depth=float(preset["depth"]),
         seed=int(preset["seed"]),
-        n_needles=int(preset["n_needles"]),
+        needles=int(preset["needles"]),
         mode=preset["mode"],
     )
     if preset["task"] in ("qa", "code"):
-        kw["name"] = preset["name"] or None
+        kw["curated"] = preset["curated"] or None
     spec = PromptSpec(**kw)
     out, m = _full(study, spec)
     assert out.correct, _why(f"preset {preset['title']!r} ({out.task})", out, m)

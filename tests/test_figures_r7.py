@@ -23,7 +23,7 @@ def study_r7(tokenizer):  # noqa: F811
 
 def test_uor_worst_case_and_stored_scale_are_r(study_r7):
     assert study_r7.loaded.group_size == 7
-    spec = PromptSpec(task="needle", context_tokens=300, depth=0.5, seed=2)
+    spec = PromptSpec(task="needle", context=300, depth=0.5, seed=2)
     base = EvictionConfig(budget=0.3, page_size=4, window=8)
     a, b = Side(base.replace(policy="head_independent")), Side(base.replace(policy="entropy"))
     comp = preview_comparison(study_r7, spec, a, b)

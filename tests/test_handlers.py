@@ -56,7 +56,7 @@ def test_bad_inputs_name_the_control(change, words):
 
 def test_good_inputs_make_both_sides():
     spec, a, b, layer = parse_run(RunInputs(**RUN, link_b=False, budget_b=20.0))
-    assert (spec.context_tokens, spec.mode, a.mode, b.mode, layer) == (300, "after", "after",
+    assert (spec.context, spec.mode, a.mode, b.mode, layer) == (300, "after", "after",
                                                                         "inside", 0)  # fmt: skip
     assert (a.config.policy, a.config.budget) == ("mean", 0.4)
     assert (b.config.policy, b.config.budget) == ("entropy", 0.2)

@@ -208,7 +208,7 @@ def study():
 
 def prepared(study: Study, n: int = 160, seed: int = 1) -> Prompt:
     ids = prompt(n, seed=seed)
-    spec = PromptSpec(task="needle", context_tokens=max(n, 64), seed=seed)
+    spec = PromptSpec(task="needle", context=max(n, 64), seed=seed)
     task = Task(name=f"tiny-{seed}", kind="needle", context="c", question="q", answer="7")
     return Prompt(
         spec=spec,
@@ -410,7 +410,7 @@ def test_registry_loading_does_not_block_other_models():
 
 
 def test_prepared_serves_the_memo_only(study):
-    spec = PromptSpec(task="needle", context_tokens=64, seed=99)
+    spec = PromptSpec(task="needle", context=64, seed=99)
     with pytest.raises(LookupError, match="not prefilled yet"):
         study.prepared(spec)
     prep = prepared(study, seed=99)

@@ -30,7 +30,7 @@ def test_one_run_plans_each_configuration_once(tokenizer, monkeypatch, result_me
         return real(pre, config)
 
     monkeypatch.setattr(study.runner, "plan", counting)
-    spec = PromptSpec(task="needle", context_tokens=200, seed=7)
+    spec = PromptSpec(task="needle", context=200, seed=7)
     a = EvictionConfig(policy="mean", budget=0.5, page_size=8, window=16)
     b = a.replace(policy="entropy")
     compare(study, spec, Side(a), Side(b), max_new_tokens=2)
@@ -49,7 +49,7 @@ def test_the_memory_rows_count_what_the_decode_cache_stores(tokenizer):  # noqa:
     Head-independent counts its unions, what a server must hold (the runner pads them
     to the layer's largest with next-best pages)."""
     study = _tiny_study(tokenizer, ModelWorker())
-    spec = PromptSpec(task="needle", context_tokens=300, seed=3, mode="after")
+    spec = PromptSpec(task="needle", context=300, seed=3, mode="after")
     shared = Side.of("entropy", budget=0.3, page_size=4, window=8, allocation="global")
     comp = preview_comparison(study, spec, shared.replace(policy="mean"), shared)
     pre = comp.preps["B"].prefill

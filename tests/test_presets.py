@@ -24,8 +24,8 @@ from pagekv.app.presets import (
 
 #: A replay entry (the format `python -m pagekv replay` writes to assets/presets.json).
 ENTRY = {
-    "task": "needle", "context_tokens": 2000, "depth": 0.25, "seed": 4, "n_needles": 2,
-    "name": None, "haystack": None, "needle": None, "question": None, "answer": None,
+    "task": "needle", "context": 2000, "depth": 0.25, "seed": 4, "needles": 2,
+    "curated": None, "haystack": None, "needle": None, "question": None, "answer": None,
     "mode": "after", "policy": "entropy", "budget": 0.05, "page_size": 8, "n_sink": 4,
     "window": 16, "tau": 1.0, "smoothing": 1, "smoothing_kind": "max",
     "page_reduction": "max", "sink_threshold": 0.5, "title": "x", "compare_policy": "mean",
@@ -81,7 +81,7 @@ def test_replay_format_is_mapped(tmp_path):
     entry = dict(ENTRY, observed=_observed(entropy=True, mean=False))
     p, *rest = load_presets(_write(tmp_path, [entry, {"junk": 1}]))
     assert (p["policy_a"], p["policy_b"], p["budget"], p["window"]) == ("mean", "entropy", 0.05, 16)
-    assert p["n_needles"] == 2 and p["depth"] == 0.25
+    assert p["needles"] == 2 and p["depth"] == 0.25
     assert p["title"] == (
         "Measured: 2 needles, 2000 tokens, depth 0.25, question after, 5%, page 8: "
         "entropy right, mean wrong (entropy keeps 0.50 of the needle, mean 0.25)"

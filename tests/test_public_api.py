@@ -62,7 +62,7 @@ def test_the_calls_outside_checks_make():
         pytest.skip(f"bundled model unavailable: {e}")
     assert loaded.model is not None and loaded.tokenizer is not None
     study = Study.load("bundled")
-    prep = study.prepare(PromptSpec(task="needle", context_tokens=200, depth=0.5, mode="after"))
+    prep = study.prepare(PromptSpec(task="needle", context=200, depth=0.5, mode="after"))
     a = EvictionConfig(policy="mean", budget=0.5, page_size=16)
     b = a.replace(policy="entropy")
     one = study.run(prep, b)

@@ -53,14 +53,14 @@ def test_facts_of_the_model(qwen):
 
 @pytest.mark.parametrize("mode", ["inside", "after"])
 def test_full_cache_finds_the_needle(qwen, mode):
-    prep = qwen.prepare(PromptSpec(task="needle", context_tokens=1000, depth=0.5, mode=mode))
+    prep = qwen.prepare(PromptSpec(task="needle", context=1000, depth=0.5, mode=mode))
     rec = qwen.run_full(prep)
     assert rec.correct, rec.answer
 
 
 def test_uor_view_follows_r(qwen):
     """The UOR chart's worst case and the stored heatmap's scale are r = 7 here."""
-    spec = PromptSpec(task="needle", context_tokens=1000, depth=0.5)
+    spec = PromptSpec(task="needle", context=1000, depth=0.5)
     comp = preview_comparison(qwen, spec, Side.of("head_independent"), Side.of("entropy"))
     figs = comparison_figures(comp, only={"uor"})
     fig = figs["uor"]

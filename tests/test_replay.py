@@ -208,7 +208,7 @@ def test_quick_replay_files_and_invariants(quick_run):
     presets = json.loads((out / "presets.json").read_text())
     assert presets
     for p in presets:
-        assert {"task", "context_tokens", "mode", "policy", "budget", "page_size"} <= set(p)
+        assert {"task", "context", "mode", "policy", "budget", "page_size"} <= set(p)
         assert {"entropy", "mean"} <= set(p["observed"])
 
 

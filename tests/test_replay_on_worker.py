@@ -34,7 +34,7 @@ def test_the_replays_units_run_on_the_model_worker(tokenizer, tmp_path, monkeypa
 
     monkeypatch.setattr(harness, "profile_unit", watched("profile", harness.profile_unit))
     monkeypatch.setattr(harness, "cardinality_unit", watched("t5", harness.cardinality_unit))
-    job = PromptJob(PromptSpec(task="needle", context_tokens=300, depth=0.5, seed=3))
+    job = PromptJob(PromptSpec(task="needle", context=300, depth=0.5, seed=3))
     job.cardinality = True
     keys = harness._job_keys("tiny-llama", grid, job)
     store = UnitStore(tmp_path)

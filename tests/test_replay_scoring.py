@@ -72,7 +72,7 @@ def _unit(table, spec, cfg, correct, label="", stored=900, pages=900):
 
 
 def test_window_and_reconstruct_rows_stay_apart():
-    spec = {"task": "needle", "context_tokens": 500, "depth": 0.5, "seed": 0, "mode": "after"}
+    spec = {"task": "needle", "context": 500, "depth": 0.5, "seed": 0, "mode": "after"}
     spec2 = spec | {"seed": 1}
     win = EvictionConfig(budget=0.2)
     rec = win.replace(**Scoring("r").config_fields())
@@ -111,7 +111,7 @@ def test_window_and_reconstruct_rows_stay_apart():
 
 
 def test_the_peer_is_matched_to_the_window_scorer_only():
-    spec = {"task": "needle", "context_tokens": 500, "depth": 0.5, "seed": 0, "mode": "after"}
+    spec = {"task": "needle", "context": 500, "depth": 0.5, "seed": 0, "mode": "after"}
     win = EvictionConfig(budget=0.2)
     rec = win.replace(scorer="reconstruct", allocation="global")  # window 32: same geometry
     rows = tables._flat_decodes(
@@ -134,7 +134,7 @@ def test_the_peer_is_matched_to_the_window_scorer_only():
 
 
 def test_t6_rows_by_budget_and_scoring():
-    spec = {"task": "qa", "name": "qa_one", "mode": "after"}
+    spec = {"task": "qa", "curated": "qa_one", "mode": "after"}
     win = EvictionConfig(budget=0.1)
     rec = win.replace(**Scoring("r").config_fields())
     units = [

@@ -54,7 +54,7 @@ def test_gradio_passes_the_request_after_the_inputs(monkeypatch):
 
 
 def test_for_sides_links_b_only_when_the_sides_differ_in_their_method_alone():
-    prompt = PromptSpec(task="needle", context_tokens=900, seed=3)
+    prompt = PromptSpec(task="needle", context=900, seed=3)
     a = Side.of("mean", budget=0.25, page_size=8)
     same = RunInputs.for_sides(prompt, a, a.replace(policy="entropy", scorer="reconstruct"),
                                model="m")  # fmt: skip
@@ -71,8 +71,8 @@ def test_a_preset_and_a_lesson_run_what_they_name():
         run = handlers._preset_run_args(p)
         assert parse_run(run)[:3] == preset_inputs(p)
         spec, a, b, _ = parse_run(run)
-        assert (spec.context_tokens, a.config.budget, b.config.policy) == (
-            p["context_tokens"], p["budget"], p["policy_b"],
+        assert (spec.context, a.config.budget, b.config.policy) == (
+            p["context"], p["budget"], p["policy_b"],
         )  # fmt: skip
     for lesson in LESSONS:
         if lesson.kind != "live":

@@ -30,7 +30,7 @@ def test_a_link_to_settings_reads_numbers_flags_and_passes_the_rest_on():
     # What the run makes of a link's values: the same checks as any input.
     run = RunInputs(**settings_in_query({"context": "300", "link_b": "true"}))
     spec, a, b, _ = parse_run(run)
-    assert spec.context_tokens == 300 and a.config.budget == b.config.budget == 0.2
+    assert spec.context == 300 and a.config.budget == b.config.budget == 0.2
 
 
 def test_the_share_button_names_every_run_input_but_the_lesson():

@@ -155,7 +155,7 @@ def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
 
     study = handlers.get_study("bundled")
     assert study.kept_prompts == handlers.LESSON_PROMPTS
-    assert {(s.task, s.context_tokens, s.mode) for s in study.kept_prompts} == {
+    assert {(s.task, s.context, s.mode) for s in study.kept_prompts} == {
         ("needle", 2000, "inside"),
         ("needle", 2000, "after"),
     }

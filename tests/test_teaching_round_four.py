@@ -195,7 +195,7 @@ def test_the_readme_s_shortest_context_is_what_the_budgets_fit(bundled_study):
     cfg = EvictionConfig(page_size=16, n_sink=4, window=32)
 
     def floor(context, mode="inside"):
-        spec = PromptSpec(task="needle", context_tokens=context, depth=0.5, seed=0, mode=mode)
+        spec = PromptSpec(task="needle", context=context, depth=0.5, seed=0, mode=mode)
         return min_budget_pct(bundled_study.prepare(spec).n, cfg)
 
     assert LIMITS["context"][0] == 300 and RunInputs().budget_pct == 20.0

@@ -29,9 +29,9 @@ from .stress import serial, stress
 pytestmark = pytest.mark.slow
 
 SPECS = [
-    PromptSpec(task="needle", context_tokens=160, depth=0.5, seed=1),
-    PromptSpec(task="needle", context_tokens=200, depth=0.3, seed=2, mode="after"),
-    PromptSpec(task="needle", context_tokens=240, depth=0.7, seed=3),
+    PromptSpec(task="needle", context=160, depth=0.5, seed=1),
+    PromptSpec(task="needle", context=200, depth=0.3, seed=2, mode="after"),
+    PromptSpec(task="needle", context=240, depth=0.7, seed=3),
 ]
 BASE = EvictionConfig(budget=0.4, page_size=8, window=16)
 CONFIGS = [

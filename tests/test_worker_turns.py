@@ -103,7 +103,7 @@ def test_a_slow_models_run_holds_up_another_for_one_job_at_a_time(tokenizer):  #
 
         x.runner.prefill = slow_prefill
         a, b = Side.of("mean", budget=0.4), Side.of("entropy", budget=0.4)
-        spec = PromptSpec(task="needle", context_tokens=200, depth=0.5, seed=4)
+        spec = PromptSpec(task="needle", context=200, depth=0.5, seed=4)
         out = {}
         tx = threading.Thread(target=lambda: out.update(x=compare(x, spec, a, b, 4)))
         tx.start()

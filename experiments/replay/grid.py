@@ -97,7 +97,7 @@ class Grid:
     t6_tasks: tuple[str, ...] | None
     t6_modes: tuple[str, ...]
     t6_budgets: tuple[float, ...] = (0.2,)
-    # T7: (context, n_needles, seed, mode) prompts and the decoded settings.
+    # T7: (context, needles, seed, mode) prompts and the decoded settings.
     t7_prompts: tuple[tuple[int, int, int, str], ...] = ()
     t7_settings: tuple[Setting, ...] = T7_SETTINGS
     # T5: page sizes and budgets, on the first prompts of T4.

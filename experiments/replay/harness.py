@@ -215,7 +215,7 @@ def _progress(total: int):
 
     def step(i: int, job: PromptJob, state: str) -> None:
         s = job.spec
-        what = f"{s.task} {s.name or ''} ctx={s.context_tokens} needles={s.n_needles} {s.mode}"
+        what = f"{s.task} {s.curated or ''} ctx={s.context} needles={s.needles} {s.mode}"
         if bar is not None:
             bar.set_postfix_str(f"{what} ({state})", refresh=False)
             bar.update(1)

@@ -50,7 +50,7 @@ def build_jobs(grid: Grid, curated_names: dict[str, list[str]]) -> list[PromptJo
             for s in range(grid.t4_seeds_per_cell):
                 seed = 100 * ci + 10 * di + s  # a different needle in every cell
                 for mode in grid.t4_modes:
-                    j = job(PromptSpec(context_tokens=ctx, depth=depth, seed=seed, mode=mode))
+                    j = job(PromptSpec(context=ctx, depth=depth, seed=seed, mode=mode))
                     j.tables.add("T4")
                     budgets = grid.t4_budgets if mode == "after" else grid.t4_inside_budgets
                     j.decodes += _decodes("T4", grid.policies, budgets, scorings=grid.scorings)
@@ -64,13 +64,13 @@ def build_jobs(grid: Grid, curated_names: dict[str, list[str]]) -> list[PromptJo
             if grid.t6_tasks is not None and name not in grid.t6_tasks:
                 continue
             for mode in grid.t6_modes:
-                j = job(PromptSpec(task=kind, name=name, mode=mode))
+                j = job(PromptSpec(task=kind, curated=name, mode=mode))
                 j.tables.add("T6")
                 j.decodes += _decodes("T6", grid.policies, grid.t6_budgets, scorings=grid.scorings)
                 j.peer_budgets = tuple(grid.t6_budgets)
 
-    for ctx, n_needles, seed, mode in grid.t7_prompts:
-        spec = PromptSpec(context_tokens=ctx, depth=0.5, seed=seed, n_needles=n_needles, mode=mode)
+    for ctx, needles, seed, mode in grid.t7_prompts:
+        spec = PromptSpec(context=ctx, depth=0.5, seed=seed, needles=needles, mode=mode)
         j = job(spec)
         j.tables.add("T7")
         for st in grid.t7_settings:

@@ -61,10 +61,10 @@ def _corr(xs, ys):
 
 def _spec_id(s: dict) -> str:
     if s.get("task") in ("qa", "code"):
-        return f"{s['name']}|{s.get('mode', 'inside')}"
+        return f"{s['curated']}|{s.get('mode', 'inside')}"
     return (
-        f"needle ctx={s.get('context_tokens')} d={s.get('depth')} seed={s.get('seed')} "
-        f"k={s.get('n_needles', 1)}|{s.get('mode', 'inside')}"
+        f"needle ctx={s.get('context')} d={s.get('depth')} seed={s.get('seed')} "
+        f"k={s.get('needles', 1)}|{s.get('mode', 'inside')}"
     )
 
 
@@ -221,7 +221,7 @@ def _flat_decodes(decode_units, table):
             u
             | {
                 "mode": s.get("mode", "inside"),
-                "context": s.get("context_tokens"),
+                "context": s.get("context"),
                 "depth": s.get("depth"),
                 "policy": c["policy"],
                 "budget": c["budget"] if c["policy"] != "full" else 1.0,
@@ -383,7 +383,7 @@ def t6(decode_units, peer_units):
     rows = _flat_decodes(decode_units, "T6")
     for r in rows:
         r["kind"] = r["spec"]["task"]
-        r["task"] = r["spec"]["name"]
+        r["task"] = r["spec"]["curated"]
 
     def solved(recs):
         feas = [r for r in recs if r.get("feasible")]

@@ -623,7 +623,7 @@ def _estimate(study, step: str, spec, modes) -> float | None:
     yet), from `Study.estimate` on the prompt's tokens (the spec's context length for a
     needle prompt, else none known before tokenizing)."""
     todo = [m for m in modes if spec.replace(mode=m) not in study.prefills]
-    tokens = getattr(spec, "context_tokens", None) if spec.task == "needle" else None
+    tokens = spec.context if spec.task == "needle" else None
     each = study.estimate(step, tokens) if tokens else None
     return each * len(todo) if each and todo else None
 

@@ -684,7 +684,7 @@ T4_POOLED = POOLING_POLICIES
 
 #: The prompt every live lesson reads: a needle in 2,000 tokens of haystack, at half depth
 #: (each side asks its question at its own `Side.mode`).
-PROMPT = PromptSpec(context_tokens=2000, depth=0.5, seed=0)
+PROMPT = PromptSpec(context=2000, depth=0.5, seed=0)
 
 LESSONS: tuple[Lesson, ...] = (
     Lesson(

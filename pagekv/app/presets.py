@@ -38,11 +38,11 @@ from pagekv.paths import PRESETS_PATH  # noqa: E402
 
 #: Keys of a preset that the app's controls take.
 FIELDS = (
-    "title", "task", "name", "context_tokens", "depth", "seed", "n_needles", "mode",
+    "title", "task", "curated", "context", "depth", "seed", "needles", "mode",
     "budget", "page_size", "n_sink", "window", "tau", "policy_a", "policy_b", "model",
 )  # fmt: skip
 #: The preset's keys that make its prompt (a `PromptSpec`; each side asks at its mode).
-PROMPT_FIELDS = ("task", "name", "context_tokens", "depth", "seed", "n_needles")
+PROMPT_FIELDS = ("task", "curated", "context", "depth", "seed", "needles")
 #: The key of the sentence that says what a preset shows (for the page).
 SHOWS = "shows"
 #: The key of a preset's checks: a tuple of `{"kind": ..., **arguments}` (`observation_of`).
@@ -54,7 +54,7 @@ VIEW, LAYER = "view", "layer"
 KEYS = FIELDS + (SHOWS, CHECKS, VIEW, LAYER)
 
 _DEFAULTS = dict(
-    task="needle", name=None, context_tokens=1500, depth=0.5, seed=0, n_needles=1, mode="after",
+    task="needle", curated=None, context=1500, depth=0.5, seed=0, needles=1, mode="after",
     budget=0.1, page_size=16, n_sink=4, window=32, tau=1.0, policy_a="mean", policy_b="entropy",
     model=None,  # None: the model the app has chosen; a name: the model it was measured on
     view="frame", layer=0,
@@ -62,7 +62,7 @@ _DEFAULTS = dict(
 
 #: One prompt for the curated presets (the full cache answers it right, MARLIN-86), so
 #: that from one preset to the next only the policies change.
-_PROMPT = dict(task="needle", context_tokens=1500, depth=0.3, seed=1, n_needles=1, mode="inside")
+_PROMPT = dict(task="needle", context=1500, depth=0.3, seed=1, needles=1, mode="inside")
 
 #: The curated presets: each measured on the bundled model and checked by
 #: `tests/test_presets_bundled.py`; `shows` states only what its checks require (the
@@ -140,7 +140,7 @@ CURATED = [
 #: Checked on that model by `tests/test_qwen_coder.py` (opt-in).
 QWEN_CODER_PRESETS = [
     dict(
-        task="needle", context_tokens=1000, depth=0.7, seed=307, n_needles=1, mode="inside",
+        task="needle", context=1000, depth=0.7, seed=307, needles=1, mode="inside",
         title="qwen-coder-0.5b (r = 7): mean right, entropy wrong at 10 %, pages of 16",
         policy_a="mean", policy_b="entropy", budget=0.1, model="qwen-coder-0.5b",
         shows=(
@@ -152,7 +152,7 @@ QWEN_CODER_PRESETS = [
         checks=({"kind": "answers", "full": True, "a": True, "b": False},),
     ),
     dict(
-        task="code", name="code_sample_interval", mode="inside",
+        task="code", curated="code_sample_interval", mode="inside",
         title="qwen-coder-0.5b (r = 7): entropy right, mean wrong at 10 %, token-level pages",
         policy_a="mean", policy_b="entropy", budget=0.1, page_size=1, model="qwen-coder-0.5b",
         shows=(
@@ -202,10 +202,10 @@ def _answered(p: dict, entry: dict) -> tuple[bool | None, bool | None]:
 def _measured_title(p: dict, entry: dict) -> str:
     """A readable title for a replay preset, naming what the replay observed."""
     what = p["task"]
-    if what == "needle" and p["n_needles"] > 1:
-        what = f"{p['n_needles']} needles"
+    if what == "needle" and p["needles"] > 1:
+        what = f"{p['needles']} needles"
     head = (
-        f"Measured: {what}, {p['context_tokens']} tokens, depth {p['depth']:g}, question "
+        f"Measured: {what}, {p['context']} tokens, depth {p['depth']:g}, question "
         f"{p['mode']}, {100 * p['budget']:g}%, page {p['page_size']}"
     )
     a, b = _answered(p, entry)

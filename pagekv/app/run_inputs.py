@@ -108,8 +108,8 @@ class RunInputs:
         ca, cb = a.config, b.config
         linked = a.replace(**{m: getattr(cb, m) for m in METHODS}) == b
         return cls(
-            model=model, task=prompt.task, context=prompt.context_tokens, depth=prompt.depth,
-            seed=prompt.seed, needles=prompt.n_needles, mode=a.mode, curated=prompt.name,
+            model=model, task=prompt.task, context=prompt.context, depth=prompt.depth,
+            seed=prompt.seed, needles=prompt.needles, mode=a.mode, curated=prompt.curated,
             budget_pct=round(100 * ca.budget, 1), page_size=ca.page_size, n_sink=ca.n_sink,
             window=ca.window, tau=ca.tau, policy_a=ca.policy, policy_b=cb.policy, link_b=linked,
             mode_b=b.mode, budget_b=round(100 * cb.budget, 1), page_size_b=cb.page_size,
@@ -312,17 +312,17 @@ def parse_run(v: RunInputs):
     mode = _choice("question position", v.mode, MODES)
     kw = dict(
         task=task,
-        context_tokens=_num("context length", v.context, *_span("context"), integer=True),
+        context=_num("context length", v.context, *_span("context"), integer=True),
         depth=_num("needle depth", v.depth, *_span("depth")),
         seed=_num("seed", v.seed, *_span("seed"), integer=True),
-        n_needles=_num("needles", v.needles, *_span("needles"), integer=True),
+        needles=_num("needles", v.needles, *_span("needles"), integer=True),
         mode=mode,
     )
     if task in ("qa", "code"):
-        name = v.curated or None
-        if name is not None:
-            _choice(f"curated {task} task", name, task_names(task))
-        kw["name"] = name
+        curated = v.curated or None
+        if curated is not None:
+            _choice(f"curated {task} task", curated, task_names(task))
+        kw["curated"] = curated
     if task == "custom":
         texts = {k: _text(k, getattr(v, k)) for k in ("haystack", "needle", "question", "answer")}
         kw.update(texts)

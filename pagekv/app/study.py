@@ -2,7 +2,7 @@
 the app and the replay harness.
 
     study = Study.load("bundled")
-    prep = study.prepare(PromptSpec(task="needle", context_tokens=2000, depth=0.5))
+    prep = study.prepare(PromptSpec(task="needle", context=2000, depth=0.5))
     out = study.run(prep, EvictionConfig(policy="entropy", budget=0.2))
     out.answer, out.correct, out.to_dict()  # a RunResult; its JSON object
 
@@ -115,19 +115,19 @@ _STUDY_IDS = itertools.count()
 class PromptSpec:
     """What prompt to build.
 
-    task: "needle" (generated haystack), "qa" / "code" (curated; `name` picks one,
+    task: "needle" (generated haystack), "qa" / "code" (curated; `curated` names one,
     default the first), or "custom" (`haystack`, `needle`, `question`, `answer`;
     with `depth` the needle is inserted, with `depth=None` it must already be in
-    the haystack). `n_needles > 1` adds distractor needles of the same form.
+    the haystack). `needles > 1` adds distractor needles of the same form.
     `mode`: "inside" (question in the prompt) or "after" (asked after compression).
     """
 
     task: str = "needle"
-    context_tokens: int = 2000
+    context: int = 2000  # tokens of haystack and needles, about
     depth: float | None = 0.5
     seed: int = 0
-    n_needles: int = 1
-    name: str | None = None
+    needles: int = 1
+    curated: str | None = None
     haystack: str | None = None
     needle: str | None = None
     question: str | None = None
@@ -140,12 +140,12 @@ class PromptSpec:
         if self.mode not in MODES:
             raise ValueError(f"mode must be 'inside' or 'after'; got {self.mode!r}")
         if self.task == "needle":
-            if not isinstance(self.context_tokens, int) or self.context_tokens < 64:
-                raise ValueError(f"context must be at least 64 tokens; got {self.context_tokens}")
+            if not isinstance(self.context, int) or self.context < 64:
+                raise ValueError(f"context must be at least 64 tokens; got {self.context}")
             if self.depth is None or not 0.0 <= self.depth <= 1.0:
                 raise ValueError(f"depth must be in [0, 1]; got {self.depth}")
-            if not 1 <= self.n_needles <= 4:
-                raise ValueError(f"needles must be 1 to 4; got {self.n_needles}")
+            if not 1 <= self.needles <= 4:
+                raise ValueError(f"needles must be 1 to 4; got {self.needles}")
             check_custom_prompt(None, self.needle, self.question, self.answer, need_haystack=False)
         if self.task == "custom":
             check_custom_prompt(self.haystack, self.needle, self.question, self.answer)
@@ -231,7 +231,6 @@ class Study:
             _entry_bytes,
             kept_bytes=KEPT_RESULT_BYTES if result_memo_bytes else 0,
         )
-        self.memo_size = memo_size
         #: Seconds per token of the last prefills and reconstruction passes (`estimate`).
         self._rates: dict[str, list[float]] = {}
         #: The prompts whose memo entries go to the kept parts (`keep_prompts`).
@@ -286,11 +285,9 @@ class Study:
 
     def make_task(self, spec: PromptSpec) -> Task:
         if spec.task == "needle":
-            shared = dict(
-                context_tokens=spec.context_tokens, seed=spec.seed, question_position=spec.mode
-            )
-            if spec.n_needles > 1:
-                return make_multi_needle_task(self.tokenizer, n_needles=spec.n_needles, **shared)
+            shared = dict(context_tokens=spec.context, seed=spec.seed, question_position=spec.mode)
+            if spec.needles > 1:
+                return make_multi_needle_task(self.tokenizer, n_needles=spec.needles, **shared)
             return make_needle_task(
                 self.tokenizer,
                 depth=spec.depth,
@@ -301,7 +298,7 @@ class Study:
                 **shared,
             )
         if spec.task in ("qa", "code"):
-            task = get_task(curated_name(spec.task, spec.name))
+            task = get_task(curated_name(spec.task, spec.curated))
         else:
             task = make_custom_task(
                 spec.haystack, spec.needle, spec.question, spec.answer, depth=spec.depth
@@ -598,10 +595,10 @@ def settings_text(spec: PromptSpec, *configs: EvictionConfig) -> str:
 
 def _spec_text(spec: PromptSpec) -> str:
     if spec.task == "needle":
-        text = f"needle {spec.context_tokens} tokens, depth {spec.depth}, seed {spec.seed}"
-        return text + (f", {spec.n_needles} needles" if spec.n_needles > 1 else "")
+        text = f"needle {spec.context} tokens, depth {spec.depth}, seed {spec.seed}"
+        return text + (f", {spec.needles} needles" if spec.needles > 1 else "")
     if spec.task in ("qa", "code"):
-        return f"{spec.task} {spec.name or '(first)'}"
+        return f"{spec.task} {spec.curated or '(first)'}"
     return "custom prompt"
 
 
