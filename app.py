@@ -39,7 +39,6 @@ from pagekv.app.run_figures import PREVIEW_VIEWS  # noqa: E402
 from pagekv.app.run_inputs import (  # noqa: E402
     PAGE_SIZES,  # noqa: E402
     RUN_DEFAULTS,
-    RUN_INPUTS,
 )
 from pagekv.app.share import share_js, shared_names  # noqa: E402
 from pagekv.app.worker import WORKER  # noqa: E402
@@ -306,7 +305,7 @@ def wire_runs(c: dict) -> None:
     """One request per action: a run is one generator event (plan views, then the
     answers and the lesson's verdict); while a run is busy, a trigger keeps only its
     last request (always_last), and a session's runs go one at a time."""
-    run_controls = [c[name] for name in RUN_INPUTS]
+    run_controls = [c[name] for name in RUN_DEFAULTS]
     run_kw = dict(
         fn=ui.run_comparison,
         inputs=run_controls,

@@ -52,7 +52,7 @@ def release(run: dict, pct: float) -> dict:
     """Preview then release at `pct` %, as a client would; seconds."""
     kw = dict(run, budget_pct=pct, budget_b=pct)
     t0 = time.perf_counter()
-    handlers.preview_plans(*[kw[k] for k in app.RUN_INPUTS])
+    handlers.preview_plans(*[kw[k] for k in app.RUN_DEFAULTS])
     t1 = time.perf_counter()
     first = None
     for _ in handlers.run_comparison(**kw):

@@ -322,7 +322,7 @@ def solo(url: str, budgets: tuple, deadline: float) -> list[dict]:
         kw = dict(run, budget_pct=pct, budget_b=pct)
         t0 = time.perf_counter()
         try:  # a plain call: a preview is one short update
-            out = client.predict(*[kw[k] for k in app.RUN_INPUTS], api_name="/preview_plans")
+            out = client.predict(*[kw[k] for k in app.RUN_DEFAULTS], api_name="/preview_plans")
             rec = {"total_s": time.perf_counter() - t0, "output": out}
             rec["first_s"] = rec["service_s"] = rec["total_s"]
         except Exception as e:

@@ -35,7 +35,7 @@ def test_varied_settings_are_valid_and_varied():
     runs = la.varied_settings(100)
     assert len(runs) == 100
     for kw in runs:
-        assert set(kw) == set(app.RUN_INPUTS)
+        assert set(kw) == set(app.RUN_DEFAULTS)
         assert 500 <= kw["context"] <= 4000
         n = int(0.9 * kw["context"])
         for s in ("", "_b"):

@@ -11,7 +11,7 @@ from gradio.utils import get_function_params
 from pagekv.app import handlers
 from pagekv.app.lessons import LESSONS
 from pagekv.app.presets import load_presets, preset_inputs
-from pagekv.app.run_inputs import RUN_DEFAULTS, RUN_INPUTS, RunInputs, parse_run
+from pagekv.app.run_inputs import RUN_DEFAULTS, RunInputs, parse_run
 from pagekv.app.side import Side
 from pagekv.app.study import PromptSpec
 
@@ -19,11 +19,11 @@ from pagekv.app.study import PromptSpec
 def test_gradio_lists_the_run_inputs_by_name_with_their_defaults():
     params = get_function_params(handlers.run_comparison)  # what the API page shows
     assert handlers.run_comparison.__name__ == "run_comparison"  # as Gradio's queue names it
-    assert [name for name, *_ in params] == list(RUN_INPUTS)
+    assert [name for name, *_ in params] == list(RUN_DEFAULTS)
     assert {name: default for name, _, default, _ in params} == RUN_DEFAULTS
-    assert len(RUN_INPUTS) == 32 and RUN_INPUTS[-4:] == (
+    assert len(RUN_DEFAULTS) == 32 and list(RUN_DEFAULTS)[-4:] == [
         "scorer_a", "allocation_a", "scorer_b", "allocation_b",
-    )  # fmt: skip
+    ]  # fmt: skip
 
 
 def test_gradio_passes_the_request_after_the_inputs(monkeypatch):
@@ -37,7 +37,7 @@ def test_gradio_passes_the_request_after_the_inputs(monkeypatch):
     values = list(RunInputs(budget_pct=33.0, lesson="a lesson").as_dict().values())
     request = gr.Request(session_hash="s-1")
     args, *_ = special_args(handlers.run_comparison, inputs=list(values), request=request)
-    assert args[len(RUN_INPUTS)] is request
+    assert args[len(RUN_DEFAULTS)] is request
     assert list(handlers.run_comparison(*args)) == [("done",)]
     ((v, lesson, session),) = seen
     assert v == RunInputs(budget_pct=33.0, lesson="a lesson")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pagekv.app import handlers
 from pagekv.app.lesson_checks import LESSON_TITLES
 from pagekv.app.page_text import STALE_NOTE
-from pagekv.app.run_inputs import RUN_INPUTS, RunInputs, parse_run
+from pagekv.app.run_inputs import RUN_DEFAULTS, RunInputs, parse_run
 from pagekv.app.share import lesson_in_query, settings_in_query, share_js, shared_names
 
 
@@ -35,7 +35,7 @@ def test_a_link_to_settings_reads_numbers_flags_and_passes_the_rest_on():
 
 def test_the_share_button_names_every_run_input_but_the_lesson():
     names = shared_names()
-    assert "lesson" not in names and set(names) == set(RUN_INPUTS) - {"lesson"}
+    assert "lesson" not in names and set(names) == set(RUN_DEFAULTS) - {"lesson"}
     js = share_js()
     assert js.startswith("(...values) => pagekvShareLink(") and '"budget_pct"' in js
 

@@ -41,7 +41,7 @@ from pagekv.maths.paging import min_feasible_budget
 from pagekv.tasks import needle_depth, task_names
 
 __all__ = [
-    "ALLOCATIONS", "LIMITS", "MODES", "PAGE_SIZES", "RUN_DEFAULTS", "RUN_INPUTS", "SCORERS",
+    "ALLOCATIONS", "LIMITS", "MODES", "PAGE_SIZES", "RUN_DEFAULTS", "SCORERS",
     "TASKS", "BudgetInputError", "InputError", "RunInputs",
     "as_number", "budget_pct", "budget_rule", "check_budgets", "nearest_in_range", "parse_run",
     "takes_run_inputs",
@@ -96,7 +96,7 @@ class RunInputs:
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in RUN_INPUTS}
+        return dataclasses.asdict(self)
 
     @classmethod
     def for_sides(
@@ -119,9 +119,8 @@ class RunInputs:
         )  # fmt: skip
 
 
-#: The run's inputs in order, and their defaults (the API's too).
+#: The run's inputs in the API's order, with their defaults.
 RUN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunInputs)}
-RUN_INPUTS = tuple(RUN_DEFAULTS)
 
 
 def takes_run_inputs(request_type, name: str):

@@ -1,6 +1,6 @@
 """Shareable links: `?lesson=3` opens a lesson, `?budget_pct=25&policy_a=mean...` a run.
 
-A link names run inputs by their API names (`RUN_INPUTS`); what it leaves out takes
+A link names run inputs by their API names (`RUN_DEFAULTS`); what it leaves out takes
 its default. The page's "Link to these settings" button writes one in the browser
 (`pagekvShareLink` in assets/app.js, given `share_js`); the page's load reads it
 (`pagekv.app.lesson_handlers.open_page`). A value a link gets wrong is said by the run
