@@ -238,8 +238,7 @@ class ByteLRU:
             current = self._kept.get(key) or self._data.get(key)
             if current is None or current[0] is not entry[0]:
                 return  # replaced or evicted meanwhile
-            self._drop_locked(key)
-            if not self._put_locked(key, current[0], size):
+            if not self._put_locked(key, current[0], size):  # it replaces the entry
                 self.evictions += 1  # it grew past its part's cap
 
     @contextmanager

@@ -123,7 +123,7 @@ class PromptSpec:
     """
 
     task: str = "needle"
-    context: int = 2000  # tokens of haystack and needles, about
+    context: int = 2000  # about this many tokens of haystack and needles
     depth: float | None = 0.5
     seed: int = 0
     needles: int = 1

@@ -495,10 +495,10 @@ class PageEntroKVPress(_Base):
 
         The pass reads `cache` and writes its own keys and values into a copy
         (`reconstruction_scores`), so `cache` holds the prefill alone until it is
-        compacted. Each layer is planned as the
-        runner plans a reconstruct configuration (``Runner.plan``: profiles
-        ``as_profiles(scores["max"])``, ``reconstruction_masses``); every layer is
-        planned before any is compacted, so a strict BudgetError leaves the cache whole.
+        compacted. Each layer is planned as the runner plans a reconstruct
+        configuration (``Runner.plan``: profiles ``as_profiles(scores["max"])``,
+        ``reconstruction_masses``); every layer is planned before any is compacted, so a
+        strict BudgetError leaves the cache whole.
         """
         n = len(context_ids)
         layers = list(cache.layers)
