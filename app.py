@@ -114,8 +114,8 @@ def first_screen() -> dict:
                 gr.HTML(GQA_DRAWING.read_text(), elem_id="gqa-drawing")
             with gr.Column(scale=2, min_width=300):
                 glance = plot(elem_id="glance")
-                gr.Markdown(text.GLANCE_CAPTION, elem_id="glance-caption")
-    return {"glance": glance}
+                caption = gr.Markdown(text.GLANCE_CAPTION, elem_id="glance-caption")
+    return {"glance": glance, "glance_caption": caption}
 
 
 def explore_controls() -> dict:
@@ -242,6 +242,8 @@ def view_tabs() -> dict:
     with gr.Tab("Pages", id="frame"):
         gr.Markdown(text.CAPTIONS["frame"])
         frame = plot(elem_id="page-frame")
+        gr.Markdown(text.CAPTIONS["ruler_pages"])
+        plot(value=checks.ruler_pages_figure(), elem_id="ruler-pages")
     with gr.Tab("Needle", id="retention"):
         gr.Markdown(text.CAPTIONS["retention"])
         retention = plot()

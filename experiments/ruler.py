@@ -51,15 +51,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from experiments.ruler_memory import (  # noqa: E402
-    MEASURES,
+    LAYOUTS,
+    compare,
     curves,
     equal_memory,
     equal_memory_table,
+    family_of,
     figure_svg,
-    match,
+    fraction,
+    gathered,
     memory_fields,
     plan_memory,
     press_of,
+    task_mean,
+    verdict,
 )
 from pagekv import EvictionConfig  # noqa: E402
 from pagekv.integrations.lm_eval_model import (  # noqa: E402
@@ -88,30 +93,35 @@ def methods() -> dict[str, EvictionConfig]:
     return out
 
 
-#: The question-agnostic rows' budgets (issue 58).
+#: The question-agnostic rows' budgets and page sizes.
 AGNOSTIC_BUDGETS = (0.05, 0.1, 0.2)
+AGNOSTIC_PAGES = (16, 4, 1)
+
+
+def agnostic_name(policy: str, budget: float, page_size: int, allocation="global") -> str:
+    """`"entropy reconstruct/global 10%"` in pages of 16, `"... 10% (pages of 4)"` else."""
+    name = f"{policy} reconstruct/{allocation} {round(100 * budget)}%"
+    return name if page_size == PAGE else f"{name} (pages of {page_size})"
 
 
 def agnostic_methods() -> dict[str, EvictionConfig]:
     """The question-agnostic rows (`--ours agnostic`): the reconstruction pass scores
     the prompt (`scorer="reconstruct"`); mean and entropy pooling with one budget
-    shared by every (layer, KV head) (`allocation="global"`) at 5, 10 and 20 %, entropy
-    with a budget per (layer, KV head) (`"uniform"`) at 10 and 20 %, and entropy in
-    pages of 1 (token level) at 10 %: what pages cost at equal kept tokens."""
+    shared by every (layer, KV head) (`allocation="global"`) at 5, 10 and 20 %, in pages
+    of 16, 4 and 1 (pages against tokens in our own engine), and entropy with a budget
+    per (layer, KV head) (`"uniform"`) at 10 and 20 % in pages of 16."""
     out = {"full": EvictionConfig(policy="full")}
-    rec = dict(scorer="reconstruct", page_size=PAGE)
-    for budget in AGNOSTIC_BUDGETS:
-        for policy in POOLINGS:
-            out[f"{policy} reconstruct/global {round(100 * budget)}%"] = EvictionConfig(
-                policy=policy, budget=budget, allocation="global", **rec
-            )
+    for page in AGNOSTIC_PAGES:
+        for budget in AGNOSTIC_BUDGETS:
+            for policy in POOLINGS:
+                out[agnostic_name(policy, budget, page)] = EvictionConfig(
+                    policy=policy, budget=budget, allocation="global", scorer="reconstruct",
+                    page_size=page,
+                )  # fmt: skip
     for budget in BUDGETS:
-        out[f"entropy reconstruct/uniform {round(100 * budget)}%"] = EvictionConfig(
-            policy="entropy", budget=budget, **rec
+        out[agnostic_name("entropy", budget, PAGE, "uniform")] = EvictionConfig(
+            policy="entropy", budget=budget, scorer="reconstruct", page_size=PAGE
         )
-    out["entropy reconstruct/global 10% (pages of 1)"] = EvictionConfig(
-        policy="entropy", budget=0.1, allocation="global", scorer="reconstruct", page_size=1
-    )
     return out
 
 
@@ -163,58 +173,46 @@ PEERS = {
 }
 
 
-#: Physical memory is counted in pages of this many tokens (a paged cache's page).
-PHYSICAL_PAGE = 16
-
-
-def physical(row: dict) -> int | None:
-    """The tokens of the 16-token pages a row's kept set touches in the (layer, KV
-    head) that touches most: a press's recorded `pages_16`; ours keeps whole pages of
-    16 but the prompt's last, so its kept tokens rounded up to a page."""
-    if row.get("pages_16") is not None:
-        return PHYSICAL_PAGE * int(row["pages_16"])
-    if row["method"] in OUR_METHODS and row.get("kept_tokens") is not None:
-        return -(-int(row["kept_tokens"]) // PHYSICAL_PAGE) * PHYSICAL_PAGE
-    return None
-
-
-def physical_match(rows: list[dict], press: str, ours: str) -> list[dict]:
-    """Per prompt (model, length, task, sample, mode) that our method `ours` answered:
-    `press`'s run on it (of any budget) with the most physical memory (`physical`) that
-    is at most ours, the one keeping most tokens among runs of equal memory, or its
-    smallest run where none fits (marked `over`): `ruler_memory.match`'s rule. The
-    picked rows, each renamed `"{press} at {ours}'s memory"`."""
-    return match(rows, press, ours, physical)
-
-
 def run_peers(args, model_name, length, cases, out: Path) -> None:
     """kvpress's presses on `cases` (`(task, index, prompt sha, c_ids, q_ids, max_new,
     doc, task object, todo)`), one batch for all, each answer scored and appended with
-    its memory (`ruler_memory.memory_fields` of the pages its kept tokens touch); a
-    request the press fails is appended with its `error` and no score."""
+    its memory (`ruler_memory.memory_fields` of its kept tokens per (layer, KV head)); a
+    request the press fails is appended with its `error` and no score. A `todo` entry
+    `(mode, name, True)` is a row answered before without `gathered_pages`: its press runs
+    again for one token, and only the memory of its kept set is written into that row
+    (`backfill_memory`)."""
     from experiments.peer import kvpress_peer as kp
 
     requests, meta = [], {}
     theirs = peer_methods(args.peers, args.peer_sweep, args.peer_budgets)
     for task, index, sha, c_ids, q_ids, max_new, doc, task_obj, todo in cases:
-        for mode, name in todo:
+        for mode, name, *again in todo:
             press, budget = theirs[name]
             ids = dict(input_ids=c_ids + q_ids) if mode == "inside" else dict(
                 context_ids=c_ids, question_ids=q_ids)  # fmt: skip
             rid = f"{task}/{index}/{mode}/{name}"
-            requests.append(kp.make_request(rid, press, budget=budget, max_new_tokens=max_new,
+            new = 1 if again else max_new
+            requests.append(kp.make_request(rid, press, budget=budget, max_new_tokens=new,
                                             **PEERS.get(press, {}), **ids))  # fmt: skip
             compressed = len(c_ids) + (len(q_ids) if mode == "inside" else 0)
             meta[rid] = (task, index, sha, mode, name, doc, task_obj, len(c_ids) + len(q_ids),
-                         compressed)  # fmt: skip
+                         compressed, bool(again))  # fmt: skip
     if not requests:
         return
     # KVzip answers in up to ~2 minutes on the 2-core CPU: the batch's limit grows with it.
     timeout = max(kp.RUN_TIMEOUT, 300 * len(requests))
     results = kp.run_kvpress(kp.bundled_model_dir(model_name), requests, timeout, progress=None)
+    found = {}
     for res in results:
-        task, index, sha, mode, name, doc, task_obj, n, compressed = meta[res["id"]]
+        task, index, sha, mode, name, doc, task_obj, n, compressed, again = meta[res["id"]]
         key = (model_name, length, task, index, mode, name)
+        if again:
+            pages = (res.get("touched_pages") or {}).get("16")
+            if res.get("error") or not pages:
+                print(f"ruler: {res['id']}: no memory re-measured: {res.get('error')}")
+            else:
+                found[key] = memory_fields(pages, compressed, kept=res["attended_tokens"])
+            continue
         if res.get("error"):
             print(f"ruler: {res['id']}: {res['error']}")
             _append_error(out, key, sha, n, res["error"], res.get("seconds"))
@@ -223,10 +221,31 @@ def run_peers(args, model_name, length, cases, out: Path) -> None:
         # The tokens a (layer, KV head) attends to: a masking press (KVzip) keeps the
         # whole context in its cache and hides the rest, so its cache length says nothing.
         att = [c for row in res["attended_tokens"] for c in row]
-        mem = memory_fields(pages, compressed) if pages else {}
+        mem = memory_fields(pages, compressed, kept=res["attended_tokens"]) if pages else {}
         _append(out, key, sha, n, res["answer"], doc, task_obj, res.get("seconds"),
                 round(sum(att) / len(att)), kept_tokens_max=max(att),
                 reused_scores=res.get("reused_scores", False), **mem)  # fmt: skip
+    if found:
+        backfill_memory(out, found)
+
+
+def backfill_memory(path: Path, found: dict[tuple, dict]) -> None:
+    """Write `found` (`(model, length, task, index, mode, method)` -> memory fields of a
+    row answered before `gathered_pages` was recorded, from its plan re-made on the same
+    prefill) into those rows of `path`. A re-made plan whose `pages_sum` differs from
+    the row's is not the plan that answered: it is reported and that row left as it was."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in rows:
+        key = (r["model"], r["length"], r["task"], r["index"], r["mode"], r["method"])
+        if key in found:
+            if r.get("pages_sum") != found[key]["pages_sum"]:
+                print(f"ruler: {key}: the re-made plan touches {found[key]['pages_sum']} "
+                      f"pages, the row {r.get('pages_sum')}: left as it was")  # fmt: skip
+                continue
+            r.update(found[key])
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
 
 
 def done_cases(path: Path) -> dict[tuple, str | None]:
@@ -239,6 +258,17 @@ def done_cases(path: Path) -> dict[tuple, str | None]:
         (r["model"], r["length"], r["task"], r["index"], r["mode"], r["method"]): r.get("prompt")
         for r in rows
     }
+
+
+def unmeasured_cases(path: Path) -> set[tuple]:
+    """The rows of `path` that record their memory but not their `gathered` pages, nor
+    anything that fixes them (`rows_with_memory`)."""
+    if not path.exists():
+        return set()
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {(r["model"], r["length"], r["task"], r["index"], r["mode"], r["method"])
+            for r in rows_with_memory(rows) if r.get("score") is not None
+            and r.get("pages_sum") is not None and gathered(r) is None}  # fmt: skip
 
 
 def prompt_sha(prompt: str) -> str:
@@ -260,6 +290,7 @@ def run(args) -> None:
 
     out = Path(args.out)
     done = done_cases(out)
+    unmeasured = unmeasured_cases(out)
     ours = {k: v for s in args.ours for k, v in OURS[s]().items()}
     theirs = peer_methods(args.peers, args.peer_sweep, args.peer_budgets)
     window = max(cfg.window for cfg in ours.values())
@@ -272,9 +303,11 @@ def run(args) -> None:
         tok = loaded.tokenizer
         for length in args.lengths:
             peer_cases = []
-            for task, index, prompt, max_new, doc, task_obj in prompts(
-                args.tasks, tokenizer_name(model_name), length, max(args.samples, peer_samples)
-            ):
+            built = list(prompts(args.tasks, tokenizer_name(model_name), length,
+                                 max(args.samples, peer_samples)))  # fmt: skip
+            if not args.peers:  # sample by sample over the tasks: a stopped run stays balanced
+                built.sort(key=lambda p: (p[1], args.tasks.index(p[0])))
+            for task, index, prompt, max_new, doc, task_obj in built:
                 sha = prompt_sha(prompt)
                 case = (model_name, length, task, index)
                 check_same_prompt(done, case, sha)
@@ -283,9 +316,13 @@ def run(args) -> None:
                     peer_cases = []
                 todo = [(m, n) for m in args.modes for n in ours
                         if (*case, m, n) not in done and index < args.samples]  # fmt: skip
+                refill = [(m, n) for m in args.modes for n in ours
+                          if (*case, m, n) in unmeasured and index < args.samples]  # fmt: skip
                 peer_todo = [(m, n) for m in args.modes for n in theirs
                              if (*case, m, n) not in done and index < peer_samples]  # fmt: skip
-                if not todo and not peer_todo:
+                peer_todo += [(m, n, True) for m in args.modes for n in theirs
+                              if (*case, m, n) in unmeasured and index < peer_samples]  # fmt: skip
+                if not todo and not peer_todo and not refill:
                     continue
                 if time.time() > stop_at:
                     print(f"ruler: --minutes {args.minutes} reached; run again to go on")
@@ -299,13 +336,17 @@ def run(args) -> None:
                 t_case = time.perf_counter()
                 for mode in args.modes:
                     names = [name for m, name in todo if m == mode]
-                    if not names:
+                    again = [name for m, name in refill if m == mode]
+                    if not names and not again:
                         continue
                     t0 = time.perf_counter()
                     pre = prefill(runner, c_ids, q_ids, mode, window)
                     prefill_s = time.perf_counter() - t0
-                    if any(ours[n].scorer == "reconstruct" for n in names):
+                    if any(ours[n].scorer == "reconstruct" for n in names + again):
                         runner.reconstruction(pre)  # once, in `reconstruct_s`, not a row's
+                    if again:  # rows answered before: their plans re-made, memory recorded
+                        backfill_memory(out, {(*case, mode, n): plan_memory(
+                            runner.plan(pre, ours[n])) for n in again})  # fmt: skip
                     for name in names:
                         t0 = time.perf_counter()
                         planned = runner.plan(pre, ours[name])  # one reconstruction
@@ -318,9 +359,9 @@ def run(args) -> None:
                         _append(out, (*case, mode, name), sha, len(c_ids) + len(q_ids), answer,
                                 doc, task_obj, time.perf_counter() - t0, max(res.kept_tokens),
                                 **extra)  # fmt: skip
-                if todo:
+                if todo or refill:
                     spent += time.perf_counter() - t_case
-                    answered += len(todo)
+                    answered += len(todo) or 1
                     print(f"ruler: {model_name} {length} {task} #{index}: {len(todo)} answers, "
                           f"{spent / answered:.1f} s an answer so far (prefill and "
                           "reconstruction included)", flush=True)  # fmt: skip
@@ -353,73 +394,163 @@ def _append_error(out: Path, key, sha, n, error: str, seconds) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-HEADER = """# RULER under pagekv's eviction, on lm-evaluation-harness's own task code
-
-Made by `python experiments/ruler.py --table docs/ruler.md` from the answers in
-`docs/ruler.jsonl` (one JSON line per answer; the command is resumable, see its
-docstring). lm-eval 0.4.13 builds each prompt (its RULER tasks that need no download,
-seeded as its `simple_evaluate` seeds them, sized with the model's tokenizer to the
-length named) and scores each answer (`process_results`: RULER's `string_match_all`,
-the fraction of the expected strings the answer contains). pagekv's runner prefills
-each prompt once per question mode and that prefill serves every method; prompts are
-raw (no chat template), answers greedy, at most the task's `max_gen_toks` tokens.
-`inside`: the whole prompt is compressed (the question's queries score the cache);
-`after`: the context alone, then the question (the prompt's last paragraph) is
-prefilled into the evicted cache. Methods: the full cache; mean pooling, Page-EntroKV
-(`entropy`) and head-independent selection at 10 % and 20 % of the prompt, pages of
-16, 4 sink tokens, a window of 32. Each cell: the mean score over the samples (their
-count in brackets); `mean`: the mean of the task means; `seconds`: the decode-side
-time of those answers (eviction and decode, not the prefills; a kvpress row's, its
-whole pipeline), on the 2-core CPU machine. Where a kvpress press ran (`--peers`), its
-rows at each budget it ran at, and `PRESS at METHOD's memory`: per prompt, the press's
-run with the most physical memory that is at most METHOD's (the tokens of the 16-token
-pages the kept set touches, in the (layer, KV head) that touches most; ours keeps whole
-pages); `(N over)`: prompts where no run fits and its smallest stands in. Since the
-presses have answered fewer samples than ours, each block where one ran is followed by
-the same table on the prompts every press answered, every method on those alone.
+TITLE = "# RULER under pagekv's eviction, on lm-evaluation-harness's own task code"
+HEADER = """Made by `python experiments/ruler.py --table docs/ruler.md --figure
+docs/ruler_memory.svg` from the answers in `docs/ruler.jsonl` (one JSON line per answer;
+the command is resumable, see its docstring). lm-eval 0.4.13 builds each prompt (its
+RULER tasks that need no download, seeded as its `simple_evaluate` seeds them, sized
+with the model's tokenizer to the length named) and scores each answer
+(`process_results`: RULER's `string_match_all`, the fraction of the expected strings the
+answer contains). pagekv's runner prefills each prompt once per question mode and that
+prefill serves every method; prompts are raw (no chat template), answers greedy, at most
+the task's `max_gen_toks` tokens. `inside`: the whole prompt is compressed (the
+question's queries score the cache); `after`: the context alone, then the question (the
+prompt's last paragraph) is prefilled into the evicted cache. Window-scored methods:
+the full cache; mean pooling, Page-EntroKV (`entropy`) and head-independent selection
+at 10 % and 20 % of the prompt, pages of 16, 4 sink tokens, a window of 32. Each cell:
+the mean score over the samples (their count in brackets); `mean`: the mean of the task
+means; `seconds`: the time of those answers on the 2-core CPU machine: eviction and
+decode, plus for a row scored by the reconstruction pass that pass (`reconstruct_s`,
+one per prompt, which every such row of the prompt would pay alone); not the prefills;
+a kvpress row's, its whole pipeline (KVzip's first budget on a prompt includes its
+scoring, which its other budgets reuse). Our rows decode with float16 linear weights
+(the runner's default on the CPU), kvpress's presses in float32.
 
 The question-agnostic comparison (qwen-coder-0.5b, question after: `--ours agnostic`):
 our rows scored by the reconstruction pass (`reconstruct/`: the model reads "Repeat the
 previous context exactly." and the prompt again; no question), with one budget shared
-by every (layer, KV head) (`global`) or a budget per (layer, KV head) (`uniform`), in
-pages of 16 or of 1; kvpress's KVzip (its own reconstruction scores, computed once per
-prompt and applied at each budget, the kept sets its pipeline's), KeyDiff and ChunkKV
-(chunks of 16 tokens, scored by KeyDiff), none of which sees the question. Each answer
-records the physical memory of its kept set in two measures, in 16-token pages
-(`experiments/ruler_memory.py`): `pages_sum`, the pages touched summed over every
-(layer, KV head) (a cache paged per (layer, KV head), as pagekv's decode pool: for our
-rows in pages of 16 it is the pool's size, `tests/test_ruler_memory.py`), and
-`pages_max`, the fullest (layer, KV head)'s pages times their count (a cache giving
-every one the same pages). The table after that block's grids matches, per prompt,
-each press's run with the most memory at most ours, in each measure: `press vs ours`
-are both means of task means on those prompts; `memory` is ours as a share of the
-full cache. `docs/ruler_memory.svg` draws score against memory (its numbers:
-`docs/ruler_memory.json`).
+by every (layer, KV head) (`global`) in pages of 16, 4 and 1, or a budget per (layer,
+KV head) (`uniform`) in pages of 16; kvpress's KVzip (its own reconstruction scores,
+computed once per prompt and applied at each budget), KeyDiff and ChunkKV (chunks of 16
+tokens, scored by KeyDiff), none of which sees the question. Each answer's kept set is
+costed in three cache layouts, in 16-token pages (`experiments/ruler_memory.py`):
+`gathered` (each (layer, KV head)'s kept tokens rounded up to whole pages: pagekv's own
+decode pool, KVzip's flattened cache, any cache that compacts), `in_place` (the pages
+the kept tokens touch, per (layer, KV head): a paged cache that frees whole blocks and
+never moves a token) and `uniform` (the fullest (layer, KV head)'s pages times their
+count: a cache that gives every KV head of a layer the same blocks). The tables at
+equal memory match, per prompt and layout, each rival's run (any budget) whose memory is
+nearest ours, if within 10 % of it; prompts where none is are left out and counted.
+Differences are `rival - ours` in means of task means on the matched prompts, with a
+95 % bootstrap interval over prompts resampled within each task; an interval that
+crosses 0 is a tie.
 """
+
+#: The row of ours the summary and lesson 8 compare, per budget (pages of 16), and the
+#: rivals beside it: two kvpress presses and ours at token level.
+REFERENCE = "entropy reconstruct/global {pct}%"
+RIVALS = ("kvzip", "chunkkv", "entropy reconstruct/global (pages of 1)")
+SUMMARY_BUDGETS = (10, 20)
+
+
+def rows_with_memory(rows: list[dict]) -> list[dict]:
+    """`rows` with what fixes their `gathered` memory where they did not record it
+    (`ruler_memory.gathered`): our rows' `page_size`, ChunkKV's `chunk_length`, and
+    `per_head_count` for the presses that keep the same count in every head."""
+    ours = {**methods(), **agnostic_methods()}
+    out = []
+    for r in rows:
+        extra = {}
+        if r["method"] in ours and ours[r["method"]].policy != "full":
+            extra["page_size"] = ours[r["method"]].page_size
+        elif press_of(r["method"]) == "chunkkv":
+            extra["chunk_length"] = PEERS["chunkkv"]["press_kwargs"]["chunk_length"]
+        elif press_of(r["method"]) in ("keydiff", "snapkv"):
+            extra["per_head_count"] = True
+        out.append(r | extra if extra else r)
+    return out
+
+
+def memory_block(rows: list[dict]) -> tuple[tuple, list[dict]] | None:
+    """The first block whose rows of ours record their memory, and its scored rows
+    (`rows_with_memory`); None where no block does."""
+    rows = rows_with_memory([r for r in rows if r.get("score") is not None])
+    ours = [r for r in rows if r["method"] in OUR_METHODS and r.get("pages_sum") is not None]
+    measured = sorted({_block_of(r) for r in ours})
+    if not measured:
+        return None
+    return measured[0], [r for r in rows if _block_of(r) == measured[0]]
+
+
+def leads(block: list[dict]) -> list[dict]:
+    """Per layout and summary budget, `REFERENCE` against each of `RIVALS` at equal
+    memory (`ruler_memory.compare`), each with its `verdict` in words."""
+    out = []
+    for layout in LAYOUTS:
+        for pct in SUMMARY_BUDGETS:
+            ours = REFERENCE.format(pct=pct)
+            for rival in RIVALS:
+                c = compare(block, rival, ours, layout)
+                if c is not None:
+                    out.append(c | {"budget": pct, "says": verdict(c, rival, "ours")})
+    return out
+
+
+def summary_lines(block: list[dict]) -> list[str]:
+    """docs/ruler.md's opening: a line per layout and budget, who leads at equal memory
+    and by how much, with the interval and the prompts behind it."""
+    lines = []
+    for layout in LAYOUTS:
+        for pct in SUMMARY_BUDGETS:
+            got = [c for c in leads(block) if c["layout"] == layout and c["budget"] == pct]
+            if not got:
+                continue
+            parts = [f"against {c['rival']}: {c['says']}, {c['prompts']} prompts"
+                     + (f" ({c['unmatched']} with no run within 10 %)" if c["unmatched"] else "")
+                     for c in got]  # fmt: skip
+            lines.append(f"- **{layout}, ours at {pct} %** (entropy, reconstruction scorer, "
+                         f"shared budget, pages of 16): " + "; ".join(parts) + ".")  # fmt: skip
+    return lines
+
+
+def scoring_cost(block: list[dict]) -> dict | None:
+    """Our scoring pass against KVzip's on the prompts KVzip answered: our mean
+    `reconstruct_s` a prompt, and KVzip's scoring estimated per prompt as its first run
+    (scoring and one answer) less the median of its runs that reused the scores (an
+    answer alone)."""
+    import statistics
+
+    ours = {(r["task"], r["index"]): r["reconstruct_s"] for r in block
+            if r.get("reconstruct_s") is not None}  # fmt: skip
+    runs = defaultdict(list)
+    for r in block:
+        if press_of(r["method"]) == "kvzip" and r.get("seconds") is not None:
+            runs[(r["task"], r["index"])].append(r)
+    theirs = {}
+    for key, got in runs.items():
+        first = [r["seconds"] for r in got if not r.get("reused_scores")]
+        reused = [r["seconds"] for r in got if r.get("reused_scores")]
+        if first and reused and key in ours:
+            theirs[key] = first[0] - statistics.median(reused)
+    if not theirs:
+        return None
+    return {"prompts": len(theirs), "ours_s": sum(ours[k] for k in theirs) / len(theirs),
+            "kvzip_s": sum(theirs.values()) / len(theirs)}  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: per model, length and question mode, a row per method with each
-    task's mean score (samples) and the total seconds; where a press ran, also the
-    press at equal physical memory to our rows: in a block whose rows carry both
-    measures (`ruler_memory`), a table of our question-agnostic rows against each
-    press in each measure; else, rows of each press at our entropy and mean rows'
-    memory (`physical_match`). Failed requests are counted under their block."""
+    """Markdown: the summary at equal memory (`summary_lines`), then per model, length
+    and question mode a row per method with each task's mean score (samples) and the
+    seconds; in the block whose rows record memory, the same on the prompts every press
+    answered, pages against tokens in our own engine, each press against our rows at
+    equal memory in each layout, and the scoring passes' cost. Failed requests are
+    counted under their block."""
     failed = [r for r in rows if r.get("score") is None]
     rows = [r for r in rows if r.get("score") is not None]
     theirs = {r["method"] for r in rows} - OUR_METHODS
-    presses = sorted({press_of(m) for m in theirs})
-    measured = {_block_of(r) for r in rows if r["method"] in OUR_METHODS and "pages_sum" in r}
-    matched = [m for p in presses for b in BUDGETS for pool in POOLINGS
-               for m in physical_match(rows, p, f"{pool} {round(100 * b)}%")
-               if _block_of(m) not in measured]  # fmt: skip
     cells = defaultdict(list)
-    for r in rows + matched:
+    for r in rows:
         cells[(*_block_of(r), r["method"], r["task"])].append(r)
-    lines = []
+    lines = [TITLE, ""]
+    measured = memory_block(rows)
+    if measured:
+        key, block = measured
+        lines += [f"At equal memory ({key[0]}, {key[1]} tokens, question {key[2]}; "
+                  "`rival - ours`, 95 % interval):", ""]  # fmt: skip
+        lines += [*summary_lines(block), ""]
+    lines += [HEADER, ""]
     by_budget = sorted(theirs, key=lambda m: (press_of(m), float(m.split(" ")[1][:-1])))
-    order = [*methods(), *[m for m in agnostic_methods() if m not in methods()], *by_budget,
-             *sorted({r["method"] for r in matched})]  # fmt: skip
+    order = [*methods(), *[m for m in agnostic_methods() if m not in methods()], *by_budget]
     for key in sorted({_block_of(r) for r in rows}):
         lines += [f"### {key[0]}, {key[1]} tokens, question {key[2]}", ""]
         lines += _grid(cells, key, order)
@@ -439,14 +570,8 @@ def table(rows: list[dict]) -> str:
             }
             lines += [f"On the {len(asked)} prompts every press answered:", ""]
             lines += _grid(same, key, order)
-        if key in measured and by_press:
-            ours = [m for m in agnostic_methods() if m != "full"]
-            lines += ["At equal physical memory (`ruler_memory`): per prompt, each press's "
-                      "run with the most memory that is at most ours, in each measure; "
-                      "`press vs ours (prompts, N over)`, on the prompts both answered. "
-                      "The score and memory columns are ours over every prompt it "
-                      "answered:", ""]  # fmt: skip
-            lines += equal_memory_table(block, ours, sorted(by_press))
+        if measured and key == measured[0]:
+            lines += _memory_section(measured[1], sorted(by_press))
         lost = defaultdict(list)
         for r in failed:
             if _block_of(r) == key:
@@ -459,39 +584,74 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _memory_section(block: list[dict], presses: list[str]) -> list[str]:
+    """The memory tables of the block whose rows record it: pages against tokens, each
+    press at equal memory, and the scoring passes' cost."""
+    lines = ["Pages against tokens in our own engine: each of our shared-budget rows' mean "
+             "memory in each layout (share of the full cache, over the prompts where it is "
+             "known) and its score over every prompt it answered:", "",
+             "| ours | score (prompts) | gathered | in place | uniform |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for name in agnostic_methods():
+        got = [r for r in block if r["method"] == name and r.get("pages_sum") is not None]
+        if not got:
+            continue
+        mem = []
+        for lay in LAYOUTS:
+            known = [f for f in (fraction(r, lay) for r in got) if f is not None]
+            mem.append(f"{sum(known) / len(known):.1%}" if known else "-")
+        lines.append(f"| {name} | {task_mean(got):.2f} ({len(got)}) | " + " | ".join(mem) + " |")
+    lines += [""]
+    ours = [REFERENCE.format(pct=p) for p in (5, *SUMMARY_BUDGETS)]
+    tokens = [family_of(agnostic_name("entropy", 0.1, p)) for p in AGNOSTIC_PAGES[1:]]
+    lines += ["Ours in pages of 16 against ours in pages of 4 and 1, at equal memory:", ""]
+    lines += equal_memory_table(block, ours, tokens)
+    ours += [REFERENCE.replace("global", "uniform").format(pct=p) for p in SUMMARY_BUDGETS]
+    lines += ["Each press against our rows at equal memory:", ""]
+    lines += equal_memory_table(block, ours, presses)
+    cost = scoring_cost(block)
+    if cost:
+        lines += [f"Scoring cost on the {cost['prompts']} prompts KVzip answered: our "
+                  f"reconstruction pass {cost['ours_s']:.1f} s a prompt, KVzip's scoring "
+                  f"about {cost['kvzip_s']:.1f} s (its first run less the median of its runs "
+                  "that reused the scores), on the 2-core CPU machine.", ""]  # fmt: skip
+    return lines
+
+
 def memory_summary(rows: list[dict]) -> dict:
-    """What the app's lesson 8 and the docs read of the comparison at equal physical
-    memory (written beside the figure as JSON): the first block whose rows carry the
-    memory measures, `title`, `prompts` (those every method there answered) and on
-    them each measure's `curves` (`ruler_memory.curves`), and `equal_memory` (per prompt
-    each press against our question-agnostic rows, on every prompt)."""
-    rows = [r for r in rows if r.get("score") is not None and r.get("pages_sum") is not None]
-    if not rows:
+    """What the app's lessons 2 and 8 and the docs read of the comparison at equal
+    memory (written beside the figure as JSON): the block whose rows of ours record
+    their memory, `title`, `prompts` (those every method there answered), `full` (the
+    full cache's score on them), on them each layout's `curves`
+    (`ruler_memory.curves`); `leads` (`leads`, on every prompt) and `equal_memory` of
+    our question-agnostic rows against every rival family."""
+    measured = memory_block(rows)
+    if measured is None:
         raise SystemExit("ruler: no answers record their memory; run with --ours agnostic")
-    key = min(_block_of(r) for r in rows)
-    block = [r for r in rows if _block_of(r) == key]
+    key, block = measured
     asked: dict[str, set] = defaultdict(set)
     for r in block:
         asked[r["method"]].add((r["task"], r["index"]))
     common = set.intersection(*asked.values())
     same = [r for r in block if (r["task"], r["index"]) in common]
-    presses = sorted({press_of(m) for m in asked} - {press_of(m) for m in OUR_METHODS})
+    rivals = sorted({family_of(r["method"]) for r in block if r["method"] != "full"})
+    ours = [REFERENCE.format(pct=p) for p in SUMMARY_BUDGETS]
     return {
         "block": list(key),
         "title": f"RULER, {key[0]}, {key[1]} tokens, question {key[2]}: the {len(common)} "
         "prompts every method answered",
         "prompts": len(common),
-        "curves": {m: curves(same, m) for m in MEASURES},
-        "equal_memory": equal_memory(
-            block, [m for m in agnostic_methods() if m != "full"], presses
-        ),  # fmt: skip
+        "full": task_mean([r for r in same if r["method"] == "full"]),
+        "curves": {lay: curves(same, lay) for lay in LAYOUTS},
+        "leads": leads(block),
+        "equal_memory": equal_memory(block, ours, rivals),
     }
 
 
 def memory_figure(rows: list[dict]) -> str:
     """`ruler_memory.figure_svg` of `memory_summary(rows)`."""
     summary = memory_summary(rows)
-    return figure_svg(summary["curves"], summary["title"])
+    return figure_svg(summary["curves"], summary["title"], summary["full"])
 
 
 def _block_of(r: dict) -> tuple:
@@ -503,21 +663,19 @@ def _grid(cells: dict, key: tuple, order: list[str]) -> list[str]:
     lines = ["| method | " + " | ".join(TASKS) + " | mean | seconds |"]
     lines.append("|---" * (len(TASKS) + 3) + "|")
     for name in order:
-        row, scores, seconds, over = [], [], 0.0, 0
+        row, scores, seconds = [], [], 0.0
         for task in TASKS:
             got = cells.get((*key, name, task), [])
             if got:
                 mean = sum(r["score"] for r in got) / len(got)
                 scores.append(mean)
-                seconds += sum(r["seconds"] for r in got)
-                over += sum(r.get("over", False) for r in got)
+                seconds += sum(r["seconds"] + (r.get("reconstruct_s") or 0) for r in got)
                 row.append(f"{mean:.2f} ({len(got)})")
             else:
                 row.append("-")
         if scores:
             avg = f"{sum(scores) / len(scores):.2f}"
-            label = f"{name} ({over} over)" if over else name
-            lines.append(f"| {label} | " + " | ".join(row) + f" | {avg} | {seconds:.0f} |")
+            lines.append(f"| {name} | " + " | ".join(row) + f" | {avg} | {seconds:.0f} |")
     return [*lines, ""]
 
 
@@ -551,12 +709,14 @@ def main(argv=None) -> int:
         run(args)
     if args.table:
         rows = [json.loads(x) for x in Path(args.out).read_text().splitlines() if x.strip()]
-        Path(args.table).write_text(HEADER + "\n" + table(rows) + "\n")
+        Path(args.table).write_text(table(rows) + "\n")
         print(f"ruler: wrote {args.table} from {len(rows)} answers")
     if args.figure:
         rows = [json.loads(x) for x in Path(args.out).read_text().splitlines() if x.strip()]
         summary = memory_summary(rows)
-        Path(args.figure).write_text(figure_svg(summary["curves"], summary["title"]))
+        Path(args.figure).write_text(
+            figure_svg(summary["curves"], summary["title"], summary["full"])
+        )
         data = Path(args.figure).with_suffix(".json")
         data.write_text(json.dumps(summary, indent=1) + "\n")
         print(f"ruler: wrote {args.figure} and {data}")

@@ -62,36 +62,56 @@ def test_the_table_averages_each_task_and_counts_its_samples():
     }
 
 
-def test_a_press_is_matched_at_our_physical_memory_per_prompt():
-    """Per prompt, the press's run with the most physical memory (16-token pages touched,
-    in the (layer, KV head) that touches most) still at most ours; where none fits, its
-    smallest, counted as over. Runs of equal memory: the one keeping most tokens."""
-    ours = [_row("entropy 10%", "ruler_vt", i, 1.0) | {"kept_tokens": 100} for i in (0, 1)]
-    ours[1]["kept_tokens"] = 40  # 48 tokens of pages: no press run fits on sample 1
-    press = [
-        _row("snapkv 10%", "ruler_vt", 0, 1.0) | {"pages_16": 20},  # 320 tokens
-        _row("snapkv 4%", "ruler_vt", 0, 0.0) | {"pages_16": 7, "kept_tokens": 90},
-        _row("snapkv 5%", "ruler_vt", 0, 0.5) | {"pages_16": 7, "kept_tokens": 100},  # 112:
-        # the most that fits, and of the two runs of that memory the one keeping more
-        _row("snapkv 3%", "ruler_vt", 0, 0.0) | {"pages_16": 6},  # 96
-        _row("snapkv 5%", "ruler_vt", 1, 0.25) | {"pages_16": 5},
-        _row("snapkv 3%", "ruler_vt", 1, 0.75) | {"pages_16": 4},  # 64, the smallest
-    ]
-    assert ruler.physical(ours[0]) == 112 and ruler.physical(press[0]) == 320
-    picked = ruler.physical_match(ours + press, "snapkv", "entropy 10%")
-    assert [(r["index"], r["score"], r["over"]) for r in picked] == [
-        (0, 0.5, False),
-        (1, 0.75, True),
-    ]
-    assert {r["method"] for r in picked} == {"snapkv at entropy 10%'s memory"}
+def test_a_press_runs_at_each_budget_and_its_rows_come_in_budget_order():
+    ours = [_row("entropy 10%", "ruler_vt", 0, 1.0)]
+    press = [_row(f"snapkv {b}%", "ruler_vt", 0, 0.5) for b in (10, 3, 5, 4)]
     text = ruler.table(ours + press)
-    # vt: the mean of 0.5 and 0.75 over the two samples, one of them over
-    assert "| snapkv at entropy 10%'s memory (1 over) | - | - | - | 0.62 (2) |" in text
     runs = [x.split(" |")[0] for x in text.splitlines() if x.startswith("| snapkv ")]
-    assert runs[:4] == ["| snapkv 3%", "| snapkv 4%", "| snapkv 5%", "| snapkv 10%"]  # by budget
+    assert runs[:4] == ["| snapkv 3%", "| snapkv 4%", "| snapkv 5%", "| snapkv 10%"]
     assert ruler.peer_methods(["snapkv"], [0.3, 0.5]) == {
         f"snapkv {b}%": ("snapkv", b / 100) for b in (3, 5, 6, 10, 20)
     }
+
+
+def test_our_rows_run_in_pages_of_16_4_and_1_and_know_their_gathered_memory():
+    """The question-agnostic rows: both poolings at 5, 10 and 20 % in pages of 16, 4 and
+    1, and what fixes each row's `gathered` memory where it was not recorded: a plan in
+    pages of 16 and ChunkKV's 16-token chunks hold whole pages, KeyDiff keeps one count
+    per head; KVzip and pages of 4 or 1 need it recorded."""
+    names = ruler.agnostic_methods()
+    for page in (16, 4, 1):
+        for pct in (5, 10, 20):
+            for pool in ("mean", "entropy"):
+                cfg = names[ruler.agnostic_name(pool, pct / 100, page)]
+                assert (cfg.page_size, cfg.budget, cfg.allocation, cfg.scorer) == (
+                    page, pct / 100, "global", "reconstruct")  # fmt: skip
+    assert ruler.agnostic_name("entropy", 0.1, 16) == "entropy reconstruct/global 10%"
+    assert ruler.agnostic_name("mean", 0.2, 4) == "mean reconstruct/global 20% (pages of 4)"
+    mem = {"pages_sum": 40, "pages_16": 9, "cells": 8, "context_pages": 9,
+           "kept_tokens": 70, "kept_tokens_max": 70}  # fmt: skip
+    rows = [_row(m, "ruler_vt", 0, 1.0, "after") | mem for m in (
+        "entropy reconstruct/global 10%", "entropy reconstruct/global 10% (pages of 4)",
+        "chunkkv 10%", "keydiff 10%", "kvzip 10%", "full")]  # fmt: skip
+    got = [ruler.gathered(r) for r in ruler.rows_with_memory(rows)]
+    assert got == [40, None, 40, 8 * 5, None, None]
+
+
+def test_earlier_rows_get_their_memory_written_in_and_a_changed_plan_is_refused(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    rows = [_row("entropy reconstruct/global 10% (pages of 1)", "ruler_vt", i, 1.0, "after")
+            | {"pages_sum": 30} for i in (0, 1)]  # fmt: skip
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert len(ruler.unmeasured_cases(out)) == 2
+    key = ("bundled", 2048, "ruler_vt")
+    method = rows[0]["method"]
+    ruler.backfill_memory(out, {
+        (*key, 0, "after", method): {"pages_sum": 30, "gathered_pages": 12},
+        (*key, 1, "after", method): {"pages_sum": 31, "gathered_pages": 13},
+    })  # fmt: skip
+    back = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r.get("gathered_pages") for r in back] == [12, None]  # sample 1: another plan
+    assert "the re-made plan touches 31 pages, the row 30" in capsys.readouterr().out
+    assert len(ruler.unmeasured_cases(out)) == 1
 
 
 def test_a_block_with_presses_repeats_every_method_on_the_presses_prompts():
@@ -186,18 +206,16 @@ def _quote_qwen(text: str, rows: list[dict]) -> str:
     )
 
 
-def _same_prompts(text: str, mode: str) -> tuple[int, int, dict[str, str], dict[str, int]]:
+def _same_prompts(text: str, mode: str) -> tuple[int, int, dict[str, str]]:
     """On the table of the prompts every press answered (2,048 tokens, the bundled
-    model): their number, the fewest samples of any cell, each row's `mean`, and each
-    row's `(N over)` count."""
+    model): their number, the fewest samples of any cell and each row's `mean`."""
     block = text.split(f"### bundled, 2048 tokens, question {mode}", 1)[1].split("###")[0]
     table = block.split("\nOn the ", 1)[1]
-    means, over = {}, {}
+    means = {}
     for cells in (x.split(" | ") for x in table.splitlines()[3:] if x.startswith("| ")):
-        name, _, count = cells[0].lstrip("| ").partition(" (")
-        means[name], over[name] = cells[-2], int(count.split(" ")[0]) if count else 0
+        means[cells[0].lstrip("| ")] = cells[-2]
     fewest = min(int(c) for c in re.findall(r"\((\d+)\)", table))
-    return int(table.split(" ", 1)[0]), fewest, means, over
+    return int(table.split(" ", 1)[0]), fewest, means
 
 
 def _least_touched(rows: list[dict]) -> int:
@@ -208,13 +226,8 @@ def _least_touched(rows: list[dict]) -> int:
 
 def _quote_presses(text: str, rows: list[dict]) -> str:
     """What docs/research.md says of kvpress's presses on RULER."""
-    n, fewest, after, over = _same_prompts(text, "after")
-    _, _, inside, over_inside = _same_prompts(text, "inside")
-    # "one fits in the memory of our 10 % on 0 ...": prompts where no KVzip run fits
-    # (its smallest, 1 %, stands in) are `over`; the rest have a run that fits.
-    fits = {
-        b: [n - o[f"kvzip at entropy {b}%'s memory"] for o in (over, over_inside)] for b in (10, 20)
-    }
+    n, fewest, after = _same_prompts(text, "after")
+    _, _, inside = _same_prompts(text, "inside")
     # "At equal kept tokens KVzip did best": at each budget, in each mode.
     for means in (after, inside):
         for b in (10, 20):
@@ -230,7 +243,6 @@ def _quote_presses(text: str, rows: list[dict]) -> str:
     seconds = [r["seconds"] for r in kvzip]
     # "at 10 and 20 %, ... they touch at least N %": the runs at our budgets.
     touched = _least_touched([r for r in kvzip if r["method"] in ("kvzip 10%", "kvzip 20%")])
-    snap_at = "snapkv at entropy 10%'s memory"
     so_far = " so far" if fewest < ruler.SAMPLES else ""  # until the command's target
     return (
         f"whose answers took {round(min(seconds))}-{round(max(seconds))} s each here, most "
@@ -242,43 +254,45 @@ def _quote_presses(text: str, rows: list[dict]) -> str:
         f"cache {after['full']}; on the same prompts mean pooling {after['mean 10%']}, "
         f"entropy {after['entropy 10%']}, SnapKV {after['snapkv 10%']}), and with the "
         f"question inside {inside['kvzip 10%']} (mean {inside['mean 10%']}, entropy "
-        f"{inside['entropy 10%']}, SnapKV {inside['snapkv 10%']}). But the tokens it keeps "
-        f"are scattered: at 10 and 20 %, in some (layer, KV head) they touch at least "
-        f"{touched} % of the prompt's 16-token pages, so a paged cache of them holds nearly "
-        f"the whole prompt. Of its runs, down to 1 % (a tenth of our smallest budget), one "
-        f"fits in the memory of our 10 % on {fits[10][0]} of the {n} prompts with the "
-        f"question after and {fits[10][1]} with it inside, and in that of our 20 % on "
-        f"{fits[20][0]} and {fits[20][1]}; yet at 1 % it scored {after['kvzip 1%']} with the "
-        f"question after and {inside['kvzip 1%']} with it inside. SnapKV at the memory of "
-        f"our 10 % (its largest run that fits, or its smallest, 3 %, where none does) scored "
-        f"{after[snap_at]} with the question after and {inside[snap_at]} with it inside."
+        f"{inside['entropy 10%']}, SnapKV {inside['snapkv 10%']}). The tokens it keeps are "
+        f"scattered: at 10 and 20 %, in some (layer, KV head) they touch at least {touched} % "
+        "of the prompt's 16-token pages, so a paged cache that frees pages in place holds "
+        "nearly the whole prompt for them, while a cache that gathers what it keeps, as "
+        f"pagekv's decode pool does, holds their tokens alone. At 1 % it scored "
+        f"{after['kvzip 1%']} with the question after and {inside['kvzip 1%']} with it inside."
     )
 
 
 def guide_memory(m: dict) -> str:
-    """Lesson 8's row of docs/app.md on RULER at equal physical memory."""
+    """Lesson 8's row of docs/app.md on RULER at equal memory."""
     return (
-        f"at the same memory on {m['mem_model']} ({m['mem_prompts_sum']} prompts), "
-        "Page-EntroKV scored by the reconstruction pass with one shared budget "
-        f"{m['mem_ours_sum']} at 10 %, KVzip {m['mem_press_sum']} and ChunkKV "
-        f"{m['mem_chunk_sum']} in no more pages summed over (layer, KV head), and "
-        f"{m['mem_press_max']} against {m['mem_ours_max']} where every (layer, KV head) "
-        "gets the fullest one's pages"
+        f"and on RULER ({m['mem_model']}, question after) KVzip against Page-EntroKV "
+        "scored by the reconstruction pass at equal memory: gathered (this app's decode "
+        f"pool), {m['mem_gathered']}; in place, {m['mem_in_place']}; uniform, "
+        f"{m['mem_uniform']}"
+    )
+
+
+def guide_pages(m: dict) -> str:
+    """Lesson 2's row of docs/app.md on RULER's pages against tokens."""
+    return (
+        f"on RULER ({m['pg_model']}) at equal memory, pages of 16 against pages of 1: "
+        f"gathered, {m['pg_gathered']}; in place, {m['pg_in_place']}"
     )
 
 
 def test_the_quoted_ruler_figures_are_the_committed_answers():
     """docs/ruler.md is the command's table of docs/ruler.jsonl, and lesson 6 and the
     researcher's page (docs/research.md) quote that table."""
-    from pagekv.app.lessons import memory_numbers, ruler_numbers
+    from pagekv.app.lessons import memory_numbers, pages_numbers, ruler_numbers
 
     path = ROOT / "docs" / "ruler.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     text = ruler.table(rows)
-    assert (ROOT / "docs" / "ruler.md").read_text() == ruler.HEADER + "\n" + text + "\n"
+    assert (ROOT / "docs" / "ruler.md").read_text() == text + "\n"
     inside, after = _means(text, "inside"), _means(text, "after")
     samples = min(_counts(text, "inside") + _counts(text, "after"))
-    n, _, shared, _ = _same_prompts(text, "after")
+    n, _, shared = _same_prompts(text, "after")
     kvzip10 = [
         r
         for r in rows
@@ -332,48 +346,51 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
     guide = " ".join((ROOT / "docs" / "app.md").read_text().split())
     for quoted in (
         f"mean {inside['mean 10%']}, entropy {inside['entropy 10%']} at 10 %",
-        f"KVzip at 10 % {shared['kvzip 10%']}, Page-EntroKV {shared['entropy 10%']}, mean "
-        f"pooling {shared['mean 10%']}, SnapKV {shared['snapkv 10%']}, KVzip's kept tokens "
-        f"touching at least {touched10} % of some (layer, KV head)'s pages; and at 1 % of the "
-        f"tokens KVzip {shared['kvzip 1%']}, its tokens touching at least {touched1} %",
         guide_memory(memory_numbers()),
+        guide_pages(pages_numbers()),
     ):
         assert quoted in guide, quoted
 
 
 def test_the_memory_figure_averages_every_method_on_the_same_prompts():
-    """A prompt one method has not answered is left out of every point."""
+    """A prompt one method has not answered is left out of every point; the full cache is
+    the square at 100 %."""
     mem = {"pages_16": 2, "cells": 4, "context_pages": 5}
 
-    def row(method, index, score, pages_sum):
-        return _row(method, "ruler_vt", index, score, "after") | mem | {"pages_sum": pages_sum}
+    def row(method, index, score, pages_sum, gathered=None):
+        got = mem | {"pages_sum": pages_sum, "gathered_pages": gathered}
+        return _row(method, "ruler_vt", index, score, "after") | got
 
     rows = [row("entropy reconstruct/global 10%", i, 1.0, 8) for i in (0, 1)]
-    rows += [row("kvzip 10%", 0, 0.5, 10), _row("entropy 10%", "ruler_vt", 1, 0.0, "after")]
+    rows += [row("kvzip 10%", 0, 0.5, 10, gathered=6), row("full", 0, 0.75, 20, 20)]
+    rows += [_row("entropy 10%", "ruler_vt", 1, 0.0, "after"), row("full", 1, 0.25, 20, 20)]
     svg = ruler.memory_figure(rows)
     assert "the 1 prompts every method answered" in svg  # sample 1: no kvzip answer
-    # entropy at 8 of 20 pages, kvzip at 10 of 20, both on sample 0 alone
+    # entropy at 8 of 20 pages, kvzip at 10 of 20 in place and 6 gathered, on sample 0
     assert "entropy reconstruct/global 10%: 1.00 at 40.0%" in svg
-    assert "kvzip 10%: 0.50 at 50.0%" in svg
+    assert "kvzip 10%: 0.50 at 50.0%" in svg and "kvzip 10%: 0.50 at 30.0%" in svg
+    assert svg.count("full cache: 0.75") == 3
     with pytest.raises(SystemExit, match="record their memory"):
         ruler.memory_figure([_row("entropy 10%", "ruler_vt", 0, 1.0)])
 
 
 def test_the_memory_figure_and_its_numbers_are_the_committed_answers():
-    """docs/ruler_memory.json and .svg are `--figure`'s of docs/ruler.jsonl, and lesson 8
-    (`memory_numbers`) reads the comparison there: ours at 10 %, question-agnostic with a
-    shared budget, against KVzip at equal memory in each measure."""
-    from pagekv.app.lessons import MEMORY_OURS, MEMORY_PRESS, memory_numbers
+    """docs/ruler_memory.json and .svg are `--figure`'s of docs/ruler.jsonl, and lessons 2
+    and 8 (`pages_numbers`, `memory_numbers`) read the comparisons there."""
+    from pagekv.app.lessons import MEMORY_OURS, memory_numbers, pages_numbers, said
 
     rows = [json.loads(x) for x in (ROOT / "docs/ruler.jsonl").read_text().splitlines() if x]
     summary = json.loads(json.dumps(ruler.memory_summary(rows)))  # as JSON holds it
     committed = json.loads((ROOT / "docs" / "ruler_memory.json").read_text())
     assert committed == summary
     svg = (ROOT / "docs" / "ruler_memory.svg").read_text()
-    assert svg == ruler.figure_svg(summary["curves"], summary["title"])
-    entry = next(e for e in summary["equal_memory"] if e["ours"] == MEMORY_OURS)
-    got = entry["presses"][MEMORY_PRESS]
-    numbers = memory_numbers(summary)
-    assert numbers["mem_prompts_sum"] == got["pages_sum"]["prompts"] > 0
-    assert numbers["mem_press_max"] == f"{got['pages_max']['press']:.2f}"
-    assert numbers["mem_frac_sum"] == round(100 * entry["memory"]["pages_sum"])
+    assert svg == ruler.figure_svg(summary["curves"], summary["title"], summary["full"])
+    leads = {(c["layout"], c["budget"], c["rival"]): c for c in summary["leads"]}
+    for pct in (10, 20):
+        c = leads[("gathered", pct, "kvzip")]
+        assert c["ours"] == MEMORY_OURS.format(pct=pct)
+        assert said(c, "KVzip") in memory_numbers(summary)["mem_gathered"]
+        tokens = leads[("in_place", pct, "entropy reconstruct/global (pages of 1)")]
+        assert said(tokens, "pages of 1", "pages of 16") in pages_numbers(summary)["pg_in_place"]
+    table = memory_numbers(summary)["mem_table"].strip().splitlines()
+    assert len(table) == 2 + 3 * 3  # every layout, every rival

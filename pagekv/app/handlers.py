@@ -187,8 +187,8 @@ def _side_b_note(comp) -> str:
 #: components of the same names); `_views` turns keyword values into that tuple.
 RUN_VIEWS = (
     "status", "answers", "frame", "retention", "weights", "overview", "sink_mass", "sink_adv",
-    "uor", "stored", "memory", "glance", "files", "layer", "observation", "budget",
-    "budget_b", "stale_note", "last",
+    "uor", "stored", "memory", "glance", "glance_caption", "files", "layer", "observation",
+    "budget", "budget_b", "stale_note", "last",
 )  # fmt: skip
 #: The run's plot views (an error shows a placeholder in each: no empty frames).
 PLOTS = (
@@ -203,11 +203,14 @@ KEPT_UNLESS_SET = ("layer", "observation", "budget", "budget_b")
 
 def _views(**values):
     """The run's outputs in `RUN_VIEWS` order; views not given are cleared (None; the
-    layer slider, the lesson's observation and the budget sliders are left as they are)."""
+    layer slider, the lesson's observation and the budget sliders are left as they are;
+    the first screen's caption says what its chart of a live run shows)."""
+    from pagekv.app.page_text import GLANCE_CAPTION
+
     unknown = set(values) - set(RUN_VIEWS)
     if unknown:
         raise KeyError(f"not a run view: {sorted(unknown)}")
-    default = {name: gr.update() for name in KEPT_UNLESS_SET}
+    default = {name: gr.update() for name in KEPT_UNLESS_SET} | {"glance_caption": GLANCE_CAPTION}
     return tuple(sent(values.get(name, default.get(name))) for name in RUN_VIEWS)
 
 
@@ -250,6 +253,7 @@ def cleared_views(why: str, **values):
 
     figure = placeholder(why)
     answers = f'<p class="no-answers">{html.escape(why, quote=False)}</p>'
+    values.setdefault("glance_caption", why)  # not the caption of a chart that is not there
     return _views(**{name: figure for name in PLOTS}, answers=answers, **values)
 
 

@@ -104,20 +104,36 @@ def replay_caption(tables: dict | None = None) -> str:
     )
 
 
-def ruler_memory_figure():
-    """RULER's score against physical memory, from the committed results
-    (docs/ruler_memory.json, written by experiments/ruler.py), not a live run."""
-    import json
-
+def ruler_memory_figure(families=None, layouts=None, title: str | None = None):
+    """RULER's score against memory, from the committed results (docs/ruler_memory.json,
+    written by experiments/ruler.py), not a live run: every layout and method family, or
+    those named."""
     from pagekv.app import figures
     from pagekv.app.figures.placeholder import placeholder
-    from pagekv.app.lessons import RULER_MEMORY
+    from pagekv.app.lessons import read_memory_summary
 
     try:
-        summary = json.loads(RULER_MEMORY.read_text())
+        summary = read_memory_summary()
     except (OSError, ValueError) as e:
         return placeholder(f"RULER's memory comparison cannot be read: {e}")
-    return figures.memory_curves(summary["curves"], f"{summary['title']} (measured, not live)")
+    curves = {
+        lay: {f: pts for f, pts in panel.items() if families is None or f in families}
+        for lay, panel in summary["curves"].items()
+        if layouts is None or lay in layouts
+    }
+    return figures.memory_curves(curves, f"{title or summary['title']} (measured, not live)")
+
+
+#: Lesson 2's chart: our entropy rows in pages of 16, 4 and 1.
+PAGE_FAMILIES = tuple(
+    f"entropy reconstruct/global{'' if p == 16 else f' (pages of {p})'}" for p in (16, 4, 1)
+)
+
+
+def ruler_pages_figure():
+    """Pages against tokens on RULER in the gathered and in-place layouts (lesson 2)."""
+    return ruler_memory_figure(PAGE_FAMILIES, ("gathered", "in_place"),
+                               "RULER: pages of 16, 4 and 1 at equal memory")  # fmt: skip
 
 
 def replay_recall_figure():

@@ -160,6 +160,21 @@ def answers(full: bool | None = True, a: bool | None = None, b: bool | None = No
     return Observation(" and ".join(said), check)
 
 
+def beside_ruler(observation: Observation) -> Observation:
+    """`observation`, its measured line followed by what RULER shows of pages against
+    tokens at equal memory (`pages_numbers`, from the committed results): one prompt
+    is checked live, and the line says where the rule across prompts differs."""
+
+    def check(comp) -> Verdict:
+        got = observation.check(comp)
+        n = pages_numbers()
+        ruler = (f"on RULER ({n['pg_model']}, committed), pages of 16 against pages of 1: "
+                 f"gathered, {n['pg_gathered']}; in place, {n['pg_in_place']}")  # fmt: skip
+        return Verdict(got.holds, f"{got.measured}. {ruler}", got.values)
+
+    return Observation(observation.statement, check)
+
+
 def shared_budget_answers(a: bool, b: bool):
     """The answers are as stated (the full cache right), and side B, whose budget is
     shared across the (layer, group)s, keeps in all no more than the budget of every
@@ -548,18 +563,20 @@ def lesson_text(
     given) and, where it names them ({search_...}), the pooling search's totals
     (`search`: its summary's "total", read from `POOLING_SEARCH` when not given)."""
     text = getattr(lesson, field)
-    if not lesson.numbers:
-        return text
-    if tables is None:
-        tables = load_replay()["tables"]
-    values = read_numbers(dict(lesson.numbers), tables)
-    if "{search_" in lesson.text + lesson.credit:
+    words = lesson.text + lesson.credit
+    values: dict = {}
+    if lesson.numbers:
+        tables = load_replay()["tables"] if tables is None else tables
+        values |= read_numbers(dict(lesson.numbers), tables)
+    if "{search_" in words:
         values |= search_numbers(search)
-    if "{ruler_" in lesson.text + lesson.credit:
+    if "{ruler_" in words:
         values |= ruler_numbers()
-    if "{mem_" in lesson.text + lesson.credit:
+    if "{mem_" in words:
         values |= memory_numbers()
-    return text.format(**values)
+    if "{pg_" in words:
+        values |= pages_numbers()
+    return text.format(**values) if values else text
 
 
 def ruler_numbers(rows: list[dict] | None = None) -> dict:
@@ -598,36 +615,76 @@ def ruler_numbers(rows: list[dict] | None = None) -> dict:
     return out
 
 
-#: The row of ours lesson 8 quotes at equal physical memory, and the press beside it.
-MEMORY_OURS, MEMORY_PRESS = "entropy reconstruct/global 10%", "kvzip"
-#: The chunk-granular press (kvpress's ChunkKV around KeyDiff, 16-token chunks), cited
-#: beside KVzip in the cache paged per (layer, KV head).
-MEMORY_CHUNK = "chunkkv"
+#: Lessons 2 and 8 read the comparison at equal memory on RULER (`RULER_MEMORY`): our
+#: reference row (entropy, reconstruction scorer, shared budget, pages of 16) at each
+#: budget, against each rival family; the names the lessons give them.
+MEMORY_OURS = "entropy reconstruct/global {pct}%"
+RIVAL_NAMES = {"kvzip": "KVzip", "chunkkv": "ChunkKV",
+               "entropy reconstruct/global (pages of 1)": "pages of 1"}  # fmt: skip
+#: The layouts, each with the cache that holds memory so (experiments/ruler_memory.py).
+LAYOUT_NAMES = {
+    "gathered": "gathered (a cache that compacts what it keeps: this app's decode pool, KVzip's)",
+    "in_place": "in place (a paged cache that frees whole pages and never moves a token)",
+    "uniform": "uniform (every KV head of a layer gets the fullest one's pages)",
+}
+
+
+def read_memory_summary() -> dict:
+    return json.loads(RULER_MEMORY.read_text())
+
+
+def said(c: dict | None, rival: str, ours: str = "ours") -> str:
+    """One comparison at equal memory in words (`c`: an entry of the summary's `leads`):
+    who leads and by how much, with the lead's 95 % interval, or a tie."""
+    if c is None:
+        return "not measured"
+    if c["leader"] == "tie":
+        return f"a tie ({rival} {c['diff']:+.2f}, interval {c['low']:+.2f} to {c['high']:+.2f})"
+    if c["leader"] == "rival":
+        return f"{rival} leads by {c['diff']:.2f} ({c['low']:.2f} to {c['high']:.2f})"
+    return f"{ours} leads by {-c['diff']:.2f} ({-c['high']:.2f} to {-c['low']:.2f})"
+
+
+def _leads(summary: dict) -> dict:
+    return {(c["layout"], c["budget"], c["rival"]): c for c in summary["leads"]}
 
 
 def memory_numbers(summary: dict | None = None) -> dict:
-    """Lesson 8's figures of the comparison at equal physical memory (`RULER_MEMORY`):
-    `mem_model`, and for `MEMORY_OURS` against `MEMORY_PRESS` in each measure (`sum`:
-    pages summed over (layer, KV head); `max`: the fullest one's, everywhere) the
-    prompts compared (`mem_prompts_sum`), the press's and our scores on them
-    (`mem_press_sum`, `mem_ours_sum`, two decimals) and the prompts where no run of the
-    press fits (`mem_over_sum`); and our memory as a share of the full cache in each
-    (`mem_frac_sum`, %); and `MEMORY_CHUNK`'s score in each (`mem_chunk_sum`,
-    `mem_chunk_max`, two decimals, on the same prompts)."""
-    if summary is None:
-        summary = json.loads(RULER_MEMORY.read_text())
-    entry = next(e for e in summary["equal_memory"] if e["ours"] == MEMORY_OURS)
+    """Lesson 8's and the README's figures of the comparison at equal memory
+    (`RULER_MEMORY`): `mem_model`; `mem_gathered`, `mem_in_place` and `mem_uniform`,
+    KVzip against ours in that layout at 10 and 20 % in words (`said`); and
+    `mem_table`, a Markdown table (its own paragraph) of every layout and rival at both
+    budgets."""
+    summary = read_memory_summary() if summary is None else summary
+    leads = _leads(summary)
     out = {"mem_model": summary["block"][0]}
-    for m, short in (("pages_sum", "sum"), ("pages_max", "max")):
-        got = entry["presses"][MEMORY_PRESS][m]
-        out |= {
-            f"mem_prompts_{short}": got["prompts"],
-            f"mem_over_{short}": got["over"],
-            f"mem_press_{short}": f"{got['press']:.2f}",
-            f"mem_ours_{short}": f"{got['ours']:.2f}",
-            f"mem_frac_{short}": round(100 * entry["memory"][m]),
-            f"mem_chunk_{short}": f"{entry['presses'][MEMORY_CHUNK][m]['press']:.2f}",
-        }
+    for layout in LAYOUT_NAMES:
+        at = [said(leads.get((layout, pct, "kvzip")), "KVzip") for pct in (10, 20)]
+        out[f"mem_{layout}"] = f"at 10 % of the tokens {at[0]}, at 20 % {at[1]}"
+    lines = ["| layout | rival | ours at 10 % | ours at 20 % |", "|---|---|---|---|"]
+    for layout, where in LAYOUT_NAMES.items():
+        for rival, name in RIVAL_NAMES.items():
+            cells = []
+            for pct in (10, 20):
+                c = leads.get((layout, pct, rival))
+                n = "" if c is None else f", {c['prompts']} prompts"
+                cells.append(said(c, name) + n)
+            lines.append(f"| {where} | {name} | " + " | ".join(cells) + " |")
+    return out | {"mem_table": "\n\n" + "\n".join(lines) + "\n\n"}
+
+
+def pages_numbers(summary: dict | None = None) -> dict:
+    """Lesson 2's figures: ours in pages of 16 against ours in pages of 1 at equal memory
+    on RULER (`RULER_MEMORY`), at 10 and 20 % in words (`said`), in the gathered and the
+    in-place layouts (`pg_gathered`, `pg_in_place`), and `pg_model`."""
+    summary = read_memory_summary() if summary is None else summary
+    leads = _leads(summary)
+    rival = "entropy reconstruct/global (pages of 1)"
+    out = {"pg_model": summary["block"][0]}
+    for layout in ("gathered", "in_place"):
+        at = [said(leads.get((layout, pct, rival)), "pages of 1", "pages of 16")
+              for pct in (10, 20)]  # fmt: skip
+        out[f"pg_{layout}"] = f"at 10 % of the tokens {at[0]}, at 20 % {at[1]}"
     return out
 
 
@@ -699,7 +756,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson(
         id="pages-vs-tokens",
         **WORDS["pages-vs-tokens"],
-        observation=answers(full=True, a=True, b=False),
+        observation=beside_ruler(answers(full=True, a=True, b=False)),
         views=("frame", "retention"),
         prompt=PROMPT,
         a=Side.of("entropy", budget=0.1, page_size=16),

@@ -140,12 +140,18 @@ CAPTIONS = {
     "press answered right, per budget and question position (the number on each bar; "
     "0 % is a bar of no height).",
     "ruler_memory": "Measured earlier on RULER by `experiments/ruler.py`, not live "
-    "(docs/ruler.md): each method's score against the physical memory its kept tokens "
-    "hold, as a fraction of the full cache, one point per budget. Left: the 16-token "
-    "pages summed over every (layer, KV head), what a cache paged per (layer, KV head) "
-    "holds (pagekv's decode pool). Right: the fullest (layer, KV head)'s pages in every "
-    "one, what a cache giving each the same pages holds. **Look for** the line highest at "
-    "a given memory, and how far a line moves from the left panel to the right.",
+    "(docs/ruler.md): each method's score against the memory its kept tokens hold, as a "
+    "share of the full cache, one point per budget, in three cache layouts. Gathered: each "
+    "(layer, KV head)'s kept tokens rounded up to 16-token pages (a cache that compacts, "
+    "as this app's decode pool and KVzip's cache do). In place: the 16-token pages the "
+    "kept tokens touch (a paged cache that never moves a token). Uniform: the fullest "
+    "(layer, KV head)'s pages in every one. **Look for** the line highest at a given "
+    "memory, and how the lines trade places from one layout to the next.",
+    "ruler_pages": "Measured earlier on RULER by `experiments/ruler.py`, not live "
+    "(docs/ruler.md): our entropy rows scored by the reconstruction pass in pages of 16, 4 "
+    "and 1, score against memory in the gathered layout (what this app's decode pool "
+    "holds) and in place (a paged cache that never moves a token). **Look for** which "
+    "page size is highest at the same memory in each panel: one prompt above, many here.",
     "mechanism": "Edit a constructed group of heads. **Look for** the retrieval head's weight "
     "w*: when w* s* beats the distractor page, entropy pooling keeps the needle while mean "
     "pooling (1/r) may not. This is a construction, shown beside the live model's results.",

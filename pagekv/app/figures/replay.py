@@ -178,16 +178,17 @@ _FAMILY_COLOURS = (BLUE, VERMILLION, GREEN, PURPLE, ORANGE, SKY, BLACK, "#999999
 
 
 #: What each memory measure's panel is titled after its name (short: two fit at 800 px).
-_MEASURE_NAMES = {"pages_sum": "paged per (layer, KV head)", "pages_max": "same pages in each"}
+_MEASURE_NAMES = {"gathered": "compacted", "in_place": "pages freed in place",
+                  "uniform": "same pages in each"}  # fmt: skip
 #: A title's line, at most (the figure is about 700 px wide at 800 px).
 TITLE_CHARS = 64
 
 
 def memory_curves(curves: dict, title: str):
     """RULER score against physical memory (a fraction of the full cache), a line per
-    method family, a panel per measure: `curves` is `{measure: {family: [[memory,
+    method family, a panel per cache layout: `curves` is `{layout: {family: [[memory,
     score, method], ...]}}`, as experiments/ruler.py writes it to
-    docs/ruler_memory.json. The same family keeps one colour in both panels."""
+    docs/ruler_memory.json. The same family keeps one colour in every panel."""
     go = _go()
     from plotly.subplots import make_subplots
 
