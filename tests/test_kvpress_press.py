@@ -683,10 +683,10 @@ OPT_IN = pytest.mark.skipif(
 
 #: (prompt spec fields, [(policy, budget, page_size)]) checked for parity.
 PARITY_PROMPTS = (
-    {"context_tokens": 500, "depth": 0.25, "seed": 0},
-    {"context_tokens": 500, "depth": 0.5, "seed": 1},
-    {"context_tokens": 800, "depth": 0.75, "seed": 2},
-    {"context_tokens": 600, "depth": 0.1, "seed": 3},
+    {"context": 500, "depth": 0.25, "seed": 0},
+    {"context": 500, "depth": 0.5, "seed": 1},
+    {"context": 800, "depth": 0.75, "seed": 2},
+    {"context": 600, "depth": 0.1, "seed": 3},
 )
 PARITY_CONFIGS = (
     ("entropy", 0.2, 16),

@@ -182,6 +182,37 @@ def test_the_triton_path_gives_the_torch_scores(eager, chunk, n):
     assert not torch.allclose(got["max"], got["mean"], atol=1e-3)
 
 
+@pytest.mark.parametrize("order", ["sdpa, as kvpress wraps it", "eager"])
+def test_either_order_of_the_sixth_argument_gives_the_same_scores(eager, order, monkeypatch):
+    """kvpress's attention wrapper calls the attention function as `func(module, q, k, v,
+    mask, dropout, **kwargs)` (`scaling` by keyword), transformers' eager function takes
+    `scaling` sixth: the pass's scores are the same either way. The model's scaling is
+    doubled here, so a scaling lost or taken from the dropout would change them."""
+    runner = Runner(eager)
+    ctx, instr = prompt(30, seed=5), prompt(4, seed=6)
+    pre = runner.prefill(ctx, window_max=8)
+    inner = reconstruct._scored_attention
+    scale = 2.0 / eager.config.head_dim**0.5
+
+    def plain(module, query, key, value, attention_mask=None, **kw):
+        return inner(module, query, key, value, attention_mask, scaling=scale)
+
+    def wrapped(module, query, key, value, attention_mask=None, **kw):
+        if order == "eager":
+            return inner(module, query, key, value, attention_mask, scale, 0.0)
+        return inner(module, query, key, value, attention_mask, 0.0, scaling=scale)
+
+    got = {}
+    for name, fn in (("plain", plain), (order, wrapped)):
+        monkeypatch.setitem(AttentionInterface._global_mapping, reconstruct.SCORED_ATTENTION, fn)
+        got[name] = reconstruction_scores(eager, _copy(pre.cache), ctx, instr, chunk=8)
+    for agg in ("max", "mean", "focus_mass"):
+        torch.testing.assert_close(got[order][agg], got["plain"][agg], msg=agg)
+    monkeypatch.undo()
+    own = reconstruction_scores(eager, _copy(pre.cache), ctx, instr, chunk=8)
+    assert not torch.allclose(own["max"], got["plain"]["max"])  # the doubled scale counts
+
+
 def test_the_backend_is_checked_before_the_pass(eager):
     runner = Runner(eager)
     ctx = prompt(12, seed=1)

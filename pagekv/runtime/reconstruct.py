@@ -106,8 +106,15 @@ def padded(n_keys: int) -> int:
     return -(-n_keys // ALIGN) * ALIGN
 
 
-def _scored_attention(module, query, key, value, attention_mask=None, scaling=None, **kwargs):
+def _scored_attention(module, query, key, value, attention_mask=None, *sixth, **kwargs):
     """One layer's attention for one reconstruction chunk, its rows scored on the way.
+
+    Its sixth argument comes in either of two orders that callers use: `scaling` in
+    transformers' eager order (`module, query, key, value, attention_mask, scaling,
+    dropout`), `dropout` in its SDPA order, as kvpress's attention wrapper passes it
+    (`func(module, query, key, value, attention_mask, dropout, **kwargs)`, `scaling` by
+    keyword). A `scaling` keyword wins, and a sixth value beside it is the dropout
+    (inference: none); a sixth value alone is the scaling; neither: the module's own.
 
     `query` `[1, H, c, d]` after RoPE; `key`, `value` `[1, G, N, d]`, the cache with the
     chunk's own keys appended, so query `i` sits at key index `N - c + i` and sees the
@@ -123,6 +130,7 @@ def _scored_attention(module, query, key, value, attention_mask=None, scaling=No
     """
     index, state = module._pagekv_pass
     n = state.n
+    scaling = kwargs.pop("scaling") if "scaling" in kwargs else (sixth[0] if sixth else None)
     scale = attention_scale(module) if scaling is None else float(scaling)
     c = int(query.shape[2])
     if state.used == "triton":
