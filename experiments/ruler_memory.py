@@ -221,7 +221,10 @@ def compare(rows: list[dict], rival: str, ours: str, layout: str) -> dict | None
     left-out prompts. None where no prompt matched."""
     got, unmatched = match(rows, rival, ours, layout)
     if not got:
-        return None
+        if not unmatched:
+            return None
+        return {"rival": rival, "ours": ours, "layout": layout, "leader": "none",
+                "prompts": 0, "unmatched": unmatched}  # fmt: skip
     diff, lo, hi = bootstrap([(r["task"], r["score"] - r["ours_score"]) for r in got])
     ratios = [r["ratio"] for r in got]
     leader = "tie" if lo <= 0 <= hi else "rival" if diff > 0 else "ours"
@@ -237,6 +240,8 @@ def compare(rows: list[dict], rival: str, ours: str, layout: str) -> dict | None
 def verdict(c: dict, rival: str, ours: str) -> str:
     """Who leads in `c` (`compare`), in words, with the lead's 95 % interval: a lead
     needs an interval clear of 0, else it is a tie."""
+    if c["leader"] == "none":
+        return f"no {rival} run within {TOLERANCE:.0%} of ours' memory ({c['unmatched']} prompts)"
     if c["leader"] == "tie":
         return f"a tie ({rival} {c['diff']:+.2f}, {c['low']:+.2f} to {c['high']:+.2f})"
     if c["leader"] == "rival":
@@ -285,7 +290,11 @@ def equal_memory_table(rows: list[dict], ours: list[str], rivals: list[str]) -> 
         mem = " / ".join(_pct(e["memory"][lay]) for lay in LAYOUTS)
         for rival, by_layout in e["rivals"].items():
             for lay, c in by_layout.items():
-                tie = ", tie" if c["low"] <= 0 <= c["high"] else ""
+                if c["leader"] == "none":
+                    none = f"- | no run within {TOLERANCE:.0%} | - | 0, {c['unmatched']} left out"
+                    lines.append(f"| {e['ours']} | {mem} | {rival} | {lay} | {none} |")
+                    continue
+                tie = ", tie" if c["leader"] == "tie" else ""
                 left = f", {c['unmatched']} left out" if c["unmatched"] else ""
                 lines.append(
                     f"| {e['ours']} | {mem} | {rival} | {lay} | {c['rival_score']:.2f} vs "

@@ -92,6 +92,10 @@ def test_a_rival_is_matched_to_ours_at_the_nearest_memory_within_ten_percent():
     assert (c["prompts"], c["unmatched"], c["ratio_mean"]) == (1, 1, 0.9)
     assert (c["rival_score"], c["ours_score"], c["diff"]) == (0.75, 0.5, 0.25)
     assert rm.compare(ours, "kv", "ours", "gathered") is None  # the rival never ran
+    none = rm.compare([ours[1], *rival[4:]], "kv", "ours", "gathered")
+    assert none == {"rival": "kv", "ours": "ours", "layout": "gathered", "leader": "none",
+                    "prompts": 0, "unmatched": 1}  # fmt: skip
+    assert rm.verdict(none, "kv", "ours") == "no kv run within 10% of ours' memory (1 prompts)"
 
 
 def test_the_bootstrap_resamples_prompts_within_each_task():

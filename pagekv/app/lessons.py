@@ -638,6 +638,8 @@ def said(c: dict | None, rival: str, ours: str = "ours") -> str:
     who leads and by how much, with the lead's 95 % interval, or a tie."""
     if c is None:
         return "not measured"
+    if c["leader"] == "none":
+        return f"no {rival} run within 10 % of ours' memory"
     if c["leader"] == "tie":
         return f"a tie ({rival} {c['diff']:+.2f}, interval {c['low']:+.2f} to {c['high']:+.2f})"
     if c["leader"] == "rival":
