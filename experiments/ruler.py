@@ -1,5 +1,5 @@
 r"""RULER, built and scored by lm-evaluation-harness's own task code, under pagekv's
-eviction policies (issue 43).
+eviction policies.
 
     python experiments/ruler.py [--models bundled qwen-coder-0.5b] [--lengths 2048]
         [--samples 20] [--minutes 60] [--out docs/ruler.jsonl] [--table docs/ruler.md]
@@ -17,19 +17,30 @@ the seconds they took.
 
 `--ours agnostic` adds the question-agnostic rows (`agnostic_methods`: the reconstruction
 pass scores the prompt; one prefill and one reconstruction pass per prompt serve every
-row of ours). `--peers snapkv kvzip keydiff chunkkv` adds NVIDIA kvpress's presses
+row of ours). `--peers snapkv kvzip keydiff chunkkv none` adds NVIDIA kvpress's presses
 (`experiments.peer`: kvpress's own pipeline in its own environment, on the same token
-ids, one batch per task; `PEERS` their options) at `--peer-budgets` (default: ours, and
-`--peer-sweep` fractions of them), on the first `--peer-samples` documents. Every new
-answer row records the physical memory of its kept set in two measures
-(`experiments/ruler_memory.py`: `pages_sum`, `pages_max`), and the table matches, per
-prompt, each press's run with the most memory that is still at most ours.
+ids, one batch per task; `PEERS` their options; `none`, its pipeline without a press) at
+`--peer-budgets` (default: ours, and `--peer-sweep` fractions of them), on the first
+`--peer-samples` documents. Every answer row records the memory of its kept set
+(`experiments/ruler_memory.py`: the pages it takes in three cache layouts), and the
+table matches, per prompt and layout, each rival's run nearest ours in memory. A row
+answered before its `gathered` memory was recorded gets it when the command runs again
+over its prompt: ours from the plan re-made on the same prefill, a press's from the
+press run again for one token.
 
-The question-agnostic comparison at equal physical memory (issue 58)::
+The question-agnostic comparison at equal memory (the run that made docs/ruler.md's
+qwen-coder-0.5b block; `--samples 10` first gives every method the prompts the presses
+answered)::
 
     python experiments/ruler.py --models qwen-coder-0.5b --modes after --ours agnostic \
         --samples 20 --peers kvzip keydiff chunkkv --peer-samples 10 \
         --peer-budgets 0.01 0.02 0.05 0.1 0.2 --table docs/ruler.md \
+        --figure docs/ruler_memory.svg
+    # KVzip at two more budgets (its scores are computed once a prompt), and kvpress's
+    # pipeline without a press beside our full cache (one runtime against the other):
+    python experiments/ruler.py --models qwen-coder-0.5b --modes after --ours agnostic \
+        --samples 20 --peers kvzip none --peer-samples 10 \
+        --peer-budgets 0.01 0.02 0.03 0.05 0.07 0.1 0.2 --table docs/ruler.md \
         --figure docs/ruler_memory.svg
 
 Each prompt prints the seconds an answer of ours has taken so far.
@@ -71,7 +82,7 @@ from pagekv.integrations.lm_eval_model import (  # noqa: E402
     RULER_OFFLINE_TASKS as TASKS,
 )
 
-#: The methods compared (issue 43): the two poolings the app contrasts, and the per-head
+#: The methods compared: the two poolings the app contrasts, and the per-head
 #: selection whose union a group pays for.
 POOLINGS = ("mean", "entropy")
 PER_HEAD = "head_independent"
@@ -155,10 +166,12 @@ def prompts(task_names, tokenizer: str, length: int, samples: int):
 
 def peer_methods(peers, sweep=(), budgets=None) -> dict[str, tuple[str, float]]:
     """`{"snapkv 10%": ("snapkv", 0.1), ...}`: each press at each of `budgets`, or by
-    default at each of ours and each `sweep` fraction of it."""
+    default at each of ours and each `sweep` fraction of it; `"none"` (kvpress's
+    pipeline without a press: its full cache) at 100 % alone."""
     if not budgets:
         budgets = sorted({round(b * f, 4) for b in BUDGETS for f in (1.0, *sweep)})
-    return {f"{p} {100 * b:g}%": (p, b) for p in peers for b in sorted(budgets)}
+    return {f"{p} {100 * b:g}%": (p, b) for p in peers
+            for b in ([1.0] if p == "none" else sorted(budgets))}  # fmt: skip
 
 
 #: The presses `--peers` runs, and their options: SnapKV's window as ours; ChunkKV
@@ -170,6 +183,7 @@ PEERS = {
     "kvzip": dict(reuse_scores=True),
     "keydiff": {},
     "chunkkv": dict(press_kwargs={"scorer": "keydiff", "chunk_length": PAGE}),
+    "none": {},
 }
 
 
@@ -528,6 +542,21 @@ def scoring_cost(block: list[dict]) -> dict | None:
             "kvzip_s": sum(theirs.values()) / len(theirs)}  # fmt: skip
 
 
+def runtime_check(block: list[dict]) -> dict | None:
+    """Our full cache (float16 linear weights in the decode) against kvpress's pipeline
+    without a press (`none 100%`: its full cache, float32) on the prompts both answered:
+    how many answers are the same text, and both means of task means."""
+    theirs = {(r["task"], r["index"]): r for r in block if r["method"] == "none 100%"}
+    ours = {(r["task"], r["index"]): r for r in block if r["method"] == "full"}
+    both = sorted(set(theirs) & set(ours))
+    if not both:
+        return None
+    same = sum(theirs[k]["answer"].strip() == ours[k]["answer"].strip() for k in both)
+    return {"prompts": len(both), "same": same,
+            "ours": task_mean([ours[k] for k in both]),
+            "kvpress": task_mean([theirs[k] for k in both])}  # fmt: skip
+
+
 def table(rows: list[dict]) -> str:
     """Markdown: the summary at equal memory (`summary_lines`), then per model, length
     and question mode a row per method with each task's mean score (samples) and the
@@ -609,6 +638,12 @@ def _memory_section(block: list[dict], presses: list[str]) -> list[str]:
     ours += [REFERENCE.replace("global", "uniform").format(pct=p) for p in SUMMARY_BUDGETS]
     lines += ["Each press against our rows at equal memory:", ""]
     lines += equal_memory_table(block, ours, presses)
+    same = runtime_check(block)
+    if same:
+        lines += [f"One runtime: our full cache (float16 linear weights) and kvpress's pipeline "
+                  f"without a press (`none 100%`, float32) gave the same answer text on "
+                  f"{same['same']} of {same['prompts']} prompts, scoring {same['ours']:.2f} "
+                  f"and {same['kvpress']:.2f}.", ""]  # fmt: skip
     cost = scoring_cost(block)
     if cost:
         lines += [f"Scoring cost on the {cost['prompts']} prompts KVzip answered: our "

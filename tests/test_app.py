@@ -44,11 +44,12 @@ pytestmark = [
 
 #: SmolLM2-135M (the bundled model): 30 layers, 3 KV groups of 3 query heads.
 LAYERS, GROUPS, HEADS = 30, 3, 9
-#: status, answers, 10 plots (the first screen's chart last), files, the layer slider
-#: (its range follows the run's model), the lesson's observation, the two budget sliders
-#: (their lower limits follow the prompt), the stale-results note (every run clears it);
-#: the gr.State output stays server-side. app.RUN_VIEWS names them in order.
-N_OUT = 18
+#: status, answers, 10 plots (the first screen's chart last), the first screen's caption,
+#: files, the layer slider (its range follows the run's model), the lesson's observation,
+#: the two budget sliders (their lower limits follow the prompt), the stale-results note
+#: (every run clears it); the gr.State output stays server-side. app.RUN_VIEWS names them
+#: in order.
+N_OUT = 19
 PLOTS = [
     "frame",
     "retention",

@@ -44,6 +44,18 @@ def test_a_lesson_without_a_live_run_clears_the_last_runs_views(i):
         assert fig["data"] == [], name
         assert "runs no model" in fig["layout"]["annotations"][0]["text"], name
     assert "holds" in views["observation"], views["observation"]
+    # The first screen's caption belongs to this lesson, not to the chart of a live one.
+    assert "runs no model" in views["glance_caption"]
+    assert "Look for" not in views["glance_caption"]
+
+
+def test_a_run_s_views_give_the_first_screen_its_caption():
+    from pagekv.app.page_text import GLANCE_CAPTION
+
+    views = dict(zip(handlers.RUN_VIEWS, handlers._views(status="ran"), strict=True))
+    assert views["glance_caption"] == GLANCE_CAPTION
+    kept = dict(zip(handlers.RUN_VIEWS, handlers._updates(status="x"), strict=True))
+    assert kept["glance_caption"] == handlers.gr.update()  # a partial update leaves it
 
 
 def test_side_b_follows_a_when_a_lesson_differs_only_in_the_policy():

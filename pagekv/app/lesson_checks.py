@@ -121,6 +121,8 @@ def ruler_memory_figure(families=None, layouts=None, title: str | None = None):
         for lay, panel in summary["curves"].items()
         if layouts is None or lay in layouts
     }
+    if not any(curves.values()):
+        return placeholder("The committed RULER results hold none of these rows.")
     return figures.memory_curves(curves, f"{title or summary['title']} (measured, not live)")
 
 
