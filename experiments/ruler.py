@@ -656,8 +656,9 @@ def _memory_section(block: list[dict], presses: list[str]) -> list[str]:
 def memory_summary(rows: list[dict]) -> dict:
     """What the app's lessons 2 and 8 and the docs read of the comparison at equal
     memory (written beside the figure as JSON): the block whose rows of ours record
-    their memory, `title`, `prompts` (those every method there answered), `full` (the
-    full cache's score on them), on them each layout's `curves`
+    their memory, `title`, `prompts` (those that the full cache and every method there
+    that records memory answered), `full` (the full cache's score on them), on them each
+    layout's `curves`
     (`ruler_memory.curves`); `leads` (`leads`, on every prompt) and `equal_memory` of
     our question-agnostic rows against every rival family."""
     measured = memory_block(rows)
@@ -665,8 +666,9 @@ def memory_summary(rows: list[dict]) -> dict:
         raise SystemExit("ruler: no answers record their memory; run with --ours agnostic")
     key, block = measured
     asked: dict[str, set] = defaultdict(set)
-    for r in block:
-        asked[r["method"]].add((r["task"], r["index"]))
+    for r in block:  # the methods the figure draws: those that record memory, and full
+        if r.get("pages_sum") is not None or r["method"] == "full":
+            asked[r["method"]].add((r["task"], r["index"]))
     common = set.intersection(*asked.values())
     same = [r for r in block if (r["task"], r["index"]) in common]
     rivals = sorted({family_of(r["method"]) for r in block if r["method"] != "full"})

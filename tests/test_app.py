@@ -312,7 +312,7 @@ def test_run_exports_on_request(fresh_client, first_run, caplog):
     lines = [r.getMessage() for r in caplog.records if "views served from memory" in r.getMessage()]
     assert len(lines) == 1 and "mean budget 0.3 page 16" in lines[0], lines
     assert answer_rows(out[1]) == answer_rows(first_run[0][1])  # the answers of the first run
-    assert out[12] is None  # no files until asked
+    assert dict(zip(app.RUN_VIEWS, out, strict=False))["files"] is None  # none until asked
     n = prompt_tokens(out[0])
     paths = {Path(p).name: Path(p) for p in fresh_client.predict(api_name="/export")}
     assert set(paths) == {"pagekv_run.json", "pagekv_run.csv", "pagekv_figures.html"}

@@ -45,9 +45,8 @@ If each head keeps its own picks, the group stores their union, up to *r* times 
 1/*r*, **Page-EntroKV** by how *focused* it is (collision entropy without the
 attention-sink tokens), and both keep whole pages per (layer, group). **The live lessons
 back** pooling's budget (lesson 1, mean pooling as well) and sink isolation (3); whether
-whole pages beat single tokens depends on how the cache holds what it keeps (lesson 2),
-and the paper's claim that the entropy weighting keeps needles better than mean pooling
-is **not reproduced** here (lesson 6). Start with the lessons; free exploration is
+pages beat tokens depends on the cache (2); the paper's claim that entropy weighting keeps
+needles better than mean pooling is **not reproduced** (lesson 6). Start with the lessons; free exploration is
 in the left column (below the views on a narrow screen).
 """
 
