@@ -60,7 +60,7 @@ def memory_fields(pages, n_context: int, kept=None) -> dict:
             not recorded.
 
     >>> memory_fields([[2, 3], [1, 3]], 40, kept=[[17, 40], [3, 33]])
-    {'pages_sum': 9, 'pages_16': 3, 'cells': 4, 'context_pages': 3, 'gathered_pages': 8}
+    {'pages_sum': 9, 'pages_16': 3, 'cells': 4, 'context_pages': 3, 'gathered_pages': 9}
     """
     flat = _flat(pages)
     out = {

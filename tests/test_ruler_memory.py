@@ -218,3 +218,10 @@ def test_gathered_is_what_the_decode_pool_allocates(bundled_study):
             )
         assert fields["context_pages"] == 21 and fields["cells"] == pre.n_layers * pre.n_groups
     assert fields["gathered_pages"] == fields["pages_sum"] == 21 * fields["cells"]  # full
+
+
+def test_the_docstring_examples_hold():
+    import doctest
+
+    got = doctest.testmod(rm)
+    assert got.attempted > 0 and got.failed == 0
