@@ -322,13 +322,13 @@ def curves(rows: list[dict], layout: str) -> dict[str, list[tuple[float, float, 
 
 #: Line colours of the figure, in order of the families (a colour-blind-safe set).
 COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
-           "#999999", "#8C564B", "#1F77B4")  # fmt: skip
+           "#999999", "#8C564B", "#882255")  # fmt: skip
 
 
 def figure_svg(panels: dict, title: str, full: float | None = None) -> str:
     """An SVG: score against memory as a fraction of the full cache, one line per method
-    family, a panel per layout (`panels`: `{layout: curves(rows, layout)}`); `full`, the
-    full cache's score, a point at 100 % in each panel."""
+    family (mean pooling's dashed), a panel per layout (`panels`: `{layout: curves(rows,
+    layout)}`); `full`, the full cache's score, a point at 100 % in each panel."""
     W, H, pad, gap = 300, 250, 48, 56
     panels = [panels[lay] for lay in LAYOUTS]
     families = sorted({f for p in panels for f in p})
@@ -359,7 +359,7 @@ def figure_svg(panels: dict, title: str, full: float | None = None) -> str:
         for family, points in panel.items():
             path = " ".join(f"{X(x):.1f},{Y(s):.1f}" for x, s, _ in points)
             out.append(f'<polyline points="{path}" fill="none" stroke="{colour[family]}" '
-                       'stroke-width="2"/>')  # fmt: skip
+                       f'stroke-width="2"{_dash(family)}/>')  # fmt: skip
             for x, s, method in points:
                 out.append(f'<circle cx="{X(x):.1f}" cy="{Y(s):.1f}" r="3" '
                            f'fill="{colour[family]}"><title>{_esc(method)}: {s:.2f} at '
@@ -374,11 +374,16 @@ def figure_svg(panels: dict, title: str, full: float | None = None) -> str:
         y = pad + H + 50 + 18 * j
         if kind == "line":
             out.append(f'<line x1="{pad}" x2="{pad + 24}" y1="{y - 4}" y2="{y - 4}" '
-                       f'stroke="{c}" stroke-width="3"/>')  # fmt: skip
+                       f'stroke="{c}" stroke-width="3"{_dash(name)}/>')  # fmt: skip
         else:
             out.append(f'<rect x="{pad + 8}" y="{y - 8}" width="8" height="8" fill="{c}"/>')
         out.append(f'<text x="{pad + 30}" y="{y}">{_esc(name)}</text>')
     return "\n".join([*out, "</svg>"]) + "\n"
+
+
+def _dash(family: str) -> str:
+    """Mean pooling's lines are dashed, so a family's pooling reads apart from its colour."""
+    return ' stroke-dasharray="6,3"' if family.startswith("mean ") else ""
 
 
 def _esc(text: str) -> str:

@@ -46,8 +46,8 @@ If each head keeps its own picks, the group stores their union, up to *r* times 
 attention-sink tokens), and both keep whole pages per (layer, group). **The live lessons
 back** pooling's budget (lesson 1, mean pooling as well) and sink isolation (3); whether
 pages beat tokens depends on the cache (2); the paper's claim that entropy weighting keeps
-needles better than mean pooling is **not reproduced** (lesson 6). Start with the lessons; free exploration is
-in the left column (below the views on a narrow screen).
+needles better than mean pooling is **not reproduced** (lesson 6). Start with the lessons;
+free exploration is in the left column (below the views on a narrow screen).
 """
 
 #: The chart beside the drawing: what it shows (under it, `app.py`).

@@ -174,7 +174,8 @@ def answer_bars(rows: Sequence[dict], title: str):
 
 #: `memory_curves`' colours, in order of the method families (Okabe-Ito).
 #: One colour a RULER method family, each dark enough to show on white.
-_FAMILY_COLOURS = (BLUE, VERMILLION, GREEN, PURPLE, ORANGE, SKY, BLACK, "#999999")
+_FAMILY_COLOURS = (BLUE, VERMILLION, GREEN, PURPLE, ORANGE, SKY, BLACK, "#999999", "#8C564B",
+                   "#882255")  # fmt: skip
 
 
 #: What each memory measure's panel is titled after its name (short: two fit at 800 px).
@@ -212,7 +213,11 @@ def memory_curves(curves: dict, title: str):
                     name=family,
                     legendgroup=family,
                     showlegend=col == 1,
-                    line=dict(color=_FAMILY_COLOURS[i % len(_FAMILY_COLOURS)], width=2),
+                    line=dict(
+                        color=_FAMILY_COLOURS[i % len(_FAMILY_COLOURS)],
+                        width=2,
+                        dash="dash" if family.startswith("mean ") else "solid",
+                    ),
                     hovertemplate="%{text}: %{y:.2f} at %{x:.0%}<extra></extra>",
                 ),
                 row=1,
