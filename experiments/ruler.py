@@ -455,6 +455,8 @@ crosses 0 is a tie.
 REFERENCE = "entropy reconstruct/global {pct}%"
 RIVALS = ("kvzip", "chunkkv", "entropy reconstruct/global (pages of 1)")
 SUMMARY_BUDGETS = (10, 20)
+RIVAL_LABELS = {"kvzip": "KVzip", "chunkkv": "ChunkKV",
+                "entropy reconstruct/global (pages of 1)": "ours in pages of 1"}  # fmt: skip
 
 
 def rows_with_memory(rows: list[dict]) -> list[dict]:
@@ -509,9 +511,14 @@ def summary_lines(block: list[dict]) -> list[str]:
             got = [c for c in leads(block) if c["layout"] == layout and c["budget"] == pct]
             if not got:
                 continue
-            parts = [f"against {c['rival']}: {c['says']}, {c['prompts']} prompts"
-                     + (f" ({c['unmatched']} with no run within 10 %)" if c["unmatched"] else "")
-                     for c in got]  # fmt: skip
+            parts = []
+            for c in got:
+                name = RIVAL_LABELS.get(c["rival"], c["rival"])
+                says = verdict(c, name, "ours")
+                if c["leader"] != "none":
+                    left = f" ({c['unmatched']} with no run within 10 %)" if c["unmatched"] else ""
+                    says += f", {c['prompts']} prompts{left}"
+                parts.append(f"against {name}: {says}")
             lines.append(f"- **{layout}, ours at {pct} %** (entropy, reconstruction scorer, "
                          f"shared budget, pages of 16): " + "; ".join(parts) + ".")  # fmt: skip
     return lines
