@@ -623,9 +623,9 @@ RIVAL_NAMES = {"kvzip": "KVzip", "chunkkv": "ChunkKV",
                "entropy reconstruct/global (pages of 1)": "pages of 1"}  # fmt: skip
 #: The layouts, each with the cache that holds memory so (experiments/ruler_memory.py).
 LAYOUT_NAMES = {
-    "gathered": "gathered (a cache that compacts what it keeps: this app's decode pool, KVzip's)",
-    "in_place": "in place (a paged cache that frees whole pages and never moves a token)",
-    "uniform": "uniform (every KV head of a layer gets the fullest one's pages)",
+    "gathered": "gathered (compacts what it keeps: this app's pool, KVzip's)",
+    "in_place": "in place (frees whole pages, never moves a token)",
+    "uniform": "uniform (each KV head of a layer gets the fullest one's pages)",
 }
 
 
@@ -669,7 +669,7 @@ def memory_numbers(summary: dict | None = None) -> dict:
             cells = []
             for pct in (10, 20):
                 c = leads.get((layout, pct, rival))
-                n = "" if c is None else f", {c['prompts']} prompts"
+                n = "" if c is None or c["leader"] == "none" else f", {c['prompts']} prompts"
                 cells.append(said(c, name) + n)
             lines.append(f"| {where} | {name} | " + " | ".join(cells) + " |")
     return out | {"mem_table": "\n\n" + "\n".join(lines) + "\n\n"}
