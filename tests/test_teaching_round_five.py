@@ -34,17 +34,17 @@ def test_a_budget_below_the_floor_keeps_the_floors_reason(got):
 
 
 def test_lesson_8_says_what_it_compares_at():
-    """Item 13: lesson 8 was titled "At the same memory as kvpress" while it compared at
-    the same token budget only (the replay's T4 and RULER's presses at equal kept
-    tokens). It says both now: equal tokens, and equal physical memory on RULER (issue
-    58), with the measure it counts memory in."""
-    from pagekv.app.lessons import get_lesson, lesson_text
+    """Lesson 8 says what each comparison holds equal: the replay's T4 at one token
+    budget, RULER at equal memory in each of three cache layouts (each named with the
+    cache that holds memory so), and a lead only where its interval clears 0."""
+    from pagekv.app.lessons import LAYOUT_NAMES, get_lesson, lesson_text
 
     lesson = get_lesson("kvpress-same-memory")
-    assert "same tokens" in lesson.title and "same memory on RULER" in lesson.title
-    assert "same token ids and budgets" in lesson.text
+    assert "equal memory" in lesson.title and "cache by cache" in lesson.title
     text = " ".join(lesson_text(lesson).split())
-    assert "16-token pages" in text and "paged per (layer, KV head)" in text
+    assert "at 20 % of a needle prompt" in text and "at equal memory in three cache" in text
+    assert all(name in text for name in LAYOUT_NAMES.values())
+    assert "A lead needs its 95 % interval clear of 0" in text
     assert "{" not in text  # every number filled in from the results
 
 
