@@ -505,10 +505,10 @@ def leads(block: list[dict]) -> list[dict]:
 def summary_lines(block: list[dict]) -> list[str]:
     """docs/ruler.md's opening: a line per layout and budget, who leads at equal memory
     and by how much, with the interval and the prompts behind it."""
-    lines = []
+    lines, compared = [], leads(block)  # every comparison once (each bootstraps)
     for layout in LAYOUTS:
         for pct in SUMMARY_BUDGETS:
-            got = [c for c in leads(block) if c["layout"] == layout and c["budget"] == pct]
+            got = [c for c in compared if c["layout"] == layout and c["budget"] == pct]
             if not got:
                 continue
             parts = []

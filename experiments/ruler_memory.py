@@ -239,14 +239,13 @@ def compare(rows: list[dict], rival: str, ours: str, layout: str) -> dict | None
 
 def verdict(c: dict, rival: str, ours: str) -> str:
     """Who leads in `c` (`compare`), in words, with the lead's 95 % interval: a lead
-    needs an interval clear of 0, else it is a tie."""
+    needs an interval clear of 0, else it is a tie. The lessons' words
+    (`pagekv.app.lessons.said`), and the prompts where no run matched."""
     if c["leader"] == "none":
         return f"no {rival} run within {TOLERANCE:.0%} of ours' memory ({c['unmatched']} prompts)"
-    if c["leader"] == "tie":
-        return f"a tie ({rival} {c['diff']:+.2f}, {c['low']:+.2f} to {c['high']:+.2f})"
-    if c["leader"] == "rival":
-        return f"{rival} leads by {c['diff']:.2f} ({c['low']:.2f} to {c['high']:.2f})"
-    return f"{ours} leads by {-c['diff']:.2f} ({-c['high']:.2f} to {-c['low']:.2f})"
+    from pagekv.app.lessons import said
+
+    return said(c, rival, ours)
 
 
 def equal_memory(rows: list[dict], ours: list[str], rivals: list[str]) -> list[dict]:
