@@ -10,7 +10,7 @@ Layout and wiring only: `build_demo()` lays out the page (a function per part:
 `pagekv.app.lesson_handlers` (`lessons_ui`: lessons, warm-up), with the texts of
 `pagekv.app.page_text` (`text`); inputs are checked in `pagekv.app.run_inputs`. The
 model's work runs on the model worker, which `main` gives this process's main thread
-(`pagekv.app.worker`; docs/design.md, "One model worker"). Once it serves, the app
+(`pagekv.engine.worker`; docs/design.md, "One model worker"). Once it serves, the app
 computes its live lessons (`--no-warm` skips this).
 """
 
@@ -41,7 +41,7 @@ from pagekv.app.run_inputs import (  # noqa: E402
     RUN_DEFAULTS,
 )
 from pagekv.app.share import share_js, shared_names  # noqa: E402
-from pagekv.app.worker import WORKER  # noqa: E402
+from pagekv.engine.worker import WORKER  # noqa: E402
 from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 
 #: Side B's own settings and the side A controls they show while linked.
@@ -462,7 +462,7 @@ def main(argv=None):
     demo = build_demo(default_model=ui.MODELS.default)
     demo.queue(default_concurrency_limit=1, max_size=128)  # a class: ~30 pages x a few events
     # The model worker runs on this (the main) thread, the first to compute with torch:
-    # its OpenMP workers stay hot (pagekv/app/worker.py). Load the default model here.
+    # its OpenMP workers stay hot (pagekv/engine/worker.py). Load the default model here.
     import torch
 
     torch.ones(1 << 17).add_(1).sum()  # this thread's OpenMP team comes first

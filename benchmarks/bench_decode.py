@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import POLICIES, EvictionConfig  # noqa: E402
-from pagekv.app.study import PromptSpec, Study  # noqa: E402
+from pagekv.engine.study import PromptSpec, Study  # noqa: E402
 from pagekv.runtime.compaction import compact_layer  # noqa: E402
 from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402

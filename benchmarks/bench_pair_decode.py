@@ -12,7 +12,7 @@ process, each the median of `--repeats`:
 and prints the pair as a ratio to `separate`, with whether the answers are the same
 tokens in both. With `--threads`, also `pair, other thread`: the same call made
 from a second thread (as a web server's handler would), which libgomp's throttled
-OpenMP workers slow down (see `pagekv.app.worker`). With `--mmap-threshold-mib N`,
+OpenMP workers slow down (see `pagekv.engine.worker`). With `--mmap-threshold-mib N`,
 glibc's allocator is first set as `pagekv.app.allocator.tame` sets it, with an N MiB
 threshold (the app's is `allocator.MMAP_THRESHOLD`).
 """
@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import EvictionConfig  # noqa: E402
-from pagekv.app.study import PromptSpec, Study  # noqa: E402
+from pagekv.engine.study import PromptSpec, Study  # noqa: E402
 
 
 def median_time(fn, repeats: int):

@@ -35,7 +35,6 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402
 from pagekv.app import handlers  # noqa: E402
-from pagekv.app.comparison import Decoding, preview_comparison
 from pagekv.app.run_figures import (
     SAME_AFTER_DECODING,  # noqa: E402
     comparison_figures,  # noqa: E402
@@ -44,7 +43,8 @@ from pagekv.app.run_inputs import (
     RunInputs,  # noqa: E402
     parse_run,  # noqa: E402
 )
-from pagekv.app.worker import WORKER  # noqa: E402
+from pagekv.engine.comparison import Decoding, preview_comparison
+from pagekv.engine.worker import WORKER  # noqa: E402
 from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 
 

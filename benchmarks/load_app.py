@@ -76,7 +76,7 @@ from benchmarks.bench_decode import cpu_facts  # noqa: E402  (the CPU beside eve
 from experiments.replay.tables import quantile  # noqa: E402
 from pagekv.app import handlers, lesson_handlers  # noqa: E402
 from pagekv.app.lessons import LESSONS  # noqa: E402
-from pagekv.app.study import MODES  # noqa: E402
+from pagekv.engine.study import MODES  # noqa: E402
 
 GB = 1e9
 POLL_S = 0.05  # how often a student's thread reads its job's status

@@ -48,7 +48,7 @@ def answers(tree: str, dtype: str) -> dict:
     from pagekv import EvictionConfig
 
     try:
-        from pagekv.app.study import PromptSpec, Study
+        from pagekv.engine.study import PromptSpec, Study
     except ModuleNotFoundError:  # a checkout from before the app's parts were pagekv/app
         from pagekv.serving.study import PromptSpec, Study
     from pagekv.runtime.models import load_model

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import EvictionConfig  # noqa: E402
-from pagekv.app.study import PromptSpec, Study  # noqa: E402
+from pagekv.engine.study import PromptSpec, Study  # noqa: E402
 from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
 from pagekv.tasks import load_tasks  # noqa: E402

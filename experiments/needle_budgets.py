@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import POLICIES, BudgetError, EvictionConfig  # noqa: E402
-from pagekv.app.answers import mean_retention  # noqa: E402
-from pagekv.app.study import PromptSpec, Study  # noqa: E402
+from pagekv.engine.study import PromptSpec, Study  # noqa: E402
+from pagekv.runtime.result import mean_retention  # noqa: E402
 
 
 def main(argv=None):

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import BudgetError, EvictionConfig  # noqa: E402
-from pagekv.app.study import PromptSpec, Study  # noqa: E402
+from pagekv.engine.study import PromptSpec, Study  # noqa: E402
 from pagekv.tasks.curated import task_names  # noqa: E402
 
 #: Seeds no earlier run of the project used (the replay's are 0-16).

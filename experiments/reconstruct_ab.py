@@ -75,7 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.physical_rows import add_result, equal_physical_rows, new_row, peer_runs  # noqa: E402
 from experiments.replay.grid import FULL  # noqa: E402
 from pagekv import EvictionConfig, plan  # noqa: E402
-from pagekv.app.study import PromptSpec, Study  # noqa: E402
+from pagekv.engine.study import PromptSpec, Study  # noqa: E402
 from pagekv.maths.adaptive import choose_page_size  # noqa: E402
 from pagekv.maths.paging import physical_tokens  # noqa: E402
 from pagekv.runtime.backend import pooler  # noqa: E402

@@ -24,7 +24,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pagekv.app.study import PromptSpec, Study  # noqa: E402
+from pagekv.engine.study import PromptSpec, Study  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -5,11 +5,13 @@ The library is in layers, one folder each (docs/design.md, "Layers"):
 - `pagekv.maths`: configuration, policies, profiles, entropy, pooling, pages, plan;
 - `pagekv.runtime`: models, capture, runner, eviction backends, compaction, result;
 - `pagekv.tasks`: prompts with a known answer;
-- `pagekv.integrations`: Page-EntroKV as a kvpress press and as an lm-eval model.
+- `pagekv.integrations`: Page-EntroKV as a kvpress press and as an lm-eval model;
+- `pagekv.engine`: the comparison engine (the model worker, `Study` and its memos,
+  `PromptSpec`, two `Side`s compared on one prompt), what `pagekv run` and the app use.
 
-Beside them, `pagekv.app` holds the app's own parts (the model worker, `Study`, the
-comparison, lessons, figures, the page's handlers): the library never imports it and the
-wheel does not hold it. The research harness is the checkout's `experiments/` folder.
+Beside them, `pagekv.app` holds what serves and draws the page (handlers, lessons,
+figures, sessions): the library never imports it and the wheel does not hold it. The
+research harness is the checkout's `experiments/` folder.
 
 The public core::
 
@@ -27,8 +29,14 @@ and real decoding (docs/research.md)::
     out = runner.evaluate(pre, cfg)  # out.answer, out.union_tokens, ...
 
 The maths names import torch only. The runtime names (`Runner`, `load_model`, ...) load
-on first use, so `import pagekv` does not import transformers; so do `Study`,
-`PromptSpec` and `Prompt`, the app's engine, which run from a checkout.
+on first use, so `import pagekv` does not import transformers; so do the engine's
+`Study`, `PromptSpec`, `Prompt`, `Side` and `compare`::
+
+    from pagekv import PromptSpec, Side, Study, compare
+    study = Study.load("bundled")
+    comp = compare(study, PromptSpec(context=2000), Side.of("mean", budget=0.1),
+                   Side.of("entropy", budget=0.1))
+    comp.records["A"].answer, comp.records["B"].correct
 
 The Triton kernels are `pagekv.kernels`. Installed, they are the folder
 `pagekv/kernels` (pyproject.toml maps the repository's top-level `kernels/` there); in
@@ -93,10 +101,12 @@ _LAZY = {
     "Prefill": "pagekv.runtime.prefill",
     "Runner": "pagekv.runtime.runner",
     "RunResult": "pagekv.runtime.result",
-    # The app's engine (`pagekv.app.study`): from a checkout, not in the wheel.
-    "Prompt": "pagekv.app.study",
-    "PromptSpec": "pagekv.app.study",
-    "Study": "pagekv.app.study",
+    # The comparison engine.
+    "Prompt": "pagekv.engine.study",
+    "PromptSpec": "pagekv.engine.study",
+    "Study": "pagekv.engine.study",
+    "Side": "pagekv.engine.comparison",
+    "compare": "pagekv.engine.comparison",
 }
 
 
@@ -104,15 +114,7 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'pagekv' has no attribute {name!r}")
-    try:
-        value = getattr(importlib.import_module(module), name)
-    except ModuleNotFoundError as e:
-        if not (e.name and module.startswith(e.name)):  # not the module's own absence
-            raise
-        raise ImportError(
-            f"pagekv.{name} is the app's ({module}), which runs from a checkout of the "
-            "repository: the installed library does not hold it"
-        ) from None
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value
 
@@ -140,10 +142,12 @@ __all__ = [
     "PromptSpec",
     "RunResult",
     "Runner",
+    "Side",
     "Study",
     "attention_profiles",
     "collision_entropy",
     "collision_mass",
+    "compare",
     "entropy_head_weights",
     "get_policy",
     "group_overlap",

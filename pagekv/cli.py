@@ -208,7 +208,7 @@ def _check_budget_floor(args) -> None:
 
 
 def _spec_from(args):
-    from pagekv.app.study import PromptSpec
+    from pagekv.engine.study import PromptSpec
     from pagekv.tasks import load_haystack_file, needle_depth
 
     haystack = None
@@ -245,7 +245,7 @@ def cmd_run(args) -> int:
     _check_task_and_model(args)  # likewise, in one line
     spec = _spec_from(args)
 
-    from pagekv.app.study import Study
+    from pagekv.engine.study import Study
     from pagekv.progress import Steps
     from pagekv.runtime.models import load_model
 
@@ -279,7 +279,7 @@ def cmd_run(args) -> int:
 def format_table(runs: list) -> str:
     """A readable table of runs (`RunResult`s) on one prompt (the cells of the app's
     answers table)."""
-    from pagekv.app.answers import run_cells
+    from pagekv.runtime.result import run_cells
 
     r0 = runs[0]
     t = r0.timings
@@ -351,7 +351,7 @@ def cmd_lessons(args) -> int:
         return 0
     study = None
     if any(x.kind == "live" for x in lessons):
-        from pagekv.app.study import Study
+        from pagekv.engine.study import Study
 
         study = Study.load(
             args.model, backend=args.backend, allow_fallback=False, decode_dtype=args.dtype

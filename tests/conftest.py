@@ -87,7 +87,7 @@ def device(request):
 def bundled_study():
     """One `Study` of the bundled model for the tests that only run it (memos shared);
     skipped where the model is missing, which under `CI=true` fails the run."""
-    from pagekv.app.study import Study
+    from pagekv.engine.study import Study
     from pagekv.runtime.models import ModelLoadError
 
     try:

@@ -111,7 +111,7 @@ def test_every_task_has_enough_new_tokens_and_modes(tokenizer):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, name, mode", TASK_CASES)
 def test_full_cache_answers_curated_task(study, kind, name, mode):
-    from pagekv.app.study import PromptSpec
+    from pagekv.engine.study import PromptSpec
 
     spec = PromptSpec(task=kind, curated=name, mode=mode)
     out, m = _full(study, spec)
@@ -122,7 +122,7 @@ def test_full_cache_answers_curated_task(study, kind, name, mode):
 def test_full_cache_is_mode_independent(study):
     """Question inside or after: the same tokens in, so the same answer out. On the
     last task of the set, whose "after" record the test above has just memoised."""
-    from pagekv.app.study import PromptSpec
+    from pagekv.engine.study import PromptSpec
 
     task = load_tasks()[-1]
     assert set(task.meta["modes"]) == set(QUESTION_POSITIONS), "pick a task meant for both"
@@ -138,7 +138,7 @@ def test_full_cache_is_mode_independent(study):
 @pytest.mark.parametrize("preset", PRESET_CASES)
 def test_full_cache_answers_preset(study, preset):
     """The preset's prompt as the app builds it (`app._spec`), with the full cache."""
-    from pagekv.app.study import PromptSpec
+    from pagekv.engine.study import PromptSpec
 
     kw = dict(
         task=preset["task"],

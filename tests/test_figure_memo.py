@@ -14,8 +14,8 @@ import torch
 
 from pagekv.app import run_figures as fm
 from pagekv.app.figures import eviction as fp
-from pagekv.app.memo import ByteLRU
 from pagekv.app.run_figures import comparison_figures
+from pagekv.engine.memo import ByteLRU
 from tests.test_figures_readable import random_plan
 from tests.test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
 
@@ -112,8 +112,8 @@ def test_no_module_of_the_app_holds_a_cache_of_its_own():
 def test_the_study_memos_count_drawn_views_at_their_own_size(tokenizer):  # noqa: F811
     """A dict of drawn views is counted at its `nbytes` (not by walking plotly objects);
     a plan or a result by `nbytes`; views never go to the lessons' kept part."""
-    from pagekv.app.study import _entry_bytes
-    from pagekv.app.worker import ModelWorker
+    from pagekv.engine.study import _entry_bytes
+    from pagekv.engine.worker import ModelWorker
 
     assert _entry_bytes({"figs": {}, "nbytes": 1234}) == 1234
     assert _entry_bytes(torch.zeros(8)) == 32

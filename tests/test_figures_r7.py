@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 
 from pagekv import EvictionConfig, PromptSpec
-from pagekv.app.comparison import preview_comparison
 from pagekv.app.run_figures import comparison_figures
-from pagekv.app.side import Side
-from pagekv.app.worker import ModelWorker
+from pagekv.engine.comparison import Side, preview_comparison
+from pagekv.engine.worker import ModelWorker
 
 from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
 

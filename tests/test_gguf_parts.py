@@ -168,6 +168,6 @@ def test_the_app_falls_back_and_says_what_to_run(monkeypatch, bundled_study):
 
 
 def _load(name):
-    from pagekv.app.study import Study
+    from pagekv.engine.study import Study
 
     return Study(load_model(name, device="cpu"))

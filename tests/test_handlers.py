@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from pagekv.app import handlers
-from pagekv.app.answers import ANSWER_HEADERS, run_cells
+from pagekv.app.answers import ANSWER_HEADERS
 from pagekv.app.run_inputs import InputError, RunInputs, parse_run
+from pagekv.runtime.result import run_cells
 
 from .app_server import answer_rows
 
@@ -126,7 +127,7 @@ def test_a_refused_model_is_one_sentence_and_the_next_run_is_unaffected(monkeypa
 
 
 def test_the_status_says_which_side_asks_inside():
-    from pagekv.app.comparison import mode_notes
+    from pagekv.engine.comparison import mode_notes
 
     assert mode_notes({"A": "after", "B": "after"}) == []
     (both,) = mode_notes({"A": "inside", "B": "inside"})

@@ -701,7 +701,7 @@ MAX_NEW = 16
 def parity_report(max_new_tokens: int = MAX_NEW) -> list[dict]:
     """Runner vs press on the bundled model, question-after mode: one row per (prompt,
     config) with the (layer, KV head)s whose kept pages agree and both answers."""
-    from pagekv.app.study import PromptSpec, Study
+    from pagekv.engine.study import PromptSpec, Study
 
     # The kvpress worker decodes in float32: so does the runner here (its default on the
     # CPU, float16 linear weights, can pick another greedy token on a near tie).

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: The folders of `pagekv/`, bottom up (docs/design.md, "Layers"): the library's layers,
 #: then the app's own part.
-LAYERS = ("maths", "runtime", "tasks", "integrations", "app")
+LAYERS = ("maths", "runtime", "tasks", "integrations", "engine", "app")
 _EVERY_LAYER = {f"pagekv.{name}" for name in LAYERS} | {"pagekv.paths"}
 #: The `pagekv` modules each layer folder (or top-level module) may import, module level
 #: or lazily (a name allows its submodules). A folder or top-level module missing here
@@ -33,6 +33,9 @@ ALLOWED = {
     "tasks": {"pagekv.paths", "pagekv.tasks"},
     # The kvpress press and the lm-eval model: the library's, never the app's parts.
     "integrations": {"pagekv.maths", "pagekv.runtime", "pagekv.integrations"},
+    # The comparison engine (the worker, its memos, `Study`, the comparison): the library
+    # below it and nothing a person sees (figures, lessons, the page's handlers).
+    "engine": {"pagekv.maths", "pagekv.runtime", "pagekv.tasks", "pagekv.paths", "pagekv.engine"},
     "app": _EVERY_LAYER - {"pagekv.integrations"},
     "paths.py": set(),
     "progress.py": set(),
@@ -47,27 +50,23 @@ FORBIDDEN = {
     "runtime": {"gradio", "plotly"},
     "tasks": {"gradio", "plotly"},
     "integrations": {"gradio", "plotly"},
+    "engine": {"gradio", "plotly"},
 }
 #: The research harness (experiments/, outside the wheel): only the command line's
 #: `replay` reaches it, lazily, from a checkout.
 HARNESS = "experiments"
 HARNESS_USERS = {"cli.py"}
-#: The app's engine (`pagekv/app/`): the worker, its memos and `Study`, the comparison.
-#: It imports only the library, itself and `pagekv.paths`; never what a person sees
-#: (figures, lessons, the page's handlers), gradio or plotly.
-ENGINE = (
-    "allocator",
-    "comparison",
-    "memo",
-    "model_registry",
-    "sessions",
-    "side",
-    "study",
-    "worker",
-)
-ENGINE_ALLOWED = {"pagekv.maths", "pagekv.runtime", "pagekv.tasks", "pagekv.paths"} | {
-    f"pagekv.app.{m}" for m in ENGINE
-}
+#: The app's serving parts below its views: the model registry, the sessions and the
+#: allocator import only the library, the engine and `pagekv.paths`; never what a person
+#: sees (figures, lessons, the page's handlers), gradio or plotly.
+SERVING = ("allocator", "model_registry", "sessions")
+SERVING_ALLOWED = {
+    "pagekv.maths",
+    "pagekv.runtime",
+    "pagekv.tasks",
+    "pagekv.paths",
+    "pagekv.engine",
+} | {f"pagekv.app.{m}" for m in SERVING}
 #: Inside the app: where gradio and plotly may be imported (a path, or a folder
 #: ending in "/"). gradio belongs to the page's handlers only.
 VIEWS_ONLY = {
@@ -81,7 +80,7 @@ VIEWS_ONLY = {
 #: Third-party packages the maths may import at module level (besides the stdlib).
 MATHS_THIRD_PARTY = {"torch"}
 #: Modules (and packages) directly in `pagekv/` besides `__init__` and `__main__`.
-MAX_TOP_MODULES = 8
+MAX_TOP_MODULES = 9
 
 
 def _pyfiles(root: Path, folder: str = "pagekv") -> list[str]:
@@ -140,8 +139,8 @@ def _within(module: str, names) -> bool:
     return any(module == a or module.startswith(a + ".") for a in names)
 
 
-def _is_engine(rel: str) -> bool:
-    return rel in {f"pagekv/app/{m}.py" for m in ENGINE}
+def _is_serving(rel: str) -> bool:
+    return rel in {f"pagekv/app/{m}.py" for m in SERVING}
 
 
 def _layer_violations(root: Path, rel: str) -> list[str]:
@@ -156,8 +155,9 @@ def _layer_violations(root: Path, rel: str) -> list[str]:
             continue
         if mod != "pagekv" and not mod.startswith("pagekv."):
             continue
-        if _is_engine(rel) and not _within(mod, ENGINE_ALLOWED):
-            bad.append(f"{rel}:{line} imports {mod}{' (lazily)' if lazy else ''}, not the engine's")
+        if _is_serving(rel) and not _within(mod, SERVING_ALLOWED):
+            why = " (lazily)" if lazy else ""
+            bad.append(f"{rel}:{line} imports {mod}{why}, not the serving parts'")
             continue
         if _within(mod, ALLOWED[place]):
             continue
@@ -272,25 +272,25 @@ def test_layer_imports_stay_in_their_layer(place):
 @pytest.mark.parametrize(
     ("rel", "text"),
     [
-        ("pagekv/maths/x.py", "def f():\n    from pagekv.app.study import Study\n"),
+        ("pagekv/maths/x.py", "def f():\n    from pagekv.engine.study import Study\n"),
         ("pagekv/maths/plan.py", "def f():\n    from pagekv.runtime.backend import pooler\n"),
         ("pagekv/maths/x.py", "def f():\n    from pagekv.runtime.backend import compact_layers\n"),
         ("pagekv/maths/x.py", "def f():\n    from pagekv.kernels.score import score_layers\n"),
         ("pagekv/app/x.py", "import pagekv.kernels.compact\n"),
         ("pagekv/runtime/x.py", "from pagekv.app import worker\n"),
         ("pagekv/tasks/x.py", "from pagekv.maths.config import EvictionConfig\n"),
-        ("pagekv/app/worker.py", "import pagekv.app.figures\n"),
-        ("pagekv/app/study.py", "def f():\n    from pagekv.app.lessons import LESSONS\n"),
+        ("pagekv/engine/worker.py", "import pagekv.app.figures\n"),
+        ("pagekv/engine/study.py", "def f():\n    from pagekv.app.lessons import LESSONS\n"),
         ("pagekv/app/x.py", "def f():\n    import experiments.replay\n"),
         ("pagekv/integrations/x.py", "from pagekv.cli import main\n"),
-        ("pagekv/integrations/x.py", "def f():\n    from pagekv.app.study import Study\n"),
+        ("pagekv/integrations/x.py", "def f():\n    from pagekv.engine.study import Study\n"),
         ("pagekv/cli.py", "import experiments.replay\n"),
         ("pagekv/paths.py", "from pagekv.tasks import base\n"),
         ("pagekv/__init__.py", "from pagekv.runtime.runner import Runner\n"),
         ("pagekv/newlayer/x.py", "import torch\n"),
         (
             "pagekv/runtime/x.py",
-            "import importlib\ndef f():\n    importlib.import_module('pagekv.app.memo')\n",
+            "import importlib\ndef f():\n    importlib.import_module('pagekv.engine.memo')\n",
         ),
     ],
 )
@@ -321,7 +321,7 @@ def test_layer_frameworks(place):
         ("pagekv/runtime/x.py", "def f():\n    import plotly.graph_objects\n"),
         ("pagekv/app/x.py", "import gradio as gr\n"),
         ("pagekv/tasks/x.py", "from plotly import io\n"),
-        ("pagekv/app/comparison.py", "import gradio as gr\n"),
+        ("pagekv/engine/comparison.py", "import gradio as gr\n"),
         ("pagekv/app/lessons.py", "import plotly\n"),
     ],
 )

@@ -13,12 +13,12 @@ import torch
 from pagekv import EvictionConfig, plan
 from pagekv.app import handlers
 from pagekv.app.answers import ANSWER_HEADERS, answers_html
-from pagekv.app.comparison import answer_notes
 from pagekv.app.lesson_checks import LESSON_TITLES, check_lesson
 from pagekv.app.lesson_handlers import LESSON_CONTROLS, _lesson_run_args, pick_lesson
 from pagekv.app.lessons import LESSONS
 from pagekv.app.run_inputs import LIMITS, min_budget_pct
-from pagekv.app.study import PromptSpec
+from pagekv.engine.comparison import answer_notes
+from pagekv.engine.study import PromptSpec
 from pagekv.maths.paging import BudgetError
 
 from .app_server import answer_headers, answer_rows

@@ -1,4 +1,4 @@
-"""The byte-bounded memo (`pagekv.app.memo.ByteLRU`) and `Study`'s use of it.
+"""The byte-bounded memo (`pagekv.engine.memo.ByteLRU`) and `Study`'s use of it.
 
 - least recently used out first, by bytes; the cap is never exceeded; an item larger
   than the cap is not stored (and evicts nothing);
@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from pagekv import EvictionConfig
-from pagekv.app.memo import ByteLRU, nbytes
 from pagekv.app.model_registry import MAX_FAILURES, ModelRefused, ModelRegistry
-from pagekv.app.side import Side
-from pagekv.app.study import Prompt, PromptSpec, Study
+from pagekv.engine.comparison import Side
+from pagekv.engine.memo import ByteLRU, nbytes
+from pagekv.engine.study import Prompt, PromptSpec, Study
 from pagekv.runtime.models import LoadedModel, ModelLoadError
 from pagekv.tasks import Task
 from tests.test_runner import prompt, tiny_model
@@ -246,7 +246,7 @@ def _same(a, b) -> None:
 def test_repeated_run_is_served_from_the_memo(study, counted, caplog):
     prep = prepared(study)
     cfg = EvictionConfig(policy="entropy", budget=0.5, page_size=8, window=16)
-    caplog.set_level(logging.INFO, logger="pagekv.app.study")
+    caplog.set_level(logging.INFO, logger="pagekv.engine.study")
     t0 = time.perf_counter()
     first = study.run(prep, cfg, max_new_tokens=6)
     t_first = time.perf_counter() - t0
@@ -255,7 +255,7 @@ def test_repeated_run_is_served_from_the_memo(study, counted, caplog):
     t_again = time.perf_counter() - t0
     assert len(counted) == 1, "the repeat evaluated again"
     print(f"\ntiny model: computed {1000 * t_first:.1f} ms, from memory {1000 * t_again:.1f} ms")
-    lines = [r.getMessage() for r in caplog.records if r.name == "pagekv.app.study"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "pagekv.engine.study"]
     assert len(lines) == 2 and "computed in" in lines[0] and "served from memory" in lines[1]
     assert "entropy budget 0.5 page 8" in lines[0] and "torch backend on cpu" in lines[0]
     _same(first, again)
@@ -469,8 +469,8 @@ def test_concurrent_identical_pairs_decode_once_and_the_model_runs_one_at_a_time
 def test_a_detached_comparison_keeps_the_views_but_not_the_prefill(study):
     """What the app keeps after a run (a session's last run, the memo of finished views)
     must not pin the prefill's KV cache; every view and the export read the same."""
-    from pagekv.app.comparison import PrefillShape, compare, summary
     from pagekv.app.run_figures import comparison_figures
+    from pagekv.engine.comparison import PrefillShape, compare, summary
     from pagekv.runtime.prefill import Prefill
 
     prep = prepared(study, seed=7)

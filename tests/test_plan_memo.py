@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 
 from pagekv import EvictionConfig, PromptSpec
-from pagekv.app.comparison import compare, preview_comparison
-from pagekv.app.memo import ByteLRU
-from pagekv.app.side import Side
-from pagekv.app.worker import ModelWorker
+from pagekv.engine.comparison import Side, compare, preview_comparison
+from pagekv.engine.memo import ByteLRU
+from pagekv.engine.worker import ModelWorker
 
 from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
 

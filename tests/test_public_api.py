@@ -28,11 +28,11 @@ def _fresh(code: str) -> str:
 def test_import_pagekv_loads_the_runtime_only_when_a_runtime_name_is_used():
     code = (
         "import sys, pagekv\n"
-        "lazy = ('transformers', 'pagekv.app.study', 'pagekv.runtime.runner')\n"
+        "lazy = ('transformers', 'pagekv.engine.study', 'pagekv.runtime.runner')\n"
         "print([m in sys.modules for m in lazy])\n"
         "from pagekv import EvictionConfig, plan, Runner, Study, PromptSpec, load_model\n"
         "print([m in sys.modules for m in lazy[1:]])\n"
-        "import pagekv.app.study as s, pagekv.runtime.runner as r, pagekv.runtime.models as m\n"
+        "import pagekv.engine.study as s, pagekv.runtime.runner as r, pagekv.runtime.models as m\n"
         "print(Study is s.Study, Runner is r.Runner, load_model is m.load_model,"
         " PromptSpec is s.PromptSpec)\n"
     )

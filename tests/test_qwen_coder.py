@@ -14,12 +14,11 @@ import os
 
 import pytest
 
-from pagekv.app.comparison import preview_comparison
 from pagekv.app.lessons import get_lesson, run_lesson
 from pagekv.app.presets import check_preset, compare_preset, load_presets, preset_matches
 from pagekv.app.run_figures import comparison_figures
-from pagekv.app.side import Side
-from pagekv.app.study import PromptSpec, Study
+from pagekv.engine.comparison import Side, preview_comparison
+from pagekv.engine.study import PromptSpec, Study
 from pagekv.runtime.models import QWEN_CODER, ModelLoadError, bundled_cache_dir
 
 OPT_IN = "PAGEKV_TEST_QWEN"

@@ -13,7 +13,7 @@ from experiments.replay.grid import GRIDS
 from experiments.replay.jobs import PromptJob
 from experiments.replay.store import UnitStore
 from pagekv import PromptSpec
-from pagekv.app.worker import ModelWorker
+from pagekv.engine.worker import ModelWorker
 
 from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
 

@@ -12,8 +12,8 @@ from pagekv.app import handlers
 from pagekv.app.lessons import LESSONS
 from pagekv.app.presets import load_presets, preset_inputs
 from pagekv.app.run_inputs import RUN_DEFAULTS, RunInputs, parse_run
-from pagekv.app.side import Side
-from pagekv.app.study import PromptSpec
+from pagekv.engine.comparison import Side
+from pagekv.engine.study import PromptSpec
 
 
 def test_gradio_lists_the_run_inputs_by_name_with_their_defaults():

@@ -136,7 +136,7 @@ def test_a_model_not_installed_is_said_at_once_without_the_hub(qwen_missing, bun
     """Without hub models allowed, the missing install is known before any attempt (no
     'Loading' line, no hub retries) and the request gets the default model, which the
     model box then shows. With hub models allowed, the hub copy is tried."""
-    from pagekv.app.study import Study
+    from pagekv.engine.study import Study
 
     def factory(name):
         if name == "bundled":
@@ -164,7 +164,7 @@ def test_the_run_does_not_say_loading_for_a_model_that_cannot_load(
 ):
     """The app's run: no 'Loading the model' line for a model that is not installed; it
     runs on the default model, says why, and the model box goes back to it."""
-    from pagekv.app.study import Study
+    from pagekv.engine.study import Study
 
     def factory(name):  # as the app's: no hub copy without hub models
         if name == "bundled":
@@ -189,7 +189,7 @@ def test_the_readme_s_shortest_context_is_what_the_budgets_fit(bundled_study):
 
     from pagekv import EvictionConfig
     from pagekv.app.run_inputs import LIMITS, RunInputs, min_budget_pct
-    from pagekv.app.study import PromptSpec
+    from pagekv.engine.study import PromptSpec
 
     readme = (Path(__file__).resolve().parents[1] / "docs" / "app.md").read_text()
     cfg = EvictionConfig(page_size=16, n_sink=4, window=32)

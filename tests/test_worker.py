@@ -1,4 +1,4 @@
-"""`pagekv.app.worker`: jobs run one at a time on the thread that owns the worker,
+"""`pagekv.engine.worker`: jobs run one at a time on the thread that owns the worker,
 identical jobs once, a job's own sub-jobs inline, results and errors handed back."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pagekv.app.worker import Job, ModelWorker, WorkerTimeout
+from pagekv.engine.worker import Job, ModelWorker, WorkerTimeout
 
 
 def test_without_a_server_the_caller_runs_its_job():
@@ -159,7 +159,7 @@ def test_progress_at_poll_0_waits_between_checks_and_does_not_spin(monkeypatch):
     needs after each torch operation: the app's pair decode, polled at 0 s, crawled (a
     test ran past 5 minutes on idle cores). Each check now waits at least `MIN_POLL_S`,
     holding nothing (the negative control: the waits the old loop made were of 0 s)."""
-    from pagekv.app import worker as worker_mod
+    from pagekv.engine import worker as worker_mod
 
     w = ModelWorker()
     timeouts = []

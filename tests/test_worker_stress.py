@@ -18,9 +18,8 @@ import pytest
 import torch
 
 from pagekv import EvictionConfig, PromptSpec, Study
-from pagekv.app.comparison import Decoding, compare, preview_comparison
-from pagekv.app.side import Side
-from pagekv.app.worker import ModelWorker
+from pagekv.engine.comparison import Decoding, Side, compare, preview_comparison
+from pagekv.engine.worker import ModelWorker
 from pagekv.runtime import models
 from pagekv.runtime.models import LoadedModel
 
@@ -191,7 +190,7 @@ def test_the_apps_run_path_holds_its_session_turn_across_worker_waits(tokenizer,
 
     from pagekv.app import handlers
     from pagekv.app.model_registry import ModelRegistry
-    from pagekv.app.worker import WORKER
+    from pagekv.engine.worker import WORKER
 
     settings = [
         dict(policy_a=policy, budget_pct=pct)

@@ -1,4 +1,4 @@
-"""The model worker takes turns between owners (pagekv/app/worker.py, "Turns"): a
+"""The model worker takes turns between owners (pagekv/engine/worker.py, "Turns"): a
 job of one model waits for at most one job of each other model, and each owner's jobs
 keep their order. So a run on the slow qwen-coder-0.5b never holds up a run on the
 bundled model for more than the one job it is in; and a run on a model not loaded yet,
@@ -13,10 +13,9 @@ import pytest
 
 from pagekv import PromptSpec
 from pagekv.app import handlers
-from pagekv.app.comparison import compare
 from pagekv.app.model_registry import ModelRegistry
-from pagekv.app.side import Side
-from pagekv.app.worker import WORKER, ModelWorker
+from pagekv.engine.comparison import Side, compare
+from pagekv.engine.worker import WORKER, ModelWorker
 
 from .test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
 

@@ -25,7 +25,7 @@ from experiments.replay.jobs import PromptJob, build_jobs
 from experiments.replay.measure import cardinality_unit, decode_unit, profile_unit
 from experiments.replay.peer import WANTED, PeerAdapter
 from experiments.replay.store import UnitStore, unit_key
-from pagekv.app.study import Study
+from pagekv.engine.study import Study
 from pagekv.paths import PRESETS_PATH
 from pagekv.tasks import task_names
 

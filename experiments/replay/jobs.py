@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from experiments.replay.grid import Grid
-from pagekv.app.study import PromptSpec
+from pagekv.engine.study import PromptSpec
 from pagekv.maths.config import EvictionConfig
 
 

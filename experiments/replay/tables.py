@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from experiments.replay.grid import Grid
 from experiments.replay.measure import PHYSICAL_PAGE
-from pagekv.app.study import PromptSpec
+from pagekv.engine.study import PromptSpec
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.policies import EVICTING_POOLED
 

@@ -1,8 +1,9 @@
 """The answers table: one builder for the app's table and the CLI's.
 
-`run_cells(result)` reads what a finished run shows (verdict, answer, stored tokens,
-needle kept, UOR, eviction time) from its `RunResult` (docs/schema.md); the app
-lays the cells out as a table row (`answers_table`), the CLI as text (`pagekv.cli`).
+`run_cells(result)` (`pagekv.runtime.result`) reads what a finished run shows
+(verdict, answer, stored tokens, needle kept, UOR, eviction time) from its `RunResult`
+(docs/schema.md); the app lays the cells out as a table row (`answers_table`), the CLI
+as text (`pagekv.cli`).
 While a run decodes, `pending_table` shows what planning alone knows.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import html
 
 from pagekv.app.figures import needle_page_counts
+from pagekv.runtime.result import run_cells
 
 #: The answers table's columns (the caption explains stored, needle and needle pages).
 ANSWER_HEADERS = [
@@ -33,31 +35,6 @@ ROWS = ("full", "A", "B")
 def ms(seconds) -> str:
     """Milliseconds, or "-" for a step that did not run (the full cache evicts nothing)."""
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
-
-
-def mean_retention(rec) -> float | None:
-    """The needle fraction a `RunResult` kept, averaged over (layer, group); None
-    without a needle."""
-    ret = rec.needle_retention
-    if not ret:
-        return None
-    vals = [v for row in ret for v in row]
-    return sum(vals) / len(vals)
-
-
-def run_cells(rec) -> dict:
-    """What a finished run shows: `verdict`, `answer`, `stored` (tokens stored per
-    (layer, group), the largest), `needle` (mean fraction kept, None without a needle),
-    `uor` (max), `evict_s` (None for the full cache), `decode_s`."""
-    return {
-        "verdict": "✓ right" if rec.correct else "✗ wrong",
-        "answer": rec.answer,
-        "stored": max(rec.kept_tokens, default=0),
-        "needle": mean_retention(rec),
-        "uor": float(rec.uor["max"]),
-        "evict_s": rec.timings["evict_s"],
-        "decode_s": rec.timings["decode_s"],
-    }
 
 
 def _labels(comp) -> dict:

@@ -4,7 +4,7 @@
 decoding on the model worker; figures in `pagekv.app.figures`). Bad input never
 raises out of a handler: it becomes a message on the page, and the next request works.
 Nothing here starts a thread or holds a lock while the model works: decoding is a job
-on the model worker (`pagekv.app.worker`), and a run streams its answers by
+on the model worker (`pagekv.engine.worker`), and a run streams its answers by
 waiting on that job (docs/design.md, "One model worker").
 
 The API's endpoints and their inputs: `/run` and `/budget` (`run_comparison`),
@@ -31,7 +31,6 @@ from gradio.components.plot import PlotData
 
 from pagekv.app import allocator
 from pagekv.app.answers import answers_html, answers_table, ms, pending_table
-from pagekv.app.comparison import METHOD_FIELDS, Decoding, differing, preview_comparison
 from pagekv.app.figures.style import is_figure
 from pagekv.app.lesson_checks import check_lesson, lesson_of, verdict_text
 from pagekv.app.lessons import lesson_prompts
@@ -61,8 +60,9 @@ from pagekv.app.run_inputs import (
     takes_run_inputs,
 )
 from pagekv.app.sessions import SessionGate
-from pagekv.app.study import settings_text
-from pagekv.app.worker import WORKER, keep_this_thread_light
+from pagekv.engine.comparison import METHOD_FIELDS, Decoding, differing, preview_comparison
+from pagekv.engine.study import settings_text
+from pagekv.engine.worker import WORKER, keep_this_thread_light
 from pagekv.maths.config import POLICIES
 from pagekv.runtime.models import KNOWN_MODELS
 from pagekv.tasks import default_max_new_tokens
@@ -148,7 +148,7 @@ def light(fn):
     """A handler that uses torch on Gradio's worker threads: each call (each step of a
     generator, which Gradio may run on different threads) first makes its thread
     single-threaded for torch while the main thread serves the model
-    (`pagekv.app.worker.keep_this_thread_light`)."""
+    (`pagekv.engine.worker.keep_this_thread_light`)."""
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-from pagekv.app.answers import mean_retention
-from pagekv.app.side import Side
-from pagekv.app.study import PromptSpec
+from pagekv.engine.comparison import Side
+from pagekv.engine.study import PromptSpec
 from pagekv.maths.metrics import isolation_gain, sink_advantage
 from pagekv.maths.policies import POOLING_POLICIES
 from pagekv.paths import ROOT
+from pagekv.runtime.result import mean_retention
 
 #: The replay run the lessons cite (docs/results.md reads it too).
 REPLAY_RESULTS = ROOT / "docs" / "results" / "full" / "results.json"
@@ -128,7 +128,7 @@ class Verdict:
 @dataclass(frozen=True)
 class Observation:
     """A machine-checkable statement: `check(ran) -> Verdict`, where `ran` is what the
-    lesson ran: a `pagekv.app.comparison.Comparison` (live lessons), a
+    lesson ran: a `pagekv.engine.comparison.Comparison` (live lessons), a
     `pagekv.maths.mechanism.MechanismView` (the constructed group) or the committed
     replay results (cited lessons)."""
 
@@ -887,7 +887,7 @@ def run_lesson(study, lesson: Lesson, max_new_tokens: int | None = None) -> Less
     """Run `lesson` (live on `study`'s model, or on the constructed group / the committed
     replay) and check its observation."""
     if lesson.kind == "live":
-        from pagekv.app.comparison import compare
+        from pagekv.engine.comparison import compare
 
         ran = compare(study, lesson.prompt, lesson.a, lesson.b, max_new_tokens=max_new_tokens)
     elif lesson.kind == "constructed":

@@ -15,7 +15,7 @@ must not unload what the others use, and a name that cannot load must change not
   allows hub models (``python app.py --allow-hub-models``); nothing is downloaded or
   opened for a refused name;
 - thread-safe: the registry's lock guards its dictionaries only (never held across a
-  call out); a model loads as a job on the model worker (`pagekv.app.worker`), so
+  call out); a model loads as a job on the model worker (`pagekv.engine.worker`), so
   requests for models already loaded never wait for it, and concurrent requests for
   one new model share one load;
 - bounded: at most ``MAX_FAILURES`` failures are remembered (the oldest go first).
@@ -37,7 +37,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from pagekv.app.worker import WORKER
+from pagekv.engine.worker import WORKER
 from pagekv.runtime.messages import one_line
 from pagekv.runtime.models import (
     BUNDLED,
@@ -68,7 +68,7 @@ def model_key(name: str | None) -> str:
 
 
 def _load_study(name: str, decode_dtype: str = "auto", hub_copy: bool = True):
-    from pagekv.app.study import Study
+    from pagekv.engine.study import Study
     from pagekv.runtime.models import load_model
 
     model = load_model(name, allow_fallback=False, hub_copy=hub_copy)

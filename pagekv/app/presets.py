@@ -32,8 +32,8 @@ from pathlib import Path
 from pagekv.app import lessons
 from pagekv.app.lessons import Observation, Verdict, kept_overlap
 from pagekv.app.run_inputs import RunInputs, parse_run
-from pagekv.app.side import Side
-from pagekv.app.study import PromptSpec
+from pagekv.engine.comparison import Side
+from pagekv.engine.study import PromptSpec
 from pagekv.paths import PRESETS_PATH  # noqa: E402
 
 #: Keys of a preset that the app's controls take.
@@ -386,7 +386,7 @@ def preset_matches(preset: dict, comp) -> bool:
 
 def compare_preset(study, preset: dict, max_new_tokens: int | None = None):
     """Run the preset's comparison on `study`'s model, as the app runs it."""
-    from pagekv.app.comparison import compare
+    from pagekv.engine.comparison import compare
 
     return compare(study, *preset_inputs(preset), max_new_tokens=max_new_tokens)
 

@@ -1,10 +1,10 @@
-"""The figures of a comparison (`pagekv.app.comparison`), and its export.
+"""The figures of a comparison (`pagekv.engine.comparison`), and its export.
 
     figs = comparison_figures(comp, layer=0)
     paths = export(comp, figs, folder)     # the numbers and every figure
 
 Drawing only: the comparison is planned and decoded below the views. What is drawn is
-kept in the study's memos (`pagekv.app.study`), each entry a dict with its `nbytes`:
+kept in the study's memos (`pagekv.engine.study`), each entry a dict with its `nbytes`:
 
 - **a finished run's views** (`view_key`, in `Study.results`): the detached comparison,
   its figures and its answers table (the run handler stores them);
@@ -36,10 +36,9 @@ import numpy as np
 import torch
 
 from pagekv.app import figures
-from pagekv.app.comparison import Comparison, export_data, side_labels
 from pagekv.app.figures.style import POLICY_COLOURS
-from pagekv.app.memo import ByteLRU, nbytes
-from pagekv.app.side import Side
+from pagekv.engine.comparison import Comparison, Side, export_data, side_labels
+from pagekv.engine.memo import ByteLRU, nbytes
 from pagekv.maths.metrics import sink_advantage
 
 #: Views that planning alone draws (a dragged slider updates these, without decoding).

@@ -14,7 +14,7 @@ The values are raw, as a control sends them (budgets in %).
 
 `parse_run` checks every value in plain words (`InputError` names the control and the
 range), so that a request with a wrong value becomes a message, never a traceback, and
-reads them back into the prompt and two `pagekv.app.side.Side`s (budgets as fractions):
+reads them back into the prompt and two `pagekv.engine.comparison.Side`s (budgets as fractions):
 
     spec, a, b, layer = parse_run(values)
 
@@ -33,9 +33,8 @@ import functools
 import inspect
 import math
 
-from pagekv.app.comparison import METHOD_FIELDS
-from pagekv.app.side import MODES, Side
-from pagekv.app.study import PROMPT_TASKS, WINDOW_MAX, PromptSpec
+from pagekv.engine.comparison import METHOD_FIELDS, MODES, Side
+from pagekv.engine.study import PROMPT_TASKS, WINDOW_MAX, PromptSpec
 from pagekv.maths.config import ALLOCATIONS, POLICIES, SCORERS, EvictionConfig
 from pagekv.maths.paging import min_feasible_budget
 from pagekv.tasks import needle_depth, task_names

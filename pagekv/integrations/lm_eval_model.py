@@ -61,7 +61,7 @@ __all__ = [
 #: SQuAD/HotpotQA).
 RULER_OFFLINE_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt",
                        "ruler_cwe", "ruler_fwe")  # fmt: skip
-#: The question modes (`pagekv.app.side.MODES`' names).
+#: The question modes (`pagekv.engine.study.MODES`' names).
 QUESTION_MODES = ("inside", "after")
 #: What lm-eval itself adds to the model arguments (`--batch_size`, `--device`, ...).
 HARNESS_ARGS = ("batch_size", "max_batch_size", "device")

@@ -1,7 +1,7 @@
 """One result schema: what a run (one eviction configuration on one prompt) produced.
 
 `RunResult` is filled by `pagekv.runtime.runner.Runner.evaluate` (the eviction and the
-answer) and completed by `pagekv.app.study.Study.run` (the task and its score). Its
+answer) and completed by `pagekv.engine.study.Study.run` (the task and its score). Its
 `to_dict()` is the JSON object of the CLI (`python -m pagekv run --json`), and the
 app's table, its export and the replay harness read the same keys. docs/schema.md
 lists every key (a test keeps the two in step).
@@ -98,3 +98,29 @@ def json_keys() -> list[str]:
     """Every key of `RunResult.to_dict()`, in order (docs/schema.md lists them)."""
     names = [f.name for f in fields(RunResult) if f.name not in RunResult.NOT_SERIALISED]
     return [*names, "kept_tokens"]
+
+
+def mean_retention(rec) -> float | None:
+    """The needle fraction a `RunResult` kept, averaged over (layer, group); None
+    without a needle."""
+    ret = rec.needle_retention
+    if not ret:
+        return None
+    vals = [v for row in ret for v in row]
+    return sum(vals) / len(vals)
+
+
+def run_cells(rec) -> dict:
+    """What a finished run shows, one row of the app's answers table and of the CLI's:
+    `verdict`, `answer`, `stored` (tokens stored per (layer, group), the largest),
+    `needle` (mean fraction kept, None without a needle), `uor` (max), `evict_s` (None
+    for the full cache), `decode_s`."""
+    return {
+        "verdict": "✓ right" if rec.correct else "✗ wrong",
+        "answer": rec.answer,
+        "stored": max(rec.kept_tokens, default=0),
+        "needle": mean_retention(rec),
+        "uor": float(rec.uor["max"]),
+        "evict_s": rec.timings["evict_s"],
+        "decode_s": rec.timings["decode_s"],
+    }

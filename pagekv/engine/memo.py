@@ -1,6 +1,6 @@
 """A memo bounded by bytes, least recently used out first, safe across threads.
 
-The app keeps two of them per model (`pagekv.app.study.Study`): prefilled prompts (their
+The app keeps two of them per model (`pagekv.engine.study.Study`): prefilled prompts (their
 KV cache dominates: 2 x L x G x n x d floats, about 92 MB for 2000 tokens of the
 bundled model in float32) and finished results (about 1 MB each at 2000 tokens, the
 plan's masks included). Counting entries would let one long prompt blow the memory a

@@ -11,7 +11,7 @@ while holding anything that job needs.** The code guarantees it by construction:
    while waiting; the worker's own lock is held for queue and dictionary operations
    only, never while a job runs.
 3. Jobs take no lock that a caller holds while waiting: the memos' locks guard a few
-   dictionary operations and are never held across a call out (`pagekv.app.memo`),
+   dictionary operations and are never held across a call out (`pagekv.engine.memo`),
    and nothing in `pagekv` holds a lock while it calls `run` or `wait`.
 
 So every queued job eventually runs, and every waiter eventually returns.
@@ -23,7 +23,7 @@ its own among them (caller-runs). A caller that waits with a timeout never runs 
 itself (a job cannot be stopped midway, so its timeout could not hold): if nobody owns
 the worker it starts a helper thread that owns it until the queue is empty.
 
-    from pagekv.app.worker import WORKER
+    from pagekv.engine.worker import WORKER
     out = WORKER.run(("prefill", spec), lambda: runner.prefill(ids))   # anywhere
     job = WORKER.submit(("pair", key), decode_pair)                    # do not wait yet
     while not WORKER.wait(job, 0.25): show(job.progress)               # stream

@@ -8,11 +8,11 @@ the app and the replay harness.
 
 `prepare` tokenizes and prefills once (memoised per spec); `run` only plans,
 compacts a copy of the cache and decodes (docs/design.md, "The data path"). Every
-computation is a job on the model worker (`pagekv.app.worker`; docs/design.md,
+computation is a job on the model worker (`pagekv.engine.worker`; docs/design.md,
 "One model worker").
 
 Three memos, each bounded by bytes with least-recently-used eviction
-(`pagekv.app.memo.ByteLRU`), so that a shared server stays bounded and a class running
+(`pagekv.engine.memo.ByteLRU`), so that a shared server stays bounded and a class running
 the same lesson costs one computation:
 
 - prefills (`Study.prefills`, keyed by `PromptSpec`): sized by the prefill's KV cache,
@@ -53,7 +53,7 @@ prompts left 2.24 GiB resident (peak 2.45 GiB, during an 8000-token prefill), he
 `Study(..., prefill_memo_bytes=0, result_memo_bytes=0, plan_memo_bytes=0)` turns all
 three off (benchmarks that time repeated runs).
 
-Every `run` logs one INFO line (logger `pagekv.app.study`) with its settings, the
+Every `run` logs one INFO line (logger `pagekv.engine.study`) with its settings, the
 backend and the timings, and whether it was computed or served from memory.
 """
 
@@ -68,9 +68,8 @@ from array import array
 from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field, replace
 
-from pagekv.app.memo import ByteLRU, nbytes
-from pagekv.app.side import MODES
-from pagekv.app.worker import WORKER, Job, ModelWorker
+from pagekv.engine.memo import ByteLRU, nbytes
+from pagekv.engine.worker import WORKER, Job, ModelWorker
 from pagekv.maths.config import EvictionConfig
 from pagekv.maths.plan import Plan
 from pagekv.runtime.models import LoadedModel, load_model
@@ -93,6 +92,8 @@ from pagekv.tasks import (
 log = logging.getLogger(__name__)
 
 PROMPT_TASKS = ("needle", "qa", "code", "custom")
+#: Where a prompt's question is: in the prompt, or asked after compression.
+MODES = ("inside", "after")
 #: Window queries captured at prefill: every config.window up to this reuses it.
 WINDOW_MAX = 128
 #: Default cap of the prefill memo: five 2000-token prompts of the bundled model.
@@ -166,7 +167,7 @@ class Prompt:
     needle_positions: list[int]
     prepare_s: float
     #: What planning alone derives from this prompt and reuses (e.g. the UOR curve of a
-    #: configuration, `pagekv.app.comparison.uor_rows`): small, kept with the prefill.
+    #: configuration, `pagekv.engine.comparison.uor_rows`): small, kept with the prefill.
     derived: dict = field(default_factory=dict, repr=False)
 
     @property

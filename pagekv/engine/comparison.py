@@ -21,8 +21,7 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 
-from pagekv.app.side import Side
-from pagekv.app.study import Prompt, PromptSpec, Study, served_copy
+from pagekv.engine.study import MODES, Prompt, PromptSpec, Study, served_copy
 from pagekv.maths.config import POLICIES, EvictionConfig
 from pagekv.maths.metrics import sink_advantage, summarize_sink_advantage
 from pagekv.maths.paging import BudgetError
@@ -31,6 +30,40 @@ from pagekv.maths.policies import get_policy
 
 #: Budgets of the UOR-across-budgets view.
 CURVE_BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison: what it keeps (an `EvictionConfig`) and where its
+    question sits ("inside" the prompt, or asked "after" compression: `MODES`).
+
+    The app, the lessons, the presets, share links and the API all describe a side with
+    this one type. The page's controls are its values at the page's edge
+    (`pagekv.app.run_inputs.RunInputs`: a budget in % there, a fraction here).
+
+        >>> a = Side.of("entropy", budget=0.1, mode="after")
+        >>> a.config.budget, a.mode
+        (0.1, 'after')
+        >>> a.replace(policy="mean").config.policy, a.replace(mode="inside").mode
+        ('mean', 'inside')
+    """
+
+    config: EvictionConfig = EvictionConfig()
+    mode: str = "inside"
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be 'inside' or 'after'; got {self.mode!r}")
+
+    @classmethod
+    def of(cls, policy: str, mode: str = "inside", **settings) -> Side:
+        """The side of policy `policy` with the `EvictionConfig` fields `settings`."""
+        return cls(EvictionConfig(policy=policy, **settings), mode)
+
+    def replace(self, mode: str | None = None, **settings) -> Side:
+        """A copy with its question position and any `EvictionConfig` fields changed."""
+        config = self.config.replace(**settings) if settings else self.config
+        return Side(config, self.mode if mode is None else mode)
 
 
 @dataclass
