@@ -1,6 +1,8 @@
 """Where the project's files are: the one place asset paths are written.
 
-`assets/` sits beside the `pagekv` package in the repository (and in a Space).
+`assets/` sits beside the `pagekv` package in the repository (and in a Space). The
+wheel holds the prompts' data of it (the haystack and the curated tasks) as
+`pagekv/assets`, which is read where it exists.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from pathlib import Path
 
 #: The repository root (the folder that holds `pagekv/`, `assets/`, `app.py`).
 ROOT = Path(__file__).resolve().parents[1]
-ASSETS_DIR = ROOT / "assets"
+_INSTALLED_ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS_DIR = _INSTALLED_ASSETS if _INSTALLED_ASSETS.is_dir() else ROOT / "assets"
 #: Presets measured by the replay (`python -m pagekv replay --update-presets`).
 PRESETS_PATH = ASSETS_DIR / "presets.json"
 #: The app's stylesheet.

@@ -69,7 +69,7 @@ def build_wheel(tmp_path: Path) -> Path:
     """The wheel of a copy of what the build reads (the checkout stays clean)."""
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("pagekv", "kernels"):
+    for name in ("pagekv", "kernels", "assets"):
         shutil.copytree(ROOT / name, src / name, ignore=ignore)
     for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
@@ -166,6 +166,9 @@ def test_the_wheel_holds_the_library_and_installs_outside_the_checkout(installed
                    "pagekv/integrations/lm_eval_model.py"):  # fmt: skip
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("kernels/", "tests/", "assets/"))]
+    # Of assets/, the prompts' data only (the haystack, the curated tasks).
+    packaged = {n.split("/")[2] for n in names if n.startswith("pagekv/assets/")}
+    assert packaged == {"haystack", "tasks"}, packaged
     assert not [n for n in names if n.endswith(("app.py", "conftest.py")) or "bench" in n]
     # The research harness (experiments/: the replay, the kvpress peer, the studies) and
     # the app's parts (pagekv/app) are not the library's.
@@ -178,8 +181,8 @@ def test_the_wheel_holds_the_library_and_installs_outside_the_checkout(installed
     assert got["top_level_kernels"] is False  # no name another package owns
     assert got["backend"] == "triton" and got["kept"] > 0
     # Installed, the commands that need the research harness (`replay`) or the app's
-    # parts (`lessons`, `run`'s Study) say in one line that they run from a checkout.
-    for command in (["replay", "--out", str(tmp_path / "replay")], ["lessons"], ["run"]):
+    # parts (`lessons`) say in one line that they run from a checkout.
+    for command in (["replay", "--out", str(tmp_path / "replay")], ["lessons"]):
         out = subprocess.run(
             [python, "-m", "pagekv", *command], cwd=tmp_path, capture_output=True, text=True,
             timeout=300, env=_clean_env(),
@@ -187,6 +190,36 @@ def test_the_wheel_holds_the_library_and_installs_outside_the_checkout(installed
         assert out.returncode == 2, out.stderr[-3000:]
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and f"{command[0]} runs from a checkout" in lines[0], lines
+
+
+ENGINE_PROBE = r"""
+import json
+from pagekv import PromptSpec, Study
+from pagekv.tasks import load_haystack
+print(json.dumps([Study.__module__, PromptSpec().task, len(load_haystack())]))
+"""
+
+
+def test_the_installed_engine_runs_a_comparison(installed, tmp_path):
+    """From the wheel, outside the checkout: `from pagekv import Study, PromptSpec`, the
+    haystack read from the wheel, and `pagekv run --budget 0.1` on the bundled model
+    prints the policy's verdict and answer."""
+    _, python, site = installed
+    out = subprocess.run(
+        [python, "-c", ENGINE_PROBE], cwd=tmp_path, capture_output=True, text=True,
+        timeout=300, env=_clean_env(),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    module, task, chars = json.loads(out.stdout.strip().splitlines()[-1])
+    assert module == "pagekv.engine.study" and task == "needle" and chars > 30_000
+    out = subprocess.run(
+        [python.parent / "pagekv", "run", "--budget", "0.1", "--max-new-tokens", "8"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**_clean_env(), "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    (row,) = [line for line in out.stdout.splitlines() if line.startswith("entropy ")]
+    assert row.split()[7] in ("yes", "no") and len(row.split()) > 8, out.stdout  # an answer
 
 
 @pytest.mark.slow
