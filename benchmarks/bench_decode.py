@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import POLICIES, EvictionConfig  # noqa: E402
 from pagekv.engine.study import PromptSpec, Study  # noqa: E402
-from pagekv.runtime.compaction import compact_layer  # noqa: E402
+from pagekv.runtime.backend import compact_layer  # noqa: E402
 from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
 from pagekv.runtime.prefill import forward  # noqa: E402 (one token's forward into a cache)

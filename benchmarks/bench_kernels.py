@@ -217,7 +217,7 @@ def _twin_score(q, keys, n_sink):
 
 def _twin_pool(prof, weights, G, P, n_sink, window):
     from pagekv.maths.paging import page_reduce, protected_pages
-    from pagekv.maths.pooling import weighted_pool
+    from pagekv.maths.policies import weighted_pool
 
     pooled = weighted_pool(prof, weights, G)
     n = prof.shape[-1]
@@ -234,7 +234,7 @@ def _kernel_compact(keys, values, idx):
 
 
 def _twin_compact(keys, values, idx):
-    from pagekv.runtime.compaction import compact_layer
+    from pagekv.runtime.backend import compact_layer
 
     pairs = [compact_layer(keys[i], values[i], idx[i]) for i in range(keys.shape[0])]
     return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])

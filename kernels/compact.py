@@ -1,6 +1,6 @@
 """The gather kernel: the kept K/V tokens of every layer, copied to where they live next.
 
-`gather_every_layer` (twin: `pagekv.runtime.compaction.gather_layer`, per layer): a
+`gather_every_layer` (twin: `pagekv.runtime.backend.gather_layer`, per layer): a
 model's cache is one tensor per layer, `[B, G, n, d]`, and per layer, per destination
 row `r` and group `g`, `counts[r][g]` sorted kept indices in `[0, n)` name the tokens
 to copy, to consecutive rows of a flat `[rows, d]` destination starting at
@@ -227,7 +227,7 @@ def compact_every_layer(
 
     Returns:
         Per layer `(keys [B, G, k_l, d], values [B, G, k_l, d])`, contiguous, equal to
-        `pagekv.runtime.compaction.compact_layer` of that layer.
+        `pagekv.runtime.backend.compact_layer` of that layer.
     """
     if not keys or keys[0].dim() != 4:
         raise ValueError("keys must be [B, G, n, d] per layer")

@@ -1,6 +1,6 @@
 """Pooling + page kernel: group scores, page scores and the protected-page mask.
 
-Torch twin: `pagekv.maths.pooling.weighted_pool` / `max_pool`, then
+Torch twin: `pagekv.maths.policies.weighted_pool` / `max_pool`, then
 `pagekv.maths.paging.page_reduce` and `protected_pages`. Selection stays in torch
 (`pagekv.maths.paging.select_pages`: a stable sort, ties to the lower page index).
 

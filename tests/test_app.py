@@ -33,8 +33,8 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 import app  # noqa: E402  (RUN_VIEWS: the names of the run outputs)
-from pagekv.app.answers import ANSWER_HEADERS  # noqa: E402
 from pagekv.app.handlers import MODELS  # noqa: E402
+from pagekv.app.run_figures import ANSWER_HEADERS  # noqa: E402
 
 #: gradio's own use of pandas (not ours) warns on every Dataframe output.
 pytestmark = [

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pagekv.runtime import backend as be
-from pagekv.runtime.compaction import compact_layer
+from pagekv.runtime.backend import compact_layer
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 #: (B, G, n, d, kept per layer)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from pagekv.app import handlers
-from pagekv.app.answers import ANSWER_HEADERS
+from pagekv.app.run_figures import ANSWER_HEADERS
 from pagekv.app.run_inputs import InputError, RunInputs, parse_run
 from pagekv.runtime.result import run_cells
 

@@ -36,10 +36,10 @@ from pagekv.maths.entropy import (
     sink_mass,
 )
 from pagekv.maths.paging import page_reduce, page_sizes, protected_pages, select_pages
-from pagekv.maths.pooling import max_pool, uniform_weights, weighted_pool
+from pagekv.maths.policies import max_pool, uniform_weights, weighted_pool
 from pagekv.maths.profiles import attention_profiles
 from pagekv.runtime import backend as be
-from pagekv.runtime.compaction import compact_layer
+from pagekv.runtime.backend import compact_layer
 
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = [

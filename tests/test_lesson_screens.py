@@ -12,10 +12,10 @@ import torch
 
 from pagekv import EvictionConfig, plan
 from pagekv.app import handlers
-from pagekv.app.answers import ANSWER_HEADERS, answers_html
 from pagekv.app.lesson_checks import LESSON_TITLES, check_lesson
 from pagekv.app.lesson_handlers import LESSON_CONTROLS, _lesson_run_args, pick_lesson
 from pagekv.app.lessons import LESSONS
+from pagekv.app.run_figures import ANSWER_HEADERS, answers_html
 from pagekv.app.run_inputs import LIMITS, min_budget_pct
 from pagekv.engine.comparison import answer_notes
 from pagekv.engine.study import PromptSpec

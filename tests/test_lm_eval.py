@@ -6,7 +6,7 @@ lm_eval_model`), on lm-eval's own RULER task code (issue 43).
   tokenizer: the context and the question join back into the prompt, the question
   ends with the task's answer prefix, and the context holds no part of it.
 - `simple_evaluate` on 2 samples of `niah_single_1` with the bundled model: the score
-  lm-eval reports equals the project's own scoring (`pagekv.tasks.scoring.contains`) of
+  lm-eval reports equals the project's own scoring (`pagekv.tasks.base.contains`) of
   the same answers, sample by sample.
 - Unknown model arguments, a bad question mode and `loglikelihood` are refused in one
   sentence; `python -m pagekv eval` fills in a bundled model's tokenizer.
@@ -35,7 +35,7 @@ from pagekv.integrations.lm_eval_model import (
 )
 from pagekv.integrations.lm_eval_model import PageKVLM, split_question
 from pagekv.runtime.models import bundled_cache_dir
-from pagekv.tasks.scoring import contains
+from pagekv.tasks.base import contains
 
 LENGTH = 1024
 

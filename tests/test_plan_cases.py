@@ -243,7 +243,7 @@ def test_a_policy_computes_its_own_head_weights(monkeypatch):
     masses (`ScoreInputs.masses`), which `plan` never computes a weighting from; the
     plan pools and reports exactly those weights."""
     import pagekv.maths.plan as plan_module
-    from pagekv.maths.policies.base import Policy
+    from pagekv.maths.policies import Policy
 
     def by_sink_mass(x):
         w = x.masses.sink.float() + 1e-3
@@ -253,7 +253,7 @@ def test_a_policy_computes_its_own_head_weights(monkeypatch):
         )
 
     policy = Policy(
-        name="sink_weighted", order=99, summary="test", weights=by_sink_mass,
+        name="sink_weighted", summary="test", weights=by_sink_mass,
         page_scores=lambda x: x.weighted_pages(by_sink_mass(x)),
     )  # fmt: skip
     monkeypatch.setattr(plan_module, "get_policy", lambda name: policy)

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pagekv.tasks.base as scoring_mod
 import pagekv.tasks.haystack as haystack_mod
-import pagekv.tasks.scoring as scoring_mod
 from pagekv.tasks import (
     BUILTIN_NEEDLES,
     CODEWORD_NEEDLES,

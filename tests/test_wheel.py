@@ -230,7 +230,7 @@ def test_lm_evals_own_command_line_runs_the_installed_pagekv_model(installed, tm
     prints lm-eval's table, and the score it reports is the project's own scoring
     (`contains`) of the answers it logged."""
     from pagekv.runtime.models import bundled_cache_dir
-    from pagekv.tasks.scoring import contains
+    from pagekv.tasks.base import contains
 
     _, python, site = installed
     *registry, where = _registry(python, tmp_path)

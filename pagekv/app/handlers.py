@@ -30,7 +30,6 @@ import gradio as gr
 from gradio.components.plot import PlotData
 
 from pagekv.app import allocator
-from pagekv.app.answers import answers_html, answers_table, ms, pending_table
 from pagekv.app.figures.style import is_figure
 from pagekv.app.lesson_checks import check_lesson, lesson_of, verdict_text
 from pagekv.app.lessons import lesson_prompts
@@ -40,8 +39,12 @@ from pagekv.app.presets import check_preset, load_presets, preset_matches, prese
 from pagekv.app.run_figures import (
     PREVIEW_VIEWS,
     SAME_AFTER_DECODING,
+    answers_html,
+    answers_table,
     comparison_figures,
     export,
+    ms,
+    pending_table,
     preview_views,
     view_key,
     view_size,
@@ -553,7 +556,9 @@ def _nothing_ran(text: str, lesson, **boxes):
 
 def _observation(lesson, comp, failed: bool = False, refused: bool = False):
     """The lesson's verdict on `comp` (`failed`: the run did not complete; `refused`:
-    nothing ran), or no change for an unknown lesson."""
+    nothing ran), or no change for a run with no lesson or an unknown one."""
+    if not lesson:
+        return gr.update()
     checked = check_lesson(lesson, comp, failed=failed, refused=refused)
     return gr.update() if checked is None else checked
 
@@ -652,7 +657,7 @@ def _working(what: str, lesson):
 def _checking(lesson):
     """While a run goes on: a live lesson's observation says it is being checked on
     this run (its verdict on screen was of the run before); no change otherwise."""
-    x = lesson_of(lesson)
+    x = lesson_of(lesson) if lesson else None
     if x is None or x.kind != "live":
         return gr.update()
     return "**Observation:** " + x.observation.statement + " - *checking on this run...*"

@@ -1,7 +1,13 @@
-"""The figures of a comparison (`pagekv.engine.comparison`), and its export.
+"""The views of a comparison (`pagekv.engine.comparison`): its figures, its answers
+table and its export.
 
     figs = comparison_figures(comp, layer=0)
+    rows = answers_table(comp)             # full, A and B: verdict, answer, stored, ...
     paths = export(comp, figs, folder)     # the numbers and every figure
+
+The answers table reads each run's cells with `pagekv.runtime.result.run_cells`, the
+cells the CLI's table prints too; while a run decodes, `pending_table` shows what
+planning alone knows.
 
 Drawing only: the comparison is planned and decoded below the views. What is drawn is
 kept in the study's memos (`pagekv.engine.study`), each entry a dict with its `nbytes`:
@@ -30,6 +36,7 @@ figure after it is drawn (none of our code does; Gradio only serialises it).
 from __future__ import annotations
 
 import hashlib
+import html
 import os
 
 import numpy as np
@@ -40,6 +47,7 @@ from pagekv.app.figures.style import POLICY_COLOURS
 from pagekv.engine.comparison import Comparison, Side, export_data, side_labels
 from pagekv.engine.memo import ByteLRU, nbytes
 from pagekv.maths.metrics import sink_advantage
+from pagekv.runtime.result import run_cells
 
 #: Views that planning alone draws (a dragged slider updates these, without decoding).
 PREVIEW_VIEWS = ("frame", "retention", "uor", "stored", "memory", "glance")
@@ -219,3 +227,98 @@ def figure_values(fig) -> int:
 
 def _count(v) -> int:
     return sum(_count(x) for x in v) if isinstance(v, (list, tuple)) else 1
+
+
+# ------------------------------------------------------------------ the answers table
+
+#: The answers table's columns (the caption explains stored, needle and needle pages).
+ANSWER_HEADERS = [
+    "run", "verdict", "answer", "stored max", "needle kept", "needle pages", "UOR max", "evict",
+]  # fmt: skip
+#: What each column holds, shown when the pointer rests on its header.
+HEADER_TITLES = {
+    "stored max": "tokens stored by the (layer, group) that stores the most",
+    "needle kept": "fraction of the needle's tokens kept, mean over every (layer, group)",
+    "needle pages": "(layer, group)s that keep every needle page, of all",
+    "UOR max": "union of the heads' picks / the tokens one head keeps, largest (layer, group)",
+    "evict": "time to plan and compact the cache",
+}
+#: Columns of numbers: never broken inside a figure.
+NUMERIC = {"stored max", "needle kept", "needle pages", "UOR max", "evict"}
+#: The rows of a comparison, in order.
+ROWS = ("full", "A", "B")
+
+
+def ms(seconds) -> str:
+    """Milliseconds, or "-" for a step that did not run (the full cache evicts nothing)."""
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+def _labels(comp) -> dict:
+    return {"full": "full cache", "A": comp.labels["A"], "B": comp.labels["B"]}
+
+
+def answers_html(rows: list[list]) -> str:
+    """The answers table as HTML: headers wrap between words only, figures never break,
+    the answer column takes the room that is left; every cell is escaped text (a
+    model's answer is shown, never rendered)."""
+
+    def cell(value, header: str) -> str:
+        text = html.escape(str(value), quote=False)
+        if header == "run":  # long policy names may break after an underscore
+            text = text.replace("_", "_<wbr>")
+        cls = "num" if header in NUMERIC else header.replace(" ", "-")
+        return f'<td class="{cls}">{text}</td>'
+
+    head = "".join(
+        f'<th title="{html.escape(HEADER_TITLES.get(h, h))}" '
+        f'class="{"num" if h in NUMERIC else ""}">{html.escape(h)}</th>'
+        for h in ANSWER_HEADERS
+    )
+    body = "".join(
+        "<tr>" + "".join(cell(v, h) for v, h in zip(row, ANSWER_HEADERS, strict=True)) + "</tr>"
+        for row in rows
+    )
+    return f'<table class="answers"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _needle_pages(comp, key) -> str:
+    needle = comp.needle_positions_of(key)
+    if not needle:
+        return "-"
+    kept, total = figures.needle_page_counts(comp.plan_of(key), needle)
+    return f"{kept} of {total}"
+
+
+def answers_table(comp) -> list[list]:
+    """The decoded comparison's rows (`ANSWER_HEADERS`)."""
+    rows = []
+    for key in ROWS:
+        c = run_cells(comp.records[key])
+        needle = "-" if c["needle"] is None else f"{c['needle']:.2f}"
+        rows.append(
+            [_labels(comp)[key], c["verdict"], c["answer"], c["stored"], needle,
+             _needle_pages(comp, key), f"{c['uor']:.2f}", ms(c["evict_s"])]
+        )  # fmt: skip
+    return rows
+
+
+def pending_table(comp, tokens=None, tokenizer=None) -> list[list]:
+    """The rows while decoding: the plan's numbers, the answers so far (`tokens`: A's
+    and B's token ids from a streaming pass, decoded with `tokenizer`) or to come."""
+    rows = []
+    for i, key in enumerate(ROWS):
+        p = comp.plan_of(key)
+        if key in comp.records:  # already decoded (the full cache comes first)
+            c = run_cells(comp.records[key])
+            verdict, answer = c["verdict"], c["answer"]
+        elif tokens is not None and key != "full":
+            verdict = "..."
+            answer = tokenizer.decode(tokens[i - 1], skip_special_tokens=True) + " ..."
+        else:
+            verdict, answer = "...", "decoding..."
+        rows.append(
+            [_labels(comp)[key], verdict, answer, int(p.union_tokens.max()), "-",
+             _needle_pages(comp, key), f"{float(p.uor.max()):.2f}", "-"]
+        )  # fmt: skip
+    return rows

@@ -318,7 +318,7 @@ def uor_rows(study: Study, prep: Prompt, base: EvictionConfig) -> list[dict]:
     """Head-independent UOR at `CURVE_BUDGETS` (plan only: no decoding), planned on the
     model worker with `base`'s scorer and geometry (per-head selection has no global
     allocation: always uniform). It does not depend on `base`'s budget or policy: kept
-    with the prefill (a dragged budget slider plans it once)."""
+    in the plan memo (`Study.derive`: a dragged budget slider plans it once)."""
     first = _head_independent(base, CURVE_BUDGETS[0])
     rows = study.derive(prep, ("uor_rows", first), lambda p: _uor_rows(study, p, base))
     return [dict(row) for row in rows]
@@ -327,13 +327,15 @@ def uor_rows(study: Study, prep: Prompt, base: EvictionConfig) -> list[dict]:
 def _plan_summary(study: Study, prep: Prompt, cfg: EvictionConfig) -> dict:
     """What the derived rows read of a plan (its UOR and stored tokens, `[L, G]` each),
     planned once per prompt and configuration: from the plan memo where a side planned
-    it (`Study.plan(..., keep=False)`), else planned and its summary kept with the prefill, so
-    that the curve and the memory rows share the configurations they both need."""
-    key = ("plan-summary", cfg)
-    if key not in prep.derived:
-        p = study.plan(prep, cfg, keep=False)
-        prep.derived[key] = {"uor": p.uor, "union_tokens": p.union_tokens}
-    return prep.derived[key]
+    it (`Study.plan(..., keep=False)`), else planned and its summary kept in the plan memo
+    (`Study.derive`), so that the curve and the memory rows share the configurations they
+    both need."""
+
+    def summary(p: Prompt) -> dict:
+        planned = study.plan(p, cfg, keep=False)
+        return {"uor": planned.uor, "union_tokens": planned.union_tokens}
+
+    return study.derive(prep, ("plan-summary", cfg), summary)
 
 
 def _head_independent(base: EvictionConfig, budget: float) -> EvictionConfig:

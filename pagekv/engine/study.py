@@ -66,7 +66,7 @@ import logging
 import time
 from array import array
 from collections.abc import Hashable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 from pagekv.engine.memo import ByteLRU, nbytes
 from pagekv.engine.worker import WORKER, Job, ModelWorker
@@ -166,9 +166,6 @@ class Prompt:
     prefill: Prefill
     needle_positions: list[int]
     prepare_s: float
-    #: What planning alone derives from this prompt and reuses (e.g. the UOR curve of a
-    #: configuration, `pagekv.engine.comparison.uor_rows`): small, kept with the prefill.
-    derived: dict = field(default_factory=dict, repr=False)
 
     @property
     def n(self) -> int:
@@ -403,18 +400,23 @@ class Study:
         return hit
 
     def derive(self, prep: Prompt, key: Hashable, fn):
-        """`fn(prep)` computed once per prompt on the worker and kept with the prefill
-        (`prep.derived[key]`), e.g. a UOR curve or the memory rows of a configuration.
-        `fn` may read the prefill's tensors; its value must not be mutated by callers."""
-        if key in prep.derived:
-            return prep.derived[key]
+        """`fn(prep)` computed once per prompt on the worker and kept in the plan memo
+        beside the prompt's plans, e.g. a UOR curve or the memory rows of a configuration
+        (without a plan memo, computed on each call). `fn` may read the prefill's
+        tensors; its value must not be mutated by callers."""
+        mkey = (_prompt_key(prep), ("derived", key))
+        hit = self.plans.get(mkey)
+        if hit is not None:
+            return hit[1]
 
         def job():
-            if key not in prep.derived:
-                prep.derived[key] = fn(prep)
-            return prep.derived[key]
+            found = self.plans.get(mkey)
+            if found is None:
+                found = ("derived", fn(prep))
+                self.plans.put(mkey, found)
+            return found[1]
 
-        return self.worker.run(("derive", self._tag, _prompt_key(prep), key), job, owner=self._tag)
+        return self.worker.run(("derive", self._tag, mkey), job, owner=self._tag)
 
     # ------------------------------------------------------------------ runs
 

@@ -2,7 +2,7 @@
 
 The whole selection is batched over layers, heads and pages; nothing loops over
 tokens. See docs/design.md ("The data path") and docs/method.md for the definitions. What a
-policy does is in its own file under `pagekv/maths/policies/`; this module applies the
+policy does is written in `pagekv/maths/policies.py`; this module applies the
 one selection rule (`pagekv.maths.paging.select_pages`) to whatever page scores the
 policy gives, so it has no branch per policy.
 """
@@ -27,8 +27,7 @@ from pagekv.maths.paging import (
     protected_pages,
     to_device,
 )
-from pagekv.maths.policies import ScoreInputs, get_policy
-from pagekv.maths.pooling import pooled_page_scores
+from pagekv.maths.policies import ScoreInputs, get_policy, pooled_page_scores
 from pagekv.maths.profiles import smooth_scores
 
 #: Rows of a profile must sum to 1 within this (float32 accumulation over 128k terms).
@@ -141,7 +140,7 @@ def plan(
         pool_pages: the pooling step, `(scores [L, H, n], weights [L, H] or None for
             max pooling, n_groups, page_size, n_sink, window, reduction) -> (page
             scores [L, G, n_pages], the backend that ran)`; None:
-            `pagekv.maths.pooling.pooled_page_scores` (torch). `pooler("auto")` from
+            `pagekv.maths.policies.pooled_page_scores` (torch). `pooler("auto")` from
             `pagekv.runtime.backend` runs the Triton kernel on CUDA.
 
     Returns:

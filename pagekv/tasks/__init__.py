@@ -14,8 +14,12 @@ from pagekv.tasks.base import (
     Task,
     TaskError,
     check_custom_prompt,
+    contains,
     default_max_new_tokens,
+    exact_match,
     needle_depth,
+    normalize,
+    score,
 )
 from pagekv.tasks.curated import curated_name, get_task, load_tasks, task_names
 from pagekv.tasks.haystack import load_haystack, load_haystack_file
@@ -27,7 +31,6 @@ from pagekv.tasks.needle import (
     make_multi_needle_task,
     make_needle_task,
 )
-from pagekv.tasks.scoring import contains, exact_match, normalize, score
 
 __all__ = [
     "check_custom_prompt",
