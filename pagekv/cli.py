@@ -26,8 +26,8 @@ from pagekv.maths.policies import get_policy
 from pagekv.runtime.decode import DECODE_DTYPES
 
 EXIT_USAGE = 2
-#: What the installed package does not hold: the app's parts (`run` and `lessons` use its
-#: `Study`) and the research harness (`replay`); those commands run from a checkout.
+#: What the installed package does not hold: the app's parts (`lessons`) and the research
+#: harness (`replay`); those commands run from a checkout.
 CHECKOUT_ONLY = ("pagekv.app", "experiments")
 DTYPE_HELP = (
     "the decode step's linear weights: auto (default: float16 on the CPU, the model's own "
