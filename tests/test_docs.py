@@ -4,7 +4,6 @@ written, the README stays short, and its findings are the committed results' num
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -13,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from pagekv.paths import REPLAY_RESULTS_PATH, RULER_RESULTS_PATH
 
 from .test_ruler_bench import _means as ruler_means
 
@@ -183,7 +184,7 @@ def test_every_python_block_runs_as_written(bundled_study):
 
 def memory_finding(m: dict) -> str:
     """The README's sentence on RULER at equal memory, from lesson 8's numbers
-    (`pagekv.app.lessons.memory_numbers`, read from docs/ruler_memory.json)."""
+    (`pagekv.app.lessons.memory_numbers`, read from `RULER_MEMORY_PATH`)."""
     return (
         f"On {m['mem_model']} (RULER, question after, which neither side sees), kvpress's "
         "KVzip against Page-EntroKV scored by the reconstruction pass (pages of 16, one "
@@ -200,7 +201,8 @@ def test_the_readme_s_findings_are_the_committed_results():
     from pagekv.app.lessons import ruler_numbers, search_numbers
 
     readme = " ".join(README.read_text().split())
-    uor = max(float(r["uor_max"]) for r in csv.DictReader(open(ROOT / "docs/results/T1_uor.csv")))
+    t1 = json.loads(REPLAY_RESULTS_PATH.read_text())["tables"]["T1_uor"]
+    uor = max(r["uor_max"] for r in t1 if r["uor_max"] is not None)
     assert f"up to {uor:.2f}x the budget of a possible 3x" in readme
     s = search_numbers()
     assert (
@@ -218,7 +220,7 @@ def test_the_readme_s_findings_are_the_committed_results():
     assert f"both score {inside['mean 10%']} at 10 % of the tokens, the full cache " \
         f"{inside['full']}" in readme  # fmt: skip
     assert f"the same two score {after['mean 10%']} and {after['entropy 10%']} at 10 %" in readme
-    rows = [json.loads(x) for x in (ROOT / "docs/ruler.jsonl").read_text().splitlines() if x]
+    rows = [json.loads(x) for x in RULER_RESULTS_PATH.read_text().splitlines() if x]
     r = ruler_numbers(rows)
     assert r["ruler_press_mean"] == r["ruler_press_entropy"]  # "both poolings"
     assert (
