@@ -79,20 +79,17 @@ PAGES = sorted(set((ROOT / "docs").rglob("*.md")) - set(GUIDES)) + [
     ROOT / "pagekv" / "app" / "lessons.md"
 ]
 #: What those pages write in backticks that is not a path of this repository: maths
-#: (`1/r`), method names (`window/uniform`), kvpress's own files, a run's output files,
-#: and files of an older commit that a measurement cites (performance.md says so).
+#: (`1/r`), method names (`reconstruct/`), kvpress's own files and a run's output files.
 NOT_PATHS = {
     "design.md": {"1/r", "pagekv/kernels"},  # the kernels' installed path
     "method.md": {"1/r"},
     "ruler.md": {"reconstruct/"},
-    "results.md": {"window/uniform"},
     "schema.md": {"pagekv_run.json", "pagekv_run.csv"},
     "kvpress.md": {
         "tests/presses/test_presses.py", "tests/test_press_call.py", "tests/test_pipeline.py",
         "tests/test_generate.py", "MaxJeblick/llama2-0b-unit-test", "evaluation/evaluate.py",
         "evaluate.py", "evaluation/",
     },
-    "performance.md": {"lean_decode.py", "-run6.json", "pagekv/runtime/small_batch.py"},
 }  # fmt: skip
 
 
@@ -228,3 +225,15 @@ def test_the_readme_s_findings_are_the_committed_results():
         f"{r['ruler_press_full']}, both poolings {r['ruler_press_mean']}), but its kept "
         f"tokens touch at least {r['ruler_kvzip_pages']} % of the prompt's 16-token pages"
     ) in readme
+
+
+def test_the_replay_s_page_is_the_tables_of_the_results_the_app_reads():
+    """docs/results.md is what the replay writes as its tables.md for the committed
+    results (`REPLAY_RESULTS_PATH`), heading and command included."""
+    from experiments.replay.report import tables_markdown
+
+    results = json.loads(REPLAY_RESULTS_PATH.read_text())
+    page = (ROOT / "docs" / "results.md").read_text()
+    assert page == tables_markdown(results)
+    assert page.startswith("# The replay's tables: the `full` grid on `bundled`")
+    assert f"Made by `{results['meta']['command']}`" in page

@@ -127,8 +127,8 @@ def tables_markdown(results: dict) -> str:
     if "command" in meta:
         head = (
             f"# The replay's tables: the `{meta.get('grid')}` grid on `{meta.get('model')}`\n\n"
-            f"Made by `{meta['command']}` (its `tables.md`; every table of its `results.json`,"
-            " one CSV each beside it). What they show: docs/research.md.\n\n"
+            f"Made by `{meta['command']}`: its tables.md, every table of its results.json (a"
+            " CSV each beside it). What they show: docs/research.md.\n\n"
         )
     return head + "\n".join(
         f"### {name}\n\n{markdown_table(rows)}" for name, rows in results["tables"].items()
