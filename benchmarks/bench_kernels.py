@@ -2,7 +2,7 @@
 
 On a GPU (one command)::
 
-    python benchmarks/bench_kernels.py --out docs/perf_kernels.json
+    python benchmarks/bench_kernels.py --out runs/perf_kernels.json
 
 times, for the pilot model's shapes (Qwen2.5-1.5B: 28 layers, 12 query heads, 2 KV
 groups, head dim 128, window 32, bfloat16) and prompts of 4k to 128k tokens:

@@ -62,7 +62,7 @@ def options(family: str = "all") -> list[dict]:
     - `heads`: fewer heads per program (`heads`: 1, 2 or 4, the whole window of 32
       queries in each), so that the head blocks divide r = 6 (1 and 2: no padding
       rows) and a program holds 32-128 rows instead of 256. Compiled for sm_90 here
-      (docs/performance.md, "The scoring kernel's programs"), such launches need
+      (docs/performance.md, "Kernels"), such launches need
       fewer registers and fit 2-5 programs on an SM where the launcher's pass 2 fits
       one; untimed until a GPU sweeps them.
     """

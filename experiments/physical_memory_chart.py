@@ -1,10 +1,10 @@
-"""The chart of docs/physical_memory.md: prompts answered right against the physical
-memory a paged cache of 16-token pages holds, for kvpress's KVzip at every budget of
-its sweep and for pagekv's pages of 16, on the tuning and the held-out needle prompts
+"""A chart of prompts answered right against the physical memory a paged cache of
+16-token pages holds, for kvpress's KVzip at every budget of its sweep and for pagekv's
+pages of 16, on the tuning and the held-out needle prompts
 (the JSON files of `experiments/reconstruct_ab.py --peer kvzip --peer-sweep ...`).
 
-    python experiments/physical_memory_chart.py docs/physical_memory/needles_tuning.json \
-        docs/physical_memory/needles_heldout.json --out docs/physical_memory/chart
+    python experiments/physical_memory_chart.py runs/needles_tuning.json \
+        runs/needles_heldout.json --out runs/chart
 
 writes `chart.html` (plotly) and, where Playwright drives /usr/bin/chromium, `chart.png`.
 """

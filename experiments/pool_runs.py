@@ -3,8 +3,8 @@ of several seed offsets) into one JSON of the same shape: a row's counts and sum
 over the runs that have it, its prompts named with their run's seed offset, and the rows
 at equal physical memory matched anew, per prompt, from the pooled runs.
 
-    python experiments/pool_runs.py docs/physical_memory/needles_heldout*.json \
-        --out docs/physical_memory/needles_heldout_pooled.json
+    python experiments/pool_runs.py runs/needles_heldout*.json \
+        --out runs/needles_heldout_pooled.json
 
 A row is pooled only from runs that all have it (a sweep budget one run lacks is left
 out, not counted on fewer prompts), and the runs must be on different prompts and share

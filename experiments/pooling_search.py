@@ -1,8 +1,8 @@
 """Where do mean and entropy pooling give different right/wrong verdicts? (issue 30)
 
 Usage: python experiments/pooling_search.py [--model qwen-coder-0.5b] [--prompts N]
-       [--modes inside after] [--out docs/pooling_search/qwen-coder-0.5b.jsonl]
-       [--summary docs/pooling_search/qwen-coder-0.5b.json] [--minutes M]
+       [--modes inside after] [--out assets/results/pooling_search.jsonl]
+       [--summary assets/results/pooling_search.json] [--minutes M]
 
 For every prompt (single needles at 1000 and 2000 tokens and five depths, multi-needle
 prompts with distractors, and the curated QA and code tasks; the seeds are new, never
@@ -37,6 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pagekv import BudgetError, EvictionConfig  # noqa: E402
 from pagekv.engine.study import PromptSpec, Study  # noqa: E402
+from pagekv.paths import POOLING_SEARCH_PATH, POOLING_SEARCH_ROWS_PATH  # noqa: E402
 from pagekv.tasks.curated import task_names  # noqa: E402
 
 #: Seeds no earlier run of the project used (the replay's are 0-16).
@@ -234,8 +235,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen-coder-0.5b")
     ap.add_argument("--modes", nargs="+", default=["after", "inside"])
     ap.add_argument("--prompts", type=int, default=None, help="only the first N prompts")
-    ap.add_argument("--out", default="docs/pooling_search/qwen-coder-0.5b.jsonl")
-    ap.add_argument("--summary", default="docs/pooling_search/qwen-coder-0.5b.json")
+    ap.add_argument("--out", default=str(POOLING_SEARCH_ROWS_PATH))
+    ap.add_argument("--summary", default=str(POOLING_SEARCH_PATH))
     ap.add_argument("--minutes", type=float, default=None, help="stop starting prompts after")
     ap.add_argument(
         "--summarize-only", action="store_true", help="rewrite the summary from --out, no model"

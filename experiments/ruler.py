@@ -2,7 +2,8 @@ r"""RULER, built and scored by lm-evaluation-harness's own task code, under page
 eviction policies.
 
     python experiments/ruler.py [--models bundled qwen-coder-0.5b] [--lengths 2048]
-        [--samples 20] [--minutes 60] [--out docs/ruler.jsonl] [--table docs/ruler.md]
+        [--samples 20] [--minutes 60] [--out assets/results/ruler.jsonl]
+        [--table docs/ruler.md] [--figure docs/ruler_memory.svg]
 
 For each model, length (lm-eval's `max_seq_lengths`), task and sample, lm-eval's task
 code builds the prompt (offline: the six RULER tasks that need no download) and scores
@@ -13,7 +14,9 @@ Resumable: each answer is one JSON line appended to `--out`, and a case already 
 is skipped, so the command can be run again (`--minutes` stops it starting new
 prompts). `--table` writes the Markdown table of everything in `--out`: per model,
 length, question mode and method, each task's mean score, the samples behind it and
-the seconds they took.
+the seconds they took. `--figure` draws score against memory (SVG) and writes its
+numbers, which the app's lessons read, beside `--out` (`ruler_memory.json`: by default
+`pagekv.paths.RULER_MEMORY_PATH`).
 
 `--ours agnostic` adds the question-agnostic rows (`agnostic_methods`: the reconstruction
 pass scores the prompt; one prefill and one reconstruction pass per prompt serve every
@@ -81,6 +84,7 @@ from pagekv import EvictionConfig  # noqa: E402
 from pagekv.integrations.lm_eval_model import (  # noqa: E402
     RULER_OFFLINE_TASKS as TASKS,
 )
+from pagekv.paths import RULER_MEMORY_PATH, RULER_RESULTS_PATH  # noqa: E402
 
 #: The methods compared: the two poolings the app contrasts, and the per-head
 #: selection whose union a group pays for.
@@ -410,8 +414,8 @@ def _append_error(out: Path, key, sha, n, error: str, seconds) -> None:
 
 TITLE = "# RULER under pagekv's eviction, on lm-evaluation-harness's own task code"
 HEADER = """Made by `python experiments/ruler.py --table docs/ruler.md --figure
-docs/ruler_memory.svg` from the answers in `docs/ruler.jsonl` (one JSON line per answer;
-the command is resumable, see its docstring). lm-eval 0.4.13 builds each prompt (its
+docs/ruler_memory.svg` from the answers in `assets/results/ruler.jsonl` (one JSON line
+per answer; the command is resumable, see its docstring). lm-eval 0.4.13 builds each prompt (its
 RULER tasks that need no download, seeded as its `simple_evaluate` seeds them, sized
 with the model's tokenizer to the length named) and scores each answer
 (`process_results`: RULER's `string_match_all`, the fraction of the expected strings the
@@ -748,12 +752,13 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-sweep", nargs="*", type=float, default=[],
                     help="also run the presses at these fractions of each budget")  # fmt: skip
     ap.add_argument("--minutes", type=float, default=60.0)
-    ap.add_argument("--out", default="docs/ruler.jsonl")
+    ap.add_argument("--out", default=str(RULER_RESULTS_PATH))
     ap.add_argument("--table", default=None, help="write the Markdown table here (and run nothing "
                     "with --table-only)")  # fmt: skip
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--figure", default=None,
-                    help="write the memory figure here (SVG; its numbers: .json)")  # fmt: skip
+                    help="write the memory figure here (SVG; its numbers: "
+                    "ruler_memory.json beside --out)")  # fmt: skip
     args = ap.parse_args(argv)
     if not args.table_only:
         run(args)
@@ -767,7 +772,7 @@ def main(argv=None) -> int:
         Path(args.figure).write_text(
             figure_svg(summary["curves"], summary["title"], summary["full"])
         )
-        data = Path(args.figure).with_suffix(".json")
+        data = Path(args.out).with_name(RULER_MEMORY_PATH.name)
         data.write_text(json.dumps(summary, indent=1) + "\n")
         print(f"ruler: wrote {args.figure} and {data}")
     return 0

@@ -22,7 +22,7 @@ For a plan in whole pages of `PAGE` (ours at pages of 16) `gathered == in_place`
 kept page is full but the prompt's last. For a token-level kept set `gathered <=
 in_place <= uniform`.
 
-Row fields (docs/ruler.jsonl): `gathered_pages` (the `gathered` count), `pages_sum`
+Row fields (`assets/results/ruler.jsonl`): `gathered_pages` (the `gathered` count), `pages_sum`
 (`in_place`), `pages_16` (the fullest (layer, KV head)'s touched pages), `cells` (the
 (layer, KV head)s) and `context_pages` (the compressed context's pages), so `fraction`
 is any layout's memory over the full cache's. Where `gathered_pages` was not recorded

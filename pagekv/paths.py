@@ -20,3 +20,15 @@ CSS_PATH = ASSETS_DIR / "app.css"
 #: The CC0 haystack text and the curated task sets.
 HAYSTACK_DIR = ASSETS_DIR / "haystack"
 TASKS_DIR = ASSETS_DIR / "tasks"
+#: The committed results the app's lessons read (a command writes each; see docs/research.md).
+RESULTS_DIR = ASSETS_DIR / "results"
+#: The replay's full grid (`python -m pagekv replay --model bundled`, its `results.json`).
+REPLAY_RESULTS_PATH = RESULTS_DIR / "replay.json"
+#: Mean against entropy pooling on qwen-coder-0.5b (`python experiments/pooling_search.py`):
+#: its rows (one JSON line per prompt and setting) and their summary.
+POOLING_SEARCH_ROWS_PATH = RESULTS_DIR / "pooling_search.jsonl"
+POOLING_SEARCH_PATH = RESULTS_DIR / "pooling_search.json"
+#: RULER on lm-eval's task code (`python experiments/ruler.py`): one JSON line per answer.
+RULER_RESULTS_PATH = RESULTS_DIR / "ruler.jsonl"
+#: The comparison at equal memory of those answers (`experiments/ruler.py --figure`).
+RULER_MEMORY_PATH = RESULTS_DIR / "ruler_memory.json"

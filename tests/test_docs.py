@@ -4,7 +4,6 @@ written, the README stays short, and its findings are the committed results' num
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -13,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from pagekv.paths import REPLAY_RESULTS_PATH, RULER_RESULTS_PATH
 
 from .test_ruler_bench import _means as ruler_means
 
@@ -78,20 +79,17 @@ PAGES = sorted(set((ROOT / "docs").rglob("*.md")) - set(GUIDES)) + [
     ROOT / "pagekv" / "app" / "lessons.md"
 ]
 #: What those pages write in backticks that is not a path of this repository: maths
-#: (`1/r`), method names (`window/uniform`), kvpress's own files, a run's output files,
-#: and files of an older commit that a measurement cites (performance.md says so).
+#: (`1/r`), method names (`reconstruct/`), kvpress's own files and a run's output files.
 NOT_PATHS = {
     "design.md": {"1/r", "pagekv/kernels"},  # the kernels' installed path
     "method.md": {"1/r"},
     "ruler.md": {"reconstruct/"},
-    "results.md": {"window/uniform"},
     "schema.md": {"pagekv_run.json", "pagekv_run.csv"},
     "kvpress.md": {
         "tests/presses/test_presses.py", "tests/test_press_call.py", "tests/test_pipeline.py",
         "tests/test_generate.py", "MaxJeblick/llama2-0b-unit-test", "evaluation/evaluate.py",
         "evaluate.py", "evaluation/",
     },
-    "performance.md": {"lean_decode.py", "-run6.json", "pagekv/runtime/small_batch.py"},
 }  # fmt: skip
 
 
@@ -183,7 +181,7 @@ def test_every_python_block_runs_as_written(bundled_study):
 
 def memory_finding(m: dict) -> str:
     """The README's sentence on RULER at equal memory, from lesson 8's numbers
-    (`pagekv.app.lessons.memory_numbers`, read from docs/ruler_memory.json)."""
+    (`pagekv.app.lessons.memory_numbers`, read from `RULER_MEMORY_PATH`)."""
     return (
         f"On {m['mem_model']} (RULER, question after, which neither side sees), kvpress's "
         "KVzip against Page-EntroKV scored by the reconstruction pass (pages of 16, one "
@@ -200,7 +198,8 @@ def test_the_readme_s_findings_are_the_committed_results():
     from pagekv.app.lessons import ruler_numbers, search_numbers
 
     readme = " ".join(README.read_text().split())
-    uor = max(float(r["uor_max"]) for r in csv.DictReader(open(ROOT / "docs/results/T1_uor.csv")))
+    t1 = json.loads(REPLAY_RESULTS_PATH.read_text())["tables"]["T1_uor"]
+    uor = max(r["uor_max"] for r in t1 if r["uor_max"] is not None)
     assert f"up to {uor:.2f}x the budget of a possible 3x" in readme
     s = search_numbers()
     assert (
@@ -218,7 +217,7 @@ def test_the_readme_s_findings_are_the_committed_results():
     assert f"both score {inside['mean 10%']} at 10 % of the tokens, the full cache " \
         f"{inside['full']}" in readme  # fmt: skip
     assert f"the same two score {after['mean 10%']} and {after['entropy 10%']} at 10 %" in readme
-    rows = [json.loads(x) for x in (ROOT / "docs/ruler.jsonl").read_text().splitlines() if x]
+    rows = [json.loads(x) for x in RULER_RESULTS_PATH.read_text().splitlines() if x]
     r = ruler_numbers(rows)
     assert r["ruler_press_mean"] == r["ruler_press_entropy"]  # "both poolings"
     assert (
@@ -226,3 +225,15 @@ def test_the_readme_s_findings_are_the_committed_results():
         f"{r['ruler_press_full']}, both poolings {r['ruler_press_mean']}), but its kept "
         f"tokens touch at least {r['ruler_kvzip_pages']} % of the prompt's 16-token pages"
     ) in readme
+
+
+def test_the_replay_s_page_is_the_tables_of_the_results_the_app_reads():
+    """docs/results.md is what the replay writes as its tables.md for the committed
+    results (`REPLAY_RESULTS_PATH`), heading and command included."""
+    from experiments.replay.report import tables_markdown
+
+    results = json.loads(REPLAY_RESULTS_PATH.read_text())
+    page = (ROOT / "docs" / "results.md").read_text()
+    assert page == tables_markdown(results)
+    assert page.startswith("# The replay's tables: the `full` grid on `bundled`")
+    assert f"Made by `{results['meta']['command']}`" in page

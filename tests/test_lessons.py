@@ -14,7 +14,6 @@ import torch
 from pagekv import EvictionConfig, plan
 from pagekv.app.lessons import (
     LESSONS,
-    POOLING_SEARCH,
     VIEWS,
     WORDS,
     WORDS_FILE,
@@ -33,6 +32,7 @@ from pagekv.app.lessons import (
     union_over_budget,
 )
 from pagekv.cli import main
+from pagekv.paths import POOLING_SEARCH_PATH
 
 
 def _sentences(text: str) -> int:
@@ -369,9 +369,9 @@ def test_every_lesson_holds_on_the_bundled_model(capsys):
 
 def test_tie_lesson_cites_the_pooling_search_from_its_file():
     """Lesson 6's qwen-coder-0.5b counts are the search summary's totals
-    (docs/pooling_search/qwen-coder-0.5b.json), never a copy."""
+    (`POOLING_SEARCH_PATH`), never a copy."""
     lesson = get_lesson("entropy-vs-mean")
-    total = json.loads(POOLING_SEARCH.read_text())["total"]
+    total = json.loads(POOLING_SEARCH_PATH.read_text())["total"]
     text = lesson_text(lesson)
     differ = total["only_mean"] + total["only_entropy"]
     assert f"a search of {total['measured']} prompt-settings" in text, text

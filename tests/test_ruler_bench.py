@@ -17,6 +17,8 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import ruler  # noqa: E402
 
+from pagekv.paths import RULER_MEMORY_PATH, RULER_RESULTS_PATH  # noqa: E402
+
 
 def _row(method, task, index, score, mode="inside", seconds=1.5):
     return {"model": "bundled", "length": 2048, "task": task, "index": index, "mode": mode,
@@ -282,11 +284,11 @@ def guide_pages(m: dict) -> str:
 
 
 def test_the_quoted_ruler_figures_are_the_committed_answers():
-    """docs/ruler.md is the command's table of docs/ruler.jsonl, and lesson 6 and the
-    researcher's page (docs/research.md) quote that table."""
+    """docs/ruler.md is the command's table of its answers (`RULER_RESULTS_PATH`), and
+    lesson 6 and the researcher's page (docs/research.md) quote that table."""
     from pagekv.app.lessons import memory_numbers, pages_numbers, ruler_numbers
 
-    path = ROOT / "docs" / "ruler.jsonl"
+    path = RULER_RESULTS_PATH
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     text = ruler.table(rows)
     assert (ROOT / "docs" / "ruler.md").read_text() == text + "\n"
@@ -375,13 +377,13 @@ def test_the_memory_figure_averages_every_method_on_the_same_prompts():
 
 
 def test_the_memory_figure_and_its_numbers_are_the_committed_answers():
-    """docs/ruler_memory.json and .svg are `--figure`'s of docs/ruler.jsonl, and lessons 2
+    """`RULER_MEMORY_PATH` and docs/ruler_memory.svg are `--figure`'s of the answers, and lessons 2
     and 8 (`pages_numbers`, `memory_numbers`) read the comparisons there."""
     from pagekv.app.lessons import MEMORY_OURS, memory_numbers, pages_numbers, said
 
-    rows = [json.loads(x) for x in (ROOT / "docs/ruler.jsonl").read_text().splitlines() if x]
+    rows = [json.loads(x) for x in RULER_RESULTS_PATH.read_text().splitlines() if x]
     summary = json.loads(json.dumps(ruler.memory_summary(rows)))  # as JSON holds it
-    committed = json.loads((ROOT / "docs" / "ruler_memory.json").read_text())
+    committed = json.loads(RULER_MEMORY_PATH.read_text())
     assert committed == summary
     svg = (ROOT / "docs" / "ruler_memory.svg").read_text()
     assert svg == ruler.figure_svg(summary["curves"], summary["title"], summary["full"])

@@ -69,7 +69,7 @@ class Scoring(_Labelled):
     window: int = 8
 
 
-#: The settings `experiments/reconstruct_ab.py` chose (docs/reconstruct_ab.md): the
+#: The settings `experiments/reconstruct_ab.py` chose (docs/research.md): the
 #: reconstruction's max over queries, the budget shared by pooled page scores, window 8.
 AGNOSTIC = (Scoring("reconstruct, global, w8"),)
 

@@ -121,7 +121,16 @@ def figures(out: Path, results: dict) -> dict:
 
 
 def tables_markdown(results: dict) -> str:
-    return "\n".join(
+    """Every table of `results`, under a heading that names the command that made them."""
+    meta = results.get("meta", {})
+    head = ""
+    if "command" in meta:
+        head = (
+            f"# The replay's tables: the `{meta.get('grid')}` grid on `{meta.get('model')}`\n\n"
+            f"Made by `{meta['command']}`: its tables.md, every table of its results.json (a"
+            " CSV each beside it). What they show: docs/research.md.\n\n"
+        )
+    return head + "\n".join(
         f"### {name}\n\n{markdown_table(rows)}" for name, rows in results["tables"].items()
     )
 

@@ -14,7 +14,7 @@ computed run. `tame()` fixes the mmap threshold (blocks from `MMAP_THRESHOLD` up
 mapped, and unmapped when freed) and caps the arenas; the app does not call it: it
 lowered the peak but not the memory after 100 varied runs (2.14 GB with it, 2.18 GB
 with the trim alone, `python benchmarks/load_app.py`) and slowed the batched decode
-(`python benchmarks/bench_pair_decode.py --mmap-threshold-mib 16`; docs/performance.md).
+(`python benchmarks/bench_pair_decode.py --mmap-threshold-mib 16`).
 Both do nothing where the C library is not glibc.
 """
 

@@ -105,7 +105,7 @@ def replay_caption(tables: dict | None = None) -> str:
 
 
 def ruler_memory_figure(families=None, layouts=None, title: str | None = None):
-    """RULER's score against memory, from the committed results (docs/ruler_memory.json,
+    """RULER's score against memory, from the committed results (`RULER_MEMORY_PATH`,
     written by experiments/ruler.py), not a live run: every layout and method family, or
     those named."""
     from pagekv.app import figures

@@ -28,21 +28,14 @@ from pagekv.engine.comparison import Side
 from pagekv.engine.study import PromptSpec
 from pagekv.maths.metrics import isolation_gain, sink_advantage
 from pagekv.maths.policies import POOLING_POLICIES
-from pagekv.paths import ROOT
+from pagekv.paths import (
+    POOLING_SEARCH_PATH,
+    REPLAY_RESULTS_PATH,
+    RULER_MEMORY_PATH,
+    RULER_RESULTS_PATH,
+)
 from pagekv.runtime.result import mean_retention
 
-#: The replay run the lessons cite (docs/results.md reads it too).
-REPLAY_RESULTS = ROOT / "docs" / "results" / "full" / "results.json"
-#: The search for settings where mean and entropy pooling differ on qwen-coder-0.5b
-#: (`python experiments/pooling_search.py`, docs/pooling_search.md): lesson 6 reads its
-#: totals.
-POOLING_SEARCH = ROOT / "docs" / "pooling_search" / "qwen-coder-0.5b.json"
-#: RULER built and scored by lm-eval's own task code (`python experiments/ruler.py`,
-#: docs/ruler.md): lesson 6 reads its means.
-RULER_RESULTS = ROOT / "docs" / "ruler.jsonl"
-#: The comparison at equal physical memory on RULER (`python experiments/ruler.py
-#: --figure docs/ruler_memory.svg` writes it beside the figure): lesson 8 reads it.
-RULER_MEMORY = ROOT / "docs" / "ruler_memory.json"
 #: The app's views a lesson can open (tab ids of app.py).
 VIEWS = ("frame", "retention", "weights", "sinks", "uor", "mechanism", "replay")
 #: The lessons' words, apart from what they run and check (`read_words`).
@@ -412,10 +405,11 @@ def constructed_bound():
 
 @dataclass(frozen=True)
 class ReplayNumber:
-    """A number of the replay's committed tables (docs/results/full/results.json): the
-    `column` of the one `table` row where `where` holds, or (`total=True`) its sum over
-    the rows where `where` holds. Lesson texts and observations read these, so the
-    numbers on screen are the file's, never a second copy."""
+    """A number of the replay's committed tables (`REPLAY_RESULTS_PATH`, printed in
+    docs/results.md): the `column` of the one `table` row where `where` holds, or
+    (`total=True`) its sum over the rows where `where` holds. Lesson texts and
+    observations read these, so the numbers on screen are the file's, never a second
+    copy."""
 
     table: str
     column: str
@@ -561,7 +555,7 @@ def lesson_text(
     """The lesson's text (or its `credit`, `field="credit"`) with its replay numbers read
     from the committed results (`tables`: the results file's "tables", read when not
     given) and, where it names them ({search_...}), the pooling search's totals
-    (`search`: its summary's "total", read from `POOLING_SEARCH` when not given)."""
+    (`search`: its summary's "total", read from `POOLING_SEARCH_PATH` when not given)."""
     text = getattr(lesson, field)
     words = lesson.text + lesson.credit
     values: dict = {}
@@ -580,7 +574,7 @@ def lesson_text(
 
 
 def ruler_numbers(rows: list[dict] | None = None) -> dict:
-    """RULER's figures the lessons quote (`RULER_RESULTS`, the bundled model, 2,048
+    """RULER's figures the lessons quote (`RULER_RESULTS_PATH`, the bundled model, 2,048
     tokens), each the mean over its tasks of each task's mean score. Lesson 6's, with the
     question inside: `ruler_{mean,entropy}{10,20}` and `ruler_samples`, the fewest
     samples behind a task's mean. Lesson 8's, with the question after, on the prompts
@@ -590,7 +584,7 @@ def ruler_numbers(rows: list[dict] | None = None) -> dict:
     the least share (%) of a prompt's 16-token pages that KVzip's kept tokens at 10 % (1
     %) touch in their fullest (layer, KV head)."""
     if rows is None:
-        rows = [json.loads(x) for x in RULER_RESULTS.read_text().splitlines() if x.strip()]
+        rows = [json.loads(x) for x in RULER_RESULTS_PATH.read_text().splitlines() if x.strip()]
     rows = [r for r in rows if (r["model"], r["length"]) == ("bundled", 2048)]
     inside = [r for r in rows if r["mode"] == "inside"]
     after = [r for r in rows if r["mode"] == "after"]
@@ -615,7 +609,7 @@ def ruler_numbers(rows: list[dict] | None = None) -> dict:
     return out
 
 
-#: Lessons 2 and 8 read the comparison at equal memory on RULER (`RULER_MEMORY`): our
+#: Lessons 2 and 8 read the comparison at equal memory on RULER (`RULER_MEMORY_PATH`): our
 #: reference row (entropy, reconstruction scorer, shared budget, pages of 16) at each
 #: budget, against each rival family; the names the lessons give them.
 MEMORY_OURS = "entropy reconstruct/global {pct}%"
@@ -630,7 +624,7 @@ LAYOUT_NAMES = {
 
 
 def read_memory_summary() -> dict:
-    return json.loads(RULER_MEMORY.read_text())
+    return json.loads(RULER_MEMORY_PATH.read_text())
 
 
 def said(c: dict | None, rival: str, ours: str = "ours") -> str:
@@ -653,7 +647,7 @@ def _leads(summary: dict) -> dict:
 
 def memory_numbers(summary: dict | None = None) -> dict:
     """Lesson 8's and the README's figures of the comparison at equal memory
-    (`RULER_MEMORY`): `mem_model`; `mem_gathered`, `mem_in_place` and `mem_uniform`,
+    (`RULER_MEMORY_PATH`): `mem_model`; `mem_gathered`, `mem_in_place` and `mem_uniform`,
     KVzip against ours in that layout at 10 and 20 % in words (`said`); and
     `mem_table`, a Markdown table (its own paragraph) of every layout and rival at both
     budgets."""
@@ -677,7 +671,7 @@ def memory_numbers(summary: dict | None = None) -> dict:
 
 def pages_numbers(summary: dict | None = None) -> dict:
     """Lesson 2's figures: ours in pages of 16 against ours in pages of 1 at equal memory
-    on RULER (`RULER_MEMORY`), at 10 and 20 % in words (`said`), in the gathered and the
+    on RULER (`RULER_MEMORY_PATH`), at 10 and 20 % in words (`said`), in the gathered and the
     in-place layouts (`pg_gathered`, `pg_in_place`), and `pg_model`."""
     summary = read_memory_summary() if summary is None else summary
     leads = _leads(summary)
@@ -703,9 +697,9 @@ def _task_means(rows: list[dict], method: str) -> tuple[str, list[int]]:
 
 def search_numbers(total: dict | None = None) -> dict:
     """`{search_measured, search_differ, search_mean, search_entropy}` of the pooling
-    search's totals (`total`, else read from `POOLING_SEARCH`)."""
+    search's totals (`total`, else read from `POOLING_SEARCH_PATH`)."""
     if total is None:
-        total = json.loads(POOLING_SEARCH.read_text())["total"]
+        total = json.loads(POOLING_SEARCH_PATH.read_text())["total"]
     return {
         "search_measured": total["measured"],
         "search_differ": total["only_mean"] + total["only_entropy"],
@@ -880,7 +874,7 @@ class LessonRun:
 
 
 def load_replay() -> dict:
-    return json.loads(REPLAY_RESULTS.read_text())
+    return json.loads(REPLAY_RESULTS_PATH.read_text())
 
 
 def run_lesson(study, lesson: Lesson, max_new_tokens: int | None = None) -> LessonRun:

@@ -135,7 +135,7 @@ CURATED = [
 
 #: Presets measured on the second bundled model (r = 7), where mean and entropy pooling
 #: give different verdicts (`python experiments/pooling_search.py`,
-#: docs/pooling_search.md): one where mean pooling wins and one where entropy pooling
+#: docs/research.md): one where mean pooling wins and one where entropy pooling
 #: wins, both question inside and the window scorer. Choosing one switches the model.
 #: Checked on that model by `tests/test_qwen_coder.py` (opt-in).
 QWEN_CODER_PRESETS = [
@@ -147,7 +147,7 @@ QWEN_CODER_PRESETS = [
             "On qwen-coder-0.5b, where a group has 7 query heads, both sides keep 10 % of a "
             "1000-token prompt in pages of 16 with the question inside. Mean pooling answers "
             "right and entropy pooling wrong: on this model the settings where the two differ "
-            "mostly go to mean (docs/pooling_search.md has the counts)."
+            "mostly go to mean (docs/research.md has the counts)."
         ),
         checks=({"kind": "answers", "full": True, "a": True, "b": False},),
     ),
@@ -159,7 +159,7 @@ QWEN_CODER_PRESETS = [
             "On qwen-coder-0.5b both sides keep 10 % of a curated code task, token by token "
             "(pages of 1), with the question inside. Here entropy pooling answers right and "
             "mean pooling wrong: one of the few settings of the search where entropy wins "
-            "(docs/pooling_search.md)."
+            "(docs/research.md)."
         ),
         checks=({"kind": "answers", "full": True, "a": False, "b": True},),
     ),

@@ -17,7 +17,8 @@ The share is at most 1 (`tests/test_adaptive_page.py` checks it): the token plan
 the best free tokens by `s` up to the same budget (in each (layer, group), or layer, or
 in all, by the allocation), and a plan at any page size keeps the token plan's protected
 tokens (the first `n_sink` and the last `window` are inside its protected pages) and no
-more tokens in all than that budget. docs/physical_memory.md measures the rule.
+more tokens in all than that budget. docs/research.md ("At equal memory") has what the rule
+measured.
 """
 
 from __future__ import annotations

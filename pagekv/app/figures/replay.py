@@ -189,7 +189,7 @@ def memory_curves(curves: dict, title: str):
     """RULER score against physical memory (a fraction of the full cache), a line per
     method family, a panel per cache layout: `curves` is `{layout: {family: [[memory,
     score, method], ...]}}`, as experiments/ruler.py writes it to
-    docs/ruler_memory.json. The same family keeps one colour in every panel."""
+    `pagekv.paths.RULER_MEMORY_PATH`. The same family keeps one colour in every panel."""
     go = _go()
     from plotly.subplots import make_subplots
 
