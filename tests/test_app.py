@@ -697,3 +697,38 @@ def test_a_class_of_concurrent_runs_pairs_and_lessons_never_hangs(server):
         else:
             status = out[0]
         assert str(status).startswith("**Done:**"), (api, status)
+
+
+def test_both_question_positions_follow_one_rule():
+    """Item 6: changing side A's question position only marked the results stale (a
+    prompt control), while side B's ran at once. Both now run at once, neither marks
+    the results stale, and both say so under the control."""
+    import app
+    from pagekv.app.page_text import MODE_INFO
+
+    demo = app.build_demo()
+    radios = [b for b in demo.blocks.values() if getattr(b, "label", None) and
+              str(b.label).startswith("Question position")]  # fmt: skip
+    assert len(radios) == 2
+
+    def on_input(block) -> set:
+        """What an edit of `block` triggers: handler names, or "js" for a browser-only one."""
+        return {
+            getattr(f.fn, "__name__", None) or "js"
+            for f in demo.fns.values()
+            if (block._id, "input") in [(t[0], t[1]) for t in f.targets]
+        }
+
+    assert on_input(radios[0]) == on_input(radios[1]) == {"run_comparison"}
+    assert all(r.info == MODE_INFO for r in radios)
+
+
+def test_the_page_uses_the_systems_fonts():
+    """Item 14: bold capitals ("GQA") rendered in a fallback face: Gradio's default theme
+    asks for a web font in two weights. The theme now names system fonts only, so no
+    face is fetched and every weight is the system's."""
+    import app
+
+    theme = app.launch_assets()["theme"]
+    assert all(isinstance(f, str) for f in (*theme._font, *theme._font_mono)), theme._font
+    assert theme._stylesheets == [] and "system-ui" in theme.font

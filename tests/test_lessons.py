@@ -420,3 +420,30 @@ def test_lesson_8_names_the_pooled_policies_the_replay_cannot_tell_apart():
     credit = lesson_text(lesson, tables, field="credit")
     assert f"mean pooling recalled {v['mean_inside']:.0%} and {v['mean_after']:.0%}" in credit
     assert v["mean_inside"] == v["ours_inside"] and v["mean_after"] == v["ours_after"]
+
+
+def test_the_readme_counts_the_live_lessons_the_console_warms():
+    """The app's guide (docs/app.md) counts the live lessons the console warms."""
+    from pathlib import Path
+
+    from pagekv.app.lessons import LESSONS
+
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight"}
+    live = sum(x.kind == "live" for x in LESSONS)
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "app.md").read_text()
+    assert f"the app computes its {words[live]} live lessons" in readme
+
+
+def test_lesson_8_says_what_it_compares_at():
+    """Lesson 8 says what each comparison holds equal: the replay's T4 at one token
+    budget, RULER at equal memory in each of three cache layouts (each named with the
+    cache that holds memory so), and a lead only where its interval clears 0."""
+    from pagekv.app.lessons import LAYOUT_NAMES, get_lesson, lesson_text
+
+    lesson = get_lesson("kvpress-same-memory")
+    assert "equal memory" in lesson.title and "cache by cache" in lesson.title
+    text = " ".join(lesson_text(lesson).split())
+    assert "at 20 % of a needle prompt" in text and "at equal memory in three cache" in text
+    assert all(name in text for name in LAYOUT_NAMES.values())
+    assert "A lead needs its 95 % interval clear of 0" in text
+    assert "{" not in text  # every number filled in from the results
