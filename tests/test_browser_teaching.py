@@ -451,17 +451,19 @@ CHART_PLACED_JS = """() => {
 }"""
 
 
-def wait_placed(page, timeout_ms=4000):
-    """Until the presenter view has scrolled the chart into place: `pagekvShowChart`
-    (assets/app.js) places it again every 250 ms for 1.35 s after a lesson's request,
-    as Gradio's redraw settles, so a check right after the draw can fall between two
-    placements on a loaded machine. Returns at the timeout too: the caller asserts."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+#: The lesson text starts below the fixed lesson bar when the page is scrolled to its
+#: top: its offset in the document is below the bar's bottom (the bar does not scroll).
+LESSON_BELOW_BAR_JS = """() => {
+  const bar = document.querySelector('#lesson-picker').getBoundingClientRect();
+  const lesson = document.querySelector('#lesson-text').getBoundingClientRect();
+  return lesson.top + window.scrollY >= bar.bottom;
+}"""
 
-    try:
-        page.wait_for_function(CHART_PLACED_JS, timeout=timeout_ms, polling=100)
-    except PlaywrightTimeout:
-        pass
+
+def wait_placed(page):
+    """Until the presenter view has scrolled the chart into place (`pagekvShowChart`,
+    assets/app.js, places it again as Gradio's redraw settles)."""
+    page.wait_for_function(CHART_PLACED_JS, timeout=SOON_MS, polling=100)
 
 
 def test_links_the_glossary_and_the_presenter_view(served):
@@ -500,14 +502,9 @@ def test_links_the_glossary_and_the_presenter_view(served):
         assert nxt and 0 <= nxt["y"] and nxt["y"] + nxt["height"] <= top, (width, nxt, top)
         assert not page.locator("#explore-col").is_visible()
         assert not page.locator("#intro").is_visible()
-        # Scrolled to the top, the fixed bar covers no line of the lesson (issue 57,
-        # item 5: at 800 px the bar is taller, and it hid "Lesson 4 of 8" and the title).
-        page.wait_for_timeout(1600)  # pagekvShowChart's last placement is 1.35 s in
-        page.evaluate("window.scrollTo(0, 0)")
-        page.wait_for_timeout(200)
-        bar = page.locator("#lesson-picker").bounding_box()
-        lesson = page.locator("#lesson-text").bounding_box()
-        assert lesson["y"] >= bar["y"] + bar["height"], (width, bar, lesson)
+        # Scrolled to the top, the fixed bar covers no line of the lesson (at 800 px the
+        # bar is taller, and it could hide "Lesson 4 of 8" and the title).
+        page.wait_for_function(LESSON_BELOW_BAR_JS, timeout=SOON_MS, polling=100)
         page.get_by_label("Presenter view").uncheck()
     page.set_viewport_size({"width": 1280, "height": 1000})
     # A link to settings: written by the page, opened as a new page, run as it says.
@@ -777,10 +774,11 @@ def test_quick_next_presses_go_as_many_lessons_on(served):
     nxt = page.get_by_role("button", name="Next lesson")
     lesson4 = app.LESSONS[3]
     wait_lesson_checked(page, lesson4)
-    page.wait_for_timeout(1500)  # nothing queued behind it moves the page on
+    # Every press served (no lesson still asked for) and nothing loading.
+    page.wait_for_function("() => !window.pagekvTarget", timeout=SOON_MS)
+    wait_drawn(page)
     text = page.locator("#lesson-text").inner_text()
     assert lesson4.title in text and "Lesson 4 of 8" in text, text
-    assert page.evaluate("window.pagekvTarget") is None  # the presses are all served
     # A press after them steps from lesson 4.
     nxt.click()
     wait_lesson_checked(page, app.LESSONS[4])
