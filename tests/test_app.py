@@ -700,9 +700,8 @@ def test_a_class_of_concurrent_runs_pairs_and_lessons_never_hangs(server):
 
 
 def test_both_question_positions_follow_one_rule():
-    """Item 6: changing side A's question position only marked the results stale (a
-    prompt control), while side B's ran at once. Both now run at once, neither marks
-    the results stale, and both say so under the control."""
+    """Both sides' question positions follow one rule: a change runs at once (neither
+    only marks the results stale), and both say so under the control."""
     import app
     from pagekv.app.page_text import MODE_INFO
 
@@ -724,9 +723,8 @@ def test_both_question_positions_follow_one_rule():
 
 
 def test_the_page_uses_the_systems_fonts():
-    """Item 14: bold capitals ("GQA") rendered in a fallback face: Gradio's default theme
-    asks for a web font in two weights. The theme now names system fonts only, so no
-    face is fetched and every weight is the system's."""
+    """The theme names system fonts only (Gradio's default asks for a web font in two
+    weights, and bold capitals fell back to another face): no face is fetched."""
     import app
 
     theme = app.launch_assets()["theme"]

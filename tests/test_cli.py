@@ -117,7 +117,7 @@ def test_policy_all_table_and_json(capsys):
 
 def test_eval_without_lm_eval_says_what_to_install_in_one_line(tmp_path):
     """`python -m pagekv eval` where lm-evaluation-harness does not import: one sentence
-    naming the install, exit 2, no traceback (issue 57, item 11). lm-eval is hidden from
+    naming the install, exit 2, no traceback. lm-eval is hidden from
     a subprocess by a module of that name that raises as a missing one does."""
     hide = tmp_path / "hide"
     hide.mkdir()
@@ -146,8 +146,8 @@ def test_eval_without_lm_eval_says_what_to_install_in_one_line(tmp_path):
     ],
 )
 def test_the_cli_refuses_a_task_or_model_before_loading_any_model(argv, said, monkeypatch, capsys):
-    """Item 10: `--task qa --name nope` was refused after 10 s and `--model no-such-model`
-    after 27 s, once a model had loaded. Now in one line, and no model loads."""
+    """An unknown task or model, or a budget no prompt of about `--context` tokens can
+    take, is refused in one line before any model loads."""
     import pagekv.runtime.models as models
     from pagekv.cli import main
 

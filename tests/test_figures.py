@@ -309,8 +309,7 @@ def test_strip_ticks_keep_clear_of_each_other():
 
 
 def test_the_memory_chart_labels_say_their_unit():
-    """Item 12: lesson 1's memory chart had a MiB axis over bar labels in tokens, with no
-    unit on the labels."""
+    """The memory chart's bar labels (tokens) and axis (MiB) each say their unit."""
     from pagekv.app.figures.eviction import memory_bars
 
     fig = memory_bars([{"policy": "entropy", "tokens": 300, "bytes": 3 * 2**20}])
@@ -320,9 +319,9 @@ def test_the_memory_chart_labels_say_their_unit():
 
 
 def test_the_head_that_gains_most_with_isolation_is_never_a_sink_head():
-    """Item 12: in lesson 6 the "gains most with isolation" arrow pointed at a sink head,
-    against lesson 3's text (the weight isolation takes from the sink heads goes to the
-    others). The arrow and lesson 3's measurement pick among the other heads."""
+    """The "gains most with isolation" arrow and lesson 3's measurement pick among the
+    heads that are not sinks (the weight isolation takes from the sink heads goes to
+    the others)."""
     from types import SimpleNamespace
 
     import torch
@@ -348,10 +347,9 @@ def test_the_head_that_gains_most_with_isolation_is_never_a_sink_head():
 
 
 def test_the_head_losing_most_with_isolation_is_marked_with_its_sink_mass(bundled_study):
-    """Item 12: in lesson 3 the head losing most weight under isolation was not labelled a
-    sink (its sink mass under the threshold), so the chart did not say why it lost. It is
-    marked now, with its sink mass; and the weights view's caption speaks to both lessons
-    that open it (3: sinks, 6: entropy against mean), not to lesson 3 alone."""
+    """The head losing most weight under isolation is marked with its sink mass, labelled
+    a sink or not; the weights view's caption speaks to both lessons that open it (3:
+    sinks, 6: entropy against mean)."""
     from pagekv.app.figures import head_weights_bars
     from pagekv.app.page_text import CAPTIONS
 

@@ -324,10 +324,9 @@ def test_a_context_outside_its_range_runs_at_the_nearest_end_everywhere(bundled_
 
 @pytest.mark.slow
 def test_every_refusal_keeps_the_last_results_and_says_why(bundled_study):
-    """Item 8: `head_independent` with allocation `global` answered "No result" and
-    cleared the table, while a refused budget kept the last results. Now both keep a
-    session's last results and say why in one sentence; without earlier results the
-    views are cleared, as before."""
+    """A refused run (a global budget for a per-head policy, a budget out of range) keeps
+    the session's last results and says why in one sentence; without earlier results
+    the views are cleared."""
     from types import SimpleNamespace
 
     from pagekv.app import handlers
@@ -355,7 +354,7 @@ def test_every_refusal_keeps_the_last_results_and_says_why(bundled_study):
 
 
 def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
-    """Item 2: the app's study keeps the live lessons' prompts in its memos' kept parts
+    """The app's study keeps the live lessons' prompts in its memos' kept parts
     (tests/test_memo.py shows exploration then cannot evict them): the 2000-token
     needle prompt, with the question inside and after."""
     from pagekv.app import handlers
@@ -370,7 +369,7 @@ def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
 
 
 def test_a_long_step_says_what_runs_for_how_long_and_how_long_it_should(bundled_study, monkeypatch):
-    """Item 3: a run's long waits (the prefill, the reconstruction pass, the decoding)
+    """A run's long waits (the prefill, the reconstruction pass, the decoding)
     each say in the status line which step runs, the seconds so far and, once a step of
     the kind was measured on the model, the seconds expected, with a bar; decoding says
     which token."""
@@ -408,10 +407,8 @@ def test_a_long_step_says_what_runs_for_how_long_and_how_long_it_should(bundled_
 
 
 def test_after_a_preset_the_lesson_box_defers_to_the_presets_verdict(monkeypatch):
-    """Item 12: after a preset, the status line said its check "holds" while the lesson
-    box said "not checked" (the lesson's settings no longer held): two verdicts at odds.
-    The lesson box now says no observation belongs to the run and where the preset's
-    verdict is."""
+    """After a preset, the lesson box says no observation belongs to the run and points
+    at the preset's verdict in the status line (not a second verdict at odds)."""
     import gradio as gr
 
     from pagekv.app import handlers

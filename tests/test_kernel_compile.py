@@ -68,7 +68,7 @@ def test_every_launch_compiles_and_fits_sm80_and_sm90(tmp_path):
         assert any("DOT_FP32=True" in label and "K_ELEM=bf16" in label for label in labels)
 
 
-def test_the_grid_spans_the_issue_s_shapes():
+def test_the_grid_spans_the_bundled_models_shapes():
     """The grid holds the real models and the ranges the check promises."""
     from pagekv.kernels.aot import GRID
 

@@ -386,7 +386,7 @@ def test_every_lesson_says_what_it_credits():
     """Each lesson says which part of the method its result belongs to, and the page
     shows it under the lesson's text; the introduction does not credit Page-EntroKV
     with what mean pooling shares, and says the entropy weighting's needle advantage
-    is not reproduced here (issue 42)."""
+    is not reproduced here."""
     from pagekv.app.page_text import INTRO, lesson_markdown
 
     for lesson in LESSONS:

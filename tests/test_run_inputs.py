@@ -118,8 +118,7 @@ CFG = EvictionConfig(page_size=16, n_sink=4, window=32)
 
 @pytest.mark.parametrize("got", [1e9, 150, "100.5", 101])
 def test_a_budget_above_100_is_refused_with_the_upper_limits_reason(got):
-    """Item 9: a budget of 1e9 was explained with the floor's reason ("below 3 % the
-    protected pages ... do not fit")."""
+    """A budget above 100 gets the upper limit's reason, never the floor's."""
     said = budget_rule("A", got, CFG, n=2000)
     floor = min_budget_pct(2000, CFG)
     assert said.startswith(f"Budget A must be a number from {floor:g} to 100 (% of the prompt)")
