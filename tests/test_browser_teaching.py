@@ -443,6 +443,8 @@ def wait_placed(page):
 
 
 def test_links_the_glossary_and_the_presenter_view(served):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page, _, url = served
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 1000})
@@ -480,7 +482,12 @@ def test_links_the_glossary_and_the_presenter_view(served):
         assert not page.locator("#intro").is_visible()
         # Scrolled to the top, the fixed bar covers no line of the lesson (at 800 px the
         # bar is taller, and it could hide "Lesson 4 of 8" and the title).
-        page.wait_for_function(LESSON_BELOW_BAR_JS, timeout=SOON_MS, polling=100)
+        try:
+            page.wait_for_function(LESSON_BELOW_BAR_JS, timeout=SOON_MS, polling=100)
+        except PlaywrightTimeout:
+            bar = page.locator("#lesson-picker").bounding_box()
+            lesson = page.locator("#lesson-text").bounding_box()
+            raise AssertionError(f"the bar covers the lesson at {width} px: {bar}, {lesson}")
         page.get_by_label("Presenter view").uncheck()
     page.set_viewport_size({"width": 1280, "height": 1000})
     # A link to settings: written by the page, opened as a new page, run as it says.

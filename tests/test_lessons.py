@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -34,6 +35,8 @@ from pagekv.app.lessons import (
 )
 from pagekv.cli import main
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def _sentences(text: str) -> int:
     return len([s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z])", text.strip()) if s])
@@ -48,8 +51,9 @@ def test_lesson_is_well_formed(lesson):
     assert lesson.title and lesson.observation.statement
     if lesson.kind == "live":
         assert lesson.a != lesson.b, "the two sides must differ"
-    if lesson.kind == "replay":
-        assert lesson.cites and "docs/results.md" in lesson.cites
+    if lesson.kind == "replay":  # the cite names a file of the repository
+        cited = re.findall(r"\b(?:docs|assets)/[\w./-]+\.\w+", lesson.cites or "")
+        assert cited and all((ROOT / path).is_file() for path in cited), lesson.cites
 
 
 def test_lesson_ids_unique_and_lookup():
@@ -424,13 +428,12 @@ def test_lesson_8_names_the_pooled_policies_the_replay_cannot_tell_apart():
 
 def test_the_readme_counts_the_live_lessons_the_console_warms():
     """The app's guide (docs/app.md) counts the live lessons the console warms."""
-    from pathlib import Path
 
     from pagekv.app.lessons import LESSONS
 
     words = {5: "five", 6: "six", 7: "seven", 8: "eight"}
     live = sum(x.kind == "live" for x in LESSONS)
-    readme = (Path(__file__).resolve().parents[1] / "docs" / "app.md").read_text()
+    readme = (ROOT / "docs" / "app.md").read_text()
     assert f"the app computes its {words[live]} live lessons" in readme
 
 
