@@ -487,7 +487,8 @@ def test_links_the_glossary_and_the_presenter_view(served):
         except PlaywrightTimeout:
             bar = page.locator("#lesson-picker").bounding_box()
             lesson = page.locator("#lesson-text").bounding_box()
-            raise AssertionError(f"the bar covers the lesson at {width} px: {bar}, {lesson}")
+            said = f"the bar covers the lesson at {width} px: {bar} {lesson}"
+            raise AssertionError(said) from None
         page.get_by_label("Presenter view").uncheck()
     page.set_viewport_size({"width": 1280, "height": 1000})
     # A link to settings: written by the page, opened as a new page, run as it says.
