@@ -44,12 +44,9 @@ pytestmark = [
 
 #: SmolLM2-135M (the bundled model): 30 layers, 3 KV groups of 3 query heads.
 LAYERS, GROUPS, HEADS = 30, 3, 9
-#: status, answers, 10 plots (the first screen's chart last), the first screen's caption,
-#: files, the layer slider (its range follows the run's model), the lesson's observation,
-#: the two budget sliders (their lower limits follow the prompt), the stale-results note
-#: (every run clears it); the gr.State output stays server-side. app.RUN_VIEWS names them
-#: in order.
-N_OUT = 19
+#: What /run returns: every run view but the session's last run (a gr.State, kept
+#: server-side), in the order app.RUN_VIEWS names them.
+N_OUT = len([v for v in app.RUN_VIEWS if v != "last"])
 PLOTS = [
     "frame",
     "retention",
