@@ -1,6 +1,9 @@
 """The app's handlers called as functions, with no server: input checks in plain words,
 the answers table's cells, and a run that streams its plan views first, then its
-answers, and is served from memory the second time."""
+answers, and is served from memory the second time; refusals that keep a session's
+last results and say why, slider ranges Gradio accepts, a context out of range run at
+its nearest end, long steps that say what runs, and lesson 7's verdict following the
+mechanism's inputs."""
 
 from __future__ import annotations
 
