@@ -4,7 +4,7 @@ A host wait is a point where the host needs a device result in hand: a value rea
 (`item`, `tolist`, `bool`, `int`, `float`, `__index__`) or an operation whose output
 size depends on the data (a boolean-mask index, `nonzero`, `masked_select`). Scoring,
 weights, pooling, selection (`Runner.evict`, with its `Runner.plan`) and the gather into
-the decode cache (`Runner.decode_cache`) must make as many with 2 layers as with 6: the
+the decode cache (`Runner.decode_cache`) must make as many at 2, 4 and 6 layers (no slope): the
 plan's counts are read once, the gather is one launch for all layers with one bounds
 check, the cache's tables go to the device in one copy, and the page geometry is host
 arithmetic on `n` and `P`.
@@ -18,7 +18,7 @@ copies to and from the device included. A negative control plants a per-layer wa
 
 The device work is constant in the depth too, on the Triton backend (the GPU's): the
 operations the step dispatches (`TorchDispatchMode`), less views and allocations (an
-output tensor per layer is the one thing that grows), are as many at 2 layers as at 6.
+output tensor per layer is the one thing that grows), are as many at 2, 4 and 6 layers.
 At these sizes the step is bound by the host's launches, so each per-layer operation
 would cost its launch at every layer of a 28-layer model. The cache that wraps a
 prefill's layers for the reconstruction pass (`_new_cache`) dispatches nothing per
