@@ -44,12 +44,9 @@ pytestmark = [
 
 #: SmolLM2-135M (the bundled model): 30 layers, 3 KV groups of 3 query heads.
 LAYERS, GROUPS, HEADS = 30, 3, 9
-#: status, answers, 10 plots (the first screen's chart last), the first screen's caption,
-#: files, the layer slider (its range follows the run's model), the lesson's observation,
-#: the two budget sliders (their lower limits follow the prompt), the stale-results note
-#: (every run clears it); the gr.State output stays server-side. app.RUN_VIEWS names them
-#: in order.
-N_OUT = 19
+#: What /run returns: every run view but the session's last run (a gr.State, kept
+#: server-side), in the order app.RUN_VIEWS names them.
+N_OUT = len([v for v in app.RUN_VIEWS if v != "last"])
 PLOTS = [
     "frame",
     "retention",
@@ -697,3 +694,36 @@ def test_a_class_of_concurrent_runs_pairs_and_lessons_never_hangs(server):
         else:
             status = out[0]
         assert str(status).startswith("**Done:**"), (api, status)
+
+
+def test_both_question_positions_follow_one_rule():
+    """Both sides' question positions follow one rule: a change runs at once (neither
+    only marks the results stale), and both say so under the control."""
+    import app
+    from pagekv.app.page_text import MODE_INFO
+
+    demo = app.build_demo()
+    radios = [b for b in demo.blocks.values() if getattr(b, "label", None) and
+              str(b.label).startswith("Question position")]  # fmt: skip
+    assert len(radios) == 2
+
+    def on_input(block) -> set:
+        """What an edit of `block` triggers: handler names, or "js" for a browser-only one."""
+        return {
+            getattr(f.fn, "__name__", None) or "js"
+            for f in demo.fns.values()
+            if (block._id, "input") in [(t[0], t[1]) for t in f.targets]
+        }
+
+    assert on_input(radios[0]) == on_input(radios[1]) == {"run_comparison"}
+    assert all(r.info == MODE_INFO for r in radios)
+
+
+def test_the_page_uses_the_systems_fonts():
+    """The theme names system fonts only (Gradio's default asks for a web font in two
+    weights, and bold capitals fell back to another face): no face is fetched."""
+    import app
+
+    theme = app.launch_assets()["theme"]
+    assert all(isinstance(f, str) for f in (*theme._font, *theme._font_mono)), theme._font
+    assert theme._stylesheets == [] and "system-ui" in theme.font

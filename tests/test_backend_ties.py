@@ -1,4 +1,4 @@
-"""Both backends keep the same pages on exact and near ties (issue 20, docs/design.md).
+"""Both backends keep the same pages on exact and near ties (docs/design.md).
 
 `plan` runs its pooling on the torch twins or on the Triton kernel (the interpreter on
 the CPU, compiled on CUDA); weights, smoothing and selection are the same torch code on

@@ -1,5 +1,5 @@
 """benchmarks/bench_release.py runs end to end on the bundled model and writes every part
-of a release that docs/performance.md quotes. Its timings are never asserted."""
+of a release that docs/performance.md quotes (the timings are the machine's, not asserted)."""
 
 from __future__ import annotations
 
@@ -30,4 +30,3 @@ def test_one_release_is_timed_part_by_part(bundled_study, tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["budget_pct"] == 20 and set(PARTS) <= set(row)
     assert row["pair_tokens"] > 0
-    assert all(row[k] >= 0 for k in PARTS if k.endswith("_s"))

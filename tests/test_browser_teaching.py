@@ -1,6 +1,6 @@
-"""What a newcomer misread in the browser (issue 31), each checked in chromium.
+"""What a newcomer sees in the browser, each checked in chromium.
 
-One test per item: linked side B shows A's values; the budget's one rule (and Enter
+Linked side B shows A's values; the budget's one rule (and Enter
 commits a typed budget, a click into the box runs nothing); lesson 5's figures fit,
 name what they measure and end their colour scale past the data; presets open their
 view; the mechanism says what it did with a value out of range; lesson 1 and 3 say
@@ -201,9 +201,6 @@ FIT_JS = """() => {
 }"""
 
 
-# ---------------------------------------------------------------- item 1
-
-
 def test_linked_side_b_shows_a_values_and_cannot_be_edited(served):
     page, _, url = served
     open_app(page, url)
@@ -236,9 +233,6 @@ def test_linked_side_b_shows_a_values_and_cannot_be_edited(served):
     type_into(b_box, "30")
     status = wait_status(page, r"Side B keeps its own settings.*budget")
     assert f"budget {math.floor(0.30 * n + 1e-9)} tokens" in status, status
-
-
-# ---------------------------------------------------------------- item 2
 
 
 def test_a_budget_has_one_rule_and_the_box_shows_what_ran(served):
@@ -280,9 +274,6 @@ def test_a_budget_has_one_rule_and_the_box_shows_what_ran(served):
     assert box.input_value() == "10"
 
 
-# ---------------------------------------------------------------- item 3
-
-
 def test_lesson_5_figures_fit_and_name_what_they_measure(served):
     page, _, url = served
     lesson = next(x for x in app.LESSONS if x.id == "reconstruct")
@@ -321,9 +312,6 @@ def test_lesson_5_figures_fit_and_name_what_they_measure(served):
     page.set_viewport_size({"width": 1280, "height": 1000})
 
 
-# ---------------------------------------------------------------- item 5
-
-
 def test_a_preset_opens_its_view_on_its_layer(served):
     page, _, url = served
     open_app(page, url)
@@ -338,9 +326,6 @@ def test_a_preset_opens_its_view_on_its_layer(served):
     assert weights["data"][0]["y"] != weights["data"][1]["y"], "both bars the same"
     for p in app.PRESETS:  # every preset names a view the page has
         assert p["view"] in app.TABS, p["title"]
-
-
-# ---------------------------------------------------------------- item 6
 
 
 def test_the_mechanism_says_what_it_did_with_a_value_out_of_range(served):
@@ -359,9 +344,6 @@ def test_the_mechanism_says_what_it_did_with_a_value_out_of_range(served):
             badges = page.locator(".error, [data-testid='error']").filter(has_text="Error")
             assert badges.count() == 0 or not badges.first.is_visible()
     page.set_viewport_size({"width": 1280, "height": 1000})
-
-
-# ---------------------------------------------------------------- item 7
 
 
 def test_lessons_1_and_3_name_their_figures_and_a_run_is_never_checked_early(served):
@@ -405,9 +387,6 @@ def test_lessons_1_and_3_name_their_figures_and_a_run_is_never_checked_early(ser
     page.get_by_text("not checked").first.wait_for(timeout=SOON_MS)
 
 
-# ---------------------------------------------------------------- item 8
-
-
 def test_the_prompts_ranges_are_said(served):
     page, demo, url = served
     open_app(page, url)
@@ -438,9 +417,6 @@ def test_the_prompts_ranges_are_said(served):
     assert "too long to read exactly" in status and "123456789012345680000" not in status
 
 
-# ---------------------------------------------------------------- item 9
-
-
 #: The first drawn lesson chart's top is in the upper 60 % of the window.
 CHART_PLACED_JS = """() => {
   const charts = [...document.querySelectorAll('#lesson-views .js-plotly-plot')]
@@ -451,20 +427,24 @@ CHART_PLACED_JS = """() => {
 }"""
 
 
-def wait_placed(page, timeout_ms=4000):
-    """Until the presenter view has scrolled the chart into place: `pagekvShowChart`
-    (assets/app.js) places it again every 250 ms for 1.35 s after a lesson's request,
-    as Gradio's redraw settles, so a check right after the draw can fall between two
-    placements on a loaded machine. Returns at the timeout too: the caller asserts."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+#: The lesson text starts below the fixed lesson bar when the page is scrolled to its
+#: top: its offset in the document is below the bar's bottom (the bar does not scroll).
+LESSON_BELOW_BAR_JS = """() => {
+  const bar = document.querySelector('#lesson-picker').getBoundingClientRect();
+  const lesson = document.querySelector('#lesson-text').getBoundingClientRect();
+  return lesson.top + window.scrollY >= bar.bottom;
+}"""
 
-    try:
-        page.wait_for_function(CHART_PLACED_JS, timeout=timeout_ms, polling=100)
-    except PlaywrightTimeout:
-        pass
+
+def wait_placed(page):
+    """Until the presenter view has scrolled the chart into place (`pagekvShowChart`,
+    assets/app.js, places it again as Gradio's redraw settles)."""
+    page.wait_for_function(CHART_PLACED_JS, timeout=SOON_MS, polling=100)
 
 
 def test_links_the_glossary_and_the_presenter_view(served):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page, _, url = served
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 1000})
@@ -500,14 +480,15 @@ def test_links_the_glossary_and_the_presenter_view(served):
         assert nxt and 0 <= nxt["y"] and nxt["y"] + nxt["height"] <= top, (width, nxt, top)
         assert not page.locator("#explore-col").is_visible()
         assert not page.locator("#intro").is_visible()
-        # Scrolled to the top, the fixed bar covers no line of the lesson (issue 57,
-        # item 5: at 800 px the bar is taller, and it hid "Lesson 4 of 8" and the title).
-        page.wait_for_timeout(1600)  # pagekvShowChart's last placement is 1.35 s in
-        page.evaluate("window.scrollTo(0, 0)")
-        page.wait_for_timeout(200)
-        bar = page.locator("#lesson-picker").bounding_box()
-        lesson = page.locator("#lesson-text").bounding_box()
-        assert lesson["y"] >= bar["y"] + bar["height"], (width, bar, lesson)
+        # Scrolled to the top, the fixed bar covers no line of the lesson (at 800 px the
+        # bar is taller, and it could hide "Lesson 4 of 8" and the title).
+        try:
+            page.wait_for_function(LESSON_BELOW_BAR_JS, timeout=SOON_MS, polling=100)
+        except PlaywrightTimeout:
+            bar = page.locator("#lesson-picker").bounding_box()
+            lesson = page.locator("#lesson-text").bounding_box()
+            said = f"the bar covers the lesson at {width} px: {bar} {lesson}"
+            raise AssertionError(said) from None
         page.get_by_label("Presenter view").uncheck()
     page.set_viewport_size({"width": 1280, "height": 1000})
     # A link to settings: written by the page, opened as a new page, run as it says.
@@ -529,8 +510,6 @@ def test_links_the_glossary_and_the_presenter_view(served):
     wait_status(page, rf"Done:.*budget {math.floor(0.15 * n + 1e-9)} tokens", FIRST_RESULT_MS)
     assert "Shared settings" in page.locator("#lesson-text").inner_text()
 
-
-# ================================================================ issue 42 (round four)
 
 #: The lesson picker's room for its text (from the text's start to the arrow) and the
 #: width every lesson title takes in the input's own font.
@@ -571,7 +550,7 @@ def no_error_badges(page) -> bool:
 
 
 def test_the_page_says_which_part_of_the_method_a_lesson_credits_and_titles_fit(served):
-    """Items 1, 2 and 10: the introduction says what the live lessons back and what
+    """The introduction says what the live lessons back and what
     they do not, each lesson what it credits; lesson 6's title claims no tie; every
     lesson title fits beside the picker's arrow; the needle strip's tick labels keep
     apart; at 1280 and 800 px."""
@@ -598,7 +577,7 @@ def test_the_page_says_which_part_of_the_method_a_lesson_credits_and_titles_fit(
 
 
 def test_a_short_prompt_with_pages_of_64_never_locks_the_page(served):
-    """Items 3 and 5: a custom prompt of about 50 tokens at pages of 64 is refused at
+    """A custom prompt of about 50 tokens at pages of 64 is refused at
     20 %; 100 % runs, says in words that it is the only budget that fits, and leaves no
     error badge and a budget box that still takes a value. After a failed run, a
     refusal does not point at results that are gone."""
@@ -631,25 +610,8 @@ def test_a_short_prompt_with_pages_of_64_never_locks_the_page(served):
     assert "results below" not in status and "back at" not in status, status
 
 
-def test_a_refused_run_leaves_the_verdict_not_checked(served):
-    """Item 4: lesson 1 with a context of 320 tokens (a new prefill) is refused at its
-    10 %; its verdict then says it was not checked, never 'checking on this run...'."""
-    page, _, url = served
-    open_app(page, url)
-    open_accordion(page, "Prompt")
-    type_into(number_box(page, "Context length (tokens)"), "320")
-    page.get_by_role("button", name="Run", exact=True).click()
-    wait_status(page, r"Error:.*Budget A must be a number from .* got 10\.", SOON_MS)
-    page.wait_for_function(
-        "() => document.querySelector('#lesson-observation').innerText.includes('not checked')",
-        timeout=SOON_MS,
-    )
-    verdict = observation_text(page)
-    assert "not checked: nothing ran" in verdict and "checking on this run" not in verdict
-
-
 def test_lesson_7_verdict_follows_the_mechanism_tab(served):
-    """Item 6: with 4 heads and 128 tokens, the verdict speaks of the table beside it."""
+    """With 4 heads and 128 tokens, the verdict speaks of the table beside it."""
     page, _, url = served
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 1000})
@@ -676,7 +638,7 @@ def test_lesson_7_verdict_follows_the_mechanism_tab(served):
 
 
 def test_a_model_not_installed_is_said_at_once_and_the_box_shows_what_ran(served, monkeypatch):
-    """Item 7: qwen-coder-0.5b without its install: no 'Loading the model' line, no hub
+    """qwen-coder-0.5b without its install: no 'Loading the model' line, no hub
     attempt, the run on the bundled model says why, and the Model box shows bundled."""
     import dataclasses
 
@@ -713,22 +675,8 @@ def test_a_model_not_installed_is_said_at_once_and_the_box_shows_what_ran(served
     assert asked == []
 
 
-def test_links_to_no_lesson_and_to_settings_that_do_not_run_say_so(served):
-    """Item 9: `?lesson=99` opens lesson 1 and says why; a link whose settings do not run
-    says so above the error instead of 'the run below is theirs'."""
-    page, _, url = served
-    for asked in ("99", "abc", "0"):
-        open_app(page, url, f"?lesson={asked}")
-        status = page.locator("#run-status").inner_text()
-        assert f"The link asked for lesson '{asked}', which does not exist" in status, status
-    page.goto(url + "/?page_size=3", wait_until="domcontentloaded")
-    wait_status(page, r"Error:.*page size A must be one of", timeout=SOON_MS)
-    text = page.locator("#lesson-text").inner_text()
-    assert "settings that do not run" in text and "the run below is theirs" not in text, text
-
-
 def test_the_needle_strip_s_tick_labels_keep_apart(served):
-    """Item 10: a token strip (page size 1) around a two-token answer: its labels at
+    """A token strip (page size 1) around a two-token answer: its labels at
     1280 and 800 px neither overlap nor touch ("60" and "61" side by side read as
     "6061" at 800 px); the answer's tokens are labelled once, "60–61"."""
     page, _, url = served
@@ -761,9 +709,8 @@ def test_the_needle_strip_s_tick_labels_keep_apart(served):
 
 
 def test_quick_next_presses_go_as_many_lessons_on(served):
-    """Issue 57, item 7: three presses of Next right after the page opens landed on
-    lesson 3, not 4 (each press stepped from the lesson still on screen). Each press now
-    steps on from the lesson the press before asked for."""
+    """Three presses of Next right after the page opens land on lesson 4: each press
+    steps on from the lesson the press before asked for, not from the one on screen."""
     page, _, url = served
     page.set_viewport_size({"width": 1280, "height": 1000})
     open_app(page, url)
@@ -777,21 +724,19 @@ def test_quick_next_presses_go_as_many_lessons_on(served):
     nxt = page.get_by_role("button", name="Next lesson")
     lesson4 = app.LESSONS[3]
     wait_lesson_checked(page, lesson4)
-    page.wait_for_timeout(1500)  # nothing queued behind it moves the page on
+    # Every press served (no lesson still asked for) and nothing loading.
+    page.wait_for_function("() => !window.pagekvTarget", timeout=SOON_MS)
+    wait_drawn(page)
     text = page.locator("#lesson-text").inner_text()
     assert lesson4.title in text and "Lesson 4 of 8" in text, text
-    assert page.evaluate("window.pagekvTarget") is None  # the presses are all served
     # A press after them steps from lesson 4.
     nxt.click()
     wait_lesson_checked(page, app.LESSONS[4])
     assert "Lesson 5 of 8" in page.locator("#lesson-text").inner_text()
 
 
-# ---------------------------------------------------------------- round five, item 1
-
-
 def test_the_first_screen_draws_the_idea_and_a_live_chart_of_the_run(served):
-    """Issue 57, item 1: at 1280x800 and 800x1000, the first screen holds the drawing of
+    """At 1280x800 and 800x1000, the first screen holds the drawing of
     a GQA group (one shared cache, the union of per-head picks, pooled pages) and the
     live chart of what each (layer, group) of the run stores over its budget. The chart
     is the run's: its fullest point times the budget is the answers table's "stored
@@ -849,7 +794,7 @@ LABELS_CROWDED_JS = """(sel) => {
 
 
 def test_lesson_8_figures_fit_and_keep_their_labels_apart(served):
-    """Issue 57, item 14: at 1280 and 800 px, lesson 8's two replay figures keep their
+    """At 1280 and 800 px, lesson 8's two replay figures keep their
     titles inside the frame and apart (the RULER panels' titles collided at 800 px),
     their bar labels apart (the "7 %" labels crowded), and every RULER line is drawn
     in a colour that shows on white."""

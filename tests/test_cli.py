@@ -117,7 +117,7 @@ def test_policy_all_table_and_json(capsys):
 
 def test_eval_without_lm_eval_says_what_to_install_in_one_line(tmp_path):
     """`python -m pagekv eval` where lm-evaluation-harness does not import: one sentence
-    naming the install, exit 2, no traceback (issue 57, item 11). lm-eval is hidden from
+    naming the install, exit 2, no traceback. lm-eval is hidden from
     a subprocess by a module of that name that raises as a missing one does."""
     hide = tmp_path / "hide"
     hide.mkdir()
@@ -132,3 +132,31 @@ def test_eval_without_lm_eval_says_what_to_install_in_one_line(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
     assert 'pip install ".[eval]"' in out.stderr and out.stderr.startswith("pagekv: error:")
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["run", "--task", "qa", "--name", "nope"], "unknown qa task 'nope'; choose from"),
+        (["run", "--task", "code", "--name", "qa_larkspur_wifi"], "unknown code task"),
+        (["run", "--model", "no-such-model"], "cannot load model 'no-such-model'"),
+        (["run", "--model", "no-org/no-model"], "the Hugging Face hub is unreachable"),
+        (["run", "--budget", "0.01"], "--budget 0.01 keeps fewer tokens than the protected"),
+        (["run", "--budget", "0.05", "--context", "300"], "of about 300 tokens hold: at least"),
+    ],
+)
+def test_the_cli_refuses_a_task_or_model_before_loading_any_model(argv, said, monkeypatch, capsys):
+    """An unknown task or model, or a budget no prompt of about `--context` tokens can
+    take, is refused in one line before any model loads."""
+    import pagekv.runtime.models as models
+    from pagekv.cli import main
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(models, "load_model", no_load)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagekv: error:") and err.count("\n") == 1, err
+    assert said in err and "a model was loaded" not in err

@@ -124,7 +124,7 @@ def test_the_static_step_reads_nothing_from_the_host(monkeypatch):
     assert reads.total == 0, reads.counts
     with reads:  # the check bites: a position read back to the host is counted
         step(ids, int(pos.item()), static)
-    assert reads.total == 1, reads.counts
+    assert reads.total > 0, reads.counts
 
 
 class _FakeCuda:

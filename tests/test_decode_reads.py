@@ -1,5 +1,5 @@
-"""The greedy decode waits on the device once per chunk of tokens, not once per token
-(issue 40): decoding 8 more tokens in chunks of 4 adds 2 host reads, counted two ways as
+"""The greedy decode waits on the device once per chunk of tokens, not once per token:
+decoding 8 more tokens in chunks of 4 adds 2 host reads, counted two ways as
 in tests/test_host_waits.py (reads of tensors everywhere; on CUDA also the syncs that
 `torch.cuda.set_sync_debug_mode` reports). A negative control reads every token."""
 

@@ -306,3 +306,64 @@ def test_strip_ticks_keep_clear_of_each_other():
     # Two needle tokens side by side: one label, never "107" and "108" apart.
     vals, text = strip_ticks(list(range(104, 112)), [107, 108])
     assert "107–108" in text and "107" not in text and "108" not in text
+
+
+def test_the_memory_chart_labels_say_their_unit():
+    """The memory chart's bar labels (tokens) and axis (MiB) each say their unit."""
+    from pagekv.app.figures.eviction import memory_bars
+
+    fig = memory_bars([{"policy": "entropy", "tokens": 300, "bytes": 3 * 2**20}])
+    assert fig.layout.yaxis.title.text == "KV cache kept (MiB)"
+    assert list(fig.data[0].text) == ["300 tokens"]
+    assert "MiB" in fig.data[0].hovertemplate and "per (layer, group)" in fig.data[0].hovertemplate
+
+
+def test_the_head_that_gains_most_with_isolation_is_never_a_sink_head():
+    """The "gains most with isolation" arrow and lesson 3's measurement pick among the
+    heads that are not sinks (the weight isolation takes from the sink heads goes to
+    the others)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from pagekv.app.figures.eviction import head_weights_bars
+    from pagekv.maths.metrics import isolation_gain
+
+    iso = torch.tensor([[0.50, 0.30, 0.20, 0.40, 0.35, 0.25]])
+    raw = torch.tensor([[0.20, 0.40, 0.40, 0.30, 0.30, 0.40]])  # head 0 gains 0.30, most
+    sinks = torch.tensor([[True, False, False, False, True, False]])
+    assert isolation_gain(iso[0], raw[0]) == (0, pytest.approx(0.3))  # unmasked: a sink
+    assert isolation_gain(iso[0], raw[0], sinks[0]) == (3, pytest.approx(0.1))
+    assert isolation_gain(iso[0], raw[0], torch.ones(6, dtype=torch.bool)) == (-1, 0.0)
+    mass = torch.tensor([[0.9, 0.2, 0.7, 0.1, 0.8, 0.3]])
+    p = SimpleNamespace(weights_isolated=iso, weights_nosink=raw, sink_heads=sinks, n_groups=2,
+                        sink_mass=mass)  # fmt: skip
+    fig = head_weights_bars(p, 0)
+    marks = [a for a in fig.layout.annotations if "gains most" in a.text]
+    assert [m.x for m in marks] == ["g1 h3"]
+    # Head 2 loses most (0.20), with a sink mass of 0.70 though not labelled a sink.
+    lost = [a for a in fig.layout.annotations if "loses most" in a.text]
+    assert [(m.x, "(sink mass 0.70)" in m.text) for m in lost] == [("g0 h2", True)]
+
+
+def test_the_head_losing_most_with_isolation_is_marked_with_its_sink_mass(bundled_study):
+    """The head losing most weight under isolation is marked with its sink mass, labelled
+    a sink or not; the weights view's caption speaks to both lessons that open it (3:
+    sinks, 6: entropy against mean)."""
+    from pagekv.app.figures import head_weights_bars
+    from pagekv.app.page_text import CAPTIONS
+
+    runner = bundled_study.runner
+    ids = bundled_study.tokenizer.encode("Sinks and heads: a page of plain words. " * 40)[:320]
+    pre = runner.prefill(ids, window_max=32)
+    plan = runner.plan(pre, EvictionConfig(policy="entropy", budget=0.3))
+    loss = plan.weights_nosink - plan.weights_isolated  # [L, H]
+    layer = int(loss.max(-1).values.argmax())
+    head = int(loss[layer].argmax())
+    fig = head_weights_bars(plan, layer)
+    marks = [a for a in fig.layout.annotations if "loses most" in (a.text or "")]
+    assert len(marks) == 1
+    assert marks[0].x.startswith(f"g{head // 3} h{head}")
+    assert f"(sink mass {float(plan.sink_mass[layer, head]):.2f})" in marks[0].text
+    caption = CAPTIONS["weights"]
+    assert "1/r" in caption and "losing most" in caption and "sink heads that gain" not in caption

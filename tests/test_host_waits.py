@@ -4,7 +4,7 @@ A host wait is a point where the host needs a device result in hand: a value rea
 (`item`, `tolist`, `bool`, `int`, `float`, `__index__`) or an operation whose output
 size depends on the data (a boolean-mask index, `nonzero`, `masked_select`). Scoring,
 weights, pooling, selection (`Runner.evict`, with its `Runner.plan`) and the gather into
-the decode cache (`Runner.decode_cache`) must make as many with 2 layers as with 6: the
+the decode cache (`Runner.decode_cache`) must make as many at 2, 4 and 6 layers (no slope): the
 plan's counts are read once, the gather is one launch for all layers with one bounds
 check, the cache's tables go to the device in one copy, and the page geometry is host
 arithmetic on `n` and `P`.
@@ -13,12 +13,12 @@ Counted two ways. Everywhere, by wrapping those points on `torch.Tensor` (`HostR
 on the CPU the count also takes in reads of the small host tensors of the page geometry,
 which wait on nothing: an upper bound, and constant too. On CUDA, in addition, by
 `torch.cuda.set_sync_debug_mode("warn")`, which reports every synchronising operation,
-copies to and from the device included. A negative control plants the old per-layer
-wait (a bounds check read back per layer) and the count grows with the layers.
+copies to and from the device included. A negative control plants a per-layer wait
+(a bounds check read back per layer) and the count grows with the layers.
 
 The device work is constant in the depth too, on the Triton backend (the GPU's): the
 operations the step dispatches (`TorchDispatchMode`), less views and allocations (an
-output tensor per layer is the one thing that grows), are as many at 2 layers as at 6.
+output tensor per layer is the one thing that grows), are as many at 2, 4 and 6 layers.
 At these sizes the step is bound by the host's launches, so each per-layer operation
 would cost its launch at every layer of a 28-layer model. The cache that wraps a
 prefill's layers for the reconstruction pass (`_new_cache`) dispatches nothing per
@@ -53,9 +53,7 @@ CASES = [
     ("head_independent", "uniform"),
     ("entropy", "global"),
 ]
-DEPTHS = (2, 6)
-#: The most host reads one eviction step may make (all of them constant in the depth).
-MAX_READS = 24
+DEPTHS = (2, 4, 6)
 
 #: Tensor methods that hand a device value to the host.
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero")
@@ -199,21 +197,20 @@ def test_host_waits_do_not_grow_with_the_layers(models, device, monkeypatch, bac
     reads = HostReads(monkeypatch).install()
     runners = _warmed(models, device, backend, cfg)
     got = {L: _step_reads(runners[L], device, cfg, reads) for L in DEPTHS}
-    (n2, c2, s2), (n6, c6, s6) = got[2], got[6]
-    assert n2 == n6, f"host reads grow with the layers: {dict(c2)} at L=2, {dict(c6)} at L=6"
-    assert n6 <= MAX_READS, dict(c6)
+    n = {L: got[L][0] for L in DEPTHS}
+    assert len(set(n.values())) == 1, {L: dict(got[L][1]) for L in DEPTHS}  # no slope
     if device.type == "cuda":
-        n_s2, n_s6 = sum(s2.values()), sum(s6.values())
-        assert n_s2 == n_s6, (
-            f"CUDA syncs differ with the depth: {n_s2} at L=2, {n_s6} at L=6; only at "
-            f"L=2: {dict(s2 - s6)}, only at L=6: {dict(s6 - s2)}"
+        (_, _, s2), (_, _, s6) = got[2], got[6]
+        assert s2.total() == s6.total(), (
+            f"CUDA syncs differ with the depth: only at L=2: {dict(s2 - s6)}, "
+            f"only at L=6: {dict(s6 - s2)}"
         )
 
 
 def test_the_count_sees_a_per_layer_wait(models, device, monkeypatch):
-    """Negative control: the gather as compaction was before issue 20, one launch per
-    layer, each launcher checking its indices' bounds with a read, makes the count grow
-    by at least one per layer (and so fails the test above)."""
+    """Negative control: a gather of one launch per layer, each launcher checking its
+    indices' bounds with a read, makes the count grow with the layers (and so fails the
+    test above)."""
     from pagekv.runtime import paged_cache
     from pagekv.runtime.backend import gather_layers
 
@@ -228,7 +225,7 @@ def test_the_count_sees_a_per_layer_wait(models, device, monkeypatch):
     reads = HostReads(monkeypatch).install()
     runners = _warmed(models, device, "triton", cfg)
     n = {L: _step_reads(runners[L], device, cfg, reads)[0] for L in DEPTHS}
-    assert n[6] - n[2] >= 6 - 2, n
+    assert n[2] < n[4] < n[6], n
 
 
 class DeviceOps(TorchDispatchMode):
@@ -264,20 +261,19 @@ def test_device_work_does_not_grow_with_the_layers(models, device, case):
     policy, allocation = case
     cfg = EvictionConfig(policy=policy, budget=0.4, page_size=8, window=16, allocation=allocation)
     runners = _warmed(models, device, "triton", cfg)
-    c2, c6 = (_step_ops(runners[L], cfg) for L in DEPTHS)
-    assert c2 == c6, f"grow with the layers: {dict(c6 - c2)}; fewer at L=6: {dict(c2 - c6)}"
+    c2, c4, c6 = (_step_ops(runners[L], cfg) for L in DEPTHS)
+    assert c2 == c4 == c6, f"grow with the layers: {dict(c6 - c2)}; fewer: {dict(c2 - c6)}"
 
 
 def test_the_op_count_sees_per_layer_work(models, device, monkeypatch):
     """Negative control: one more operation per layer (each layer's padded indices
-    copied, as `.contiguous()` did before the kernel read index views) makes the count
-    grow by one per layer."""
+    copied) makes the count grow with the layers."""
     padded = runner_mod.padded_kept_indices
     monkeypatch.setattr(runner_mod, "padded_kept_indices", lambda p: [i.clone() for i in padded(p)])
     cfg = EvictionConfig(policy="head_independent", budget=0.4, page_size=8, window=16)
     runners = _warmed(models, device, "triton", cfg)
-    c2, c6 = (_step_ops(runners[L], cfg) for L in DEPTHS)
-    assert sum(c6.values()) - sum(c2.values()) >= 6 - 2, dict(c6 - c2)
+    c2, c4, c6 = (_step_ops(runners[L], cfg).total() for L in DEPTHS)
+    assert c2 < c4 < c6, (c2, c4, c6)
 
 
 def _layer_pairs(n_layers: int, device, dtypes=(torch.float16,)) -> list:
@@ -323,9 +319,9 @@ def test_the_evicted_cache_layers_are_as_transformers_makes_them(device):
 
 
 def test_step_ops_baseline_is_the_per_layer_wrapping(monkeypatch, device):
-    """benchmarks/step_ops.py's baseline (`cache_per_layer`, what `_new_cache` did
-    before) builds the same layers and dispatches two tensors more per layer after the
-    first: the difference `--per-layer-cache` and `--new-cache` measure."""
+    """benchmarks/step_ops.py's baseline (`cache_per_layer`, transformers' per-layer
+    wrapping) builds the same layers and dispatches more with each layer: the difference
+    `--per-layer-cache` and `--new-cache` measure."""
     from tests.benchmark_scripts import load
 
     monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))
@@ -340,4 +336,4 @@ def test_step_ops_baseline_is_the_per_layer_wrapping(monkeypatch, device):
             counts.append(ops.total)
             assert [(la.keys, la.values) for la in cache.layers] == pairs
         extra.append(counts[0] - counts[1])
-    assert extra[0] == 0 and extra[1] > 0 and extra[2] == 5 * extra[1], extra
+    assert extra[0] < extra[1] < extra[2], extra

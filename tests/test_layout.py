@@ -366,11 +366,6 @@ def test_the_check_finds_a_missing_module(tmp_path):
     assert [len(_missing_modules(tmp_path, rel)) for rel in (a, b, c)] == [1, 1, 1]
 
 
-def test_the_app_module_stays_small():
-    """app.py lays out and wires the page; what it calls lives in pagekv (issue 41)."""
-    assert len((ROOT / "app.py").read_text().splitlines()) <= 500
-
-
 def test_few_modules_at_the_top():
     top = _top_modules(ROOT)
     assert len(top) <= MAX_TOP_MODULES, f"pagekv/ holds {len(top)} modules directly: {top}"

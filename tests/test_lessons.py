@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -34,6 +35,8 @@ from pagekv.app.lessons import (
 from pagekv.cli import main
 from pagekv.paths import POOLING_SEARCH_PATH
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def _sentences(text: str) -> int:
     return len([s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z])", text.strip()) if s])
@@ -48,8 +51,9 @@ def test_lesson_is_well_formed(lesson):
     assert lesson.title and lesson.observation.statement
     if lesson.kind == "live":
         assert lesson.a != lesson.b, "the two sides must differ"
-    if lesson.kind == "replay":
-        assert lesson.cites and "docs/results.md" in lesson.cites
+    if lesson.kind == "replay":  # the cite names a file of the repository
+        cited = re.findall(r"\b(?:docs|assets)/[\w./-]+\.\w+", lesson.cites or "")
+        assert cited and all((ROOT / path).is_file() for path in cited), lesson.cites
 
 
 def test_lesson_ids_unique_and_lookup():
@@ -386,7 +390,7 @@ def test_every_lesson_says_what_it_credits():
     """Each lesson says which part of the method its result belongs to, and the page
     shows it under the lesson's text; the introduction does not credit Page-EntroKV
     with what mean pooling shares, and says the entropy weighting's needle advantage
-    is not reproduced here (issue 42)."""
+    is not reproduced here."""
     from pagekv.app.page_text import INTRO, lesson_markdown
 
     for lesson in LESSONS:
@@ -420,3 +424,29 @@ def test_lesson_8_names_the_pooled_policies_the_replay_cannot_tell_apart():
     credit = lesson_text(lesson, tables, field="credit")
     assert f"mean pooling recalled {v['mean_inside']:.0%} and {v['mean_after']:.0%}" in credit
     assert v["mean_inside"] == v["ours_inside"] and v["mean_after"] == v["ours_after"]
+
+
+def test_the_readme_counts_the_live_lessons_the_console_warms():
+    """The app's guide (docs/app.md) counts the live lessons the console warms."""
+
+    from pagekv.app.lessons import LESSONS
+
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight"}
+    live = sum(x.kind == "live" for x in LESSONS)
+    readme = (ROOT / "docs" / "app.md").read_text()
+    assert f"the app computes its {words[live]} live lessons" in readme
+
+
+def test_lesson_8_says_what_it_compares_at():
+    """Lesson 8 says what each comparison holds equal: the replay's T4 at one token
+    budget, RULER at equal memory in each of three cache layouts (each named with the
+    cache that holds memory so), and a lead only where its interval clears 0."""
+    from pagekv.app.lessons import LAYOUT_NAMES, get_lesson, lesson_text
+
+    lesson = get_lesson("kvpress-same-memory")
+    assert "equal memory" in lesson.title and "cache by cache" in lesson.title
+    text = " ".join(lesson_text(lesson).split())
+    assert "at 20 % of a needle prompt" in text and "at equal memory in three cache" in text
+    assert all(name in text for name in LAYOUT_NAMES.values())
+    assert "A lead needs its 95 % interval clear of 0" in text
+    assert "{" not in text  # every number filled in from the results

@@ -27,7 +27,7 @@ def _load():
 
 def test_varied_settings_are_valid_and_varied():
     """Every varied run is valid input (its budget holds the protected pages even on a
-    prompt 10% shorter than asked), and the runs differ in what the issue lists."""
+    prompt 10% shorter than asked), and the runs differ in each setting a reader varies."""
     import app
     from pagekv.maths.paging import min_feasible_budget
 

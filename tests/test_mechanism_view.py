@@ -37,8 +37,7 @@ def test_every_slider_combination_gives_a_view(
 
 
 def test_the_default_sliders_with_a_sink_head():
-    """The combination the issue reported (defaults + "Add a sink head") now works and
-    says what it changed."""
+    """The default sliders with "Add a sink head" give a view and say what they changed."""
     view = mechanism_view(heads=3, distractors=2, sink_head=True, n=64, budget=0.19)
     assert view.notes and "using 1" in view.notes[0]
     assert view.mech.roles.count("sink") == 1

@@ -5,7 +5,7 @@ A hand-worked layout; a property test that appends in random chunks to groups of
 lengths and checks what is read back and what is attended (torch's path and the
 paged-decode kernel, interpreted on the CPU) against SDPA over each group's tokens
 concatenated; the runner's decode-time bytes: the kept pages plus room for the
-question and the answer, nothing more (issue 40's memory check); and the bytes a run
+question and the answer, nothing more; and the bytes a run
 allocates from the plan to the decode: the pool, one copy of the kept keys and values.
 """
 

@@ -178,7 +178,7 @@ def test_budget_below_protected_minimum_names_the_smallest_feasible_budget(profi
     ],
 )
 def test_a_plan_checks_its_budget_once(profiles, monkeypatch, policy, allocation):
-    """The budget's one check (issue 41): `plan` calls `check_budget` once, before any
+    """The budget's one check: `plan` calls `check_budget` once, before any
     selection, whatever the policy and allocation; the selectors it calls check nothing
     again. The public selectors check at their entry."""
     import pagekv.maths.paging as paging

@@ -1,6 +1,6 @@
 """The terminal's progress line (`pagekv.progress`): drawn on a terminal only, redrawn
 while a step runs, each finished step kept with its seconds; and the CLI's run on a
-terminal says each step (issue 57, item 3)."""
+terminal says each step."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_the_cli_run_says_each_step_on_a_terminal_and_nothing_in_a_pipe(monkeypa
 
 
 def test_the_warm_up_logs_each_step_of_a_lesson_once_as_it_starts(caplog, monkeypatch):
-    """The app's warm-up on the console (issue 57, item 3): each step a run's status
+    """The app's warm-up on the console: each step a run's status
     line names is logged when it starts, with its seconds and estimate, as plain text;
     a step still running is said again only after `every_s`; done lines are not."""
     from pagekv.app import lesson_handlers as lh

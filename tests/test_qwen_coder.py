@@ -16,8 +16,6 @@ import pytest
 
 from pagekv.app.lessons import get_lesson, run_lesson
 from pagekv.app.presets import check_preset, compare_preset, load_presets, preset_matches
-from pagekv.app.run_figures import comparison_figures
-from pagekv.engine.comparison import Side, preview_comparison
 from pagekv.engine.study import PromptSpec, Study
 from pagekv.runtime.models import QWEN_CODER, ModelLoadError, bundled_cache_dir
 
@@ -55,18 +53,6 @@ def test_full_cache_finds_the_needle(qwen, mode):
     prep = qwen.prepare(PromptSpec(task="needle", context=1000, depth=0.5, mode=mode))
     rec = qwen.run_full(prep)
     assert rec.correct, rec.answer
-
-
-def test_uor_view_follows_r(qwen):
-    """The UOR chart's worst case and the stored heatmap's scale are r = 7 here."""
-    spec = PromptSpec(task="needle", context=1000, depth=0.5)
-    comp = preview_comparison(qwen, spec, Side.of("head_independent"), Side.of("entropy"))
-    figs = comparison_figures(comp, only={"uor"})
-    fig = figs["uor"]
-    assert [s["y0"] for s in fig.layout.shapes] == [7]
-    assert fig.layout.yaxis.range[1] == pytest.approx(7.2)
-    uor_max = max(max(t.y) for t in fig.data if t.name == "head-independent, max")
-    assert 1.0 < uor_max <= 7.0
 
 
 @pytest.mark.parametrize("lesson_id", ["gqa-cost", "sink-masquerade"])

@@ -1,8 +1,8 @@
 """A ragged cache (head-independent unions, a global plan's allocation) takes the question
 in one step, each group's attention holding a causal block over the question's tokens:
-the same logits as feeding the question one token at a time (how it was decoded before
-issue 40), and so the same answers. A causal block that lets every question token see
-the whole question gives other logits: the check can fail."""
+the same logits as feeding the question one token at a time, and so the same answers. A
+causal block that lets every question token see the whole question gives other logits:
+the check can fail."""
 
 from __future__ import annotations
 

@@ -176,7 +176,7 @@ def test_quick_replay_files_and_invariants(quick_run):
     assert len(tabs["T3_sinks_per_layer"]) == 30
     # T4: every policy decoded; the full cache is the reference.
     assert {r["policy"] for r in tabs["T4_recall"]} >= {"entropy", "mean", "full"}
-    # QUICK also decodes the question-agnostic setting (issue 19) beside the window scorer.
+    # QUICK also decodes the question-agnostic setting beside the window scorer.
     got = {(r["budget"], r["scoring"]) for r in tabs["T4_recall"] if r["policy"] == "entropy"}
     assert got == {(b, s) for b in (0.2, 0.5) for s in ("window/uniform", "reconstruct/global, w8")}
     # Stored tokens: a uniform pooled plan stores its pages exactly; a global one keeps

@@ -1,5 +1,5 @@
-"""The replay view's caption counts its "look for" on the file's bars (issue 31, item
-4: it once said every bar is lower after compression while some are higher)."""
+"""The replay view's caption counts its "look for" on the file's bars (it must not say
+every bar is lower after compression while some are higher)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The replay's question-agnostic rows (issue 19): the jobs a grid with `scorings` makes,
+"""The replay's question-agnostic rows: the jobs a grid with `scorings` makes,
 and how T4, T6, T7 and the peer's table keep them apart from the window scorer's.
 
 No model here: the jobs are built from the grid, the tables from hand-made units.
@@ -16,7 +16,7 @@ CURATED = {"qa": ["qa_one", "qa_two"], "code": ["code_one"]}
 
 def test_scoring_labels():
     assert tables.scoring(EvictionConfig().to_dict()) == "window/uniform"
-    assert tables.scoring({}) == "window/uniform"  # units stored before issue 19
+    assert tables.scoring({}) == "window/uniform"  # units stored without a scoring
     rec = EvictionConfig(scorer="reconstruct", allocation="global", window=8).to_dict()
     assert tables.scoring(rec) == "reconstruct/global, w8"
     rec32 = EvictionConfig(scorer="reconstruct", allocation="global").to_dict()
@@ -49,7 +49,7 @@ def test_the_agnostic_grid_decodes_every_setting_at_every_budget():
     assert {j.spec for j in t4} == full_t4
 
 
-def test_grids_without_scorings_decode_as_before():
+def test_grids_without_scorings_decode_the_window_scorer_uniformly():
     for j in build_jobs(FULL, CURATED):
         cfgs = [cfg for _, cfg, _ in j.decodes]
         assert all(c.scorer == "window" and c.allocation == "uniform" for c in cfgs)

@@ -5,13 +5,15 @@ a lesson, a preset and a link build the same inputs the page's controls would se
 from __future__ import annotations
 
 import gradio as gr
+import pytest
 from gradio.helpers import special_args
 from gradio.utils import get_function_params
 
+from pagekv import EvictionConfig
 from pagekv.app import handlers
 from pagekv.app.lessons import LESSONS
 from pagekv.app.presets import load_presets, preset_inputs
-from pagekv.app.run_inputs import RUN_DEFAULTS, RunInputs, parse_run
+from pagekv.app.run_inputs import RUN_DEFAULTS, RunInputs, budget_rule, min_budget_pct, parse_run
 from pagekv.engine.comparison import Side
 from pagekv.engine.study import PromptSpec
 
@@ -21,9 +23,6 @@ def test_gradio_lists_the_run_inputs_by_name_with_their_defaults():
     assert handlers.run_comparison.__name__ == "run_comparison"  # as Gradio's queue names it
     assert [name for name, *_ in params] == list(RUN_DEFAULTS)
     assert {name: default for name, _, default, _ in params} == RUN_DEFAULTS
-    assert len(RUN_DEFAULTS) == 32 and list(RUN_DEFAULTS)[-4:] == [
-        "scorer_a", "allocation_a", "scorer_b", "allocation_b",
-    ]  # fmt: skip
 
 
 def test_gradio_passes_the_request_after_the_inputs(monkeypatch):
@@ -82,3 +81,52 @@ def test_a_preset_and_a_lesson_run_what_they_name():
         assert (spec, a, b) == (lesson.prompt.replace(mode=lesson.a.mode), lesson.a, lesson.b)
     r = RunInputs(context=300, link_b=False)
     assert RunInputs(**r.as_dict()) == r and r.replace(context=400).context == 400
+
+
+@pytest.mark.slow
+def test_the_readme_s_shortest_context_is_what_the_budgets_fit(bundled_study):
+    """docs/app.md: the shortest context (300) fits the default budget (20 %), its floor
+    16 %; the lessons' 10 % needs at least 600 (floor 9.5 %), and 500 does not fit it."""
+    from pathlib import Path
+
+    from pagekv import EvictionConfig
+    from pagekv.app.run_inputs import LIMITS, RunInputs, min_budget_pct
+    from pagekv.engine.study import PromptSpec
+
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "app.md").read_text()
+    cfg = EvictionConfig(page_size=16, n_sink=4, window=32)
+
+    def floor(context, mode="inside"):
+        spec = PromptSpec(task="needle", context=context, depth=0.5, seed=0, mode=mode)
+        return min_budget_pct(bundled_study.prepare(spec).n, cfg)
+
+    assert LIMITS["context"][0] == 300 and RunInputs().budget_pct == 20.0
+    assert floor(300) == 16.0 and floor(300, "after") <= 16.0
+    assert floor(600) == 9.5 and floor(600, "after") <= 10 < floor(500)
+    said = (
+        "300-8000: the shortest fits the default budget of 20 %, its protected pages needing "
+        "16 % at pages of 16; the lessons' 10 % needs at least 600, whose floor is 9.5 %"
+    )
+    assert said in readme
+
+
+CFG = EvictionConfig(page_size=16, n_sink=4, window=32)
+
+
+@pytest.mark.parametrize("got", [1e9, 150, "100.5", 101])
+def test_a_budget_above_100_is_refused_with_the_upper_limits_reason(got):
+    """A budget above 100 gets the upper limit's reason, never the floor's."""
+    said = budget_rule("A", got, CFG, n=2000)
+    floor = min_budget_pct(2000, CFG)
+    assert said.startswith(f"Budget A must be a number from {floor:g} to 100 (% of the prompt)")
+    assert "100 % keeps the whole of this 2000-token prompt, and no budget keeps more" in said
+    assert "protected pages" not in said and "do not fit" not in said
+    without_n = budget_rule("B", got, CFG)
+    assert "keeps the whole of the prompt" in without_n and "do not fit" not in without_n
+
+
+@pytest.mark.parametrize("got", [1, 0, -5, "abc", None])
+def test_a_budget_below_the_floor_keeps_the_floors_reason(got):
+    said = budget_rule("A", got, CFG, n=2000)
+    assert "the protected pages (the first 4 tokens and the last 32" in said
+    assert "keeps the whole" not in said

@@ -1,7 +1,7 @@
-"""pagekv as a package (issue 41): the wheel `pip install .` builds holds the library,
+"""pagekv as a package: the wheel `pip install .` builds holds the library,
 its kernels as `pagekv.kernels` and the data it reads, and nothing of the app; installed
 into a new virtual environment it imports, kernels and press included, from outside the
-checkout. Installed, lm-eval's own command line knows `--model pagekv` (issue 43: the
+checkout. Installed, lm-eval's own command line knows `--model pagekv` (the
 wheel's `pagekv_lm_eval.pth`, setup.py) and reports on two RULER samples the project's
 own scoring of the answers.
 

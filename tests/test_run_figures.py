@@ -1,7 +1,8 @@
-"""Figures drawn once per content (`pagekv.app.run_figures.memo_figure`, into a study's
-plan memo), and the app's views of head weights and sink mass drawn from it: the same
-across budgets, new when what they draw changes. The app's caches are its studies'
-three memos: no module of the app holds one of its own."""
+"""A run's figures (`pagekv.app.run_figures`): each drawn once per content
+(`memo_figure`, into a study's plan memo), the views of head weights and sink mass the
+same across budgets and new when what they draw changes, and the UOR chart's worst case
+and the stored heatmap's colour scale at the model's r. The app's caches are its
+studies' three memos: no module of the app holds one of its own."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pagekv import EvictionConfig, PromptSpec
 from pagekv.app import run_figures as fm
 from pagekv.app.figures import eviction as fp
 from pagekv.app.run_figures import comparison_figures
+from pagekv.engine.comparison import Side, preview_comparison
 from pagekv.engine.memo import ByteLRU
+from pagekv.engine.worker import ModelWorker
 from tests.test_figures_readable import random_plan
 from tests.test_worker_stress import _tiny_study, tokenizer  # noqa: F401 (a fixture)
 
@@ -190,3 +194,23 @@ def test_the_layer_control_draws_the_runs_own_view():
     drawn = comparison_figures(comp, layer=1, only={"weights"})["weights"]
     assert handlers.sent(drawn).plot == sent.plot
     assert handlers.update_layer(None, 0) is None
+
+
+def test_the_uor_chart_and_stored_scale_are_at_r(tokenizer):  # noqa: F811
+    """At r = 7 (14 query heads over 2 KV heads, qwen-coder-0.5b's groups, on a small
+    random Qwen2 decoder), the UOR chart marks its worst case at 7, with the axis above
+    it and the head-independent union between 1 and 7; the stored heatmap's colour
+    scale ends at 7."""
+    study = _tiny_study(tokenizer, ModelWorker(), n_heads=14, family="qwen2")
+    assert study.loaded.group_size == 7
+    spec = PromptSpec(task="needle", context=300, depth=0.5, seed=2)
+    base = EvictionConfig(budget=0.3, page_size=4, window=8)
+    a, b = Side(base.replace(policy="head_independent")), Side(base.replace(policy="entropy"))
+    figs = comparison_figures(preview_comparison(study, spec, a, b), only={"uor", "stored"})
+    uor = figs["uor"]
+    assert any(s.y0 == s.y1 == 7 for s in uor.layout.shapes)  # the worst case's line
+    assert "r = 7" in uor.layout.annotations[0].text
+    assert uor.layout.yaxis.range[1] > 7
+    top = max(max(t.y) for t in uor.data if t.name == "head-independent, max")
+    assert 1.0 < top <= 7.0  # the union of 7 heads' picks: above 1, at most r
+    assert {t.zmax for t in figs["stored"].data if t.type == "heatmap"} == {7.0}
