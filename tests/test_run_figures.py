@@ -93,15 +93,18 @@ def test_the_memo_is_bounded():
 
 def test_no_module_of_the_app_holds_a_cache_of_its_own():
     """The app's caches are each study's prefill, plan and result memos: importing the
-    whole app leaves no `ByteLRU` at any module's top level, nor a function cached by
-    its arguments (a value built once, with none, is not a cache of results)."""
+    whole app and the engine leaves no `ByteLRU` at any module's top level, nor a
+    function cached by its arguments (a value built once, with none, is not a cache of
+    results)."""
     import importlib
     import inspect
     import pkgutil
 
     import pagekv.app
+    import pagekv.engine
 
     names = [m.name for m in pkgutil.walk_packages(pagekv.app.__path__, "pagekv.app.")]
+    names += [m.name for m in pkgutil.walk_packages(pagekv.engine.__path__, "pagekv.engine.")]
     modules = [importlib.import_module(name) for name in ["app", *names]]
     held = [
         f"{mod.__name__}.{attr}"
