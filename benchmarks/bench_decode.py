@@ -35,33 +35,10 @@ from pagekv import POLICIES, EvictionConfig  # noqa: E402
 from pagekv.engine.study import PromptSpec, Study  # noqa: E402
 from pagekv.runtime.backend import compact_layer  # noqa: E402
 from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
+from pagekv.runtime.machine import cpu_facts  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
 from pagekv.runtime.prefill import forward  # noqa: E402 (one token's forward into a cache)
 from pagekv.runtime.runner import _now  # noqa: E402 (wall time after the device's queue)
-
-#: The CPU flags that decide which dtypes run fast (named beside every CPU timing).
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
-
-
-def cpu_facts() -> dict:
-    """The CPU the timings ran on: its model name, the `CPU_FLAGS` it has, its cores and
-    the load average when written (other work on the cores slows every figure)."""
-    name, flags = "unknown", set()
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return {
-        "model": name,
-        "flags": [f for f in CPU_FLAGS if f in flags],
-        "cores": os.cpu_count(),
-        "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
-    }
 
 
 def main(argv=None):

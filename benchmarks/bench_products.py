@@ -34,7 +34,7 @@ from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_decode import cpu_facts  # noqa: E402
+from pagekv.runtime.machine import cpu_facts  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
 from pagekv.runtime.prefill import cache_kwarg  # noqa: E402
 

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_decode import cpu_facts  # noqa: E402
+from pagekv.runtime.machine import cpu_facts  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
 from pagekv.runtime.runner import Runner  # noqa: E402
 from pagekv.tasks.needle import make_needle_task  # noqa: E402

@@ -50,6 +50,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import platform
 import random
@@ -72,11 +73,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402  (the lesson list, the output order and the run inputs)
-from benchmarks.bench_decode import cpu_facts  # noqa: E402  (the CPU beside every timing)
-from experiments.replay.tables import quantile  # noqa: E402
 from pagekv.app import handlers, lesson_handlers  # noqa: E402
 from pagekv.app.lessons import LESSONS  # noqa: E402
 from pagekv.engine.study import MODES  # noqa: E402
+from pagekv.runtime.machine import cpu_facts  # noqa: E402  (the CPU beside every timing)
 
 GB = 1e9
 POLL_S = 0.05  # how often a student's thread reads its job's status
@@ -487,6 +487,17 @@ def varied_runs(url: str, n: int, deadline: float, contexts=CONTEXTS) -> tuple[l
 # ----------------------------------------------------------------- summary
 
 
+def quantile(xs, q):
+    """The `q`-quantile of `xs`, Nones left out (None if nothing is left); linear
+    interpolation, as numpy's default."""
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    i = (len(xs) - 1) * q
+    lo, hi = math.floor(i), math.ceil(i)
+    return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
+
+
 def _stats(xs: list[float]) -> dict:
     out = {"p50": quantile(xs, 0.5), "p95": quantile(xs, 0.95), "max": max(xs, default=None)}
     return {k: None if x is None else round(x, 3) for k, x in out.items()}
@@ -530,7 +541,7 @@ def print_table(title: str, summary: dict):
 
 
 def machine_state() -> dict:
-    """The machine the class ran on: its CPU (`bench_decode.cpu_facts`: model, the flags
+    """The machine the class ran on: its CPU (`pagekv.runtime.machine.cpu_facts`: model, the flags
     that decide which dtypes run fast, cores, load average), platform and Python."""
     cpu = cpu_facts()
     return {

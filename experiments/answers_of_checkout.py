@@ -51,7 +51,7 @@ def answers(tree: str, dtype: str) -> dict:
         from pagekv.engine.study import PromptSpec, Study
     except ModuleNotFoundError:  # a checkout from before the engine was library code
         try:
-            from pagekv.app.study import PromptSpec, Study
+            from pagekv.engine.study import PromptSpec, Study
         except ModuleNotFoundError:  # from before the app's parts were pagekv/app
             from pagekv.serving.study import PromptSpec, Study
     from pagekv.runtime.models import load_model

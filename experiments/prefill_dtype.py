@@ -28,10 +28,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from benchmarks.bench_decode import cpu_facts  # noqa: E402
 from experiments.decode_agreement import case_rows, counts, specs  # noqa: E402
 from pagekv import Runner  # noqa: E402
 from pagekv.engine.study import Study  # noqa: E402
+from pagekv.runtime.machine import cpu_facts  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
 
 

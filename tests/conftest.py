@@ -13,14 +13,17 @@
 
 Every other environment change in a test goes through `monkeypatch`.
 
-Opt-in tests (the second bundled model: `PAGEKV_TEST_QWEN=1`) skip with a reason that
-starts "opt-in:" and names the variable; the summary prints a line per such reason
-with the count. Opted in, they fail where the model is missing.
+Opt-in tests skip with a reason that starts "opt-in:" and names the variable that runs
+them; the summary prints a line per such reason with the count. Opted in, they fail
+where what they need is missing. The tests marked `kvpress` (they run NVIDIA kvpress in
+its own venv, `experiments/peer/kvpress_peer.py`) are opt-in here, by their mark:
+`PAGEKV_TEST_KVPRESS=1` runs them.
 
-Under `CI=true` a run in which tests were skipped for want of the bundled model or of
-the browser (playwright, /usr/bin/chromium) fails (exit status 1, the tests named in
-the summary): a green CI means the model ran and the browser test looked at every
-lesson. Skips for CUDA or kvpress's opt-in do not count.
+Under `CI=true` a run in which tests were skipped for want of the bundled model, of the
+browser (playwright, /usr/bin/chromium) or of their opt-in fails (exit status 1, the
+tests named in the summary): a green CI means the model ran, the browser test looked at
+every lesson and every opt-in test ran (.ci/run opts in; it runs the kvpress tests in a
+second pytest run, `-m kvpress`, after building their venv). Skips for CUDA do not count.
 """
 
 import os
@@ -49,17 +52,25 @@ BROWSER_MISSING = (
     "playwright is not installed",
     "/usr/bin/chromium is missing",
 )
+#: The start of the reason of every opt-in skip (and the sign of one under `CI=true`).
+OPT_IN = "opt-in:"
+#: The variable that runs the tests marked `kvpress`, and their skip reason without it.
+KVPRESS_OPT_IN = "PAGEKV_TEST_KVPRESS"
+KVPRESS_SKIP = (
+    f"{OPT_IN} {KVPRESS_OPT_IN}=1 runs the kvpress tests (in kvpress's own venv, built once "
+    "by experiments/peer/kvpress_peer.py: a download of about 1 GB)"
+)
 #: (test id, skip reason) of every skip in this session.
 _SKIPPED: list[tuple[str, str]] = []
 
 
 def ci_failing_skips(skipped, environ) -> list[str]:
     """The test ids among `skipped` ((test id, skip reason) pairs) that were skipped for
-    want of the bundled model or the browser, when `environ` says CI (`CI=true`); else
-    none."""
+    want of the bundled model, the browser or their opt-in, when `environ` says CI
+    (`CI=true`); else none."""
     if environ.get("CI") != "true":
         return []
-    signs = BUNDLED_MODEL_MISSING + BROWSER_MISSING
+    signs = BUNDLED_MODEL_MISSING + BROWSER_MISSING + (OPT_IN,)
     return [nodeid for nodeid, reason in skipped if any(sign in reason for sign in signs)]
 
 
@@ -96,6 +107,15 @@ def bundled_study():
         pytest.skip(f"bundled model unavailable: {e}")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests marked `kvpress` skip unless `PAGEKV_TEST_KVPRESS=1`."""
+    if os.environ.get(KVPRESS_OPT_IN) == "1":
+        return
+    for item in items:
+        if item.get_closest_marker("kvpress"):
+            item.add_marker(pytest.mark.skip(reason=KVPRESS_SKIP))
+
+
 def pytest_sessionstart(session):
     _SKIPPED.clear()
 
@@ -118,8 +138,8 @@ def opt_in_skips(skipped) -> dict[str, int]:
     reason (each says which variable runs them)."""
     counts: dict[str, int] = {}
     for _, reason in skipped:
-        if "opt-in:" in reason:  # pytest may put "Skipped: " before it
-            reason = "opt-in:" + reason.split("opt-in:", 1)[1]
+        if OPT_IN in reason:  # pytest may put "Skipped: " before it
+            reason = OPT_IN + reason.split(OPT_IN, 1)[1]
             counts[reason] = counts.get(reason, 0) + 1
     return counts
 
@@ -129,11 +149,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"{count} test(s) not run, {reason}")
     missing = ci_failing_skips(_SKIPPED, os.environ)
     if missing:
-        terminalreporter.section("CI=true: the bundled model or the browser did not run", red=True)
+        terminalreporter.section(
+            "CI=true: the bundled model, the browser or an opt-in test did not run", red=True
+        )
         terminalreporter.write_line(
             f"{len(missing)} test(s) skipped because the bundled model (bash scripts/setup.sh "
             "installs it) or the browser (.ci/run installs chromium and playwright) is "
-            "missing; with CI=true that fails the run:",
+            "missing, or their opt-in variable is not set (.ci/run sets them); with CI=true "
+            "that fails the run:",
             red=True,
         )
         for nodeid in missing:

@@ -61,14 +61,7 @@ from experiments.peer import kvpress_peer as kp
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "tests" / "kvpress_generic" / "checks.py"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.kvpress,
-    pytest.mark.skipif(
-        os.environ.get("PAGEKV_TEST_KVPRESS") != "1",
-        reason="needs kvpress's own venv (~1 GB download once); set PAGEKV_TEST_KVPRESS=1",
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.kvpress]  # opt-in: tests/conftest.py
 
 VARIANTS = ("entropy-window", "entropy-reconstruct", "meanpool-window", "meanpool-reconstruct")
 

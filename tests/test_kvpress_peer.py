@@ -349,16 +349,12 @@ HAYSTACK = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 ) * 6
 NEEDLE = "The secret passcode is 7351. "
-_ASKED = pytest.mark.skipif(
-    os.environ.get("PAGEKV_TEST_KVPRESS") != "1",
-    reason="creates kvpress's own venv (~1 GB download); set PAGEKV_TEST_KVPRESS=1",
-)
 
 
 def OPT_IN(test):  # noqa: N802 (a decorator, read as the marks it stands for)
-    """The marks of a test that runs kvpress itself: slow, kvpress, and only where
-    `PAGEKV_TEST_KVPRESS=1` asks for it."""
-    return pytest.mark.slow(pytest.mark.kvpress(_ASKED(test)))
+    """The marks of a test that runs kvpress itself: slow and kvpress (which runs only
+    where `PAGEKV_TEST_KVPRESS=1` asks for it: tests/conftest.py)."""
+    return pytest.mark.slow(pytest.mark.kvpress(test))
 
 
 QUESTION = "What is the secret passcode?"

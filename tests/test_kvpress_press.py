@@ -674,12 +674,7 @@ def test_worker_knows_the_pagekv_presses():
     assert req["expected_kept"] == 20 and req["press"] == "pagekv_entropy"
 
 
-# ------------------------------------------------------------------ opt-in: inside kvpress
-
-OPT_IN = pytest.mark.skipif(
-    os.environ.get("PAGEKV_TEST_KVPRESS") != "1",
-    reason="needs kvpress's own venv (~1 GB download once); set PAGEKV_TEST_KVPRESS=1",
-)
+# ------------------------------------------------------------------ inside kvpress (marked kvpress)
 
 #: (prompt spec fields, [(policy, budget, page_size)]) checked for parity.
 PARITY_PROMPTS = (
@@ -758,7 +753,6 @@ def parity_report(max_new_tokens: int = MAX_NEW) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.kvpress
-@OPT_IN
 def test_parity_with_the_runner_on_the_bundled_model():
     rows = parity_report()
     for r in rows:
@@ -800,7 +794,6 @@ def _fake_hub(tmp_path: Path, repo_id: str, model_dir: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.kvpress
-@OPT_IN
 def test_five_line_example_runs_as_written(tmp_path):
     block = _readme_block()
     repo_id = re.search(r'model="([^"]+)"', block).group(1)
@@ -843,7 +836,6 @@ def test_five_line_example_runs_as_written(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.kvpress
-@OPT_IN
 def test_a_short_prompt_at_ratio_0_8_never_aborts_the_pipeline(tmp_path):
     """As kvpress's own generic press tests do (every press at ratios 0.2 and 0.8 on short
     prompts): through kvpress's pipeline, a budget below the sink and window pages keeps
@@ -929,7 +921,6 @@ print(json.dumps({
 
 @pytest.mark.slow
 @pytest.mark.kvpress
-@OPT_IN
 def test_reconstruct_scorer_through_kvpress_pipeline(tmp_path):
     """scorer="reconstruct" in kvpress's real pipeline on the bundled model (SmolLM2-135M,
     GQA 9/3): the question is asked after the press compressed the context when its block

@@ -475,6 +475,47 @@ def test_the_check_finds_pagekv_in_kernels(tmp_path):
     assert _pagekv_in_kernels(tmp_path, rel) == ["pagekv.maths"]
 
 
+# ------------------------------------------------------------------ the two harnesses
+
+#: benchmarks/ and experiments/ stand on the library; neither imports the other (what
+#: both need lives in `pagekv`, or is copied).
+HARNESSES = ("benchmarks", "experiments")
+
+
+def _harness_names(root: Path, folder: str) -> set[str]:
+    """The names `folder`'s code is imported by: the package, and the bare name of each of
+    its scripts and subpackages (a script's own folder is on `sys.path` when it runs)."""
+    top = root / folder
+    scripts = {p.stem for p in top.glob("*.py") if p.stem != "__init__"}
+    return {folder} | scripts | {p.name for p in top.iterdir() if (p / "__init__.py").is_file()}
+
+
+def _cross_imports(root: Path, rel: str) -> list[str]:
+    """The modules of the other harness that `rel` (a file of one of them) imports."""
+    (other,) = (h for h in HARNESSES if h != rel.split("/")[0])
+    names = _harness_names(root, other)
+    return sorted({m for m, _, _ in _imports(root, rel) if m.split(".")[0] in names})
+
+
+@pytest.mark.parametrize("rel", [r for h in HARNESSES for r in _pyfiles(ROOT, h)])
+def test_benchmarks_and_experiments_do_not_import_each_other(rel):
+    found = _cross_imports(ROOT, rel)
+    assert not found, f"{rel} imports {found}"
+
+
+def test_the_check_finds_a_cross_import(tmp_path):
+    _plant(tmp_path, "experiments/replay/tables.py", "def quantile(xs, q): ...\n")
+    _plant(tmp_path, "benchmarks/bench_decode.py", "def cpu_facts(): ...\n")
+    lazy = "def f():\n    from experiments.replay.tables import quantile\n"
+    assert _cross_imports(tmp_path, _plant(tmp_path, "benchmarks/a.py", lazy)) == [
+        "experiments.replay.tables"
+    ]
+    bare = "import bench_decode\nfrom pagekv import plan\n"
+    assert _cross_imports(tmp_path, _plant(tmp_path, "experiments/b.py", bare)) == ["bench_decode"]
+    own = "from experiments.replay.tables import quantile\n"
+    assert _cross_imports(tmp_path, _plant(tmp_path, "experiments/c.py", own)) == []
+
+
 # ------------------------------------------------------------------ the design document
 
 #: A citation of a section of the design document: `docs/design.md, "The data path"`.

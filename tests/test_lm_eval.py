@@ -140,6 +140,46 @@ def test_bad_arguments_are_refused_in_one_sentence(bundled_study, caplog):
         lm.loglikelihood([request])
 
 
+def _answering_lm(log: list) -> PageKVLM:
+    """A `PageKVLM` without a model whose answers are logged, for its request loop."""
+    lm = PageKVLM.__new__(PageKVLM)
+    LM.__init__(lm)
+    lm.answer = lambda prompt, max_new_tokens, until=(): log.append(("answer", prompt)) or prompt
+    return lm
+
+
+def _requests(n: int) -> list[Instance]:
+    return [Instance("generate_until", {}, (f"p{i}", {"until": ["\n"]}), i) for i in range(n)]
+
+
+def test_generate_until_shows_a_bar_that_advances_once_a_request(monkeypatch, capsys):
+    log = []
+
+    class Bar(lem.tqdm):
+        def __init__(self, *args, **kwargs):
+            log.append(("bar", kwargs["total"], kwargs["disable"]))
+            super().__init__(*args, **kwargs)
+
+        def update(self, n=1):
+            log.append(("update", n))
+            return super().update(n)
+
+    monkeypatch.setattr(lem, "tqdm", Bar)
+    lm = _answering_lm(log)
+    assert lm.generate_until(_requests(3)) == ["p0", "p1", "p2"]
+    steps = [("answer", f"p{i}") for i in range(3)]
+    assert log == [("bar", 3, False)] + [x for a in steps for x in (a, ("update", 1))]
+    err = capsys.readouterr().err
+    assert "Running generate_until requests" in err and "3/3" in err, err
+    log.clear()
+    lm.generate_until(_requests(2), disable_tqdm=True)  # as lm-eval asks, never drawn
+    assert log[0] == ("bar", 2, True) and "generate_until" not in capsys.readouterr().err
+    lm._rank = 1  # only the first process draws it
+    log.clear()
+    lm.generate_until(_requests(1))
+    assert log[0] == ("bar", 1, True) and "generate_until" not in capsys.readouterr().err
+
+
 def test_the_command_line_names_a_bundled_models_tokenizer(monkeypatch):
     folder = str(bundled_cache_dir())
     assert lem.with_tokenizer("pretrained=bundled,policy=mean") == (

@@ -11,7 +11,8 @@ their prompts with the tokenizer the model arguments name. Where pagekv is insta
 
 `generate_until` runs the project's prefill, eviction and greedy decode
 (`pagekv.runtime.runner.Runner`) on each prompt, raw (no chat template, as lm-eval's
-own `hf` model without `--apply_chat_template`). The model arguments:
+own `hf` model without `--apply_chat_template`), with a progress bar over the requests
+as that model shows. The model arguments:
 
 - `pretrained`: `bundled`, `qwen-coder-0.5b`, a hub id or a local folder
   (`pagekv.runtime.models.load_model`);
@@ -39,6 +40,7 @@ import lm_eval.models  # noqa: F401  (lm-eval's own models first: see below)
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from tqdm import tqdm
 
 from pagekv.maths.config import EvictionConfig
 from pagekv.runtime.decode import DECODE_DTYPES
@@ -171,15 +173,25 @@ class PageKVLM(LM):
         return text
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """The answer to each request, with a progress bar over them on stderr, one step
+        a request, as lm-eval's own `hf` model shows (off with `disable_tqdm`, and on
+        every process but the first)."""
         out = []
-        for request in requests:
-            prompt, kwargs = request.args
-            kwargs = dict(kwargs or {})
-            if kwargs.get("do_sample"):
-                raise ValueError("pagekv's lm-eval model decodes greedily: do_sample=True")
-            until = kwargs.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
-            out.append(self.answer(prompt, int(kwargs.get("max_gen_toks", 256)), until))
+        bar = tqdm(
+            total=len(requests),
+            disable=disable_tqdm or self.rank != 0,
+            desc="Running generate_until requests",
+        )
+        with bar:
+            for request in requests:
+                prompt, kwargs = request.args
+                kwargs = dict(kwargs or {})
+                if kwargs.get("do_sample"):
+                    raise ValueError("pagekv's lm-eval model decodes greedily: do_sample=True")
+                until = kwargs.get("until") or []
+                until = [until] if isinstance(until, str) else list(until)
+                out.append(self.answer(prompt, int(kwargs.get("max_gen_toks", 256)), until))
+                bar.update(1)
         return out
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
