@@ -162,7 +162,7 @@ TASKS = PROMPT_TASKS
 #: a message naming that limit (`budget_rule`). The shortest context is one whose
 #: prompt the default budget fits (20 %, pages of 16, 4 sinks, a 32-token window: its
 #: protected pages need 16 %); the lessons' 10 % needs a context of at least 600
-#: (tests/test_teaching_round_four.py checks both, as README.md says them).
+#: (tests/test_run_inputs.py checks both, as README.md says them).
 LIMITS = {
     "context": (300, MAX_CONTEXT, 100),
     "depth": (0.0, 1.0, 0.05),
