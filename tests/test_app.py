@@ -1,16 +1,7 @@
-"""The Gradio app through its public HTTP API (gradio_client against a launched app).
-
-Every endpoint (`/run`, `/budget`, `/preset`, `/layer`, `/mechanism`) is called with good
-and bad input, and the returned data is checked: the numbers in the answers table, the
-traces of the plotly figures, the exported files. Bad input must come back as a message
-in the status (never a stack trace), and the next request must still work.
-
-Model-using tests are `slow` (CI runs them): the real bundled model, on short prompts.
-Tests share one server and one client session. The first `/run` is a session fixture
-(`first_run`) that the tests needing a finished run ask for, so no test depends on the
-order the file runs in; `/layer` redraws from the session's last successful run, which
-every such run leaves on the bundled model.
-"""
+"""The Gradio app through its HTTP API (gradio_client against a launched app): every endpoint with
+good and bad input, the answers table, the figures' traces and the exported files. Bad input
+comes back as a message (never a traceback) and the next request still works. Tests share one
+server and client; the first `/run` is the `first_run` session fixture."""
 
 from __future__ import annotations
 
@@ -332,9 +323,7 @@ def test_run_exports_on_request(fresh_client, first_run, caplog):
 
 @pytest.mark.slow
 def test_budget_reuses_the_prefill(server, client, first_run):
-    """/budget after a /run of the same prompt: the same Prompt, no new prefill. The
-    /run is made here, so whatever ran before (other prompts filling the memo) cannot
-    decide it."""
+    """/budget after a /run of the same prompt reuses its Prompt: no new prefill."""
     out1 = run(client)
     prep = server_prep(server, GOOD["context"])
     assert prep is not None
@@ -651,9 +640,8 @@ def test_lesson_sets_both_sides(client):
 
 @pytest.mark.slow
 def test_a_class_of_concurrent_runs_pairs_and_lessons_never_hangs(server):
-    """Eight students at once, each with a session of their own: lessons, runs whose
-    sides decode as one batched pair, runs with sides on different prompts, and the
-    same run twice. Every request returns within its timeout with its answers."""
+    """Eight sessions at once (lessons, batched pairs, sides on different prompts, repeats): every
+    request returns in time with its answers."""
     url = server[1]
     lessons = [t for t, x in zip(app.LESSON_TITLES, app.LESSONS, strict=True) if x.kind == "live"]
     requests = [

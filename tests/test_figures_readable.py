@@ -1,16 +1,5 @@
-"""The charts read at 1280 and at 800 px (a teacher's review in a browser).
-
-No renderer is installed (no kaleido), so these read the figure objects: tick values,
-where labels and legends are anchored, trace names, bar texts. Each test fails on the
-figures as they were before the review:
-
-- the sink-advantage axis had a single tick ("1");
-- "mean pooling 1/r" lay on the last bar;
-- a legend below the plot sat at a fraction of the plot's height, on the axis title;
-- titles started at the frame's left edge, under Gradio's "Plot" badge;
-- the mechanism's distractor curves lay on top of each other;
-- a recall bar of 0 was invisible.
-"""
+"""The charts read at 1280 and 800 px, checked on the figure objects (no renderer): ticks, anchors,
+trace names, bar texts. Each test fails on a defect the review found."""
 
 from __future__ import annotations
 
@@ -330,10 +319,7 @@ def test_recall_bars_label_every_bar_including_zero():
 
 
 def test_recall_bars_leave_no_empty_slot_in_a_policys_group():
-    """Traces that never share a policy share a slot (with a slot for every trace the
-    bars and their upright labels crowd at 800 px): here the
-    inside-20 % bars take a slot of their own (entropy is in both), the full cache's
-    bar the first slot free of "full": the after-20 % bars'."""
+    """Traces that never share a policy share a bar slot, so no slot is empty at 800 px."""
     rows = RECALL_ROWS + [{"mode": "inside", "budget": 0.2, "policy": "entropy", "recall": 0.9}]
     fig = fr.recall_bars(rows, "T4")
     slots = {t.name: t.offsetgroup for t in fig.data}
@@ -362,9 +348,8 @@ def test_recall_bars_policy_names_break_onto_lines():
 
 
 def test_recall_bars_name_a_question_agnostic_row_by_its_scoring():
-    """Two entropy rows of one budget, the default scoring and the reconstruction's:
-    two bars, the second named by its scoring (the replay's tables, not the figure,
-    define the default label)."""
+    """Two entropy rows of one budget (default and reconstruction scoring) are two bars, the second
+    named by its scoring."""
     from experiments.replay.tables import WINDOW_SCORING
 
     assert fr.WINDOW_SCORING == WINDOW_SCORING

@@ -1,9 +1,6 @@
-"""The app's handlers called as functions, with no server: input checks in plain words,
-the answers table's cells, and a run that streams its plan views first, then its
-answers, and is served from memory the second time; refusals that keep a session's
-last results and say why, slider ranges Gradio accepts, a context out of range run at
-its nearest end, long steps that say what runs, and lesson 7's verdict following the
-mechanism's inputs."""
+"""The app's handlers called as functions, with no server: input checks, the answers table, a run
+that streams plan views then answers and is served from memory the second time, refusals, slider
+ranges, clamped contexts, long-step status and lesson 7's verdict."""
 
 from __future__ import annotations
 
@@ -238,9 +235,8 @@ def test_a_slider_update_keeps_its_range():
 
 @pytest.mark.slow
 def test_a_short_prompt_with_pages_of_64_runs_and_says_its_one_budget(bundled_study):
-    """Pages of 64 on a 50-token prompt: the protected pages take every page, so only
-    100 % fits. That budget runs, every slider update keeps minimum < maximum (the
-    update Gradio would refuse locked the page), and the status says it in words."""
+    """Pages of 64 on 50 tokens: only 100 % fits, it runs, every slider update keeps min < max, and
+    the status says so."""
     import gradio as gr
 
     refused = _last(**SHORT, page_size=64, budget_pct=20)
@@ -328,8 +324,7 @@ def test_a_context_outside_its_range_runs_at_the_nearest_end_everywhere(bundled_
 
 @pytest.mark.slow
 def test_every_refusal_keeps_the_last_results_and_says_why(bundled_study):
-    """A refused run (a global budget for a per-head policy, a budget out of range) keeps
-    the session's last results and says why in one sentence; without earlier results
+    """A refused run keeps the session's last results and says why in one sentence; without results
     the views are cleared."""
     from types import SimpleNamespace
 
@@ -358,9 +353,8 @@ def test_every_refusal_keeps_the_last_results_and_says_why(bundled_study):
 
 
 def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
-    """The app's study keeps the live lessons' prompts in its memos' kept parts
-    (tests/test_memo.py shows exploration then cannot evict them): the 2000-token
-    needle prompt, with the question inside and after."""
+    """The app's study keeps the live lessons' prompts (2000-token needle, inside and after) in its
+    memos' kept parts."""
     from pagekv.app import handlers
 
     study = handlers.get_study("bundled")
@@ -373,10 +367,8 @@ def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
 
 
 def test_a_long_step_says_what_runs_for_how_long_and_how_long_it_should(bundled_study, monkeypatch):
-    """A run's long waits (the prefill, the reconstruction pass, the decoding)
-    each say in the status line which step runs, the seconds so far and, once a step of
-    the kind was measured on the model, the seconds expected, with a bar; decoding says
-    which token."""
+    """Each long step says in the status which step runs, its seconds, and once measured the
+    expected seconds with a bar."""
     from pagekv.app import handlers
 
     monkeypatch.setattr(handlers, "STEP_QUIET_S", 0.0)  # every step shows, however short

@@ -1,15 +1,6 @@
-"""Triton kernels against their torch twins (kernels/ and pagekv.runtime.backend).
-
-On a machine without CUDA the kernels run in the Triton interpreter: `tests/conftest.py`
-sets `TRITON_INTERPRET=1` for the whole test process before anything imports `kernels`
-(Triton reads it once, when a kernel is defined). With CUDA the same tests run
-compiled on the GPU.
-Shapes are small and blocks large: the interpreter pays per program.
-
-Float results must lie within a small multiple of what the same torch maths
-loses in the input precision, plus a floor; kept page sets, protected pages,
-block tables and compacted tensors must match exactly.
-"""
+"""Triton kernels against their torch twins (kernels/ and pagekv.runtime.backend), interpreted
+without CUDA (tests/conftest.py), compiled with it. Floats within a small multiple of the input
+precision's loss; kept pages, protected pages, block tables and compacted tensors exact."""
 
 from __future__ import annotations
 
@@ -251,11 +242,8 @@ def test_score_long_query_sets(kern, device, w, block_w, dtype):
 
 @pytest.mark.parametrize("w, block_w", [(8, None), (40, 16)], ids=["one-qb", "three-qb"])
 def test_score_any_run_of_key_tiles_per_program(kern, device, w, block_w):
-    """Pass 2 streams `tiles_per_prog` key tiles per program (one query block loaded
-    once, or several re-read per tile): any run length, one that does not divide the 10
-    tiles and one past them included, gives the same bits as one tile per program, and
-    those match the reference (a run that skipped, repeated or misplaced a tile would
-    not)."""
+    """Any `tiles_per_prog` (not dividing the 10 tiles, or past them) gives the bits of one tile per
+    program, matching the reference."""
     L, H, G, d, n, n_sink = 2, 4, 2, 16, 300, 4
     gen = torch.Generator().manual_seed(w)
     q = (torch.randn(L, H, w, d, generator=gen) * 2).to(device)
@@ -272,10 +260,8 @@ def test_score_any_run_of_key_tiles_per_program(kern, device, w, block_w):
 
 
 def test_row_blocks_bound_the_rows(kern):
-    """A program holds at most max_rows query rows whatever w is, the blocks cover every
-    query and head, and a launcher chooses at most two row shapes per head count (16
-    rows for a short window, else the full tile), so a GPU compiles a handful of
-    configurations whatever the window lengths."""
+    """A program holds at most max_rows query rows, blocks cover every query and head, and a
+    launcher picks at most two row shapes per head count."""
     for max_rows in (32, 256, 1024):
         for r in (1, 2, 3, 4, 6, 8, 16):
             shapes = set()

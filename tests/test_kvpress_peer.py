@@ -1,10 +1,5 @@
-"""The kvpress peer: budget conversion, requests, error paths; one real run (opt-in).
-
-The unit tests need neither kvpress nor its environment: they drive the peer with fake
-workers and fake interpreters. The real run (``PAGEKV_TEST_KVPRESS=1``) creates the
-kvpress environment (~1 GB of downloads the first time) and runs every press on the
-bundled model's converted copy.
-"""
+"""The kvpress peer: budget conversion, requests and error paths with fake workers (no kvpress); one
+real run of every press on the bundled model, opt-in (``PAGEKV_TEST_KVPRESS=1``)."""
 
 from __future__ import annotations
 
@@ -452,10 +447,8 @@ def test_kvpress_runs_every_press_on_the_bundled_model():
 
 @OPT_IN
 def test_kvzip_scored_once_keeps_what_its_pipeline_keeps_at_every_ratio():
-    """experiments/ruler.py scores a prompt with KVzip once and applies each ratio to
-    those scores (`reuse_scores`). Each ratio's kept set (its digest), pages and answer
-    must be those of kvpress's own pipeline run at that ratio alone; and ChunkKV, which
-    gathers whole chunks, must report chunk-aligned kept sets."""
+    """KVzip scored once (`reuse_scores`) keeps at each ratio what kvpress's own pipeline keeps;
+    ChunkKV's kept sets are chunk-aligned."""
     from transformers import AutoTokenizer
 
     model_dir = kp.bundled_model_dir()

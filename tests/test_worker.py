@@ -106,10 +106,8 @@ def test_a_wait_times_out_without_losing_the_job():
 
 
 def test_a_timed_wait_holds_its_timeout_when_nobody_serves():
-    """Caller-runs (no `serve_forever`): a wait with a timeout does not run the job on
-    its own thread (it could not stop it midway), a helper thread does, and the wait
-    returns at its timeout while the job still runs. An untimed wait still runs jobs on
-    its own thread."""
+    """Caller-runs: a timed wait hands the job to a helper thread and returns at its timeout; an
+    untimed wait runs it itself."""
     w = ModelWorker()
     gate, started = threading.Event(), threading.Event()
 
@@ -155,10 +153,8 @@ def test_progress_streams_when_nobody_serves():
 
 
 def test_progress_at_poll_0_waits_between_checks_and_does_not_spin(monkeypatch):
-    """A check every 0 s spun on the interpreter's lock, which the helper running the job
-    needs after each torch operation: the app's pair decode, polled at 0 s, crawled (a
-    test ran past 5 minutes on idle cores). Each check now waits at least `MIN_POLL_S`,
-    holding nothing (the negative control: the waits the old loop made were of 0 s)."""
+    """Each progress check waits at least `MIN_POLL_S` holding nothing, so a poll of 0 s does not
+    starve the job."""
     from pagekv.engine import worker as worker_mod
 
     w = ModelWorker()
