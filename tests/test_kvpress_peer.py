@@ -183,43 +183,37 @@ def test_missing_interpreter(tmp_path):
         kp.run_kvpress(tmp_path, [{"id": 1}], python=tmp_path / "no-python", worker=kp.WORKER_FILE)
 
 
-def test_bad_json_output(tmp_path):
-    worker = _fake_worker(tmp_path, "open(out, 'w').write('not json {')\n")
-    with pytest.raises(kp.PeerUnavailable, match="no valid JSON"):
-        _run(tmp_path, worker)
-
-
-def test_crash_without_output_quotes_stderr(tmp_path):
-    worker = _fake_worker(tmp_path, "sys.stderr.write('boom: segfault-ish'); sys.exit(3)\n")
-    with pytest.raises(kp.PeerUnavailable, match=r"exit 3.*boom: segfault-ish"):
-        _run(tmp_path, worker)
-
-
-def test_worker_reported_failure(tmp_path):
-    worker = _fake_worker(
-        tmp_path,
-        "json.dump({'ok': False, 'error': 'OSError: no weights', 'results': []}, open(out, 'w'))\n"
-        "sys.exit(1)\n",
-    )
-    with pytest.raises(kp.PeerUnavailable, match="OSError: no weights"):
-        _run(tmp_path, worker)
-
-
-def test_wrong_number_of_results(tmp_path):
-    worker = _fake_worker(tmp_path, "json.dump({'ok': True, 'results': []}, open(out, 'w'))\n")
-    with pytest.raises(kp.PeerUnavailable, match="returned 0 results for 1"):
-        _run(tmp_path, worker)
-
-
-def test_timeout(tmp_path):
-    worker = _fake_worker(tmp_path, "time.sleep(30)\n")
-    with pytest.raises(kp.PeerUnavailable, match="timed out"):
-        _run(tmp_path, worker, timeout=1)
+@pytest.mark.parametrize(
+    "body, match, kw",
+    [
+        ("open(out, 'w').write('not json {')\n", "no valid JSON", {}),
+        (
+            "sys.stderr.write('boom: segfault-ish'); sys.exit(3)\n",
+            r"exit 3.*boom: segfault-ish",
+            {},
+        ),
+        (
+            "json.dump({'ok': False, 'error': 'OSError: no weights', 'results': []}, "
+            "open(out, 'w'))\nsys.exit(1)\n",
+            "OSError: no weights",
+            {},
+        ),
+        (
+            "json.dump({'ok': True, 'results': []}, open(out, 'w'))\n",
+            "returned 0 results for 1",
+            {},
+        ),
+        ("time.sleep(30)\n", "timed out", {"timeout": 1}),
+    ],
+    ids=["bad-json", "crash-quotes-stderr", "worker-reported", "wrong-count", "timeout"],
+)
+def test_a_failing_worker_is_peer_unavailable(tmp_path, body, match, kw):
+    with pytest.raises(kp.PeerUnavailable, match=match):
+        _run(tmp_path, _fake_worker(tmp_path, body), **kw)
 
 
 def test_real_worker_reports_bad_request_as_json(tmp_path):
-    # The real worker, run by this interpreter: it fails before importing kvpress and
-    # must still answer in JSON, which the peer turns into PeerUnavailable.
+    """The real worker fails before importing kvpress and still answers in JSON."""
     with pytest.raises(kp.PeerUnavailable, match="requests must be a list"):
         kp.run_kvpress(tmp_path, [{"id": 1}], python=sys.executable, worker=_bad_requests(tmp_path))
 
