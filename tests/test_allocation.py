@@ -216,9 +216,6 @@ def test_the_cli_flag_sets_it_and_policy_all_keeps_per_head_uniform():
         _config_from(args, "head_independent")
 
 
-# ---------------------------------------------------------------- allocation="layer"
-
-
 def test_per_layer_hand_worked():
     """Hand-worked: per layer, layer 0's sharp row takes both its slots (9, 8) and layer 1 splits
     (3, 2); shared across layers the slots go to 9, 8, 7 and 3."""

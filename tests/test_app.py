@@ -177,9 +177,6 @@ def server_prep(server, context: int):
     return found[0]
 
 
-# ---------------------------------------------------------------- /run
-
-
 @pytest.fixture(scope="session")
 def first_run(client):
     t0 = time.perf_counter()
@@ -318,9 +315,6 @@ def test_run_exports_on_request(fresh_client, first_run, caplog):
     assert "plotly" in paths["pagekv_figures.html"].read_text()[:200_000].lower()
 
 
-# ---------------------------------------------------------------- /budget and /layer
-
-
 @pytest.mark.slow
 def test_budget_reuses_the_prefill(server, client, first_run):
     """/budget after a /run of the same prompt reuses its Prompt: no new prefill."""
@@ -358,9 +352,6 @@ def test_layer_out_of_range_is_refused(fresh_client):
     with pytest.raises(AppError, match="maximum"):
         fresh_client.predict(99, api_name="/layer")
     assert fresh_client.predict(0, api_name="/layer") is None  # and the next call works
-
-
-# ---------------------------------------------------------------- /run with bad input
 
 
 @pytest.mark.slow
@@ -509,9 +500,6 @@ def test_unknown_model_falls_back_to_bundled_when_hub_models_are_allowed(
     assert out[0].startswith("**Done:**") and "fell back" not in out[0]
 
 
-# ---------------------------------------------------------------- /preset
-
-
 def test_preset_fills_the_controls(client):
     import app
     from pagekv.tasks import task_names
@@ -548,8 +536,6 @@ def test_unknown_preset_is_refused_and_the_next_works(client):
         client.predict("no such preset", api_name="/preset")
     assert client.predict(app.PRESETS[0]["title"], api_name="/preset")[0] == "needle"
 
-
-# ---------------------------------------------------------------- /mechanism
 
 MECH = dict(heads=3, retrieval=0.9, distractors=2, distractor_strength=0.48, sink_head=False)
 
@@ -603,9 +589,6 @@ def test_mechanism_out_of_range_is_taken_at_the_nearest_end_and_said(client):
     text, *_ = mechanism(client, heads=None)
     assert "Heads per group: no number, using 2." in text, text
     assert mechanism(client)[0].startswith("**Note:**")
-
-
-# ---------------------------------------------------------------- sides and lessons
 
 
 @pytest.mark.slow

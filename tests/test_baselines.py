@@ -40,7 +40,6 @@ def _preset_param(p: dict):
 PRESET_CASES = [_preset_param(p) for p in load_presets() if p["model"] is None]
 
 
-# ------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def study(bundled_study):
     return bundled_study
@@ -78,7 +77,6 @@ def _why(label: str, out, max_new_tokens: int) -> str:
     )
 
 
-# ------------------------------------------------------------------ the tests
 def test_every_task_has_enough_new_tokens_and_modes(tokenizer):
     for task in load_tasks():
         n_answer = len(tokenizer(task.answer, add_special_tokens=False)["input_ids"])

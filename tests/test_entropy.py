@@ -184,9 +184,6 @@ def test_all_mass_on_sinks_worked_example(n, n_sink):
     assert w[0].tolist() == pytest.approx([1 / (1 + rest), rest / (1 + rest)], rel=1e-5)
 
 
-# ---------------------------------------------------------------- row_focus_sums
-
-
 @st.composite
 def attention_rows(draw):
     """Rows of attention over N keys (softmax of random logits, some rows spiked or

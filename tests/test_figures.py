@@ -41,9 +41,6 @@ def overviews(fig):
     return [t for t in fig.data if t.type == "heatmap" and t.meta["role"] == "overview"]
 
 
-# ---------------------------------------------------------------- the count
-
-
 def test_needle_page_counts_exact():
     # Needle token 33 lives in page 8 (page size 4). Rows (0, 0) and (1, 1) spike on
     # it; the others spike on page 3 or page 12.
@@ -78,9 +75,6 @@ def test_needle_page_counts_rejects_bad_positions(bad):
     p = spiked_plan([[33]])
     with pytest.raises(ValueError, match="needle"):
         fp.needle_page_counts(p, bad)
-
-
-# ---------------------------------------------------------------- the strip
 
 
 def test_strip_only_with_needle():
@@ -197,9 +191,6 @@ def test_overview_keeps_every_page_state():
     (over,) = overviews(fig)
     assert [list(r) for r in over.z] == fp.page_states(p).reshape(4, -1).tolist()
     assert list(over.y) == ["L0 g0", "L0 g1", "L1 g0", "L1 g1"]
-
-
-# ---------------------------------------------------------------- the colours
 
 
 def _luminance(hex_colour: str) -> float:

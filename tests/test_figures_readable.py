@@ -128,9 +128,6 @@ def test_the_glance_sorts_each_sides_stored_tokens_over_its_budget():
     assert sorted(s.y0 for s in fig.layout.shapes) == [1, 3]
 
 
-# ---------------------------------------------------------------- 1. sink advantage
-
-
 def test_sink_advantage_axis_has_ticks_across_the_data():
     # Per layer (the mean over groups): no value, 7.24x, 0.4x.
     raw = torch.tensor([[NAN, NAN], [7.24, 7.24], [0.3, 0.5]])
@@ -176,9 +173,6 @@ def test_ratio_ticks_thin_a_wide_range_but_keep_1():
     assert len({b - a for a, b in itertools.pairwise(exps)}) == 1  # evenly spaced
 
 
-# ---------------------------------------------------------------- 2. head weights
-
-
 def test_mean_pooling_label_is_outside_the_bars():
     p = random_plan()
     fig = fp.head_weights_bars(p, 0)
@@ -194,9 +188,6 @@ def test_mean_pooling_label_is_outside_the_bars():
     r = 3
     assert label.yref == "y" and label.y == pytest.approx(1 / r)
     assert any(s.y0 == pytest.approx(1 / r) for s in fig.layout.shapes)
-
-
-# ---------------------------------------------------------------- 3. legends
 
 
 @pytest.mark.parametrize("name", FIGURES)
@@ -227,9 +218,6 @@ def test_page_frame_legend_off_the_token_axis_title():
     assert fig.layout.height >= fig.layout.margin.t + 90 + 10 * rows
 
 
-# ---------------------------------------------------------------- 4. titles
-
-
 @pytest.mark.parametrize("name", FIGURES)
 def test_title_clear_of_the_frame_corner(name):
     fig = every_figure()[name]
@@ -249,9 +237,6 @@ def test_page_frame_title_leaves_room_for_the_strip_titles():
     assert t.x >= 0.02 and t.pad.t >= 24
     # Title and count line, then the two-line strip titles over the needle pointers.
     assert fig.layout.margin.t >= t.pad.t + 2 * 20 + 56
-
-
-# ---------------------------------------------------------------- 5. mechanism
 
 
 def profile_traces(fig):
@@ -292,9 +277,6 @@ def test_profile_groups_exact_and_mixed_roles():
     # A retrieval head of strength 0 is uniform, like the diffuse head: one curve.
     mech = mechanism_profiles(n=32, heads=3, retrieval_strength=0.0, distractor_heads=1)
     assert fp.profile_groups(mech.profiles[0]) == [[0, 2], [1]]
-
-
-# ---------------------------------------------------------------- 6. recall bars
 
 
 def test_recall_bars_label_every_bar_including_zero():

@@ -82,9 +82,6 @@ def assert_equal(name, got, ref):
         raise AssertionError(f"{name}: not identical; first differing indices {bad}")
 
 
-# ---------------------------------------------------------------- scoring
-
-
 def profiles_lowp(q, k, scale=None):
     """`attention_profiles` done in the input dtype (the error budget of that dtype)."""
     L, H, w, d = q.shape
@@ -182,9 +179,6 @@ def test_score_mixed_dtypes(kern, device):
     k = torch.randn(1, 2, 70, 32, generator=gen).to(device, torch.bfloat16)
     prof, *_ = kern.score.score_layers(q, k, 4, block_n=64)
     assert_close("profiles", prof, attention_profiles(q, k), floor=1e-6)
-
-
-# ---------------------------------------------------------------- long query sets, max output
 
 
 def scores_reference(q, k, dtype, scale=None):
@@ -327,9 +321,6 @@ def test_attention_scores_backends(kern, device, kdtype):
                  scale=0.3), floor=1e-6)  # fmt: skip
 
 
-# ---------------------------------------------------------------- pooling and pages
-
-
 def pool_reference(scores, weights, G):
     """`s_g(t) = sum_{h in g} w_h s_h(t)` in float64 (rounding negligible next to fp32's):
     scores `[L, H, n]`, weights `[L, H]` -> `[L, G, n]` float64."""
@@ -423,9 +414,6 @@ def test_pool_pages_exact_ties(kern, device, r):
                      select_pages(twin, prot, sizes, k))  # fmt: skip
 
 
-# ---------------------------------------------------------------- compaction
-
-
 COMPACT_SHAPES = [
     # (L, B, G, n, d, P, budget)
     (2, 1, 2, 37, 16, 4, 0.6),  # partial last page
@@ -460,9 +448,6 @@ def test_compact_matches_twin(kern, device, shape, dtype):
         assert_equal(f"values layer {i}", v_one, v_ref)
         assert_equal(f"keys layer {i} (all layers)", k_all, k_ref)
         assert_equal(f"values layer {i} (all layers)", v_all, v_ref)
-
-
-# ---------------------------------------------------------------- backend
 
 
 def test_backend_dispatch_parity(kern, device, caplog):

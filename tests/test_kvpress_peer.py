@@ -15,8 +15,6 @@ from experiments.peer import kvpress_peer as kp
 from experiments.peer import kvpress_worker as kw
 from pagekv.maths.config import EvictionConfig
 
-# ------------------------------------------------------------------ budgets
-
 
 @pytest.mark.parametrize("beta", [0.05, 0.1, 0.2, 0.25, 0.3, 0.5, 0.7, 0.9, 1.0])
 @pytest.mark.parametrize("n", [1, 7, 63, 64, 100, 129, 1000, 4097])
@@ -52,9 +50,6 @@ def test_kvpress_kept_matches_kvpress_rule():
 def test_bad_budget(beta):
     with pytest.raises(ValueError, match="beta"):
         kp.compression_ratio(beta)
-
-
-# ------------------------------------------------------------------ requests
 
 
 def test_make_request_inside():
@@ -124,9 +119,6 @@ def test_worker_make_press_rejects_without_kvpress():
     assert kw.make_press("none", 0.5, None) is None
     with pytest.raises(ValueError, match="unknown press"):
         kw.make_press("h2o", 0.5, None)
-
-
-# ------------------------------------------------------------------ error paths
 
 
 def _fake_worker(tmp_path: Path, body: str) -> Path:
@@ -249,9 +241,6 @@ def test_worker_main_missing_model_dir(tmp_path):
     assert "model_dir is not a folder" in json.loads(dst.read_text())["error"]
 
 
-# ------------------------------------------------------------------ the environment
-
-
 def _fake_venv(tmp_path: Path, python_body: str) -> Path:
     """A venv whose `python` is a shell script (so nothing real gets installed)."""
     venv = tmp_path / "venv"
@@ -331,8 +320,6 @@ def test_requirements_pin_what_was_tested():
     major, minor = (int(x) for x in pins["transformers"].split(".")[:2])
     assert (4, 56) <= (major, minor) < (5, 3)  # what kvpress 0.5.5 accepts
 
-
-# ------------------------------------------------------------------ the real thing
 
 HAYSTACK = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "

@@ -27,8 +27,6 @@ from tests.test_wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# ------------------------------------------------------------------ a tiny model
-
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -65,8 +63,6 @@ def _random_ids(n, seed=0):
 needs_protocol = pytest.mark.skipif(
     kpp.KVPRESS_BASE, reason="kvpress imports here: its own hook needs transformers < 5.3"
 )
-
-# ------------------------------------------------------------------ settings
 
 
 def test_module_imports_without_kvpress_and_pagekv_stays_light():
@@ -156,9 +152,6 @@ def test_ratio_set_after_construction_is_checked_in_compress(tiny):
     keys = torch.zeros(1, 2, 40, 8)
     with pytest.raises(ValueError, match="not both"):
         press.compress(attn, torch.zeros(1, 40, 48), keys, keys, None, {})
-
-
-# ------------------------------------------------------------------ the hook, against plan
 
 
 def _layer_inputs(model, ids):
@@ -291,9 +284,6 @@ def test_missing_rotary_tables_is_a_clear_error(tiny):
         )
 
 
-# ------------------------------------------------------------------ the hook, against the runner
-
-
 @needs_protocol
 @pytest.mark.parametrize(
     "P, budget, policy", [(8, 0.5, "entropy"), (1, 0.3, "entropy"), (4, 0.4, "mean")]
@@ -342,9 +332,6 @@ def test_unsupported_model_is_refused():
     with pytest.raises(ValueError, match="model.layers"):
         with PageEntroKVPress(budget=0.5)(NotAModel()):
             pass
-
-
-# ------------------------------------------------------------------ scorer="reconstruct"
 
 
 @pytest.fixture(scope="module")
@@ -617,9 +604,6 @@ def test_bad_reconstruct_settings(kwargs, match):
         PageEntroKVPress(budget=0.5, **kwargs)
 
 
-# ------------------------------------------------------------------ the worker, without kvpress
-
-
 def test_worker_knows_the_pagekv_presses():
     from experiments.peer import kvpress_worker as kw
 
@@ -632,8 +616,6 @@ def test_worker_knows_the_pagekv_presses():
     req = kp.make_request("a", "pagekv_entropy", input_ids=list(range(100)), budget=0.2)
     assert req["expected_kept"] == 20 and req["press"] == "pagekv_entropy"
 
-
-# ------------------------------------------------------------------ inside kvpress (marked kvpress)
 
 #: (prompt spec fields, [(policy, budget, page_size)]) checked for parity.
 PARITY_PROMPTS = (

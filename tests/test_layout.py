@@ -249,9 +249,6 @@ def _files_of(place: str) -> list[str]:
     return [rel for rel in _pyfiles(ROOT) if _place(rel) == place]
 
 
-# ----------------------------------------------------------------------------- layers
-
-
 def test_the_layers_are_the_folders():
     folders = {p.name for p in (ROOT / "pagekv").iterdir() if (p / "__init__.py").is_file()}
     assert folders == set(LAYERS), "every folder of pagekv/ is a layer with its rules"
@@ -375,9 +372,6 @@ def test_the_check_counts_top_modules(tmp_path):
     assert len(_top_modules(tmp_path)) == MAX_TOP_MODULES + 1
 
 
-# ----------------------------------------------------------------------------- cycles
-
-
 def _type_checking_lines(tree: ast.AST) -> set[int]:
     """The lines of `if TYPE_CHECKING:` blocks (imports for annotations only)."""
     lines: set[int] = set()
@@ -451,9 +445,6 @@ def test_the_check_finds_an_import_cycle(tmp_path):
     assert _import_cycles(tmp_path) == [["pagekv.runtime.a", "pagekv.runtime.b"]]
 
 
-# ---------------------------------------------------------------------------- kernels
-
-
 def _pagekv_in_kernels(root: Path, rel: str) -> list[str]:
     return sorted(m for m, _, _ in _imports(root, rel) if m == "pagekv" or m.startswith("pagekv."))
 
@@ -468,8 +459,6 @@ def test_the_check_finds_pagekv_in_kernels(tmp_path):
     rel = _plant(tmp_path, "kernels/x.py", "def f():\n    from pagekv.maths import paging\n")
     assert _pagekv_in_kernels(tmp_path, rel) == ["pagekv.maths"]
 
-
-# ------------------------------------------------------------------ the two harnesses
 
 #: benchmarks/ and experiments/ stand on the library; neither imports the other (what
 #: both need lives in `pagekv`, or is copied).
@@ -509,8 +498,6 @@ def test_the_check_finds_a_cross_import(tmp_path):
     own = "from experiments.replay.tables import quantile\n"
     assert _cross_imports(tmp_path, _plant(tmp_path, "experiments/c.py", own)) == []
 
-
-# ------------------------------------------------------------------ the design document
 
 #: A citation of a section of the design document: `docs/design.md, "The data path"`.
 DESIGN_CITATION = re.compile(r'docs/design\.md[^"\n]{0,20}"([^"\n]+)"')
@@ -554,9 +541,6 @@ def test_the_check_finds_a_bad_citation(tmp_path):
     _plant(tmp_path, "pagekv/maths/b.py", '"""docs/design.md ("Layers")."""\n')
     _plant(tmp_path, "tests/test_x.py", "# " + OUTSIDE_BRIEF + " section 2\n")
     assert len(_bad_citations(tmp_path)) == 2
-
-
-# ----------------------------------------------------------------- one place per rule
 
 
 def _policy_name_lists(path: Path) -> list[int]:

@@ -64,8 +64,6 @@ def test_lesson_ids_unique_and_lookup():
         get_lesson("nope")
 
 
-# ------------------------------------------------------------------ the words, as data
-
 WORDS_MD = """# preamble, any text
 
 ## one
@@ -137,9 +135,6 @@ def test_every_lesson_shows_its_own_words_from_the_file():
     for lesson in LESSONS:
         got = {"title": lesson.title, "text": lesson.text, "credit": lesson.credit}
         assert got == on_file[lesson.id]
-
-
-# ------------------------------------------------------------------ observations can fail
 
 
 def _fake_comparison(correct: dict, answers_text: dict | None = None, plans=None, recs=None):
@@ -347,9 +342,6 @@ def test_lessons_list_without_model(capsys):
     assert main(["lessons", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [x["id"] for x in out["lessons"]] == [x.id for x in LESSONS]
-
-
-# ------------------------------------------------------------------ on the bundled model
 
 
 @pytest.mark.slow

@@ -22,8 +22,6 @@ from pagekv.runtime.models import LoadedModel, ModelLoadError
 from pagekv.tasks import Task
 from tests.test_runner import prompt, tiny_model
 
-# ---------------------------------------------------------------- ByteLRU
-
 
 def test_evicts_least_recently_used_by_bytes():
     memo = ByteLRU(100, size_of=len)
@@ -175,9 +173,6 @@ def test_get_or_wait_gives_none_when_the_computation_fails_or_times_out():
         assert waits == [(0.05, False)]  # it waited its timeout, and the value never came
 
 
-# ---------------------------------------------------------------- Study on a tiny model
-
-
 @pytest.fixture
 def study():
     """A fresh Study (empty memos) on the tiny model: no test depends on another."""
@@ -298,9 +293,6 @@ def test_result_memo_is_bounded_by_bytes(study):
         assert small.results.nbytes <= int(2.5 * one)
     assert len(small.results) == 2  # the two most recent
     assert [k[1] for k in small.results.keys()] == cfgs[2:]
-
-
-# ---------------------------------------------------------------- the model registry
 
 
 class FakeStudy:
@@ -481,9 +473,6 @@ def test_a_detached_comparison_keeps_the_views_but_not_the_prefill(study):
     figs, light_figs = comparison_figures(comp, layer=1), comparison_figures(light, layer=1)
     assert figs.keys() == light_figs.keys()
     assert all(figs[k].to_json() == light_figs[k].to_json() for k in figs)
-
-
-# ---------------------------------------------------------------- the kept part
 
 
 def test_the_kept_part_holds_what_keep_if_names_whatever_the_rest_stores():

@@ -52,9 +52,6 @@ def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGEKV_CACHE_DIR", str(tmp_path / "pagekv-cache"))
 
 
-# --------------------------------------------------------------------------- fast
-
-
 def test_known_models():
     assert BUNDLED in KNOWN_MODELS and "Qwen/Qwen2.5-1.5B-Instruct" in KNOWN_MODELS
     assert all(isinstance(v, str) and v for v in KNOWN_MODELS.values())
@@ -253,9 +250,6 @@ def test_bundled_without_package_loads_the_same_model_from_the_hub(monkeypatch):
     assert lm.origin == f"hub: {BUNDLED_HUB_ID}" and lm.cache_path is None
     assert "Q4_1" in lm.caveat and "differ slightly" in lm.caveat
     assert (lm.n_layers, lm.n_heads, lm.n_kv_heads) == (2, 6, 2)
-
-
-# --------------------------------------------------------------------------- slow
 
 
 @pytest.fixture(scope="module")

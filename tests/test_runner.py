@@ -97,9 +97,6 @@ def generate_ref(model, ids: list[int], max_new: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-# --------------------------------------------------------------- masked reference
-
-
 _REF_KEEP: dict = {}  # layer -> bool [G, n], read by the reference attention below
 
 
@@ -159,9 +156,6 @@ def stored_keep_of(runner, pre, cfg) -> torch.Tensor:
     for i, idx in enumerate(ev.kept_indices):
         keep[i].scatter_(1, idx, True)
     return keep
-
-
-# ------------------------------------------------------------------------ tests
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

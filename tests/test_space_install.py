@@ -226,9 +226,6 @@ def test_space_install_starts_and_says_what_to_install(space_app):
     assert "unusable" not in log  # nothing was cached, so nothing was bad
 
 
-# ------------------------------------------------------------------ offline: skip, not fail
-
-
 def test_index_urls_read_from_pip_config():
     here = (
         "global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'\n"

@@ -42,8 +42,6 @@ from pagekv.runtime.reconstruct import (
 VOCAB = 1024  # kvpress's tests draw ids from randint(0, 1024)
 LOGGER = "pagekv.integrations.kvpress_press"
 
-# ------------------------------------------------------------------ tiny models
-
 
 def byte_tokenizer():
     """Byte-level BPE, no merges: bytes are ids 3..258, <unk> <s> </s> = 0 1 2, no chat template."""
@@ -109,8 +107,6 @@ def load(folder: Path, eager: bool = False):
     kw = {"attn_implementation": "eager"} if eager else {}
     return AutoModelForCausalLM.from_pretrained(str(folder), **kw).eval()
 
-
-# ------------------------------------------------------------------ presses
 
 #: The pagekv presses every generic check runs: (id, class, scorer).
 VARIANTS = (
@@ -182,8 +178,6 @@ def check_kept_keys(press, cache, ref) -> None:
         assert torch.equal(la.keys, rl.keys.gather(2, gather)), f"keys of layer {i}"
         assert torch.equal(la.values, rl.values.gather(2, gather)), f"values of layer {i}"
 
-
-# ------------------------------------------------------------------ the cases
 
 CASES: dict = {}  # case id -> a function returning the facts it measured
 
