@@ -20,8 +20,7 @@ class Report:
     threads: list = field(default_factory=list, repr=False)
 
     def settle(self, timeout_s: float) -> bool:
-        """Wait for the client threads to end (a hung call may still return); whether
-        they all did."""
+        """Wait for the client threads to end; whether they all did."""
         for t in self.threads:
             t.join(timeout_s)
         return not any(t.is_alive() for t in self.threads)

@@ -284,8 +284,7 @@ def test_plan_layer_allocation_keeps_each_layers_total():
 
 
 def test_plan_layer_allocation_follows_the_scales_within_a_layer():
-    """Under "layer" the group with 10x the raw attention takes the layer's free pages; without
-    scales the groups split evenly."""
+    """Under "layer" the group with 10x the raw attention takes the free pages."""
     L, H, G, n = 1, 2, 2, 32
     gen = torch.Generator().manual_seed(1)
     row = torch.rand(n, generator=gen) + 0.5

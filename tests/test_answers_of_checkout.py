@@ -14,8 +14,7 @@ REFERENCE = ROOT / "docs" / "answers_float32.json"
 
 
 def test_the_reference_covers_every_case_with_its_logits(capsys):
-    """The reference holds all 208 cases with their two largest logits per step (float32), and
-    agrees with itself."""
+    """The reference holds all 208 cases with their top-2 logits per step, self-consistent."""
     got = json.loads(REFERENCE.read_text())
     assert got["decode"] == "lean step, float32 linear weights"
     assert len(got["tokens"]) == 208 and set(got["top2"]) == set(got["tokens"])

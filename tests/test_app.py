@@ -411,8 +411,7 @@ def test_run_bad_input_gives_a_message(client, first_run, changes, phrases):
     ],
 )
 def test_a_refused_budget_keeps_the_sessions_last_results(client, first_run, changes, phrases):
-    """The session's last run finished (at 30 %): its results stay, nothing else is
-    sent, and the budget box goes back to 30."""
+    """A refused budget keeps the last run's results and puts the box back at 30."""
     assert run(client)[0].startswith("**Done:**")  # GOOD: 30 %, served from memory
     out = run(client, **changes)
     status = out[0]

@@ -94,8 +94,7 @@ def test_both_backends_keep_the_same_pages_on_ties(
 
 
 def test_permuted_pages_tell_summation_orders_apart():
-    """A permuted page sums to other float32 bits in another order, so a backend summing otherwise
-    would rank it differently."""
+    """A permuted page sums to other float32 bits in another summation order."""
     from pagekv.maths.paging import page_reduce
 
     differ = 0

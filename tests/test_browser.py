@@ -333,8 +333,7 @@ def in_viewport(page, locator) -> bool:
 
 
 def check_screen(page, lesson) -> None:
-    """The lesson's verdict, answers table and status agree, and nothing of another
-    lesson stays on screen."""
+    """Verdict, table and status agree, and nothing of another lesson stays."""
     observed = observation_text(page)
     status = page.locator("#run-status").inner_text()
     rows = table_rows(page)

@@ -39,8 +39,7 @@ SOON_MS = 60_000
 
 @pytest.fixture(scope="module")
 def served(browser_page):  # noqa: F811
-    """`(page, demo, url)`: the app launched, its live lessons computed once (as
-    `python app.py` does), the page at 1280 px."""
+    """`(page, demo, url)`: the app launched, live lessons warmed, the page at 1280 px."""
     with launched_app() as (demo, url):
         assert app.warm_lessons() == sum(x.kind == "live" for x in app.LESSONS)
         browser_page.set_viewport_size({"width": 1280, "height": 1000})
@@ -659,8 +658,7 @@ def test_a_model_not_installed_is_said_at_once_and_the_box_shows_what_ran(served
 
 
 def test_the_needle_strip_s_tick_labels_keep_apart(served):
-    """A token strip's labels neither overlap nor touch at 1280 and 800 px, and a two-token answer
-    is labelled once, "60–61"."""
+    """A token strip's labels never overlap or touch; a two-token answer reads "60–61"."""
     page, _, url = served
     open_app(page, url)
     fill_custom_prompt(page, (HAYSTACK + " ") * 4, "BLUE")
@@ -770,8 +768,7 @@ LABELS_CROWDED_JS = """(sel) => {
 
 
 def test_lesson_8_figures_fit_and_keep_their_labels_apart(served):
-    """Lesson 8's replay figures keep titles inside and apart, bar labels apart, and RULER lines in
-    colours that show on white."""
+    """Lesson 8's figures keep titles and bar labels inside and apart, lines visible."""
     page, _, url = served
     lesson = next(x for x in app.LESSONS if x.id == "kvpress-same-memory")
     for width in WIDTHS:

@@ -58,8 +58,7 @@ def test_compact_layers_checks_the_bounds(device):
 
 @pytest.mark.parametrize("shape", SHAPES[:2], ids=IDS[:2])
 def test_compact_layers_reads_index_views(device, shape):
-    """Index views of one `[L, G, max k_l]` tensor (rows `max k_l` apart): a kernel stepping by
-    `k_l` would read wrong tokens."""
+    """Index views of one `[L, G, max k_l]` tensor: rows `max k_l` apart, not `k_l`."""
     keys, values, idx = _cache(shape, torch.float16, device, seed=3)
     k_max = max(i.shape[1] for i in idx)
     wide = torch.full((len(idx), shape[1], k_max), shape[2], dtype=torch.int64, device=device)

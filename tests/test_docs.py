@@ -120,8 +120,7 @@ def test_every_path_a_docs_page_names_exists(page):
 
 
 def test_the_readme_reads_in_two_minutes():
-    """At most 150 lines, with the two commands a fresh machine needs and a way on for
-    each of the three readers."""
+    """At most 150 lines, the two setup commands, and a way on for each reader."""
     text = README.read_text()
     assert len(text.splitlines()) <= 150
     assert "bash scripts/setup.sh && .venv/bin/python app.py" in text

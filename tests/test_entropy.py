@@ -204,8 +204,7 @@ def attention_rows(draw):
 @SETTINGS
 @given(case=attention_rows())
 def test_row_focus_sums_equal_isolate_sinks_row_by_row(case):
-    """For every sink count the summed masses and sink shares equal the plain definitions row by
-    row."""
+    """For every sink count the sums equal the plain definitions row by row."""
     probs, n_ctx, max_sink = case
     masses, sinks = row_focus_sums(probs, n_ctx, max_sink)
     assert masses.shape == sinks.shape == (2, max_sink + 1)
@@ -235,8 +234,7 @@ def test_row_focus_sums_reads_the_rows_and_never_writes_them(case):
 
 
 def test_row_focus_sums_worked_values():
-    """Worked rows: one-hot has mass 1 below its key, uniform over 8 has 1/(8 - s), and s >= n_ctx
-    gives the plain mass."""
+    """Worked rows: one-hot, uniform over 8 (1/(8 - s)), and s >= n_ctx."""
     N, n_ctx = 10, 8
     onehot = torch.zeros(N)
     onehot[5] = 1.0

@@ -266,8 +266,7 @@ def test_long_side_titles_wrap_onto_two_lines():
 
 
 def test_strip_ticks_keep_clear_of_each_other():
-    """A token strip labels a four-token needle once, and its ends only where they keep clear of it
-    at the narrowest width."""
+    """A four-token needle is labelled once; the strip's ends only where they keep clear."""
     from pagekv.app.figures.eviction import (
         STRIP_SIDE_PX,
         TICK_CHAR_PX,
@@ -326,8 +325,7 @@ def test_the_head_that_gains_most_with_isolation_is_never_a_sink_head():
 
 
 def test_the_head_losing_most_with_isolation_is_marked_with_its_sink_mass(bundled_study):
-    """The head losing most under isolation is marked with its sink mass; the caption speaks to
-    lessons 3 and 6."""
+    """The head losing most under isolation is marked with its sink mass."""
     from pagekv.app.figures import head_weights_bars
     from pagekv.app.page_text import CAPTIONS
 

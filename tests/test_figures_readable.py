@@ -33,8 +33,7 @@ def random_plan(L=2, G=2, r=3, n=64, seed=0):
 
 
 def mechanism(**kw):
-    """The app's Mechanism tab's figure (`mechanism_view`: plans of the constructed
-    group under each pooling policy)."""
+    """The Mechanism tab's figure (`mechanism_view`)."""
     view = mechanism_view(n=64, budget=0.19, **kw)
     return fp.mechanism_figure(view.mech, view.plans)
 
@@ -330,8 +329,7 @@ def test_recall_bars_policy_names_break_onto_lines():
 
 
 def test_recall_bars_name_a_question_agnostic_row_by_its_scoring():
-    """Two entropy rows of one budget (default and reconstruction scoring) are two bars, the second
-    named by its scoring."""
+    """A reconstruction-scored entropy row is its own bar, named by its scoring."""
     from experiments.replay.tables import WINDOW_SCORING
 
     assert fr.WINDOW_SCORING == WINDOW_SCORING

@@ -60,8 +60,7 @@ def test_layout_equals_plotly_update_layout(title, height, above):
 
 
 def test_layout_leaves_its_input_settings_alone():
-    """Figures share no settings: a later figure does not see an earlier one's changes through a
-    shared dict."""
+    """Figures share no settings through a shared dict."""
     a = style.layout(go.Figure(), "a")
     a.update_layout(legend_x=0.5)
     a.layout.template.layout.paper_bgcolor = "black"
@@ -71,8 +70,7 @@ def test_layout_leaves_its_input_settings_alone():
 
 
 def test_head_weights_keeps_its_right_margin():
-    """`head_weights_bars` sets its right margin after `layout` (on the figure `layout`
-    returns, not the one it was given)."""
+    """`head_weights_bars` sets its right margin on the figure `layout` returns."""
     from pagekv.app.figures import eviction as fp
 
     fig = fp.head_weights_bars(random_plan(), 0)

@@ -139,8 +139,7 @@ def test_corrupt_parts_are_refused_not_replaced_by_the_hub(tmp_path, monkeypatch
 
 
 def test_the_app_falls_back_and_says_what_to_run(monkeypatch, bundled_study):
-    """Without the parts the app serves the bundled model for qwen-coder-0.5b, and its note names
-    what to run."""
+    """Without the parts the app serves the bundled model and names what to run."""
     absent = dataclasses.replace(QWEN_CODER_PARTS, packages=("pagekv_no_such_part_1",))
     spec = dataclasses.replace(
         models.BUNDLED_MODELS[QWEN_CODER], parts=absent, cache_name="pagekv-test-not-converted"

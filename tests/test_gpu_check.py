@@ -259,8 +259,7 @@ def test_the_scoring_roofline_by_hand():
 
 
 def test_gc_count_sees_the_collections_inside_its_block():
-    """`_GcCount` counts the collections made inside `with` by generation, and stops
-    listening when the block ends."""
+    """`_GcCount` counts the collections inside `with` by generation, and only there."""
     import gc
 
     from tests.benchmark_scripts import load
@@ -276,8 +275,7 @@ def test_gc_count_sees_the_collections_inside_its_block():
 
 
 def test_code_area_names_this_repo_and_the_libraries():
-    """`_code_area` sorts profiled functions: this repo's folder, a library's package, `~` as C
-    built-ins, else `other`."""
+    """`_code_area`: this repo's folder, a library's package, `~` built-ins, else `other`."""
     from tests.benchmark_scripts import load
 
     gpu_check = load("gpu_check")
@@ -330,8 +328,7 @@ def test_the_peaks_follow_the_gpu():
 
 
 def test_the_unsynced_step_puts_the_runner_s_timer_back(monkeypatch):
-    """`_evict_unsynced` swaps the runner's timer only while its step runs (raising included), and
-    times a real eviction."""
+    """`_evict_unsynced` swaps the runner's timer only while its step runs (or raises)."""
     import pytest
     import torch
 

@@ -235,8 +235,7 @@ def test_a_slider_update_keeps_its_range():
 
 @pytest.mark.slow
 def test_a_short_prompt_with_pages_of_64_runs_and_says_its_one_budget(bundled_study):
-    """Pages of 64 on 50 tokens: only 100 % fits, it runs, every slider update keeps min < max, and
-    the status says so."""
+    """Pages of 64 on 50 tokens: only 100 % fits, it runs, sliders keep min < max."""
     import gradio as gr
 
     refused = _last(**SHORT, page_size=64, budget_pct=20)
@@ -324,8 +323,7 @@ def test_a_context_outside_its_range_runs_at_the_nearest_end_everywhere(bundled_
 
 @pytest.mark.slow
 def test_every_refusal_keeps_the_last_results_and_says_why(bundled_study):
-    """A refused run keeps the session's last results and says why in one sentence; without results
-    the views are cleared."""
+    """A refused run keeps the last results and says why; without results, views clear."""
     from types import SimpleNamespace
 
     from pagekv.app import handlers
@@ -353,8 +351,7 @@ def test_every_refusal_keeps_the_last_results_and_says_why(bundled_study):
 
 
 def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
-    """The app's study keeps the live lessons' prompts (2000-token needle, inside and after) in its
-    memos' kept parts."""
+    """The app's study keeps the live lessons' prompts in its memos' kept parts."""
     from pagekv.app import handlers
 
     study = handlers.get_study("bundled")
@@ -367,8 +364,7 @@ def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
 
 
 def test_a_long_step_says_what_runs_for_how_long_and_how_long_it_should(bundled_study, monkeypatch):
-    """Each long step says in the status which step runs, its seconds, and once measured the
-    expected seconds with a bar."""
+    """Each long step says which step runs, its seconds, and the expected seconds."""
     from pagekv.app import handlers
 
     monkeypatch.setattr(handlers, "STEP_QUIET_S", 0.0)  # every step shows, however short

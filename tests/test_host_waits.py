@@ -130,8 +130,7 @@ def models():
 
 
 def _warmed(models, device, backend, cfg) -> dict[int, Runner]:
-    """A runner per depth after two eviction steps, every depth warmed before any is counted (first
-    steps pay one-off waits)."""
+    """A runner per depth, every depth warmed by two eviction steps before any is counted."""
     runners = {L: Runner(models[L].to(device), None, backend=backend) for L in DEPTHS}
     ids = prompt(150, seed=3)
     for runner in runners.values():
@@ -148,8 +147,7 @@ def _warmed(models, device, backend, cfg) -> dict[int, Runner]:
 
 
 def _evict_step(runner, pre, cfg) -> None:
-    """The eviction step: the plan, the kept indices and their gather into the decode
-    cache."""
+    """The eviction step: the plan, its kept indices, their gather into the cache."""
     runner.decode_cache([runner.evict(pre, cfg)], pre, 8)
 
 
@@ -187,8 +185,7 @@ def test_host_waits_do_not_grow_with_the_layers(models, device, monkeypatch, bac
 
 
 def test_the_count_sees_a_per_layer_wait(models, device, monkeypatch):
-    """Negative control: a per-layer gather with a bounds read per layer makes the count grow with
-    the layers."""
+    """Negative control: a bounds read per layer makes the count grow with the layers."""
     from pagekv.runtime import paged_cache
     from pagekv.runtime.backend import gather_layers
 
@@ -262,8 +259,7 @@ def _layer_pairs(n_layers: int, device, dtypes=(torch.float16,)) -> list:
 
 
 def test_the_evicted_cache_is_made_without_a_tensor_per_layer(device):
-    """`_new_cache` dispatches as many operations for 28 layers as for 2 (no per-layer placeholder
-    tensors)."""
+    """`_new_cache` dispatches as many operations for 28 layers as for 2."""
     counts = []
     for n_layers in (2, 28):
         pairs = _layer_pairs(n_layers, device)
@@ -295,8 +291,7 @@ def test_the_evicted_cache_layers_are_as_transformers_makes_them(device):
 
 
 def test_step_ops_baseline_is_the_per_layer_wrapping(monkeypatch, device):
-    """benchmarks/step_ops.py's per-layer baseline builds the same layers and dispatches more with
-    each layer."""
+    """benchmarks/step_ops.py's per-layer baseline dispatches more with each layer."""
     from tests.benchmark_scripts import load
 
     monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))

@@ -18,8 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _compiled_env() -> dict:
-    """This process's environment without TRITON_INTERPRET: the child defines the kernels
-    compiled."""
+    """This environment without TRITON_INTERPRET: the child compiles the kernels."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return env

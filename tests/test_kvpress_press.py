@@ -369,8 +369,7 @@ def _reference_plan(model, ids, instr, cfg, chunk=None):
 
 
 def _assert_kept(press, cache, ref, full):
-    """Per layer the press planned ref's pages and the cache holds exactly the prefill's keys and
-    values at ref's kept indices."""
+    """Per layer: ref's pages, and exactly the prefill's keys and values at its indices."""
     idx = ref.kept_indices()  # [L, G, k']
     k = int(idx.shape[-1])
     assert cache.get_seq_length() == k
@@ -415,8 +414,7 @@ def test_reconstruct_keeps_what_plan_picks(gqa, arch, n, budget, P, policy, chun
 
 
 def test_reconstruct_reads_the_given_instruction(gqa):
-    """Another instruction keeps other tokens, so a press that read the wrong one would fail the
-    check above."""
+    """Another instruction keeps other tokens, so a misread one would fail above."""
     model, ids = gqa["llama"], _ids(120, seed=7)
     cfg = EvictionConfig(budget=0.3, page_size=1, window=16, scorer="reconstruct")
     press = PageEntroKVPress(
@@ -521,8 +519,7 @@ def test_reconstruct_instruction_from_the_models_tokenizer(gqa, tmp_path, monkey
 
 
 def test_reconstruct_budget_strict_and_not(gqa, caplog):
-    """Below the protected pages: `strict` raises and leaves the cache whole, else exactly those
-    pages and one warning."""
+    """Below the protected pages: `strict` raises, else those pages and one warning."""
     model, ids = gqa["llama"], _ids(100, seed=4)
     kw = dict(page_size=16, window=32, scorer="reconstruct", reconstruct_prompt_ids=[7])
     from transformers import DynamicCache
@@ -718,8 +715,7 @@ def _readme_block() -> str:
 
 
 def _fake_hub(tmp_path: Path, repo_id: str, model_dir: Path) -> Path:
-    """A Hugging Face cache in which `repo_id` resolves offline to the bundled model's converted
-    copy."""
+    """A Hugging Face cache where `repo_id` resolves offline to the bundled model."""
     hub = tmp_path / "hub"
     repo = hub / ("models--" + repo_id.replace("/", "--"))
     rev = "0" * 40
@@ -778,8 +774,7 @@ def test_five_line_example_runs_as_written(tmp_path):
 @pytest.mark.slow
 @pytest.mark.kvpress
 def test_a_short_prompt_at_ratio_0_8_never_aborts_the_pipeline(tmp_path):
-    """In kvpress's pipeline a budget below the sink and window pages keeps them, warns, and
-    answers."""
+    """A budget below the protected pages keeps them, warns, and answers."""
     hub = _fake_hub(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", kp.bundled_model_dir())
     python = kp.venv_python(kp.ensure_kvpress_env(progress=None))
     script = tmp_path / "short.py"

@@ -191,8 +191,7 @@ def _relative_imports(root: Path, rel: str) -> list[str]:
 
 
 def _dynamic_targets(root: Path, rel: str) -> list[tuple[str, int]]:
-    """Module names imported by string: `import_module("pagekv...")` constants and the values of a
-    package's `_LAZY` table."""
+    """Modules imported by string: `import_module` constants and `_LAZY` values."""
     tree = ast.parse((root / rel).read_text())
     package = ".".join(Path(rel).with_suffix("").parts)
     package = package.removesuffix(".__init__")
@@ -606,8 +605,7 @@ ENV_READ = re.compile(
 
 
 def test_env_variables_are_documented():
-    """Every PAGEKV_* environment variable the code or the tests read is named in the
-    docs/testing.md (the one list of them)."""
+    """Every PAGEKV_* variable the code or tests read is named in docs/testing.md."""
     readme = (ROOT / "docs" / "testing.md").read_text()
     used = set()
     for p in [*ROOT.glob("pagekv/**/*.py"), ROOT / "app.py", *ROOT.glob("tests/*.py")]:

@@ -67,8 +67,7 @@ def test_a_lesson_request_overtaken_by_a_later_one_shows_nothing(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("asked", ["99", "abc", "0"])
 def test_a_link_to_no_lesson_says_why(asked, bundled_study):
-    """`?lesson=99`, `?lesson=abc` and `?lesson=0` open lesson 1 and say why, in the
-    status line (they opened it silently)."""
+    """`?lesson=99`, `abc` or `0` open lesson 1 and say why in the status line."""
     request = SimpleNamespace(session_hash=None, query_params={"lesson": asked})
     *_, last = open_page(LESSON_TITLES[0], "bundled", request)
     status = last[OPEN_STATUS]

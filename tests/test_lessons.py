@@ -362,8 +362,7 @@ def test_every_lesson_holds_on_the_bundled_model(capsys):
 
 
 def test_tie_lesson_cites_the_pooling_search_from_its_file():
-    """Lesson 6's qwen-coder-0.5b counts are the search summary's totals
-    (`POOLING_SEARCH_PATH`), never a copy."""
+    """Lesson 6's counts are `POOLING_SEARCH_PATH`'s totals, never a copy."""
     lesson = get_lesson("entropy-vs-mean")
     total = json.loads(POOLING_SEARCH_PATH.read_text())["total"]
     text = lesson_text(lesson)

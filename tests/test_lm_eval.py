@@ -281,6 +281,5 @@ print(get_model("dummy").__name__, get_model("pagekv") is m.PageKVLM)
 
 
 def test_importing_the_model_keeps_lm_evals_own_models(tmp_path):
-    """Importing the module that registers `PageKVLM` registers lm-eval's own models first, so
-    `--model dummy` still resolves."""
+    """Registering `PageKVLM` keeps lm-eval's own models: `--model dummy` resolves."""
     assert _run_probe(OWN_MODELS_PROBE, tmp_path) == ["DummyLM True"]

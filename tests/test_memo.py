@@ -223,8 +223,7 @@ def counted(study, monkeypatch):
 
 
 def _same(a, b) -> None:
-    """Two served `RunResult`s of one computation: equal, each its own copy, their plan
-    the memo's one."""
+    """Two served results of one computation: equal, own copies, the memo's one plan."""
     pa, pb = a.plan, b.plan
     assert a.to_dict() == b.to_dict() and a is not b
     assert torch.equal(pa.keep, pb.keep) and torch.equal(pa.page_scores, pb.page_scores)

@@ -35,8 +35,7 @@ def qwen_missing(monkeypatch, tmp_path):
 
 
 def test_a_model_not_installed_is_said_at_once_without_the_hub(qwen_missing, bundled_study):
-    """Without the hub a missing install is known at once and the default model serves; with the hub
-    its copy is tried."""
+    """Without the hub a missing install is said at once and the default serves."""
     from pagekv.engine.study import Study
 
     def factory(name):

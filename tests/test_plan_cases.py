@@ -178,8 +178,7 @@ def test_budget_below_protected_minimum_names_the_smallest_feasible_budget(profi
     ],
 )
 def test_a_plan_checks_its_budget_once(profiles, monkeypatch, policy, allocation):
-    """`plan` checks the budget once before selection, whatever the policy and allocation; the
-    public selectors check at entry."""
+    """`plan` checks the budget once; the public selectors check at entry."""
     import pagekv.maths.paging as paging
     import pagekv.maths.plan as plan_module
 

@@ -1,5 +1,4 @@
-"""Property tests (hypothesis): the identities, bounds and accounting of
-docs/design.md, "The data path"."""
+"""Property tests: the identities, bounds and accounting of docs/design.md, "The data path"."""
 
 import torch
 from hypothesis import assume, event, given, settings

@@ -131,8 +131,7 @@ def test_the_runner_plans_and_decodes_with_it_once_per_prompt(eager):
 
 
 def test_the_pass_writes_each_chunk_into_its_cache_in_place(eager):
-    """The pass copies the prefill's cache once into buffers with room for the whole pass and never
-    concatenates a layer."""
+    """The pass copies the prefill's cache once and never concatenates a layer."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     n = 64
@@ -158,8 +157,7 @@ def test_the_pass_writes_each_chunk_into_its_cache_in_place(eager):
 
 @pytest.mark.parametrize("chunk, n", [(7, 40), (300, 310)])
 def test_the_triton_path_gives_the_torch_scores(eager, chunk, n):
-    """backend="triton" equals the torch reference, both aggregations, short chunks and a chunk of
-    300 queries."""
+    """backend="triton" equals torch, both aggregations, short and 300-query chunks."""
     pytest.importorskip("triton")
     cuda = torch.cuda.is_available()
     model = copy.deepcopy(eager).to("cuda") if cuda else eager
@@ -234,8 +232,7 @@ def _reference_focus(model, ctx: list[int], instr: list[int], n_sink: int):
 
 @pytest.mark.parametrize("n_sink", [0, 2, 5])
 def test_the_head_masses_are_the_reconstruction_queries_focus(eager, n_sink):
-    """`reconstruction_masses` is the queries' mean focus from full eager attention, not the max
-    profile's collision mass."""
+    """`reconstruction_masses` is the queries' mean focus, not the max profile's."""
     runner = Runner(eager)
     ctx, instr = prompt(40, seed=3), prompt(5, seed=4)
     pre = runner.prefill(ctx, window_max=8)
@@ -276,8 +273,7 @@ def test_the_runner_weights_heads_by_the_queries_focus(eager):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
 def test_every_family_under_sdpa_gives_the_eager_reference(family, monkeypatch):
-    """An SDPA model of each family gives its eager reference during the pass and runs under SDPA
-    again after."""
+    """An SDPA model of each family gives its eager reference, then SDPA again."""
     from pagekv.runtime.reconstruct import SCORED_ATTENTION
 
     model = tiny_model(family)  # SDPA

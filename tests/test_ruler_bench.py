@@ -351,8 +351,7 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
 
 
 def test_the_memory_figure_averages_every_method_on_the_same_prompts():
-    """A prompt one method has not answered is left out of every point; the full cache is
-    the square at 100 %."""
+    """A prompt one method lacks is left out of every point; full is the square at 100 %."""
     mem = {"pages_16": 2, "cells": 4, "context_pages": 5}
 
     def row(method, index, score, pages_sum, gathered=None):

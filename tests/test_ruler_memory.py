@@ -54,8 +54,7 @@ def test_gathered_never_exceeds_in_place_nor_in_place_uniform(L, G, n, data):
 
 
 def test_gathered_is_derived_only_where_the_method_fixes_it():
-    """Pages of 16, 16-token chunks and one count per head fix `gathered`; KVzip without
-    `gathered_pages` stays unknown."""
+    """`gathered` is derived only where pages of 16 or one count per head fix it."""
     base = {"method": "x", "pages_sum": 30, "pages_16": 9, "cells": 4, "context_pages": 9,
             "kept_tokens": 20, "kept_tokens_max": 20}  # fmt: skip
     assert rm.gathered(base | {"page_size": 16}) == 30
@@ -96,8 +95,7 @@ def test_a_rival_is_matched_to_ours_at_the_nearest_memory_within_ten_percent():
 
 
 def test_the_bootstrap_resamples_prompts_within_each_task():
-    """Resampling within each task gives the point interval 0.5 where pooled resampling would widen
-    it."""
+    """Resampling within each task gives the point interval 0.5."""
     pairs = [("a", 1.0)] * 3 + [("b", 0.0)] * 7
     assert rm.bootstrap(pairs) == (0.5, 0.5, 0.5)
     spread = [("a", d) for d in (1.0, 0.0, 0.0, 0.0)] + [("b", d) for d in (0.5, -0.5)]
@@ -164,8 +162,7 @@ def test_the_figure_draws_a_panel_per_layout_and_the_full_cache():
 
 
 def test_gathered_is_what_the_decode_pool_allocates(bundled_study):
-    """`gathered` pages are the decode pool's bytes, for a scattered press's kept set and for our
-    page plans."""
+    """`gathered` pages are what the decode pool allocates, scattered or paged."""
     from pagekv import EvictionConfig
     from pagekv.runtime.paged_cache import PagedCache
 

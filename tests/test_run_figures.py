@@ -90,8 +90,7 @@ def test_the_memo_is_bounded():
 
 
 def test_no_module_of_the_app_holds_a_cache_of_its_own():
-    """Importing the app and the engine leaves no module-level `ByteLRU` nor argument-keyed function
-    cache."""
+    """No module-level `ByteLRU` or argument-keyed cache in the app or engine."""
     import importlib
     import inspect
     import pkgutil
@@ -194,8 +193,7 @@ def test_the_layer_control_draws_the_runs_own_view():
 
 
 def test_the_uor_chart_and_stored_scale_are_at_r(tokenizer):  # noqa: F811
-    """At r = 7 the UOR chart's worst case is 7 with the union between 1 and 7, and the stored scale
-    ends at 7."""
+    """At r = 7 the UOR chart's worst case and the stored scale end at 7."""
     study = _tiny_study(tokenizer, ModelWorker(), n_heads=14, family="qwen2")
     assert study.loaded.group_size == 7
     spec = PromptSpec(task="needle", context=300, depth=0.5, seed=2)

@@ -218,8 +218,7 @@ def test_the_decode_cache_holds_exactly_the_kept_tokens(llama, policy, page_size
 
 
 def runner_decoding(model, decode: str) -> Runner:
-    """A runner on `model` whose decode weights are "float32" (float32 tolerance) or "float16" (the
-    CPU default)."""
+    """A runner on `model` decoding in "float32" or "float16" (the CPU default)."""
     return Runner(model, decode_dtype=decode)
 
 
@@ -324,8 +323,7 @@ def test_no_leak_between_configurations(llama):
 
 
 def test_a_run_decodes_the_plan_it_is_given(llama):
-    """`evaluate(planned=...)` decodes `Runner.plan`'s plan as planning inside would, and refuses a
-    foreign or hand-made plan."""
+    """`evaluate(planned=...)` decodes `Runner.plan`'s plan, and refuses a foreign one."""
     runner = Runner(llama)
     pre = runner.prefill(prompt(90, seed=12), window_max=16)
     cfg = EvictionConfig(policy="entropy", budget=0.3, page_size=4, window=8)
@@ -345,8 +343,7 @@ def test_a_run_decodes_the_plan_it_is_given(llama):
 
 
 def test_a_per_head_run_reports_the_needle_in_its_unions(llama):
-    """`needle_retention_union` is a per-head run's needle share in each group's union; None for a
-    pooled run."""
+    """`needle_retention_union`: per-head runs' share in the unions; None when pooled."""
     runner = Runner(llama)
     pre = runner.prefill(prompt(96, seed=14), window_max=8)
     needle = list(range(40, 46))

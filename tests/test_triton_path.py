@@ -29,8 +29,7 @@ def llama(cpu_llama, device):
 
 
 def _evict_both(model, ids, cfg, question=None, tokenizer=None, window_max=32):
-    """Prefill and evict on each backend; `(prefill, evicted, result)` per backend, the
-    evicted's `stored` its decode cache."""
+    """Prefill and evict on each backend: `(prefill, evicted, result)` per backend."""
     out = {}
     for name in ("torch", "triton"):
         runner = Runner(model, tokenizer, backend=name)

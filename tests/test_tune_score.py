@@ -35,8 +35,7 @@ def test_the_families_and_their_labels():
 
 @pytest.mark.parametrize("heads", [1, 2, 4])
 def test_a_head_block_launch_scores_as_the_launcher(heads):
-    """r = 6 over 2 groups: 1 and 2 heads a program divide r, 4 leaves two padding heads; all score
-    as the launcher."""
+    """r = 6: 1, 2 and 4 heads a program (two padding heads) score as the launcher."""
     gen = torch.Generator().manual_seed(heads)
     q = torch.randn(2, 12, 20, 32, generator=gen)
     k = torch.randn(2, 2, 150, 32, generator=gen)
@@ -65,8 +64,7 @@ def test_programs_per_sm_by_hand():
 
 
 def test_resources_compiles_for_sm90_without_a_gpu(tmp_path):
-    """`tune_score.py --resources` compiles both kernels for sm_90 without a GPU and reads no spills
-    at the pilot's shapes."""
+    """`tune_score.py --resources` compiles for sm_90 without a GPU: no spills."""
     from tests.test_kernel_compile import ROOT, _compiled_env
 
     out = tmp_path / "resources.json"

@@ -77,8 +77,7 @@ def build_wheel(tmp_path: Path) -> Path:
 
 
 def _new_env(tmp_path: Path) -> tuple[Path, str]:
-    """A new virtual environment that borrows this one's packages after its own; its
-    python and its site-packages."""
+    """A new venv borrowing this one's packages; its python and site-packages."""
     env = tmp_path / "env"
     venv.EnvBuilder(with_pip=False).create(env)
     python = env / "bin" / "python"
@@ -91,8 +90,7 @@ def _new_env(tmp_path: Path) -> tuple[Path, str]:
 
 
 def _clean_env() -> dict:
-    """This environment without PYTHONPATH or PYTHONHOME: the new one finds only what it
-    has installed (and borrowed)."""
+    """This environment without PYTHONPATH or PYTHONHOME."""
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
 
 

@@ -106,8 +106,7 @@ def test_a_wait_times_out_without_losing_the_job():
 
 
 def test_a_timed_wait_holds_its_timeout_when_nobody_serves():
-    """Caller-runs: a timed wait hands the job to a helper thread and returns at its timeout; an
-    untimed wait runs it itself."""
+    """Caller-runs: a timed wait returns at its timeout; a helper runs the job."""
     w = ModelWorker()
     gate, started = threading.Event(), threading.Event()
 
@@ -134,8 +133,7 @@ def test_a_timed_wait_holds_its_timeout_when_nobody_serves():
 
 
 def test_progress_streams_when_nobody_serves():
-    """Caller-runs: `progress` yields a job's reports while it runs (the helper runs it),
-    not only once it is done."""
+    """Caller-runs: `progress` yields a job's reports while it runs."""
     w = ModelWorker()
     seen_while_running = []
 
@@ -153,8 +151,7 @@ def test_progress_streams_when_nobody_serves():
 
 
 def test_progress_at_poll_0_waits_between_checks_and_does_not_spin(monkeypatch):
-    """Each progress check waits at least `MIN_POLL_S` holding nothing, so a poll of 0 s does not
-    starve the job."""
+    """Each progress check waits at least `MIN_POLL_S`, so a poll of 0 s does not spin."""
     from pagekv.engine import worker as worker_mod
 
     w = ModelWorker()

@@ -172,8 +172,7 @@ def test_the_stress_catches_a_planted_lock_order_inversion(tokenizer, expected, 
 
 
 def test_the_apps_run_path_holds_its_session_turn_across_worker_waits(tokenizer, monkeypatch):
-    """`run_comparison` holds its session turn across worker waits: 8 threads, 2 sessions, no hang,
-    serial results."""
+    """`run_comparison` holds its session turn across worker waits without a hang."""
     from types import SimpleNamespace
 
     from pagekv.app import handlers

@@ -263,8 +263,7 @@ def composed_wrapper_cases(models):
 
 @case("presses_run_other_wrappers")
 def other_wrappers():
-    """test_presses_run's other wrappers take a ScorerPress only: pagekv's presses are not one, and
-    the wrappers refuse them."""
+    """test_presses_run's ScorerPress-only wrappers refuse pagekv's presses."""
     facts = {}
     for vid, cls, scorer in VARIANTS:
         press = make(cls, scorer, compression_ratio=0.5)
@@ -463,8 +462,7 @@ def generate_cases(models):
 
 
 def observed_attention_cases(models):
-    """test_presses_run_observed_attention: an eager model at ratios 0.2/0.8 on the dummy inputs
-    (all protected)."""
+    """test_presses_run_observed_attention: an eager model on the dummy inputs."""
     from transformers import DynamicCache
 
     for vid, cls, scorer in VARIANTS:
