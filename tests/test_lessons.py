@@ -240,10 +240,7 @@ def test_tie_observation_can_fail():
     assert found.values["mean_top_weight"] == pytest.approx(mean_top)
     assert found.values["bound"] == pytest.approx(mean_top + 1e-6)
     assert f"r = {r}" in found.measured
-    # Thresholds just past each measured figure, so each part of the check can fail on
-    # its own. (The thresholds used before, an overlap of at least 1.01 and a mean top
-    # weight under 1/r, cannot be met: overlap <= 1 and a group's largest weight is
-    # >= 1/r, so "does not hold" passed whatever the check measured.)
+    # Thresholds just past each measured figure, so each part of the check can fail on its own.
     assert not tie(overlap + 1e-6, (mean_top + 1e-6) * r).check(comp).holds
     assert not tie(overlap - 1e-6, (mean_top - 1e-6) * r).check(comp).holds
     differ = _fake_comparison(

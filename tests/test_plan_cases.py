@@ -90,10 +90,8 @@ def test_entropy_weights_are_the_hand_values(profiles):
 def test_mean_weights_and_pooled_uor(profiles):
     p = plan(profiles, n_groups=2, config=EvictionConfig(policy="mean", **BASE))
     assert p.head_weights.tolist() == [[0.5] * 4]
-    # Pooled UOR, measured: every head of a group reads the group's one kept mask, so
-    # the union over its heads is that mask's tokens, 6, and each head's k' is the
-    # kept pages' sizes, 2 + 2 + 2 (head_independent below: 8 / 6). Not `p.uor`:
-    # `plan` writes the constant 1 there for pooled policies.
+    # Pooled UOR measured (not `p.uor`, a constant 1): the group's one mask, 6 tokens, over
+    # each head's k' = 2 + 2 + 2.
     union = p.keep.sum(-1)
     k_head = (p.page_keep.long() * p.page_sizes).sum(-1)
     assert union.tolist() == [[6, 6]] and k_head.tolist() == [[6, 6]]

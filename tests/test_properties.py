@@ -68,10 +68,8 @@ def test_pooled_policies_are_dense_exact_and_within_budget(geo, u, policy, reduc
     sizes = page_sizes(n, P)
     k0 = int(p.union_tokens.flatten()[0])
     assert bool((p.union_tokens == k0).all()), "every (layer, group) keeps the same count"
-    # Exact page accounting: kept count = summed sizes of kept pages = kept token mask.
-    # The second equality is the pooled UOR = 1, measured (not `p.uor`, the constant
-    # `plan` writes): the union over a group's heads, its one kept mask, holds exactly
-    # the k' tokens of its kept pages.
+    # Exact page accounting: kept count = summed sizes of kept pages = kept token mask
+    # (the second equality is the pooled UOR = 1, measured rather than read from `p.uor`).
     assert torch.equal(p.union_tokens, (p.page_keep.long() * sizes).sum(-1))
     assert torch.equal(p.union_tokens, p.keep.sum(-1))
     assert k0 <= p.budget_tokens

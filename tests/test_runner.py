@@ -471,9 +471,8 @@ def test_result_fields_and_json(llama):
     kept30 = res.plan.keep[:, :, 30:32].double().mean(-1).tolist()
     assert d["needle_retention"] == kept30
     assert d["needle_kept_all"] == bool(res.plan.keep[:, :, 30:32].all())
-    # Pooled UOR measured on the compacted cache (the plan's own `uor` is the constant 1
-    # `plan` writes): the tokens stored per (layer, group) over the union of what the
-    # group's heads read, the plan's one kept mask. The reported `uor` is that measurement.
+    # Pooled UOR measured on the compacted cache (stored tokens over the group's one kept
+    # mask), not the plan's constant 1; the reported `uor` is that measurement.
     measured = torch.tensor(d["stored_tokens"], dtype=torch.float64)
     measured = measured / res.plan.keep.sum(-1).double()
     assert measured.tolist() == [[1.0, 1.0]] * 3

@@ -107,9 +107,7 @@ def test_policies_end_to_end_on_a_needle_prompt(needle_prompt, runner_and_prefil
     for res in (entropy, mean):
         stored = {t for row in res.stored_tokens for t in row}
         assert len(stored) == 1 and stored.pop() <= k  # strict budget, dense cache
-        # Pooled UOR measured on the compacted cache, not read from the plan (where
-        # `plan` writes the constant 1): the tokens stored per (layer, group) over the
-        # union of what the group's heads read, the plan's one kept mask.
+        # Pooled UOR measured on the compacted cache, not read from the plan's constant 1.
         uor = torch.tensor(res.stored_tokens, dtype=torch.float64)
         uor = uor / res.plan.keep.sum(-1).double()
         assert bool((uor == 1.0).all()), uor

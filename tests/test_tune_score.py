@@ -82,8 +82,7 @@ def test_resources_compiles_for_sm90_without_a_gpu(tmp_path):
         usage = row[kernel]
         assert 0 < usage["registers"] <= 255 and 0 < usage["shared"] <= 232_448, usage
         assert usage["programs_per_sm"] >= 1, usage
-        # Nothing spilled to local memory (pass 2 did, 56 bytes a thread, while it took
-        # the maxima's flag at run time instead of compiling it in or out).
+        # Nothing spilled to local memory.
         assert usage["stack"] == 0, usage
     # Refused where the kernels would be defined interpreted.
     proc = subprocess.run(

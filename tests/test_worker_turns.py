@@ -113,8 +113,6 @@ def test_a_slow_models_run_holds_up_another_for_one_job_at_a_time(tokenizer):  #
     ys = [j for j, owner in enumerate(order) if owner == y._tag and j > i]
     assert len(ys) >= 3  # prefill, plans, decoding: several jobs
     # The turns: an owner never runs two jobs in a row while the other has one queued.
-    # (Between two jobs of Y, X may run more than one only while Y has none queued: Y's
-    # thread submits its next job once the last is done.)
     contested = [(o, last) for o, last, waiting in choices if len(waiting) > 1]
     print(f"\n{len(contested)} of {len(choices)} jobs chosen between both owners")
     assert contested and all(o != last for o, last in contested), choices
