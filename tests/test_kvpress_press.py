@@ -714,6 +714,9 @@ def _readme_block() -> str:
     return block
 
 
+SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
 def _fake_hub(tmp_path: Path, repo_id: str, model_dir: Path) -> Path:
     """A Hugging Face cache where `repo_id` resolves offline to the bundled model."""
     hub = tmp_path / "hub"
@@ -729,44 +732,54 @@ def _fake_hub(tmp_path: Path, repo_id: str, model_dir: Path) -> Path:
     return hub
 
 
+def _kvpress_python() -> Path:
+    return kp.venv_python(kp.ensure_kvpress_env(progress=None))
+
+
+def _in_kvpress(tmp_path, code: str, path: Path = ROOT, repo_id: str = SMOLLM, cwd=None):
+    """Run `code` in kvpress's venv with `path` importable and `repo_id` resolving offline to
+    the bundled model; its stdout (a failure fails the test)."""
+    hub = _fake_hub(tmp_path, repo_id, kp.bundled_model_dir())
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    env = dict(os.environ, PYTHONPATH=str(path), HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    out = subprocess.run(
+        [str(_kvpress_python()), str(script)], capture_output=True, text=True, env=env,
+        timeout=900, cwd=cwd,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.kvpress
 def test_five_line_example_runs_as_written(tmp_path):
     block = _readme_block()
     repo_id = re.search(r'model="([^"]+)"', block).group(1)
-    hub = _fake_hub(tmp_path, repo_id, kp.bundled_model_dir())
-    python = kp.venv_python(kp.ensure_kvpress_env(progress=None))
-    script = tmp_path / "example.py"
     setup = (
         "context = 'The grass is green. The sky is blue. ' * 20 + "
         "'The secret passcode is 7351. ' + 'The sun is yellow. Here we go. ' * 20\n"
         "question = 'What is the secret passcode?'\n"
     )
     check = (
-        "import json, kvpress\nprint(json.dumps({'base': isinstance(press, kvpress.BasePress)}))\n"
+        "import json, kvpress, pagekv\n"
+        "print(json.dumps({'base': isinstance(press, kvpress.BasePress)}))\n"
+        "print(json.dumps({'pagekv': pagekv.__file__}))\n"
     )
     # pagekv as a researcher installs it: its wheel, into a folder on the path (the
     # kvpress environment brings the dependencies), run from outside the checkout.
     site = tmp_path / "site"
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
-         str(build_wheel(tmp_path))],
+        [str(_kvpress_python()), "-m", "pip", "install", "-q", "--no-deps", "--target",
+         str(site), str(build_wheel(tmp_path))],
         check=True, timeout=300,
     )  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(site), HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
-    env["TRANSFORMERS_OFFLINE"] = "1"
-    check += "import pagekv\nprint(json.dumps({'pagekv': pagekv.__file__}))\n"
-    script.write_text(setup + block + check)
-    out = subprocess.run(
-        [str(python), str(script)], capture_output=True, text=True, env=env, timeout=900,
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = _in_kvpress(tmp_path, setup + block + check, path=site, repo_id=repo_id, cwd=tmp_path)
     lines = out.stdout.strip().splitlines()
     assert json.loads(lines[-1])["pagekv"].startswith(str(site))  # the installed copy
-    lines = lines[:-1]
-    assert json.loads(lines[-1]) == {"base": True}
-    answer = "\n".join(lines[:-1]).strip()
+    assert json.loads(lines[-2]) == {"base": True}
+    answer = "\n".join(lines[:-2]).strip()
     print("\nexample answer:", repr(answer))
     assert answer  # the pipeline answered through the press
 
@@ -775,10 +788,8 @@ def test_five_line_example_runs_as_written(tmp_path):
 @pytest.mark.kvpress
 def test_a_short_prompt_at_ratio_0_8_never_aborts_the_pipeline(tmp_path):
     """A budget below the protected pages keeps them, warns, and answers."""
-    hub = _fake_hub(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", kp.bundled_model_dir())
-    python = kp.venv_python(kp.ensure_kvpress_env(progress=None))
-    script = tmp_path / "short.py"
-    script.write_text(
+    out = _in_kvpress(
+        tmp_path,
         "import json, logging\n"
         "from transformers import pipeline\n"
         "from pagekv.integrations import PageEntroKVPress\n"
@@ -790,14 +801,8 @@ def test_a_short_prompt_at_ratio_0_8_never_aborts_the_pipeline(tmp_path):
         "    press = PageEntroKVPress(compression_ratio=ratio, page_size=16)\n"
         "    out[str(ratio)] = pipe('The sky is blue. The code is 7351.', "
         "question='What is the code?', press=press, max_new_tokens=8)['answer']\n"
-        "print(json.dumps(out))\n"
+        "print(json.dumps(out))\n",
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
-    env["TRANSFORMERS_OFFLINE"] = "1"
-    out = subprocess.run(
-        [str(python), str(script)], capture_output=True, text=True, env=env, timeout=900
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
     answers = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(answers) == {"0.2", "0.8"} and all(isinstance(a, str) for a in answers.values())
     assert out.stderr.count("keeps only the protected pages") >= 1, out.stderr[-2000:]
@@ -859,16 +864,7 @@ print(json.dumps({
 def test_reconstruct_scorer_through_kvpress_pipeline(tmp_path):
     """In kvpress's pipeline the reconstruct scorer keeps, per layer, exactly the pages pagekv picks
     on its own; the window scorer keeps others."""
-    hub = _fake_hub(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", kp.bundled_model_dir())
-    python = kp.venv_python(kp.ensure_kvpress_env(progress=None))
-    script = tmp_path / "reconstruct.py"
-    script.write_text(RECONSTRUCT_PIPELINE)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
-    env["TRANSFORMERS_OFFLINE"] = "1"
-    out = subprocess.run(
-        [str(python), str(script)], capture_output=True, text=True, env=env, timeout=900
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = _in_kvpress(tmp_path, RECONSTRUCT_PIPELINE)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     print("\nreconstruct answer:", repr(got["answer"]), "kept", got["kept"][0], "of", got["n"])
     assert got["instr"]
