@@ -171,36 +171,39 @@ def test_a_preset_run_says_whether_its_difference_holds():
 
 
 @pytest.mark.slow
-def test_a_budget_below_the_floor_is_refused_and_a_session_keeps_its_results():
-    """The budget's one rule with this prompt's floor; in a session whose last run
-    finished, nothing else changes and the boxes go back to that run's budget."""
-    import re
-    from types import SimpleNamespace
-
+def test_a_refused_run_keeps_a_sessions_last_results_and_says_why():
+    """A budget below this prompt's floor, or a shared budget for a per-head policy: refused in
+    one sentence; a session's last results stay (its boxes back at their budget), else the views
+    clear."""
     i_status, i_budget = handlers.RUN_VIEWS.index("status"), handlers.RUN_VIEWS.index("budget")
+    i_last = handlers.RUN_VIEWS.index("last")
+    shared = dict(policy_b="head_independent", allocation_b="global")
     (out,) = list(handlers.run_comparison(**(RUN | dict(budget_pct=1))))[-1:]
     status = out[i_status]
     n = int(re.search(r"in this (\d+)-token prompt", status).group(1))
     floor = min_budget_pct(n, EvictionConfig(page_size=16, n_sink=4, window=32))
     assert status.startswith(f"**Error:** Budget A must be a number from {floor:g} to 100"), status
     assert status.endswith("; got 1.") and "Nothing ran" not in status, status
-    assert out[handlers.RUN_VIEWS.index("last")] is None  # no session: every view cleared
+    assert out[i_last] is None  # no session: every view cleared
+    (out,) = list(handlers.run_comparison(**RUN, **shared))
+    assert "side B: allocation 'global' shares one budget" in out[i_status]
+    assert out[i_last] is None
 
     request = SimpleNamespace(session_hash="budget-rule-test")
     try:
         *_, done = handlers.run_comparison(**RUN, request=request)
         assert done[i_status].startswith("**Done:**")
         assert done[i_budget]["value"] == 40.0  # the box shows what ran
-        for typed in (0, -5, None, "abc"):
-            (out,) = list(
-                handlers.run_comparison(**(RUN | dict(budget_pct=typed)), request=request)
-            )
+        for refused in (*(dict(budget_pct=typed) for typed in (0, -5, None, "abc")), shared):
+            (out,) = list(handlers.run_comparison(**(RUN | refused), request=request))
             status = out[i_status]
-            assert f"Budget A must be a number from {floor:g} to 100" in status, status
-            assert "Nothing ran: the budget is back at 40 %" in status, status
-            assert out[i_budget]["value"] == 40.0
+            assert status.startswith("**Error:**") and "Nothing ran" in status, status
+            if refused is not shared:
+                assert f"Budget A must be a number from {floor:g} to 100" in status, status
+                assert "Nothing ran: the budget is back at 40 %" in status, status
+                assert out[i_budget]["value"] == 40.0
             kept = [out[handlers.RUN_VIEWS.index(k)] for k in ("answers", "frame", "last")]
-            assert all(isinstance(v, dict) and v.get("__type__") == "update" for v in kept)
+            assert all(v == {"__type__": "update"} for v in kept), kept
     finally:
         handlers.SESSIONS.end(request.session_hash)
 
@@ -319,35 +322,6 @@ def test_a_context_outside_its_range_runs_at_the_nearest_end_everywhere(bundled_
     status = done[I["status"]]
     assert status.startswith("**Done:**") and "300 prompt tokens" not in status
     assert "Context length: 50 is below its range (300 to 8000), using 300." in status, status
-
-
-@pytest.mark.slow
-def test_every_refusal_keeps_the_last_results_and_says_why(bundled_study):
-    """A refused run keeps the last results and says why; without results, views clear."""
-    from types import SimpleNamespace
-
-    from pagekv.app import handlers
-
-    # A prompt of its own (seed 29): tests/test_handlers.py counts on prefilling seed 11.
-    run = dict(task="needle", context=300, depth=0.5, mode="after", budget_pct=40.0, seed=29)
-    shared = dict(policy_b="head_independent", allocation_b="global")
-    i_status = handlers.RUN_VIEWS.index("status")
-    kept = [handlers.RUN_VIEWS.index(k) for k in ("answers", "frame", "last")]
-    # No earlier run in this session (none at all): every view cleared.
-    (out,) = list(handlers.run_comparison(**run, **shared))
-    assert "side B: allocation 'global' shares one budget" in out[i_status]
-    assert out[handlers.RUN_VIEWS.index("last")] is None
-    request = SimpleNamespace(session_hash="refusal-keeps-results")
-    try:
-        *_, done = handlers.run_comparison(**run, request=request)
-        assert done[i_status].startswith("**Done:**")
-        for refused in (shared, dict(budget_pct=0)):
-            (out,) = list(handlers.run_comparison(**(run | refused), request=request))
-            status = out[i_status]
-            assert status.startswith("**Error:**") and "Nothing ran" in status, status
-            assert all(out[i].get("__type__") == "update" and len(out[i]) == 1 for i in kept)
-    finally:
-        handlers.SESSIONS.end(request.session_hash)
 
 
 def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
