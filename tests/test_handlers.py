@@ -254,11 +254,11 @@ def test_a_short_prompt_with_pages_of_64_runs_and_says_its_one_budget(bundled_st
 
 
 @pytest.mark.slow
-def test_a_refused_run_does_not_leave_the_verdict_checking(bundled_study):
-    """Lesson 1's verdict after a refusal: not checked (nothing ran), never 'checking on
-    this run...' for good; the status line keeps the refusal."""
+def test_a_refusal_in_a_session_says_what_ran_and_what_did_not(bundled_study):
+    """After a refusal lesson 1's verdict is "not checked: nothing ran" (never "checking" for
+    good); after a failed run a refusal points at no results below."""
     title = LESSON_TITLES[0]
-    request = SimpleNamespace(session_hash="refusal-verdict-test")
+    request = SimpleNamespace(session_hash="refusal-in-a-session")
     try:
         done = _last(**SHORT, budget_pct=100, lesson=title, request=request)
         assert done[I["status"]].startswith("**Done:**")
@@ -266,18 +266,6 @@ def test_a_refused_run_does_not_leave_the_verdict_checking(bundled_study):
         verdict = out[I["observation"]]
         assert "not checked: nothing ran" in verdict, verdict
         assert "checking on this run" not in verdict
-    finally:
-        handlers.SESSIONS.end(request.session_hash)
-
-
-@pytest.mark.slow
-def test_a_refusal_after_a_failed_run_points_at_no_results(bundled_study):
-    """A failed run clears every view; a refusal after it must not say 'the budget of
-    the results below' (there are none): it clears them too."""
-    request = SimpleNamespace(session_hash="refusal-after-failure-test")
-    try:
-        done = _last(**SHORT, budget_pct=100, request=request)
-        assert done[I["status"]].startswith("**Done:**")
         failed = _last(**(SHORT | dict(question="")), budget_pct=100, request=request)
         assert failed[I["status"]].startswith("**Error:**"), failed[I["status"]]
         out = _last(**SHORT, page_size=64, budget_pct=20, request=request)
