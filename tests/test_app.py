@@ -343,12 +343,8 @@ def test_layer_redraws_from_the_last_run(client, first_run):
     assert f"layer {LAYERS - 1}" in fig["layout"]["title"]["text"]
 
 
-def test_layer_without_a_run_is_empty(fresh_client):
-    # Before any run the layer slider spans 0..1 (a run sets it to the model's layers).
-    assert fresh_client.predict(1, api_name="/layer") is None
-
-
-def test_layer_out_of_range_is_refused(fresh_client):
+def test_layer_without_a_run_is_empty_and_out_of_range_is_refused(fresh_client):
+    assert fresh_client.predict(1, api_name="/layer") is None  # before a run: slider 0..1
     with pytest.raises(AppError, match="maximum"):
         fresh_client.predict(99, api_name="/layer")
     assert fresh_client.predict(0, api_name="/layer") is None  # and the next call works
@@ -510,18 +506,9 @@ def test_preset_fills_the_controls(client):
             picked = out[1]["value"] if isinstance(out[1], dict) else out[1]
             assert picked == (p["curated"] or task_names(p["task"])[0])
         assert list(out[2:]) == [
-            p["context"],
-            p["depth"],
-            p["seed"],
-            p["needles"],
-            p["mode"],
-            round(100 * p["budget"], 1),
-            p["page_size"],
-            p["n_sink"],
-            p["window"],
-            p["tau"],
-            p["policy_a"],
-            p["policy_b"],
+            p["context"], p["depth"], p["seed"], p["needles"], p["mode"],
+            round(100 * p["budget"], 1), p["page_size"], p["n_sink"], p["window"], p["tau"],
+            p["policy_a"], p["policy_b"],
             *(p.get(f"{w}_{s}", d) for s in ("a", "b")
               for w, d in (("scorer", "window"), ("allocation", "uniform"))),
             p["model"] or "bundled",  # a preset's own model, else the server's default
@@ -626,26 +613,14 @@ def test_a_class_of_concurrent_runs_pairs_and_lessons_never_hangs(server):
     request returns in time with its answers."""
     url = server[1]
     lessons = [t for t, x in zip(app.LESSON_TITLES, app.LESSONS, strict=True) if x.kind == "live"]
+    side_b = dict(mode_b="inside", budget_b=35, page_size_b=16, n_sink_b=4, window_b=32, tau_b=1.0)
     requests = [
         ("/lesson", (lessons[0],)),
         ("/lesson", (lessons[1],)),
         ("/lesson", (lessons[0],)),
         ("/run", GOOD | dict(budget_pct=25)),  # A and B: one batched pair
         ("/run", GOOD | dict(budget_pct=25)),  # the same run: computed once
-        (
-            "/run",
-            GOOD
-            | dict(
-                budget_pct=35,
-                link_b=False,
-                mode_b="inside",
-                budget_b=35,
-                page_size_b=16,
-                n_sink_b=4,
-                window_b=32,
-                tau_b=1.0,
-            ),
-        ),  # fmt: skip
+        ("/run", GOOD | dict(budget_pct=35, link_b=False, **side_b)),  # sides apart
         ("/budget", GOOD | dict(budget_pct=40)),
         ("/run", GOOD | dict(budget_pct=25, policy_a="head_independent")),
     ]
