@@ -1,11 +1,5 @@
-"""Launch the Gradio app in this process on a free local port (for the app and browser tests).
-
-    with launched_app() as (demo, url):
-        Client(url).predict(..., api_name="/run")
-
-The app runs in-process so that tests can look at server-side state (the models held,
-`pagekv.app.handlers.MODELS`, and their memos) next to what the HTTP API returns.
-"""
+"""Launch the Gradio app in this process on a free local port, for the app and browser tests
+(in-process, so tests can read server-side state such as `handlers.MODELS`)."""
 
 from __future__ import annotations
 
@@ -31,12 +25,8 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def launched_app(cold: bool = False):
-    """Yield `(demo, url)` of a launched app, closed on exit.
-
-    cold: forget any model an earlier test loaded (`MODELS.studies`), with its memos and
-    so every finished run's views, so the first request pays the model load and the run
-    as a fresh `python app.py` would.
-    """
+    """Yield `(demo, url)` of a launched app, closed on exit; `cold` forgets every loaded model and
+    its memos first, as a fresh `python app.py`."""
     import app
     from pagekv.app.handlers import MODELS
 

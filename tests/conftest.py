@@ -1,30 +1,12 @@
-"""Test-wide settings, chosen once for the whole process before any test module imports.
+"""Test-wide settings, set once before any test module imports.
 
-- Never touch the network, never send analytics.
-- `TRITON_INTERPRET=1` on machines without CUDA, so the Triton kernels run in the
-  interpreter. Triton reads this variable once, when a `@triton.jit` kernel is
-  defined (when `kernels.*` is first imported), and a kernel keeps that choice for
-  the life of the process: it cannot be set per test with `monkeypatch`, so it is
-  set here, process-wide, before anything imports `kernels`. This is the one
-  environment setting no test undoes. Tests that need the opposite (Triton on CPU
-  *without* the interpreter) run in a subprocess whose environment lacks the
-  variable, so no test depends on the order tests run in. With CUDA the kernels
-  are compiled and the variable is left alone.
+No network, no analytics. Without CUDA, `TRITON_INTERPRET=1`: Triton reads it once, when a kernel
+is defined, so it is process-wide and the one setting no test undoes (tests needing the opposite
+run in a subprocess). Every other environment change goes through `monkeypatch`.
 
-Every other environment change in a test goes through `monkeypatch`.
-
-Opt-in tests skip with a reason that starts "opt-in:" and names the variable that runs
-them; the summary prints a line per such reason with the count. Opted in, they fail
-where what they need is missing. The tests marked `kvpress` (they run NVIDIA kvpress in
-its own venv, `experiments/peer/kvpress_peer.py`) are opt-in here, by their mark:
-`PAGEKV_TEST_KVPRESS=1` runs them.
-
-Under `CI=true` a run in which tests were skipped for want of the bundled model, of the
-browser (playwright, /usr/bin/chromium) or of their opt-in fails (exit status 1, the
-tests named in the summary): a green CI means the model ran, the browser test looked at
-every lesson and every opt-in test ran (.ci/run opts in; it runs the kvpress tests in a
-second pytest run, `-m kvpress`, after building their venv). Skips for CUDA do not count.
-"""
+Opt-in tests skip with a reason starting "opt-in:" that names their variable (the `kvpress` mark:
+`PAGEKV_TEST_KVPRESS=1`); the summary counts them. Under `CI=true` a skip for want of the bundled
+model, the browser or an opt-in fails the run; CUDA skips do not."""
 
 import os
 
@@ -65,9 +47,8 @@ _SKIPPED: list[tuple[str, str]] = []
 
 
 def ci_failing_skips(skipped, environ) -> list[str]:
-    """The test ids among `skipped` ((test id, skip reason) pairs) that were skipped for
-    want of the bundled model, the browser or their opt-in, when `environ` says CI
-    (`CI=true`); else none."""
+    """Under `CI=true`, the ids among `skipped` (id, reason) that lacked the bundled model, the
+    browser or their opt-in; else none."""
     if environ.get("CI") != "true":
         return []
     signs = BUNDLED_MODEL_MISSING + BROWSER_MISSING + (OPT_IN,)
@@ -83,9 +64,7 @@ def _record_skip(report) -> None:
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def device(request):
-    """The device a kernel test runs on: CPU (the Triton interpreter) without CUDA; CUDA
-    (compiled) where it is present. Shared by the kernel, compaction, host-wait and
-    Triton-path tests."""
+    """The kernel tests' device: CPU (the Triton interpreter) without CUDA, else CUDA (compiled)."""
     cuda = torch.cuda.is_available()
     if request.param == "cuda" and not cuda:
         pytest.skip("no CUDA device")

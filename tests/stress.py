@@ -1,12 +1,6 @@
-"""A stress harness for the model worker: many threads, a random mix of calls, a timeout
-on every call, every result compared with the serial one for its key.
-
-    report = stress(study, calls, threads=8, duration_s=15, call_timeout_s=60)
-    report.hung, report.errors, report.mismatches    # all empty when the worker is sound
-
-`calls` maps a key to a function `study -> signature` (a hashable summary of the
-result: token ids, kept masks). `expected` holds each key's serial signature.
-"""
+"""A stress harness for the model worker: many threads, a random mix of calls, a timeout per call,
+each result compared with the serial one for its key (`report.hung`, `.errors` and `.mismatches`
+are empty when the worker is sound)."""
 
 from __future__ import annotations
 
@@ -26,8 +20,7 @@ class Report:
     threads: list = field(default_factory=list, repr=False)
 
     def settle(self, timeout_s: float) -> bool:
-        """Wait for the client threads to end (a hung call may still return); whether
-        they all did."""
+        """Wait for the client threads to end; whether they all did."""
         for t in self.threads:
             t.join(timeout_s)
         return not any(t.is_alive() for t in self.threads)
@@ -53,11 +46,8 @@ def stress(
     tolerated=(),
     calls_per_thread: int | None = None,
 ) -> Report:
-    """Fire random calls from `threads` threads for `duration_s` seconds, or with
-    `calls_per_thread`, that many calls from each thread (however long they take, so
-    that the count is the test's, not the machine's). A call in flight longer than
-    `call_timeout_s` is reported hung (its thread is a daemon and is left behind).
-    Exceptions of a type in `tolerated` count as calls, not errors."""
+    """Random calls from `threads` threads for `duration_s` (or `calls_per_thread` each); a call
+    past `call_timeout_s` is hung; `tolerated` exceptions count as calls."""
     report = Report()
     lock = threading.Lock()  # the harness's own bookkeeping, never held across a call
     in_flight: dict[int, tuple] = {}

@@ -1,5 +1,4 @@
-"""The adaptive page size (`pagekv.maths.adaptive`): a hand-worked case, the bound the
-share obeys, and the rule's choice."""
+"""The adaptive page size (`pagekv.maths.adaptive`): a worked case, its bound, its choice."""
 
 import pytest
 import torch

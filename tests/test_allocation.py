@@ -149,9 +149,8 @@ def test_global_is_for_pooled_policies():
 
 
 def test_the_runner_stores_and_decodes_a_global_plan():
-    """A global plan's (layer, group)s keep different amounts, and each stores exactly
-    its own: no padding, the kept bytes those tokens' keys and values, and decoding
-    runs on the ragged groups."""
+    """A global plan's (layer, group)s keep different amounts and each stores exactly its own,
+    unpadded; decoding runs on the ragged groups."""
     from pagekv.runtime.runner import Runner
 
     from .test_runner import prompt, tiny_model
@@ -176,10 +175,8 @@ def test_the_runner_stores_and_decodes_a_global_plan():
 
 
 def test_the_decode_cache_holds_exactly_the_allocated_tokens():
-    """A global plan's decode cache holds, for each (layer, group), the prefill's keys
-    and values at exactly the tokens the plan allocated to that group, in order: no
-    padding and no other group's tokens (a cache built from the layer's largest
-    allocation, or from another group's, fails)."""
+    """Each (layer, group) of a global plan's decode cache holds the prefill's keys and values at
+    exactly its allocated tokens, in order."""
     from pagekv.runtime.runner import Runner
 
     from .test_runner import prompt, tiny_model
@@ -219,15 +216,9 @@ def test_the_cli_flag_sets_it_and_policy_all_keeps_per_head_uniform():
         _config_from(args, "head_independent")
 
 
-# ---------------------------------------------------------------- allocation="layer"
-
-
 def test_per_layer_hand_worked():
-    """Two layers of two one-token-page rows, page 0 protected, k = 2 per row: each
-    layer has 2 free slots of its own. Layer 0: row 0 is sharp (9, 8, 7), so it takes
-    both slots (9, 8); layer 1: one each (3 in row 0, 2 in row 1). Shared across both
-    layers instead, the four free slots go to 9, 8, 7 (layer 0, row 0) and 3 (layer 1,
-    row 0): layer 1's row 1 keeps only its protected page."""
+    """Hand-worked: per layer, layer 0's sharp row takes both its slots (9, 8) and layer 1 splits
+    (3, 2); shared across layers the slots go to 9, 8, 7 and 3."""
     scores = torch.tensor(
         [
             [[0.0, 9, 8, 7], [0.0, 1, 1, 1]],
@@ -275,10 +266,8 @@ def test_per_layer_is_global_within_each_layer(L, G, n, page, frac, seed):
 
 
 def test_plan_layer_allocation_keeps_each_layers_total():
-    """With a sharp layer (as in the global test above): under "layer" every layer keeps
-    exactly `G k` one-token pages, so the sharp layer keeps the best of its free tokens
-    and lends nothing; under "global" it kept only its two tokens. Within the sharp
-    layer the groups still share: both keep tokens 10 and 20."""
+    """Under "layer" every layer keeps exactly `G k` tokens (the sharp layer lends nothing, unlike
+    "global"); its groups still share."""
     L, H, G, n = 3, 4, 2, 64
     prof = _profiles(L, H, n, sharp_layer=1)
     cfg = EvictionConfig(
@@ -295,9 +284,7 @@ def test_plan_layer_allocation_keeps_each_layers_total():
 
 
 def test_plan_layer_allocation_follows_the_scales_within_a_layer():
-    """One layer, two groups with the same profiles but group 1's raw attention 10x
-    group 0's: under "layer" group 1 takes the free pages of the layer (as "global"
-    does across layers), and without scales the groups split evenly."""
+    """Under "layer" the group with 10x the raw attention takes the free pages."""
     L, H, G, n = 1, 2, 2, 32
     gen = torch.Generator().manual_seed(1)
     row = torch.rand(n, generator=gen) + 0.5

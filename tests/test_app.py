@@ -1,16 +1,7 @@
-"""The Gradio app through its public HTTP API (gradio_client against a launched app).
-
-Every endpoint (`/run`, `/budget`, `/preset`, `/layer`, `/mechanism`) is called with good
-and bad input, and the returned data is checked: the numbers in the answers table, the
-traces of the plotly figures, the exported files. Bad input must come back as a message
-in the status (never a stack trace), and the next request must still work.
-
-Model-using tests are `slow` (CI runs them): the real bundled model, on short prompts.
-Tests share one server and one client session. The first `/run` is a session fixture
-(`first_run`) that the tests needing a finished run ask for, so no test depends on the
-order the file runs in; `/layer` redraws from the session's last successful run, which
-every such run leaves on the bundled model.
-"""
+"""The Gradio app through its HTTP API (gradio_client against a launched app): every endpoint with
+good and bad input, the answers table, the figures' traces and the exported files. Bad input
+comes back as a message (never a traceback) and the next request still works. Tests share one
+server and client; the first `/run` is the `first_run` session fixture."""
 
 from __future__ import annotations
 
@@ -186,9 +177,6 @@ def server_prep(server, context: int):
     return found[0]
 
 
-# ---------------------------------------------------------------- /run
-
-
 @pytest.fixture(scope="session")
 def first_run(client):
     t0 = time.perf_counter()
@@ -327,14 +315,9 @@ def test_run_exports_on_request(fresh_client, first_run, caplog):
     assert "plotly" in paths["pagekv_figures.html"].read_text()[:200_000].lower()
 
 
-# ---------------------------------------------------------------- /budget and /layer
-
-
 @pytest.mark.slow
 def test_budget_reuses_the_prefill(server, client, first_run):
-    """/budget after a /run of the same prompt: the same Prompt, no new prefill. The
-    /run is made here, so whatever ran before (other prompts filling the memo) cannot
-    decide it."""
+    """/budget after a /run of the same prompt reuses its Prompt: no new prefill."""
     out1 = run(client)
     prep = server_prep(server, GOOD["context"])
     assert prep is not None
@@ -360,18 +343,11 @@ def test_layer_redraws_from_the_last_run(client, first_run):
     assert f"layer {LAYERS - 1}" in fig["layout"]["title"]["text"]
 
 
-def test_layer_without_a_run_is_empty(fresh_client):
-    # Before any run the layer slider spans 0..1 (a run sets it to the model's layers).
-    assert fresh_client.predict(1, api_name="/layer") is None
-
-
-def test_layer_out_of_range_is_refused(fresh_client):
+def test_layer_without_a_run_is_empty_and_out_of_range_is_refused(fresh_client):
+    assert fresh_client.predict(1, api_name="/layer") is None  # before a run: slider 0..1
     with pytest.raises(AppError, match="maximum"):
         fresh_client.predict(99, api_name="/layer")
     assert fresh_client.predict(0, api_name="/layer") is None  # and the next call works
-
-
-# ---------------------------------------------------------------- /run with bad input
 
 
 @pytest.mark.slow
@@ -431,8 +407,7 @@ def test_run_bad_input_gives_a_message(client, first_run, changes, phrases):
     ],
 )
 def test_a_refused_budget_keeps_the_sessions_last_results(client, first_run, changes, phrases):
-    """The session's last run finished (at 30 %): its results stay, nothing else is
-    sent, and the budget box goes back to 30."""
+    """A refused budget keeps the last run's results and puts the box back at 30."""
     assert run(client)[0].startswith("**Done:**")  # GOOD: 30 %, served from memory
     out = run(client, **changes)
     status = out[0]
@@ -520,9 +495,6 @@ def test_unknown_model_falls_back_to_bundled_when_hub_models_are_allowed(
     assert out[0].startswith("**Done:**") and "fell back" not in out[0]
 
 
-# ---------------------------------------------------------------- /preset
-
-
 def test_preset_fills_the_controls(client):
     import app
     from pagekv.tasks import task_names
@@ -534,18 +506,9 @@ def test_preset_fills_the_controls(client):
             picked = out[1]["value"] if isinstance(out[1], dict) else out[1]
             assert picked == (p["curated"] or task_names(p["task"])[0])
         assert list(out[2:]) == [
-            p["context"],
-            p["depth"],
-            p["seed"],
-            p["needles"],
-            p["mode"],
-            round(100 * p["budget"], 1),
-            p["page_size"],
-            p["n_sink"],
-            p["window"],
-            p["tau"],
-            p["policy_a"],
-            p["policy_b"],
+            p["context"], p["depth"], p["seed"], p["needles"], p["mode"],
+            round(100 * p["budget"], 1), p["page_size"], p["n_sink"], p["window"], p["tau"],
+            p["policy_a"], p["policy_b"],
             *(p.get(f"{w}_{s}", d) for s in ("a", "b")
               for w, d in (("scorer", "window"), ("allocation", "uniform"))),
             p["model"] or "bundled",  # a preset's own model, else the server's default
@@ -559,8 +522,6 @@ def test_unknown_preset_is_refused_and_the_next_works(client):
         client.predict("no such preset", api_name="/preset")
     assert client.predict(app.PRESETS[0]["title"], api_name="/preset")[0] == "needle"
 
-
-# ---------------------------------------------------------------- /mechanism
 
 MECH = dict(heads=3, retrieval=0.9, distractors=2, distractor_strength=0.48, sink_head=False)
 
@@ -616,9 +577,6 @@ def test_mechanism_out_of_range_is_taken_at_the_nearest_end_and_said(client):
     assert mechanism(client)[0].startswith("**Note:**")
 
 
-# ---------------------------------------------------------------- sides and lessons
-
-
 @pytest.mark.slow
 def test_each_side_is_a_full_configuration(client, first_run):
     """B with its own budget and page size (link_b off): both run on one prefill, the
@@ -651,31 +609,18 @@ def test_lesson_sets_both_sides(client):
 
 @pytest.mark.slow
 def test_a_class_of_concurrent_runs_pairs_and_lessons_never_hangs(server):
-    """Eight students at once, each with a session of their own: lessons, runs whose
-    sides decode as one batched pair, runs with sides on different prompts, and the
-    same run twice. Every request returns within its timeout with its answers."""
+    """Eight sessions at once (lessons, batched pairs, sides on different prompts, repeats): every
+    request returns in time with its answers."""
     url = server[1]
     lessons = [t for t, x in zip(app.LESSON_TITLES, app.LESSONS, strict=True) if x.kind == "live"]
+    side_b = dict(mode_b="inside", budget_b=35, page_size_b=16, n_sink_b=4, window_b=32, tau_b=1.0)
     requests = [
         ("/lesson", (lessons[0],)),
         ("/lesson", (lessons[1],)),
         ("/lesson", (lessons[0],)),
         ("/run", GOOD | dict(budget_pct=25)),  # A and B: one batched pair
         ("/run", GOOD | dict(budget_pct=25)),  # the same run: computed once
-        (
-            "/run",
-            GOOD
-            | dict(
-                budget_pct=35,
-                link_b=False,
-                mode_b="inside",
-                budget_b=35,
-                page_size_b=16,
-                n_sink_b=4,
-                window_b=32,
-                tau_b=1.0,
-            ),
-        ),  # fmt: skip
+        ("/run", GOOD | dict(budget_pct=35, link_b=False, **side_b)),  # sides apart
         ("/budget", GOOD | dict(budget_pct=40)),
         ("/run", GOOD | dict(budget_pct=25, policy_a="head_independent")),
     ]

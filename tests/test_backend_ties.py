@@ -1,18 +1,9 @@
 """Both backends keep the same pages on exact and near ties (docs/design.md).
 
-`plan` runs its pooling on the torch twins or on the Triton kernel (the interpreter on
-the CPU, compiled on CUDA); weights, smoothing and selection are the same torch code on
-both. Given the same profiles, the page scores must be the same bits and so the kept
-pages the same, because both backends add a group's heads, and a page's tokens, in
-index order, one float32 add at a time. Planted ties, per test case:
-
-- exact: profile rows of small integer counts over their sum, so many tokens (and
-  pages) share one value, and whole pages copied onto others;
-- near: copied pages with one token moved by one ulp (up or down);
-- permuted: a page's tokens copied onto another in a shuffled order, equal sums in
-  exact arithmetic that float32 rounds by the order of the adds (the case that told
-  the two backends apart when the kernel summed a page with a tree reduction).
-"""
+Weights, smoothing and selection are shared torch code; the pooling runs on the torch twin or the
+Triton kernel, both adding in index order, so the page scores must be the same bits. Planted
+ties: exact (integer counts, copied pages), near (one token moved one ulp), and permuted (a
+page's tokens shuffled, which float32 sums by the order of the adds)."""
 
 from __future__ import annotations
 
@@ -103,9 +94,7 @@ def test_both_backends_keep_the_same_pages_on_ties(
 
 
 def test_permuted_pages_tell_summation_orders_apart():
-    """The planted near ties bite: a permuted copy of a page sums to different float32
-    bits in another order (here, torch's own `sum` against index order), so a backend
-    that summed in another order would rank such pages differently."""
+    """A permuted page sums to other float32 bits in another summation order."""
     from pagekv.maths.paging import page_reduce
 
     differ = 0

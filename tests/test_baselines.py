@@ -1,28 +1,9 @@
-"""Baselines that are right: the full cache answers every curated task and preset.
+"""The full cache answers every curated task and preset on the bundled model (a policy comparison
+means something only where it does).
 
-Comparing eviction policies against a prompt means something only where the full
-cache (no eviction) answers it correctly. These tests run the bundled model
-(SmolLM2-135M-Instruct) with `policy="full"` on
-
-- every curated task (`assets/tasks/{qa,code}.json`), decoding the task's own
-  `max_new_tokens`;
-- every preset of the app (`pagekv.app.presets.load_presets()`).
-
-Which question modes. Every curated task lists the modes it is meant for (`modes`,
-default both; all of them list both today). With the full cache the two modes decode
-from the same token sequence (the "after" prompt is the "inside" prompt cut in two,
-`Task.build_prompt_ids` asserts it), so they give the same answer: measured on all 11
-tasks x 2 modes, identical answers. To stay near two minutes on two cores, each task
-is checked in its strictest listed mode ("after" when listed), and
-`test_full_cache_is_mode_independent` checks, on one task, that "inside" decodes the
-very same tokens. `PAGEKV_BASELINES_ALL_MODES=1` checks every task in every listed mode.
-
-One module-scoped `Study` is shared and decoding stops at EOS, so each case costs
-about one prefill plus a sentence of decoding.
-
-The fast test checks with the real tokenizer that every task decodes at least its
-expected answer's length plus 2 tokens.
-"""
+Both question modes decode the same tokens with the full cache, so each task runs in its
+strictest listed mode and `test_full_cache_is_mode_independent` checks one task in both;
+`PAGEKV_BASELINES_ALL_MODES=1` checks every mode. One module `Study` is shared."""
 
 from __future__ import annotations
 
@@ -59,7 +40,6 @@ def _preset_param(p: dict):
 PRESET_CASES = [_preset_param(p) for p in load_presets() if p["model"] is None]
 
 
-# ------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def study(bundled_study):
     return bundled_study
@@ -97,7 +77,6 @@ def _why(label: str, out, max_new_tokens: int) -> str:
     )
 
 
-# ------------------------------------------------------------------ the tests
 def test_every_task_has_enough_new_tokens_and_modes(tokenizer):
     for task in load_tasks():
         n_answer = len(tokenizer(task.answer, add_special_tokens=False)["input_ids"])

@@ -91,9 +91,7 @@ def test_a_row_that_ends_early_does_not_disturb_the_other(llama):
 
 @pytest.mark.slow
 def test_bundled_model_pairs_equal_separate_decodes():
-    """On the bundled model (the app's batched decode, its linear layers computed as
-    W @ x^T on two rows): exactly the answers of separate decodes, question inside and
-    after, for the pooled policies the app pairs."""
+    """On the bundled model a batched pair decodes the answers of separate decodes."""
     from pagekv.runtime.models import load_model
 
     loaded = load_model("bundled")

@@ -1,22 +1,11 @@
-"""The app in a real browser: Debian's chromium driven by Playwright.
+"""The app in a real browser (Debian's chromium driven by Playwright).
 
-`test_first_lesson_then_one_request_per_action`: a freshly launched app (no model in
-memory) runs the first lesson on page load; a policy picked and a budget typed are one
-run each, a prompt control changed says the results are stale, and at 800 px every
-tab stays reachable. With PAGEKV_UPDATE_SCREENSHOT=1 it writes docs/screenshot.png and
-docs/screenshot-800.png (the README shows the first); otherwise temporary files, so a
-test run leaves the tree clean. It prints the time to the first result from a cold
-start and after a budget change; timings are not asserted, since CI machines vary.
-
-`test_every_lesson_at_both_widths`: every lesson stepped through with Next at 1280 and
-800 px, each screen checked for what a student sees (verdict, table, status and open
-tab agree; no clipped header; Next in view; no covered figure title) and saved to
-docs/lessons/ (with PAGEKV_UPDATE_SCREENSHOT=1).
-
-Needs `playwright` (the Python package only: no `playwright install`) and
-/usr/bin/chromium (`apt-get install chromium`); skipped without them, except in CI
-(`tests/conftest.py` fails a CI run that skipped them).
-"""
+`test_first_lesson_then_one_request_per_action`: a cold app runs the first lesson on load; a
+picked policy and a typed budget are one run each, a changed prompt control says the results are
+stale, and at 800 px every tab stays reachable. `test_every_lesson_at_both_widths`: every lesson
+through Next at 1280 and 800 px, each screen consistent and unclipped. PAGEKV_UPDATE_SCREENSHOT=1
+writes docs/screenshot*.png and docs/lessons/. Needs `playwright` and /usr/bin/chromium (a CI run
+that skips them fails, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -344,8 +333,7 @@ def in_viewport(page, locator) -> bool:
 
 
 def check_screen(page, lesson) -> None:
-    """The lesson's verdict, answers table and status agree, and nothing of another
-    lesson stays on screen."""
+    """Verdict, table and status agree, and nothing of another lesson stays."""
     observed = observation_text(page)
     status = page.locator("#run-status").inner_text()
     rows = table_rows(page)
@@ -382,10 +370,8 @@ def check_screen(page, lesson) -> None:
 
 
 def test_every_lesson_at_both_widths(browser_page):
-    """Step through every lesson with Next, at 1280 and 800 px: its text and verdict show
-    (checked on this run), Next stays in view, the screen agrees with itself (verdict,
-    table, status, open tab), no header is clipped, no figure title is covered; a
-    screenshot of each."""
+    """Every lesson through Next at 1280 and 800 px: text and verdict checked on this run, Next in
+    view, screen self-consistent, nothing clipped or covered."""
     page = browser_page
     LESSON_SHOTS.mkdir(parents=True, exist_ok=True)
     with launched_app() as (demo, url):

@@ -1,15 +1,7 @@
-"""What a newcomer sees in the browser, each checked in chromium.
-
-Linked side B shows A's values; the budget's one rule (and Enter
-commits a typed budget, a click into the box runs nothing); lesson 5's figures fit,
-name what they measure and end their colour scale past the data; presets open their
-view; the mechanism says what it did with a value out of range; lesson 1 and 3 say
-which figure is which, and a verdict never says "checked now" during a run; the
-prompt's ranges are said; `?lesson=3`, a link to settings, "Lesson n of 8", the
-glossary and the presenter view. Layout items run at 1280 and 800 px.
-
-Needs `playwright` and /usr/bin/chromium, as tests/test_browser.py (its fixture).
-"""
+"""What a newcomer sees in the browser, checked in chromium at 1280 and 800 px: linked sides, the
+budget's one rule, figures that fit and name what they measure, presets, the mechanism, verdicts,
+prompt ranges, links, the glossary and the presenter view. Needs what tests/test_browser.py needs
+(its fixture)."""
 
 from __future__ import annotations
 
@@ -47,8 +39,7 @@ SOON_MS = 60_000
 
 @pytest.fixture(scope="module")
 def served(browser_page):  # noqa: F811
-    """`(page, demo, url)`: the app launched, its live lessons computed once (as
-    `python app.py` does), the page at 1280 px."""
+    """`(page, demo, url)`: the app launched, live lessons warmed, the page at 1280 px."""
     with launched_app() as (demo, url):
         assert app.warm_lessons() == sum(x.kind == "live" for x in app.LESSONS)
         browser_page.set_viewport_size({"width": 1280, "height": 1000})
@@ -136,9 +127,7 @@ def fill_custom_prompt(page, haystack: str, word: str) -> None:
     }
     for box, text in fields.items():
         box.fill(text)
-    # The boxes mount when the custom task's update shows them; a box that mounts as it
-    # is filled may set its own (empty) value over the text (seen once in CI: a run
-    # then found the haystack empty). Fill again what does not hold its text.
+    # A box that mounts as it is filled may set its own (empty) value: fill it again.
     for box, text in fields.items():
         if box.input_value() != text:
             box.fill(text)
@@ -262,8 +251,7 @@ def test_a_budget_has_one_rule_and_the_box_shows_what_ran(served):
         runs = [x for x in queue.since(mark) if x != "preview_plans"]  # typing previews
         assert runs == ["run_comparison"], queue.since(mark)
         assert len(table_rows(page)) == 3, "the last results stay on screen"
-    # A click into the box runs nothing; Enter commits what was typed (once a budget of
-    # 10 ran as the 100 the box held before).
+    # A click into the box runs nothing; Enter commits what was typed.
     type_into(box, "100")
     wait_status(page, rf"Done:.*budget {n} tokens", timeout=SOON_MS)
     mark = len(queue.seen)
@@ -480,8 +468,7 @@ def test_links_the_glossary_and_the_presenter_view(served):
         assert nxt and 0 <= nxt["y"] and nxt["y"] + nxt["height"] <= top, (width, nxt, top)
         assert not page.locator("#explore-col").is_visible()
         assert not page.locator("#intro").is_visible()
-        # Scrolled to the top, the fixed bar covers no line of the lesson (at 800 px the
-        # bar is taller, and it could hide "Lesson 4 of 8" and the title).
+        # Scrolled to the top, the fixed bar covers no line of the lesson.
         try:
             page.wait_for_function(LESSON_BELOW_BAR_JS, timeout=SOON_MS, polling=100)
         except PlaywrightTimeout:
@@ -550,10 +537,8 @@ def no_error_badges(page) -> bool:
 
 
 def test_the_page_says_which_part_of_the_method_a_lesson_credits_and_titles_fit(served):
-    """The introduction says what the live lessons back and what
-    they do not, each lesson what it credits; lesson 6's title claims no tie; every
-    lesson title fits beside the picker's arrow; the needle strip's tick labels keep
-    apart; at 1280 and 800 px."""
+    """The introduction and each lesson say what they credit, lesson 6's title claims no tie, and
+    every title fits beside the picker's arrow."""
     page, _, url = served
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 1000})
@@ -577,10 +562,8 @@ def test_the_page_says_which_part_of_the_method_a_lesson_credits_and_titles_fit(
 
 
 def test_a_short_prompt_with_pages_of_64_never_locks_the_page(served):
-    """A custom prompt of about 50 tokens at pages of 64 is refused at
-    20 %; 100 % runs, says in words that it is the only budget that fits, and leaves no
-    error badge and a budget box that still takes a value. After a failed run, a
-    refusal does not point at results that are gone."""
+    """50 tokens at pages of 64: 20 % refused, 100 % runs and says it is the only fit, the box still
+    takes a value; no refusal points at gone results."""
     page, _, url = served
     open_app(page, url)
     fill_custom_prompt(page, HAYSTACK, "LANTERN")
@@ -623,8 +606,7 @@ def test_lesson_7_verdict_follows_the_mechanism_tab(served):
             ".includes('as the controls set it now (heads 4, tokens 128,')",
             timeout=SOON_MS,
         )
-        # The verdict and the table are two outputs: the table may still be pending (a
-        # loaded machine once read its old rows under "processing").
+        # The verdict and the table are two outputs: the table may still be pending.
         page.wait_for_function(
             "() => !document.querySelector('#m-table').innerText.includes('processing')",
             timeout=SOON_MS,
@@ -676,20 +658,15 @@ def test_a_model_not_installed_is_said_at_once_and_the_box_shows_what_ran(served
 
 
 def test_the_needle_strip_s_tick_labels_keep_apart(served):
-    """A token strip (page size 1) around a two-token answer: its labels at
-    1280 and 800 px neither overlap nor touch ("60" and "61" side by side read as
-    "6061" at 800 px); the answer's tokens are labelled once, "60–61"."""
+    """A token strip's labels never overlap or touch; a two-token answer reads "60–61"."""
     page, _, url = served
     open_app(page, url)
     fill_custom_prompt(page, (HAYSTACK + " ") * 4, "BLUE")
     open_accordion(page, "Side A")
     page.get_by_label("Page size", exact=True).click()
     page.get_by_role("option", name="1", exact=True).click()
-    # A new prompt: each edit above queued a run (UPDATE_MS, not SOON_MS: on a loaded
-    # 2-core machine they take more than a minute together). The last, at page size 1
-    # and 10 %, is refused (the protected tokens need 29.5 % of this prompt) and puts the
-    # budget box back at 10 %: the budget is typed once that has landed, as a reader
-    # would after reading the refusal (typed while it is pending, the reset overwrites it).
+    # Each edit above queued a run; the last (page size 1, 10 %) is refused and resets the
+    # budget box to 10 %: the budget is typed once that has landed.
     wait_status(page, r"Error:.*Budget A must be a number from 29\.5 to 100")
     type_into(number_box(page, "Budget (% of the prompt kept per layer and group)"), "50")
     wait_status(page, r"Done:.*page size 1\b")
@@ -736,11 +713,8 @@ def test_quick_next_presses_go_as_many_lessons_on(served):
 
 
 def test_the_first_screen_draws_the_idea_and_a_live_chart_of_the_run(served):
-    """At 1280x800 and 800x1000, the first screen holds the drawing of
-    a GQA group (one shared cache, the union of per-head picks, pooled pages) and the
-    live chart of what each (layer, group) of the run stores over its budget. The chart
-    is the run's: its fullest point times the budget is the answers table's "stored
-    max", one point per (layer, group) and side; picking another lesson redraws it."""
+    """The first screen holds the GQA drawing and the run's live stored-over-budget chart (matching
+    the table's "stored max"), redrawn for another lesson."""
     page, _, url = served
     lesson1, lesson2 = app.LESSONS[0], app.LESSONS[1]
     for width, height in ((1280, 800), (800, 1000)):
@@ -794,10 +768,7 @@ LABELS_CROWDED_JS = """(sel) => {
 
 
 def test_lesson_8_figures_fit_and_keep_their_labels_apart(served):
-    """At 1280 and 800 px, lesson 8's two replay figures keep their
-    titles inside the frame and apart (the RULER panels' titles collided at 800 px),
-    their bar labels apart (the "7 %" labels crowded), and every RULER line is drawn
-    in a colour that shows on white."""
+    """Lesson 8's figures keep titles and bar labels inside and apart, lines visible."""
     page, _, url = served
     lesson = next(x for x in app.LESSONS if x.id == "kvpress-same-memory")
     for width in WIDTHS:

@@ -116,9 +116,7 @@ def test_policy_all_table_and_json(capsys):
 
 
 def test_eval_without_lm_eval_says_what_to_install_in_one_line(tmp_path):
-    """`python -m pagekv eval` where lm-evaluation-harness does not import: one sentence
-    naming the install, exit 2, no traceback. lm-eval is hidden from
-    a subprocess by a module of that name that raises as a missing one does."""
+    """`pagekv eval` without lm-eval: one sentence naming the install, exit 2, no traceback."""
     hide = tmp_path / "hide"
     hide.mkdir()
     (hide / "lm_eval.py").write_text(

@@ -1,10 +1,6 @@
-"""`compact_layers`: a whole cache, one tensor per layer, compacted in one launch.
-
-Against the twin (`compact_layer` per layer), bit for bit, for every dtype, with
-layers that keep different counts (a padded plan), one that keeps nothing, a
-non-contiguous layer and a batch of two; and the one bounds check still refuses an
-index past the prompt. CPU: the Triton interpreter; CUDA: compiled.
-"""
+"""`compact_layers` (a whole cache in one launch) against its twin `compact_layer`, bit for bit:
+every dtype, uneven and empty layers, a non-contiguous layer, a batch of two, and the bounds
+check. CPU: the Triton interpreter; CUDA: compiled."""
 
 from __future__ import annotations
 
@@ -62,9 +58,7 @@ def test_compact_layers_checks_the_bounds(device):
 
 @pytest.mark.parametrize("shape", SHAPES[:2], ids=IDS[:2])
 def test_compact_layers_reads_index_views(device, shape):
-    """Each layer's `[G, k_l]` indices a view of one `[L, G, max k_l]` tensor (what
-    `padded_kept_indices` passes): its rows `max k_l` apart, not `k_l`. A kernel that
-    steps its index rows by `k_l` reads the wrong tokens for every shorter layer."""
+    """Index views of one `[L, G, max k_l]` tensor: rows `max k_l` apart, not `k_l`."""
     keys, values, idx = _cache(shape, torch.float16, device, seed=3)
     k_max = max(i.shape[1] for i in idx)
     wide = torch.full((len(idx), shape[1], k_max), shape[2], dtype=torch.int64, device=device)
@@ -89,11 +83,8 @@ def test_compact_layers_refuses_a_negative_index(device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gather_layers_into_rows_matches_the_twin(device, dtype):
-    """Eviction into the paged pool: two destination rows reading one source batch row
-    (a pair), groups keeping different counts of a wider index row (a global plan),
-    a layer whose indices every row shares, and a layer keeping every token (None).
-    The kernel writes each (row, group)'s tokens to its own rows of a flat pool and
-    nothing else: the rows between stay as they were."""
+    """Eviction into the paged pool (pairs, uneven groups, shared indices, whole layers) writes each
+    (row, group)'s tokens to its own rows and nothing else."""
     g = torch.Generator().manual_seed(7)
     L, G, n, d, R = 3, 2, 40, 24, 2
     keys = [torch.randn(1, G, n, d, generator=g).to(device, dtype) for _ in range(L)]

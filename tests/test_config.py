@@ -81,9 +81,7 @@ def test_every_policy_plans_as_its_config_says(policy):
     k = 61 if policy == "full" else 18  # floor(0.3 * 61)
     assert p.budget_tokens == k
     if cfg.pooled:
-        # Pooled UOR = 1, measured rather than read from `p.uor` (the constant 1 `plan`
-        # writes): the union over a group's heads is its one kept mask, and it holds
-        # exactly the k' tokens of the kept pages, the count the plan reports.
+        # Pooled UOR = 1, measured rather than read from `p.uor` (a constant 1).
         assert p.dense and torch.equal(p.keep.sum(-1), p.union_tokens)
         assert bool((p.union_tokens <= k).all())
     else:  # the union of 3 heads' sets: over budget somewhere for these random heads

@@ -1,16 +1,7 @@
-"""The decode step in the form a CUDA graph replays (`pagekv.runtime.decode`).
-
-A graph replays fixed launches: the step must take its position from a device tensor and
-write and attend through the block tables and the device lengths (a `static`
-`PagedCache`, the paged-decode kernel), reading nothing from the host. On the CPU (the
-kernel interpreted) that form is checked against the ordinary step, logits and cache,
-and for host reads; a capture that fails (forced here with stand-ins for torch.cuda,
-which the CPU has none of) falls back to the eager step with the cache's count intact.
-A graph serves every decode of its capacity bucket: a bucketed cache that adopts another
-decode's cache (fewer tokens, the first one's left in its pools) steps as that cache's
-ordinary step does, and the runner's `GraphBuckets` hand one step to every decode of a
-bucket. The capture itself runs only on a GPU (benchmarks/gpu_check.py).
-"""
+"""The decode step in the form a CUDA graph replays (`pagekv.runtime.decode`): position from a
+device tensor, block tables and device lengths, no host reads. On the CPU it is checked against
+the ordinary step; a failed capture falls back to the eager step; a bucketed cache adopting
+another decode's cache steps as its own would. Capture itself: benchmarks/gpu_check.py."""
 
 from __future__ import annotations
 
@@ -98,10 +89,8 @@ def _two_steps(step, cache, pos, as_tensor: bool) -> tuple[list, list]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_static_steps_are_the_same_launches(case):
-    """A replay repeats the recorded launches on the same shapes and addresses: two
-    consecutive static steps dispatch the same ops with the same shapes, strides,
-    offsets and scalars. The ordinary step (negative control) does not: it slices
-    each layer's cache to its length and writes at an offset that moves."""
+    """Two static steps dispatch the same ops on the same shapes, strides, offsets and scalars; the
+    ordinary step (control) does not."""
     runner, pre, plain, static = _caches(case)
     step = runner._lean_decoder().step
     for cache in (plain, static):
@@ -253,9 +242,8 @@ def test_the_buckets_hand_one_step_to_a_bucket(monkeypatch):
 
 
 def test_graphed_decodes_give_the_eager_tokens(monkeypatch):
-    """The runner's decodes through its buckets (captures failing on the CPU: each
-    bucket's step eager over its adopted pools) give the ordinary decode's tokens, for
-    two plans of one bucket in turn and a plan of another."""
+    """Decodes through the runner's buckets (captures failing on the CPU) give the ordinary decode's
+    tokens, across plans and buckets."""
     runner, pre, _ = _two_decodes("global")
     cfgs = [EvictionConfig(budget=b, page_size=4, window=8, n_sink=2) for b in (0.4, 0.38, 0.8)]
     want = [runner.evaluate(pre, c, max_new_tokens=12, stop_at_eos=False).tokens for c in cfgs]

@@ -1,16 +1,6 @@
-"""The attention masks the decode passes on a ragged cache are whole masks, and only
-where the step has several tokens.
-
-CUDA's fused attention (SDPA's memory-efficient kernel) refuses an additive mask that is
-broadcast along the keys: "(*bias): last dimension must be contiguous". The runner once
-passed a `[1, 1, 1, 1]` all-zero mask for every layer of a head-independent cache, which
-the CPU accepts and the GPU refused. So every mask that reaches
-`torch.nn.functional.scaled_dot_product_attention` during a decode must span the keys it
-is applied to (its last dimension equals the key length) with unit stride, for both kinds
-of ragged cache: per-head unions (head_independent) and a global plan's allocation. The
-paged decode cache needs a mask only for the question's causal block (one token attends
-its group's whole cache), so a question-inside decode passes none.
-"""
+"""Every mask a ragged decode passes to SDPA spans its keys with unit stride (CUDA's fused attention
+refuses a mask broadcast along the keys), for per-head unions and a global plan; a
+question-inside paged decode passes none."""
 
 from __future__ import annotations
 

@@ -36,18 +36,15 @@ NOT_OURS = {
 
 
 def named_paths(text: str) -> list[str]:
-    """The local paths `text` names: its markdown links (not web addresses, anchors
-    dropped) and the file paths in its backticks (not a virtual environment's, a home
-    folder's or an output folder a command creates)."""
+    """The local paths `text` names: markdown links (no web addresses or anchors) and backticked
+    file paths (no venvs, home or output folders)."""
     links = [t.split("#")[0] for t in LINK.findall(text) if not re.match(r"[a-z]+:", t)]
     codes = [c for c in CODE_PATH.findall(text) if not c.startswith((".venv", "~", "runs/"))]
     return [p for p in links + codes if p and p not in NOT_OURS]
 
 
 def missing_paths(text: str, folder: Path) -> list[str]:
-    """The paths `text`, a page in `folder`, names that exist neither beside it nor at
-    the repository's root (a code path is written from the root; a link from the
-    page's folder)."""
+    """The paths a page in `folder` names that exist neither beside it nor at the repo root."""
     return [p for p in named_paths(text) if not (folder / p).exists() and not (ROOT / p).exists()]
 
 
@@ -123,8 +120,7 @@ def test_every_path_a_docs_page_names_exists(page):
 
 
 def test_the_readme_reads_in_two_minutes():
-    """At most 150 lines, with the two commands a fresh machine needs and a way on for
-    each of the three readers."""
+    """At most 150 lines, the two setup commands, and a way on for each reader."""
     text = README.read_text()
     assert len(text.splitlines()) <= 150
     assert "bash scripts/setup.sh && .venv/bin/python app.py" in text

@@ -1,9 +1,5 @@
-"""The worked examples in docstrings run, and pass, in the default suite.
-
-Every module of `pagekv/` whose source holds a `>>>` example is found by reading the
-files (not by importing them), so a new example runs without being listed here, and
-a module that fails to import fails its test instead of dropping out of the list.
-"""
+"""The `>>>` examples in `pagekv/` pass; modules are found by reading the files, so a new example
+runs unlisted and a module that fails to import fails."""
 
 import doctest
 import importlib

@@ -1,12 +1,6 @@
-"""The fast head-weight maths against the plain reference functions of `pagekv.maths.entropy`.
-
-`isolate_sinks` (form the sink-isolated profile `a~`) and `collision_entropy`
-(`-log sum_t a^2`) are written to be obviously right; the functions the pipeline
-runs (`isolated_collision_mass`, `entropy_head_weights`) never form `a~`. These
-tests check that the two agree on random profiles and on the degenerate heads the
-`SINK_EPS` guard exists for: all mass on the sinks (exactly or within rounding),
-`n <= n_sink`, and `n_sink = 0`.
-"""
+"""The fast head-weight maths (`isolated_collision_mass`, `entropy_head_weights`) against the plain
+reference functions (`isolate_sinks`, `collision_entropy`), on random profiles and on the
+degenerate heads `SINK_EPS` guards: all mass on the sinks, `n <= n_sink`, `n_sink = 0`."""
 
 import math
 
@@ -190,9 +184,6 @@ def test_all_mass_on_sinks_worked_example(n, n_sink):
     assert w[0].tolist() == pytest.approx([1 / (1 + rest), rest / (1 + rest)], rel=1e-5)
 
 
-# ---------------------------------------------------------------- row_focus_sums
-
-
 @st.composite
 def attention_rows(draw):
     """Rows of attention over N keys (softmax of random logits, some rows spiked or
@@ -213,9 +204,7 @@ def attention_rows(draw):
 @SETTINGS
 @given(case=attention_rows())
 def test_row_focus_sums_equal_isolate_sinks_row_by_row(case):
-    """For every sink count s: the summed masses are `sum_rows ||isolate_sinks(b, s)||^2`
-    of each row `b` renormalised over the context, and the sink shares `sum_rows
-    sum_{t<s} b(t)` (the plain, obviously right definitions)."""
+    """For every sink count the sums equal the plain definitions row by row."""
     probs, n_ctx, max_sink = case
     masses, sinks = row_focus_sums(probs, n_ctx, max_sink)
     assert masses.shape == sinks.shape == (2, max_sink + 1)
@@ -245,9 +234,7 @@ def test_row_focus_sums_reads_the_rows_and_never_writes_them(case):
 
 
 def test_row_focus_sums_worked_values():
-    """A one-hot row (a copying query) has mass 1 for every s below its key; a uniform
-    row over 8 context keys 1/(8 - s); a row all on the first 2 keys is uniform after
-    isolating them (1/6 at s = 2); with s >= n_ctx the plain mass (column 0)."""
+    """Worked rows: one-hot, uniform over 8 (1/(8 - s)), and s >= n_ctx."""
     N, n_ctx = 10, 8
     onehot = torch.zeros(N)
     onehot[5] = 1.0

@@ -1,10 +1,5 @@
-"""The page frame's needle view: the count, the strip and its colours.
-
-Plans are real `pagekv.maths.plan` results on small constructed profiles (one spike per
-(layer, group), so which rows keep the needle is known in advance), or such a plan
-with a hand-set `page_keep`. The strip's pages are checked against lists written out
-by hand, not recomputed with the code under test.
-"""
+"""The page frame's needle view: count, strip and colours, on real plans of spiked profiles, checked
+against pages written out by hand."""
 
 from __future__ import annotations
 
@@ -26,12 +21,8 @@ SMALL = dict(n_sink=4, window=4)
 
 
 def spiked_plan(spikes, n=64, page_size=4, budget=0.1875, policy="entropy"):
-    """A plan with one head per group whose profile peaks on one token.
-
-    `spikes[l][g]` is the token (layer l, group g) attends to most; at the default
-    budget (12 of 64 tokens: the two protected pages and one more) each (layer, group)
-    keeps exactly the page of its spike besides the protected ones.
-    """
+    """A plan with one head per group peaking on `spikes[l][g]`; at the default budget each (layer,
+    group) keeps its spike's page besides the protected ones."""
     L, G = len(spikes), len(spikes[0])
     prof = torch.full((L, G, n), 1.0)
     for layer in range(L):
@@ -48,9 +39,6 @@ def strips(fig):
 
 def overviews(fig):
     return [t for t in fig.data if t.type == "heatmap" and t.meta["role"] == "overview"]
-
-
-# ---------------------------------------------------------------- the count
 
 
 def test_needle_page_counts_exact():
@@ -87,9 +75,6 @@ def test_needle_page_counts_rejects_bad_positions(bad):
     p = spiked_plan([[33]])
     with pytest.raises(ValueError, match="needle"):
         fp.needle_page_counts(p, bad)
-
-
-# ---------------------------------------------------------------- the strip
 
 
 def test_strip_only_with_needle():
@@ -208,9 +193,6 @@ def test_overview_keeps_every_page_state():
     assert list(over.y) == ["L0 g0", "L0 g1", "L1 g0", "L1 g1"]
 
 
-# ---------------------------------------------------------------- the colours
-
-
 def _luminance(hex_colour: str) -> float:
     """WCAG relative luminance of `#RRGGBB`."""
     rgb = [int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
@@ -284,9 +266,7 @@ def test_long_side_titles_wrap_onto_two_lines():
 
 
 def test_strip_ticks_keep_clear_of_each_other():
-    """A token strip (page size 1) at a four-token needle: one label for the run, and
-    the strip's ends only where they keep clear of it at the narrowest the strip is
-    drawn (labels at neighbouring positions ran into each other at 800 px)."""
+    """A four-token needle is labelled once; the strip's ends only where they keep clear."""
     from pagekv.app.figures.eviction import (
         STRIP_SIDE_PX,
         TICK_CHAR_PX,
@@ -319,9 +299,7 @@ def test_the_memory_chart_labels_say_their_unit():
 
 
 def test_the_head_that_gains_most_with_isolation_is_never_a_sink_head():
-    """The "gains most with isolation" arrow and lesson 3's measurement pick among the
-    heads that are not sinks (the weight isolation takes from the sink heads goes to
-    the others)."""
+    """The "gains most with isolation" arrow and lesson 3 pick among non-sink heads."""
     from types import SimpleNamespace
 
     import torch
@@ -347,9 +325,7 @@ def test_the_head_that_gains_most_with_isolation_is_never_a_sink_head():
 
 
 def test_the_head_losing_most_with_isolation_is_marked_with_its_sink_mass(bundled_study):
-    """The head losing most weight under isolation is marked with its sink mass, labelled
-    a sink or not; the weights view's caption speaks to both lessons that open it (3:
-    sinks, 6: entropy against mean)."""
+    """The head losing most under isolation is marked with its sink mass."""
     from pagekv.app.figures import head_weights_bars
     from pagekv.app.page_text import CAPTIONS
 

@@ -1,16 +1,5 @@
-"""The charts read at 1280 and at 800 px (a teacher's review in a browser).
-
-No renderer is installed (no kaleido), so these read the figure objects: tick values,
-where labels and legends are anchored, trace names, bar texts. Each test fails on the
-figures as they were before the review:
-
-- the sink-advantage axis had a single tick ("1");
-- "mean pooling 1/r" lay on the last bar;
-- a legend below the plot sat at a fraction of the plot's height, on the axis title;
-- titles started at the frame's left edge, under Gradio's "Plot" badge;
-- the mechanism's distractor curves lay on top of each other;
-- a recall bar of 0 was invisible.
-"""
+"""The charts read at 1280 and 800 px, checked on the figure objects (no renderer): ticks, anchors,
+trace names, bar texts. Each test fails on a defect the review found."""
 
 from __future__ import annotations
 
@@ -44,8 +33,7 @@ def random_plan(L=2, G=2, r=3, n=64, seed=0):
 
 
 def mechanism(**kw):
-    """The app's Mechanism tab's figure (`mechanism_view`: plans of the constructed
-    group under each pooling policy)."""
+    """The Mechanism tab's figure (`mechanism_view`)."""
     view = mechanism_view(n=64, budget=0.19, **kw)
     return fp.mechanism_figure(view.mech, view.plans)
 
@@ -139,9 +127,6 @@ def test_the_glance_sorts_each_sides_stored_tokens_over_its_budget():
     assert sorted(s.y0 for s in fig.layout.shapes) == [1, 3]
 
 
-# ---------------------------------------------------------------- 1. sink advantage
-
-
 def test_sink_advantage_axis_has_ticks_across_the_data():
     # Per layer (the mean over groups): no value, 7.24x, 0.4x.
     raw = torch.tensor([[NAN, NAN], [7.24, 7.24], [0.3, 0.5]])
@@ -187,9 +172,6 @@ def test_ratio_ticks_thin_a_wide_range_but_keep_1():
     assert len({b - a for a, b in itertools.pairwise(exps)}) == 1  # evenly spaced
 
 
-# ---------------------------------------------------------------- 2. head weights
-
-
 def test_mean_pooling_label_is_outside_the_bars():
     p = random_plan()
     fig = fp.head_weights_bars(p, 0)
@@ -205,9 +187,6 @@ def test_mean_pooling_label_is_outside_the_bars():
     r = 3
     assert label.yref == "y" and label.y == pytest.approx(1 / r)
     assert any(s.y0 == pytest.approx(1 / r) for s in fig.layout.shapes)
-
-
-# ---------------------------------------------------------------- 3. legends
 
 
 @pytest.mark.parametrize("name", FIGURES)
@@ -238,9 +217,6 @@ def test_page_frame_legend_off_the_token_axis_title():
     assert fig.layout.height >= fig.layout.margin.t + 90 + 10 * rows
 
 
-# ---------------------------------------------------------------- 4. titles
-
-
 @pytest.mark.parametrize("name", FIGURES)
 def test_title_clear_of_the_frame_corner(name):
     fig = every_figure()[name]
@@ -260,9 +236,6 @@ def test_page_frame_title_leaves_room_for_the_strip_titles():
     assert t.x >= 0.02 and t.pad.t >= 24
     # Title and count line, then the two-line strip titles over the needle pointers.
     assert fig.layout.margin.t >= t.pad.t + 2 * 20 + 56
-
-
-# ---------------------------------------------------------------- 5. mechanism
 
 
 def profile_traces(fig):
@@ -305,9 +278,6 @@ def test_profile_groups_exact_and_mixed_roles():
     assert fp.profile_groups(mech.profiles[0]) == [[0, 2], [1]]
 
 
-# ---------------------------------------------------------------- 6. recall bars
-
-
 def test_recall_bars_label_every_bar_including_zero():
     fig = fr.recall_bars(RECALL_ROWS, "T4")
     labels = {}
@@ -330,10 +300,7 @@ def test_recall_bars_label_every_bar_including_zero():
 
 
 def test_recall_bars_leave_no_empty_slot_in_a_policys_group():
-    """Traces that never share a policy share a slot (with a slot for every trace the
-    bars and their upright labels crowd at 800 px): here the
-    inside-20 % bars take a slot of their own (entropy is in both), the full cache's
-    bar the first slot free of "full": the after-20 % bars'."""
+    """Traces that never share a policy share a bar slot, so no slot is empty at 800 px."""
     rows = RECALL_ROWS + [{"mode": "inside", "budget": 0.2, "policy": "entropy", "recall": 0.9}]
     fig = fr.recall_bars(rows, "T4")
     slots = {t.name: t.offsetgroup for t in fig.data}
@@ -362,9 +329,7 @@ def test_recall_bars_policy_names_break_onto_lines():
 
 
 def test_recall_bars_name_a_question_agnostic_row_by_its_scoring():
-    """Two entropy rows of one budget, the default scoring and the reconstruction's:
-    two bars, the second named by its scoring (the replay's tables, not the figure,
-    define the default label)."""
+    """A reconstruction-scored entropy row is its own bar, named by its scoring."""
     from experiments.replay.tables import WINDOW_SCORING
 
     assert fr.WINDOW_SCORING == WINDOW_SCORING

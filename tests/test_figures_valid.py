@@ -1,11 +1,5 @@
-"""Every figure the app draws passes plotly's own schema check.
-
-`style.layout` rebuilds a figure from its JSON without plotly's per-property check
-(it cost tens of milliseconds a figure). These tests put that check back: each figure
-is rebuilt *with* validation, which raises on any property plotly does not know, and
-must give the same JSON. They also pin `layout` to what plotly's `update_layout`
-would have made of the same settings.
-"""
+"""Every figure the app draws passes plotly's schema check: `style.layout` skips it for speed, so
+each figure is rebuilt with validation and must give the same JSON and layout."""
 
 from __future__ import annotations
 
@@ -66,9 +60,7 @@ def test_layout_equals_plotly_update_layout(title, height, above):
 
 
 def test_layout_leaves_its_input_settings_alone():
-    """Figures share no settings: a later figure does not see an earlier one's changes
-    through a shared dict (LEGEND and the template are module state, merged into each
-    figure's JSON; the figure built from it must hold copies)."""
+    """Figures share no settings through a shared dict."""
     a = style.layout(go.Figure(), "a")
     a.update_layout(legend_x=0.5)
     a.layout.template.layout.paper_bgcolor = "black"
@@ -78,8 +70,7 @@ def test_layout_leaves_its_input_settings_alone():
 
 
 def test_head_weights_keeps_its_right_margin():
-    """`head_weights_bars` sets its right margin after `layout` (on the figure `layout`
-    returns, not the one it was given)."""
+    """`head_weights_bars` sets its right margin on the figure `layout` returns."""
     from pagekv.app.figures import eviction as fp
 
     fig = fp.head_weights_bars(random_plan(), 0)

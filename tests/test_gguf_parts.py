@@ -1,8 +1,6 @@
-"""The second bundled model's GGUF comes in registry parts (pagekv/runtime/gguf_parts.py):
-found without importing them, joined only when size and SHA-256 match, and every
-missing or wrong part named in one sentence with what to run. Small made-up parts
-stand in for the 491 MB of the real ones (tests/test_qwen_coder.py runs those, opt-in).
-"""
+"""The second model's GGUF in registry parts (pagekv/runtime/gguf_parts.py): found without import,
+joined only when size and SHA-256 match, every bad part named with what to run. Small made-up
+parts stand in for the real ones (tests/test_qwen_coder.py, opt-in)."""
 
 from __future__ import annotations
 
@@ -141,9 +139,7 @@ def test_corrupt_parts_are_refused_not_replaced_by_the_hub(tmp_path, monkeypatch
 
 
 def test_the_app_falls_back_and_says_what_to_run(monkeypatch, bundled_study):
-    """As the app's registry serves it: without the parts (and no converted copy, no
-    hub), a request for qwen-coder-0.5b gets the bundled model, and the note that the
-    status line shows names what to run."""
+    """Without the parts the app serves the bundled model and names what to run."""
     absent = dataclasses.replace(QWEN_CODER_PARTS, packages=("pagekv_no_such_part_1",))
     spec = dataclasses.replace(
         models.BUNDLED_MODELS[QWEN_CODER], parts=absent, cache_name="pagekv-test-not-converted"

@@ -1,21 +1,6 @@
-"""The GPU check's CPU dry run: the script works, writes every section, imports no app code.
-
-`benchmarks/gpu_check.py` is meant to run once on a bare GPU machine that has torch,
-triton and transformers but not gradio, plotly, gguf or accelerate. This test runs its
-`--dry-run` (Triton interpreter, tiny shapes) in a subprocess whose every Python
-process (the check, its pytest, its benchmark and its end-to-end child) first runs a
-`sitecustomize` that
-
-- blocks `gradio`, `plotly` and `gguf`: importing them raises ImportError, as it would
-  there; and
-- records every real import (not an availability probe) of those and of `accelerate`,
-  with the file that imported it.
-
-accelerate cannot be blocked the same way here: transformers imports it whenever it is
-installed (its own availability check), and it is installed in this venv for the GGUF
-loader. So the test checks who imported it: only transformers may, and on the GPU
-machine, where it is absent, transformers does not.
-"""
+"""The GPU check's CPU dry run: `benchmarks/gpu_check.py --dry-run` works, writes every section and
+imports no app code. A `sitecustomize` in every child process blocks gradio, plotly and gguf
+(absent on the GPU machine) and records who imports accelerate: only transformers may."""
 
 from __future__ import annotations
 
@@ -256,11 +241,8 @@ def test_the_verdict_names_each_failure():
 
 
 def test_the_scoring_roofline_by_hand():
-    """`bench_kernels.roofline` on a case worked by hand: L = 1, H = 2, G = 1, n = 10,
-    d = 4, w = 2, bf16 (e = 2). Bytes: K read twice 2*1*1*10*4*2 = 160, profiles
-    1*2*10*4 = 80, queries 2*1*2*2*4*2 = 64: 304. Flops 4*1*2*2*10*4 = 640, exp2
-    2*1*2*2*10 = 80. At 1e12 of each per second, compute (640 ps) is the bound; a run
-    of 1280 ps reaches half of it. With the fp32 dot's lower peak the bound moves."""
+    """`roofline` on a hand-worked case (L=1, H=2, G=1, n=10, d=4, w=2, bf16): 304 bytes, 640 flops,
+    compute-bound; the fp32 peak moves the bound."""
     from tests.benchmark_scripts import load
 
     bench = load("bench_kernels")
@@ -277,8 +259,7 @@ def test_the_scoring_roofline_by_hand():
 
 
 def test_gc_count_sees_the_collections_inside_its_block():
-    """`_GcCount` counts the collections made inside `with` by generation, and stops
-    listening when the block ends."""
+    """`_GcCount` counts the collections inside `with` by generation, and only there."""
     import gc
 
     from tests.benchmark_scripts import load
@@ -294,9 +275,7 @@ def test_gc_count_sees_the_collections_inside_its_block():
 
 
 def test_code_area_names_this_repo_and_the_libraries():
-    """`_code_area` sorts the profiled functions: this repo's top-level folder, a
-    library by its installed package folder, cProfile's `~` as C built-ins, anything
-    else `other`."""
+    """`_code_area`: this repo's folder, a library's package, `~` built-ins, else `other`."""
     from tests.benchmark_scripts import load
 
     gpu_check = load("gpu_check")
@@ -315,10 +294,8 @@ def test_code_area_names_this_repo_and_the_libraries():
 
 
 def test_the_peaks_follow_the_gpu():
-    """`bench_kernels` judges the roofline and gpu_check the decode's weight bound against
-    the GPU it runs on: each card's published figures by its name (the more specific
-    names first, a GH200 not taken for an H200), `--peak-*` flags over them, and no
-    peaks at all for a GPU not on file unless every flag is given."""
+    """Peaks follow the GPU's name (most specific first, a GH200 is no H200), `--peak-*` flags
+    override, an unknown GPU needs every flag."""
     from tests.benchmark_scripts import load
 
     bench = load("bench_kernels")
@@ -351,9 +328,7 @@ def test_the_peaks_follow_the_gpu():
 
 
 def test_the_unsynced_step_puts_the_runner_s_timer_back(monkeypatch):
-    """`_evict_unsynced` swaps the runner's phase timer for one that does not wait for
-    the device only while its step runs: the timer is the runner's own again after it,
-    also when the step raises, and the step it timed is a real eviction."""
+    """`_evict_unsynced` swaps the runner's timer only while its step runs (or raises)."""
     import pytest
     import torch
 

@@ -1,8 +1,6 @@
-"""The greedy loop keeps its next token on the device and reads the tokens once per
-`Runner.decode_chunk` steps (8 on CUDA, 1 on the CPU): whatever the chunk, the tokens,
-the stop reason and the kept logits are those of reading every token, an EOS inside a
-chunk included (the steps decoded past it are dropped), for dense and ragged caches,
-question inside and after, on both decode paths."""
+"""Greedy decoding reads its tokens once per `Runner.decode_chunk` steps: whatever the chunk, the
+tokens, stop reason and kept logits equal reading every token (an EOS inside a chunk included),
+for dense and ragged caches, both modes and both decode paths."""
 
 from __future__ import annotations
 

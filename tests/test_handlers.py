@@ -1,9 +1,6 @@
-"""The app's handlers called as functions, with no server: input checks in plain words,
-the answers table's cells, and a run that streams its plan views first, then its
-answers, and is served from memory the second time; refusals that keep a session's
-last results and say why, slider ranges Gradio accepts, a context out of range run at
-its nearest end, long steps that say what runs, and lesson 7's verdict following the
-mechanism's inputs."""
+"""The app's handlers called as functions, with no server: input checks, the answers table, a run
+that streams plan views then answers and is served from memory the second time, refusals, slider
+ranges, clamped contexts, long-step status and lesson 7's verdict."""
 
 from __future__ import annotations
 
@@ -174,36 +171,39 @@ def test_a_preset_run_says_whether_its_difference_holds():
 
 
 @pytest.mark.slow
-def test_a_budget_below_the_floor_is_refused_and_a_session_keeps_its_results():
-    """The budget's one rule with this prompt's floor; in a session whose last run
-    finished, nothing else changes and the boxes go back to that run's budget."""
-    import re
-    from types import SimpleNamespace
-
+def test_a_refused_run_keeps_a_sessions_last_results_and_says_why():
+    """A budget below this prompt's floor, or a shared budget for a per-head policy: refused in
+    one sentence; a session's last results stay (its boxes back at their budget), else the views
+    clear."""
     i_status, i_budget = handlers.RUN_VIEWS.index("status"), handlers.RUN_VIEWS.index("budget")
+    i_last = handlers.RUN_VIEWS.index("last")
+    shared = dict(policy_b="head_independent", allocation_b="global")
     (out,) = list(handlers.run_comparison(**(RUN | dict(budget_pct=1))))[-1:]
     status = out[i_status]
     n = int(re.search(r"in this (\d+)-token prompt", status).group(1))
     floor = min_budget_pct(n, EvictionConfig(page_size=16, n_sink=4, window=32))
     assert status.startswith(f"**Error:** Budget A must be a number from {floor:g} to 100"), status
     assert status.endswith("; got 1.") and "Nothing ran" not in status, status
-    assert out[handlers.RUN_VIEWS.index("last")] is None  # no session: every view cleared
+    assert out[i_last] is None  # no session: every view cleared
+    (out,) = list(handlers.run_comparison(**RUN, **shared))
+    assert "side B: allocation 'global' shares one budget" in out[i_status]
+    assert out[i_last] is None
 
     request = SimpleNamespace(session_hash="budget-rule-test")
     try:
         *_, done = handlers.run_comparison(**RUN, request=request)
         assert done[i_status].startswith("**Done:**")
         assert done[i_budget]["value"] == 40.0  # the box shows what ran
-        for typed in (0, -5, None, "abc"):
-            (out,) = list(
-                handlers.run_comparison(**(RUN | dict(budget_pct=typed)), request=request)
-            )
+        for refused in (*(dict(budget_pct=typed) for typed in (0, -5, None, "abc")), shared):
+            (out,) = list(handlers.run_comparison(**(RUN | refused), request=request))
             status = out[i_status]
-            assert f"Budget A must be a number from {floor:g} to 100" in status, status
-            assert "Nothing ran: the budget is back at 40 %" in status, status
-            assert out[i_budget]["value"] == 40.0
+            assert status.startswith("**Error:**") and "Nothing ran" in status, status
+            if refused is not shared:
+                assert f"Budget A must be a number from {floor:g} to 100" in status, status
+                assert "Nothing ran: the budget is back at 40 %" in status, status
+                assert out[i_budget]["value"] == 40.0
             kept = [out[handlers.RUN_VIEWS.index(k)] for k in ("answers", "frame", "last")]
-            assert all(isinstance(v, dict) and v.get("__type__") == "update" for v in kept)
+            assert all(v == {"__type__": "update"} for v in kept), kept
     finally:
         handlers.SESSIONS.end(request.session_hash)
 
@@ -238,9 +238,7 @@ def test_a_slider_update_keeps_its_range():
 
 @pytest.mark.slow
 def test_a_short_prompt_with_pages_of_64_runs_and_says_its_one_budget(bundled_study):
-    """Pages of 64 on a 50-token prompt: the protected pages take every page, so only
-    100 % fits. That budget runs, every slider update keeps minimum < maximum (the
-    update Gradio would refuse locked the page), and the status says it in words."""
+    """Pages of 64 on 50 tokens: only 100 % fits, it runs, sliders keep min < max."""
     import gradio as gr
 
     refused = _last(**SHORT, page_size=64, budget_pct=20)
@@ -256,11 +254,11 @@ def test_a_short_prompt_with_pages_of_64_runs_and_says_its_one_budget(bundled_st
 
 
 @pytest.mark.slow
-def test_a_refused_run_does_not_leave_the_verdict_checking(bundled_study):
-    """Lesson 1's verdict after a refusal: not checked (nothing ran), never 'checking on
-    this run...' for good; the status line keeps the refusal."""
+def test_a_refusal_in_a_session_says_what_ran_and_what_did_not(bundled_study):
+    """After a refusal lesson 1's verdict is "not checked: nothing ran" (never "checking" for
+    good); after a failed run a refusal points at no results below."""
     title = LESSON_TITLES[0]
-    request = SimpleNamespace(session_hash="refusal-verdict-test")
+    request = SimpleNamespace(session_hash="refusal-in-a-session")
     try:
         done = _last(**SHORT, budget_pct=100, lesson=title, request=request)
         assert done[I["status"]].startswith("**Done:**")
@@ -268,18 +266,6 @@ def test_a_refused_run_does_not_leave_the_verdict_checking(bundled_study):
         verdict = out[I["observation"]]
         assert "not checked: nothing ran" in verdict, verdict
         assert "checking on this run" not in verdict
-    finally:
-        handlers.SESSIONS.end(request.session_hash)
-
-
-@pytest.mark.slow
-def test_a_refusal_after_a_failed_run_points_at_no_results(bundled_study):
-    """A failed run clears every view; a refusal after it must not say 'the budget of
-    the results below' (there are none): it clears them too."""
-    request = SimpleNamespace(session_hash="refusal-after-failure-test")
-    try:
-        done = _last(**SHORT, budget_pct=100, request=request)
-        assert done[I["status"]].startswith("**Done:**")
         failed = _last(**(SHORT | dict(question="")), budget_pct=100, request=request)
         assert failed[I["status"]].startswith("**Error:**"), failed[I["status"]]
         out = _last(**SHORT, page_size=64, budget_pct=20, request=request)
@@ -326,41 +312,8 @@ def test_a_context_outside_its_range_runs_at_the_nearest_end_everywhere(bundled_
     assert "Context length: 50 is below its range (300 to 8000), using 300." in status, status
 
 
-@pytest.mark.slow
-def test_every_refusal_keeps_the_last_results_and_says_why(bundled_study):
-    """A refused run (a global budget for a per-head policy, a budget out of range) keeps
-    the session's last results and says why in one sentence; without earlier results
-    the views are cleared."""
-    from types import SimpleNamespace
-
-    from pagekv.app import handlers
-
-    # A prompt of its own (seed 29): tests/test_handlers.py counts on prefilling seed 11.
-    run = dict(task="needle", context=300, depth=0.5, mode="after", budget_pct=40.0, seed=29)
-    shared = dict(policy_b="head_independent", allocation_b="global")
-    i_status = handlers.RUN_VIEWS.index("status")
-    kept = [handlers.RUN_VIEWS.index(k) for k in ("answers", "frame", "last")]
-    # No earlier run in this session (none at all): every view cleared.
-    (out,) = list(handlers.run_comparison(**run, **shared))
-    assert "side B: allocation 'global' shares one budget" in out[i_status]
-    assert out[handlers.RUN_VIEWS.index("last")] is None
-    request = SimpleNamespace(session_hash="refusal-keeps-results")
-    try:
-        *_, done = handlers.run_comparison(**run, request=request)
-        assert done[i_status].startswith("**Done:**")
-        for refused in (shared, dict(budget_pct=0)):
-            (out,) = list(handlers.run_comparison(**(run | refused), request=request))
-            status = out[i_status]
-            assert status.startswith("**Error:**") and "Nothing ran" in status, status
-            assert all(out[i].get("__type__") == "update" and len(out[i]) == 1 for i in kept)
-    finally:
-        handlers.SESSIONS.end(request.session_hash)
-
-
 def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
-    """The app's study keeps the live lessons' prompts in its memos' kept parts
-    (tests/test_memo.py shows exploration then cannot evict them): the 2000-token
-    needle prompt, with the question inside and after."""
+    """The app's study keeps the live lessons' prompts in its memos' kept parts."""
     from pagekv.app import handlers
 
     study = handlers.get_study("bundled")
@@ -373,10 +326,7 @@ def test_the_served_study_keeps_the_lessons_prompts_apart(bundled_study):
 
 
 def test_a_long_step_says_what_runs_for_how_long_and_how_long_it_should(bundled_study, monkeypatch):
-    """A run's long waits (the prefill, the reconstruction pass, the decoding)
-    each say in the status line which step runs, the seconds so far and, once a step of
-    the kind was measured on the model, the seconds expected, with a bar; decoding says
-    which token."""
+    """Each long step says which step runs, its seconds, and the expected seconds."""
     from pagekv.app import handlers
 
     monkeypatch.setattr(handlers, "STEP_QUIET_S", 0.0)  # every step shows, however short

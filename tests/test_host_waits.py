@@ -1,29 +1,11 @@
-"""The eviction step waits on the device a fixed number of times, whatever the depth.
+"""The eviction step waits on the device as often at 2, 4 and 6 layers (no slope).
 
-A host wait is a point where the host needs a device result in hand: a value read back
-(`item`, `tolist`, `bool`, `int`, `float`, `__index__`) or an operation whose output
-size depends on the data (a boolean-mask index, `nonzero`, `masked_select`). Scoring,
-weights, pooling, selection (`Runner.evict`, with its `Runner.plan`) and the gather into
-the decode cache (`Runner.decode_cache`) must make as many at 2, 4 and 6 layers (no slope): the
-plan's counts are read once, the gather is one launch for all layers with one bounds
-check, the cache's tables go to the device in one copy, and the page geometry is host
-arithmetic on `n` and `P`.
-
-Counted two ways. Everywhere, by wrapping those points on `torch.Tensor` (`HostReads`);
-on the CPU the count also takes in reads of the small host tensors of the page geometry,
-which wait on nothing: an upper bound, and constant too. On CUDA, in addition, by
-`torch.cuda.set_sync_debug_mode("warn")`, which reports every synchronising operation,
-copies to and from the device included. A negative control plants a per-layer wait
-(a bounds check read back per layer) and the count grows with the layers.
-
-The device work is constant in the depth too, on the Triton backend (the GPU's): the
-operations the step dispatches (`TorchDispatchMode`), less views and allocations (an
-output tensor per layer is the one thing that grows), are as many at 2, 4 and 6 layers.
-At these sizes the step is bound by the host's launches, so each per-layer operation
-would cost its launch at every layer of a 28-layer model. The cache that wraps a
-prefill's layers for the reconstruction pass (`_new_cache`) dispatches nothing per
-layer, counting every operation.
-"""
+A host wait is a value read back or a data-dependent output size. `Runner.evict` and
+`Runner.decode_cache` are counted by wrapping those points on `torch.Tensor` (`HostReads`; on the
+CPU an upper bound) and on CUDA also by `torch.cuda.set_sync_debug_mode("warn")`. A planted
+per-layer wait makes the count grow (negative control). On the Triton backend the dispatched
+operations, less views and allocations, are constant in depth too, and `_new_cache` dispatches
+nothing per layer."""
 
 from __future__ import annotations
 
@@ -112,10 +94,8 @@ def _is_mask(index) -> bool:
 
 
 class CudaSyncs:
-    """Counts what `torch.cuda.set_sync_debug_mode("warn")` reports inside `with`, each
-    report by its site: the line torch names and the innermost line of this repository's
-    code that led to it (the warning is taken from inside `warnings.showwarning`, where the
-    caller's stack is still there), so a failure on a GPU names our line that waits."""
+    """Counts `set_sync_debug_mode("warn")` reports inside `with` by site (torch's line and our
+    innermost line), so a GPU failure names our waiting line."""
 
     def __enter__(self) -> CudaSyncs:
         torch.cuda.synchronize()
@@ -150,9 +130,7 @@ def models():
 
 
 def _warmed(models, device, backend, cfg) -> dict[int, Runner]:
-    """A runner per depth, each after two eviction steps: CUDA compiles the kernels on
-    first use, and a process's first steps pay one-off waits of torch's own. Every depth
-    is warmed before any is counted, so no depth is counted while another is cold."""
+    """A runner per depth, every depth warmed by two eviction steps before any is counted."""
     runners = {L: Runner(models[L].to(device), None, backend=backend) for L in DEPTHS}
     ids = prompt(150, seed=3)
     for runner in runners.values():
@@ -169,8 +147,7 @@ def _warmed(models, device, backend, cfg) -> dict[int, Runner]:
 
 
 def _evict_step(runner, pre, cfg) -> None:
-    """The eviction step: the plan, the kept indices and their gather into the decode
-    cache."""
+    """The eviction step: the plan, its kept indices, their gather into the cache."""
     runner.decode_cache([runner.evict(pre, cfg)], pre, 8)
 
 
@@ -208,9 +185,7 @@ def test_host_waits_do_not_grow_with_the_layers(models, device, monkeypatch, bac
 
 
 def test_the_count_sees_a_per_layer_wait(models, device, monkeypatch):
-    """Negative control: a gather of one launch per layer, each launcher checking its
-    indices' bounds with a read, makes the count grow with the layers (and so fails the
-    test above)."""
+    """Negative control: a bounds read per layer makes the count grow with the layers."""
     from pagekv.runtime import paged_cache
     from pagekv.runtime.backend import gather_layers
 
@@ -284,9 +259,7 @@ def _layer_pairs(n_layers: int, device, dtypes=(torch.float16,)) -> list:
 
 
 def test_the_evicted_cache_is_made_without_a_tensor_per_layer(device):
-    """`_new_cache`, which wraps a prefill's layers for the reconstruction pass, dispatches as many
-    operations (views and allocations included) for 28 layers as for 2: transformers'
-    `lazy_initialization` makes two placeholder tensors per layer, which it replaced."""
+    """`_new_cache` dispatches as many operations for 28 layers as for 2."""
     counts = []
     for n_layers in (2, 28):
         pairs = _layer_pairs(n_layers, device)
@@ -297,9 +270,8 @@ def test_the_evicted_cache_is_made_without_a_tensor_per_layer(device):
 
 
 def test_the_evicted_cache_layers_are_as_transformers_makes_them(device):
-    """Each layer of `_new_cache` holds the given tensors and otherwise the state that
-    transformers' own `lazy_initialization` gives it (device, flags, and a dtype where the
-    installed version keeps one), for layers of mixed dtypes too."""
+    """Each `_new_cache` layer holds the given tensors and otherwise transformers'
+    `lazy_initialization` state, mixed dtypes too."""
     from transformers.cache_utils import DynamicLayer
 
     pairs = _layer_pairs(5, device, dtypes=(torch.float16, torch.float16, torch.float32))
@@ -319,9 +291,7 @@ def test_the_evicted_cache_layers_are_as_transformers_makes_them(device):
 
 
 def test_step_ops_baseline_is_the_per_layer_wrapping(monkeypatch, device):
-    """benchmarks/step_ops.py's baseline (`cache_per_layer`, transformers' per-layer
-    wrapping) builds the same layers and dispatches more with each layer: the difference
-    `--per-layer-cache` and `--new-cache` measure."""
+    """benchmarks/step_ops.py's per-layer baseline dispatches more with each layer."""
     from tests.benchmark_scripts import load
 
     monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))

@@ -1,19 +1,7 @@
-"""Every Triton kernel compiles, at every launch configuration its launcher chooses, for
-the GPU targets sm_80 and sm_90, and fits their shared memory; checked with no GPU.
-
-The interpreter the rest of the CPU suite runs the kernels in accepts what a GPU refuses:
-the first GPU run found the scoring kernel reading a module global (`NEG_BIG`) inside
-`@triton.jit` and the runner's launch asking for 303,104 bytes of shared memory where an
-H200 allows 232,448. `kernels/aot.py` compiles every launch the launchers choose over a
-grid of real shapes with `triton.compile(ASTSource(...), target=GPUTarget("cuda", arch,
-32))`, which needs no GPU, in a subprocess whose kernels are defined compiled (this test
-process defines them interpreted; see tests/conftest.py).
-
-The negative controls compile, through the same checker, a kernel that reads a module
-global and the launch the runner made before this check existed (fp32 queries over a
-bf16 cache: the fp32 dot at 256 rows of head dim 128, three stages), and the checker
-must refuse both.
-"""
+"""Every Triton kernel compiles at every launch configuration its launcher chooses for sm_80 and
+sm_90 and fits their shared memory, with no GPU (`kernels/aot.py`, in a subprocess whose kernels
+are compiled, not interpreted). Negative controls: a kernel reading a module global and an
+oversized fp32-dot launch must be refused."""
 
 from __future__ import annotations
 
@@ -30,8 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _compiled_env() -> dict:
-    """This process's environment without TRITON_INTERPRET: the child defines the kernels
-    compiled."""
+    """This environment without TRITON_INTERPRET: the child compiles the kernels."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return env
@@ -83,9 +70,7 @@ def test_the_grid_spans_the_bundled_models_shapes():
 
 
 def test_launchers_fit_blocks_to_the_target_dtype_and_head_dim():
-    """Blocks come from the target's shared memory, the dtype and the head dim, not from
-    the device type: a large head dim gets fewer rows on a GPU with less shared memory,
-    the fp32 dot gets smaller tiles than the bf16 one, and what cannot fit is refused."""
+    """Blocks follow the target's shared memory, dtype and head dim; what cannot fit is refused."""
     from pagekv.kernels.score import _shared_estimate, score_launch
     from pagekv.kernels.targets import INTERPRETER, cuda_target
 

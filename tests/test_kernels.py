@@ -1,15 +1,6 @@
-"""Triton kernels against their torch twins (kernels/ and pagekv.runtime.backend).
-
-On a machine without CUDA the kernels run in the Triton interpreter: `tests/conftest.py`
-sets `TRITON_INTERPRET=1` for the whole test process before anything imports `kernels`
-(Triton reads it once, when a kernel is defined). With CUDA the same tests run
-compiled on the GPU.
-Shapes are small and blocks large: the interpreter pays per program.
-
-Float results must lie within a small multiple of what the same torch maths
-loses in the input precision, plus a floor; kept page sets, protected pages,
-block tables and compacted tensors must match exactly.
-"""
+"""Triton kernels against their torch twins (kernels/ and pagekv.runtime.backend), interpreted
+without CUDA (tests/conftest.py), compiled with it. Floats within a small multiple of the input
+precision's loss; kept pages, protected pages, block tables and compacted tensors exact."""
 
 from __future__ import annotations
 
@@ -89,9 +80,6 @@ def assert_equal(name, got, ref):
     if not torch.equal(got, ref):
         bad = (got != ref).nonzero()[:5].tolist()
         raise AssertionError(f"{name}: not identical; first differing indices {bad}")
-
-
-# ---------------------------------------------------------------- scoring
 
 
 def profiles_lowp(q, k, scale=None):
@@ -193,9 +181,6 @@ def test_score_mixed_dtypes(kern, device):
     assert_close("profiles", prof, attention_profiles(q, k), floor=1e-6)
 
 
-# ---------------------------------------------------------------- long query sets, max output
-
-
 def scores_reference(q, k, dtype, scale=None):
     """Mean and max over the `w` causal queries of the softmax, computed in `dtype`
     (float64: the reference; the input dtype: what that precision loses)."""
@@ -251,11 +236,8 @@ def test_score_long_query_sets(kern, device, w, block_w, dtype):
 
 @pytest.mark.parametrize("w, block_w", [(8, None), (40, 16)], ids=["one-qb", "three-qb"])
 def test_score_any_run_of_key_tiles_per_program(kern, device, w, block_w):
-    """Pass 2 streams `tiles_per_prog` key tiles per program (one query block loaded
-    once, or several re-read per tile): any run length, one that does not divide the 10
-    tiles and one past them included, gives the same bits as one tile per program, and
-    those match the reference (a run that skipped, repeated or misplaced a tile would
-    not)."""
+    """Any `tiles_per_prog` (not dividing the 10 tiles, or past them) gives the bits of one tile per
+    program, matching the reference."""
     L, H, G, d, n, n_sink = 2, 4, 2, 16, 300, 4
     gen = torch.Generator().manual_seed(w)
     q = (torch.randn(L, H, w, d, generator=gen) * 2).to(device)
@@ -272,10 +254,8 @@ def test_score_any_run_of_key_tiles_per_program(kern, device, w, block_w):
 
 
 def test_row_blocks_bound_the_rows(kern):
-    """A program holds at most max_rows query rows whatever w is, the blocks cover every
-    query and head, and a launcher chooses at most two row shapes per head count (16
-    rows for a short window, else the full tile), so a GPU compiles a handful of
-    configurations whatever the window lengths."""
+    """A program holds at most max_rows query rows, blocks cover every query and head, and a
+    launcher picks at most two row shapes per head count."""
     for max_rows in (32, 256, 1024):
         for r in (1, 2, 3, 4, 6, 8, 16):
             shapes = set()
@@ -339,9 +319,6 @@ def test_attention_scores_backends(kern, device, kdtype):
         assert_close(name, got, ref_top, floor=2e-6)
     assert_close("mean twin vs attention_profiles", mean_t, attention_profiles(q[None], k[None],
                  scale=0.3), floor=1e-6)  # fmt: skip
-
-
-# ---------------------------------------------------------------- pooling and pages
 
 
 def pool_reference(scores, weights, G):
@@ -437,9 +414,6 @@ def test_pool_pages_exact_ties(kern, device, r):
                      select_pages(twin, prot, sizes, k))  # fmt: skip
 
 
-# ---------------------------------------------------------------- compaction
-
-
 COMPACT_SHAPES = [
     # (L, B, G, n, d, P, budget)
     (2, 1, 2, 37, 16, 4, 0.6),  # partial last page
@@ -474,9 +448,6 @@ def test_compact_matches_twin(kern, device, shape, dtype):
         assert_equal(f"values layer {i}", v_one, v_ref)
         assert_equal(f"keys layer {i} (all layers)", k_all, k_ref)
         assert_equal(f"values layer {i} (all layers)", v_all, v_ref)
-
-
-# ---------------------------------------------------------------- backend
 
 
 def test_backend_dispatch_parity(kern, device, caplog):

@@ -1,10 +1,5 @@
-"""The kvpress peer: budget conversion, requests, error paths; one real run (opt-in).
-
-The unit tests need neither kvpress nor its environment: they drive the peer with fake
-workers and fake interpreters. The real run (``PAGEKV_TEST_KVPRESS=1``) creates the
-kvpress environment (~1 GB of downloads the first time) and runs every press on the
-bundled model's converted copy.
-"""
+"""The kvpress peer: budget conversion, requests and error paths with fake workers (no kvpress); one
+real run of every press on the bundled model, opt-in (``PAGEKV_TEST_KVPRESS=1``)."""
 
 from __future__ import annotations
 
@@ -19,8 +14,6 @@ import pytest
 from experiments.peer import kvpress_peer as kp
 from experiments.peer import kvpress_worker as kw
 from pagekv.maths.config import EvictionConfig
-
-# ------------------------------------------------------------------ budgets
 
 
 @pytest.mark.parametrize("beta", [0.05, 0.1, 0.2, 0.25, 0.3, 0.5, 0.7, 0.9, 1.0])
@@ -57,9 +50,6 @@ def test_kvpress_kept_matches_kvpress_rule():
 def test_bad_budget(beta):
     with pytest.raises(ValueError, match="beta"):
         kp.compression_ratio(beta)
-
-
-# ------------------------------------------------------------------ requests
 
 
 def test_make_request_inside():
@@ -131,9 +121,6 @@ def test_worker_make_press_rejects_without_kvpress():
         kw.make_press("h2o", 0.5, None)
 
 
-# ------------------------------------------------------------------ error paths
-
-
 def _fake_worker(tmp_path: Path, body: str) -> Path:
     """A stand-in worker: `body` runs with `req` (the request) and `out` (output path)."""
     script = tmp_path / "fake_worker.py"
@@ -188,43 +175,37 @@ def test_missing_interpreter(tmp_path):
         kp.run_kvpress(tmp_path, [{"id": 1}], python=tmp_path / "no-python", worker=kp.WORKER_FILE)
 
 
-def test_bad_json_output(tmp_path):
-    worker = _fake_worker(tmp_path, "open(out, 'w').write('not json {')\n")
-    with pytest.raises(kp.PeerUnavailable, match="no valid JSON"):
-        _run(tmp_path, worker)
-
-
-def test_crash_without_output_quotes_stderr(tmp_path):
-    worker = _fake_worker(tmp_path, "sys.stderr.write('boom: segfault-ish'); sys.exit(3)\n")
-    with pytest.raises(kp.PeerUnavailable, match=r"exit 3.*boom: segfault-ish"):
-        _run(tmp_path, worker)
-
-
-def test_worker_reported_failure(tmp_path):
-    worker = _fake_worker(
-        tmp_path,
-        "json.dump({'ok': False, 'error': 'OSError: no weights', 'results': []}, open(out, 'w'))\n"
-        "sys.exit(1)\n",
-    )
-    with pytest.raises(kp.PeerUnavailable, match="OSError: no weights"):
-        _run(tmp_path, worker)
-
-
-def test_wrong_number_of_results(tmp_path):
-    worker = _fake_worker(tmp_path, "json.dump({'ok': True, 'results': []}, open(out, 'w'))\n")
-    with pytest.raises(kp.PeerUnavailable, match="returned 0 results for 1"):
-        _run(tmp_path, worker)
-
-
-def test_timeout(tmp_path):
-    worker = _fake_worker(tmp_path, "time.sleep(30)\n")
-    with pytest.raises(kp.PeerUnavailable, match="timed out"):
-        _run(tmp_path, worker, timeout=1)
+@pytest.mark.parametrize(
+    "body, match, kw",
+    [
+        ("open(out, 'w').write('not json {')\n", "no valid JSON", {}),
+        (
+            "sys.stderr.write('boom: segfault-ish'); sys.exit(3)\n",
+            r"exit 3.*boom: segfault-ish",
+            {},
+        ),
+        (
+            "json.dump({'ok': False, 'error': 'OSError: no weights', 'results': []}, "
+            "open(out, 'w'))\nsys.exit(1)\n",
+            "OSError: no weights",
+            {},
+        ),
+        (
+            "json.dump({'ok': True, 'results': []}, open(out, 'w'))\n",
+            "returned 0 results for 1",
+            {},
+        ),
+        ("time.sleep(30)\n", "timed out", {"timeout": 1}),
+    ],
+    ids=["bad-json", "crash-quotes-stderr", "worker-reported", "wrong-count", "timeout"],
+)
+def test_a_failing_worker_is_peer_unavailable(tmp_path, body, match, kw):
+    with pytest.raises(kp.PeerUnavailable, match=match):
+        _run(tmp_path, _fake_worker(tmp_path, body), **kw)
 
 
 def test_real_worker_reports_bad_request_as_json(tmp_path):
-    # The real worker, run by this interpreter: it fails before importing kvpress and
-    # must still answer in JSON, which the peer turns into PeerUnavailable.
+    """The real worker fails before importing kvpress and still answers in JSON."""
     with pytest.raises(kp.PeerUnavailable, match="requests must be a list"):
         kp.run_kvpress(tmp_path, [{"id": 1}], python=sys.executable, worker=_bad_requests(tmp_path))
 
@@ -258,9 +239,6 @@ def test_worker_main_missing_model_dir(tmp_path):
     src.write_text(json.dumps({"model_dir": str(tmp_path / "nope"), "requests": []}))
     assert kw.main(["--input", str(src), "--output", str(dst)]) == 1
     assert "model_dir is not a folder" in json.loads(dst.read_text())["error"]
-
-
-# ------------------------------------------------------------------ the environment
 
 
 def _fake_venv(tmp_path: Path, python_body: str) -> Path:
@@ -342,8 +320,6 @@ def test_requirements_pin_what_was_tested():
     major, minor = (int(x) for x in pins["transformers"].split(".")[:2])
     assert (4, 56) <= (major, minor) < (5, 3)  # what kvpress 0.5.5 accepts
 
-
-# ------------------------------------------------------------------ the real thing
 
 HAYSTACK = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -452,10 +428,8 @@ def test_kvpress_runs_every_press_on_the_bundled_model():
 
 @OPT_IN
 def test_kvzip_scored_once_keeps_what_its_pipeline_keeps_at_every_ratio():
-    """experiments/ruler.py scores a prompt with KVzip once and applies each ratio to
-    those scores (`reuse_scores`). Each ratio's kept set (its digest), pages and answer
-    must be those of kvpress's own pipeline run at that ratio alone; and ChunkKV, which
-    gathers whole chunks, must report chunk-aligned kept sets."""
+    """KVzip scored once (`reuse_scores`) keeps at each ratio what kvpress's own pipeline keeps;
+    ChunkKV's kept sets are chunk-aligned."""
     from transformers import AutoTokenizer
 
     model_dir = kp.bundled_model_dir()

@@ -1,17 +1,9 @@
 """Page-EntroKV as a kvpress press (`pagekv.integrations.kvpress_press`).
 
-Fast tests (default suite, no kvpress): the press's settings, its budget accounting and
-its hook on a tiny random Llama, checked against `pagekv.maths.plan` and against the runner
-(`Runner.prefill` + `Runner.evict`), with negative controls; ``scorer="reconstruct"`` on
-tiny random Llama and Qwen2 models, checked against pagekv's reconstruction pass computed
-on its own and against `Runner.evict`.
-
-Opt-in (``PAGEKV_TEST_KVPRESS=1``, builds or reuses the kvpress environment): parity with
-the runner on the bundled model in question-after mode (same pages in every (layer, KV
-head), same answer tokens), the five-line example of docs/kvpress.md run as written, and
-``scorer="reconstruct"`` through kvpress's pipeline. kvpress's generic press tests:
-tests/test_kvpress_generic.py.
-"""
+Default suite (no kvpress): settings, budget accounting and the hook on tiny random models,
+against `plan`, the runner and pagekv's own reconstruction pass. Opt-in
+(``PAGEKV_TEST_KVPRESS=1``): parity with the runner on the bundled model, docs/kvpress.md's
+example as written, and ``scorer="reconstruct"`` through kvpress's pipeline."""
 
 from __future__ import annotations
 
@@ -35,8 +27,6 @@ from tests.test_wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# ------------------------------------------------------------------ a tiny model
-
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -55,21 +45,24 @@ def tiny():
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def _prefill_with(press, model, ids):
-    """Prefill `ids` under `press` (pagekv's hook protocol); the compressed cache."""
+def _prefill(model, ids, press=None):
+    """The cache of one prefill of `ids`, under `with press(model):` when given."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    with torch.inference_mode(), press(model):
+    ctx = press(model) if press is not None else contextlib.nullcontext()
+    with torch.inference_mode(), ctx:
         model.model(input_ids=torch.tensor([ids]), cache=cache)
     return cache
+
+
+def _random_ids(n, seed=0):
+    return torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 needs_protocol = pytest.mark.skipif(
     kpp.KVPRESS_BASE, reason="kvpress imports here: its own hook needs transformers < 5.3"
 )
-
-# ------------------------------------------------------------------ settings
 
 
 def test_module_imports_without_kvpress_and_pagekv_stays_light():
@@ -151,7 +144,7 @@ def test_ratio_set_after_construction_is_checked_in_compress(tiny):
     # kvpress's evaluation registers a press, then assigns press.compression_ratio.
     press = PageEntroKVPress(page_size=4, window=8)
     press.compression_ratio = 0.5
-    cache = _prefill_with(press, tiny, list(range(1, 41))) if not kpp.KVPRESS_BASE else None
+    cache = _prefill(tiny, list(range(1, 41)), press) if not kpp.KVPRESS_BASE else None
     if cache is not None:
         assert cache.layers[0].keys.shape[2] <= 20
     press.budget = 0.5  # now both: the next compress refuses
@@ -161,29 +154,21 @@ def test_ratio_set_after_construction_is_checked_in_compress(tiny):
         press.compress(attn, torch.zeros(1, 40, 48), keys, keys, None, {})
 
 
-# ------------------------------------------------------------------ the hook, against plan
-
-
-def _layer_inputs(tiny, n, seed=0):
-    """One layer's hidden states, keys, values and rotary tables for a random prompt."""
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 97, (1, n), generator=gen)
-    attn = tiny.model.layers[1].self_attn
+def _layer_inputs(model, ids):
+    """Layer 1's hidden states, keys, values and rotary tables for the prompt `ids`."""
+    attn = model.model.layers[1].self_attn
     captured = {}
 
     def hook(module, args, kwargs, output):
-        captured["hidden"] = kwargs["hidden_states"]
-        captured["pe"] = kwargs["position_embeddings"]
+        captured["hidden"], captured["pe"] = kwargs["hidden_states"], kwargs["position_embeddings"]
 
     h = attn.register_forward_hook(hook, with_kwargs=True)
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    with torch.inference_mode():
-        tiny.model(input_ids=ids, cache=cache)
-    h.remove()
-    layer = cache.layers[1]
-    return attn, captured["hidden"], layer.keys, layer.values, captured["pe"]
+    try:
+        cache = _prefill(model, ids)
+    finally:
+        h.remove()
+    la = cache.layers[1]
+    return attn, captured["hidden"], la.keys, la.values, captured["pe"]
 
 
 def _profiles_by_hand(attn, hidden, keys, pe, w):
@@ -217,7 +202,7 @@ def _profiles_by_hand(attn, hidden, keys, pe, w):
     ids=lambda v: str(v),
 )
 def test_compress_keeps_what_plan_keeps(tiny, n, budget, P, policy):
-    attn, hidden, keys, values, pe = _layer_inputs(tiny, n)
+    attn, hidden, keys, values, pe = _layer_inputs(tiny, _random_ids(n))
     press = PageEntroKVPress(budget=budget, page_size=P, window=16, policy=policy, record=True)
     with torch.inference_mode():
         k2, v2 = press.compress(attn, hidden, keys, values, None, {"position_embeddings": pe})
@@ -239,7 +224,7 @@ def test_compress_keeps_what_plan_keeps(tiny, n, budget, P, policy):
 
 def test_compress_negative_control_other_policy_differs(tiny):
     # The check above can fail: mean pooling keeps other pages than max pooling here.
-    attn, hidden, keys, values, pe = _layer_inputs(tiny, 129, seed=3)
+    attn, hidden, keys, values, pe = _layer_inputs(tiny, _random_ids(129, 3))
     kw = {"position_embeddings": pe}
     got = {}
     for pol in ("mean", "max"):
@@ -251,8 +236,8 @@ def test_compress_negative_control_other_policy_differs(tiny):
 
 
 def test_batch_gets_pages_per_sequence(tiny):
-    a = _layer_inputs(tiny, 64, seed=1)
-    b = _layer_inputs(tiny, 64, seed=2)
+    a = _layer_inputs(tiny, _random_ids(64, 1))
+    b = _layer_inputs(tiny, _random_ids(64, 2))
     attn = a[0]
     hidden = torch.cat([a[1], b[1]])
     keys, values = torch.cat([a[2], b[2]]), torch.cat([a[3], b[3]])
@@ -268,7 +253,7 @@ def test_batch_gets_pages_per_sequence(tiny):
 
 def test_infeasible_budget_names_the_smallest(tiny, caplog):
     # The module docstring's example: n = 100, P = 16, window 32: 52 protected tokens.
-    attn, hidden, keys, values, pe = _layer_inputs(tiny, 100)
+    attn, hidden, keys, values, pe = _layer_inputs(tiny, _random_ids(100))
     kw = {"position_embeddings": pe}
     strict = PageEntroKVPress(budget=0.3, page_size=16, window=32, strict=True)
     with pytest.raises(BudgetError, match="0.52"):
@@ -292,14 +277,11 @@ def test_infeasible_budget_names_the_smallest(tiny, caplog):
 
 
 def test_missing_rotary_tables_is_a_clear_error(tiny):
-    attn, hidden, keys, values, _ = _layer_inputs(tiny, 40)
+    attn, hidden, keys, values, _ = _layer_inputs(tiny, _random_ids(40))
     with pytest.raises(ValueError, match="position_embeddings"):
         PageEntroKVPress(budget=0.5, page_size=4, window=8).compress(
             attn, hidden, keys, values, None, {}
         )
-
-
-# ------------------------------------------------------------------ the hook, against the runner
 
 
 @needs_protocol
@@ -309,9 +291,9 @@ def test_missing_rotary_tables_is_a_clear_error(tiny):
 def test_press_prefill_equals_runner_evict(tiny, P, budget, policy):
     from pagekv.runtime.runner import Runner
 
-    ids = torch.randint(0, 97, (150,), generator=torch.Generator().manual_seed(5)).tolist()
+    ids = _random_ids(150, seed=5)
     press = PageEntroKVPress(budget=budget, page_size=P, window=16, policy=policy, record=True)
-    cache = _prefill_with(press, tiny, ids)
+    cache = _prefill(tiny, ids, press)
     runner = Runner(tiny, None, backend="torch")
     pre = runner.prefill(ids, window_max=32, question_ids=[1, 2, 3])
     cfg = EvictionConfig(policy=policy, budget=budget, page_size=P, window=16)
@@ -352,9 +334,6 @@ def test_unsupported_model_is_refused():
             pass
 
 
-# ------------------------------------------------------------------ scorer="reconstruct"
-
-
 @pytest.fixture(scope="module")
 def gqa():
     """Random GQA decoders from a config (tests/test_runner.py): 8 query heads over 2 KV
@@ -370,22 +349,9 @@ def _ids(n: int, seed: int) -> list[int]:
     return prompt(n, seed=seed)
 
 
-def _prefill(model, ids, press=None):
-    """The cache of one prefill of `ids`, under `with press(model):` when given."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    ctx = press(model) if press is not None else contextlib.nullcontext()
-    with torch.inference_mode(), ctx:
-        model.model(input_ids=torch.tensor([ids]), cache=cache)
-    return cache
-
-
 def _reference_plan(model, ids, instr, cfg, chunk=None):
-    """What pagekv picks by reconstruction, computed without the press: the scores of
-    `reconstruction_scores` on a copy of an uncompressed prefill's cache, profiles
-    (`as_profiles`), masses (the queries' focus, `reconstruction_masses`), then `plan`,
-    as `Runner.reconstruction_scores` + `Runner.plan` do; with that prefill's cache."""
+    """pagekv's reconstruction picks computed without the press (scores on a copy of an uncompressed
+    prefill, profiles, masses, `plan`), with that prefill's cache."""
     from pagekv.runtime.reconstruct import (
         CHUNK,
         as_profiles,
@@ -403,8 +369,7 @@ def _reference_plan(model, ids, instr, cfg, chunk=None):
 
 
 def _assert_kept(press, cache, ref, full):
-    """Per layer: the press planned ref's pages, and the cache holds exactly the
-    uncompressed prefill's keys and values at ref's kept indices (no other token)."""
+    """Per layer: ref's pages, and exactly the prefill's keys and values at its indices."""
     idx = ref.kept_indices()  # [L, G, k']
     k = int(idx.shape[-1])
     assert cache.get_seq_length() == k
@@ -449,8 +414,7 @@ def test_reconstruct_keeps_what_plan_picks(gqa, arch, n, budget, P, policy, chun
 
 
 def test_reconstruct_reads_the_given_instruction(gqa):
-    """The instruction matters, so the comparison above would see a press that read
-    another one: token-level, another instruction keeps other tokens."""
+    """Another instruction keeps other tokens, so a misread one would fail above."""
     model, ids = gqa["llama"], _ids(120, seed=7)
     cfg = EvictionConfig(budget=0.3, page_size=1, window=16, scorer="reconstruct")
     press = PageEntroKVPress(
@@ -467,9 +431,8 @@ def test_reconstruct_reads_the_given_instruction(gqa):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("P, budget", [(8, 0.5), (4, 0.3)])
 def test_reconstruct_equals_runner_evict(gqa, arch, P, budget):
-    """Without a tokenizer the runner reads no instruction; the press with
-    ``reconstruct_prompt_ids=[]`` then keeps, in every layer, the runner's pages and its
-    compacted keys and values (`Runner.evict` under ``scorer="reconstruct"``)."""
+    """With ``reconstruct_prompt_ids=[]`` (the runner without a tokenizer reads none) the press
+    keeps `Runner.evict`'s pages, keys and values."""
     from pagekv.runtime.runner import Runner
 
     model, ids = gqa[arch], _ids(150, seed=5)
@@ -506,8 +469,7 @@ def test_window_scorer_is_unchanged(gqa):
 
 
 def test_reconstruct_cache_then_decodes_after_the_block(gqa):
-    """The cache ends at the kept length (no reconstruction token left) and decoding
-    after the block appends to it, untouched by the press."""
+    """The cache ends at the kept length, and decoding after the block appends to it untouched."""
     model, ids = gqa["llama"], _ids(128, seed=3)
     press = PageEntroKVPress(
         budget=0.5, page_size=8, window=16, scorer="reconstruct", reconstruct_prompt_ids=[5, 6]
@@ -525,9 +487,8 @@ def test_reconstruct_cache_then_decodes_after_the_block(gqa):
 
 
 def test_reconstruct_instruction_from_the_models_tokenizer(gqa, tmp_path, monkeypatch):
-    """Without reconstruct_prompt_ids the instruction is REPEAT_PROMPT tokenised by
-    ``AutoTokenizer.from_pretrained(model.config.name_or_path)``; where that fails, a
-    ValueError says to pass reconstruct_prompt_ids."""
+    """By default the instruction is REPEAT_PROMPT in the model's own tokenizer; without one a
+    ValueError names reconstruct_prompt_ids."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -558,8 +519,7 @@ def test_reconstruct_instruction_from_the_models_tokenizer(gqa, tmp_path, monkey
 
 
 def test_reconstruct_budget_strict_and_not(gqa, caplog):
-    """As the window path: a budget below the protected pages raises with `strict`
-    (and leaves the prefill's cache whole), else keeps exactly them and warns once."""
+    """Below the protected pages: `strict` raises, else those pages and one warning."""
     model, ids = gqa["llama"], _ids(100, seed=4)
     kw = dict(page_size=16, window=32, scorer="reconstruct", reconstruct_prompt_ids=[7])
     from transformers import DynamicCache
@@ -606,7 +566,7 @@ def test_reconstruct_refusals(gqa):
             raise RuntimeError("boom")
     assert cache.get_seq_length() == 40 and "forward" not in vars(model.model)
     # per-layer pressing (compress(), ComposedPress) cannot run the reconstruct scorer
-    attn, hidden, keys, values, pe = _layer_inputs_of(model, 40)
+    attn, hidden, keys, values, pe = _layer_inputs(model, _ids(40, seed=11))
     with pytest.raises(ValueError, match="one layer at a time"):
         PageEntroKVPress(**kw).compress(
             attn, hidden, keys, values, None, {"position_embeddings": pe}
@@ -641,26 +601,6 @@ def test_bad_reconstruct_settings(kwargs, match):
         PageEntroKVPress(budget=0.5, **kwargs)
 
 
-def _layer_inputs_of(model, n):
-    """Layer 1's hidden states, keys, values and rotary tables for a random prompt."""
-    attn = model.model.layers[1].self_attn
-    captured = {}
-
-    def hook(module, args, kwargs, output):
-        captured["hidden"], captured["pe"] = kwargs["hidden_states"], kwargs["position_embeddings"]
-
-    h = attn.register_forward_hook(hook, with_kwargs=True)
-    try:
-        cache = _prefill(model, _ids(n, seed=11))
-    finally:
-        h.remove()
-    la = cache.layers[1]
-    return attn, captured["hidden"], la.keys, la.values, captured["pe"]
-
-
-# ------------------------------------------------------------------ the worker, without kvpress
-
-
 def test_worker_knows_the_pagekv_presses():
     from experiments.peer import kvpress_worker as kw
 
@@ -673,8 +613,6 @@ def test_worker_knows_the_pagekv_presses():
     req = kp.make_request("a", "pagekv_entropy", input_ids=list(range(100)), budget=0.2)
     assert req["expected_kept"] == 20 and req["press"] == "pagekv_entropy"
 
-
-# ------------------------------------------------------------------ inside kvpress (marked kvpress)
 
 #: (prompt spec fields, [(policy, budget, page_size)]) checked for parity.
 PARITY_PROMPTS = (
@@ -694,8 +632,8 @@ MAX_NEW = 16
 
 
 def parity_report(max_new_tokens: int = MAX_NEW) -> list[dict]:
-    """Runner vs press on the bundled model, question-after mode: one row per (prompt,
-    config) with the (layer, KV head)s whose kept pages agree and both answers."""
+    """Runner vs press on the bundled model, question after: per (prompt, config) the (layer, KV
+    head)s whose pages agree, and both answers."""
     from pagekv.engine.study import PromptSpec, Study
 
     # The kvpress worker decodes in float32: so does the runner here (its default on the
@@ -776,9 +714,11 @@ def _readme_block() -> str:
     return block
 
 
+SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
 def _fake_hub(tmp_path: Path, repo_id: str, model_dir: Path) -> Path:
-    """A Hugging Face cache in which `repo_id` resolves, offline, to the bundled model's
-    converted copy (SmolLM2-135M-Instruct from its GGUF), so the example runs as written."""
+    """A Hugging Face cache where `repo_id` resolves offline to the bundled model."""
     hub = tmp_path / "hub"
     repo = hub / ("models--" + repo_id.replace("/", "--"))
     rev = "0" * 40
@@ -792,44 +732,54 @@ def _fake_hub(tmp_path: Path, repo_id: str, model_dir: Path) -> Path:
     return hub
 
 
+def _kvpress_python() -> Path:
+    return kp.venv_python(kp.ensure_kvpress_env(progress=None))
+
+
+def _in_kvpress(tmp_path, code: str, path: Path = ROOT, repo_id: str = SMOLLM, cwd=None):
+    """Run `code` in kvpress's venv with `path` importable and `repo_id` resolving offline to
+    the bundled model; its stdout (a failure fails the test)."""
+    hub = _fake_hub(tmp_path, repo_id, kp.bundled_model_dir())
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    env = dict(os.environ, PYTHONPATH=str(path), HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    out = subprocess.run(
+        [str(_kvpress_python()), str(script)], capture_output=True, text=True, env=env,
+        timeout=900, cwd=cwd,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.kvpress
 def test_five_line_example_runs_as_written(tmp_path):
     block = _readme_block()
     repo_id = re.search(r'model="([^"]+)"', block).group(1)
-    hub = _fake_hub(tmp_path, repo_id, kp.bundled_model_dir())
-    python = kp.venv_python(kp.ensure_kvpress_env(progress=None))
-    script = tmp_path / "example.py"
     setup = (
         "context = 'The grass is green. The sky is blue. ' * 20 + "
         "'The secret passcode is 7351. ' + 'The sun is yellow. Here we go. ' * 20\n"
         "question = 'What is the secret passcode?'\n"
     )
     check = (
-        "import json, kvpress\nprint(json.dumps({'base': isinstance(press, kvpress.BasePress)}))\n"
+        "import json, kvpress, pagekv\n"
+        "print(json.dumps({'base': isinstance(press, kvpress.BasePress)}))\n"
+        "print(json.dumps({'pagekv': pagekv.__file__}))\n"
     )
     # pagekv as a researcher installs it: its wheel, into a folder on the path (the
     # kvpress environment brings the dependencies), run from outside the checkout.
     site = tmp_path / "site"
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
-         str(build_wheel(tmp_path))],
+        [str(_kvpress_python()), "-m", "pip", "install", "-q", "--no-deps", "--target",
+         str(site), str(build_wheel(tmp_path))],
         check=True, timeout=300,
     )  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(site), HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
-    env["TRANSFORMERS_OFFLINE"] = "1"
-    check += "import pagekv\nprint(json.dumps({'pagekv': pagekv.__file__}))\n"
-    script.write_text(setup + block + check)
-    out = subprocess.run(
-        [str(python), str(script)], capture_output=True, text=True, env=env, timeout=900,
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = _in_kvpress(tmp_path, setup + block + check, path=site, repo_id=repo_id, cwd=tmp_path)
     lines = out.stdout.strip().splitlines()
     assert json.loads(lines[-1])["pagekv"].startswith(str(site))  # the installed copy
-    lines = lines[:-1]
-    assert json.loads(lines[-1]) == {"base": True}
-    answer = "\n".join(lines[:-1]).strip()
+    assert json.loads(lines[-2]) == {"base": True}
+    answer = "\n".join(lines[:-2]).strip()
     print("\nexample answer:", repr(answer))
     assert answer  # the pipeline answered through the press
 
@@ -837,13 +787,9 @@ def test_five_line_example_runs_as_written(tmp_path):
 @pytest.mark.slow
 @pytest.mark.kvpress
 def test_a_short_prompt_at_ratio_0_8_never_aborts_the_pipeline(tmp_path):
-    """As kvpress's own generic press tests do (every press at ratios 0.2 and 0.8 on short
-    prompts): through kvpress's pipeline, a budget below the sink and window pages keeps
-    those pages, warns once, and the pipeline answers."""
-    hub = _fake_hub(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", kp.bundled_model_dir())
-    python = kp.venv_python(kp.ensure_kvpress_env(progress=None))
-    script = tmp_path / "short.py"
-    script.write_text(
+    """A budget below the protected pages keeps them, warns, and answers."""
+    out = _in_kvpress(
+        tmp_path,
         "import json, logging\n"
         "from transformers import pipeline\n"
         "from pagekv.integrations import PageEntroKVPress\n"
@@ -855,14 +801,8 @@ def test_a_short_prompt_at_ratio_0_8_never_aborts_the_pipeline(tmp_path):
         "    press = PageEntroKVPress(compression_ratio=ratio, page_size=16)\n"
         "    out[str(ratio)] = pipe('The sky is blue. The code is 7351.', "
         "question='What is the code?', press=press, max_new_tokens=8)['answer']\n"
-        "print(json.dumps(out))\n"
+        "print(json.dumps(out))\n",
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
-    env["TRANSFORMERS_OFFLINE"] = "1"
-    out = subprocess.run(
-        [str(python), str(script)], capture_output=True, text=True, env=env, timeout=900
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
     answers = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(answers) == {"0.2", "0.8"} and all(isinstance(a, str) for a in answers.values())
     assert out.stderr.count("keeps only the protected pages") >= 1, out.stderr[-2000:]
@@ -922,22 +862,9 @@ print(json.dumps({
 @pytest.mark.slow
 @pytest.mark.kvpress
 def test_reconstruct_scorer_through_kvpress_pipeline(tmp_path):
-    """scorer="reconstruct" in kvpress's real pipeline on the bundled model (SmolLM2-135M,
-    GQA 9/3): the question is asked after the press compressed the context when its block
-    exited; the compressed cache holds, in every layer, exactly the pages pagekv picks
-    from the reconstruction pass computed on its own (same ids, the instruction tokenised
-    by the model's tokenizer, as the press does by default); the window scorer keeps
-    other pages (negative control)."""
-    hub = _fake_hub(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", kp.bundled_model_dir())
-    python = kp.venv_python(kp.ensure_kvpress_env(progress=None))
-    script = tmp_path / "reconstruct.py"
-    script.write_text(RECONSTRUCT_PIPELINE)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
-    env["TRANSFORMERS_OFFLINE"] = "1"
-    out = subprocess.run(
-        [str(python), str(script)], capture_output=True, text=True, env=env, timeout=900
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    """In kvpress's pipeline the reconstruct scorer keeps, per layer, exactly the pages pagekv picks
+    on its own; the window scorer keeps others."""
+    out = _in_kvpress(tmp_path, RECONSTRUCT_PIPELINE)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     print("\nreconstruct answer:", repr(got["answer"]), "kept", got["kept"][0], "of", got["n"])
     assert got["instr"]

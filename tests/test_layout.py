@@ -1,10 +1,6 @@
-"""The architecture as checks: the layers of `pagekv` and what each may import, the
-kernels free of `pagekv`, one policy list, one result schema written down, one rule
-per place (docs/design.md, "Layers").
-
-Every rule has a negative control: the same detector run on a small tree planted in
-`tmp_path` with one violation must find it, so no rule passes vacuously.
-"""
+"""The architecture as checks (docs/design.md, "Layers"): what each layer may import, kernels free
+of `pagekv`, one policy list, the schema written down. Every rule has a negative control on a
+tree planted in `tmp_path`."""
 
 from __future__ import annotations
 
@@ -107,9 +103,8 @@ def _import_module_arg(node: ast.AST) -> str | None:
 
 
 def _imports(root: Path, rel: str) -> list[tuple[str, int, bool]]:
-    """`(module, line, lazy)` for every absolute import in the file, lazy ones (inside a
-    function) included, and every `importlib.import_module("...")` string (lazy).
-    `from a.b import c` counts as `a.b.c` when that is a module of the tree, else `a.b`."""
+    """`(module, line, lazy)` for every absolute import (lazy ones included) and
+    `import_module("...")` string; `from a.b import c` is `a.b.c` when a module."""
     found: list[tuple[str, int, bool]] = []
 
     def visit(node: ast.AST, lazy: bool) -> None:
@@ -196,9 +191,7 @@ def _relative_imports(root: Path, rel: str) -> list[str]:
 
 
 def _dynamic_targets(root: Path, rel: str) -> list[tuple[str, int]]:
-    """Module names imported by string: `importlib.import_module("pagekv...")` constants,
-    and the values of a package's `_LAZY` table (name -> module, absolute or relative
-    to the package)."""
+    """Modules imported by string: `import_module` constants and `_LAZY` values."""
     tree = ast.parse((root / rel).read_text())
     package = ".".join(Path(rel).with_suffix("").parts)
     package = package.removesuffix(".__init__")
@@ -253,9 +246,6 @@ PLACES = sorted({_place(rel) for rel in _pyfiles(ROOT)})
 
 def _files_of(place: str) -> list[str]:
     return [rel for rel in _pyfiles(ROOT) if _place(rel) == place]
-
-
-# ----------------------------------------------------------------------------- layers
 
 
 def test_the_layers_are_the_folders():
@@ -381,9 +371,6 @@ def test_the_check_counts_top_modules(tmp_path):
     assert len(_top_modules(tmp_path)) == MAX_TOP_MODULES + 1
 
 
-# ----------------------------------------------------------------------------- cycles
-
-
 def _type_checking_lines(tree: ast.AST) -> set[int]:
     """The lines of `if TYPE_CHECKING:` blocks (imports for annotations only)."""
     lines: set[int] = set()
@@ -457,9 +444,6 @@ def test_the_check_finds_an_import_cycle(tmp_path):
     assert _import_cycles(tmp_path) == [["pagekv.runtime.a", "pagekv.runtime.b"]]
 
 
-# ---------------------------------------------------------------------------- kernels
-
-
 def _pagekv_in_kernels(root: Path, rel: str) -> list[str]:
     return sorted(m for m, _, _ in _imports(root, rel) if m == "pagekv" or m.startswith("pagekv."))
 
@@ -474,8 +458,6 @@ def test_the_check_finds_pagekv_in_kernels(tmp_path):
     rel = _plant(tmp_path, "kernels/x.py", "def f():\n    from pagekv.maths import paging\n")
     assert _pagekv_in_kernels(tmp_path, rel) == ["pagekv.maths"]
 
-
-# ------------------------------------------------------------------ the two harnesses
 
 #: benchmarks/ and experiments/ stand on the library; neither imports the other (what
 #: both need lives in `pagekv`, or is copied).
@@ -515,8 +497,6 @@ def test_the_check_finds_a_cross_import(tmp_path):
     own = "from experiments.replay.tables import quantile\n"
     assert _cross_imports(tmp_path, _plant(tmp_path, "experiments/c.py", own)) == []
 
-
-# ------------------------------------------------------------------ the design document
 
 #: A citation of a section of the design document: `docs/design.md, "The data path"`.
 DESIGN_CITATION = re.compile(r'docs/design\.md[^"\n]{0,20}"([^"\n]+)"')
@@ -560,9 +540,6 @@ def test_the_check_finds_a_bad_citation(tmp_path):
     _plant(tmp_path, "pagekv/maths/b.py", '"""docs/design.md ("Layers")."""\n')
     _plant(tmp_path, "tests/test_x.py", "# " + OUTSIDE_BRIEF + " section 2\n")
     assert len(_bad_citations(tmp_path)) == 2
-
-
-# ----------------------------------------------------------------- one place per rule
 
 
 def _policy_name_lists(path: Path) -> list[int]:
@@ -628,8 +605,7 @@ ENV_READ = re.compile(
 
 
 def test_env_variables_are_documented():
-    """Every PAGEKV_* environment variable the code or the tests read is named in the
-    docs/testing.md (the one list of them)."""
+    """Every PAGEKV_* variable the code or tests read is named in docs/testing.md."""
     readme = (ROOT / "docs" / "testing.md").read_text()
     used = set()
     for p in [*ROOT.glob("pagekv/**/*.py"), ROOT / "app.py", *ROOT.glob("tests/*.py")]:

@@ -1,11 +1,5 @@
-"""The lean decode step (`pagekv.runtime.decode`) against transformers' forward.
-
-With float32 weights the step is the model's own arithmetic and matches its forward
-to float32 tolerance, token by token and for several new tokens at once; with half
-weights it matches to the rounding of the weights. The runner's decode on compacted
-caches is checked against a masked reference in tests/test_runner.py and
-tests/test_allocation.py, on every decode path.
-"""
+"""The lean decode step (`pagekv.runtime.decode`) against transformers' forward: float32 weights
+match to float32 tolerance, token by token and several at once; half weights to their rounding."""
 
 from __future__ import annotations
 
@@ -128,10 +122,8 @@ def test_which_decode_runs():
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_a_bfloat16_model_decodes_in_the_lean_step(backend):
-    """A bfloat16 model (as on a GPU) in the lean step: its own weights' dtype for the
-    several-token question, a bfloat16 paged cache, the kernel (interpreted here) or
-    torch's attention; the same tokens as its own transformers forward, logits within
-    bfloat16's rounding (about 0.03 at these logits' size: 7 mantissa bits)."""
+    """A bfloat16 model in the lean step (paged cache, kernel or torch attention): the forward's
+    tokens, logits within bfloat16 rounding."""
     model = tiny_model("llama").to(torch.bfloat16)
     runner = Runner(model, backend=backend)  # "auto": the model's own dtype
     ctx, question = prompt(90, seed=3), [4, 5, 6]

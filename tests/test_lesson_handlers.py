@@ -19,12 +19,8 @@ OPEN_STATUS = 2 + len(LESSON_CONTROLS) + 2 + STATUS
 
 
 def test_a_lesson_request_overtaken_by_a_later_one_shows_nothing(monkeypatch):
-    """Quick presses of Next wait for the session's turn, which takes them in no set
-    order; the last press's lesson must be the one the screen ends on, and a control
-    changed while a lesson loads (its run event takes a ticket too) keeps its value. A
-    lesson request that a later request of its session has overtaken leaves every
-    output as it is from then on (the picker and the controls included); without one,
-    each of its outputs carries the lesson's controls (what an API client reads)."""
+    """Quick Next presses end on the last press's lesson, a control changed meanwhile keeps its
+    value, and an overtaken request changes no output."""
     import gradio as gr
 
     from pagekv.app import lesson_handlers as lh
@@ -71,8 +67,7 @@ def test_a_lesson_request_overtaken_by_a_later_one_shows_nothing(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("asked", ["99", "abc", "0"])
 def test_a_link_to_no_lesson_says_why(asked, bundled_study):
-    """`?lesson=99`, `?lesson=abc` and `?lesson=0` open lesson 1 and say why, in the
-    status line (they opened it silently)."""
+    """`?lesson=99`, `abc` or `0` open lesson 1 and say why in the status line."""
     request = SimpleNamespace(session_hash=None, query_params={"lesson": asked})
     *_, last = open_page(LESSON_TITLES[0], "bundled", request)
     status = last[OPEN_STATUS]
@@ -108,9 +103,7 @@ def test_a_bad_link_says_its_settings_do_not_run(bundled_study):
 
 @pytest.mark.slow
 def test_a_link_with_a_context_outside_its_range_runs_at_the_nearest_end(bundled_study):
-    """The same rule for a link as for the page and the API: a context below its range
-    runs at 300 tokens and says so (a link refused `context=1e9` while the page clamped
-    it to 8000; below the range is the cheaper prefill to test)."""
+    """A link's context below its range runs at 300 tokens and says so, as on the page and API."""
     query = {"context": "20", "budget_pct": "40", "seed": "13", "mode": "after"}
     request = SimpleNamespace(session_hash=None, query_params=query)
     *_, last = open_page(LESSON_TITLES[0], "bundled", request)

@@ -64,8 +64,6 @@ def test_lesson_ids_unique_and_lookup():
         get_lesson("nope")
 
 
-# ------------------------------------------------------------------ the words, as data
-
 WORDS_MD = """# preamble, any text
 
 ## one
@@ -137,9 +135,6 @@ def test_every_lesson_shows_its_own_words_from_the_file():
     for lesson in LESSONS:
         got = {"title": lesson.title, "text": lesson.text, "credit": lesson.credit}
         assert got == on_file[lesson.id]
-
-
-# ------------------------------------------------------------------ observations can fail
 
 
 def _fake_comparison(correct: dict, answers_text: dict | None = None, plans=None, recs=None):
@@ -245,10 +240,7 @@ def test_tie_observation_can_fail():
     assert found.values["mean_top_weight"] == pytest.approx(mean_top)
     assert found.values["bound"] == pytest.approx(mean_top + 1e-6)
     assert f"r = {r}" in found.measured
-    # Thresholds just past each measured figure, so each part of the check can fail on
-    # its own. (The thresholds used before, an overlap of at least 1.01 and a mean top
-    # weight under 1/r, cannot be met: overlap <= 1 and a group's largest weight is
-    # >= 1/r, so "does not hold" passed whatever the check measured.)
+    # Thresholds just past each measured figure, so each part of the check can fail on its own.
     assert not tie(overlap + 1e-6, (mean_top + 1e-6) * r).check(comp).holds
     assert not tie(overlap - 1e-6, (mean_top - 1e-6) * r).check(comp).holds
     differ = _fake_comparison(
@@ -330,9 +322,7 @@ def test_layer_rules_resolve_on_the_model_that_ran():
 
 
 def test_sink_layer_is_where_sinks_outweigh_the_others_most():
-    """Hand-worked: 3 layers, 4 heads in 2 groups (r = 2). Layer 1, group 0: a sink head
-    of weight 0.8 beside one of 0.2 (advantage 4); layer 2, group 1: 0.6 beside 0.4
-    (1.5); layer 0 has no sink head. Without any sink head: layer 0."""
+    """Hand-worked: the sink layer is layer 1 (advantage 4 > 1.5); without sink heads, layer 0."""
     w = torch.full((3, 4), 0.5)
     w[1, :2] = torch.tensor([0.8, 0.2])
     w[2, 2:] = torch.tensor([0.6, 0.4])
@@ -349,9 +339,6 @@ def test_lessons_list_without_model(capsys):
     assert main(["lessons", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [x["id"] for x in out["lessons"]] == [x.id for x in LESSONS]
-
-
-# ------------------------------------------------------------------ on the bundled model
 
 
 @pytest.mark.slow
@@ -372,8 +359,7 @@ def test_every_lesson_holds_on_the_bundled_model(capsys):
 
 
 def test_tie_lesson_cites_the_pooling_search_from_its_file():
-    """Lesson 6's qwen-coder-0.5b counts are the search summary's totals
-    (`POOLING_SEARCH_PATH`), never a copy."""
+    """Lesson 6's counts are `POOLING_SEARCH_PATH`'s totals, never a copy."""
     lesson = get_lesson("entropy-vs-mean")
     total = json.loads(POOLING_SEARCH_PATH.read_text())["total"]
     text = lesson_text(lesson)
@@ -387,10 +373,8 @@ def test_tie_lesson_cites_the_pooling_search_from_its_file():
 
 
 def test_every_lesson_says_what_it_credits():
-    """Each lesson says which part of the method its result belongs to, and the page
-    shows it under the lesson's text; the introduction does not credit Page-EntroKV
-    with what mean pooling shares, and says the entropy weighting's needle advantage
-    is not reproduced here."""
+    """Each lesson names the part of the method its result belongs to, and the introduction credits
+    mean pooling's share fairly."""
     from pagekv.app.page_text import INTRO, lesson_markdown
 
     for lesson in LESSONS:
@@ -406,9 +390,8 @@ def test_every_lesson_says_what_it_credits():
 
 
 def test_lesson_8_names_the_pooled_policies_the_replay_cannot_tell_apart():
-    """Lesson 8 credits every pooled policy alike: in the replay's T4 at 20 % they
-    recalled the same with the question inside, and the same after; a file where mean
-    pooling recalled less would make its text say so."""
+    """Lesson 8 credits the pooled policies alike where the replay's T4 recalled the same; a file
+    where mean recalled less changes the text."""
     from pagekv.app.lessons import T4_POOLED
 
     tables = load_replay()["tables"]
@@ -438,9 +421,8 @@ def test_the_readme_counts_the_live_lessons_the_console_warms():
 
 
 def test_lesson_8_says_what_it_compares_at():
-    """Lesson 8 says what each comparison holds equal: the replay's T4 at one token
-    budget, RULER at equal memory in each of three cache layouts (each named with the
-    cache that holds memory so), and a lead only where its interval clears 0."""
+    """Lesson 8 says what each comparison holds equal (T4's token budget, RULER's equal memory per
+    layout) and leads only past 0."""
     from pagekv.app.lessons import LAYOUT_NAMES, get_lesson, lesson_text
 
     lesson = get_lesson("kvpress-same-memory")

@@ -1,20 +1,7 @@
-"""Page-EntroKV as an lm-evaluation-harness model (`pagekv.integrations.
-lm_eval_model`), on lm-eval's own RULER task code (issue 43).
-
-- The question split (`question=after`) on real prompts of the six RULER tasks that
-  build their data offline, made by lm-eval at 1,024 tokens with the bundled model's
-  tokenizer: the context and the question join back into the prompt, the question
-  ends with the task's answer prefix, and the context holds no part of it.
-- `simple_evaluate` on 2 samples of `niah_single_1` with the bundled model: the score
-  lm-eval reports equals the project's own scoring (`pagekv.tasks.base.contains`) of
-  the same answers, sample by sample.
-- Unknown model arguments, a bad question mode and `loglikelihood` are refused in one
-  sentence; `python -m pagekv eval` fills in a bundled model's tokenizer.
-
-lm-eval's RULER module asks nltk for its sentence tokenizer when imported and downloads
-it when missing; a stand-in folder is put on nltk's path first, so nothing is fetched
-(the six tasks here never split sentences).
-"""
+"""Page-EntroKV as an lm-evaluation-harness model (`pagekv.integrations.lm_eval_model`) on lm-eval's
+own RULER task code: the question split on six offline RULER tasks, `simple_evaluate` scoring
+equal to `contains`, and one-sentence refusals. An nltk stand-in folder keeps lm-eval's RULER
+import from downloading."""
 
 from __future__ import annotations
 
@@ -245,12 +232,8 @@ print(json.dumps([imported_by_hook, finders, found, empty, own, left, *lazy,
 
 
 def test_the_hook_registers_pagekv_lazily_beside_lm_evals_own_models(tmp_path):
-    """`lm_eval_hook.install()` (what the wheel's `.pth` runs at start) imports nothing
-    new and puts one finder in place, which a look-up without import leaves in place.
-    lm-eval's registry stays empty until lm-eval fills it with its own models (were
-    `pagekv` in it first, lm-eval would never load them); then `pagekv` is there too,
-    as lm-eval's own kind of lazy entry, so neither pagekv nor torch is imported until a
-    run asks for it, and the finder is gone."""
+    """`lm_eval_hook.install()` imports nothing and leaves lm-eval's registry empty until lm-eval
+    fills it; then `pagekv` is a lazy entry beside them."""
     import pagekv.integrations.lm_eval_hook as hook
 
     got = json.loads(_run_probe(HOOK_PROBE, tmp_path, hook.__file__)[-1])
@@ -298,7 +281,5 @@ print(get_model("dummy").__name__, get_model("pagekv") is m.PageKVLM)
 
 
 def test_importing_the_model_keeps_lm_evals_own_models(tmp_path):
-    """lm-eval loads its own models only while its registry is empty: the module that
-    registers `PageKVLM` has them registered first, so `--model hf` (here `dummy`) still
-    resolves beside `pagekv` (`python -m pagekv eval`, or a script that imports it)."""
+    """Registering `PageKVLM` keeps lm-eval's own models: `--model dummy` resolves."""
     assert _run_probe(OWN_MODELS_PROBE, tmp_path) == ["DummyLM True"]

@@ -1,9 +1,5 @@
-"""benchmarks/load_app.py: its pieces (fast) and a tiny end-to-end run (slow).
-
-The timings the script measures are never asserted here; the tiny run checks that it
-starts the app, drives it through `gradio_client`, gets zero errors, stops the app and
-writes every field `docs/performance.md` quotes.
-"""
+"""benchmarks/load_app.py: its pieces (fast) and a tiny end-to-end run that drives the app with zero
+errors and writes every field docs/performance.md quotes."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""The byte-bounded memo (`pagekv.engine.memo.ByteLRU`) and `Study`'s use of it.
-
-- least recently used out first, by bytes; the cap is never exceeded; an item larger
-  than the cap is not stored (and evicts nothing);
-- concurrent callers of one missing key compute it once; many threads never break
-  the byte accounting;
-- on a tiny random model: a repeated `Study.run` is served from the memo (the
-  runner evaluates once) and equals the first; callers cannot corrupt the memo; a
-  different configuration or `max_new_tokens` is computed anew (the negative control).
-"""
+"""The byte-bounded memo (`pagekv.engine.memo.ByteLRU`) and `Study`'s use of it: LRU by bytes, the
+cap never exceeded, one computation per missing key under concurrency; a repeated `Study.run`
+served from the memo, uncorruptible, a changed configuration computed anew."""
 
 from __future__ import annotations
 
@@ -28,8 +21,6 @@ from pagekv.engine.study import Prompt, PromptSpec, Study
 from pagekv.runtime.models import LoadedModel, ModelLoadError
 from pagekv.tasks import Task
 from tests.test_runner import prompt, tiny_model
-
-# ---------------------------------------------------------------- ByteLRU
 
 
 def test_evicts_least_recently_used_by_bytes():
@@ -182,9 +173,6 @@ def test_get_or_wait_gives_none_when_the_computation_fails_or_times_out():
         assert waits == [(0.05, False)]  # it waited its timeout, and the value never came
 
 
-# ---------------------------------------------------------------- Study on a tiny model
-
-
 @pytest.fixture
 def study():
     """A fresh Study (empty memos) on the tiny model: no test depends on another."""
@@ -235,8 +223,7 @@ def counted(study, monkeypatch):
 
 
 def _same(a, b) -> None:
-    """Two served `RunResult`s of one computation: equal, each its own copy, their plan
-    the memo's one."""
+    """Two served results of one computation: equal, own copies, the memo's one plan."""
     pa, pb = a.plan, b.plan
     assert a.to_dict() == b.to_dict() and a is not b
     assert torch.equal(pa.keep, pb.keep) and torch.equal(pa.page_scores, pb.page_scores)
@@ -305,9 +292,6 @@ def test_result_memo_is_bounded_by_bytes(study):
         assert small.results.nbytes <= int(2.5 * one)
     assert len(small.results) == 2  # the two most recent
     assert [k[1] for k in small.results.keys()] == cfgs[2:]
-
-
-# ---------------------------------------------------------------- the model registry
 
 
 class FakeStudy:
@@ -490,9 +474,6 @@ def test_a_detached_comparison_keeps_the_views_but_not_the_prefill(study):
     assert all(figs[k].to_json() == light_figs[k].to_json() for k in figs)
 
 
-# ---------------------------------------------------------------- the kept part
-
-
 def test_the_kept_part_holds_what_keep_if_names_whatever_the_rest_stores():
     memo = ByteLRU(max_bytes=100, size_of=len, kept_bytes=60)
     memo.keep_if = lambda key: key.startswith("lesson")
@@ -537,9 +518,8 @@ def test_keep_now_moves_entries_both_ways_when_keep_if_changes():
 
 
 def test_a_kept_prompt_is_served_from_memory_after_exploration_fills_the_memos(study, counted):
-    """issue 57, item 2: the lessons' prompts (`Study.keep_prompts`) keep their prefill,
-    plans and results while other prompts come and go; a Study without them kept (the
-    negative control) computes the lesson's run again."""
+    """Kept prompts (`Study.keep_prompts`) keep prefill, plans and results while others come and go;
+    without keeping, the run is recomputed."""
     lesson, cfg = prepared(study), EvictionConfig(policy="entropy", budget=0.5, window=16)
     one = prepared(study, seed=7)
     study.run(one, cfg, 2)

@@ -35,9 +35,7 @@ def qwen_missing(monkeypatch, tmp_path):
 
 
 def test_a_model_not_installed_is_said_at_once_without_the_hub(qwen_missing, bundled_study):
-    """Without hub models allowed, the missing install is known before any attempt (no
-    'Loading' line, no hub retries) and the request gets the default model, which the
-    model box then shows. With hub models allowed, the hub copy is tried."""
+    """Without the hub a missing install is said at once and the default serves."""
     from pagekv.engine.study import Study
 
     def factory(name):

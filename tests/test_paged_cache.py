@@ -1,13 +1,6 @@
-"""The decode cache (`pagekv.runtime.paged_cache.PagedCache`): each (layer, row, group)'s
-tokens in blocks of a pool, with room to grow.
-
-A hand-worked layout; a property test that appends in random chunks to groups of random
-lengths and checks what is read back and what is attended (torch's path and the
-paged-decode kernel, interpreted on the CPU) against SDPA over each group's tokens
-concatenated; the runner's decode-time bytes: the kept pages plus room for the
-question and the answer, nothing more; and the bytes a run
-allocates from the plan to the decode: the pool, one copy of the kept keys and values.
-"""
+"""The decode cache (`pagekv.runtime.paged_cache.PagedCache`): a hand-worked layout; a property test
+of random appends read back and attended (torch path and paged-decode kernel) against SDPA;
+decode-time bytes (kept pages plus room, no more); one copy of the kept keys and values."""
 
 from __future__ import annotations
 
@@ -32,9 +25,7 @@ def _tokens(n, d, seed):
 
 
 def test_a_hand_worked_layout():
-    """G = 2 groups of 6 and 3 tokens, P = 4, room for 3 more: group 0 needs
-    ceil(9 / 4) = 3 blocks (0, 1, 2), group 1 ceil(6 / 4) = 2 (3, 4); 5 blocks in all,
-    and group 1 has the least room, 8 - 3 = 5."""
+    """Groups of 6 and 3 tokens, P = 4, room 3: blocks (0, 1, 2) and (3, 4)."""
     d = 2
     k0, k1 = _tokens(6, d, 0), _tokens(3, d, 1)
     cache = PagedCache([([[k0, k1]], [[k0 * 2, k1 * 2]])], extra=3, page_size=4)
@@ -182,11 +173,8 @@ def test_a_pair_reports_each_rows_bytes():
     ids=["entropy", "head_independent", "global", "full"],
 )
 def test_a_run_copies_the_kept_keys_and_values_once(config):
-    """Eviction writes the kept pages straight into the decode pool: from the plan to the
-    first decode step, the run allocates the pool and, besides it, less than half of one
-    more copy of the kept keys and values (indices and tables). A dense compacted cache
-    copied into the pool allocates a whole second copy. Head dim 64, so that the keys
-    and values outweigh the indices as in a real model."""
+    """From plan to first decode step a run allocates the pool and under half a copy more; a dense
+    cache copied in (control) allocates a whole second copy."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
@@ -222,10 +210,8 @@ def test_the_allocation_count_takes_new_storages_only():
 
 
 def test_every_layers_pool_starts_16_byte_aligned_for_the_gather_kernel():
-    """The layers' pools are views of one allocation; the gather kernel writes them with
-    a 16-byte alignment hint, which its launcher checks. A layer of blocks of 4 bytes
-    (P = 1, d = 2, float16) and an odd count would start the next one mid-way: each
-    pool starts aligned, and the kernel's cache equals the twin's."""
+    """Each layer's pool view starts 16-byte aligned for the gather kernel, odd sizes included, and
+    the kernel's cache equals the twin's."""
     g = torch.Generator().manual_seed(3)
     keys = [torch.randn(1, 2, 9, 2, generator=g).half() for _ in range(3)]
     values = [torch.randn(1, 2, 9, 2, generator=g).half() for _ in range(3)]

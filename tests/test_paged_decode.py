@@ -1,9 +1,6 @@
-"""The paged-decode kernel (kernels/paged_decode.py) against its torch twin (the torch
-path of `PagedCache.attend`, which the torch backend runs) and against SDPA over the
-dense compacted cache, on
-awkward sizes: a partial last page, a single page, groups of different lengths, one
-token, pages of 1 to 64 tokens, lists that do not start at block 0, split token ranges.
-Interpreted on the CPU (conftest sets TRITON_INTERPRET=1), compiled on CUDA."""
+"""The paged-decode kernel (kernels/paged_decode.py) against its torch twin and SDPA on the dense
+cache, on awkward sizes: partial and single pages, uneven groups, one token, pages of 1 to 64,
+lists not starting at block 0, split ranges. Interpreted on the CPU, compiled on CUDA."""
 
 from __future__ import annotations
 

@@ -90,10 +90,8 @@ def test_entropy_weights_are_the_hand_values(profiles):
 def test_mean_weights_and_pooled_uor(profiles):
     p = plan(profiles, n_groups=2, config=EvictionConfig(policy="mean", **BASE))
     assert p.head_weights.tolist() == [[0.5] * 4]
-    # Pooled UOR, measured: every head of a group reads the group's one kept mask, so
-    # the union over its heads is that mask's tokens, 6, and each head's k' is the
-    # kept pages' sizes, 2 + 2 + 2 (head_independent below: 8 / 6). Not `p.uor`:
-    # `plan` writes the constant 1 there for pooled policies.
+    # Pooled UOR measured (not `p.uor`, a constant 1): the group's one mask, 6 tokens, over
+    # each head's k' = 2 + 2 + 2.
     union = p.keep.sum(-1)
     k_head = (p.page_keep.long() * p.page_sizes).sum(-1)
     assert union.tolist() == [[6, 6]] and k_head.tolist() == [[6, 6]]
@@ -178,9 +176,7 @@ def test_budget_below_protected_minimum_names_the_smallest_feasible_budget(profi
     ],
 )
 def test_a_plan_checks_its_budget_once(profiles, monkeypatch, policy, allocation):
-    """The budget's one check: `plan` calls `check_budget` once, before any
-    selection, whatever the policy and allocation; the selectors it calls check nothing
-    again. The public selectors check at their entry."""
+    """`plan` checks the budget once; the public selectors check at entry."""
     import pagekv.maths.paging as paging
     import pagekv.maths.plan as plan_module
 
@@ -239,9 +235,8 @@ def test_malformed_profiles_raise(bad, msg):
 
 
 def test_a_policy_computes_its_own_head_weights(monkeypatch):
-    """A new weighting lives in its policy alone: here one read from the heads' sink
-    masses (`ScoreInputs.masses`), which `plan` never computes a weighting from; the
-    plan pools and reports exactly those weights."""
+    """A new weighting lives in its policy alone (here from the sink masses), and the plan pools and
+    reports exactly those weights."""
     import pagekv.maths.plan as plan_module
     from pagekv.maths.policies import Policy
 

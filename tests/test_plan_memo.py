@@ -41,12 +41,8 @@ def test_one_run_plans_each_configuration_once(tokenizer, monkeypatch, result_me
 
 
 def test_the_memory_rows_count_what_the_decode_cache_stores(tokenizer):  # noqa: F811
-    """The memory chart's bytes for each pooled policy at side B's settings are the
-    tokens the runner's decode cache stores for it, each (layer, group) at its own
-    length: under a shared budget too, where the groups of a layer keep different counts
-    (a chart that padded them to the layer's longest would count more than is stored).
-    Head-independent counts its unions, what a server must hold (the runner pads them
-    to the layer's largest with next-best pages)."""
+    """The memory chart's bytes per pooled policy are what the decode cache stores per (layer,
+    group), shared budget included; head-independent counts its unions."""
     study = _tiny_study(tokenizer, ModelWorker())
     spec = PromptSpec(task="needle", context=300, seed=3, mode="after")
     shared = Side.of("entropy", budget=0.3, page_size=4, window=8, allocation="global")

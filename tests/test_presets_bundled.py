@@ -1,12 +1,6 @@
-"""Every preset of the app shows the difference its title names, on the bundled model.
-
-Slow: runs each preset as the app's preset picker runs it (`compare_preset`: the
-preset's run inputs through `parse_run`, side B with side A's settings, the full cache,
-A and B decoded) on SmolLM2-135M-Instruct and checks its observation (`check_preset`).
-A preset whose named difference does not appear fails here: then the preset changes,
-never the check. The curated presets share one prompt, so one prefill serves them all.
-Skipped when the bundled model is not installed.
-"""
+"""Every preset shows the difference its title names, on the bundled model, run as the app's picker
+runs it (`compare_preset`) and checked by `check_preset`; a failing preset changes, never the
+check. One prefill serves the curated presets."""
 
 from __future__ import annotations
 

@@ -96,9 +96,8 @@ def test_the_cli_run_says_each_step_on_a_terminal_and_nothing_in_a_pipe(monkeypa
 
 
 def test_the_warm_up_logs_each_step_of_a_lesson_once_as_it_starts(caplog, monkeypatch):
-    """The app's warm-up on the console: each step a run's status
-    line names is logged when it starts, with its seconds and estimate, as plain text;
-    a step still running is said again only after `every_s`; done lines are not."""
+    """The warm-up logs each step once as it starts (seconds and estimate, plain text), again only
+    after `every_s`; no done lines."""
     from pagekv.app import lesson_handlers as lh
 
     clock = iter([0.0, 1.0, 2.0, 3.0, 14.0, 15.0, 16.0, 17.0])

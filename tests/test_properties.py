@@ -1,5 +1,4 @@
-"""Property tests (hypothesis): the identities, bounds and accounting of
-docs/design.md, "The data path"."""
+"""Property tests: the identities, bounds and accounting of docs/design.md, "The data path"."""
 
 import torch
 from hypothesis import assume, event, given, settings
@@ -69,10 +68,8 @@ def test_pooled_policies_are_dense_exact_and_within_budget(geo, u, policy, reduc
     sizes = page_sizes(n, P)
     k0 = int(p.union_tokens.flatten()[0])
     assert bool((p.union_tokens == k0).all()), "every (layer, group) keeps the same count"
-    # Exact page accounting: kept count = summed sizes of kept pages = kept token mask.
-    # The second equality is the pooled UOR = 1, measured (not `p.uor`, the constant
-    # `plan` writes): the union over a group's heads, its one kept mask, holds exactly
-    # the k' tokens of its kept pages.
+    # Exact page accounting: kept count = summed sizes of kept pages = kept token mask
+    # (the second equality is the pooled UOR = 1, measured rather than read from `p.uor`).
     assert torch.equal(p.union_tokens, (p.page_keep.long() * sizes).sum(-1))
     assert torch.equal(p.union_tokens, p.keep.sum(-1))
     assert k0 <= p.budget_tokens
@@ -169,16 +166,9 @@ def bound_sides(p, prof, g, r, needle_page, others, m, P, n):
 
 
 def test_retention_bound_sufficient_condition():
-    """If w_h* s* exceeds the score of the page that would otherwise be the last kept,
-    entropy pooling keeps the needle's page (docs/design.md, "The data path", first half).
-
-    The needle is planted so that the condition fires: head h* of group g* moves a share
-    `alpha` of its attention onto one token of a free page, and the same prompt is also
-    planned with `alpha = 1` (h* one-hot on the needle: isolated collision mass 1, the
-    largest there is, so w_h* >= 1/r with s* = 1). The conclusion is asserted in every
-    (example, group, alpha) where the condition fires, and the share of examples in
-    which it fired is checked, so the property cannot pass by never firing.
-    """
+    """If w_h* s* beats the last kept page's score, entropy pooling keeps the needle's page
+    (docs/design.md, "The data path"). The needle is planted so the condition fires, and the
+    share of examples where it fired is checked, so the property cannot pass vacuously."""
     runs = fired_one = fired_drawn = 0
 
     @SETTINGS
@@ -267,9 +257,8 @@ def test_general_page_sizes_match_reference(sizes, levels, seed, u, data):
     data=st.data(),
 )
 def test_padding_matches_the_reference_per_layer(n, P, n_sink, window, L, G, levels, seed, data):
-    """`select_pages_padded`, every layer at once: each row keeps its own pages and its
-    protected ones, then its best others (lower page on ties) while its count stays
-    within its layer's target, the reference rule row by row."""
+    """`select_pages_padded` keeps per row its own and protected pages, then its best others within
+    its layer's target, as the reference."""
     sizes = page_sizes(n, P)
     prot = protected_pages(n, P, n_sink, min(window, n))
     g = torch.Generator().manual_seed(seed)

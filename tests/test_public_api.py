@@ -1,9 +1,5 @@
-"""The public names and the calls outside checks make, exactly as they are called.
-
-`import pagekv` imports the maths only: the runtime and serving names (`Runner`,
-`Study`, `PromptSpec`, `load_model`) load on first use, so transformers is imported
-only then (checked in a clean interpreter). The calls below are the ones other parts
-and outside checks rely on, called as they call them."""
+"""The public names and the calls outside checks make, as they call them. `import pagekv` loads the
+maths only; `Runner`, `Study`, `PromptSpec` and `load_model` load on first use."""
 
 from __future__ import annotations
 

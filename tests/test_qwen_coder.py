@@ -1,11 +1,5 @@
-"""The second bundled model, qwen-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct, r = 7), on
-its real weights. Opt-in: `PAGEKV_TEST_QWEN=1` (after `bash scripts/setup.sh --models`);
-a few minutes on 2 cores. Opted in, a missing model fails these tests (never a skip);
-not opted in, they skip with a reason that says how to run them, and the run's summary
-counts them (tests/conftest.py).
-
-    PAGEKV_TEST_QWEN=1 python -m pytest -q tests/test_qwen_coder.py
-"""
+"""qwen-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct, r = 7) on its real weights. Opt-in
+(`PAGEKV_TEST_QWEN=1`, after `bash scripts/setup.sh --models`): opted in, a missing model fails."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""A ragged cache (head-independent unions, a global plan's allocation) takes the question
-in one step, each group's attention holding a causal block over the question's tokens:
-the same logits as feeding the question one token at a time, and so the same answers. A
-causal block that lets every question token see the whole question gives other logits:
-the check can fail."""
+"""A ragged cache takes the question in one step with a causal block per group: the logits of
+feeding it token by token. A non-causal block (control) gives other logits."""
 
 from __future__ import annotations
 

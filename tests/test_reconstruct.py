@@ -1,8 +1,6 @@
-"""The reconstruction scorer (`pagekv.runtime.reconstruct`): its profiles are the
-model's own attention while it repeats the context, max over the reconstruction
-queries, whatever the chunking; the prefill's cache is left as it was. Its Triton
-path (the scoring kernel with its max output) gives the torch path's scores; without
-CUDA it runs in the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1)."""
+"""The reconstruction scorer (`pagekv.runtime.reconstruct`): the model's own attention while it
+repeats the context, max over its queries, whatever the chunking, leaving the prefill's cache as
+it was; its Triton path gives the torch path's scores."""
 
 from __future__ import annotations
 
@@ -133,9 +131,7 @@ def test_the_runner_plans_and_decodes_with_it_once_per_prompt(eager):
 
 
 def test_the_pass_writes_each_chunk_into_its_cache_in_place(eager):
-    """The pass copies the prefill's cache once, into buffers with room for the whole
-    pass, and writes each chunk's keys and values after it: it never concatenates a
-    layer's cache (a DynamicLayer's way, which copies the whole layer per chunk)."""
+    """The pass copies the prefill's cache once and never concatenates a layer."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     n = 64
@@ -161,9 +157,7 @@ def test_the_pass_writes_each_chunk_into_its_cache_in_place(eager):
 
 @pytest.mark.parametrize("chunk, n", [(7, 40), (300, 310)])
 def test_the_triton_path_gives_the_torch_scores(eager, chunk, n):
-    """backend="triton" equals the torch reference, both aggregations, for short chunks
-    and for a chunk of 300 queries (over 256: several query blocks on a GPU; one block of
-    512 rows in the interpreter, whose several-block path tests/test_kernels.py checks)."""
+    """backend="triton" equals torch, both aggregations, short and 300-query chunks."""
     pytest.importorskip("triton")
     cuda = torch.cuda.is_available()
     model = copy.deepcopy(eager).to("cuda") if cuda else eager
@@ -184,10 +178,8 @@ def test_the_triton_path_gives_the_torch_scores(eager, chunk, n):
 
 @pytest.mark.parametrize("order", ["sdpa, as kvpress wraps it", "eager"])
 def test_either_order_of_the_sixth_argument_gives_the_same_scores(eager, order, monkeypatch):
-    """kvpress's attention wrapper calls the attention function as `func(module, q, k, v,
-    mask, dropout, **kwargs)` (`scaling` by keyword), transformers' eager function takes
-    `scaling` sixth: the pass's scores are the same either way. The model's scaling is
-    doubled here, so a scaling lost or taken from the dropout would change them."""
+    """Dropout sixth (kvpress's wrapper) or scaling sixth (eager): the same scores, with a doubled
+    scaling so a lost one would show."""
     runner = Runner(eager)
     ctx, instr = prompt(30, seed=5), prompt(4, seed=6)
     pre = runner.prefill(ctx, window_max=8)
@@ -222,9 +214,8 @@ def test_the_backend_is_checked_before_the_pass(eager):
 
 
 def _reference_focus(model, ctx: list[int], instr: list[int], n_sink: int):
-    """Each head's mean over the reconstruction queries of the sink-isolated collision
-    mass of its attention row on the context (renormalised there), and of its sink
-    share, written out row by row with `isolate_sinks`: `([L, H], [L, H])`."""
+    """Per head, the mean over reconstruction queries of the isolated collision mass and sink share,
+    row by row: `([L, H], [L, H])`."""
     ids = ctx + instr + ctx
     n, m = len(ctx), len(instr)
     with torch.inference_mode():
@@ -241,9 +232,7 @@ def _reference_focus(model, ctx: list[int], instr: list[int], n_sink: int):
 
 @pytest.mark.parametrize("n_sink", [0, 2, 5])
 def test_the_head_masses_are_the_reconstruction_queries_focus(eager, n_sink):
-    """`reconstruction_masses` gives, per head, the mean over the reconstruction queries
-    of each query's sink-isolated collision mass on the context, against a reference
-    from the full eager attention; it is not the collision mass of the max profile."""
+    """`reconstruction_masses` is the queries' mean focus, not the max profile's."""
     runner = Runner(eager)
     ctx, instr = prompt(40, seed=3), prompt(5, seed=4)
     pre = runner.prefill(ctx, window_max=8)
@@ -284,10 +273,7 @@ def test_the_runner_weights_heads_by_the_queries_focus(eager):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
 def test_every_family_under_sdpa_gives_the_eager_reference(family, monkeypatch):
-    """The pass swaps the model's attention for its own scored one during the chunks
-    (`SCORED_ATTENTION`), whatever the model runs otherwise: an SDPA model of each family
-    (Qwen3's per-head q/k norms included) gives the reference of its own weights under
-    eager attention, and runs under SDPA again afterwards."""
+    """An SDPA model of each family gives its eager reference, then SDPA again."""
     from pagekv.runtime.reconstruct import SCORED_ATTENTION
 
     model = tiny_model(family)  # SDPA
@@ -311,9 +297,7 @@ def test_every_family_under_sdpa_gives_the_eager_reference(family, monkeypatch):
 
 
 def test_a_failed_pass_leaves_the_model_as_it_was(eager):
-    """An error inside a chunk's forward (a context id past the vocabulary) leaves the
-    model's attention implementation and its modules as they were, and its next forward
-    is the one it gave before."""
+    """An error inside a chunk's forward leaves the model's attention and modules as they were."""
     runner = Runner(eager)
     ctx = prompt(24, seed=8)
     pre = runner.prefill(ctx, window_max=4)

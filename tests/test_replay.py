@@ -1,10 +1,6 @@
-"""The replication harness (`experiments.replay`): store, peer adapter, and a --quick run.
-
-The quick run loads the bundled model and decodes on the CPU (slow marker); it checks
-the outputs' structure and the invariants every run must satisfy: pooled UOR exactly
-1, the r = 2 identity on every pair and the bounds never violated, exact cardinality,
-files written, and resumability (a second run computes nothing).
-"""
+"""The replication harness (`experiments.replay`): store, peer adapter, and a --quick run whose
+invariants hold: pooled UOR 1, the r = 2 identity, the bounds, exact cardinality, files written,
+and a second run computing nothing."""
 
 from __future__ import annotations
 

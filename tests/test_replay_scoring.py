@@ -1,8 +1,5 @@
-"""The replay's question-agnostic rows: the jobs a grid with `scorings` makes,
-and how T4, T6, T7 and the peer's table keep them apart from the window scorer's.
-
-No model here: the jobs are built from the grid, the tables from hand-made units.
-"""
+"""The replay's question-agnostic rows: the jobs a grid with `scorings` makes, and T4, T6, T7 and
+the peer's table keeping them apart (no model)."""
 
 from __future__ import annotations
 
@@ -203,10 +200,8 @@ def _peer_setup(tmp_path, monkeypatch):
 
 
 def test_the_peer_runs_in_stored_batches_after_mode_first(tmp_path, monkeypatch):
-    """The grid's presses only (snapkv is not asked), question-after prompts first, then
-    press and budget; batches of PEER_BATCH; every result stored as its batch returns,
-    so a run stopped in the third batch keeps the first two and the next run sends only
-    what is missing."""
+    """Only the grid's presses, question-after first, in PEER_BATCH batches stored as they return,
+    so a rerun sends only what is missing."""
     from experiments.replay.store import UnitStore
 
     harness, store, jobs = _peer_setup(tmp_path, monkeypatch)

@@ -76,10 +76,8 @@ def test_a_press_runs_at_each_budget_and_its_rows_come_in_budget_order():
 
 
 def test_our_rows_run_in_pages_of_16_4_and_1_and_know_their_gathered_memory():
-    """The question-agnostic rows: both poolings at 5, 10 and 20 % in pages of 16, 4 and
-    1, and what fixes each row's `gathered` memory where it was not recorded: a plan in
-    pages of 16 and ChunkKV's 16-token chunks hold whole pages, KeyDiff keeps one count
-    per head; KVzip and pages of 4 or 1 need it recorded."""
+    """Both poolings at 5/10/20 % in pages of 16, 4 and 1, with `gathered` derived only where whole
+    pages or one count per head fix it."""
     names = ruler.agnostic_methods()
     for page in (16, 4, 1):
         for pct in (5, 10, 20):
@@ -117,9 +115,7 @@ def test_earlier_rows_get_their_memory_written_in_and_a_changed_plan_is_refused(
 
 
 def test_a_block_with_presses_repeats_every_method_on_the_presses_prompts():
-    """Ours over all its samples, then every row again on the prompts every press
-    answered (sample 0 of vt: kvzip has not answered sample 1), so all sides are read on
-    the same prompts."""
+    """Ours over all samples, then every row again on the prompts every press answered."""
     rows = [_row("entropy 10%", "ruler_vt", i, s) for i, s in ((0, 1.0), (1, 0.0), (2, 0.0))]
     rows += [_row("full", "ruler_vt", i, 1.0) for i in (0, 1, 2)]
     rows += [_row("snapkv 10%", "ruler_vt", i, s) for i, s in ((0, 0.5), (1, 0.25))]
@@ -355,8 +351,7 @@ def test_the_quoted_ruler_figures_are_the_committed_answers():
 
 
 def test_the_memory_figure_averages_every_method_on_the_same_prompts():
-    """A prompt one method has not answered is left out of every point; the full cache is
-    the square at 100 %."""
+    """A prompt one method lacks is left out of every point; full is the square at 100 %."""
     mem = {"pages_16": 2, "cells": 4, "context_pages": 5}
 
     def row(method, index, score, pages_sum, gathered=None):

@@ -54,9 +54,7 @@ def test_gathered_never_exceeds_in_place_nor_in_place_uniform(L, G, n, data):
 
 
 def test_gathered_is_derived_only_where_the_method_fixes_it():
-    """A page plan in pages of 16 and ChunkKV's 16-token chunks hold whole pages; a press
-    that keeps the same count per head packs `ceil(k / 16)` pages in each; a KVzip row
-    (a different count per (layer, KV head)) without `gathered_pages` stays unknown."""
+    """`gathered` is derived only where pages of 16 or one count per head fix it."""
     base = {"method": "x", "pages_sum": 30, "pages_16": 9, "cells": 4, "context_pages": 9,
             "kept_tokens": 20, "kept_tokens_max": 20}  # fmt: skip
     assert rm.gathered(base | {"page_size": 16}) == 30
@@ -69,10 +67,8 @@ def test_gathered_is_derived_only_where_the_method_fixes_it():
 
 
 def test_a_rival_is_matched_to_ours_at_the_nearest_memory_within_ten_percent():
-    """Ours holds 10 pages (gathered) on prompt 0 and 20 on prompt 1. The rival's runs
-    hold 5, 9 and 12 on prompt 0: 9 is nearest (0.9, within 10 %); on prompt 1 they hold
-    9 and 30: none within 10 %, so prompt 1 is left out and counted. Runs of equal
-    memory: the one keeping the most tokens."""
+    """A rival run matches ours at the nearest memory within 10 % (else the prompt is left out and
+    counted); ties keep the most tokens."""
     ours = [_row("ours", 0, 0.5, [[5, 5]], [[80, 80]]), _row("ours", 1, 1.0, [[10, 10]],
                                                              [[160, 160]])]  # fmt: skip
     rival = [
@@ -99,9 +95,7 @@ def test_a_rival_is_matched_to_ours_at_the_nearest_memory_within_ten_percent():
 
 
 def test_the_bootstrap_resamples_prompts_within_each_task():
-    """Task a's differences are all +1, task b's all 0: resampled within each task every
-    draw's mean of task means is 0.5, so the interval is the point 0.5. Resampling the
-    pooled prompts would mix the tasks and widen it."""
+    """Resampling within each task gives the point interval 0.5."""
     pairs = [("a", 1.0)] * 3 + [("b", 0.0)] * 7
     assert rm.bootstrap(pairs) == (0.5, 0.5, 0.5)
     spread = [("a", d) for d in (1.0, 0.0, 0.0, 0.0)] + [("b", d) for d in (0.5, -0.5)]
@@ -168,10 +162,7 @@ def test_the_figure_draws_a_panel_per_layout_and_the_full_cache():
 
 
 def test_gathered_is_what_the_decode_pool_allocates(bundled_study):
-    """pagekv's decode pool gathers each (layer, KV head)'s kept tokens into fresh blocks:
-    its bytes are `gathered` pages, for a press's token-level kept set (scattered,
-    uneven over (layer, KV head)s, as KVzip's) and for our page plans (where `gathered`
-    equals `in_place`). The scattered set touches more pages than it fills."""
+    """`gathered` pages are what the decode pool allocates, scattered or paged."""
     from pagekv import EvictionConfig
     from pagekv.runtime.paged_cache import PagedCache
 

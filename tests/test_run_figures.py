@@ -1,8 +1,6 @@
-"""A run's figures (`pagekv.app.run_figures`): each drawn once per content
-(`memo_figure`, into a study's plan memo), the views of head weights and sink mass the
-same across budgets and new when what they draw changes, and the UOR chart's worst case
-and the stored heatmap's colour scale at the model's r. The app's caches are its
-studies' three memos: no module of the app holds one of its own."""
+"""A run's figures (`pagekv.app.run_figures`): drawn once per content into a study's plan memo, the
+same across budgets and new when their content changes; the UOR chart and stored heatmap scale at
+the model's r."""
 
 from __future__ import annotations
 
@@ -92,10 +90,7 @@ def test_the_memo_is_bounded():
 
 
 def test_no_module_of_the_app_holds_a_cache_of_its_own():
-    """The app's caches are each study's prefill, plan and result memos: importing the
-    whole app and the engine leaves no `ByteLRU` at any module's top level, nor a
-    function cached by its arguments (a value built once, with none, is not a cache of
-    results)."""
+    """No module-level `ByteLRU` or argument-keyed cache in the app or engine."""
     import importlib
     import inspect
     import pkgutil
@@ -147,9 +142,7 @@ def fake_comparison(plan_b):
 
 
 def test_app_views_are_drawn_once_across_budgets(memo):
-    """Two plans of one profile at different budgets keep different pages but have the
-    same head weights and sink mass: their views are the same figure objects, equal to
-    a fresh draw."""
+    """Two budgets of one profile share their weights and sink views, equal to a fresh draw."""
     p20, p50 = random_plan(), random_plan()
     p50 = dataclasses.replace(p50, page_keep=~p50.page_keep)  # another keep
     a = comparison_figures(fake_comparison(p20), layer=1, only=MEMOISED, memo=memo)
@@ -200,10 +193,7 @@ def test_the_layer_control_draws_the_runs_own_view():
 
 
 def test_the_uor_chart_and_stored_scale_are_at_r(tokenizer):  # noqa: F811
-    """At r = 7 (14 query heads over 2 KV heads, qwen-coder-0.5b's groups, on a small
-    random Qwen2 decoder), the UOR chart marks its worst case at 7, with the axis above
-    it and the head-independent union between 1 and 7; the stored heatmap's colour
-    scale ends at 7."""
+    """At r = 7 the UOR chart's worst case and the stored scale end at 7."""
     study = _tiny_study(tokenizer, ModelWorker(), n_heads=14, family="qwen2")
     assert study.loaded.group_size == 7
     spec = PromptSpec(task="needle", context=300, depth=0.5, seed=2)

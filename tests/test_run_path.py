@@ -1,10 +1,5 @@
-"""One app run's path through the code (`scripts/run_path.py`): short, and going down.
-
-The script runs the page's own Run handler on the bundled model and records every call
-between the repository's files. A newcomer follows one run through at most
-`MAX_FILES` files, and the library never calls back into the app (the token callback
-aside: it is the app's function by design, and a run without streaming passes none).
-"""
+"""One app run's path (`scripts/run_path.py`): at most `MAX_FILES` files, and the library never
+calls back into the app except the token callback."""
 
 from __future__ import annotations
 

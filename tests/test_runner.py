@@ -1,14 +1,7 @@
-"""The live runner on tiny randomly initialised GQA decoders (no downloads).
-
-What is checked, exactly:
-- `full` decodes token for token what `model.generate(do_sample=False)` does;
-- the compacted cache stores exactly the planned tokens' K/V, per (layer, group);
-- decoding on it equals an independent reference: the model over the FULL cache, with
-  the evicted keys masked out per (layer, group) inside attention, fed the same tokens
-  at positions `n, n+1, ...` (logits to 1e-5, every step, both modes);
-- the captured window queries reproduce the eager attention probabilities;
-- configurations never leak into each other, and the prefill is never mutated.
-"""
+"""The live runner on tiny random GQA decoders: `full` equals `generate`; the compacted cache holds
+exactly the planned tokens' K/V; decoding on it equals the model over the full cache with evicted
+keys masked (1e-5, every step, both modes); window queries reproduce eager attention;
+configurations never leak and the prefill is never mutated."""
 
 from __future__ import annotations
 
@@ -104,9 +97,6 @@ def generate_ref(model, ids: list[int], max_new: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-# --------------------------------------------------------------- masked reference
-
-
 _REF_KEEP: dict = {}  # layer -> bool [G, n], read by the reference attention below
 
 
@@ -166,9 +156,6 @@ def stored_keep_of(runner, pre, cfg) -> torch.Tensor:
     for i, idx in enumerate(ev.kept_indices):
         keep[i].scatter_(1, idx, True)
     return keep
-
-
-# ------------------------------------------------------------------------ tests
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -231,9 +218,7 @@ def test_the_decode_cache_holds_exactly_the_kept_tokens(llama, policy, page_size
 
 
 def runner_decoding(model, decode: str) -> Runner:
-    """A runner on `model` whose decode step has `decode` weights: "float32" (its
-    arithmetic alone, to compare at float32 tolerance) or "float16" (the default on the
-    CPU)."""
+    """A runner on `model` decoding in "float32" or "float16" (the CPU default)."""
     return Runner(model, decode_dtype=decode)
 
 
@@ -338,10 +323,7 @@ def test_no_leak_between_configurations(llama):
 
 
 def test_a_run_decodes_the_plan_it_is_given(llama):
-    """`Runner.plan`'s Plan carries what scoring and planning cost and where it ran;
-    `evaluate(planned=...)` decodes that plan (the same tokens and kept sets as planning
-    inside), and refuses one made for another configuration, another prompt, or not by
-    `Runner.plan` (no scoring backend, no timings)."""
+    """`evaluate(planned=...)` decodes `Runner.plan`'s plan, and refuses a foreign one."""
     runner = Runner(llama)
     pre = runner.prefill(prompt(90, seed=12), window_max=16)
     cfg = EvictionConfig(policy="entropy", budget=0.3, page_size=4, window=8)
@@ -361,9 +343,7 @@ def test_a_run_decodes_the_plan_it_is_given(llama):
 
 
 def test_a_per_head_run_reports_the_needle_in_its_unions(llama):
-    """`needle_retention_union`: a per-head run's share of the needle in each group's
-    union of its heads' picks (what the policy chose, before padding); None for a pooled
-    run, whose groups store exactly what they chose."""
+    """`needle_retention_union`: per-head runs' share in the unions; None when pooled."""
     runner = Runner(llama)
     pre = runner.prefill(prompt(96, seed=14), window_max=8)
     needle = list(range(40, 46))
@@ -491,9 +471,8 @@ def test_result_fields_and_json(llama):
     kept30 = res.plan.keep[:, :, 30:32].double().mean(-1).tolist()
     assert d["needle_retention"] == kept30
     assert d["needle_kept_all"] == bool(res.plan.keep[:, :, 30:32].all())
-    # Pooled UOR measured on the compacted cache (the plan's own `uor` is the constant 1
-    # `plan` writes): the tokens stored per (layer, group) over the union of what the
-    # group's heads read, the plan's one kept mask. The reported `uor` is that measurement.
+    # Pooled UOR measured on the compacted cache (stored tokens over the group's one kept
+    # mask), not the plan's constant 1; the reported `uor` is that measurement.
     measured = torch.tensor(d["stored_tokens"], dtype=torch.float64)
     measured = measured / res.plan.keep.sum(-1).double()
     assert measured.tolist() == [[1.0, 1.0]] * 3
@@ -516,13 +495,8 @@ def test_eos_stops_like_generate(llama):
 
 
 def test_triton_backend_on_cpu_without_interpreter_is_a_backend_error():
-    """`Runner(model, backend="triton")` on a CPU model raises BackendError when the
-    kernels were defined without `TRITON_INTERPRET=1`.
-
-    Triton fixes that choice when `kernels` is first imported, and this test process
-    runs the kernels interpreted (tests/conftest.py), so the check runs in a child
-    process whose environment lacks the variable: it runs in every order of the suite.
-    """
+    """A triton runner on the CPU without `TRITON_INTERPRET=1` raises BackendError (in a child
+    process: conftest sets the variable here)."""
     code = (
         "import os\n"
         "assert 'TRITON_INTERPRET' not in os.environ\n"

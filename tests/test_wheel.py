@@ -1,14 +1,7 @@
-"""pagekv as a package: the wheel `pip install .` builds holds the library,
-its kernels as `pagekv.kernels` and the data it reads, and nothing of the app; installed
-into a new virtual environment it imports, kernels and press included, from outside the
-checkout. Installed, lm-eval's own command line knows `--model pagekv` (the
-wheel's `pagekv_lm_eval.pth`, setup.py) and reports on two RULER samples the project's
-own scoring of the answers.
-
-Offline: the build backend is the dev requirements' setuptools (`--no-build-isolation`),
-and the new environment borrows this one's packages (torch, transformers, ...) through a
-`.pth` file, so nothing is fetched (`--no-deps --no-index`).
-"""
+"""pagekv as a package: the wheel holds the library, `pagekv.kernels` and its data, nothing of the
+app; installed in a new venv it imports outside the checkout, and lm-eval's own command line runs
+`--model pagekv`. Offline: `--no-build-isolation`, and the venv borrows this one's packages
+through a `.pth`."""
 
 from __future__ import annotations
 
@@ -84,8 +77,7 @@ def build_wheel(tmp_path: Path) -> Path:
 
 
 def _new_env(tmp_path: Path) -> tuple[Path, str]:
-    """A new virtual environment that borrows this one's packages after its own; its
-    python and its site-packages."""
+    """A new venv borrowing this one's packages; its python and site-packages."""
     env = tmp_path / "env"
     venv.EnvBuilder(with_pip=False).create(env)
     python = env / "bin" / "python"
@@ -98,8 +90,7 @@ def _new_env(tmp_path: Path) -> tuple[Path, str]:
 
 
 def _clean_env() -> dict:
-    """This environment without PYTHONPATH or PYTHONHOME: the new one finds only what it
-    has installed (and borrowed)."""
+    """This environment without PYTHONPATH or PYTHONHOME."""
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
 
 
@@ -113,9 +104,8 @@ def _probe(python: Path, cwd: Path) -> dict:
 
 
 def _registry(python: Path, cwd: Path) -> list:
-    """REGISTRY_PROBE's answer: the registry empty at first, lm-eval's `dummy` model's
-    class, then `pagekv` listed, pagekv imported, torch imported (before the model is
-    asked for), the model's "module:Class", and pagekv's file."""
+    """REGISTRY_PROBE's answer: empty registry, lm-eval's `dummy`, then `pagekv` listed, imports
+    seen, the model's "module:Class" and pagekv's file."""
     out = subprocess.run(
         [python, "-c", REGISTRY_PROBE], cwd=cwd, capture_output=True, text=True,
         env=_clean_env(), timeout=300,
@@ -201,9 +191,8 @@ print(json.dumps([Study.__module__, PromptSpec().task, len(load_haystack())]))
 
 
 def test_the_installed_engine_runs_a_comparison(installed, tmp_path):
-    """From the wheel, outside the checkout: `from pagekv import Study, PromptSpec`, the
-    haystack read from the wheel, and `pagekv run --budget 0.1` on the bundled model
-    prints the policy's verdict and answer."""
+    """From the wheel outside the checkout: `from pagekv import Study, PromptSpec` and `pagekv run
+    --budget 0.1` print the verdict and answer."""
     _, python, site = installed
     out = subprocess.run(
         [python, "-c", ENGINE_PROBE], cwd=tmp_path, capture_output=True, text=True,
@@ -224,11 +213,8 @@ def test_the_installed_engine_runs_a_comparison(installed, tmp_path):
 
 @pytest.mark.slow
 def test_lm_evals_own_command_line_runs_the_installed_pagekv_model(installed, tmp_path):
-    """The wheel's `.pth` registers `pagekv` lazily beside lm-eval's own models (pagekv
-    and torch not imported until asked for); then `python -m lm_eval run
-    --model pagekv` (the `lm_eval` command's own entry) on two `niah_single_1` samples
-    prints lm-eval's table, and the score it reports is the project's own scoring
-    (`contains`) of the answers it logged."""
+    """The wheel's `.pth` registers `pagekv` lazily; `lm_eval run --model pagekv` on two samples
+    reports `contains` of its logged answers."""
     from pagekv.runtime.models import bundled_cache_dir
     from pagekv.tasks.base import contains
 

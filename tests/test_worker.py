@@ -3,12 +3,28 @@ identical jobs once, a job's own sub-jobs inline, results and errors handed back
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 import pytest
 
 from pagekv.engine.worker import Job, ModelWorker, WorkerTimeout
+
+
+@contextlib.contextmanager
+def _served(w: ModelWorker):
+    """`w` served forever by a thread (yielded) until the block ends."""
+    stop = threading.Event()
+    server = threading.Thread(target=w.serve_forever, args=(stop, 0.05), name="model")
+    server.start()
+    try:
+        while not w.serving:
+            time.sleep(0.001)
+        yield server
+    finally:
+        stop.set()
+        server.join(30)
 
 
 def test_without_a_server_the_caller_runs_its_job():
@@ -20,21 +36,13 @@ def test_without_a_server_the_caller_runs_its_job():
 
 def test_jobs_run_on_the_serving_thread_and_errors_come_back():
     w = ModelWorker()
-    stop = threading.Event()
-    server = threading.Thread(target=w.serve_forever, args=(stop, 0.05), name="model")
-    server.start()
-    try:
-        while not w.serving:
-            time.sleep(0.001)
+    with _served(w) as server:
         assert w.run("a", threading.current_thread) is server
         # a job that asks for another job runs it inline, on the same thread
         assert w.run("b", lambda: w.run("c", threading.current_thread)) is server
         with pytest.raises(ValueError, match="boom"):
             w.run("d", lambda: (_ for _ in ()).throw(ValueError("boom")))
         assert w.run("e", lambda: 2 + 3) == 5
-    finally:
-        stop.set()
-        server.join(30)
     assert not w.serving and not server.is_alive()
 
 
@@ -87,29 +95,18 @@ def test_jobs_never_overlap_across_many_callers():
 
 
 def test_a_wait_times_out_without_losing_the_job():
-    w = ModelWorker()
-    stop, gate = threading.Event(), threading.Event()
-    server = threading.Thread(target=w.serve_forever, args=(stop, 0.05))
-    server.start()
-    try:
-        while not w.serving:
-            time.sleep(0.001)
+    w, gate = ModelWorker(), threading.Event()
+    with _served(w):
         job = w.submit("slow", lambda _job: gate.wait(10) and "done")
         assert not w.wait(job, 0.05)
         with pytest.raises(WorkerTimeout):
             w.run("slow", lambda: "not run: shares the job in flight", timeout=0.05)
         gate.set()
         assert w.wait(job, 10) and job.result() == "done"
-    finally:
-        stop.set()
-        server.join(30)
 
 
 def test_a_timed_wait_holds_its_timeout_when_nobody_serves():
-    """Caller-runs (no `serve_forever`): a wait with a timeout does not run the job on
-    its own thread (it could not stop it midway), a helper thread does, and the wait
-    returns at its timeout while the job still runs. An untimed wait still runs jobs on
-    its own thread."""
+    """Caller-runs: a timed wait returns at its timeout; a helper runs the job."""
     w = ModelWorker()
     gate, started = threading.Event(), threading.Event()
 
@@ -136,8 +133,7 @@ def test_a_timed_wait_holds_its_timeout_when_nobody_serves():
 
 
 def test_progress_streams_when_nobody_serves():
-    """Caller-runs: `progress` yields a job's reports while it runs (the helper runs it),
-    not only once it is done."""
+    """Caller-runs: `progress` yields a job's reports while it runs."""
     w = ModelWorker()
     seen_while_running = []
 
@@ -155,10 +151,7 @@ def test_progress_streams_when_nobody_serves():
 
 
 def test_progress_at_poll_0_waits_between_checks_and_does_not_spin(monkeypatch):
-    """A check every 0 s spun on the interpreter's lock, which the helper running the job
-    needs after each torch operation: the app's pair decode, polled at 0 s, crawled (a
-    test ran past 5 minutes on idle cores). Each check now waits at least `MIN_POLL_S`,
-    holding nothing (the negative control: the waits the old loop made were of 0 s)."""
+    """Each progress check waits at least `MIN_POLL_S`, so a poll of 0 s does not spin."""
     from pagekv.engine import worker as worker_mod
 
     w = ModelWorker()
@@ -201,17 +194,8 @@ def test_a_job_waiting_for_itself_is_an_error_not_a_hang():
 
 def test_one_server_at_a_time():
     w = ModelWorker()
-    stop = threading.Event()
-    server = threading.Thread(target=w.serve_forever, args=(stop, 0.05))
-    server.start()
-    while not w.serving:
-        time.sleep(0.001)
-    try:
-        with pytest.raises(RuntimeError, match="already serves"):
-            w.serve_forever(stop)
-    finally:
-        stop.set()
-        server.join(30)
+    with _served(w), pytest.raises(RuntimeError, match="already serves"):
+        w.serve_forever(threading.Event())
 
 
 def test_an_interrupt_in_a_job_reaches_its_waiters_and_stops_the_thread_running_it():

@@ -1,14 +1,6 @@
-"""The model worker's invariant under a stress of concurrent calls (docs/design.md, "One
-model worker"): 8 threads fire a random mix of run, run_pair, preview, lesson and
-budget calls on small prompts for a bounded time; every call returns within its
-timeout and equals the serial result for its key. A negative control plants a
-lock-order inversion (a caller holds a lock while it waits for a job that needs it)
-and shows that the same harness catches it.
-
-The model: a small random GQA decoder (8 query heads over 2 KV heads, r = 4) under the
-bundled model's tokenizer, so that the real prompt pipeline (tasks, chat template,
-`Study.prepare`) runs and a call takes tens of milliseconds.
-"""
+"""The model worker's invariant under concurrent calls (docs/design.md, "One model worker"): 8
+threads of mixed calls on a small random GQA decoder under the bundled tokenizer all return in
+time with the serial result; a planted lock-order inversion is caught (control)."""
 
 from __future__ import annotations
 
@@ -153,9 +145,7 @@ def test_a_served_app_worker_also_holds(tokenizer, expected):
 
 
 def test_the_stress_catches_a_planted_lock_order_inversion(tokenizer, expected, monkeypatch):
-    """Negative control: a caller that holds a lock while it waits for a job that takes
-    the same lock (the bug the invariant forbids). The harness must report it: calls
-    that do not return in time, or that fail when the job gives up on the lock."""
+    """Negative control: a caller holding a lock a job needs is reported, hung or failed."""
     worker = ModelWorker()
     study = _tiny_study(tokenizer, worker)
     planted = threading.Lock()
@@ -182,10 +172,7 @@ def test_the_stress_catches_a_planted_lock_order_inversion(tokenizer, expected, 
 
 
 def test_the_apps_run_path_holds_its_session_turn_across_worker_waits(tokenizer, monkeypatch):
-    """The app's run (`handlers.run_comparison`) holds its session's turn while it waits
-    for the worker's jobs: safe because no job takes a session turn (docs/design.md,
-    "One model worker"). 8 threads on 2 sessions, 4 settings: every run ends, none
-    hangs, and each equals the serial result."""
+    """`run_comparison` holds its session turn across worker waits without a hang."""
     from types import SimpleNamespace
 
     from pagekv.app import handlers

@@ -1,9 +1,6 @@
-"""The model worker takes turns between owners (pagekv/engine/worker.py, "Turns"): a
-job of one model waits for at most one job of each other model, and each owner's jobs
-keep their order. So a run on the slow qwen-coder-0.5b never holds up a run on the
-bundled model for more than the one job it is in; and a run on a model not loaded yet,
-or a prompt not prefilled yet, says so on its status line before the long step.
-"""
+"""The worker takes turns between owners (pagekv/engine/worker.py, "Turns"): a job waits for at most
+one job of each other model, each owner's jobs keep their order, and a run on a cold model or
+prompt says so before the long step."""
 
 from __future__ import annotations
 
@@ -58,11 +55,8 @@ def test_three_owners_take_turns_oldest_first():
 
 @pytest.mark.slow
 def test_a_slow_models_run_holds_up_another_for_one_job_at_a_time(tokenizer):  # noqa: F811
-    """Two models on one worker served forever (as the app does). X's prefill is slowed;
-    Y's run starts while it goes on. Whenever both have a job queued, the worker takes
-    the other owner's next (never one owner's twice in a row), and both runs give the
-    answers they give alone. A FIFO worker fails it. (Counting X's jobs between two of
-    Y's would also count those run while Y had nothing queued, as on a loaded machine.)"""
+    """With both owners queued the worker alternates (never one owner twice in a row), and both runs
+    answer as alone; a FIFO worker fails."""
     worker, stop = ModelWorker(), threading.Event()
     server = threading.Thread(target=worker.serve_forever, args=(stop,), daemon=True)
     server.start()
@@ -119,8 +113,6 @@ def test_a_slow_models_run_holds_up_another_for_one_job_at_a_time(tokenizer):  #
     ys = [j for j, owner in enumerate(order) if owner == y._tag and j > i]
     assert len(ys) >= 3  # prefill, plans, decoding: several jobs
     # The turns: an owner never runs two jobs in a row while the other has one queued.
-    # (Between two jobs of Y, X may run more than one only while Y has none queued: Y's
-    # thread submits its next job once the last is done.)
     contested = [(o, last) for o, last, waiting in choices if len(waiting) > 1]
     print(f"\n{len(contested)} of {len(choices)} jobs chosen between both owners")
     assert contested and all(o != last for o, last in contested), choices

@@ -1,19 +1,10 @@
-"""kvpress's generic press checks, applied to pagekv's presses; run INSIDE kvpress's venv.
+"""kvpress's generic press checks on pagekv's presses; run INSIDE kvpress's venv:
+``PYTHONPATH=<repo> <kvpress venv>/bin/python tests/kvpress_generic/checks.py OUT.json``.
 
-    PYTHONPATH=<repo> <kvpress venv>/bin/python tests/kvpress_generic/checks.py OUT.json
-
-kvpress's own generic tests (github.com/NVIDIA/kvpress, ``tests/presses/test_presses.py``,
-``tests/test_press_call.py``, ``tests/test_pipeline.py``, ``tests/test_generate.py``) load
-``MaxJeblick/llama2-0b-unit-test`` from the hub (``tests/fixtures.py``). Nothing can be
-downloaded here, so the same checks run on tiny random-weight models built from a config
-and saved, with a byte-level tokenizer built in memory, to a temporary folder that stands
-in for the hub repository (``from_pretrained(folder)``, ``pipeline(..., model=folder)``).
-Every case names the kvpress test it mirrors; no kvpress test code is copied.
-
-Each case is a function; its outcome (``ok``, the facts it measured, or the traceback)
-goes into OUT.json under the case's id. ``tests/test_kvpress_generic.py`` runs this
-script once and asserts every case, grouped by the kvpress test they mirror.
-"""
+The checks of kvpress's tests/presses/test_presses.py, test_press_call.py, test_pipeline.py and
+test_generate.py, on tiny random models saved to a temporary folder that stands in for the hub
+model they load. Each case writes ``ok``, its facts or its traceback to OUT.json;
+tests/test_kvpress_generic.py asserts every case."""
 
 from __future__ import annotations
 
@@ -51,12 +42,9 @@ from pagekv.runtime.reconstruct import (
 VOCAB = 1024  # kvpress's tests draw ids from randint(0, 1024)
 LOGGER = "pagekv.integrations.kvpress_press"
 
-# ------------------------------------------------------------------ tiny models
-
 
 def byte_tokenizer():
-    """A byte-level BPE with no merges: every byte one token (ids 3..258), <unk> <s> </s>
-    = 0 1 2, no chat template (kvpress's pipeline then prepends the bos token itself)."""
+    """Byte-level BPE, no merges: bytes are ids 3..258, <unk> <s> </s> = 0 1 2, no chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -72,12 +60,8 @@ def byte_tokenizer():
 
 
 def build_models(root: Path) -> dict[str, Path]:
-    """Folders holding a tiny random model and the byte tokenizer, by name:
-
-    - ``llama_mha``: Llama, 4 heads = 4 KV heads (multi-head, as llama2-0b-unit-test);
-    - ``qwen2_gqa``: Qwen2 (biased q/k/v), 8 query heads over 2 KV heads (r = 4);
-    - ``llama_eager``: ``llama_mha`` with eager attention (for the observed-attention test).
-    """
+    """Folders of tiny random models with the byte tokenizer: ``llama_mha`` (4 = 4 heads),
+    ``qwen2_gqa`` (8 over 2 KV heads), ``llama_eager``."""
     import transformers
 
     common = dict(
@@ -124,8 +108,6 @@ def load(folder: Path, eager: bool = False):
     return AutoModelForCausalLM.from_pretrained(str(folder), **kw).eval()
 
 
-# ------------------------------------------------------------------ presses
-
 #: The pagekv presses every generic check runs: (id, class, scorer).
 VARIANTS = (
     ("entropy-window", PageEntroKVPress, "window"),
@@ -141,9 +123,8 @@ def make(cls, scorer: str, **kw):
 
 
 def expected_kept(n: int, ratio: float, page_size: int, window: int, n_sink: int = 4) -> int:
-    """The tokens a dense page plan keeps when ``page_size`` divides ``n``: the protected
-    pages (sinks, window), then whole pages while the count stays <= kvpress's k; or
-    the protected pages alone when they exceed k (the non-strict press)."""
+    """Tokens a dense page plan keeps (``page_size`` divides ``n``): protected pages, then whole
+    pages up to kvpress's k; the protected pages alone when they exceed k."""
     assert n % page_size == 0
     k = kvpress_kept(n, ratio)
     pages = n // page_size
@@ -188,8 +169,7 @@ def prefill_plain(model, ids: torch.Tensor):
 
 
 def check_kept_keys(press, cache, ref) -> None:
-    """Every layer holds exactly the reference keys and values at the press's planned
-    indices (``press.plans``), per sequence of the batch."""
+    """Every layer holds exactly the reference keys and values at ``press.plans``' indices."""
     assert set(press.plans) == set(range(len(cache.layers))), sorted(press.plans)
     for i, (la, rl) in enumerate(zip(cache.layers, ref.layers, strict=True)):
         idx = press.plans[i].kept_indices()  # [B, G, k']
@@ -198,8 +178,6 @@ def check_kept_keys(press, cache, ref) -> None:
         assert torch.equal(la.keys, rl.keys.gather(2, gather)), f"keys of layer {i}"
         assert torch.equal(la.values, rl.values.gather(2, gather)), f"values of layer {i}"
 
-
-# ------------------------------------------------------------------ the cases
 
 CASES: dict = {}  # case id -> a function returning the facts it measured
 
@@ -213,13 +191,8 @@ def case(name):
 
 
 def presses_run_cases(models):
-    """kvpress tests/presses/test_presses.py::test_presses_run, wrapper_press=None: each
-    press at ratios 0.2 and 0.8, ``post_init_from_model`` then ``with press(model):
-    model(input_ids [1, 128], past_key_values=DynamicCache())``, and the press has a
-    ``compression_ratio``. Here also: the cache shrank to the planned whole pages
-    (``expected_kept``), every layer alike, and holds exactly the planned keys and
-    values of the uncompressed prefill (kvpress's test_presses_keep_highest_score
-    checks the same of a ScorerPress's top-k)."""
+    """test_presses_run (no wrapper), ratios 0.2/0.8: the cache shrank to the planned whole pages in
+    every layer, holding exactly the planned keys and values."""
     from transformers import DynamicCache
 
     for model_name in ("llama_mha", "qwen2_gqa"):
@@ -255,11 +228,8 @@ def presses_run_cases(models):
 
 
 def composed_wrapper_cases(models):
-    """kvpress tests/presses/test_presses.py::test_presses_run, wrapper_press=ComposedPress:
-    ``ComposedPress(presses=[press])`` runs every press that is not of the KVzip family.
-    The window scorer runs there (same pages as alone); the reconstruct scorer, like
-    kvpress's KVzipPress (which that test skips), scores after the whole prefill and
-    cannot be pressed layer by layer: it raises a ValueError that says so."""
+    """test_presses_run under ComposedPress: the window scorer keeps the same pages; the reconstruct
+    scorer (like KVzipPress) refuses to run layer by layer."""
     from transformers import DynamicCache
 
     for vid, cls, scorer in VARIANTS:
@@ -293,11 +263,7 @@ def composed_wrapper_cases(models):
 
 @case("presses_run_other_wrappers")
 def other_wrappers():
-    """kvpress tests/presses/test_presses.py::test_presses_run, the other wrappers
-    (KeyRerotationPress, AdaKVPress, ChunkPress, CriticalKVPress, CriticalAdaKVPress,
-    DMSPress, MergingPress): that test returns without wrapping a press that is not a
-    ScorerPress. pagekv's presses are not (they select whole pages, not per-token
-    scores), so the test does not apply; the wrappers refuse them outright."""
+    """test_presses_run's ScorerPress-only wrappers refuse pagekv's presses."""
     facts = {}
     for vid, cls, scorer in VARIANTS:
         press = make(cls, scorer, compression_ratio=0.5)
@@ -315,11 +281,8 @@ def other_wrappers():
 
 @case("composed_press")
 def composed_press():
-    """kvpress tests/presses/test_presses.py::test_composed_press: two presses chained in
-    one ComposedPress (there KnormPress then ThinKPress, on ``model.dummy_inputs``). Here
-    PageEntroKVPress (ratio 0.5) then KnormPress (ratio 0.5): on the dummy inputs (3
-    sequences of 5 tokens, all protected, so the page press keeps them and Knorm halves
-    them), and on 128 tokens (64 kept in pages, then 32)."""
+    """test_composed_press: PageEntroKVPress then KnormPress (0.5 each), on the dummy inputs (all
+    protected) and on 128 tokens (64 kept in pages, then 32)."""
     from transformers import DynamicCache
 
     model = MODELS["llama_mha"]()
@@ -344,10 +307,8 @@ def composed_press():
 
 
 def hook_cases(models):
-    """kvpress tests/test_press_call.py::test_context_manager_adds_and_removes_hook:
-    inside ``with press(model):`` every attention module carries the press's one forward
-    hook, and none after. The reconstruct scorer registers no hook: it wraps
-    ``model.model.forward`` inside the block, and the wrapper is gone after."""
+    """test_context_manager_adds_and_removes_hook: one hook per attention module inside the block,
+    none after (the reconstruct scorer wraps ``model.model.forward`` instead)."""
     for vid, cls, scorer in VARIANTS:
 
         def run(cls=cls, scorer=scorer):
@@ -370,12 +331,8 @@ def hook_cases(models):
 
 
 def applies_compression_cases(models):
-    """kvpress tests/test_press_call.py::test_context_manager_applies_compression: at
-    ratio 0.2, inside the block every layer holds the kept count (= get_seq_length),
-    and the same forward after the block is not compressed. kvpress runs it on
-    ``model.dummy_inputs`` (3 sequences of 5 tokens): the window scorer keeps all 5 (the
-    sink and window pages cover them; it warns once), the reconstruct scorer refuses a
-    batch (batch size 1). Then on one sequence of 128 tokens: 96 kept (6 pages of 16)."""
+    """test_context_manager_applies_compression: inside the block every layer holds the kept count,
+    after it nothing is compressed; the reconstruct scorer refuses a batch."""
     from transformers import DynamicCache
 
     for vid, cls, scorer in VARIANTS:
@@ -417,15 +374,8 @@ def applies_compression_cases(models):
 
 
 def pipeline_cases(folders):
-    """kvpress tests/test_pipeline.py: test_pipeline (a list of questions, "Context
-    Length" / "Compressed Context Length" logged), test_pipeline_with_cache (a cache
-    passed in), test_pipeline_single_or_no_question (one question, and ""), and
-    test_pipeline_compresses_context (two questions): the pipeline answers strings and
-    the context is compressed. Same context as kvpress's; ``page_size=4, window=8`` so
-    that its few tokens are compressed at ratio 0.4. The window scorer compresses during
-    the prefill, so the pipeline logs the compressed length; the reconstruct scorer
-    compresses when the press's block exits, after that log line (as kvpress's
-    KVzipPress): its compression is read on the cache passed in."""
+    """test_pipeline.py: the pipeline answers strings and logs the compressed context (the
+    reconstruct scorer compresses after that log line, so it is read on the cache)."""
     from transformers import DynamicCache, pipeline
 
     for model_name in ("llama_mha", "qwen2_gqa"):
@@ -470,13 +420,8 @@ def pipeline_cases(folders):
 
 
 def generate_cases(models):
-    """kvpress tests/test_generate.py::test_generate: ``with press(model):
-    model.generate(...)`` under a press. kvpress compares it with the pipeline's answer,
-    whose prefill is one token shorter (the pipeline adds the "\\n" after compression);
-    on a random model that comparison says nothing, so here ``generate`` inside the press
-    is compared with greedy decoding by hand on the cache the press compressed (positions
-    continuing at n, as the pipeline decodes). The reconstruct scorer compresses when the
-    block exits, so it refuses the decoding steps of ``generate`` inside the block."""
+    """test_generate: ``generate`` under the press equals greedy decoding on the cache the press
+    compressed; the reconstruct scorer refuses decoding inside the block."""
     from transformers import DynamicCache
 
     for vid, cls, scorer in VARIANTS:
@@ -517,10 +462,7 @@ def generate_cases(models):
 
 
 def observed_attention_cases(models):
-    """kvpress tests/presses/test_presses.py::test_presses_run_observed_attention: the
-    press on an eager-attention model (attention weights returned) at ratios 0.2 and
-    0.8, on ``model.dummy_inputs`` (the reconstruct scorer on its first sequence: batch
-    size 1)."""
+    """test_presses_run_observed_attention: an eager model on the dummy inputs."""
     from transformers import DynamicCache
 
     for vid, cls, scorer in VARIANTS:
@@ -542,11 +484,8 @@ def observed_attention_cases(models):
 
 
 def keep_planned_cases(models):
-    """kvpress tests/presses/test_presses.py::test_presses_keep_highest_score: at ratios
-    0.0 to 0.8 on a batch of 5 sequences of 256 tokens, the kept keys are the ones the
-    press's scoring selects (there a ScorerPress's top-k; here each sequence's planned
-    pages, ``press.plans``). Window scorer (the reconstruct scorer takes batch size 1:
-    see reconstruct_matches_pagekv)."""
+    """test_presses_keep_highest_score: at ratios 0.0 to 0.8 on 5 x 256 ids the kept keys are each
+    sequence's planned pages (window scorer)."""
     from transformers import DynamicCache
 
     for vid, cls, scorer in VARIANTS:
@@ -576,12 +515,8 @@ def keep_planned_cases(models):
 
 
 def reconstruct_reference_cases(models):
-    """Not a kvpress test: pagekv's reconstruct scorer under kvpress's BasePress, checked
-    against pagekv computed independently (``reconstruction_scores`` on an uncompressed
-    prefill, ``as_profiles``, ``reconstruction_masses``, ``plan``, as
-    ``Runner.plan`` plans a reconstruct configuration), with the instruction
-    tokenised by the model's own tokenizer (the press's default), per layer; and a
-    negative control: the window scorer keeps other pages."""
+    """Not kvpress's: the reconstruct scorer under BasePress keeps per layer the pages pagekv plans
+    from its own reconstruction pass; the window scorer keeps others."""
     from transformers import AutoTokenizer, DynamicCache
 
     for model_name in ("llama_mha", "qwen2_gqa"):
