@@ -71,10 +71,11 @@ def test_a_rival_is_matched_to_ours_at_the_nearest_memory_within_ten_percent():
     counted); ties keep the most tokens."""
     ours = [_row("ours", 0, 0.5, [[5, 5]], [[80, 80]]), _row("ours", 1, 1.0, [[10, 10]],
                                                              [[160, 160]])]  # fmt: skip
+    # Two runs of equal memory, the one keeping fewer tokens first: the other is matched.
     rival = [
         _row("kv 5%", 0, 0.0, [[5, 5]], [[40, 40]]),
-        _row("kv 10%", 0, 0.75, [[5, 5]], [[72, 64]]) | {"kept_tokens": 68},
         _row("kv 11%", 0, 0.25, [[5, 5]], [[64, 72]]) | {"kept_tokens": 60},
+        _row("kv 10%", 0, 0.75, [[5, 5]], [[72, 64]]) | {"kept_tokens": 68},
         _row("kv 20%", 0, 1.0, [[6, 6]], [[96, 96]]),
         _row("kv 10%", 1, 0.0, [[5, 5]], [[72, 72]]),
         _row("kv 30%", 1, 1.0, [[15, 15]], [[240, 240]]),
