@@ -23,7 +23,9 @@ the same lesson costs one computation:
   views draw while a slider moves and what the run then compacts, so each run is
   planned once. The rows derived from many plans (a UOR curve, memory rows) read
   it and plan what it lacks without keeping it (`plan(..., keep=False)`), so they
-  never crowd a run's own plans out. The views drawn from plans live here too: a
+  never crowd a run's own plans out; the rows themselves, and the small summaries of
+  the plans they read, are kept here (`Study.derive`). The views drawn from plans live
+  here too: a
   preview's plan views and the figures drawn once per content
   (`pagekv.app.run_figures`). Default cap `PLAN_MEMO_BYTES` (80 MiB);
 - finished runs (`Study.results`): each side's `RunResult`, keyed by the prompt, the
@@ -405,16 +407,18 @@ class Study:
         (without a plan memo, computed on each call). `fn` may read the prefill's
         tensors; its value must not be mutated by callers."""
         mkey = (_prompt_key(prep), ("derived", key))
+        # Stored as a 1-tuple: a dict value would be sized as drawn views
+        # (`_entry_bytes`), and a None value would read as a miss.
         hit = self.plans.get(mkey)
         if hit is not None:
-            return hit[1]
+            return hit[0]
 
         def job():
             found = self.plans.get(mkey)
             if found is None:
-                found = ("derived", fn(prep))
+                found = (fn(prep),)
                 self.plans.put(mkey, found)
-            return found[1]
+            return found[0]
 
         return self.worker.run(("derive", self._tag, mkey), job, owner=self._tag)
 
