@@ -274,9 +274,11 @@ class LeanDecoder:
     @torch.inference_mode()
     def step(self, ids: torch.Tensor, pos, cache: PagedCache) -> torch.Tensor:
         """Append `ids` `[B, t]` at positions `pos..pos+t-1` to `cache`; float32 logits
-        `[B, V]` of the last position. `pos` is an int, or a 0-dim long tensor on the
+        `[B, V]` of the last position. `pos` is an int, a 0-dim long tensor on the
         device (with a `static` cache: then the step reads nothing from the host that
-        changes between steps, and `GraphedStep` below can capture it as a CUDA graph)."""
+        changes between steps, and `GraphedStep` below can capture it as a CUDA graph),
+        or a `[B]` long tensor, each row's own first position (rows of a shared pool,
+        `pagekv.runtime.block_pool.PoolBatch`)."""
         B, t = ids.shape
         cache.grow(t)  # every layer's lengths, at once; each layer writes its slots
         d = self.head_dim
@@ -321,8 +323,13 @@ class LeanDecoder:
         `x * cos + rotate_half(x) * sin` (`rotate_half(x) = (-x2, x1)` and `roll` gives
         `(x2, x1)`, so `signed = (-sin1, sin2)`); the model's own `rotary_emb` gives cos
         and sin, its scaling included."""
-        # `pos` an int, or a 0-dim device tensor (a CUDA graph's input)
-        positions = (torch.arange(t, device=x.device) + pos).expand(B, t)
+        # `pos` an int, a 0-dim device tensor (a CUDA graph's input), or a `[B]` tensor:
+        # each row's own first position (rows of a shared pool, `pagekv.runtime.serve`)
+        steps = torch.arange(t, device=x.device)
+        if isinstance(pos, torch.Tensor) and pos.dim() == 1:
+            positions = pos.to(x.device)[:, None] + steps
+        else:
+            positions = (steps + pos).expand(B, t)
         cos, sin = self.rotary(x, positions)  # [B, t, d]
         cos, sin = cos.float(), sin.float()
         half = self.head_dim // 2

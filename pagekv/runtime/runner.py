@@ -59,6 +59,7 @@ from pagekv.runtime.reconstruct import (
     reconstruction_scores,
 )
 from pagekv.runtime.result import RunResult
+from pagekv.runtime.serve import PoolRun, serve
 
 log = logging.getLogger(__name__)
 
@@ -452,6 +453,27 @@ class Runner:
             if p.head_keep is not None:  # a per-head plan: its groups store unions
                 res.needle_retention_union = p.needle_retention(needle_positions).tolist()
         return res
+
+    # ---------------------------------------------------------------- a pool
+
+    def serve(
+        self,
+        prompts,
+        config: EvictionConfig,
+        pool_bytes: int,
+        max_new_tokens: int = 24,
+        window_max: int = 128,
+        stop_at_eos: bool = True,
+    ) -> PoolRun:
+        """Decode `prompts` together in one pool of `pool_bytes` bytes, each evicted
+        under `config`: a prompt is admitted when the blocks for its kept pages and its
+        answer are free, every live row is decoded in one batched step, and a row that
+        finishes returns its blocks (`pagekv.runtime.serve`). Each answer is the one
+        `evaluate` gives the prompt alone. Returns the `PoolRun`: the answers, the rows
+        live and the blocks in use at each step, and the tokens per second.
+
+        `prompts`: each a list of token ids, or a pair `(context_ids, question_ids)`."""
+        return serve(self, prompts, config, pool_bytes, max_new_tokens, window_max, stop_at_eos)
 
     # ---------------------------------------------------------------- internals
 
