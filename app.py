@@ -262,6 +262,9 @@ def view_tabs() -> dict:
         uor = plot()
         stored = plot()
         memory = plot()
+    with gr.Tab("Capacity", id="capacity"):
+        gr.Markdown(text.CAPTIONS["capacity"])
+        capacity = plot(elem_id="capacity")
     with gr.Tab("Mechanism", id="mechanism"):
         mech = mechanism_controls()
     with gr.Tab("Replay", id="replay"):

@@ -32,3 +32,5 @@ POOLING_SEARCH_PATH = RESULTS_DIR / "pooling_search.json"
 RULER_RESULTS_PATH = RESULTS_DIR / "ruler.jsonl"
 #: The comparison at equal memory of those answers (`experiments/ruler.py --figure`).
 RULER_MEMORY_PATH = RESULTS_DIR / "ruler_memory.json"
+#: What a fixed pool holds and decodes per budget (benchmarks/bench_capacity.py writes it).
+CAPACITY_RESULTS_PATH = RESULTS_DIR / "capacity.json"

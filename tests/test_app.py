@@ -48,6 +48,7 @@ PLOTS = [
     "uor",
     "stored",
     "memory",
+    "capacity",
     "glance",
 ]
 

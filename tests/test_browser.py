@@ -263,7 +263,7 @@ LESSON_SHOTS = (
 #: The tab titles of the views a lesson opens (app.py).
 TAB_TITLES = {
     "frame": "Pages", "retention": "Needle", "weights": "Weights", "sinks": "Sinks",
-    "uor": "UOR & memory", "mechanism": "Mechanism", "replay": "Replay",
+    "uor": "UOR & memory", "capacity": "Capacity", "mechanism": "Mechanism", "replay": "Replay",
 }  # fmt: skip
 
 #: Every answers-table cell whose text is wider than its box (a clipped header), and

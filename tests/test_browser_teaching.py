@@ -438,7 +438,7 @@ def test_links_the_glossary_and_the_presenter_view(served):
         page.set_viewport_size({"width": width, "height": 1000})
         open_app(page, url, "?lesson=3")
         text = page.locator("#lesson-text").inner_text()
-        assert app.LESSONS[2].title in text and "Lesson 3 of 8" in text, text
+        assert app.LESSONS[2].title in text and "Lesson 3 of 9" in text, text
         glossary = page.locator("#glossary")
         assert glossary.is_visible()
         page.get_by_text("Glossary", exact=True).first.click()
@@ -705,11 +705,11 @@ def test_quick_next_presses_go_as_many_lessons_on(served):
     page.wait_for_function("() => !window.pagekvTarget", timeout=SOON_MS)
     wait_drawn(page)
     text = page.locator("#lesson-text").inner_text()
-    assert lesson4.title in text and "Lesson 4 of 8" in text, text
+    assert lesson4.title in text and "Lesson 4 of 9" in text, text
     # A press after them steps from lesson 4.
     nxt.click()
     wait_lesson_checked(page, app.LESSONS[4])
-    assert "Lesson 5 of 8" in page.locator("#lesson-text").inner_text()
+    assert "Lesson 5 of 9" in page.locator("#lesson-text").inner_text()
 
 
 def test_the_first_screen_draws_the_idea_and_a_live_chart_of_the_run(served):

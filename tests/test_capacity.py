@@ -72,7 +72,10 @@ def test_a_row_reads_its_tokens_through_blocks_that_are_not_consecutive():
     pool, (a, b), _ = filled_pool([[[3, 3]], [[2, 2]]], num_blocks=16)
     pool.release(a)
     gen = torch.Generator().manual_seed(1)
-    keys, values = [torch.randn(1, 2, 9, 4, generator=gen)], [torch.randn(1, 2, 9, 4, generator=gen)]
+    keys, values = (
+        [torch.randn(1, 2, 9, 4, generator=gen)],
+        [torch.randn(1, 2, 9, 4, generator=gen)],
+    )
     c = pool.admit(keys, values, None, [[9, 7]], extra=0)
     blocks = pool.rows[c].blocks[0][0] + pool.rows[c].blocks[0][1]
     assert blocks != list(range(min(blocks), min(blocks) + len(blocks)))  # not one run
@@ -179,7 +182,9 @@ def prompts(bundled):
         task = make_needle_task(bundled.tokenizer, context_tokens=context, seed=i,
                                 depth=0.3 + 0.1 * i, question_position=mode)  # fmt: skip
         ids = task.build_prompt_ids(bundled.tokenizer)
-        out.append(ids["input_ids"] if mode == "inside" else (ids["context_ids"], ids["question_ids"]))
+        out.append(
+            ids["input_ids"] if mode == "inside" else (ids["context_ids"], ids["question_ids"])
+        )
     return out
 
 
@@ -210,8 +215,10 @@ def served(runner, prompts):
     prompts decoded alone."""
     size = pool_bytes(runner, 9000)
     return {
-        name: (runner.serve(prompts, cfg, size, max_new_tokens=NEW),
-               [alone(runner, p, cfg) for p in prompts])  # fmt: skip
+        name: (
+            runner.serve(prompts, cfg, size, max_new_tokens=NEW),
+            [alone(runner, p, cfg) for p in prompts],
+        )  # fmt: skip
         for name, cfg in CONFIGS.items()
     }
 
@@ -260,5 +267,7 @@ def test_the_pool_refuses_what_it_cannot_hold(runner, prompts):
         runner.serve([], CONFIGS["full"], pool_bytes(runner, 100))
     with pytest.raises(ValueError, match="at least one block"):
         runner.serve(prompts[:1], CONFIGS["full"], 100)
-    run = runner.serve(prompts[:2], CONFIGS["entropy-20"], pool_bytes(runner, 2000), max_new_tokens=0)
+    run = runner.serve(
+        prompts[:2], CONFIGS["entropy-20"], pool_bytes(runner, 2000), max_new_tokens=0
+    )
     assert run.tokens == [[], []] and run.live == []

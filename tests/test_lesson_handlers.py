@@ -74,7 +74,7 @@ def test_a_link_to_no_lesson_says_why(asked, bundled_study):
     assert last[0] == LESSON_TITLES[0]
     said = (
         f"**Note:** The link asked for lesson '{asked}', which does not exist (lessons 1 to "
-        "8, or a lesson's id); lesson 1 opened instead."
+        "9, or a lesson's id); lesson 1 opened instead."
     )
     assert status.startswith(said), status
     good = SimpleNamespace(session_hash=None, query_params={"lesson": "2"})

@@ -58,7 +58,7 @@ def test_lesson_is_well_formed(lesson):
 
 def test_lesson_ids_unique_and_lookup():
     ids = [x.id for x in LESSONS]
-    assert len(set(ids)) == len(ids) == 8
+    assert len(set(ids)) == len(ids) == 9
     assert get_lesson("strict-test").b.mode == "after"
     with pytest.raises(ValueError, match="no lesson"):
         get_lesson("nope")

@@ -190,13 +190,14 @@ def _side_b_note(comp) -> str:
 #: components of the same names); `_views` turns keyword values into that tuple.
 RUN_VIEWS = (
     "status", "answers", "frame", "retention", "weights", "overview", "sink_mass", "sink_adv",
-    "uor", "stored", "memory", "glance", "glance_caption", "files", "layer", "observation",
+    "uor", "stored", "memory", "capacity", "glance", "glance_caption", "files", "layer",
+    "observation",
     "budget", "budget_b", "stale_note", "last",
 )  # fmt: skip
 #: The run's plot views (an error shows a placeholder in each: no empty frames).
 PLOTS = (
     "frame", "retention", "weights", "overview", "sink_mass", "sink_adv", "uor", "stored",
-    "memory", "glance",
+    "memory", "capacity", "glance",
 )  # fmt: skip
 #: The figure (`comparison_figures`' name) each plot view shows, where the names differ.
 FIGURE_OF = {"overview": "weights_overview", "sink_adv": "sink_advantage"}

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from pagekv.app.capacity import capacity_numbers, pool_rows
 from pagekv.engine.comparison import Side
 from pagekv.engine.study import PromptSpec
 from pagekv.maths.metrics import isolation_gain, sink_advantage
@@ -37,7 +38,7 @@ from pagekv.paths import (
 from pagekv.runtime.result import mean_retention
 
 #: The app's views a lesson can open (tab ids of app.py).
-VIEWS = ("frame", "retention", "weights", "sinks", "uor", "mechanism", "replay")
+VIEWS = ("frame", "retention", "weights", "sinks", "uor", "capacity", "mechanism", "replay")
 #: The lessons' words, apart from what they run and check (`read_words`).
 WORDS_FILE = Path(__file__).with_name("lessons.md")
 #: What each lesson's section of `WORDS_FILE` holds, in this order.
@@ -326,6 +327,33 @@ def sink_masquerade(layer: int | str, raw_at_least: float, isolated_below: float
     )
 
 
+def pool_holds(a_times: float, b_times: float):
+    """A pool of fixed bytes (`pagekv.app.capacity.pool_rows`: two full 2,048-token caches)
+    holds at least `a_times` as many prompts like this one at side A's budget as with
+    the full cache, and at least `b_times` as many at side B's: counted from the plans'
+    kept pages, as `Runner.serve` reserves them."""
+
+    def check(comp) -> Verdict:
+        live = pool_rows(comp)
+        held = {r["side"]: r["held"] for r in live["rows"]}
+        size = {r["side"]: r["bytes"] / 2**20 for r in live["rows"]}
+        full = held["full"]
+        holds = full >= 1 and held["A"] >= a_times * full and held["B"] >= b_times * full
+        measured = (
+            f"a pool of {live['pool_bytes'] / 2**20:.0f} MiB holds {full} of these "
+            f"{live['prompt_tokens']}-token prompts with the full cache ({size['full']:.1f} MiB "
+            f"each), {held['A']} at side A's budget ({size['A']:.1f} MiB each) and "
+            f"{held['B']} at side B's ({size['B']:.1f} MiB each)"
+        )
+        return Verdict(holds, measured, {"held": held, "pool_bytes": live["pool_bytes"]})
+
+    return Observation(
+        f"a pool that holds two full 2,048-token prompts holds at least {a_times:g}x as "
+        f"many of this prompt at side A's budget, and at least {b_times:g}x at side B's",
+        check,
+    )
+
+
 def kept_overlap(pa, pb) -> torch.Tensor:
     """Float64 `[L, G]`: the share of plan `pa`'s kept tokens that plan `pb` keeps too."""
     return (pa.keep & pb.keep).sum(-1).double() / pa.keep.sum(-1).double()
@@ -570,6 +598,8 @@ def lesson_text(
         values |= memory_numbers()
     if "{pg_" in words:
         values |= pages_numbers()
+    if "{cap_" in words:
+        values |= capacity_numbers()
     return text.format(**values) if values else text
 
 
@@ -824,6 +854,15 @@ LESSONS: tuple[Lesson, ...] = (
         views=("replay",),
         cites=T4,
         numbers=T4_NUMBERS,
+    ),
+    Lesson(
+        id="what-a-budget-buys",
+        **WORDS["what-a-budget-buys"],
+        observation=pool_holds(a_times=4, b_times=8),
+        views=("capacity", "frame"),
+        prompt=PROMPT,
+        a=Side.of("entropy", budget=0.2),
+        b=Side.of("entropy", budget=0.1),
     ),
 )
 

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from pagekv.app import figures
+from pagekv.app.capacity import measured, pool_rows
 from pagekv.app.figures.style import POLICY_COLOURS
 from pagekv.engine.comparison import Comparison, Side, export_data, side_labels
 from pagekv.engine.memo import ByteLRU, nbytes
@@ -50,10 +51,10 @@ from pagekv.maths.metrics import sink_advantage
 from pagekv.runtime.result import run_cells
 
 #: Views that planning alone draws (a dragged slider updates these, without decoding).
-PREVIEW_VIEWS = ("frame", "retention", "uor", "stored", "memory", "glance")
+PREVIEW_VIEWS = ("frame", "retention", "uor", "stored", "memory", "capacity", "glance")
 #: Plan views that decoding leaves as they are (retention is redrawn: the decoded records
 #: measure what the compacted cache stores, padding included).
-SAME_AFTER_DECODING = ("frame", "uor", "stored", "memory", "glance")
+SAME_AFTER_DECODING = ("frame", "uor", "stored", "memory", "capacity", "glance")
 #: Bytes per value a figure is counted at (plotly objects of numbers and hover strings;
 #: measuring their JSON instead would cost as much as drawing them).
 BYTES_PER_VALUE = 64
@@ -134,6 +135,7 @@ def comparison_figures(
             memo, "uor", (*curve, r), lambda: figures.uor_curve(*curve, r=r)
         ),
         "memory": lambda: figures.memory_bars(comp.memory),
+        "capacity": lambda: figures.capacity_bars(pool_rows(comp), measured(comp.model)),
         "stored": lambda: figures.union_over_budget_heatmap(
             {lab: comp.plan_of(key).union_tokens.tolist() for key, lab in both},
             {lab: comp.plan_of(key).budget_tokens for key, lab in both},

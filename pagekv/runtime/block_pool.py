@@ -135,7 +135,9 @@ class BlockPool:
                 j = torch.arange(t, device=self.k.device)
                 dst = torch.tensor(mine, device=self.k.device)[j // P] * P + j % P
                 flat_k.index_copy_(0, dst, keys[layer][0, g].index_select(0, src).to(self.k.dtype))
-                flat_v.index_copy_(0, dst, values[layer][0, g].index_select(0, src).to(self.v.dtype))
+                flat_v.index_copy_(
+                    0, dst, values[layer][0, g].index_select(0, src).to(self.v.dtype)
+                )
             blocks.append(layer_blocks)
         row = self._next_id
         self._next_id += 1

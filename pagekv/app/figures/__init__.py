@@ -6,10 +6,12 @@ imported lazily (inside each function), so importing this package needs only tor
 - `style`: the palette (Okabe-Ito, colour-blind safe), page states, `layout` (this
   package re-exports only the figures: import these from `style`).
 - `eviction`: the app's views of one prompt's plans and of the constructed mechanism.
+- `capacity`: what a budget buys, prompts a fixed pool holds and the benchmark's figures.
 - `replay`: the replay harness's table figures (T2 scatter, T4 recall, T7 answers)
   and RULER's score against physical memory.
 """
 
+from pagekv.app.figures.capacity import capacity_bars
 from pagekv.app.figures.eviction import (
     head_weights_bars,
     layer_head_heatmap,
@@ -35,6 +37,7 @@ from pagekv.app.figures.replay import (
 
 __all__ = [
     "answer_bars",
+    "capacity_bars",
     "disagreement_scatter",
     "head_weights_bars",
     "layer_head_heatmap",
