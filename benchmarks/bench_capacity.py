@@ -28,11 +28,11 @@ inside `generate_batch`). `--out` writes the table as JSON (the lesson "What a b
 buys" draws it).
 
 Where the time of a batched step goes: before the pools, the milliseconds of one
-decode step over 1, 2, 4 and 8 rows of one evicted prompt, with float16 and with
-float32 linear weights, and the share of the step in matrix products (`aten::mm`,
-torch's profiler). On a CPU without half-precision arithmetic a float16 product of
-several rows costs about in proportion to the rows, so batching amortises the weight
-reads only with float32 weights.
+decode step over 1, 2, 4 and 8 rows of one evicted prompt (the median of 7 steps),
+with float16 and with float32 linear weights, and the share of one step in matrix
+products (`aten::mm`, torch's profiler): how far a step's cost grows with its rows,
+and on a CPU without half-precision arithmetic, where the default float16 weights
+(fastest for one row) stop paying.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def transformers_cb(name, ids, tasks, pool_bytes, new) -> dict:
     }
 
 
-def step_profile(model, tokenizer, ids, rows=(1, 2, 4, 8), steps=8) -> dict:
+def step_profile(model, tokenizer, ids, rows=(1, 2, 4, 8), steps=10) -> dict:
     """Milliseconds of one batched decode step over `rows` rows of one prompt evicted at
     20 %, and the share in `aten::mm`, per weight dtype (module docstring)."""
     from torch.profiler import ProfilerActivity, profile
@@ -175,11 +175,12 @@ def step_profile(model, tokenizer, ids, rows=(1, 2, 4, 8), steps=8) -> dict:
             batch = pool.batch(admitted[:b])
             tok = torch.zeros(b, 1, dtype=torch.long)
             pos = torch.full((b,), pre.n, dtype=torch.long)
-            step(tok, pos, batch)  # warm
-            t0 = time.perf_counter()
-            for i in range(1, steps - 1):
+            times = []
+            for i in range(steps - 1):  # two to warm, then each timed: the median
+                t0 = time.perf_counter()
                 step(tok, pos + i, batch)
-            ms = 1000 * (time.perf_counter() - t0) / (steps - 2)
+                times.append(time.perf_counter() - t0)
+            ms = 1000 * statistics.median(times[2:])
             with profile(activities=[ProfilerActivity.CPU]) as prof:  # one step, profiled
                 step(tok, pos + steps - 1, batch)
             total = sum(e.self_cpu_time_total for e in prof.key_averages())

@@ -99,6 +99,7 @@ RUNNER_TESTS = (
     "tests/test_compact_layers.py",
     "tests/test_reconstruct.py::test_the_triton_path_gives_the_torch_scores",
     "tests/test_decode_reads.py",
+    "tests/test_capacity.py::test_the_kernel_reads_a_batch_of_rows_of_different_lengths",
 )
 #: The dry run's share of them (interpreted, all of them take a minute and a half; the
 #: CPU test suite runs them anyway): one case of each kind.

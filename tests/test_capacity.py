@@ -271,3 +271,93 @@ def test_the_pool_refuses_what_it_cannot_hold(runner, prompts):
         prompts[:2], CONFIGS["entropy-20"], pool_bytes(runner, 2000), max_new_tokens=0
     )
     assert run.tokens == [[], []] and run.live == []
+
+
+# ------------------------------------------------------------------ the view and the lesson
+
+
+def fake_comparison(n=1000, union_a=((100, 300), (50, 50)), allocation_b="global"):
+    """A comparison of 2 layers x 2 KV heads, head dim 4, float32 (32 bytes a token's
+    key and value): side A uniform, side B `allocation_b`, both keeping `union_a`."""
+    from types import SimpleNamespace
+
+    layers = [SimpleNamespace(keys=torch.zeros(1))]  # float32: 4 bytes a value
+    pre = SimpleNamespace(head_dim=4, n_layers=2, n_groups=2, question_ids=None,
+                          cache=SimpleNamespace(layers=layers))  # fmt: skip
+    prep = SimpleNamespace(prefill=pre, n=n)
+    plans = {
+        key: SimpleNamespace(
+            union_tokens=torch.tensor(union_a),
+            config=EvictionConfig(policy="entropy", budget=0.2, page_size=16, allocation=alloc),
+            dense=False,
+        )
+        for key, alloc in (("A", "uniform"), ("B", allocation_b))
+    }
+    return SimpleNamespace(prep=prep, preps={"A": prep, "B": prep}, labels={"A": "A", "B": "B"},
+                           plan_of=plans.__getitem__)  # fmt: skip
+
+
+def test_the_pool_view_counts_prompts_by_hand():
+    """The pool: 2 full caches of 2,048 tokens + 24, in pages of 16: 2 x 4 x 130 pages x
+    16 tokens x 32 bytes = 532,480 bytes. A 1,000-token prompt: 4 x 64 pages, 131,072
+    bytes, 4 held. Side A (uniform: each layer at its largest group) stores
+    [[300, 300], [50, 50]]: 2 x 21 + 2 x 5 pages = 832 tokens, 26,624 bytes, 20 held.
+    Side B (global: each group its own) [[100, 300], [50, 50]]: 8 + 21 + 5 + 5 = 39
+    pages, 19,968 bytes, 26 held."""
+    from pagekv.app.lessons import pool_holds
+    from pagekv.app.run_figures import pool_rows
+
+    live = pool_rows(fake_comparison())
+    assert live["pool_bytes"] == 532_480
+    got = {r["side"]: (r["bytes"], r["held"]) for r in live["rows"]}
+    assert got == {"full": (131_072, 4), "A": (26_624, 20), "B": (19_968, 26)}
+    assert pool_holds(5, 6).check(fake_comparison()).holds
+    assert not pool_holds(5, 7).check(fake_comparison()).holds  # 26 < 7 x 4
+    assert not pool_holds(6, 6).check(fake_comparison()).holds  # 20 < 6 x 4
+
+
+@pytest.fixture(scope="module")
+def bench_json(bundled, tmp_path_factory):
+    """benchmarks/bench_capacity.py on two short prompts of the bundled model, with
+    transformers' continuous batching, its JSON written."""
+    from tests.benchmark_scripts import load
+
+    out = tmp_path_factory.mktemp("capacity") / "capacity.json"
+    args = ["--models", "bundled", "--prompts", "3", "--context", "1200", "--new", "4",
+            "--out", str(out)]  # fmt: skip
+    assert load("bench_capacity").main(args) == 0
+    import json
+
+    return json.loads(out.read_text())
+
+
+def test_the_benchmark_measures_every_side_in_the_same_bytes(bench_json):
+    block = bench_json["results"][0]
+    sides = block["sides"]
+    assert list(sides) == ["full", "entropy 20%", "entropy 10%", "transformers CB"]
+    assert sides["full"]["fits"] == 2 == sides["full"]["held"]  # the pool: 2 full prompts
+    assert sides["entropy 10%"]["held"] == 3 and sides["entropy 10%"]["fits"] >= 9
+    assert sides["transformers CB"]["held"] <= 2  # it evicts nothing in the same bytes
+    for name, s in sides.items():
+        assert s["held"] <= s["fits"] or name == "transformers CB", name
+        assert s["tokens"] > 0 and s["tok_s"] > 0 and 0 <= s["correct"] <= 1
+    assert set(block["step_ms"]) == {"float16", "float32"}
+    assert bench_json["cpu"]["model"] and bench_json["command"].startswith("python benchmarks/")
+
+
+def test_the_lesson_quotes_the_benchmark_s_file(bench_json):
+    """What the lesson says of the benchmark is read from its JSON, never restated."""
+    from pagekv.app.figures import capacity_bars
+    from pagekv.app.lessons import capacity_numbers, measured, pool_rows
+
+    n = capacity_numbers("bundled", bench_json)
+    sides = bench_json["results"][0]["sides"]
+    assert n["cap_held_full"] == 2 and n["cap_held_e10"] == sides["entropy 10%"]["held"]
+    assert n["cap_tps_e20"] == f"{sides['entropy 20%']['decode_tok_s']:.1f}"
+    assert n["cap_held_x10"] == f"{sides['entropy 10%']['held'] / 2:.1f}"
+    assert "cap_tps_cb" not in n  # transformers' decode alone is not measured
+    with pytest.raises(ValueError, match="no block"):
+        capacity_numbers("qwen-coder-0.5b", {**bench_json, "results": []})
+    fig = capacity_bars(pool_rows(fake_comparison()), measured("bundled", bench_json))
+    assert [list(t.y) for t in fig.data][0] == [4, 20, 26]
+    assert "measured earlier, not live" in fig.layout.title.text

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from pagekv.app.capacity import capacity_numbers, pool_rows
+from pagekv.app.run_figures import measured, pool_rows
 from pagekv.engine.comparison import Side
 from pagekv.engine.study import PromptSpec
 from pagekv.maths.metrics import isolation_gain, sink_advantage
@@ -328,7 +328,7 @@ def sink_masquerade(layer: int | str, raw_at_least: float, isolated_below: float
 
 
 def pool_holds(a_times: float, b_times: float):
-    """A pool of fixed bytes (`pagekv.app.capacity.pool_rows`: two full 2,048-token caches)
+    """A pool of fixed bytes (`pagekv.app.run_figures.pool_rows`: two full 2,048-token caches)
     holds at least `a_times` as many prompts like this one at side A's budget as with
     the full cache, and at least `b_times` as many at side B's: counted from the plans'
     kept pages, as `Runner.serve` reserves them."""
@@ -711,6 +711,31 @@ def pages_numbers(summary: dict | None = None) -> dict:
         at = [said(leads.get((layout, pct, rival)), "pages of 1", "pages of 16")
               for pct in (10, 20)]  # fmt: skip
         out[f"pg_{layout}"] = f"at 10 % of the tokens {at[0]}, at 20 % {at[1]}"
+    return out
+
+
+def capacity_numbers(model: str = "bundled", data: dict | None = None) -> dict:
+    """The figures the lesson "What a budget buys" quotes from the benchmark: `cap_cpu`,
+    `cap_prompts`, `cap_tokens`; per side (`full`, `e20`, `e10`, `cb`) the sequences held
+    at once (`cap_held_*`), and for ours the decode's tokens per second (`cap_tps_*`);
+    the ratios of entropy to the full cache (`cap_held_x*`, `cap_tps_x*`), and the share
+    of answers correct (`cap_ok_*`)."""
+    m = measured(model, data)
+    if m is None:
+        raise ValueError(f"the capacity benchmark has no block for {model!r}")
+    s = m["sides"]
+    names = {"full": "full", "e20": "entropy 20%", "e10": "entropy 10%", "cb": "transformers CB"}
+    out = {"cap_cpu": m["cpu"], "cap_prompts": m["prompts"], "cap_tokens": m["prompt_tokens"][1]}
+    for short, name in names.items():
+        side = s[name]
+        out[f"cap_held_{short}"] = side["held"]
+        out[f"cap_ok_{short}"] = f"{side['correct']:.2f}"
+        if side["decode_tok_s"] is not None:
+            out[f"cap_tps_{short}"] = f"{side['decode_tok_s']:.1f}"
+    for short in ("e20", "e10"):
+        side, full = s[names[short]], s["full"]
+        out[f"cap_held_x{short[1:]}"] = f"{side['held'] / full['held']:.1f}"
+        out[f"cap_tps_x{short[1:]}"] = f"{side['decode_tok_s'] / full['decode_tok_s']:.1f}"
     return out
 
 

@@ -1,5 +1,6 @@
 """The views of a comparison (`pagekv.engine.comparison`): its figures, its answers
-table and its export.
+table, its export, and how many prompts like its own a fixed pool holds (`pool_rows`,
+the Capacity view, beside the committed capacity benchmark).
 
     figs = comparison_figures(comp, layer=0)
     rows = answers_table(comp)             # full, A and B: verdict, answer, stored, ...
@@ -37,17 +38,18 @@ from __future__ import annotations
 
 import hashlib
 import html
+import json
 import os
 
 import numpy as np
 import torch
 
 from pagekv.app import figures
-from pagekv.app.capacity import measured, pool_rows
 from pagekv.app.figures.style import POLICY_COLOURS
 from pagekv.engine.comparison import Comparison, Side, export_data, side_labels
 from pagekv.engine.memo import ByteLRU, nbytes
 from pagekv.maths.metrics import sink_advantage
+from pagekv.paths import CAPACITY_RESULTS_PATH
 from pagekv.runtime.result import run_cells
 
 #: Views that planning alone draws (a dragged slider updates these, without decoding).
@@ -324,3 +326,83 @@ def pending_table(comp, tokens=None, tokenizer=None) -> list[list]:
              _needle_pages(comp, key), f"{float(p.uor.max()):.2f}", "-"]
         )  # fmt: skip
     return rows
+
+
+# ------------------------------------------------------------------ what a fixed pool holds
+#
+# What a budget buys: how many prompts like the current one a fixed pool holds at each
+# side's budget, from the plans' kept pages (live), beside what the committed benchmark
+# measured in such a pool (`benchmarks/bench_capacity.py`, measured earlier, not live).
+# The pool: `POOL_FULL_PROMPTS` full caches of a `POOL_PROMPT_TOKENS`-token prompt with
+# `ANSWER_TOKENS` answer tokens, of the model that ran, in pages of 16 (the benchmark's).
+# A prompt takes, per (layer, KV head), its stored tokens plus its question and answer
+# tokens rounded up to its pages (what `Runner.serve` reserves at admission).
+
+#: The benchmark's pool: this many full caches of a prompt of this many tokens.
+POOL_FULL_PROMPTS = 2
+POOL_PROMPT_TOKENS = 2048
+#: The answer tokens every prompt reserves (the benchmark's `--new`).
+ANSWER_TOKENS = 24
+#: The full cache's page size (the benchmark's).
+FULL_PAGE = 16
+
+
+def prompt_bytes(stored, extra: int, page: int, token_bytes: int) -> int:
+    """The bytes a prompt whose (layer, KV head)s store `stored[l][g]` tokens takes in a
+    pool of pages of `page` tokens, with `extra` more tokens each."""
+    return sum(-(-(int(t) + extra) // page) * page for row in stored for t in row) * token_bytes
+
+
+def stored_tokens(plan) -> list[list[int]]:
+    """What the decode cache stores per (layer, KV head) for `plan`
+    (`Runner.evict`): each group's own allocation under a global plan, else every group
+    of a layer at the layer's largest kept set (the runner pads head-independent unions)."""
+    union = plan.union_tokens.tolist()
+    if plan.config.allocation != "uniform" and not plan.dense:
+        return union
+    return [[max(row)] * len(row) for row in union]
+
+
+def pool_rows(comp) -> dict:
+    """The pool and, for the full cache and each side, the bytes one prompt like
+    `comp`'s takes and how many of them the pool holds."""
+    pre = comp.prep.prefill
+    token_bytes = 2 * pre.head_dim * pre.cache.layers[0].keys.element_size()
+    L, G = pre.n_layers, pre.n_groups
+    full_at = [[POOL_PROMPT_TOKENS] * G] * L
+    pool = POOL_FULL_PROMPTS * prompt_bytes(full_at, ANSWER_TOKENS, FULL_PAGE, token_bytes)
+    rows = []
+    for key in ("full", "A", "B"):
+        prep = comp.prep if key == "full" else comp.preps.get(key, comp.prep)
+        extra = len(prep.prefill.question_ids or ()) + ANSWER_TOKENS
+        if key == "full":
+            size = prompt_bytes([[prep.n] * G] * L, extra, FULL_PAGE, token_bytes)
+            label, policy = "full cache", "full"
+        else:
+            p = comp.plan_of(key)
+            size = prompt_bytes(stored_tokens(p), extra, p.config.page_size, token_bytes)
+            label, policy = comp.labels.get(key, key), p.config.policy
+        rows.append({"side": key, "label": label, "policy": policy, "bytes": size,
+                     "held": pool // size})  # fmt: skip
+    return {"pool_bytes": pool, "prompt_tokens": comp.prep.n, "rows": rows}
+
+
+def load_capacity() -> dict | None:
+    """The committed capacity benchmark (`CAPACITY_RESULTS_PATH`, written by
+    `benchmarks/bench_capacity.py`), or None where it is missing."""
+    try:
+        return json.loads(CAPACITY_RESULTS_PATH.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def measured(model: str = "bundled", data: dict | None = None) -> dict | None:
+    """The benchmark's block for `model` (`results[i]`, its `sides` keyed by name), with
+    the CPU and the command; None where it was not measured."""
+    data = load_capacity() if data is None else data
+    if data is None:
+        return None
+    block = next((r for r in data["results"] if r["model"] == model), None)
+    if block is None:
+        return None
+    return block | {"cpu": data["cpu"]["model"], "command": data["command"]}

@@ -5,14 +5,14 @@ imported lazily (inside each function), so importing this package needs only tor
 
 - `style`: the palette (Okabe-Ito, colour-blind safe), page states, `layout` (this
   package re-exports only the figures: import these from `style`).
-- `eviction`: the app's views of one prompt's plans and of the constructed mechanism.
-- `capacity`: what a budget buys, prompts a fixed pool holds and the benchmark's figures.
+- `eviction`: the app's views of one prompt's plans (what a fixed pool holds of it
+  included) and of the constructed mechanism.
 - `replay`: the replay harness's table figures (T2 scatter, T4 recall, T7 answers)
   and RULER's score against physical memory.
 """
 
-from pagekv.app.figures.capacity import capacity_bars
 from pagekv.app.figures.eviction import (
+    capacity_bars,
     head_weights_bars,
     layer_head_heatmap,
     mechanism_figure,
