@@ -298,22 +298,21 @@ def fake_comparison(n=1000, union_a=((100, 300), (50, 50)), allocation_b="global
 
 
 def test_the_pool_view_counts_prompts_by_hand():
-    """The pool: 2 full caches of 2,048 tokens + 24, in pages of 16: 2 x 4 x 130 pages x
-    16 tokens x 32 bytes = 532,480 bytes. A 1,000-token prompt: 4 x 64 pages, 131,072
-    bytes, 4 held. Side A (uniform: each layer at its largest group) stores
-    [[300, 300], [50, 50]]: 2 x 21 + 2 x 5 pages = 832 tokens, 26,624 bytes, 20 held.
-    Side B (global: each group its own) [[100, 300], [50, 50]]: 8 + 21 + 5 + 5 = 39
-    pages, 19,968 bytes, 26 held."""
+    """A 1,000-token prompt with 24 answer tokens, full: 4 x 64 pages of 16 tokens x 32
+    bytes = 131,072 bytes; the pool holds two, 262,144 bytes. Side A (uniform: each
+    layer at its largest group) stores [[300, 300], [50, 50]]: 2 x 21 + 2 x 5 pages =
+    832 tokens, 26,624 bytes, 9 held. Side B (global: each group its own) [[100, 300],
+    [50, 50]]: 8 + 21 + 5 + 5 = 39 pages, 19,968 bytes, 13 held."""
     from pagekv.app.lessons import pool_holds
     from pagekv.app.run_figures import pool_rows
 
     live = pool_rows(fake_comparison())
-    assert live["pool_bytes"] == 532_480
+    assert live["pool_bytes"] == 262_144
     got = {r["side"]: (r["bytes"], r["held"]) for r in live["rows"]}
-    assert got == {"full": (131_072, 4), "A": (26_624, 20), "B": (19_968, 26)}
-    assert pool_holds(5, 6).check(fake_comparison()).holds
-    assert not pool_holds(5, 7).check(fake_comparison()).holds  # 26 < 7 x 4
-    assert not pool_holds(6, 6).check(fake_comparison()).holds  # 20 < 6 x 4
+    assert got == {"full": (131_072, 2), "A": (26_624, 9), "B": (19_968, 13)}
+    assert pool_holds(4, 6).check(fake_comparison()).holds
+    assert not pool_holds(4, 7).check(fake_comparison()).holds  # 13 < 7 x 2
+    assert not pool_holds(5, 6).check(fake_comparison()).holds  # 9 < 5 x 2
 
 
 @pytest.fixture(scope="module")
@@ -359,5 +358,5 @@ def test_the_lesson_quotes_the_benchmark_s_file(bench_json):
     with pytest.raises(ValueError, match="no block"):
         capacity_numbers("qwen-coder-0.5b", {**bench_json, "results": []})
     fig = capacity_bars(pool_rows(fake_comparison()), measured("bundled", bench_json))
-    assert [list(t.y) for t in fig.data][0] == [4, 20, 26]
+    assert [list(t.y) for t in fig.data][0] == [2, 9, 13]
     assert "measured earlier, not live" in fig.layout.title.text

@@ -328,8 +328,8 @@ def sink_masquerade(layer: int | str, raw_at_least: float, isolated_below: float
 
 
 def pool_holds(a_times: float, b_times: float):
-    """A pool of fixed bytes (`pagekv.app.run_figures.pool_rows`: two full 2,048-token caches)
-    holds at least `a_times` as many prompts like this one at side A's budget as with
+    """A pool of fixed bytes (`pagekv.app.run_figures.pool_rows`: two full caches of the
+    prompt) holds at least `a_times` as many prompts like this one at side A's budget as with
     the full cache, and at least `b_times` as many at side B's: counted from the plans'
     kept pages, as `Runner.serve` reserves them."""
 
@@ -348,8 +348,8 @@ def pool_holds(a_times: float, b_times: float):
         return Verdict(holds, measured, {"held": held, "pool_bytes": live["pool_bytes"]})
 
     return Observation(
-        f"a pool that holds two full 2,048-token prompts holds at least {a_times:g}x as "
-        f"many of this prompt at side A's budget, and at least {b_times:g}x at side B's",
+        f"a pool that holds this prompt twice with the full cache holds it at least "
+        f"{a_times:g}x as often at side A's budget, and at least {b_times:g}x at side B's",
         check,
     )
 
@@ -716,16 +716,20 @@ def pages_numbers(summary: dict | None = None) -> dict:
 
 def capacity_numbers(model: str = "bundled", data: dict | None = None) -> dict:
     """The figures the lesson "What a budget buys" quotes from the benchmark: `cap_cpu`,
-    `cap_prompts`, `cap_tokens`; per side (`full`, `e20`, `e10`, `cb`) the sequences held
-    at once (`cap_held_*`), and for ours the decode's tokens per second (`cap_tps_*`);
-    the ratios of entropy to the full cache (`cap_held_x*`, `cap_tps_x*`), and the share
-    of answers correct (`cap_ok_*`)."""
+    `cap_prompts`, `cap_shortest` and `cap_tokens` (the prompts' fewest and most
+    tokens), `cap_fits_e10` (the prompts the pool fits at 10 %); per side (`full`, `e20`,
+    `e10`, `cb`) the sequences held at once (`cap_held_*`), and for ours the decode's
+    tokens per second (`cap_tps_*`); the ratios of entropy to the full cache (`cap_held_x*`, `cap_tps_x*`, and of the
+    whole run's tokens per second, prefills included, `cap_run_x*`), and the share of
+    answers correct (`cap_ok_*`)."""
     m = measured(model, data)
     if m is None:
         raise ValueError(f"the capacity benchmark has no block for {model!r}")
     s = m["sides"]
     names = {"full": "full", "e20": "entropy 20%", "e10": "entropy 10%", "cb": "transformers CB"}
-    out = {"cap_cpu": m["cpu"], "cap_prompts": m["prompts"], "cap_tokens": m["prompt_tokens"][1]}
+    out = {"cap_cpu": m["cpu"], "cap_prompts": m["prompts"],
+           "cap_shortest": m["prompt_tokens"][0], "cap_tokens": m["prompt_tokens"][1],
+           "cap_fits_e10": s[names["e10"]]["fits"]}  # fmt: skip
     for short, name in names.items():
         side = s[name]
         out[f"cap_held_{short}"] = side["held"]
@@ -736,6 +740,7 @@ def capacity_numbers(model: str = "bundled", data: dict | None = None) -> dict:
         side, full = s[names[short]], s["full"]
         out[f"cap_held_x{short[1:]}"] = f"{side['held'] / full['held']:.1f}"
         out[f"cap_tps_x{short[1:]}"] = f"{side['decode_tok_s'] / full['decode_tok_s']:.1f}"
+        out[f"cap_run_x{short[1:]}"] = f"{side['tok_s'] / full['tok_s']:.2f}"
     return out
 
 

@@ -153,8 +153,8 @@ CAPTIONS = {
     "holds) and in place (a paged cache that never moves a token). **Look for** which "
     "page size is highest at the same memory in each panel: one prompt above, many here.",
     "capacity": "What a budget buys. The first panel is live: how many prompts like this one "
-    "a pool holds, the bytes of two full 2,048-token caches of this model, with the full "
-    "cache and at each side's budget (each prompt reserves its kept pages plus its question "
+    "a pool holds, the bytes of two full caches of it, with the full cache and at each "
+    "side's budget (each prompt reserves its kept pages plus its question "
     "and 24 answer tokens, in its pages). The other two were measured earlier by "
     "`benchmarks/bench_capacity.py`, not live (docs/performance.md): the sequences such a "
     "pool held at once while decoding, and the batched decode's tokens per second, beside "

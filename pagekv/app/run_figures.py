@@ -333,14 +333,13 @@ def pending_table(comp, tokens=None, tokenizer=None) -> list[list]:
 # What a budget buys: how many prompts like the current one a fixed pool holds at each
 # side's budget, from the plans' kept pages (live), beside what the committed benchmark
 # measured in such a pool (`benchmarks/bench_capacity.py`, measured earlier, not live).
-# The pool: `POOL_FULL_PROMPTS` full caches of a `POOL_PROMPT_TOKENS`-token prompt with
-# `ANSWER_TOKENS` answer tokens, of the model that ran, in pages of 16 (the benchmark's).
+# The pool holds `POOL_FULL_PROMPTS` full caches of this prompt with `ANSWER_TOKENS`
+# answer tokens, in pages of 16 (the benchmark's pool, sized by its longest prompt).
 # A prompt takes, per (layer, KV head), its stored tokens plus its question and answer
 # tokens rounded up to its pages (what `Runner.serve` reserves at admission).
 
-#: The benchmark's pool: this many full caches of a prompt of this many tokens.
+#: The benchmark's pool: the bytes of this many full caches of the prompt.
 POOL_FULL_PROMPTS = 2
-POOL_PROMPT_TOKENS = 2048
 #: The answer tokens every prompt reserves (the benchmark's `--new`).
 ANSWER_TOKENS = 24
 #: The full cache's page size (the benchmark's).
@@ -369,15 +368,15 @@ def pool_rows(comp) -> dict:
     pre = comp.prep.prefill
     token_bytes = 2 * pre.head_dim * pre.cache.layers[0].keys.element_size()
     L, G = pre.n_layers, pre.n_groups
-    full_at = [[POOL_PROMPT_TOKENS] * G] * L
-    pool = POOL_FULL_PROMPTS * prompt_bytes(full_at, ANSWER_TOKENS, FULL_PAGE, token_bytes)
+    extra = len(pre.question_ids or ()) + ANSWER_TOKENS
+    full = prompt_bytes([[comp.prep.n] * G] * L, extra, FULL_PAGE, token_bytes)
+    pool = POOL_FULL_PROMPTS * full
     rows = []
     for key in ("full", "A", "B"):
         prep = comp.prep if key == "full" else comp.preps.get(key, comp.prep)
         extra = len(prep.prefill.question_ids or ()) + ANSWER_TOKENS
         if key == "full":
-            size = prompt_bytes([[prep.n] * G] * L, extra, FULL_PAGE, token_bytes)
-            label, policy = "full cache", "full"
+            size, label, policy = full, "full cache", "full"
         else:
             p = comp.plan_of(key)
             size = prompt_bytes(stored_tokens(p), extra, p.config.page_size, token_bytes)
