@@ -719,9 +719,9 @@ def capacity_numbers(model: str = "bundled", data: dict | None = None) -> dict:
     `cap_prompts`, `cap_shortest` and `cap_tokens` (the prompts' fewest and most
     tokens), `cap_fits_e10` (the prompts the pool fits at 10 %); per side (`full`, `e20`,
     `e10`, `cb`) the sequences held at once (`cap_held_*`), and for ours the decode's
-    tokens per second (`cap_tps_*`); the ratios of entropy to the full cache (`cap_held_x*`, `cap_tps_x*`, and of the
-    whole run's tokens per second, prefills included, `cap_run_x*`), and the share of
-    answers correct (`cap_ok_*`)."""
+    tokens per second (`cap_tps_*`); the ratios of entropy to the full cache
+    (`cap_held_x*`, `cap_tps_x*`, and of the whole run's tokens per second, prefills
+    included, `cap_run_x*`), and the share of answers correct (`cap_ok_*`)."""
     m = measured(model, data)
     if m is None:
         raise ValueError(f"the capacity benchmark has no block for {model!r}")
