@@ -281,9 +281,7 @@ def fake_comparison(n=1000, union_a=((100, 300), (50, 50)), allocation_b="global
     key and value): side A uniform, side B `allocation_b`, both keeping `union_a`."""
     from types import SimpleNamespace
 
-    layers = [SimpleNamespace(keys=torch.zeros(1))]  # float32: 4 bytes a value
-    pre = SimpleNamespace(head_dim=4, n_layers=2, n_groups=2, question_ids=None,
-                          cache=SimpleNamespace(layers=layers))  # fmt: skip
+    pre = SimpleNamespace(token_bytes=32, n_layers=2, n_groups=2, question_ids=None)
     prep = SimpleNamespace(prefill=pre, n=n)
     plans = {
         key: SimpleNamespace(
@@ -360,3 +358,21 @@ def test_the_lesson_quotes_the_benchmark_s_file(bench_json):
     fig = capacity_bars(pool_rows(fake_comparison()), measured("bundled", bench_json))
     assert [list(t.y) for t in fig.data][0] == [2, 9, 13]
     assert "measured earlier, not live" in fig.layout.title.text
+
+
+@pytest.mark.slow
+def test_the_view_counts_the_same_on_a_served_comparison(bundled_study):
+    """A finished run's views are drawn from the comparison without its prefill (what a
+    lesson served from memory keeps): the pool's counts are the same on it."""
+    from pagekv.app.run_figures import pool_rows
+    from pagekv.engine.comparison import Side, compare
+    from pagekv.engine.study import PromptSpec
+
+    spec = PromptSpec(context=600, mode="after")
+    a = Side.of("entropy", budget=0.3)
+    b = Side.of("entropy", budget=0.2, allocation="global")
+    comp = compare(bundled_study, spec, a, b, max_new_tokens=2)
+    live = pool_rows(comp)
+    assert pool_rows(comp.detached()) == live
+    held = {r["side"]: r["held"] for r in live["rows"]}
+    assert held["full"] == 2 and held["B"] > held["A"] > held["full"]

@@ -366,7 +366,7 @@ def pool_rows(comp) -> dict:
     """The pool and, for the full cache and each side, the bytes one prompt like
     `comp`'s takes and how many of them the pool holds."""
     pre = comp.prep.prefill
-    token_bytes = 2 * pre.head_dim * pre.cache.layers[0].keys.element_size()
+    token_bytes = pre.token_bytes
     L, G = pre.n_layers, pre.n_groups
     extra = len(pre.question_ids or ()) + ANSWER_TOKENS
     full = prompt_bytes([[comp.prep.n] * G] * L, extra, FULL_PAGE, token_bytes)

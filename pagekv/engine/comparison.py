@@ -131,7 +131,11 @@ class Comparison:
         def light(prep: Prompt) -> Prompt:
             if id(prep) not in shapes:
                 pre = prep.prefill
-                shape = PrefillShape(n=int(pre.n), n_groups=int(pre.n_groups))
+                shape = PrefillShape(
+                    n=int(pre.n), n_groups=int(pre.n_groups), n_layers=int(pre.n_layers),
+                    token_bytes=int(pre.token_bytes),
+                    question_ids=None if pre.question_ids is None else tuple(pre.question_ids),
+                )  # fmt: skip
                 shapes[id(prep)] = replace(prep, prefill=shape)
             return shapes[id(prep)]
 
@@ -145,11 +149,15 @@ class Comparison:
 
 @dataclass(frozen=True)
 class PrefillShape:
-    """What the views need of a prefill once decoding is done: its length and number of
-    KV groups (`Comparison.detached`)."""
+    """What the views need of a prefill once decoding is done: its length, its layers,
+    KV groups and bytes a token (`Prefill.token_bytes`), and its question's ids
+    (`Comparison.detached`)."""
 
     n: int
     n_groups: int
+    n_layers: int = 0
+    token_bytes: int = 0
+    question_ids: tuple | None = None
 
 
 #: What a side's label names when it differs between A and B (field, how to show it);

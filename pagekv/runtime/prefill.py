@@ -228,6 +228,11 @@ class Prefill:
     def mode(self) -> str:
         return "after" if self.question_ids else "inside"
 
+    @property
+    def token_bytes(self) -> int:
+        """The bytes of one token's key and value in one (layer, KV head) of the cache."""
+        return 2 * self.head_dim * self.cache.layers[0].keys.element_size()
+
     def scores(self, window: int, n_sink: int) -> tuple[torch.Tensor, HeadMasses, str]:
         """Profiles `[L, H, n]` float32 of the last `min(window, n)` queries and their
         per-head masses for `n_sink` sinks, on the cache's device; and the backend that
