@@ -740,7 +740,8 @@ def capacity_bars(live: dict, measured: dict | None):
     from plotly.subplots import make_subplots
 
     mib = live["pool_bytes"] / 2**20
-    titles = [f"live: prompts a {mib:.0f} MiB pool holds", "measured earlier: held at once",
+    of = "" if measured is None else f" (of {measured['prompts']})"
+    titles = [f"live: prompts a {mib:.0f} MiB pool holds", f"measured earlier: held at once{of}",
               "measured earlier: decode tokens/s"]  # fmt: skip
     fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.09)
     fig.update_annotations(font_size=12)
@@ -780,7 +781,8 @@ def capacity_bars(live: dict, measured: dict | None):
         )  # fmt: skip
         note = (
             f"measured earlier, not live: {measured['prompts']} prompts of "
-            f"{measured['prompt_tokens'][1]} tokens on {measured['model']}, "
+            f"{measured['prompt_tokens'][0]}-{measured['prompt_tokens'][1]} tokens on "
+            f"{measured['model']}, "
             f"{measured['cpu']} (benchmarks/bench_capacity.py)"
         )
     else:
