@@ -213,6 +213,16 @@ def test_the_readme_s_findings_are_the_committed_results():
     assert f"both score {inside['mean 10%']} at 10 % of the tokens, the full cache " \
         f"{inside['full']}" in readme  # fmt: skip
     assert f"the same two score {after['mean 10%']} and {after['entropy 10%']} at 10 %" in readme
+    from pagekv.app.lessons import capacity_numbers
+
+    c = capacity_numbers()
+    assert (
+        f"entropy at 20 % held {c['cap_held_e20']} sequences at once against "
+        f"{c['cap_held_full']}, and the batched decode made {c['cap_tps_x20']}x the full "
+        f"cache's tokens per second on the bundled model ({c['cap_run_x20']}x for the whole "
+        f"run with its prefills), on a 2-core CPU; answers right fell from {c['cap_ok_full']} "
+        f"to {c['cap_ok_e20']}"
+    ) in readme
     rows = [json.loads(x) for x in RULER_RESULTS_PATH.read_text().splitlines() if x]
     r = ruler_numbers(rows)
     assert r["ruler_press_mean"] == r["ruler_press_entropy"]  # "both poolings"
