@@ -261,7 +261,7 @@ def test_run_page_frame(first_run):
 @pytest.mark.slow
 def test_run_other_plots(first_run):
     out, _ = first_run
-    figs = dict(zip(PLOTS, out[2:12], strict=True))
+    figs = dict(zip(PLOTS, out[2 : 2 + len(PLOTS)], strict=True))
     for name, value in figs.items():
         assert plotly(value)["data"], name
     ret = [t for t in plotly(figs["retention"])["data"] if t["type"] == "heatmap"]
@@ -285,6 +285,8 @@ def test_run_other_plots(first_run):
     mem = plotly(figs["memory"])["data"][0]
     # Each bar names its policy, and how it was planned (at side B's settings).
     assert mem["type"] == "bar" and "entropy<br>window, uniform" in mem["x"] and "full" in mem["x"]
+    held = plotly(figs["capacity"])["data"][0]  # the live panel: a pool of two full caches
+    assert held["x"][0] == "full cache" and held["y"][0] == 2 < held["y"][1]
 
 
 @pytest.mark.slow

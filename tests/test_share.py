@@ -12,9 +12,9 @@ from pagekv.app.share import lesson_in_query, settings_in_query, share_js, share
 
 def test_a_link_names_a_lesson_by_number_or_id():
     assert lesson_in_query({"lesson": "1"}) == LESSON_TITLES[0]
-    assert lesson_in_query({"lesson": "8"}) == LESSON_TITLES[7]
+    assert lesson_in_query({"lesson": "9"}) == LESSON_TITLES[8]
     assert lesson_in_query({"lesson": "sink-masquerade"}) == LESSON_TITLES[2]
-    for bad in ("0", "9", "-1", "x", ""):
+    for bad in ("0", "10", "-1", "x", ""):
         assert lesson_in_query({"lesson": bad}) is None, bad
     assert lesson_in_query({}) is None
 
