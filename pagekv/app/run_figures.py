@@ -50,6 +50,7 @@ from pagekv.engine.comparison import Comparison, Side, export_data, side_labels
 from pagekv.engine.memo import ByteLRU, nbytes
 from pagekv.maths.metrics import sink_advantage
 from pagekv.paths import CAPACITY_RESULTS_PATH
+from pagekv.runtime.paged_cache import blocks_needed
 from pagekv.runtime.result import run_cells
 
 #: Views that planning alone draws (a dragged slider updates these, without decoding).
@@ -348,8 +349,9 @@ FULL_PAGE = 16
 
 def prompt_bytes(stored, extra: int, page: int, token_bytes: int) -> int:
     """The bytes a prompt whose (layer, KV head)s store `stored[l][g]` tokens takes in a
-    pool of pages of `page` tokens, with `extra` more tokens each."""
-    return sum(-(-(int(t) + extra) // page) * page for row in stored for t in row) * token_bytes
+    pool of pages of `page` tokens, with `extra` more tokens each: the blocks
+    `Runner.serve` reserves for it (`pagekv.runtime.paged_cache.blocks_needed`)."""
+    return blocks_needed(stored, extra, page) * page * token_bytes
 
 
 def stored_tokens(plan) -> list[list[int]]:

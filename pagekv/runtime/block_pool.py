@@ -29,15 +29,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from pagekv.runtime.paged_cache import blocks_needed, write_slots
+
 __all__ = ["BlockPool", "PoolBatch", "blocks_needed"]
-
-
-def blocks_needed(counts, extra: int, page_size: int) -> int:
-    """The blocks a row of `counts[l][g]` kept tokens and `extra` more takes in pages of
-    `page_size`: `sum over (l, g) of ceil((counts[l][g] + extra) / P)`, at least one
-    each."""
-    P = int(page_size)
-    return sum(max(1, -(-(int(t) + extra) // P)) for row in counts for t in row)
 
 
 @dataclass
@@ -123,7 +117,7 @@ class BlockPool:
         for layer, row_counts in enumerate(counts):
             layer_blocks = []
             for g, t in enumerate(row_counts):
-                mine = [self._free.pop() for _ in range(max(1, -(-(int(t) + extra) // P)))]
+                mine = [self._free.pop() for _ in range(blocks_needed([[t]], extra, P))]
                 layer_blocks.append(mine)
                 if t == 0:
                     continue
@@ -132,8 +126,7 @@ class BlockPool:
                     if kept is None or kept[layer] is None
                     else kept[layer][g, :t].to(self.k.device)
                 )
-                j = torch.arange(t, device=self.k.device)
-                dst = torch.tensor(mine, device=self.k.device)[j // P] * P + j % P
+                dst = self._slots(mine, t)
                 flat_k.index_copy_(0, dst, keys[layer][0, g].index_select(0, src).to(self.k.dtype))
                 flat_v.index_copy_(
                     0, dst, values[layer][0, g].index_select(0, src).to(self.v.dtype)
@@ -159,12 +152,16 @@ class BlockPool:
     def read(self, row: int, layer: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The tokens of (row, layer, group) in order: `([t, d], [t, d])` copies."""
         r = self.rows[row]
-        t = r.base[layer][group] + r.added
-        j = torch.arange(t, device=self.k.device)
-        idx = torch.tensor(r.blocks[layer][group], device=self.k.device)[j // self.page_size]
-        idx = idx * self.page_size + j % self.page_size
+        idx = self._slots(r.blocks[layer][group], r.base[layer][group] + r.added)
         d = self.head_dim
         return self.k.view(-1, d)[idx], self.v.view(-1, d)[idx]
+
+    def _slots(self, blocks: list[int], t: int) -> torch.Tensor:
+        """The pool rows (of the `[num_blocks * P, d]` view) of the first `t` tokens held
+        in `blocks`, in order."""
+        P = self.page_size
+        j = torch.arange(t, device=self.k.device)
+        return torch.tensor(blocks, device=self.k.device)[j // P] * P + j % P
 
     def batch(self, rows: list[int]) -> PoolBatch:
         """The step view of `rows` (live ids, in the batch's order)."""
@@ -220,14 +217,7 @@ class PoolBatch:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write the `t` tokens of the last `grow(t)` into `layer`: `[B, G, t, d]`."""
-        B, G, t, d = k.shape
-        P = self.pool.page_size
-        pos = self.lengths[layer].long()[..., None] - t + torch.arange(t, device=k.device)
-        blk = self.tables[layer].long().gather(2, pos // P)  # [B, G, t]
-        dst = (blk * P + pos % P).reshape(-1)
-        dtype = self.pool.k.dtype
-        self.pool.k.view(-1, d).index_copy_(0, dst, k.reshape(-1, d).to(dtype))
-        self.pool.v.view(-1, d).index_copy_(0, dst, v.reshape(-1, d).to(dtype))
+        write_slots(self.pool.k, self.pool.v, self.tables[layer], self.lengths[layer], k, v)
 
     def attend(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Attention of the `t` newest tokens' queries `[B, H, t, d]` (written already)

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from pagekv.maths.profiles import future_mask
 from pagekv.runtime.backend import gather_layers
 
-__all__ = ["PagedCache", "bucket", "group_attention"]
+__all__ = ["PagedCache", "blocks_needed", "bucket", "group_attention", "write_slots"]
 
 
 def bucket(n: int) -> int:
@@ -48,6 +48,14 @@ def bucket(n: int) -> int:
     n = max(int(n), 1)
     e = max(n.bit_length() - 3, 0)
     return -(-n >> e) << e
+
+
+def blocks_needed(counts, extra: int, page_size: int) -> int:
+    """The blocks a row of `counts[l][g]` kept tokens and `extra` more takes in pages of
+    `page_size`: `sum over (l, g) of ceil((counts[l][g] + extra) / P)`, at least one
+    each."""
+    P = int(page_size)
+    return sum(max(1, -(-(int(t) + extra) // P)) for row in counts for t in row)
 
 
 class PagedCache:
@@ -120,7 +128,9 @@ class PagedCache:
         self.added = 0
         L, B, G = len(counts), len(counts[0]), len(counts[0][0])
         self._base = counts
-        self._blocks = [[[max(1, -(-(t + extra) // P)) for t in row] for row in c] for c in counts]
+        self._blocks = [
+            [[blocks_needed([[t]], extra, P) for t in row] for row in c] for c in counts
+        ]
         self._firsts, tables, sizes = [], [], []
         for blocks in self._blocks:
             *starts, total = accumulate((c for row in blocks for c in row), initial=0)
@@ -265,14 +275,8 @@ class PagedCache:
             views[0].narrow(2, n0, t).copy_(k)
             views[1].narrow(2, n0, t).copy_(v)
             return
-        # each new token's pool row, from the block table
-        P = self.page_size
-        pos = self.lengths[layer].long()[..., None] - t + torch.arange(t, device=k.device)
-        blk = self.tables[layer].long().gather(2, pos // P)  # [B, G, t]
-        rows = (blk * P + pos % P).reshape(-1)
-        dtype = self.k_pool[layer].dtype  # a half-precision product is promoted here
-        self.k_pool[layer].view(-1, d).index_copy_(0, rows, k.reshape(-1, d).to(dtype))
-        self.v_pool[layer].view(-1, d).index_copy_(0, rows, v.reshape(-1, d).to(dtype))
+        write_slots(self.k_pool[layer], self.v_pool[layer], self.tables[layer],
+                    self.lengths[layer], k, v)  # fmt: skip
 
     def attend(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Attention of the `t` newest tokens' queries `[B, H, t, d]` (written already)
@@ -305,6 +309,21 @@ class PagedCache:
                 a = group_attention(qg, keys[None, None], values[None, None], scale)
                 out[b, g * r : (g + 1) * r] = a[0]
         return out
+
+
+def write_slots(k_pool, v_pool, table, lengths, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Write `k`, `v` `[B, G, t, d]`, the `t` newest tokens of each (row, group) (the
+    last `t` of `lengths` `[B, G]`), into the pools `[num_blocks, P, d]` at the slots
+    the block table `[B, G, width]` gives them (`PagedCache.write`, and the shared
+    pool's `pagekv.runtime.block_pool.PoolBatch.write`)."""
+    t, d = k.shape[2], k.shape[3]
+    P = k_pool.shape[1]
+    pos = lengths.long()[..., None] - t + torch.arange(t, device=k.device)
+    blk = table.long().gather(2, pos // P)  # [B, G, t] each new token's block
+    rows = (blk * P + pos % P).reshape(-1)
+    dtype = k_pool.dtype  # a half-precision product is promoted here
+    k_pool.view(-1, d).index_copy_(0, rows, k.reshape(-1, d).to(dtype))
+    v_pool.view(-1, d).index_copy_(0, rows, v.reshape(-1, d).to(dtype))
 
 
 def group_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):

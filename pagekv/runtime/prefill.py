@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -178,6 +179,32 @@ def cache_kwarg(model) -> str:
     """`model.forward`'s cache argument: `cache` in transformers 5.24, `past_key_values`
     before (5.17 on the GPU machines, which silently ignores `cache`)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def as_id_list(ids, name: str) -> list[int]:
+    """`ids` (a list, or a `[n]` or `[1, n]` integer tensor) as a list of token ids;
+    ValueError naming `name` for an empty list, a negative id or a tensor of another
+    shape or dtype."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() != 1 or ids.is_floating_point():
+            raise ValueError(f"{name} must be a 1-D integer tensor; got {tuple(ids.shape)}")
+        ids = ids.tolist()
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise ValueError(f"{name} is empty")
+    if min(ids) < 0:
+        raise ValueError(f"{name} holds negative token ids")
+    return ids
+
+
+def synced_now(device: torch.device) -> float:
+    """Wall time, after the device's queued work (CUDA runs asynchronously): the clock the
+    prefill's timing, the runner's and the pool's (`pagekv.runtime.serve`) read."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def forward(model, ids: list[int], pos: int, cache, cache_kw: str, dev):

@@ -50,7 +50,14 @@ from pagekv.maths.policies import get_policy
 from pagekv.runtime.backend import pooler, resolve_backend
 from pagekv.runtime.decode import GraphBuckets, LeanDecoder, greedy, resolve_decode
 from pagekv.runtime.paged_cache import PagedCache
-from pagekv.runtime.prefill import Prefill, WindowQueryCapture, cache_kwarg, forward
+from pagekv.runtime.prefill import (
+    Prefill,
+    WindowQueryCapture,
+    as_id_list,
+    cache_kwarg,
+    forward,
+    synced_now,
+)
 from pagekv.runtime.reconstruct import CHUNK as RECONSTRUCT_CHUNK
 from pagekv.runtime.reconstruct import (
     REPEAT_PROMPT,
@@ -167,8 +174,8 @@ class Runner:
             question_ids: question-after mode: the question's ids, prefilled after
                 compaction at positions `n..`.
         """
-        ids = _as_id_list(input_ids, "input_ids")
-        q_ids = None if question_ids is None else _as_id_list(question_ids, "question_ids")
+        ids = as_id_list(input_ids, "input_ids")
+        q_ids = None if question_ids is None else as_id_list(question_ids, "question_ids")
         if isinstance(window_max, bool) or not isinstance(window_max, int) or window_max < 1:
             raise ValueError(f"window_max must be an integer >= 1; got {window_max!r}")
         n = len(ids)
@@ -176,9 +183,9 @@ class Runner:
         cache = _new_cache()
         cap = WindowQueryCapture(self.model, window_max)
         with torch.inference_mode(), cap:
-            t0 = _now(self.device)
+            t0 = synced_now(self.device)
             out = forward(self.model, ids, 0, cache, self._cache_kw, self.device)
-            prefill_s = _now(self.device) - t0
+            prefill_s = synced_now(self.device) - t0
         q_win = cap.stacked()  # [L, H, w', d]
         scales = cap.scales
         return Prefill(
@@ -207,17 +214,17 @@ class Runner:
         smallest feasible budget) when the protected pages alone exceed the budget."""
         if not isinstance(config, EvictionConfig):
             raise TypeError(f"config must be an EvictionConfig; got {type(config).__name__}")
-        t0 = _now(self.device)
+        t0 = synced_now(self.device)
         scales = None
         if config.scorer == "reconstruct":
             profiles, masses, scored_on = self.reconstruction_scores(pre, config.n_sink)
             scales = self.reconstruction(pre)["max"].sum(-1)  # [L, H] the raw attention
         else:
             profiles, masses, scored_on = pre.scores(config.window, config.n_sink)  # memoised
-        t1 = _now(self.device)
+        t1 = synced_now(self.device)
         pool = pooler(self.backend)
         p = plan(profiles, pre.n_groups, config, masses=masses, scales=scales, pool_pages=pool)
-        return scored(p, scored_on, t1 - t0, _now(self.device) - t1)
+        return scored(p, scored_on, t1 - t0, synced_now(self.device) - t1)
 
     def reconstruction(self, pre: Prefill, chunk: int = RECONSTRUCT_CHUNK) -> dict:
         """The reconstruction pass's scores on `pre` (`pagekv.runtime.reconstruct`):
@@ -226,7 +233,7 @@ class Runner:
         The pass copies the prefill's cache into one of its own, so `pre.cache` stays
         as it was (tests/test_reconstruct.py)."""
         if pre.reconstruction is None:
-            t0 = _now(self.device)
+            t0 = synced_now(self.device)
             tok = self.tokenizer
             prompt = [] if tok is None else tok.encode(REPEAT_PROMPT, add_special_tokens=False)
             pre.reconstruction = reconstruction_scores(
@@ -238,7 +245,7 @@ class Runner:
                 cache_kw=self._cache_kw,
                 backend=self.backend,
             )
-            pre.timings["reconstruct_s"] = _now(self.device) - t0
+            pre.timings["reconstruct_s"] = synced_now(self.device) - t0
         return pre.reconstruction
 
     def reconstruction_scores(
@@ -269,7 +276,7 @@ class Runner:
                 "planned was not made by Runner.plan for this configuration and prompt"
             )
         p = planned
-        t1 = _now(self.device)
+        t1 = synced_now(self.device)
         # The plan's counts, read once (`Plan.union_counts`): dense, k' and the padding
         # targets come from this one host wait, whatever the number of layers.
         union = p.union_counts()
@@ -290,7 +297,7 @@ class Runner:
         ragged = len({t for row in stored for t in row}) > 1
         k0 = pre.cache.layers[0].keys  # [1, G, n, d]
         token_bytes = 2 * k0.shape[-1] * k0.element_size()  # its key and value
-        t2 = _now(self.device)
+        t2 = synced_now(self.device)
         return Evicted(
             plan=p,
             backends={
@@ -346,7 +353,7 @@ class Runner:
             tokens, logits, stop = self._decode(
                 pre, ev, max_new_tokens, stop_at_eos, keep_logits, cache=cache
             )
-            decode_s = _now(self.device) - t0
+            decode_s = synced_now(self.device) - t0
         return self._result(pre, config, ev, tokens, logits, stop, decode_s, needle_positions)
 
     def evaluate_pair(
@@ -388,7 +395,7 @@ class Runner:
             (tok_a, tok_b), _, (stop_a, stop_b) = self._decode(
                 pre, ev_a, max_new_tokens, stop_at_eos, pair=ev_b, on_token=on_token, cache=cache
             )
-            decode_s = _now(self.device) - t0
+            decode_s = synced_now(self.device) - t0
         res_a = self._result(pre, config_a, ev_a, tok_a, None, stop_a, decode_s, needle_positions)
         res_b = self._result(pre, config_b, ev_b, tok_b, None, stop_b, decode_s, needle_positions)
         res_a.timings["decode_batch"] = res_b.timings["decode_batch"] = 2
@@ -503,9 +510,9 @@ class Runner:
         """The decode cache of `evs` (`decode_cache`), with what it took recorded in
         each: the gather's backend and seconds (in `evict_s`; a full cache's copy counts
         in the decode) and its bytes; and the time the decode's clock starts."""
-        t0 = _now(self.device)
+        t0 = synced_now(self.device)
         cache = self.decode_cache(evs, pre, max_new)
-        t1 = _now(self.device)
+        t1 = synced_now(self.device)
         for row, ev in enumerate(evs):
             ev.decode_bytes = cache.row_nbytes(row)
             if ev.evict_s is not None:
@@ -675,25 +682,3 @@ def eos_token_ids(model, tokenizer) -> tuple[int, ...]:
             if i is not None and int(i) not in ids:
                 ids.append(int(i))
     return tuple(ids)
-
-
-def _as_id_list(ids, name: str) -> list[int]:
-    if isinstance(ids, torch.Tensor):
-        if ids.dim() == 2 and ids.shape[0] == 1:
-            ids = ids[0]
-        if ids.dim() != 1 or ids.is_floating_point():
-            raise ValueError(f"{name} must be a 1-D integer tensor; got {tuple(ids.shape)}")
-        ids = ids.tolist()
-    ids = [int(i) for i in ids]
-    if not ids:
-        raise ValueError(f"{name} is empty")
-    if min(ids) < 0:
-        raise ValueError(f"{name} holds negative token ids")
-    return ids
-
-
-def _now(device: torch.device) -> float:
-    """Wall time, after the device's queued work (CUDA runs asynchronously)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()

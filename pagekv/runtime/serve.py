@@ -36,7 +36,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from pagekv.maths.config import EvictionConfig
-from pagekv.runtime.block_pool import BlockPool, blocks_needed
+from pagekv.runtime.block_pool import BlockPool
+from pagekv.runtime.paged_cache import blocks_needed
+from pagekv.runtime.prefill import as_id_list, synced_now
 
 __all__ = ["PoolRun", "serve"]
 
@@ -185,14 +187,14 @@ def serve(runner, prompts, config, pool_bytes, max_new_tokens=24, window_max=128
                 if head is None:
                     break
                 i, pre, ev, extra = head
-                t0 = _now(dev)
+                t0 = synced_now(dev)
                 keys = [lay.keys for lay in pre.cache.layers]
                 values = [lay.values for lay in pre.cache.layers]
                 row = pool.admit(keys, values, ev.kept_indices, ev.stored_tokens, extra)
                 if row is None:
                     break  # wait for a row to finish
                 head = None
-                run.evict_s[i] += _now(dev) - t0
+                run.evict_s[i] += synced_now(dev) - t0
                 run.blocks[i] = pool.rows[row].n_blocks
                 run.admitted_at[i] = len(run.live)
                 live[row] = _Live(i, run.tokens[i], pre.n)
@@ -216,9 +218,9 @@ def serve(runner, prompts, config, pool_bytes, max_new_tokens=24, window_max=128
             pos = torch.tensor([live[r].pos for r in rows], dtype=torch.long, device=dev)
             run.live.append(len(rows))
             run.blocks_in_use.append(pool.used_blocks)
-            t0 = _now(dev)
+            t0 = synced_now(dev)
             nxt = torch.argmax(step(ids, pos, batch), dim=-1).tolist()
-            run.decode_s += _now(dev) - t0
+            run.decode_s += synced_now(dev) - t0
             run.decode_tokens += len(rows)
             for r, token in zip(rows, nxt, strict=True):
                 live[r].pos += 1
@@ -229,24 +231,13 @@ def serve(runner, prompts, config, pool_bytes, max_new_tokens=24, window_max=128
 
 
 def _as_prompt(p, i: int) -> tuple[list[int], list[int] | None]:
-    """A prompt as `(ids, question_ids or None)`."""
-    if isinstance(p, tuple) and len(p) == 2:
-        ids, question = p
-        return _ids(ids, i), (_ids(question, i) or None)
-    return _ids(p, i), None
-
-
-def _ids(x, i: int) -> list[int]:
-    if isinstance(x, torch.Tensor):
-        x = x.reshape(-1).tolist()
+    """A prompt as `(ids, question_ids or None)`, checked as `Runner.prefill` checks ids."""
+    name = f"prompt {i}"
     try:
-        ids = [int(t) for t in x]
-    except (TypeError, ValueError):
-        raise ValueError(f"prompt {i} is not a list of token ids") from None
-    return ids
-
-
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+        if isinstance(p, tuple) and len(p) == 2:
+            ids, question = p
+            asked = as_id_list(question, f"{name}'s question") if len(question) else None
+            return as_id_list(ids, name), asked
+        return as_id_list(p, name), None
+    except TypeError:
+        raise ValueError(f"{name} is not a list of token ids") from None
