@@ -38,7 +38,7 @@ from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.machine import cpu_facts  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
 from pagekv.runtime.prefill import forward  # noqa: E402 (one token's forward into a cache)
-from pagekv.runtime.runner import _now  # noqa: E402 (wall time after the device's queue)
+from pagekv.runtime.prefill import synced_now  # noqa: E402 (wall time after the device's queue)
 
 
 def main(argv=None):
@@ -172,11 +172,11 @@ def transformers_decode(runner, pre, config, new_tokens: int) -> tuple[float, li
     tokens = [int(pre.first_logits.argmax())]
     dev = runner.device
     with torch.inference_mode():
-        t0 = _now(dev)
+        t0 = synced_now(dev)
         for i in range(new_tokens - 1):
             out = forward(runner.model, tokens[-1:], pre.n + i, cache, runner._cache_kw, dev)
             tokens.append(int(out.logits[0, -1].argmax()))
-        s = _now(dev) - t0
+        s = synced_now(dev) - t0
     return s / max(1, new_tokens - 1), tokens
 
 

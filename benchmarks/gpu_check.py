@@ -435,14 +435,14 @@ def _evict_alone(runner, pre, cfg) -> float:
 def _evict_unsynced(runner, pre, cfg, device) -> float:
     """One eviction step's wall time (scoring from scratch) with the runner's phase
     timers made not to wait for the device: one sync before, one after. On a GPU each
-    timer (`_now`: scoring, planning, the gather) synchronises, so the host cannot
+    timer (`synced_now`: scoring, planning, the gather) synchronises, so the host cannot
     queue a phase's launches while the device still runs the one before; the
     difference from the timed step is what those waits cost."""
     import pagekv.runtime.runner as runner_mod
 
     _clear_profile_memo(pre)
     t0 = _sync(device)
-    with mock.patch.object(runner_mod, "_now", lambda _device: time.perf_counter()):
+    with mock.patch.object(runner_mod, "synced_now", lambda _device: time.perf_counter()):
         runner.decode_cache([runner.evict(pre, cfg)], pre, 0)
     return _sync(device) - t0
 

@@ -338,15 +338,15 @@ def test_the_unsynced_step_puts_the_runner_s_timer_back(monkeypatch):
     from tests.test_runner import prompt, tiny_model
 
     gpu_check = load("gpu_check")
-    timer = runner_mod._now
+    timer = runner_mod.synced_now
     runner = runner_mod.Runner(tiny_model("llama", layers=2, seed=0), None, backend="torch")
     pre = runner.prefill(prompt(120, seed=1), window_max=16)
     cfg = EvictionConfig(policy="entropy", budget=0.4, page_size=8, window=16)
     seen = []
     evict = runner.evict
-    monkeypatch.setattr(runner, "evict", lambda *a: seen.append(runner_mod._now) or evict(*a))
+    monkeypatch.setattr(runner, "evict", lambda *a: seen.append(runner_mod.synced_now) or evict(*a))
     assert gpu_check._evict_unsynced(runner, pre, cfg, torch.device("cpu")) > 0
-    assert seen and seen[0] is not timer and runner_mod._now is timer
+    assert seen and seen[0] is not timer and runner_mod.synced_now is timer
 
     def fails(*a):
         raise RuntimeError("planted")
@@ -354,4 +354,4 @@ def test_the_unsynced_step_puts_the_runner_s_timer_back(monkeypatch):
     monkeypatch.setattr(runner, "evict", fails)
     with pytest.raises(RuntimeError, match="planted"):
         gpu_check._evict_unsynced(runner, pre, cfg, torch.device("cpu"))
-    assert runner_mod._now is timer
+    assert runner_mod.synced_now is timer
