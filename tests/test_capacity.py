@@ -278,16 +278,19 @@ def fake_comparison(n=1000, union_a=((100, 300), (50, 50)), allocation_b="global
     key and value): side A uniform, side B `allocation_b`, both keeping `union_a`."""
     from types import SimpleNamespace
 
+    from pagekv.maths.plan import Plan
+
     pre = SimpleNamespace(token_bytes=32, n_layers=2, n_groups=2, question_ids=None)
     prep = SimpleNamespace(prefill=pre, n=n)
-    plans = {
-        key: SimpleNamespace(
-            union_tokens=torch.tensor(union_a),
-            config=EvictionConfig(policy="entropy", budget=0.2, page_size=16, allocation=alloc),
-            dense=False,
-        )
-        for key, alloc in (("A", "uniform"), ("B", allocation_b))
-    }
+
+    def plan(allocation):
+        config = EvictionConfig(policy="entropy", budget=0.2, page_size=16, allocation=allocation)
+        p = SimpleNamespace(union_counts=lambda: [list(r) for r in union_a], config=config,
+                            dense=False)  # fmt: skip
+        p.stored_counts = lambda: Plan.stored_counts(p)  # the rule Runner.evict stores by
+        return p
+
+    plans = {"A": plan("uniform"), "B": plan(allocation_b)}
     return SimpleNamespace(prep=prep, preps={"A": prep, "B": prep}, labels={"A": "A", "B": "B"},
                            plan_of=plans.__getitem__)  # fmt: skip
 

@@ -354,16 +354,6 @@ def prompt_bytes(stored, extra: int, page: int, token_bytes: int) -> int:
     return blocks_needed(stored, extra, page) * page * token_bytes
 
 
-def stored_tokens(plan) -> list[list[int]]:
-    """What the decode cache stores per (layer, KV head) for `plan`
-    (`Runner.evict`): each group's own allocation under a global plan, else every group
-    of a layer at the layer's largest kept set (the runner pads head-independent unions)."""
-    union = plan.union_tokens.tolist()
-    if plan.config.allocation != "uniform" and not plan.dense:
-        return union
-    return [[max(row)] * len(row) for row in union]
-
-
 def pool_rows(comp) -> dict:
     """The pool and, for the full cache and each side, the bytes one prompt like
     `comp`'s takes and how many of them the pool holds."""
@@ -381,7 +371,7 @@ def pool_rows(comp) -> dict:
             size, label, policy = full, "full cache", "full"
         else:
             p = comp.plan_of(key)
-            size = prompt_bytes(stored_tokens(p), extra, p.config.page_size, token_bytes)
+            size = prompt_bytes(p.stored_counts(), extra, p.config.page_size, token_bytes)
             label, policy = comp.labels.get(key, key), p.config.policy
         rows.append({"side": key, "label": label, "policy": policy, "bytes": size,
                      "held": pool // size})  # fmt: skip

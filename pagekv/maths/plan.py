@@ -81,6 +81,16 @@ class Plan:
             self._counts = self.union_tokens.tolist()
         return [list(row) for row in self._counts]
 
+    def stored_counts(self) -> list[list[int]]:
+        """What a gathered decode cache stores per (layer, KV head) for this plan
+        (`Runner.evict`): each group's own count under a global allocation; otherwise
+        every group of a layer at the layer's largest count, as the runner pads a
+        layer's groups to one width."""
+        union = self.union_counts()
+        if self.config.allocation != "uniform" and not self.dense:
+            return union
+        return [[max(row)] * len(row) for row in union]
+
     @property
     def dense(self) -> bool:
         """True when every (layer, group) keeps the same number of tokens."""

@@ -290,10 +290,10 @@ class Runner:
             widths = [max(row) for row in union]
             idx = kept_token_indices(p.keep, max(widths)).clamp_(max=p.n - 1)
             kept_idx = [idx[layer, :, :w] for layer, w in enumerate(widths)]
-            stored = union
+            stored = p.stored_counts()
         else:
             kept_idx = list(p.kept_indices().unbind(0)) if p.dense else padded_kept_indices(p)
-            stored = [[int(k.shape[1])] * pre.n_groups for k in kept_idx]
+            stored = p.stored_counts()
         ragged = len({t for row in stored for t in row}) > 1
         k0 = pre.cache.layers[0].keys  # [1, G, n, d]
         token_bytes = 2 * k0.shape[-1] * k0.element_size()  # its key and value
