@@ -37,8 +37,10 @@ from pagekv.runtime.backend import compact_layer  # noqa: E402
 from pagekv.runtime.decode import DECODE_DTYPES  # noqa: E402
 from pagekv.runtime.machine import cpu_facts  # noqa: E402
 from pagekv.runtime.models import load_model  # noqa: E402
-from pagekv.runtime.prefill import forward  # noqa: E402 (one token's forward into a cache)
-from pagekv.runtime.prefill import synced_now  # noqa: E402 (wall time after the device's queue)
+from pagekv.runtime.prefill import (
+    forward,  # noqa: E402 (one token's forward into a cache)
+    synced_now,  # noqa: E402 (wall time after the device's queue)
+)
 
 
 def main(argv=None):
