@@ -194,7 +194,7 @@ def bench_model(name, args) -> dict:
     lm = load_model(name)
     runner = Runner(lm.model, lm.tokenizer, decode_dtype=args.decode)
     tasks, ids = needle_prompts(lm.tokenizer, args.prompts, args.context)
-    steps = step_profile(lm.model, lm.tokenizer, ids[0])
+    steps = step_profile(lm.model, lm.tokenizer, ids[0], rows=args.profile_rows)
     cfg = lm.model.config.get_text_config()
     L, G = cfg.num_hidden_layers, cfg.num_key_value_heads
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -267,6 +267,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=24)
     ap.add_argument("--pool-prompts", type=int, default=2)
     ap.add_argument("--budgets", default="0.2,0.1")
+    ap.add_argument("--profile-rows", default="1,2,4,8", help="the profiled steps' batch sizes")
     ap.add_argument("--decode", default="float32", help="the decode's linear weights")
     ap.add_argument("--no-peer", action="store_true", help="skip transformers' continuous batching")
     ap.add_argument(
@@ -274,6 +275,7 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     args.budgets = [float(b) for b in args.budgets.split(",")]
+    args.profile_rows = tuple(int(b) for b in args.profile_rows.split(","))
     torch.manual_seed(0)
     results = []
     for name in args.models.split(","):

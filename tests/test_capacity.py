@@ -185,10 +185,9 @@ def prompts(bundled):
     return out
 
 
-def alone(runner, prompt, config):
+def prefill(runner, prompt):
     ids, question = prompt if isinstance(prompt, tuple) else (prompt, None)
-    pre = runner.prefill(ids, question_ids=question)
-    return runner.evaluate(pre, config, max_new_tokens=NEW).tokens
+    return runner.prefill(ids, question_ids=question)
 
 
 def pool_bytes(runner, blocks):
@@ -211,10 +210,11 @@ def served(runner, prompts):
     """Every config's pool run in one pool that holds two full prompts, and the
     prompts decoded alone."""
     size = pool_bytes(runner, 9000)
+    prefills = [prefill(runner, p) for p in prompts]  # each decoded alone under every config
     return {
         name: (
             runner.serve(prompts, cfg, size, max_new_tokens=NEW),
-            [alone(runner, p, cfg) for p in prompts],
+            [runner.evaluate(pre, cfg, max_new_tokens=NEW).tokens for pre in prefills],
         )  # fmt: skip
         for name, cfg in CONFIGS.items()
     }
@@ -320,8 +320,8 @@ def bench_json(bundled, tmp_path_factory):
     from tests.benchmark_scripts import load
 
     out = tmp_path_factory.mktemp("capacity") / "capacity.json"
-    args = ["--models", "bundled", "--prompts", "3", "--context", "1200", "--new", "4",
-            "--out", str(out)]  # fmt: skip
+    args = ["--models", "bundled", "--prompts", "3", "--context", "800", "--new", "4",
+            "--profile-rows", "1,2", "--out", str(out)]  # fmt: skip
     assert load("bench_capacity").main(args) == 0
     import json
 
@@ -339,6 +339,7 @@ def test_the_benchmark_measures_every_side_in_the_same_bytes(bench_json):
         assert s["held"] <= s["fits"] or name == "transformers CB", name
         assert s["tokens"] > 0 and s["tok_s"] > 0 and 0 <= s["correct"] <= 1
     assert set(block["step_ms"]) == {"float16", "float32"}
+    assert all(list(t) == ["1", "2"] for t in block["step_ms"].values())  # --profile-rows
     assert bench_json["cpu"]["model"] and bench_json["command"].startswith("python benchmarks/")
 
 
