@@ -287,7 +287,8 @@ def fake_comparison(n=1000, union_a=((100, 300), (50, 50)), allocation_b="global
         config = EvictionConfig(policy="entropy", budget=0.2, page_size=16, allocation=allocation)
         p = SimpleNamespace(union_counts=lambda: [list(r) for r in union_a], config=config,
                             dense=False)  # fmt: skip
-        p.stored_counts = lambda: Plan.stored_counts(p)  # the rule Runner.evict stores by
+        p.allocated = Plan.allocated.fget(p)  # the rules Runner.evict stores by
+        p.stored_counts = lambda: Plan.stored_counts(p)
         return p
 
     plans = {"A": plan("uniform"), "B": plan(allocation_b)}

@@ -363,18 +363,14 @@ def pool_rows(comp) -> dict:
     extra = len(pre.question_ids or ()) + ANSWER_TOKENS
     full = prompt_bytes([[comp.prep.n] * G] * L, extra, FULL_PAGE, token_bytes)
     pool = POOL_FULL_PROMPTS * full
-    rows = []
-    for key in ("full", "A", "B"):
-        prep = comp.prep if key == "full" else comp.preps.get(key, comp.prep)
+    rows = [{"side": "full", "label": "full cache", "policy": "full", "bytes": full,
+             "held": pool // full}]  # fmt: skip
+    for key in ("A", "B"):
+        prep, p = comp.preps.get(key, comp.prep), comp.plan_of(key)
         extra = len(prep.prefill.question_ids or ()) + ANSWER_TOKENS
-        if key == "full":
-            size, label, policy = full, "full cache", "full"
-        else:
-            p = comp.plan_of(key)
-            size = prompt_bytes(p.stored_counts(), extra, p.config.page_size, token_bytes)
-            label, policy = comp.labels.get(key, key), p.config.policy
-        rows.append({"side": key, "label": label, "policy": policy, "bytes": size,
-                     "held": pool // size})  # fmt: skip
+        size = prompt_bytes(p.stored_counts(), extra, p.config.page_size, token_bytes)
+        rows.append({"side": key, "label": comp.labels.get(key, key),
+                     "policy": p.config.policy, "bytes": size, "held": pool // size})  # fmt: skip
     return {"pool_bytes": pool, "prompt_tokens": comp.prep.n, "rows": rows}
 
 

@@ -155,9 +155,9 @@ class PrefillShape:
 
     n: int
     n_groups: int
-    n_layers: int = 0
-    token_bytes: int = 0
-    question_ids: tuple | None = None
+    n_layers: int
+    token_bytes: int
+    question_ids: tuple | None
 
 
 #: What a side's label names when it differs between A and B (field, how to show it);

@@ -81,13 +81,19 @@ class Plan:
             self._counts = self.union_tokens.tolist()
         return [list(row) for row in self._counts]
 
+    @property
+    def allocated(self) -> bool:
+        """True when a global allocation left its (layer, group)s different counts: a
+        gathered cache then stores each group's own count, unpadded."""
+        return self.config.allocation != "uniform" and not self.dense
+
     def stored_counts(self) -> list[list[int]]:
         """What a gathered decode cache stores per (layer, KV head) for this plan
-        (`Runner.evict`): each group's own count under a global allocation; otherwise
-        every group of a layer at the layer's largest count, as the runner pads a
-        layer's groups to one width."""
+        (`Runner.evict`): each group's own count when `allocated`; otherwise every group
+        of a layer at the layer's largest count, as the runner pads a layer's groups to
+        one width."""
         union = self.union_counts()
-        if self.config.allocation != "uniform" and not self.dense:
+        if self.allocated:
             return union
         return [[max(row)] * len(row) for row in union]
 

@@ -281,22 +281,19 @@ class Runner:
         # targets come from this one host wait, whatever the number of layers.
         union = p.union_counts()
         keeps_all = get_policy(config.policy).keeps_all
-        allocated = config.allocation != "uniform" and not p.dense
+        allocated = p.allocated
         if keeps_all:
-            kept_idx, stored = None, [[pre.n] * pre.n_groups for _ in union]
+            kept_idx = None
         elif allocated:
             # Each group's own allocation, its rows padded past their counts with the
             # last token (never read: a group gathers its first `stored` indices).
             widths = [max(row) for row in union]
             idx = kept_token_indices(p.keep, max(widths)).clamp_(max=p.n - 1)
             kept_idx = [idx[layer, :, :w] for layer, w in enumerate(widths)]
-            stored = p.stored_counts()
         else:
             kept_idx = list(p.kept_indices().unbind(0)) if p.dense else padded_kept_indices(p)
-            stored = p.stored_counts()
+        stored = [[pre.n] * pre.n_groups for _ in union] if keeps_all else p.stored_counts()
         ragged = len({t for row in stored for t in row}) > 1
-        k0 = pre.cache.layers[0].keys  # [1, G, n, d]
-        token_bytes = 2 * k0.shape[-1] * k0.element_size()  # its key and value
         t2 = synced_now(self.device)
         return Evicted(
             plan=p,
@@ -310,7 +307,7 @@ class Runner:
             union_tokens=union,
             ragged=ragged,
             allocated=allocated,
-            kept_bytes=token_bytes * sum(map(sum, stored)),
+            kept_bytes=pre.token_bytes * sum(map(sum, stored)),
             score_s=None if keeps_all else p.timings["score_s"],
             evict_s=None if keeps_all else p.timings["plan_s"] + (t2 - t1),
         )
